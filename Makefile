@@ -1,0 +1,29 @@
+# Every target sets itself up on a fresh clone: a virtual environment with the pinned dependencies
+# (constraints.txt) and torch from `torch==2.13.0` (the CPU wheel where one is on the machine).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: demo test install bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing stepscope and its pinned dependencies into $(VENV) (first run takes a minute or two)"
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/stepscope demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/agent_overhead.py
+
+clean:
+	rm -rf $(VENV) demo-output .pytest_cache

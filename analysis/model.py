@@ -1,0 +1,201 @@
+"""The rank summary and the diagnosis: the data the edge (sidecar) and the analysis Job exchange.
+
+Private to stepscope.analysis and versioned inside the file (`version`): the same package writes
+summaries at the edge and reads them in the Job. msgspec Structs keep encoding and decoding of
+thousands of summaries fast. Times are microseconds unless a name says otherwise; percentages are
+0..100. Field names are camelCase because they are written as JSON and shown to users.
+"""
+from __future__ import annotations
+
+import msgspec
+
+SUMMARY_VERSION = 1
+
+
+class Struct(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):
+    pass
+
+
+class StepRow(Struct):
+    """One profiler step: HTA's temporal breakdown and the Ascend step table."""
+    step: int
+    startUs: float
+    durationUs: float
+    # HTA temporal breakdown (GPU time of the step by idle / compute / non-compute kernels).
+    idleUs: float = 0.0
+    computeUs: float = 0.0
+    nonComputeUs: float = 0.0
+    # Ascend step table.
+    computingUs: float = 0.0
+    commNotOverlappedUs: float = 0.0
+    overlappedUs: float = 0.0
+    communicationUs: float = 0.0
+    freeUs: float = 0.0
+
+
+class TemporalBreakdown(Struct):
+    idleUs: float
+    computeUs: float
+    nonComputeUs: float
+    idlePct: float
+    computePct: float
+    nonComputePct: float
+
+
+class IdleBreakdown(Struct):
+    """HTA's idle-time categories (consecutive-kernel threshold semantics)."""
+    hostWaitUs: float
+    kernelWaitUs: float
+    otherUs: float
+
+
+class KernelTypeShare(Struct):
+    type: str  # COMM | COMP | MEM
+    sumUs: float
+    pct: float
+
+
+class KernelStat(Struct):
+    """One kernel name: PerfTracker's major-kernel row and HTA's top-kernel row."""
+    name: str
+    type: str
+    count: int
+    sumUs: float
+    meanUs: float
+    medianUs: float
+    minUs: float
+    maxUs: float
+    stdUs: float = 0.0
+    notOverlappedUs: float = 0.0
+    bottleneckRatio: float = 0.0  # time not overlapped with compute / captured wall time
+
+
+class CollectiveStat(Struct):
+    kind: str  # AllReduce, AllGather, ReduceScatter, SendRecv, Broadcast, ...
+    count: int
+    sumUs: float
+    medianUs: float
+    algorithm: str = ""
+    protocol: str = ""
+    bytes: int = 0
+    busBandwidthGBs: float = 0.0
+    bottleneckRatio: float = 0.0
+    # Durations in issue order, so the diagnosis can line up the i-th collective across ranks
+    # (the rank that arrived last waits least).
+    durationsUs: list[float] = []
+
+
+class MemoryOpStat(Struct):
+    kind: str  # Memcpy HtoD | Memcpy DtoH | Memcpy DtoD | Memset | ...
+    count: int
+    sumUs: float
+    bytes: int = 0
+    bandwidthGBs: float = 0.0
+    bottleneckRatio: float = 0.0
+
+
+class RuntimeStat(Struct):
+    name: str  # cudaLaunchKernel, cudaMemcpyAsync, hipLaunchKernel, ...
+    count: int
+    sumUs: float
+    bottleneckRatio: float = 0.0
+
+
+class LaunchStats(Struct):
+    """HTA's CUDA launch statistics."""
+    launches: int
+    launchDelayMedianUs: float = 0.0
+    launchDelayP95Us: float = 0.0
+    shortKernels: int = 0  # kernels shorter than the short-kernel threshold
+    shortKernelThresholdUs: float = 0.0
+    runtimeOutliers: int = 0  # runtime calls far longer than their peers
+
+
+class FunctionStat(Struct):
+    """A Python function (grouped by call stack) with its exclusive time not overlapped with GPU work."""
+    name: str
+    stack: str
+    count: int
+    exclusiveUs: float
+    notOverlappedUs: float
+    bottleneckRatio: float = 0.0
+
+
+class RankSummary(Struct):
+    version: int
+    rank: int
+    worldSize: int = 0
+    localRank: int = -1
+    gpu: int = -1  # CUDA device index on its node, to join NVML samples; -1 when unknown
+    backend: str = ""
+    pod: str = ""
+    node: str = ""
+    source: str = ""
+    hasGpu: bool = False
+    capturedUs: float = 0.0
+    gpuUtilizationPct: float = 0.0
+    steps: list[StepRow] = []
+    temporal: TemporalBreakdown | None = None
+    idle: IdleBreakdown | None = None
+    kernelTypes: list[KernelTypeShare] = []
+    kernels: list[KernelStat] = []
+    overlapPct: float | None = None  # time communicating while computing / time communicating
+    launch: LaunchStats | None = None
+    memoryOps: list[MemoryOpStat] = []
+    runtime: list[RuntimeStat] = []
+    collectives: list[CollectiveStat] = []
+    functions: list[FunctionStat] = []
+    # Per-step hardware statistics from the node's NVML samples (issue 5), keyed by metric name.
+    hardware: dict[str, list[float]] = {}
+    warnings: list[str] = []
+    error: str = ""  # set when the trace could not be summarised; the diagnosis reports it
+
+
+class SlowWorker(Struct):
+    rank: int
+    stepTimeMs: float
+    slowdown: float  # step time / median step time of all ranks
+    pod: str = ""
+    node: str = ""
+
+
+class Finding(Struct):
+    severity: str  # critical | warning | info
+    category: str  # slow-worker | kernel | python | communication | memory | launch | hang | hardware | trace
+    ranks: list[int]
+    message: str
+
+
+class Breakdown(Struct):
+    computePct: float
+    commNotOverlappedPct: float
+    overlappedPct: float
+    memoryPct: float
+    idlePct: float
+
+
+class StepTime(Struct):
+    min: float
+    median: float
+    max: float
+
+
+class Diagnosis(Struct):
+    """What goes into the session's status (compact: the whole status stays under 32 KiB)."""
+    summary: str
+    stepTimeMs: StepTime | None = None
+    slowWorkers: list[SlowWorker] = []
+    breakdown: Breakdown | None = None
+    findings: list[Finding] = []
+
+
+def encode(obj: msgspec.Struct) -> bytes:
+    return msgspec.json.encode(obj)
+
+
+def decode_summary(data: bytes) -> RankSummary:
+    """Read a summary written by this or an older version; a newer version is refused clearly."""
+    summary = msgspec.json.decode(data, type=RankSummary)
+    if summary.version > SUMMARY_VERSION:
+        raise ValueError(f"summary version {summary.version} is newer than this stepscope understands ({SUMMARY_VERSION}); upgrade the analysis image")
+    return summary

@@ -1,0 +1,50 @@
+"""The `stepscope` command. Each subcommand lives in the module of the part it drives; that
+module defines `add_arguments(parser)` and `run(args) -> int`, and is imported only when its
+subcommand runs, so `stepscope sidecar` never loads the operator and nothing loads torch."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("stepscope.demo", "run a 4-rank CPU training, capture 3 steps through a real sidecar, diagnose it"),
+    "capture": ("stepscope.capture", "capture steps of every training process on this machine through its sidecar"),
+    "sidecar": ("stepscope.sidecar.daemon", "run the sidecar daemon (control endpoint, uploader, NVML sampler)"),
+    "analyze": ("stepscope.analysis.command", "diagnose a captured session (directory or object-store URI) and write the report"),
+    "diff": ("stepscope.analysis.diff_command", "compare two captured sessions or traces: kernels and functions added, removed, slower, faster"),
+    "operator": ("stepscope.operator.command", "run the Kubernetes operator (kopf)"),
+    "get": ("stepscope.operator.report_command", "list ProfileSessions like kubectl get does"),
+    "report": ("stepscope.operator.report_command", "download a session's report from the object store and print or open it"),
+}
+
+
+def _build_parser(command: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stepscope", description="On-demand profiling and diagnosis of distributed PyTorch training.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            module = importlib.import_module(module_name)
+            adder = getattr(module, f"add_{name}_arguments", None) or module.add_arguments
+            adder(p)
+            p.set_defaults(_run=getattr(module, f"run_{name}", None) or module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = _build_parser(command if command in COMMANDS else None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

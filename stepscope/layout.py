@@ -1,0 +1,33 @@
+"""Object-store keys of one session (ARCHITECTURE.md, "Object-store layout"); every part builds
+its keys here so that writers and readers cannot drift apart."""
+from __future__ import annotations
+
+
+def session_prefix(namespace: str, name: str, uid: str) -> str:
+    return f"{namespace}/{name}-{uid[:8]}"
+
+
+def session_json() -> str:
+    return "session.json"
+
+
+def rank_trace(rank: int) -> str:
+    return f"ranks/rank-{rank}.trace.json.gz"
+
+
+def rank_summary(rank: int) -> str:
+    return f"ranks/rank-{rank}.summary.json"
+
+
+def rank_stacks(rank: int) -> str:
+    return f"ranks/rank-{rank}.stacks.json"
+
+
+def node_metrics(pod: str) -> str:
+    return f"nodes/{pod}/gpu-metrics.csv.gz"
+
+
+REPORT_DIAGNOSIS = "report/diagnosis.json"
+REPORT_HTML = "report/index.html"
+REPORT_MERGED_TRACE = "report/merged.trace.json.gz"
+REPORT_TABLES = ("report/step_trace_time.csv", "report/kernel_details.csv", "report/op_statistic.csv", "report/communication.csv")

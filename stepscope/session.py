@@ -1,0 +1,121 @@
+"""The ProfileSession spec as every part reads it: defaults, bounds and cross-field checks.
+
+The CRD schema refuses most bad specs before they are stored; `validate` repeats those checks
+(the CLI has no API server in front of it) and adds what a schema cannot express.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ACTIVITIES = ("CPU", "CUDA")
+SAVE_RAW_TRACE = ("none", "master", "all")
+STORAGE_SCHEMES = ("s3", "oss", "file")
+
+
+class SpecError(ValueError):
+    """A spec a user must change; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class CaptureSpec:
+    waitSteps: int = 5
+    steps: int | None = 2
+    durationSeconds: float | None = None
+    activities: tuple[str, ...] = ("CPU", "CUDA")
+    withStack: bool = True
+    recordShapes: bool = False
+    profileMemory: bool = False
+    withFlops: bool = False
+
+
+@dataclass(frozen=True)
+class HardwareMetricsSpec:
+    enabled: bool = True
+    intervalMicroseconds: int = 1000
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    uri: str = ""
+    endpoint: str | None = None
+    region: str | None = None
+    credentialsSecret: str | None = None
+
+    @property
+    def scheme(self) -> str:
+        return self.uri.split("://", 1)[0] if "://" in self.uri else ""
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    capture: CaptureSpec = field(default_factory=CaptureSpec)
+    hardwareMetrics: HardwareMetricsSpec = field(default_factory=HardwareMetricsSpec)
+    saveRawTrace: Literal["none", "master", "all"] = "all"
+    storage: StorageSpec = field(default_factory=StorageSpec)
+    analysisEnabled: bool = True
+    hangTimeoutSeconds: int = 300
+    timeoutSeconds: int = 1800
+    ttlSecondsAfterFinished: int | None = None
+    selector: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, spec: dict[str, Any]) -> "SessionSpec":
+        """Read a ProfileSession `spec` (camelCase, as stored), filling defaults, then validate."""
+        spec = dict(spec or {})
+        capture = dict(spec.get("capture") or {})
+        if capture.get("durationSeconds") is not None and "steps" not in capture:
+            capture["steps"] = None
+        if "activities" in capture:
+            capture["activities"] = tuple(capture["activities"])
+        known_capture = {f.name for f in dataclasses.fields(CaptureSpec)}
+        unknown = set(capture) - known_capture
+        if unknown:
+            raise SpecError(f"spec.capture has unknown field(s) {sorted(unknown)}; known: {sorted(known_capture)}")
+        result = cls(
+            capture=CaptureSpec(**capture),
+            hardwareMetrics=HardwareMetricsSpec(**(spec.get("hardwareMetrics") or {})),
+            saveRawTrace=spec.get("saveRawTrace", "all"),
+            storage=StorageSpec(**(spec.get("storage") or {})),
+            analysisEnabled=bool((spec.get("analysis") or {}).get("enabled", True)),
+            hangTimeoutSeconds=int(spec.get("hangTimeoutSeconds", 300)),
+            timeoutSeconds=int(spec.get("timeoutSeconds", 1800)),
+            ttlSecondsAfterFinished=spec.get("ttlSecondsAfterFinished"),
+            selector=dict(spec.get("selector") or {}),
+        )
+        result.validate()
+        return result
+
+    def validate(self) -> None:
+        c = self.capture
+        if c.steps is not None and c.durationSeconds is not None:
+            raise SpecError("spec.capture.steps and spec.capture.durationSeconds are exclusive: set one of them")
+        if c.steps is None and c.durationSeconds is None:
+            raise SpecError("spec.capture needs steps (1..50) or durationSeconds")
+        if c.steps is not None and not 1 <= c.steps <= 50:
+            raise SpecError(f"spec.capture.steps must be within 1..50, got {c.steps}")
+        if c.durationSeconds is not None and not 0 < c.durationSeconds <= 3600:
+            raise SpecError(f"spec.capture.durationSeconds must be within (0, 3600], got {c.durationSeconds}")
+        if c.waitSteps < 0:
+            raise SpecError(f"spec.capture.waitSteps must be >= 0, got {c.waitSteps}")
+        bad = [a for a in c.activities if a not in ACTIVITIES]
+        if bad or not c.activities:
+            raise SpecError(f"spec.capture.activities must be a non-empty subset of {list(ACTIVITIES)}, got {list(c.activities)}")
+        if self.hardwareMetrics.intervalMicroseconds < 100:
+            raise SpecError("spec.hardwareMetrics.intervalMicroseconds must be >= 100")
+        if self.saveRawTrace not in SAVE_RAW_TRACE:
+            raise SpecError(f"spec.saveRawTrace must be one of {list(SAVE_RAW_TRACE)}, got {self.saveRawTrace!r}")
+        if self.storage.scheme not in STORAGE_SCHEMES or not self.storage.uri.split("://", 1)[1:] or not self.storage.uri.split("://", 1)[1]:
+            raise SpecError(f"spec.storage.uri must look like s3://bucket/prefix, oss://bucket/prefix or file:///path, got {self.storage.uri!r}")
+        if self.hangTimeoutSeconds < 1:
+            raise SpecError("spec.hangTimeoutSeconds must be >= 1")
+        if self.timeoutSeconds < 1:
+            raise SpecError("spec.timeoutSeconds must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec back in its stored camelCase form, every default filled in."""
+        d = dataclasses.asdict(self)
+        d["capture"]["activities"] = list(self.capture.activities)
+        d["analysis"] = {"enabled": d.pop("analysisEnabled")}
+        return d
