@@ -1,0 +1,334 @@
+"""Object stores behind one small interface: file:// for a single machine, s3:// and oss://
+(Alibaba OSS through its S3-compatible endpoint) through boto3.
+
+Keys are relative to the store's URI. Credentials come from the caller (read from a Secret), a
+Secret mounted as files, or the environment; they are held by the client only and never appear
+in reprs, messages or logs.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol, TypeVar
+from urllib.parse import urlparse
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CREDENTIALS_DIR_ENV = "STEPSCOPE_CREDENTIALS_DIR"
+# Parts of 16 MiB keep a sidecar's upload buffers (chunk x concurrency) at 64 MiB while a multi-GB
+# trace still fits far below S3's 10 000-part limit.
+MULTIPART_THRESHOLD = 32 * 1024 * 1024
+MULTIPART_CHUNK = 16 * 1024 * 1024
+MAX_CONCURRENCY = 4
+TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling", "ThrottlingException", "RequestTimeTooSkewed", "503", "500", "502", "504"}
+ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "403"}
+
+
+class StoreError(Exception):
+    """A store operation that failed for a reason a user can act on."""
+
+
+class ObjectNotFound(StoreError, FileNotFoundError):
+    """The key is not in the store."""
+
+
+class Store(Protocol):
+    uri: str
+
+    def put_file(self, key: str, path: Path | str) -> None: ...
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+    def get_bytes(self, key: str) -> bytes: ...
+    def download(self, key: str, path: Path | str) -> Path: ...
+    def list(self, prefix: str = "") -> list[str]: ...
+    def exists(self, key: str) -> bool: ...
+    def uri_for(self, key: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries of a whole operation on top of botocore's per-request retries, for failures that
+    outlast those (a multipart upload whose part kept failing, a restarting endpoint)."""
+    attempts: int = 4
+    base_delay_s: float = 1.0
+    max_delay_s: float = 30.0
+    botocore_attempts: int = 5
+
+
+def _clean_key(key: str) -> str:
+    parts = PurePosixPath(key.replace("\\", "/")).parts
+    if not parts or key.startswith("/") or any(p in ("..", ".") for p in parts):
+        raise StoreError(f"invalid store key {key!r}: keys are relative paths without '..'")
+    return "/".join(parts)
+
+
+def _join(base: str, key: str) -> str:
+    return f"{base.rstrip('/')}/{key}" if base else key
+
+
+class FileStore:
+    """A directory as a store; writes are atomic (temporary file + rename) like an object PUT."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.uri = self.root.as_uri()
+
+    def __repr__(self) -> str:
+        return f"FileStore({self.uri!r})"
+
+    def _path(self, key: str) -> Path:
+        return self.root / _clean_key(key)
+
+    def put_file(self, key: str, path: Path | str) -> None:
+        source = Path(path)
+        if not source.is_file():
+            raise StoreError(f"cannot store {source}: no such file")
+        def copy(out: Any) -> None:
+            with source.open("rb") as src:
+                shutil.copyfileobj(src, out, 1024 * 1024)
+
+        self._write(key, copy)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._write(key, lambda out: out.write(data))
+
+    def _write(self, key: str, fill: Callable[[Any], Any]) -> None:
+        target = self._path(key)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    fill(out)
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            raise StoreError(f"cannot write {target}: {exc.strerror or exc}") from exc
+
+    def get_bytes(self, key: str) -> bytes:
+        path = self._path(key)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise ObjectNotFound(f"{self.uri_for(key)} does not exist") from None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+    def download(self, key: str, path: Path | str) -> Path:
+        source, target = self._path(key), Path(path)
+        if not source.is_file():
+            raise ObjectNotFound(f"{self.uri_for(key)} does not exist")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        return target
+
+    def list(self, prefix: str = "") -> list[str]:
+        if not self.root.is_dir():
+            return []
+        keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file() and not p.name.endswith(".part"))
+        return sorted(k for k in keys if k.startswith(prefix))
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def uri_for(self, key: str) -> str:
+        return _join(self.uri, _clean_key(key))
+
+
+def _credentials(scheme: str, given: dict[str, Any] | None) -> dict[str, str | None] | None:
+    """Access key triple from the caller, a mounted Secret, or the environment; None lets boto3's
+    own chain (instance role, IRSA, ~/.aws) decide for s3://."""
+    if given and given.get("accessKeyId"):
+        return {"accessKeyId": given["accessKeyId"], "secretAccessKey": given.get("secretAccessKey"), "sessionToken": given.get("sessionToken")}
+    folder = os.environ.get(CREDENTIALS_DIR_ENV)
+    if folder:
+        files = {name: Path(folder, name) for name in ("accessKeyId", "secretAccessKey", "sessionToken")}
+        if files["accessKeyId"].is_file() and files["secretAccessKey"].is_file():
+            return {name: (p.read_text().strip() if p.is_file() else None) for name, p in files.items()}
+        raise StoreError(f"{CREDENTIALS_DIR_ENV}={folder} must hold the files accessKeyId and secretAccessKey")
+    if scheme == "oss" and os.environ.get("OSS_ACCESS_KEY_ID"):
+        return {"accessKeyId": os.environ["OSS_ACCESS_KEY_ID"], "secretAccessKey": os.environ.get("OSS_ACCESS_KEY_SECRET"), "sessionToken": os.environ.get("OSS_SESSION_TOKEN")}
+    if os.environ.get("AWS_ACCESS_KEY_ID"):
+        return {"accessKeyId": os.environ["AWS_ACCESS_KEY_ID"], "secretAccessKey": os.environ.get("AWS_SECRET_ACCESS_KEY"), "sessionToken": os.environ.get("AWS_SESSION_TOKEN")}
+    if scheme == "oss":
+        raise StoreError(f"no credentials for oss://: set OSS_ACCESS_KEY_ID/OSS_ACCESS_KEY_SECRET, {CREDENTIALS_DIR_ENV}, or spec.storage.credentialsSecret")
+    return None
+
+
+class S3Store:
+    """A bucket and prefix on S3 or an S3-compatible service (OSS, MinIO)."""
+
+    def __init__(self, scheme: str, bucket: str, prefix: str, *, endpoint: str | None, region: str | None,
+                 credentials: dict[str, Any] | None, retry: RetryPolicy, proxies: dict[str, str] | None = None) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        self.scheme, self.bucket, self.prefix = scheme, bucket, prefix.strip("/")
+        self.uri = f"{scheme}://{bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        self.endpoint = endpoint
+        self._retry = retry
+        # OSS answers only virtual-hosted requests; MinIO-style custom S3 endpoints usually only
+        # path-style ones; AWS itself picks.
+        style = "virtual" if scheme == "oss" else ("path" if endpoint else "auto")
+        config = Config(
+            region_name=region or "us-east-1",
+            retries={"mode": "standard", "max_attempts": retry.botocore_attempts},
+            s3={"addressing_style": style},
+            connect_timeout=10, read_timeout=60,
+            proxies=proxies,
+            # Newer boto3 adds CRC checksums that OSS and older S3-compatible services refuse.
+            request_checksum_calculation="when_required" if endpoint or scheme == "oss" else "when_supported",
+            response_checksum_validation="when_required" if endpoint or scheme == "oss" else "when_supported",
+        )
+        creds = _credentials(scheme, credentials)
+        kwargs: dict[str, Any] = {"endpoint_url": endpoint, "config": config}
+        if creds:
+            kwargs.update(aws_access_key_id=creds["accessKeyId"], aws_secret_access_key=creds["secretAccessKey"], aws_session_token=creds["sessionToken"])
+        # A private session: boto3's default one is not thread-safe to create clients from.
+        self._client = boto3.session.Session().client("s3", **kwargs)
+        self._transfer = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_CHUNK, max_concurrency=MAX_CONCURRENCY)
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.uri!r}, endpoint={self.endpoint!r})"
+
+    def _key(self, key: str) -> str:
+        return _join(self.prefix, _clean_key(key))
+
+    def put_file(self, key: str, path: Path | str) -> None:
+        source = Path(path)
+        if not source.is_file():
+            raise StoreError(f"cannot store {source}: no such file")
+        self._call(f"upload {source} to {self.uri_for(key)}",
+                   lambda: self._client.upload_file(str(source), self.bucket, self._key(key), Config=self._transfer))
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._call(f"write {self.uri_for(key)}", lambda: self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data))
+
+    def get_bytes(self, key: str) -> bytes:
+        return self._call(f"read {self.uri_for(key)}", lambda: self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read())
+
+    def download(self, key: str, path: Path | str) -> Path:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.part")
+
+        def fetch() -> None:
+            self._client.download_file(self.bucket, self._key(key), str(tmp), Config=self._transfer)
+            os.replace(tmp, target)
+
+        try:
+            self._call(f"download {self.uri_for(key)}", fetch)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return target
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = _join(self.prefix, "") if self.prefix else ""
+
+        def collect() -> list[str]:
+            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix)
+            return [obj["Key"][len(base):] for page in pages for obj in page.get("Contents", [])]
+
+        return sorted(self._call(f"list {self.uri_for(prefix) if prefix else self.uri}", collect))
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._call(f"check {self.uri_for(key)}", lambda: self._client.head_object(Bucket=self.bucket, Key=self._key(key)))
+        except ObjectNotFound:
+            return False
+        return True
+
+    def uri_for(self, key: str) -> str:
+        return _join(self.uri, _clean_key(key)) if key else self.uri
+
+    def _call(self, what: str, operation: Callable[[], T]) -> T:
+        delay = self._retry.base_delay_s
+        for attempt in range(1, self._retry.attempts + 1):
+            try:
+                return operation()
+            except Exception as exc:  # noqa: BLE001 - classified right below
+                error, transient = _classify(exc, what, self)
+                if not transient or attempt == self._retry.attempts:
+                    raise error from None
+                log.warning("%s failed (attempt %d/%d, retrying in %.1f s): %s", what, attempt, self._retry.attempts, delay, error)
+                time.sleep(delay * (0.5 + random.random() / 2))
+                delay = min(delay * 2, self._retry.max_delay_s)
+        raise AssertionError("unreachable")
+
+
+def _missing_bucket(what: str, store: S3Store) -> StoreError:
+    return StoreError(f"cannot {what}: bucket {store.bucket!r} does not exist" + (f" at {store.endpoint}" if store.endpoint else ""))
+
+
+def _classify(exc: Exception, what: str, store: S3Store) -> tuple[StoreError, bool]:
+    """Turn a boto3 failure into a StoreError a user can act on, and whether a retry may help."""
+    from boto3.exceptions import S3UploadFailedError
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
+
+    if isinstance(exc, StoreError):
+        return exc, False
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        return StoreError(f"cannot {what}: no credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, {CREDENTIALS_DIR_ENV}, or spec.storage.credentialsSecret)"), False
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return ObjectNotFound(f"{what}: the object does not exist"), False
+        if code == "NoSuchBucket":
+            return _missing_bucket(what, store), False
+        if code in ACCESS_CODES:
+            return StoreError(f"cannot {what}: access denied ({code}); check the credentials and the bucket policy"), False
+        if code in TRANSIENT_CODES or status >= 500:
+            return StoreError(f"cannot {what}: the service answered {code or status}"), True
+        return StoreError(f"cannot {what}: {code or status}: {exc.response.get('Error', {}).get('Message', '')}".rstrip(": ")), False
+    if isinstance(exc, S3UploadFailedError):
+        text = str(exc)
+        if "NoSuchBucket" in text:
+            return _missing_bucket(what, store), False
+        if any(code in text for code in ACCESS_CODES):
+            return StoreError(f"cannot {what}: access denied; check the credentials and the bucket policy"), False
+        return StoreError(f"cannot {what}: {text}"), True
+    if isinstance(exc, (BotoCoreError, OSError)):
+        return StoreError(f"cannot {what}: {exc}"), True
+    return StoreError(f"cannot {what}: {type(exc).__name__}: {exc}"), False
+
+
+def open_store(uri: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None,
+               retry: RetryPolicy | None = None, proxies: dict[str, str] | None = None) -> FileStore | S3Store:
+    """The store at `uri` (file:///dir, a plain directory path, s3://bucket/prefix or oss://bucket/prefix).
+
+    oss:// needs `region` (endpoint https://oss-<region>.aliyuncs.com) or an explicit `endpoint`.
+    `proxies` is botocore's proxy map, for networks that reach the store through a proxy.
+    """
+    if "://" not in uri:
+        if not uri:
+            raise StoreError("empty storage URI: use file:///dir, s3://bucket/prefix or oss://bucket/prefix")
+        return FileStore(uri)
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.lower()
+    if scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            # file://relative/dir is a common slip for file:///abs/dir; take it as the user meant.
+            return FileStore(parsed.netloc + parsed.path)
+        if not parsed.path:
+            raise StoreError(f"bad storage URI {uri!r}: file:// needs a directory, e.g. file:///tmp/stepscope")
+        return FileStore(parsed.path)
+    if scheme not in ("s3", "oss"):
+        raise StoreError(f"bad storage URI {uri!r}: the scheme must be file://, s3:// or oss://")
+    if not parsed.netloc:
+        raise StoreError(f"bad storage URI {uri!r}: no bucket (expected {scheme}://bucket/prefix)")
+    if scheme == "oss" and not endpoint:
+        if not region:
+            raise StoreError(f"{uri}: oss:// needs a region (e.g. cn-hangzhou) or an endpoint")
+        endpoint = f"https://oss-{region.removeprefix('oss-')}.aliyuncs.com"
+    return S3Store(scheme, parsed.netloc, parsed.path, endpoint=endpoint, region=region, credentials=credentials, retry=retry or RetryPolicy(), proxies=proxies)
