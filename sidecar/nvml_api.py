@@ -1,0 +1,111 @@
+"""What the NVML sampler needs from a GPU backend, and the columns it writes.
+
+The sampler (nvml_recorder) talks to NVML only through `NvmlBackend`, so the same code runs on a
+real GPU (nvml_pynvml.PynvmlBackend), on the deterministic simulation the tests and benchmarks use
+(nvml_sim.SimulatedBackend), or on a recording. Field ids and clock-event bits are NVML's own
+numbers, repeated here so that neither the simulation nor the analysis has to import pynvml.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, Sequence
+
+# nvmlFieldValue ids (nvml.h, "Field Value Enums"). One nvmlDeviceGetFieldValues call per device
+# and sample reads all of them; scopeId selects the NVLink link for the NVLink fields.
+FI_ECC_SBE_VOL_TOTAL = 3
+FI_ECC_DBE_VOL_TOTAL = 4
+FI_NVLINK_THROUGHPUT_DATA_TX = 138  # cumulative KiB per link
+FI_NVLINK_THROUGHPUT_DATA_RX = 139
+FI_PCIE_COUNT_TX_BYTES = 197  # cumulative bytes
+FI_PCIE_COUNT_RX_BYTES = 198
+
+# nvmlClocksEventReason* bits (formerly ClocksThrottleReason*).
+REASON_GPU_IDLE = 0x1
+REASON_APPLICATIONS_CLOCKS = 0x2
+REASON_SW_POWER_CAP = 0x4
+REASON_HW_SLOWDOWN = 0x8
+REASON_SYNC_BOOST = 0x10
+REASON_SW_THERMAL = 0x20
+REASON_HW_THERMAL = 0x40
+REASON_HW_POWER_BRAKE = 0x80
+POWER_REASONS = REASON_SW_POWER_CAP | REASON_HW_POWER_BRAKE
+THERMAL_REASONS = REASON_SW_THERMAL | REASON_HW_THERMAL
+# HW slowdown is asserted for both overheating and power-supply faults: counted as throttling
+# without a cause of its own.
+THROTTLE_REASONS = POWER_REASONS | THERMAL_REASONS | REASON_HW_SLOWDOWN
+
+UtilizationKind = Literal["gpu", "memory"]
+
+# Columns of gpu-metrics.csv.gz, in file order; the NVLink columns follow, two per link
+# (nvlink<l>_tx_kib, nvlink<l>_rx_kib). Empty cells mean "not measured in this row": slow metrics
+# are read every few milliseconds only, and utilization rows carry the driver's own sample times.
+BASE_COLUMNS = (
+    "ts_us",            # Unix epoch microseconds, the clock of Kineto's ts + baseTimeNanoseconds/1000
+    "gpu",              # CUDA device index inside the pod (order of CUDA_VISIBLE_DEVICES)
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "clock_reasons",    # nvmlClocksEventReason bit mask
+    "power_w",
+    "temperature_c",
+    "memory_used_mib",
+    "gpu_util_pct",
+    "mem_util_pct",
+    "pcie_tx_bytes",    # cumulative counters; the analysis turns them into throughput
+    "pcie_rx_bytes",
+    "ecc_sbe",          # volatile single-bit (corrected) ECC error count
+    "ecc_dbe",          # volatile double-bit (uncorrected) ECC error count
+    "xid",              # XID code of a critical-error event, on the row of the time it was seen
+)
+
+
+def nvlink_columns(links: int) -> tuple[str, ...]:
+    return tuple(f"nvlink{link}_{way}_kib" for link in range(links) for way in ("tx", "rx"))
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    index: int  # CUDA device index inside the pod
+    uuid: str
+    name: str
+    nvlinks: int = 0
+
+
+class BackendError(RuntimeError):
+    """A backend call failed; `not_supported` means it will never work on this device."""
+
+    def __init__(self, message: str, *, not_supported: bool = False) -> None:
+        super().__init__(message)
+        self.not_supported = not_supported
+
+
+class NvmlBackend(Protocol):
+    """The NVML calls the sampler makes. `gpu` is DeviceInfo.index. Calls may raise BackendError."""
+
+    def devices(self) -> list[DeviceInfo]:
+        """The GPUs visible to this pod, in CUDA index order."""
+
+    def clocks_mhz(self, gpu: int) -> tuple[float, float]:
+        """Current SM and memory clock."""
+
+    def clock_event_reasons(self, gpu: int) -> int:
+        """nvmlDeviceGetCurrentClocksEventReasons bit mask."""
+
+    def power_w(self, gpu: int) -> float: ...
+
+    def temperature_c(self, gpu: int) -> float: ...
+
+    def memory_used_bytes(self, gpu: int) -> int: ...
+
+    def utilization(self, gpu: int) -> tuple[float, float]:
+        """GPU and memory utilization in percent, as polled (nvmlDeviceGetUtilizationRates)."""
+
+    def utilization_samples(self, gpu: int, kind: UtilizationKind, since_us: int) -> list[tuple[int, float]]:
+        """The driver's buffered samples (nvmlDeviceGetSamples) newer than since_us: (Unix µs, percent)."""
+
+    def field_values(self, gpu: int, fields: Sequence[tuple[int, int]]) -> list[float | None]:
+        """(field id, scope id) pairs read in one call; None where NVML refused that field."""
+
+    def xid_events(self) -> list[tuple[int, int]]:
+        """(gpu, XID) critical-error events since the last call; never blocks."""
+
+    def close(self) -> None: ...

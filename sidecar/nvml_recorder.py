@@ -1,0 +1,340 @@
+"""The NVML sampler: one thread that polls the pod's GPUs at a fixed interval during a capture.
+
+Timing: deadlines are absolute (`time.perf_counter_ns`), so the schedule never drifts; the thread
+sleeps until shortly before each deadline (by an estimate of how late `time.sleep` wakes up on
+this machine) and spins only for what is left, so a 1 ms interval costs little CPU. A round that
+overruns skips the deadlines it can no longer meet and counts them as dropped.
+
+Timestamps: `ts_us` is Unix epoch microseconds, the clock PyTorch's Kineto trace uses: a trace's
+event time is `ts` (µs) + `baseTimeNanoseconds` / 1000, both on CLOCK_REALTIME (checked with
+torch 2.13's profiler: a record_function's ts + base lands within ~0.1 ms of time.time_ns() taken
+next to it). Like Kineto, the sampler reads the wall clock once at start and advances it with the
+monotonic counter, so a wall-clock step during the capture cannot reorder samples.
+
+Fast metrics (SM/memory clock, clock-event reasons, one nvmlDeviceGetFieldValues call with the
+PCIe, NVLink and ECC counters) are read every round; slow ones (power, temperature, memory used,
+utilization, XID events) every SLOW_PERIOD_US. Utilization comes from the driver's own sample
+buffer (nvmlDeviceGetSamples, with the driver's timestamps) where supported, polled otherwise.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import numpy as np
+import pandas as pd
+
+from stepscope.sidecar.nvml_api import (
+    BASE_COLUMNS,
+    FI_ECC_DBE_VOL_TOTAL,
+    FI_ECC_SBE_VOL_TOTAL,
+    FI_NVLINK_THROUGHPUT_DATA_RX,
+    FI_NVLINK_THROUGHPUT_DATA_TX,
+    FI_PCIE_COUNT_RX_BYTES,
+    FI_PCIE_COUNT_TX_BYTES,
+    BackendError,
+    DeviceInfo,
+    NvmlBackend,
+    UtilizationKind,
+    nvlink_columns,
+)
+
+log = logging.getLogger(__name__)
+
+MIN_INTERVAL_US = 100
+SLOW_PERIOD_US = 10_000
+METRICS_FILE = "gpu-metrics.csv.gz"
+FLOAT_COLUMNS = ("power_w", "temperature_c")
+NAN = math.nan
+T = TypeVar("T")
+
+_COL = {name: i for i, name in enumerate(BASE_COLUMNS)}
+
+
+@dataclass
+class RecorderStats:
+    """What one capture window achieved; `dropped` counts deadlines skipped after an overrun."""
+    interval_us: int
+    gpus: int = 0
+    rounds: int = 0
+    dropped: int = 0
+    rows: int = 0
+    overflow_rows: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0  # CPU time of the sampler thread
+    errors: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def asked_hz(self) -> float:
+        return 1e6 / self.interval_us
+
+    @property
+    def achieved_hz(self) -> float:
+        return self.rounds / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def achieved_ratio(self) -> float:
+        return self.achieved_hz / self.asked_hz
+
+    def describe(self) -> str:
+        errors = ", ".join(f"{k}: {v}" for k, v in sorted(self.errors.items())) or "none"
+        return (f"{self.rounds} rounds over {self.gpus} GPU(s) in {self.wall_s:.2f} s: {self.achieved_hz:.0f}/s of "
+                f"{self.asked_hz:.0f}/s asked ({100 * self.achieved_ratio:.0f} %), {self.dropped} dropped, "
+                f"sampler CPU {100 * self.cpu_s / self.wall_s if self.wall_s else 0:.1f} % of a core, errors: {errors}")
+
+
+class MetricsRecorder:
+    """Samples every GPU of `backend` each `interval_us` between start() and stop().
+
+    start() begins sampling at once (call it when the capture is requested: the rounds before the
+    first captured step are the leading margin); stop(out_path) keeps sampling `margin_s` longer,
+    then writes `out_path` (gzip CSV, columns nvml_api.BASE_COLUMNS + NVLink columns) and returns
+    it. With `window_us=(first, last)` (Unix µs of the captured steps) stop() keeps only rows
+    within `margin_s` of that window. Backend errors are counted and logged once per metric, never
+    raised from the sampler thread; `stats` says what was achieved.
+    """
+
+    def __init__(self, backend: NvmlBackend, interval_us: int, margin_s: float = 1.0, *, max_rows: int = 2_000_000) -> None:
+        if interval_us < MIN_INTERVAL_US:
+            raise ValueError(f"interval_us must be >= {MIN_INTERVAL_US}, got {interval_us}")
+        if margin_s < 0:
+            raise ValueError(f"margin_s must be >= 0, got {margin_s}")
+        self.backend = backend
+        self.interval_us = int(interval_us)
+        self.margin_s = float(margin_s)
+        self.max_rows = max_rows
+        self.stats = RecorderStats(self.interval_us)
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("MetricsRecorder is already sampling; stop() it first")
+        self._logged: set[str] = set()
+        self.stats = RecorderStats(self.interval_us)
+        self._devices: list[DeviceInfo] = list(self._call("devices", self.backend.devices) or [])
+        self.stats.gpus = len(self._devices)
+        links = max((d.nvlinks for d in self._devices), default=0)
+        self._columns = BASE_COLUMNS + nvlink_columns(links)
+        self._fields = self._field_list(links)
+        self._buffer = array("d")
+        self._disabled: set[tuple[str, int]] = set()
+        self._util_seen: dict[tuple[int, UtilizationKind], int] = {}
+        self._util_polled: set[int] = set()
+        # Wall clock read once, advanced by the monotonic counter (see the module docstring).
+        self._epoch_offset_ns = _epoch_offset_ns()
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="stepscope-nvml", daemon=True)
+        self._thread.start()
+
+    def stop(self, out_path: Path, *, window_us: tuple[float, float] | None = None) -> Path:
+        if self._thread is None:
+            raise RuntimeError("MetricsRecorder.stop() without start()")
+        self._stopping.wait(self.margin_s)
+        self._stopping.set()
+        self._thread.join()
+        self._thread = None
+        frame = self._frame(window_us)
+        self.stats.rows = len(frame)
+        out_path = Path(out_path)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out_path.with_name(out_path.name + ".tmp")
+        frame.to_csv(tmp, index=False, compression={"method": "gzip", "compresslevel": 1})
+        tmp.replace(out_path)
+        log.info("GPU metrics: %s -> %s", self.stats.describe(), out_path)
+        return out_path
+
+    # -- sampling --------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        interval_ns = self.interval_us * 1000
+        cpu0, wall0 = time.thread_time(), time.perf_counter_ns()
+        deadline = wall0
+        next_slow = wall0
+        late_wake_ns = 60_000.0  # estimate of time.sleep's oversleep, refined as it runs
+        while not self._stopping.is_set():
+            remaining = deadline - time.perf_counter_ns()
+            if remaining > late_wake_ns:
+                asked = remaining - late_wake_ns
+                before = time.perf_counter_ns()
+                time.sleep(asked / 1e9)
+                late_wake_ns = 0.9 * late_wake_ns + 0.1 * max(0, time.perf_counter_ns() - before - asked)
+            while time.perf_counter_ns() < deadline:
+                pass
+            now = time.perf_counter_ns()
+            slow = now >= next_slow
+            self._sample_round((now + self._epoch_offset_ns) // 1000, slow)
+            self.stats.rounds += 1
+            if slow:
+                next_slow = max(next_slow + SLOW_PERIOD_US * 1000, now)
+            deadline += interval_ns
+            late = time.perf_counter_ns() - deadline
+            if late >= interval_ns:
+                skipped = late // interval_ns
+                self.stats.dropped += skipped
+                deadline += skipped * interval_ns
+        self.stats.wall_s = (time.perf_counter_ns() - wall0) / 1e9
+        self.stats.cpu_s = time.thread_time() - cpu0
+
+    def _sample_round(self, ts_us: int, slow: bool) -> None:
+        width = len(self._columns)
+        for device in self._devices:
+            gpu = device.index
+            row = [NAN] * width
+            row[_COL["ts_us"]] = ts_us
+            row[_COL["gpu"]] = gpu
+            clocks = self._metric("clocks", gpu, self.backend.clocks_mhz)
+            if clocks is not None:
+                row[_COL["sm_clock_mhz"]], row[_COL["mem_clock_mhz"]] = clocks
+            reasons = self._metric("clock_reasons", gpu, self.backend.clock_event_reasons)
+            if reasons is not None:
+                row[_COL["clock_reasons"]] = reasons
+            if self._fields:
+                values = self._metric("field_values", gpu, self.backend.field_values, self._fields)
+                if values is not None:
+                    for (column, _, _), value in zip(self._fields_columns, values):
+                        if value is not None:
+                            row[column] = value
+            if slow:
+                self._slow_metrics(gpu, row)
+            self._append(row)
+        if slow:
+            self._xid_rows(ts_us, width)
+
+    def _slow_metrics(self, gpu: int, row: list[float]) -> None:
+        power = self._metric("power", gpu, self.backend.power_w)
+        if power is not None:
+            row[_COL["power_w"]] = power
+        temperature = self._metric("temperature", gpu, self.backend.temperature_c)
+        if temperature is not None:
+            row[_COL["temperature_c"]] = temperature
+        used = self._metric("memory_used", gpu, self.backend.memory_used_bytes)
+        if used is not None:
+            row[_COL["memory_used_mib"]] = used // (1 << 20)
+        if gpu in self._util_polled:
+            util = self._metric("utilization", gpu, self.backend.utilization)
+            if util is not None:
+                row[_COL["gpu_util_pct"]], row[_COL["mem_util_pct"]] = util
+            return
+        for kind, column in (("gpu", "gpu_util_pct"), ("memory", "mem_util_pct")):
+            self._utilization_rows(gpu, kind, column, len(row))
+
+    def _utilization_rows(self, gpu: int, kind: UtilizationKind, column: str, width: int) -> None:
+        key = (gpu, kind)
+        since = self._util_seen.get(key, (time.perf_counter_ns() + self._epoch_offset_ns) // 1000 - SLOW_PERIOD_US)
+        try:
+            samples = self.backend.utilization_samples(gpu, kind, since)
+        except BackendError as error:
+            if error.not_supported:
+                # The driver keeps no sample buffer here: poll nvmlDeviceGetUtilizationRates instead.
+                self._util_polled.add(gpu)
+                self._log_once(f"utilization_samples:{gpu}", "GPU %d: no utilization sample buffer (%s); polling utilization", gpu, error)
+                return
+            self._count_error("utilization_samples", error)
+            return
+        except Exception as error:  # noqa: BLE001 - a sampler thread must survive any backend bug
+            self._count_error("utilization_samples", error)
+            return
+        for ts, value in samples:
+            row = [NAN] * width
+            row[_COL["ts_us"]], row[_COL["gpu"]], row[_COL[column]] = ts, gpu, value
+            self._append(row)
+            since = max(since, ts)
+        self._util_seen[key] = since
+
+    def _xid_rows(self, ts_us: int, width: int) -> None:
+        events = self._call("xid_events", self.backend.xid_events) or []
+        for gpu, code in events:
+            row = [NAN] * width
+            row[_COL["ts_us"]], row[_COL["gpu"]], row[_COL["xid"]] = ts_us, gpu, code
+            self._append(row)
+            log.warning("XID %d on GPU %d", code, gpu)
+
+    def _append(self, row: list[float]) -> None:
+        if len(self._buffer) >= self.max_rows * len(row):
+            self.stats.overflow_rows += 1
+            self._log_once("overflow", "GPU metrics buffer full (%d rows); later samples are dropped", self.max_rows)
+            return
+        self._buffer.extend(row)
+
+    # -- backend calls that never raise ---------------------------------------------------------
+
+    def _metric(self, name: str, gpu: int, fn: Callable[..., T], *args: object) -> T | None:
+        if (name, gpu) in self._disabled:
+            return None
+        try:
+            return fn(gpu, *args)
+        except BackendError as error:
+            if error.not_supported:
+                self._disabled.add((name, gpu))
+                self._log_once(f"{name}:{gpu}", "GPU %d does not support %s (%s); not sampled", gpu, name, error)
+                return None
+            self._count_error(name, error)
+        except Exception as error:  # noqa: BLE001 - a sampler thread must survive any backend bug
+            self._count_error(name, error)
+        return None
+
+    def _call(self, name: str, fn: Callable[[], T]) -> T | None:
+        try:
+            return fn()
+        except Exception as error:  # noqa: BLE001 - a sampler thread must survive any backend bug
+            self._count_error(name, error)
+            return None
+
+    def _count_error(self, name: str, error: BaseException) -> None:
+        self.stats.errors[name] = self.stats.errors.get(name, 0) + 1
+        self._log_once(f"error:{name}", "NVML %s failed: %s (further failures are only counted)", name, error)
+
+    def _log_once(self, key: str, message: str, *args: object) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(message, *args)
+
+    # -- output ----------------------------------------------------------------------------------
+
+    def _field_list(self, links: int) -> list[tuple[int, int]]:
+        spec = [
+            ("pcie_tx_bytes", FI_PCIE_COUNT_TX_BYTES, 0),
+            ("pcie_rx_bytes", FI_PCIE_COUNT_RX_BYTES, 0),
+            ("ecc_sbe", FI_ECC_SBE_VOL_TOTAL, 0),
+            ("ecc_dbe", FI_ECC_DBE_VOL_TOTAL, 0),
+        ]
+        for link in range(links):
+            spec.append((f"nvlink{link}_tx_kib", FI_NVLINK_THROUGHPUT_DATA_TX, link))
+            spec.append((f"nvlink{link}_rx_kib", FI_NVLINK_THROUGHPUT_DATA_RX, link))
+        index = {name: i for i, name in enumerate(self._columns)}
+        self._fields_columns = [(index[name], fid, scope) for name, fid, scope in spec]
+        return [(fid, scope) for _, fid, scope in spec]
+
+    def _frame(self, window_us: tuple[float, float] | None) -> pd.DataFrame:
+        width = len(self._columns)
+        values = np.frombuffer(self._buffer, dtype=np.float64).reshape(-1, width) if len(self._buffer) else np.empty((0, width))
+        frame = pd.DataFrame(values, columns=list(self._columns))
+        if window_us is not None:
+            margin = self.margin_s * 1e6
+            frame = frame[(frame["ts_us"] >= window_us[0] - margin) & (frame["ts_us"] <= window_us[1] + margin)]
+        frame = frame.sort_values(["ts_us", "gpu"], kind="stable")
+        for column in frame.columns:
+            if column not in FLOAT_COLUMNS:
+                frame[column] = frame[column].round().astype("Int64")
+        return frame.reset_index(drop=True)
+
+
+def _epoch_offset_ns() -> int:
+    """time_ns() - perf_counter_ns(), from the tightest of a few paired reads."""
+    best = None
+    for _ in range(5):
+        a = time.perf_counter_ns()
+        wall = time.time_ns()
+        b = time.perf_counter_ns()
+        if best is None or b - a < best[0]:
+            best = (b - a, wall - (a + b) // 2)
+    return best[1]
