@@ -1,0 +1,215 @@
+"""Per-category checks over the rank tables: memory operations and runtime calls (PerfTracker's
+1 % rule), kernels slower than on their peers, unusual Python functions, communication, launch
+overhead and CPU-only traces. Each returns findings in their full form (wording.finding)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from stepscope.analysis.outliers import falls_behind, peer_median, stands_out
+from stepscope.analysis.rank_tables import RankTables
+from stepscope.analysis.slow_workers import KERNEL_SLOWER
+from stepscope.analysis.wording import finding, function_text, ms, ranks_text, short
+
+# PerfTracker: a memory operation or runtime call whose time not overlapped with GPU compute is
+# above 1 % of the captured wall time is abnormal.
+BOTTLENECK_RATIO = 0.01
+# A Python function stands out when it takes at least this many times its peers' time...
+FUNCTION_RATIO = 2.0
+# ... and at least this share of the median step (or 1 ms) more.
+FUNCTION_MIN_SHARE = 0.02
+NOT_OVERLAPPED_SHARE = 0.10
+BANDWIDTH_BEHIND = 0.7
+SHORT_KERNEL_SHARE = 0.5
+SHORT_KERNELS_PER_STEP = 100
+LAUNCH_DELAY_US = 100.0
+HOST_WAIT_SHARE = 0.10
+CPU_COLLECTIVE_SHARE = 0.20
+
+
+def _median_step_us(tables: RankTables) -> float:
+    steps = tables.step_us.dropna()
+    if len(steps):
+        return float(steps.median())
+    captured = tables.ranks["capturedUs"]
+    return float(captured.median()) if len(captured) else 0.0
+
+
+def one_percent_rule(frame: pd.DataFrame, key: str, category: str, what: str) -> list[dict[str, Any]]:
+    """Memory operations or runtime calls whose bottleneck ratio is above 1 %, one finding per kind."""
+    if frame.empty:
+        return []
+    over = frame[frame["bottleneckRatio"] > BOTTLENECK_RATIO]
+    out = []
+    for name, rows in over.groupby(key, sort=False):
+        worst = float(rows["bottleneckRatio"].max())
+        med = float(rows["bottleneckRatio"].median())
+        ranks = rows["rank"].tolist()
+        out.append(finding("warning", category, ranks,
+                           f"{what} {name} take {100 * med:.1f}% of the captured time without overlapping GPU compute on {ranks_text(ranks)} "
+                           f"(up to {100 * worst:.1f}%; above 1% is abnormal): overlap them with compute or remove them",
+                           med, {"kind": name, "bottleneckRatio": {str(r): round(float(v), 5) for r, v in zip(rows["rank"], rows["bottleneckRatio"])}}))
+    return out
+
+
+def slower_kernels(kernels: pd.DataFrame, median_step_us: float, already: set[int]) -> list[dict[str, Any]]:
+    """Kernels that run far longer on some ranks than on their peers, one finding per kernel.
+    `kernels` is slow_workers.kernel_ratios' table; ranks already named as slow workers carry
+    their kernels in that finding."""
+    if kernels.empty:
+        return []
+    k = kernels[~kernels["rank"].isin(already)]
+    z_ok = np.zeros(len(k), dtype=bool)
+    for _, idx in k.groupby("name").indices.items():
+        z_ok[idx] = stands_out(k["meanUs"].to_numpy()[idx], min_ratio=KERNEL_SLOWER)
+    flagged = k[z_ok & (k["excessUsPerStep"].to_numpy() >= 0.01 * median_step_us)]
+    out = []
+    for name, rows in flagged.groupby("name", sort=False):
+        ranks = rows["rank"].tolist()
+        ratio = float(rows["ratio"].median())
+        excess = float(rows["excessUsPerStep"].max())
+        out.append(finding("warning", "kernel", ranks,
+                           f"kernel {short(str(name))} runs {ratio:.2f}x longer on {ranks_text(ranks)} than on the other ranks (+{ms(excess)}/step)",
+                           excess / median_step_us if median_step_us else 0.0,
+                           {"kernel": name, "ratio": {str(r): round(float(v), 3) for r, v in zip(rows["rank"], rows["ratio"])}}))
+    return out
+
+
+def top_kernels(tables: RankTables, limit: int = 3) -> list[dict[str, Any]]:
+    """Where the GPU time goes: the kernels with the largest share of all ranks' kernel time."""
+    k = tables.kernels
+    if k.empty or k["sumUs"].sum() <= 0:
+        return []
+    total = k.groupby("name")["sumUs"].sum().sort_values(ascending=False)
+    share = total / total.sum()
+    head = share.head(limit)
+    text = ", ".join(f"{short(str(n), 50)} {100 * v:.0f}%" for n, v in head.items())
+    return [finding("info", "kernel", tables.ranks["rank"].tolist(), f"most GPU time goes to {text}", 0.0,
+                    {"kernels": [{"name": n, "share": round(float(v), 4)} for n, v in share.head(20).items()]})]
+
+
+def python_outliers(tables: RankTables, median_step_us: float) -> list[dict[str, Any]]:
+    """Python functions whose exclusive time on one rank is far above their peers'."""
+    f = tables.functions
+    ranks = tables.ranks["rank"].to_numpy()
+    if f.empty or len(ranks) < 2:
+        return []
+    f = f.assign(usPerStep=tables.per_step(f, "exclusiveUs"))
+    min_excess = max(1000.0, FUNCTION_MIN_SHARE * median_step_us)
+    candidates = f.groupby("name")["usPerStep"].max()
+    names = candidates.index[candidates >= min_excess]
+    if names.empty:
+        return []
+    f = f[f["name"].isin(names)]
+    table = f.pivot_table(index="rank", columns="name", values="usPerStep", aggfunc="sum", fill_value=0.0).reindex(ranks, fill_value=0.0)
+    values = table.to_numpy()
+    peers = peer_median(values)
+    mask = stands_out(values, min_ratio=FUNCTION_RATIO, min_excess=min_excess)
+    out = []
+    for i, j in zip(*np.nonzero(mask)):
+        rank, name, mine, theirs = int(table.index[i]), str(table.columns[j]), float(values[i, j]), float(peers[i, j])
+        times = f"{mine / theirs:.0f}x its peers" if theirs > 0 else "its peers do not spend measurable time there"
+        out.append(finding("warning", "python", [rank],
+                           f"rank {rank} spends {ms(mine)}/step in {function_text(name)}, {times} ({ms(theirs)}/step)",
+                           (mine - theirs) / median_step_us if median_step_us else 0.0,
+                           {"function": name, "usPerStep": round(mine, 1), "peersUsPerStep": round(theirs, 1)}))
+    return out
+
+
+def communication(tables: RankTables, median_step_us: float) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    s = tables.steps
+    if not s.empty and s["durationUs"].sum() > 0:
+        per_rank = s.groupby("rank")[["commNotOverlappedUs", "durationUs", "communicationUs"]].sum()
+        share = per_rank["commNotOverlappedUs"] / per_rank["durationUs"].where(per_rank["durationUs"] > 0, 1.0)
+        high = share[share >= NOT_OVERLAPPED_SHARE]
+        if len(high):
+            overlap = tables.ranks.set_index("rank")["overlapPct"].reindex(high.index)
+            overlap_text = f"; only {overlap.median():.0f}% of communication overlaps compute" if overlap.notna().any() else ""
+            out.append(finding("warning", "communication", high.index.tolist(),
+                               f"communication not overlapped with compute takes {100 * high.median():.0f}% of step time on {ranks_text(high.index.tolist())}"
+                               f"{overlap_text}: overlap it (bucketed gradients, async collectives) or reduce it", float(high.median()),
+                               {"notOverlappedShare": {str(r): round(float(v), 4) for r, v in high.items()}}))
+    c = tables.collectives
+    if not c.empty:
+        c = c[c["busBandwidthGBs"] > 0]
+        for kind, rows in c.groupby("kind"):
+            bw = rows.groupby("rank")["busBandwidthGBs"].median()
+            behind = bw[falls_behind(bw.to_numpy(), max_ratio=BANDWIDTH_BEHIND)]
+            if len(behind) and len(behind) < len(bw):
+                peers = float(bw.drop(behind.index).median())
+                out.append(finding("warning", "communication", behind.index.tolist(),
+                                   f"{kind} bus bandwidth on {ranks_text(behind.index.tolist())} is {behind.median():.1f} GB/s, "
+                                   f"{behind.median() / peers:.1f}x the other ranks' {peers:.1f} GB/s: check its network link",
+                                   1.0 - float(behind.median()) / peers, {"kind": kind, "busBandwidthGBs": {str(r): round(float(v), 2) for r, v in bw.items()}}))
+    return out
+
+
+def launch_overhead(tables: RankTables, median_step_us: float) -> list[dict[str, Any]]:
+    r = tables.ranks[tables.ranks["launches"] > 0]
+    if r.empty:
+        return []
+    out = []
+    steps = r["steps"].clip(lower=1)
+    short_share = r["shortKernels"] / r["launches"]
+    many = r[(short_share >= SHORT_KERNEL_SHARE) & (r["shortKernels"] / steps >= SHORT_KERNELS_PER_STEP)]
+    if len(many):
+        out.append(finding("warning", "launch", many["rank"].tolist(),
+                           f"{100 * float(short_share[many.index].median()):.0f}% of kernels are shorter than {many['shortKernelThresholdUs'].median():.0f} us "
+                           f"({float((many['launches'] / steps[many.index]).median()):.0f} launches/step) on {ranks_text(many['rank'].tolist())}: "
+                           "launch overhead dominates; fuse kernels (torch.compile) or use CUDA graphs", float(short_share[many.index].median()) / 4,
+                           {"shortShare": {str(a): round(float(b), 3) for a, b in zip(many["rank"], short_share[many.index])}}))
+    delayed = r[r["launchDelayMedianUs"] >= LAUNCH_DELAY_US]
+    if len(delayed):
+        out.append(finding("info", "launch", delayed["rank"].tolist(),
+                           f"kernels start {delayed['launchDelayMedianUs'].median():.0f} us after their launch (median) on {ranks_text(delayed['rank'].tolist())}: "
+                           "the GPU queue is full; the host is ahead, so launch overhead is not the limit", 0.0))
+    if median_step_us > 0:
+        wait = r["hostWaitUs"] / (r["steps"].clip(lower=1) * median_step_us)
+        waiting = r[wait >= HOST_WAIT_SHARE]
+        if len(waiting):
+            out.append(finding("warning", "launch", waiting["rank"].tolist(),
+                               f"the GPU waits for the host {100 * float(wait[waiting.index].median()):.0f}% of the step on {ranks_text(waiting['rank'].tolist())}: "
+                               "the CPU side (data loading, Python, synchronisation) does not keep the GPU fed", float(wait[waiting.index].median())))
+    return out
+
+
+def cpu_only(tables: RankTables, median_step_us: float) -> list[dict[str, Any]]:
+    """Traces without GPU work (gloo): is the step spent waiting in collectives or in Python?"""
+    r = tables.ranks
+    if r.empty or r["hasGpu"].any() or median_step_us <= 0:
+        return []
+    out = []
+    c = tables.collectives
+    if not c.empty:
+        per = tables.per_step(c, "sumUs").groupby(c["rank"]).sum() / median_step_us
+        kinds = ", ".join(c.groupby("kind")["sumUs"].sum().sort_values(ascending=False).index[:3])
+        if per.median() >= CPU_COLLECTIVE_SHARE:
+            out.append(finding("info", "communication", per.index.tolist(),
+                               f"ranks spend {100 * per.median():.0f}% of each step in {r['backend'].iloc[0] or 'CPU'} collectives ({kinds}) "
+                               f"(least: rank {int(per.idxmin())} {100 * per.min():.0f}%, most: rank {int(per.idxmax())} {100 * per.max():.0f}%): "
+                               "most of it is waiting for the slowest rank", float(per.median()) / 2))
+    f = tables.functions
+    if not f.empty:
+        per_fn = tables.per_step(f, "exclusiveUs").groupby(f["name"]).median().sort_values(ascending=False)
+        name, us = str(per_fn.index[0]), float(per_fn.iloc[0])
+        out.append(finding("info", "python", r["rank"].tolist(),
+                           f"the Python hot spot is {function_text(name)}: {ms(us)}/step ({100 * us / median_step_us:.0f}% of the step, median over ranks)",
+                           0.0, {"functions": [{"name": n, "usPerStep": round(float(v), 1)} for n, v in per_fn.head(10).items()]}))
+    return out
+
+
+def all_checks(tables: RankTables, kernels: pd.DataFrame, slow_ranks: set[int]) -> list[dict[str, Any]]:
+    median_step_us = _median_step_us(tables)
+    return [
+        *one_percent_rule(tables.memory, "kind", "memory", "memory operations"),
+        *one_percent_rule(tables.runtime, "name", "launch", "runtime calls"),
+        *slower_kernels(kernels, median_step_us, slow_ranks),
+        *top_kernels(tables),
+        *python_outliers(tables, median_step_us),
+        *communication(tables, median_step_us),
+        *launch_overhead(tables, median_step_us),
+        *cpu_only(tables, median_step_us),
+    ]

@@ -1,0 +1,146 @@
+"""Cross-rank diagnosis: from every rank's summary to findings ranked worst first.
+
+`diagnose` returns the compact Diagnosis that goes into the session's status (bounded, so the
+status stays under 32 KiB whatever the rank count) and the full findings with the figures behind
+them (for report/diagnosis.json). Ranks whose summary carries an error become findings; they
+never stop the others from being diagnosed.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from stepscope.analysis.bottlenecks import all_checks
+from stepscope.analysis.hangs import hang_findings
+from stepscope.analysis.model import Breakdown, Diagnosis, Finding, RankSummary, SlowWorker, StepTime
+from stepscope.analysis.rank_tables import RankTables, build_tables
+from stepscope.analysis.slow_workers import SlowEvidence, find_slow_workers, kernel_ratios
+from stepscope.analysis.wording import finding, function_text, ms, ranks_text, short
+
+MAX_FINDINGS = 20
+MAX_SLOW_WORKERS = 16
+MAX_MESSAGE = 300
+MAX_RANKS = 32
+_SEVERITY = {"critical": 0, "warning": 1, "info": 2}
+
+
+def _trace_findings(summaries: list[RankSummary]) -> list[dict[str, Any]]:
+    """Per-rank errors and warnings, one finding per distinct text (1,000 ranks with the same
+    warning are one finding, not 1,000)."""
+    out = []
+    errors: dict[str, list[int]] = defaultdict(list)
+    warnings: dict[str, list[int]] = defaultdict(list)
+    for s in summaries:
+        if s.error:
+            errors[s.error].append(s.rank)
+        for w in s.warnings:
+            warnings[w].append(s.rank)
+    for text, ranks in errors.items():
+        out.append(finding("critical", "trace", ranks, f"{ranks_text(ranks)} could not be analysed: {text}", 0.9, {"error": text}))
+    for text, ranks in warnings.items():
+        out.append(finding("info", "trace", ranks, f"{ranks_text(ranks)}: {text}", 0.0))
+    return out
+
+
+def _slow_worker_finding(e: SlowEvidence, tables: RankTables, median_step_us: float, python: dict[int, str], hardware: dict[int, str]) -> dict[str, Any]:
+    slowdown = e.slowdown(median_step_us)
+    reasons = []
+    if e.stepRatio:
+        reasons.append(f"its step takes {ms(tables.step_us.get(e.rank, 0.0))} vs {ms(median_step_us)} (median)")
+    if e.kernelRatio:
+        names = ", ".join(short(k["name"], 40) for k in e.slowKernels[:3])
+        reasons.append(f"its GPU kernels run {100 * (e.kernelRatio - 1):.0f}% longer" + (f" ({names})" if names else ""))
+    if e.voteShare:
+        reasons.append(f"it arrives last at {100 * e.voteShare:.0f}% of {e.rounds} matched collectives; the others wait {ms(e.peersWaitUsPerStep)}/step for it")
+    if e.rank in python:
+        reasons.append(python[e.rank])
+    if e.rank in hardware:
+        reasons.append(hardware[e.rank])
+    message = f"rank {e.rank} is {slowdown:.2f}x slower than its peers: " + "; ".join(reasons)
+    severity = "critical" if slowdown >= 1.2 else "warning"
+    return finding(severity, "slow-worker", [e.rank], message, slowdown - 1.0, {
+        "slowdown": round(slowdown, 3), "stepRatio": e.stepRatio, "kernelRatio": e.kernelRatio, "slowKernels": e.slowKernels,
+        "voteShare": e.voteShare, "votes": e.votes, "rounds": e.rounds, "peersWaitUsPerStep": round(e.peersWaitUsPerStep, 1)})
+
+
+def _python_reason(data: dict[str, Any]) -> str:
+    mine, theirs = data["usPerStep"], data["peersUsPerStep"]
+    times = f", {mine / theirs:.0f}x its peers" if theirs > 0 else ""
+    return f"it spends {ms(mine)}/step in {function_text(data['function'])}{times}"
+
+
+def _hardware(summaries: list[RankSummary], hardware: dict[str, pd.DataFrame] | None) -> tuple[list[dict[str, Any]], dict[int, str]]:
+    if not hardware:
+        return [], {}
+    try:
+        from stepscope.analysis import hardware as hw
+    except ImportError as exc:
+        return [finding("info", "hardware", [], f"hardware metrics were captured but cannot be analysed here: {exc}", 0.0)], {}
+    found, explanations = hw.findings(summaries, hardware)
+    return [finding(f.severity, f.category, f.ranks, f.message, 0.5 if f.severity == "critical" else 0.1) for f in found], explanations
+
+
+def _breakdown(tables: RankTables) -> Breakdown | None:
+    s = tables.steps
+    total = float(s["durationUs"].sum()) if not s.empty else 0.0
+    if total <= 0:
+        return None
+    pct = lambda column: round(100.0 * float(s[column].sum()) / total, 2)  # noqa: E731
+    memory = float(tables.memory["sumUs"].sum()) if not tables.memory.empty else 0.0
+    captured = float(tables.ranks["capturedUs"].sum()) or total
+    return Breakdown(computePct=pct("computingUs"), commNotOverlappedPct=pct("commNotOverlappedUs"), overlappedPct=pct("overlappedUs"),
+                     memoryPct=round(min(100.0, 100.0 * memory / captured), 2), idlePct=pct("freeUs"))
+
+
+def _ordered(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(found, key=lambda f: (_SEVERITY.get(f["severity"], 3), -f["score"]))
+
+
+def _compact_finding(f: dict[str, Any]) -> Finding:
+    message = f["message"] if len(f["message"]) <= MAX_MESSAGE else f["message"][: MAX_MESSAGE - 3] + "..."
+    return Finding(severity=f["severity"], category=f["category"], ranks=f["ranks"][:MAX_RANKS], message=message)
+
+
+def _summary_line(found: list[dict[str, Any]], tables: RankTables, ranks: int) -> str:
+    if found and found[0]["severity"] != "info":
+        line = found[0]["message"]
+    else:
+        steps = tables.step_us.dropna()
+        step = f"; median step {ms(float(steps.median()))}" if len(steps) else ""
+        line = f"no problem found across {ranks} rank(s){step}"
+    return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 3] + "..."
+
+
+def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = None,
+             hardware: dict[str, pd.DataFrame] | None = None) -> tuple[Diagnosis, list[dict[str, Any]]]:
+    """Diagnose a session from its rank summaries (plus hang stacks and NVML samples by pod).
+
+    Returns the compact Diagnosis for the status and the full findings, worst first: dicts with
+    severity, category, ranks, message, score (roughly the share of step time at stake) and data."""
+    ok = [s for s in summaries if not s.error]
+    tables = build_tables(ok)
+    steps = tables.step_us.dropna()
+    median_step_us = float(steps.median()) if len(steps) else 0.0
+    evidence = find_slow_workers(tables, ok)
+    _, kernels = kernel_ratios(tables)
+    checks = all_checks(tables, kernels, set(evidence))
+    # A slow worker's own unusual Python function is its explanation, so it joins that finding.
+    python = {f["ranks"][0]: _python_reason(f["data"]) for f in checks
+              if f["category"] == "python" and len(f["ranks"]) == 1 and f["ranks"][0] in evidence and "function" in f["data"]}
+    hw_found, explanations = _hardware(summaries, hardware)
+    slow = [_slow_worker_finding(e, tables, median_step_us, python, explanations) for e in evidence.values()]
+    found = _ordered([*slow, *hang_findings(stacks or {}, sorted(s.rank for s in summaries)), *_trace_findings(summaries), *hw_found, *checks])
+    info = {s.rank: s for s in ok}
+    slow_workers = sorted(
+        (SlowWorker(rank=e.rank, stepTimeMs=round(float(tables.step_us.get(e.rank, np.nan)) / 1000.0, 3) if e.rank in steps.index else 0.0,
+                    slowdown=round(e.slowdown(median_step_us), 3), pod=info[e.rank].pod, node=info[e.rank].node) for e in evidence.values()),
+        key=lambda w: -w.slowdown)[:MAX_SLOW_WORKERS]
+    step_time = StepTime(min=round(float(steps.min()) / 1000.0, 3), median=round(median_step_us / 1000.0, 3),
+                         max=round(float(steps.max()) / 1000.0, 3)) if len(steps) else None
+    diagnosis = Diagnosis(summary=_summary_line(found, tables, len(summaries)), stepTimeMs=step_time, slowWorkers=slow_workers,
+                          breakdown=_breakdown(tables), findings=[_compact_finding(f) for f in found[:MAX_FINDINGS]])
+    return diagnosis, found
+

@@ -1,0 +1,69 @@
+"""Hangs from the agents' stacks files: where each rank is stuck, and which rank is the odd one out.
+
+In a hung collective job every healthy rank waits at the same collective call; the rank that
+stopped elsewhere (in a data loader, a deadlock, an endless loop) is what holds the others up.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from stepscope.analysis.wording import finding, ranks_text
+
+# Frames of these files are plumbing around the place a rank is stuck, not the place itself.
+_PLUMBING = ("threading.py", "/torch/", "\\torch\\", "stepscope_agent", "site-packages/", "dist-packages/")
+
+
+def _main_frames(stacks: dict[str, Any]) -> list[dict[str, Any]]:
+    threads = stacks.get("threads") or []
+    main = next((t for t in threads if t.get("main")), threads[0] if threads else None)
+    return list((main or {}).get("frames") or [])
+
+
+def _frame_text(frame: dict[str, Any]) -> str:
+    return f"{frame.get('function', '?')} ({frame.get('file', '?')}:{frame.get('line', '?')})"
+
+
+def stuck_at(stacks: dict[str, Any]) -> str:
+    """The innermost frame of user code in the main thread (frames are listed outermost first)."""
+    frames = _main_frames(stacks)
+    user = [f for f in frames if not any(p in str(f.get("file", "")) for p in _PLUMBING)]
+    chosen = (user or frames)[-1:]
+    return _frame_text(chosen[0]) if chosen else "an unknown place (no frames recorded)"
+
+
+def _signature(stacks: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Where a rank is, by file and function (lines differ between code versions of one call)."""
+    return tuple((str(f.get("file", "")), str(f.get("function", ""))) for f in _main_frames(stacks))
+
+
+def hang_findings(stacks: dict[int, dict[str, Any]], ranks: list[int]) -> list[dict[str, Any]]:
+    """Findings (severity, category, ranks, message, score, data) for the ranks that reported a hang.
+
+    `ranks` are all ranks known to the session: one without a stacks file while others hung is
+    named too, since a rank that crashed or still runs is a suspect as well."""
+    if not stacks:
+        return []
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for rank in sorted(stacks):
+        groups[_signature(stacks[rank])].append(rank)
+    ordered = sorted(groups.values(), key=len, reverse=True)
+    seconds = max(float(s.get("secondsSinceStep") or 0.0) for s in stacks.values())
+    steps = sorted({int(s["step"]) for s in stacks.values() if s.get("step") is not None})
+    data = {"stuckAt": {str(r): stuck_at(s) for r, s in sorted(stacks.items())}, "secondsSinceStep": seconds, "steps": steps}
+    out: list[dict[str, Any]] = []
+    majority = ordered[0]
+    where = stuck_at(stacks[majority[0]])
+    if len(ordered) == 1:
+        out.append(finding("critical", "hang", majority, f"{len(majority)} rank(s) hung for {seconds:.0f} s, all at {where}", 1.0, data))
+    else:
+        for group in ordered[1:]:
+            out.append(finding("critical", "hang", group,
+                               f"{ranks_text(group)} stuck at {stuck_at(stacks[group[0]])} while {len(majority)} other rank(s) wait at {where}: "
+                               f"{'this rank is' if len(group) == 1 else 'these ranks are'} the likely culprit",
+                               1.0 + len(majority) / max(len(stacks), 1), data))
+    silent = sorted(set(ranks) - set(stacks))
+    if silent:
+        out.append(finding("warning", "hang", silent, f"{ranks_text(silent)} wrote no stacks while {len(stacks)} rank(s) hung: check whether it crashed or is still running", 0.5, data))
+    return out
+

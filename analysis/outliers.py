@@ -1,0 +1,67 @@
+"""Robust outlier tests over per-rank values (median / MAD), shared by the diagnosis checks.
+
+A mean and standard deviation are dragged by the very straggler they should find; the median and
+the median absolute deviation are not, as long as fewer than half of the ranks are slow.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# Scales the MAD to a standard deviation for normal data, so thresholds read as "sigmas".
+MAD_SCALE = 1.4826
+# Iglewicz and Hoaglin's cut-off for the modified z-score.
+Z_THRESHOLD = 3.5
+
+
+def peer_median(values: np.ndarray) -> np.ndarray:
+    """For each entry (along axis 0), the median of the OTHER entries: a rank's peers without
+    itself, so that with two or three ranks the slow one is not half of its own reference."""
+    values = np.asarray(values, dtype=float)
+    n = values.shape[0]
+    if n < 2:
+        return values.copy()
+    order = np.sort(values, axis=0)
+    position = np.argsort(np.argsort(values, axis=0, kind="stable"), axis=0, kind="stable")
+
+    def remaining(k: int) -> np.ndarray:
+        # The k-th smallest of the others is the k-th or (k+1)-th smallest of all.
+        index = np.where(k < position, k, k + 1)
+        return np.take_along_axis(order, index, axis=0)
+
+    m = n - 1
+    if m % 2:
+        return remaining(m // 2)
+    return 0.5 * (remaining(m // 2 - 1) + remaining(m // 2))
+
+
+def stands_out(values: np.ndarray, *, min_ratio: float, min_excess: float | np.ndarray = 0.0, floor_fraction: float = 0.01) -> np.ndarray:
+    """Mask of entries far above their peers (along axis 0): at least `min_ratio` times and
+    `min_excess` above the peers' median and, with four or more ranks, a robust z above the
+    threshold too (a ratio alone cannot tell a straggler from a wide healthy spread)."""
+    values = np.asarray(values, dtype=float)
+    n = values.shape[0]
+    if n < 2:
+        return np.zeros(values.shape, dtype=bool)
+    peers = peer_median(values)
+    mask = (values >= peers * min_ratio) & (values - peers >= min_excess) & (values > 0)
+    if n >= 4:
+        median = np.median(values, axis=0)
+        spread = np.maximum(MAD_SCALE * np.median(np.abs(values - median), axis=0), np.abs(median) * floor_fraction)
+        z = (values - median) / np.maximum(spread, 1e-12)
+        mask &= z > Z_THRESHOLD
+    return mask
+
+
+def falls_behind(values: np.ndarray, *, max_ratio: float) -> np.ndarray:
+    """Mask of entries far below their peers (e.g. a rank's bus bandwidth)."""
+    values = np.asarray(values, dtype=float)
+    if values.shape[0] < 2:
+        return np.zeros(values.shape, dtype=bool)
+    return values <= peer_median(values) * max_ratio
+
+
+def vote_share_threshold(ranks: int, rounds: int) -> float:
+    """Share of rounds one rank must win to stand out from chance (expected 1/ranks per round):
+    three binomial standard deviations above the expectation, and never below 30 %."""
+    p = 1.0 / max(ranks, 1)
+    return max(p + 3.0 * float(np.sqrt(p * (1.0 - p) / max(rounds, 1))), 0.3)

@@ -1,0 +1,82 @@
+"""Rank summaries turned into columnar tables (one row per rank and item), the form every
+cross-rank check and report table works on."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from stepscope.analysis.model import CollectiveStat, FunctionStat, KernelStat, MemoryOpStat, RankSummary, RuntimeStat, StepRow
+
+
+def _items_frame(summaries: list[RankSummary], attr: str, struct: type[msgspec.Struct], skip: tuple[str, ...] = ()) -> pd.DataFrame:
+    items: list[msgspec.Struct] = []
+    ranks: list[int] = []
+    for s in summaries:
+        got = getattr(s, attr)
+        items.extend(got)
+        ranks.extend([s.rank] * len(got))
+    fields = [f for f in struct.__struct_fields__ if f not in skip]
+    data: dict[str, object] = {"rank": np.asarray(ranks, dtype=np.int64)}
+    for f in fields:
+        data[f] = [getattr(i, f) for i in items]
+    return pd.DataFrame(data)
+
+
+def _ranks_frame(summaries: list[RankSummary]) -> pd.DataFrame:
+    steps = [np.fromiter((r.durationUs for r in s.steps), dtype=float, count=len(s.steps)) for s in summaries]
+    return pd.DataFrame({
+        "rank": np.asarray([s.rank for s in summaries], dtype=np.int64),
+        "pod": [s.pod for s in summaries],
+        "node": [s.node for s in summaries],
+        "hasGpu": np.asarray([s.hasGpu for s in summaries], dtype=bool),
+        "backend": [s.backend for s in summaries],
+        "capturedUs": np.asarray([s.capturedUs for s in summaries], dtype=float),
+        "steps": np.asarray([len(d) for d in steps], dtype=np.int64),
+        "stepUs": np.asarray([float(np.median(d)) if d.size else np.nan for d in steps], dtype=float),
+        "overlapPct": np.asarray([np.nan if s.overlapPct is None else s.overlapPct for s in summaries], dtype=float),
+        "gpuUtilizationPct": np.asarray([s.gpuUtilizationPct for s in summaries], dtype=float),
+        "launches": np.asarray([s.launch.launches if s.launch else 0 for s in summaries], dtype=np.int64),
+        "shortKernels": np.asarray([s.launch.shortKernels if s.launch else 0 for s in summaries], dtype=np.int64),
+        "shortKernelThresholdUs": np.asarray([s.launch.shortKernelThresholdUs if s.launch else 0.0 for s in summaries], dtype=float),
+        "launchDelayMedianUs": np.asarray([s.launch.launchDelayMedianUs if s.launch else 0.0 for s in summaries], dtype=float),
+        "hostWaitUs": np.asarray([s.idle.hostWaitUs if s.idle else 0.0 for s in summaries], dtype=float),
+        "kernelWaitUs": np.asarray([s.idle.kernelWaitUs if s.idle else 0.0 for s in summaries], dtype=float),
+        "idleUs": np.asarray([s.temporal.idleUs if s.temporal else 0.0 for s in summaries], dtype=float),
+    })
+
+
+@dataclass(frozen=True)
+class RankTables:
+    """All summaries of a session as tables; `ranks` has one row per summarised rank."""
+    ranks: pd.DataFrame
+    steps: pd.DataFrame
+    kernels: pd.DataFrame
+    functions: pd.DataFrame
+    memory: pd.DataFrame
+    runtime: pd.DataFrame
+    collectives: pd.DataFrame
+
+    @property
+    def step_us(self) -> pd.Series:
+        """Median step time of each rank (NaN where the trace had no steps), indexed by rank."""
+        return self.ranks.set_index("rank")["stepUs"]
+
+    def per_step(self, frame: pd.DataFrame, column: str) -> pd.Series:
+        """A column divided by its rank's number of captured steps (1 where none were found)."""
+        steps = frame["rank"].map(self.ranks.set_index("rank")["steps"].clip(lower=1))
+        return frame[column] / steps.to_numpy(dtype=float)
+
+
+def build_tables(summaries: list[RankSummary]) -> RankTables:
+    return RankTables(
+        ranks=_ranks_frame(summaries),
+        steps=_items_frame(summaries, "steps", StepRow),
+        kernels=_items_frame(summaries, "kernels", KernelStat),
+        functions=_items_frame(summaries, "functions", FunctionStat),
+        memory=_items_frame(summaries, "memoryOps", MemoryOpStat),
+        runtime=_items_frame(summaries, "runtime", RuntimeStat),
+        collectives=_items_frame(summaries, "collectives", CollectiveStat, skip=("durationsUs",)),
+    )

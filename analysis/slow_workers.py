@@ -1,0 +1,178 @@
+"""Which ranks hold the others up, from three independent pieces of evidence.
+
+- Step time: a rank whose median step is far above its peers' (robust test, outliers.py).
+- Kernel durations: a rank whose kernels run longer than the same kernels on its peers. In a
+  synchronous job step times even out (everyone waits for the slowest), so this often is the
+  only place a slow GPU shows.
+- Collective voting: line up the i-th collective of each kind across ranks; the rank that
+  arrives last waits least, so its duration is the shortest. The rank that most often has the
+  shortest duration is the straggler, and the others' extra wait is what it costs them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from stepscope.analysis.model import RankSummary
+from stepscope.analysis.outliers import peer_median, stands_out, vote_share_threshold
+from stepscope.analysis.rank_tables import RankTables
+
+# A rank must be this much slower than its peers before it is called slow: below, the
+# difference is within the jitter of a healthy job and no action would follow.
+MIN_SLOWDOWN = 1.05
+# A kernel counts as "slower on this rank" at 10 % above its peers.
+KERNEL_SLOWER = 1.10
+# Collectives matched across ranks before a vote means anything.
+MIN_ROUNDS = 5
+# A rank that is last at most collectives but costs the others under 2 % of a step is not worth
+# acting on (someone is always last).
+MIN_VOTE_COST = 0.02
+
+
+@dataclass
+class SlowEvidence:
+    """What marks one rank as slow; every figure is optional, each check fills its own."""
+    rank: int
+    stepRatio: float | None = None
+    kernelRatio: float | None = None
+    slowKernels: list[dict] = field(default_factory=list)
+    voteShare: float | None = None
+    votes: int = 0
+    rounds: int = 0
+    peersWaitUsPerStep: float = 0.0
+
+    def slowdown(self, median_step_us: float) -> float:
+        """The largest of the slowdowns the evidence shows (step time, kernel time, or the wait
+        the others suffer per step, relative to the median step)."""
+        wait = 1.0 + self.peersWaitUsPerStep / median_step_us if median_step_us > 0 else 1.0
+        return max(self.stepRatio or 1.0, self.kernelRatio or 1.0, wait)
+
+
+def step_time_outliers(tables: RankTables) -> dict[int, float]:
+    """Rank -> step time / peers' median step time, for ranks far slower than their peers."""
+    steps = tables.step_us.dropna()
+    if len(steps) < 2:
+        return {}
+    values = steps.to_numpy()
+    mask = stands_out(values, min_ratio=MIN_SLOWDOWN)
+    peers = peer_median(values)
+    return {int(r): float(v / p) for r, v, p in zip(steps.index[mask], values[mask], peers[mask]) if p > 0}
+
+
+def kernel_ratios(tables: RankTables) -> tuple[pd.Series, pd.DataFrame]:
+    """Per rank, how much longer its kernels run than the same kernels on its peers (the time-
+    weighted geometric mean of per-kernel ratios), and the per-(rank, kernel) table behind it.
+
+    Kernels seen on fewer than half of the ranks are left out: a kernel only one rank runs has
+    no peers to compare with. Communication kernels are left out of the rank ratio when there is
+    other work: the rank that arrives last at a collective has the shortest ones."""
+    k = tables.kernels
+    ranks = tables.ranks["rank"].nunique()
+    if k.empty or ranks < 2:
+        return pd.Series(dtype=float), k.iloc[0:0]
+    k = k[["rank", "name", "type", "count", "sumUs", "meanUs"]].copy()
+    k = k[k.groupby("name")["rank"].transform("nunique") >= max(2, (ranks + 1) // 2)]
+    if k.empty:
+        return pd.Series(dtype=float), k
+    k["peerMeanUs"] = k.groupby("name")["meanUs"].transform("median")
+    k["peerSumUs"] = k.groupby("name")["sumUs"].transform("median")
+    k["ratio"] = np.where(k["peerMeanUs"] > 0, k["meanUs"] / k["peerMeanUs"].where(k["peerMeanUs"] > 0, 1.0), 1.0)
+    k["excessUsPerStep"] = tables.per_step(k.assign(excess=k["sumUs"] - k["peerSumUs"]), "excess")
+    weighted = k[k["type"] != "COMM"] if (k["type"] != "COMM").any() else k
+    logs = np.log(weighted["ratio"].clip(lower=1e-6)) * weighted["peerSumUs"]
+    grouped = pd.DataFrame({"rank": weighted["rank"], "log": logs, "w": weighted["peerSumUs"]}).groupby("rank").sum()
+    per_rank = np.exp(grouped["log"] / grouped["w"].where(grouped["w"] > 0, 1.0))
+    return per_rank, k
+
+
+def kernel_outliers(tables: RankTables) -> dict[int, tuple[float, list[dict]]]:
+    """Rank -> (kernel ratio, the kernels that cost it most time) for ranks whose kernels run
+    far longer than their peers'."""
+    per_rank, k = kernel_ratios(tables)
+    if len(per_rank) < 2:
+        return {}
+    # Compare ratios to each other, not to 1: a rank's ratio is relative to the per-kernel median.
+    mask = stands_out(per_rank.to_numpy(), min_ratio=MIN_SLOWDOWN)
+    out: dict[int, tuple[float, list[dict]]] = {}
+    for rank, ratio in per_rank[mask].items():
+        mine = k[(k["rank"] == rank) & (k["ratio"] >= KERNEL_SLOWER)].nlargest(5, "excessUsPerStep")
+        out[int(rank)] = (float(ratio), [
+            {"name": n, "type": t, "ratio": round(float(r), 3), "excessUsPerStep": round(float(e), 1)}
+            for n, t, r, e in zip(mine["name"], mine["type"], mine["ratio"], mine["excessUsPerStep"])
+        ])
+    return out
+
+
+@dataclass
+class Votes:
+    votes: dict[int, int]
+    rounds: int
+    waitUs: dict[int, float]  # the others' extra wait summed over the rounds each rank won
+    kinds: list[str]
+
+
+def collective_votes(summaries: list[RankSummary]) -> Votes:
+    """Count, per rank, the matched collectives it arrived last at (shortest duration).
+
+    A round with a tie for the shortest duration, or where all durations are equal, says
+    nothing about who was late and is left out."""
+    by_kind: dict[str, dict[int, list[float]]] = {}
+    for s in summaries:
+        for c in s.collectives:
+            if c.durationsUs:
+                by_kind.setdefault(c.kind, {}).setdefault(s.rank, []).extend(c.durationsUs)
+    votes: dict[int, int] = {}
+    waits: dict[int, float] = {}
+    rounds = 0
+    kinds: list[str] = []
+    for kind, per_rank in sorted(by_kind.items()):
+        if len(per_rank) < 2:
+            continue
+        ranks = np.asarray(sorted(per_rank), dtype=np.int64)
+        n = min(len(per_rank[r]) for r in ranks)
+        if n == 0:
+            continue
+        matrix = np.vstack([np.asarray(per_rank[r][:n], dtype=float) for r in ranks])
+        lowest = matrix.min(axis=0)
+        clear = ((matrix == lowest).sum(axis=0) == 1) & (matrix.max(axis=0) > lowest)
+        if not clear.any():
+            continue
+        winners = ranks[matrix.argmin(axis=0)[clear]]
+        wait = (np.median(matrix, axis=0) - lowest)[clear]
+        counted = np.bincount(np.searchsorted(ranks, winners), minlength=len(ranks))
+        waited = np.bincount(np.searchsorted(ranks, winners), weights=wait, minlength=len(ranks))
+        for r, c, w in zip(ranks, counted, waited):
+            votes[int(r)] = votes.get(int(r), 0) + int(c)
+            waits[int(r)] = waits.get(int(r), 0.0) + float(w)
+        rounds += int(clear.sum())
+        kinds.append(kind)
+    return Votes(votes=votes, rounds=rounds, waitUs=waits, kinds=kinds)
+
+
+def vote_stragglers(votes: Votes, ranks: int, steps: int) -> dict[int, tuple[float, float]]:
+    """Rank -> (share of rounds it was last at, the others' wait per step it costs)."""
+    if votes.rounds < MIN_ROUNDS or ranks < 2:
+        return {}
+    need = vote_share_threshold(ranks, votes.rounds)
+    return {r: (v / votes.rounds, votes.waitUs.get(r, 0.0) / max(steps, 1))
+            for r, v in votes.votes.items() if v / votes.rounds >= need}
+
+
+def find_slow_workers(tables: RankTables, summaries: list[RankSummary]) -> dict[int, SlowEvidence]:
+    evidence: dict[int, SlowEvidence] = {}
+    for rank, ratio in step_time_outliers(tables).items():
+        evidence.setdefault(rank, SlowEvidence(rank)).stepRatio = ratio
+    for rank, (ratio, kernels) in kernel_outliers(tables).items():
+        e = evidence.setdefault(rank, SlowEvidence(rank))
+        e.kernelRatio, e.slowKernels = ratio, kernels
+    votes = collective_votes(summaries)
+    steps = int(tables.ranks["steps"].median()) if len(tables.ranks) else 1
+    median_step = float(tables.step_us.median()) if tables.step_us.notna().any() else 0.0
+    for rank, (share, wait) in vote_stragglers(votes, len(tables.ranks), steps).items():
+        if median_step > 0 and wait < MIN_VOTE_COST * median_step:
+            continue
+        e = evidence.setdefault(rank, SlowEvidence(rank))
+        e.voteShare, e.votes, e.rounds, e.peersWaitUsPerStep = share, votes.votes[rank], votes.rounds, wait
+    return evidence

@@ -1,0 +1,55 @@
+"""How findings are shaped and worded (ranks, amounts, kernel and function names), so every
+message reads the same way."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+
+def ranks_text(ranks: list[int], limit: int = 8) -> str:
+    """'rank 3', 'ranks 1, 4 and 6', 'ranks 0-7', 'ranks 0-3, 9, 12-15 and 40 more'."""
+    ranks = sorted(set(ranks))
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    runs: list[str] = []
+    start = prev = ranks[0]
+    for r in ranks[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    shown, rest = runs[:limit], len(runs) - limit
+    if rest > 0:
+        return "ranks " + ", ".join(shown) + f" and {rest} more"
+    return "ranks " + (", ".join(shown[:-1]) + " and " + shown[-1] if len(shown) > 1 else shown[0])
+
+
+def ms(us: float) -> str:
+    """Microseconds as a short human figure in milliseconds."""
+    value = us / 1000.0
+    return f"{value:.0f} ms" if value >= 100 else f"{value:.1f} ms" if value >= 1 else f"{value:.2f} ms"
+
+
+_KINETO_FUNCTION = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<func>.*)$")
+
+
+def function_text(name: str) -> str:
+    """Kineto's 'path/train.py(42): augment' as 'augment (train.py:42)'; other names unchanged."""
+    m = _KINETO_FUNCTION.match(name)
+    if not m:
+        return name
+    return f"{m['func']} ({m['file'].replace(chr(92), '/').rsplit('/', 1)[-1]}:{m['line']})"
+
+
+def short(name: str, limit: int = 60) -> str:
+    """Kernel names run to hundreds of characters of template arguments; keep the head."""
+    return name if len(name) <= limit else name[: limit - 3] + "..."
+
+
+def finding(severity: str, category: str, ranks: list[int], message: str, score: float, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A finding in its full form: the Finding fields plus a score to rank by (the share of step
+    time it costs, roughly) and the figures behind it."""
+    return {"severity": severity, "category": category, "ranks": sorted(int(r) for r in ranks), "message": message,
+            "score": float(score), "data": data or {}}
