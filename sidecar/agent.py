@@ -1,0 +1,581 @@
+"""The in-process agent: counts training steps and captures the steps a sidecar asks for.
+
+This file is copied into the pod's shared directory as `bootstrap/stepscope_agent.py` and loaded
+by the bootstrap `sitecustomize` of every Python process in the pod, so it imports only the
+standard library at start and touches torch only once the program has imported torch itself.
+docs/wire.md fixes the files it reads and writes; docs/agent.md says what it records and when.
+
+Steps are the calls of torch's global optimizer step post-hook (one optimizer leads, so several
+optimizers still count one step), or `step()` calls for loops without an optimizer. The agent
+never raises into the training loop: a failure is logged and written to the session's state file.
+"""
+from __future__ import annotations
+
+import atexit
+import gzip
+import importlib.abc
+import importlib.machinery
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+import traceback
+import weakref
+from typing import Any
+
+log = logging.getLogger("stepscope.agent")
+
+DEFAULT_DIR = "/var/run/stepscope"
+WIRE_VERSION = 1
+HEARTBEAT_SECONDS = 1.0
+# A loop that has not reached a step boundary for this long gets its requests read by the
+# watchdog thread instead, so durationSeconds captures work without steps.
+STEPLESS_AFTER_SECONDS = 1.0
+ACTIVE_STATES = ("waiting", "capturing", "hung")
+FINAL_STATES = ("done", "failed", "cancelled", "refused")
+
+_stat = os.stat
+_monotonic = time.monotonic
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _write_json(path: str, obj: dict[str, Any]) -> None:
+    _atomic_write(path, json.dumps(obj, separators=(",", ":")).encode())
+
+
+def _safe_session_id(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= 128 and value not in (".", "..") and "/" not in value and "\\" not in value and "\0" not in value
+
+
+def thread_stacks() -> list[dict[str, Any]]:
+    """Every thread's Python stack, outermost frame first."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    threads = []
+    for ident, frame in sys._current_frames().items():
+        frames = [{"file": fs.filename, "line": fs.lineno, "function": fs.name} for fs in traceback.extract_stack(frame)]
+        threads.append({"id": ident, "name": names.get(ident, f"thread-{ident}"), "main": ident == main, "frames": frames})
+    return threads
+
+
+class _Session:
+    """One capture request on this rank, from trigger to a final state."""
+
+    def __init__(self, request: dict[str, Any], trigger_step: int, folder: str) -> None:
+        capture = request.get("capture") or {}
+        self.id: str = request["session"]
+        self.folder = folder
+        self.wait_steps = int(capture.get("waitSteps") or 0)
+        self.duration: float | None = float(capture["durationSeconds"]) if capture.get("durationSeconds") is not None else None
+        self.steps: int | None = None if self.duration is not None else int(capture.get("steps") or 2)
+        self.activities = [str(a) for a in (capture.get("activities") or ["CPU", "CUDA"])]
+        self.with_stack = bool(capture.get("withStack", True))
+        self.record_shapes = bool(capture.get("recordShapes", False))
+        self.profile_memory = bool(capture.get("profileMemory", False))
+        self.with_flops = bool(capture.get("withFlops", False))
+        self.hang_timeout = float(request.get("hangTimeoutSeconds") or 300)
+        self.state = "waiting"
+        self.trigger_step = trigger_step
+        self.start_step: int | None = None
+        self.end_step: int | None = None
+        self.start_time: float | None = None
+        self.end_time: float | None = None
+        self.started_mono = 0.0
+        self.triggered_mono = _monotonic()
+        self.prof: Any = None
+        self.on_watchdog = False  # started outside step boundaries, by the watchdog thread
+        self.cancel = False
+        self.hung = False
+        self.hung_step = 0
+        self.trace: str | None = None
+        self.stacks: str | None = None
+        self.error: str | None = None
+        self.notes: list[str] = []
+
+
+class Agent:
+    """Step counter, request reader, profiler driver and watchdog of one training process."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.request_path = os.path.join(directory, "request.json")
+        self.step_count = 0
+        self.last_step_mono = _monotonic()
+        self.started_at = time.time()
+        self.host = socket.gethostname()
+        self._request_sig: tuple[int, int, int] | None = None
+        self._session: _Session | None = None
+        self._handled: set[str] = set()
+        self._lock = threading.RLock()
+        self._lead: Any = lambda: None
+        self._hook_handle: Any = None
+        self._manual = False
+        self._torch_ready = False
+        self._identity: tuple[int, int, int] | None = None
+        self._identity_certain = False
+        self._watchdog: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._failures_logged = 0
+
+    # ---- torch attachment -------------------------------------------------------------------
+
+    def attach_torch(self) -> None:
+        """Register the optimizer step hook and start the watchdog; called once torch is imported."""
+        if self._torch_ready:
+            return
+        self._torch_ready = True
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            if not self._manual:
+                self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
+        except Exception:
+            log.exception("stepscope agent: cannot register the optimizer step hook; only stepscope.step() counts steps")
+        self._watchdog = threading.Thread(target=self._watch, name="stepscope-watchdog", daemon=True)
+        self._watchdog.start()
+        atexit.register(self._at_exit)
+
+    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        lead = self._lead()
+        if lead is not optimizer:
+            if lead is not None:
+                return
+            self._lead = weakref.ref(optimizer)
+        self.boundary()
+
+    def manual_step(self) -> None:
+        if not self._manual:
+            self._manual = True
+            if self._hook_handle is not None:
+                self._hook_handle.remove()
+                self._hook_handle = None
+        self.boundary()
+
+    # ---- the step boundary (hot path) -------------------------------------------------------
+
+    def boundary(self) -> None:
+        """One completed step: one stat of request.json while idle, profiler steps while capturing."""
+        try:
+            self.step_count += 1
+            self.last_step_mono = _monotonic()
+            try:
+                st = _stat(self.request_path)
+                sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+            except OSError:
+                sig = None
+            if sig != self._request_sig:
+                with self._lock:
+                    self._read_request(sig)
+            if self._session is not None:
+                with self._lock:
+                    self._advance()
+        except Exception:
+            self._log_failure("step boundary")
+
+    def _log_failure(self, where: str) -> None:
+        # Bounded: a failure that repeats every step must not flood the training log.
+        self._failures_logged += 1
+        if self._failures_logged <= 5:
+            log.exception("stepscope agent: %s failed; training goes on", where)
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def _read_request(self, sig: tuple[int, int, int] | None) -> None:
+        if sig == self._request_sig:
+            return
+        self._request_sig = sig
+        if sig is None:
+            return
+        try:
+            with open(self.request_path, "rb") as f:
+                request = json.loads(f.read())
+            if not isinstance(request, dict):
+                raise ValueError("request.json is not a JSON object")
+        except (OSError, ValueError) as e:
+            log.warning("stepscope agent: cannot read %s: %s", self.request_path, e)
+            return
+        session_id = request.get("session")
+        if not _safe_session_id(session_id):
+            log.warning("stepscope agent: request.json has no usable session id (%r); ignored", session_id)
+            return
+        action = request.get("action")
+        active = self._session
+        if action == "cancel":
+            if active is not None and active.id == session_id:
+                active.cancel = True
+            return
+        if session_id in self._handled or (active is not None and active.id == session_id):
+            return
+        self._handled.add(session_id)
+        folder = os.path.join(self.directory, session_id)
+        if action != "capture" or request.get("version") != WIRE_VERSION:
+            self._refuse(session_id, folder, "failed", f"unsupported request: version {request.get('version')!r}, action {action!r} (this agent speaks version {WIRE_VERSION}, actions capture and cancel)")
+            return
+        if active is not None:
+            self._refuse(session_id, folder, "refused", f"session {active.id} is still active on this rank ({active.state}); one session at a time")
+            return
+        if self._already_final(folder):
+            return
+        try:
+            session = _Session(request, self.step_count, folder)
+        except (TypeError, ValueError, KeyError) as e:
+            self._refuse(session_id, folder, "failed", f"bad capture request: {e}")
+            return
+        self._session = session
+        self._write_state(session, message=f"triggered at step {session.trigger_step}; waiting {session.wait_steps} steps")
+
+    def _already_final(self, folder: str) -> bool:
+        """A state file already final for this rank means an earlier process of it answered (restart)."""
+        try:
+            with open(self._state_path(folder), "rb") as f:
+                return json.loads(f.read()).get("state") in FINAL_STATES
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def _refuse(self, session_id: str, folder: str, state: str, reason: str) -> None:
+        log.warning("stepscope agent: session %s %s: %s", session_id, state, reason)
+        refused = _Session({"session": session_id}, self.step_count, folder)
+        refused.state = state
+        refused.error = reason
+        self._write_state(refused, message=reason)
+
+    # ---- the capture state machine ----------------------------------------------------------
+
+    def _advance(self, *, on_watchdog: bool = False) -> None:
+        """Move the active session on at a step boundary, or on a watchdog tick for a stepless capture:
+        a profiler is stopped by the thread that started it."""
+        s = self._session
+        if s is None or s.on_watchdog != on_watchdog:
+            return
+        if s.hung and self.step_count != s.hung_step:
+            s.hung = False
+            s.state = "capturing" if s.prof is not None else "waiting"
+            self._write_state(s, message=f"steps resumed at step {self.step_count} after a hang")
+        if s.state == "waiting":
+            if s.cancel:
+                self._finish(s, "cancelled", message="cancelled before capture started")
+            elif self.step_count >= s.trigger_step + s.wait_steps:
+                self._start_profiler(s)
+            return
+        if s.state != "capturing" or s.prof is None:
+            return
+        if s.cancel:
+            self._stop_profiler(s, "cancelled")
+        elif s.on_watchdog:
+            if _monotonic() - s.started_mono >= (s.duration or 0):
+                self._stop_profiler(s, "done")
+        elif s.steps is not None and self.step_count - s.start_step >= s.steps:
+            self._stop_profiler(s, "done")
+        elif s.duration is not None and _monotonic() - s.started_mono >= s.duration:
+            self._stop_profiler(s, "done")
+        else:
+            s.prof.step()
+
+    def _start_profiler(self, s: _Session) -> None:
+        try:
+            import torch
+            from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+            activities = []
+            if "CPU" in s.activities:
+                activities.append(ProfilerActivity.CPU)
+            if "CUDA" in s.activities:
+                if torch.cuda.is_available():
+                    activities.append(ProfilerActivity.CUDA)
+                else:
+                    s.notes.append("CUDA was asked for but is not available in this process; CPU activities only")
+            if not activities:
+                activities.append(ProfilerActivity.CPU)
+            os.makedirs(s.folder, exist_ok=True)
+            # A schedule that always records: without a schedule torch.profiler writes no
+            # ProfilerStep#N annotations. Starting at step_num = steps done so far makes N the
+            # step's zero-based index, the numbers of the state file's startStep/endStep.
+            prof = profile(activities=activities, schedule=lambda _: ProfilerAction.RECORD, with_stack=s.with_stack,
+                           record_shapes=s.record_shapes, profile_memory=s.profile_memory, with_flops=s.with_flops)
+            prof.step_num = self.step_count
+            prof.start()
+        except Exception as e:
+            self._fail(s, "profiler start", e)
+            return
+        s.prof = prof
+        s.state = "capturing"
+        s.start_step = self.step_count
+        s.start_time = time.time()
+        s.started_mono = _monotonic()
+        what = f"{s.steps} steps" if s.steps is not None else f"{s.duration:g} s"
+        self._write_state(s, message=f"capturing {what} from step {s.start_step}")
+
+    def _stop_profiler(self, s: _Session, final: str, *, background: bool = True) -> None:
+        prof, s.prof = s.prof, None
+        s.end_step = self.step_count
+        s.end_time = time.time()
+        try:
+            prof.stop()
+        except Exception as e:
+            self._fail(s, "profiler stop", e)
+            return
+        s.state = "writing"
+        self._write_state(s, message=f"writing the trace of steps {s.start_step}..{s.end_step - 1}" if s.steps is not None else "writing the trace")
+        if not background:
+            self._export(s, prof, final)
+            return
+        # Exporting takes a while for a long capture; the training thread goes on meanwhile. Not a
+        # daemon thread, so a process that ends right after its last step still writes its trace.
+        threading.Thread(target=self._export, args=(s, prof, final), name="stepscope-export", daemon=False).start()
+
+    def _export(self, s: _Session, prof: Any, final: str) -> None:
+        name = f"rank-{self.identity()[0]}.trace.json.gz"
+        raw = os.path.join(s.folder, f".{name}.{os.getpid()}.json")
+        packed = os.path.join(s.folder, f".{name}.{os.getpid()}.tmp")
+        try:
+            prof.export_chrome_trace(raw)
+            with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            os.replace(packed, os.path.join(s.folder, name))
+        except Exception as e:
+            with self._lock:
+                self._fail(s, "trace export", e)
+            return
+        finally:
+            for leftover in (raw, packed):
+                try:
+                    os.unlink(leftover)
+                except OSError:
+                    pass
+        s.trace = name
+        captured = f"{s.end_step - s.start_step} steps ({s.start_step}..{s.end_step - 1})"
+        with self._lock:
+            self._finish(s, final, message=f"captured {captured}" + (", cancelled" if final == "cancelled" else ""))
+
+    def _fail(self, s: _Session, what: str, error: Exception) -> None:
+        log.error("stepscope agent: %s failed in session %s; training goes on", what, s.id, exc_info=error)
+        s.error = f"{what} failed: {type(error).__name__}: {error}"
+        self._finish(s, "failed", message=s.error)
+
+    def _finish(self, s: _Session, state: str, *, message: str) -> None:
+        s.state = state
+        if s.end_time is None:
+            s.end_time = time.time()
+        self._write_state(s, message=message)
+        if self._session is s:
+            self._session = None
+
+    # ---- files ------------------------------------------------------------------------------
+
+    def identity(self) -> tuple[int, int, int]:
+        """(rank, local rank, world size): torchrun's environment, else torch.distributed, else 0/0/1."""
+        if self._identity_certain and self._identity is not None:
+            return self._identity
+        env = os.environ
+        if "RANK" in env:
+            try:
+                rank = int(env["RANK"])
+                self._identity = (rank, int(env.get("LOCAL_RANK", rank)), int(env.get("WORLD_SIZE", 1)))
+                self._identity_certain = True
+                return self._identity
+            except ValueError:
+                pass
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and self._torch_ready:
+            try:
+                if dist.is_available() and dist.is_initialized():
+                    rank = dist.get_rank()
+                    self._identity = (rank, int(env.get("LOCAL_RANK", rank)), dist.get_world_size())
+                    self._identity_certain = True
+                    return self._identity
+            except Exception:
+                pass
+        self._identity = (0, 0, 1)
+        return self._identity
+
+    def _known_training_process(self) -> bool:
+        """Only processes that train answer requests; a launcher (torchrun) imports torch too."""
+        self.identity()
+        return self._identity_certain or self.step_count > 0
+
+    def _state_path(self, folder: str) -> str:
+        return os.path.join(folder, f"rank-{self.identity()[0]}.state.json")
+
+    def _write_state(self, s: _Session, *, message: str) -> None:
+        rank, local_rank, world = self.identity()
+        captured = (s.end_step if s.end_step is not None else self.step_count) - s.start_step if s.start_step is not None else 0
+        notes = "; ".join(s.notes)
+        state = {
+            "version": WIRE_VERSION, "session": s.id, "rank": rank, "localRank": local_rank, "worldSize": world,
+            "pid": os.getpid(), "host": self.host, "state": s.state, "step": self.step_count,
+            "triggerStep": s.trigger_step, "startStep": s.start_step, "endStep": s.end_step, "capturedSteps": captured,
+            "startTime": s.start_time, "endTime": s.end_time, "updatedAt": time.time(),
+            "trace": s.trace, "stacks": s.stacks, "error": s.error, "message": f"{message}; {notes}" if notes else message,
+        }
+        try:
+            os.makedirs(s.folder, exist_ok=True)
+            _write_json(self._state_path(s.folder), state)
+        except OSError as e:
+            log.error("stepscope agent: cannot write the state of session %s (%s): %s", s.id, s.state, e)
+
+    def _heartbeat(self) -> None:
+        rank, local_rank, world = self.identity()
+        folder = os.path.join(self.directory, "agents")
+        os.makedirs(folder, exist_ok=True)
+        _write_json(os.path.join(folder, f"rank-{rank}.json"), {
+            "rank": rank, "localRank": local_rank, "worldSize": world, "pid": os.getpid(), "host": self.host,
+            "step": self.step_count, "heartbeat": time.time(), "startedAt": self.started_at,
+        })
+
+    def _write_stacks(self, s: _Session, since_step: float) -> None:
+        rank = self.identity()[0]
+        name = f"rank-{rank}.stacks.json"
+        os.makedirs(s.folder, exist_ok=True)
+        _write_json(os.path.join(s.folder, name), {
+            "version": WIRE_VERSION, "rank": rank, "pid": os.getpid(), "host": self.host, "session": s.id,
+            "step": self.step_count, "secondsSinceStep": round(since_step, 3), "time": time.time(), "threads": thread_stacks(),
+        })
+        s.stacks = name
+
+    # ---- the watchdog thread ----------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while not self._stopping.is_set():
+            wait = HEARTBEAT_SECONDS
+            try:
+                if self._known_training_process():
+                    self._heartbeat()
+                    wait = self._watch_tick()
+            except Exception:
+                self._log_failure("watchdog")
+            self._stopping.wait(wait)
+
+    def _watch_tick(self) -> float:
+        """Hang check, plus request reading and stepless captures when no steps flow; returns the next wait."""
+        since_step = _monotonic() - self.last_step_mono
+        if since_step >= STEPLESS_AFTER_SECONDS or self.step_count == 0:
+            try:
+                st = _stat(self.request_path)
+                sig: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
+            except OSError:
+                sig = None
+            with self._lock:
+                self._read_request(sig)
+        with self._lock:
+            s = self._session
+            if s is None:
+                return HEARTBEAT_SECONDS
+            if s.state == "waiting" and s.duration is not None and _monotonic() - max(self.last_step_mono, s.triggered_mono) >= STEPLESS_AFTER_SECONDS:
+                s.on_watchdog = True
+                s.notes.append("no step boundary came: profiling started and stopped by the agent's watchdog thread, which records Python function events of every thread (withStack) but operator (aten) events only of its own thread, so none of the training thread's")
+                if s.wait_steps:
+                    s.notes.append(f"waitSteps={s.wait_steps} ignored without steps")
+                self._start_profiler(s)
+            if s.on_watchdog or (s.state == "waiting" and s.cancel):
+                self._advance(on_watchdog=s.on_watchdog)
+                if s.prof is not None and s.duration is not None:
+                    return max(0.01, min(HEARTBEAT_SECONDS, s.duration - (_monotonic() - s.started_mono)))
+                return HEARTBEAT_SECONDS
+            if s.state in ("waiting", "capturing") and since_step >= s.hang_timeout and not s.hung:
+                s.hung = True
+                s.hung_step = self.step_count
+                s.state = "hung"
+                try:
+                    self._write_stacks(s, since_step)
+                except Exception as e:
+                    s.error = f"cannot write stacks: {e}"
+                    log.exception("stepscope agent: cannot write the stacks of session %s", s.id)
+                log.warning("stepscope agent: no step for %.1f s in session %s; stacks in %s", since_step, s.id, s.stacks)
+                self._write_state(s, message=f"no step completed for {since_step:.1f} s (hangTimeoutSeconds {s.hang_timeout:g}) after step {self.step_count}")
+        return HEARTBEAT_SECONDS
+
+    def _at_exit(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            s = self._session
+            if s is not None and s.prof is not None and not s.on_watchdog:
+                s.error = f"process exited after {self.step_count - (s.start_step or 0)} captured step(s)"
+                # Interpreter shutdown has already joined the threads: export here.
+                self._stop_profiler(s, "failed", background=False)
+            elif s is not None and s.state in ACTIVE_STATES:
+                s.error = f"process exited at step {self.step_count} before the capture finished"
+                self._finish(s, "failed", message=s.error)
+        try:
+            os.unlink(os.path.join(self.directory, "agents", f"rank-{self.identity()[0]}.json"))
+        except OSError:
+            pass
+
+
+class _TorchImportWatcher(importlib.abc.MetaPathFinder):
+    """Lets torch be imported as usual, then attaches the agent: no torch import at interpreter start."""
+
+    def __init__(self, on_import: Any) -> None:
+        self._on_import = on_import
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _AfterExecLoader(spec.loader, self._on_import)
+        return spec
+
+
+class _AfterExecLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any, after: Any) -> None:
+        self._loader = loader
+        self._after = after
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        # Give the module its real loader back, so resource lookups and inspect see torch's own.
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        try:
+            self._after()
+        except Exception:
+            log.exception("stepscope agent: cannot attach to torch; training goes on without it")
+
+
+_AGENT: Agent | None = None
+
+
+def start(directory: str | None = None) -> Agent:
+    """Start the agent in this process (idempotent); attaches to torch when the program imports it."""
+    global _AGENT
+    if _AGENT is not None:
+        return _AGENT
+    _AGENT = agent = Agent(directory or os.environ.get("STEPSCOPE_DIR") or DEFAULT_DIR)
+    if "torch" in sys.modules and hasattr(sys.modules["torch"], "optim"):
+        agent.attach_torch()
+    else:
+        sys.meta_path.insert(0, _TorchImportWatcher(agent.attach_torch))
+    return agent
+
+
+def step() -> None:
+    """Mark the end of one training step (for loops without an optimizer); never raises."""
+    agent = _AGENT
+    if agent is not None:
+        try:
+            agent.manual_step()
+        except Exception:
+            agent._log_failure("step()")

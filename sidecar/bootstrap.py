@@ -1,0 +1,82 @@
+"""Puts the zero-code-change bootstrap into a shared directory.
+
+`install_bootstrap` copies the agent (a single self-contained file) next to a `sitecustomize.py`;
+a training process whose PYTHONPATH starts with that folder (`training_env`) then runs the image's
+own `sitecustomize` first, if it has one, and starts the agent. The training image needs torch and
+nothing of stepscope.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from stepscope import AGENT_MODULE
+
+AGENT_SOURCE = Path(__file__).with_name("agent.py")
+BOOTSTRAP_FOLDER = "bootstrap"
+
+# site.py imports this in every interpreter; it must never stop one from starting.
+SITECUSTOMIZE = f'''"""stepscope bootstrap (written by the stepscope sidecar): chain-load the image's own
+sitecustomize, then start the stepscope agent. Neither may stop the interpreter from starting."""
+
+
+def _stepscope_chain_load():
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    others = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        sys.stderr.write(f"Error in sitecustomize {{spec.origin}} (chain-loaded by stepscope): {{type(e).__name__}}: {{e}}\\n")
+    return module
+
+
+def _stepscope_start():
+    import sys
+
+    try:
+        import {AGENT_MODULE}
+        {AGENT_MODULE}.start()
+    except Exception as e:
+        sys.stderr.write(f"stepscope agent not started: {{type(e).__name__}}: {{e}}\\n")
+
+
+chained_sitecustomize = _stepscope_chain_load()
+_stepscope_start()
+'''
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def install_bootstrap(stepscope_dir: Path) -> Path:
+    """Write `<dir>/bootstrap/{sitecustomize.py, stepscope_agent.py}`; returns the bootstrap folder."""
+    folder = Path(stepscope_dir) / BOOTSTRAP_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    _atomic_write(folder / f"{AGENT_MODULE}.py", AGENT_SOURCE.read_bytes())
+    _atomic_write(folder / "sitecustomize.py", SITECUSTOMIZE.encode())
+    return folder
+
+
+def training_env(stepscope_dir: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables a training process needs for the bootstrap (PYTHONPATH first, STEPSCOPE_DIR)."""
+    base = os.environ if base is None else base
+    folder = str(Path(stepscope_dir).resolve() / BOOTSTRAP_FOLDER)
+    existing = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and p != folder]
+    return {"PYTHONPATH": os.pathsep.join([folder, *existing]), "STEPSCOPE_DIR": str(Path(stepscope_dir).resolve())}
