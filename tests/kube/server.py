@@ -1,0 +1,238 @@
+"""The HTTP face of the test API server: Kubernetes REST paths, discovery, list/watch streams.
+
+`KubeTestServer` runs an aiohttp application on 127.0.0.1 (a free port) in a background thread
+with its own event loop, so that synchronous clients (the kubernetes package) and kopf's own
+loop in another thread both talk to it over real HTTP."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from . import errors, resources
+from .patches import apply_patch
+from .schema import validate_object
+from .selectors import field_selector, label_selector
+from .store import Store, Watcher
+
+TOKEN = "stepscope-test-token"
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=json.dumps(body).encode(), content_type="application/json")
+
+
+class Api:
+    """Request routing over one Store."""
+
+    def __init__(self, store: Store, token: str | None) -> None:
+        self.store = store
+        self.token = token
+        self.closing = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
+                raise errors.ApiError(401, "Unauthorized", "Unauthorized")
+            return await self._route(request)
+        except errors.ApiError as e:
+            return _json(e.status(), e.code)
+
+    async def _route(self, request: web.Request) -> web.StreamResponse:
+        parts = [p for p in request.path.split("/") if p]
+        if not parts or parts[0] in ("healthz", "readyz", "livez"):
+            return web.Response(text="ok")
+        if parts == ["version"]:
+            return _json({"major": "1", "minor": "31", "gitVersion": "v1.31.0-stepscope-test", "gitCommit": "0" * 40,
+                          "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.22",
+                          "compiler": "gc", "platform": "linux/amd64"})
+        if parts[0] == "api":
+            if len(parts) == 1:
+                return _json({"kind": "APIVersions", "versions": ["v1"],
+                              "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": request.host}]})
+            group, version, rest = "", parts[1], parts[2:]
+        elif parts[0] == "apis":
+            if len(parts) == 1:
+                return _json(resources.group_list(self.store.all_types()))
+            if len(parts) == 2:
+                versions = [t.version for t in self.store.all_types() if t.group == parts[1]]
+                if not versions:
+                    raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+                return _json(resources.group_document(parts[1], list(dict.fromkeys(versions))))
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+        if not rest:
+            types = self.store.types_in(group, version)
+            if not types:
+                raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+            return _json(resources.resource_list(f"{group}/{version}" if group else version, types))
+        return await self._resource(request, group, version, rest)
+
+    async def _resource(self, request: web.Request, group: str, version: str, rest: list[str]) -> web.StreamResponse:
+        namespace = None
+        if rest[0] == "namespaces" and len(rest) >= 3:
+            candidate = self.store.types.get((group, version, rest[2]))
+            if candidate is not None and candidate.namespaced:
+                namespace, rest = rest[1], rest[2:]
+        t = self.store.type_of(group, version, rest[0])
+        name = rest[1] if len(rest) > 1 else None
+        subresource = "/".join(rest[2:])
+        if t.namespaced and namespace is None and (name is not None or request.method != "GET"):
+            raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+        if subresource and subresource not in t.subresources:
+            raise errors.ApiError(404, "NotFound", f"the server could not find the requested resource ({t.plural}/{subresource})")
+        method = request.method
+        if name is None:
+            if method == "GET":
+                if request.query.get("watch") in ("true", "1"):
+                    return await self._watch(request, t, namespace)
+                return self._list(request, t, namespace)
+            if method == "POST":
+                return _json(self.store.create(t, namespace, await self._body(request)), 201)
+            if method == "DELETE":
+                items, _ = self.store.list(t, namespace, self._matcher(request, t))
+                for item in items:
+                    self.store.delete(t, namespace, item["metadata"]["name"])
+                return _json({"kind": f"{t.kind}List", "apiVersion": t.api_version, "metadata": {}, "items": items})
+        elif method == "GET":
+            return _json(self.store.get(t, namespace, name))
+        elif method == "PUT":
+            return _json(self.store.replace(t, namespace, name, await self._body(request), subresource))
+        elif method == "PATCH":
+            patch = await self._body(request)
+            content_type = request.headers.get("Content-Type", "")
+            return _json(self.store.patch(t, namespace, name, lambda obj: apply_patch(content_type, obj, patch, builtin=t.builtin), subresource))
+        elif method == "DELETE" and not subresource:
+            body = await self._body(request, optional=True) or {}
+            if "propagationPolicy" in request.query:
+                body["propagationPolicy"] = request.query["propagationPolicy"]
+            obj = self.store.delete(t, namespace, name, body)
+            if t.builtin and t.kind not in ("Pod", "Namespace"):
+                return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                              "details": {"name": name, "group": t.group, "kind": t.plural, "uid": obj["metadata"]["uid"]}})
+            return _json(obj)
+        raise errors.ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource")
+
+    @staticmethod
+    async def _body(request: web.Request, optional: bool = False) -> Any:
+        raw = await request.read()
+        if not raw:
+            if optional:
+                return None
+            raise errors.bad_request("the request has no body")
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise errors.bad_request(f"the body of the request is not JSON: {e}") from e
+
+    @staticmethod
+    def _matcher(request: web.Request, t: resources.ResourceType):
+        labels = label_selector(request.query.get("labelSelector"))
+        fields = field_selector(request.query.get("fieldSelector"), t.kind)
+        return lambda obj: labels(obj) and fields(obj)
+
+    def _list(self, request: web.Request, t: resources.ResourceType, namespace: str | None) -> web.Response:
+        items, rv = self.store.list(t, namespace, self._matcher(request, t))
+        return _json({"kind": f"{t.kind}List", "apiVersion": t.api_version, "metadata": {"resourceVersion": rv}, "items": items})
+
+    async def _watch(self, request: web.Request, t: resources.ResourceType, namespace: str | None) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+        try:
+            watcher = self.store.watch(t, namespace, self._matcher(request, t), request.query.get("resourceVersion"))
+        except errors.ApiError as e:
+            if e.code != 410:
+                raise
+            # The API server says "Gone" inside a 200 stream, as an ERROR event.
+            await response.prepare(request)
+            await response.write(json.dumps({"type": "ERROR", "object": e.status()}).encode() + b"\n")
+            return response
+        await response.prepare(request)
+        timeout = float(request.query.get("timeoutSeconds") or 0) or None
+        try:
+            await asyncio.wait_for(self._stream(response, watcher), timeout)
+        except (asyncio.TimeoutError, ConnectionResetError):
+            pass
+        finally:
+            self.store.watchers.discard(watcher)
+        return response
+
+    async def _stream(self, response: web.StreamResponse, watcher: Watcher) -> None:
+        closing = asyncio.ensure_future(self.closing.wait())
+        getter: asyncio.Future | None = None
+        try:
+            while True:
+                getter = asyncio.ensure_future(watcher.queue.get())
+                done, _ = await asyncio.wait({getter, closing}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    return
+                await response.write(json.dumps(getter.result()).encode() + b"\n")
+        finally:
+            closing.cancel()
+            if getter is not None:
+                getter.cancel()
+
+
+class KubeTestServer:
+    """Start with `start()` (or as a context manager); `url`, `token`, `write_kubeconfig(path)`."""
+
+    def __init__(self, token: str | None = TOKEN) -> None:
+        self.token = token
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="kube-test-server", daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.api: Api | None = None
+
+    def start(self) -> "KubeTestServer":
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+        return self
+
+    async def _start(self) -> None:
+        self.api = Api(Store(validate_object), self.token)
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self.api.handle)
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # the free port the OS chose
+        self.url = f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        async def _stop() -> None:
+            assert self.api is not None and self._runner is not None
+            self.api.closing.set()
+            await self._runner.cleanup()
+        asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def __enter__(self) -> "KubeTestServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def call(self, fn, *args: Any) -> Any:
+        """Run `fn(store, *args)` on the server's loop (for assertions on the stored state)."""
+        async def _call() -> Any:
+            return fn(self.api.store, *args)
+        return asyncio.run_coroutine_threadsafe(_call(), self._loop).result(timeout=30)
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "stepscope-test",
+            "clusters": [{"name": "stepscope-test", "cluster": {"server": self.url}}],
+            "users": [{"name": "stepscope-test", "user": {"token": self.token} if self.token else {}}],
+            "contexts": [{"name": "stepscope-test",
+                          "context": {"cluster": "stepscope-test", "user": "stepscope-test", "namespace": namespace}}],
+        }
+        path.write_text(json.dumps(config, indent=2))
+        return path
