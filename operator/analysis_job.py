@@ -1,0 +1,61 @@
+"""What the analysis Job runs (`stepscope analyze --session NS/NAME`): read the session, diagnose
+its store folder, and put the compact diagnosis and the artifact URIs into its status.
+
+It runs as the session's own ServiceAccount, which may only get this session and patch its
+status; store credentials arrive as env from the session's Secret."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+import msgspec
+
+from stepscope import layout
+from stepscope.operator import credentials, kube
+from stepscope.operator.record import destination
+from stepscope.operator.status import set_condition
+from stepscope.session import SessionSpec
+
+log = logging.getLogger(__name__)
+MAX_DIAGNOSIS_BYTES = 24 * 1024  # leaves room for the rest of the status within 32 KiB
+
+
+def compact_diagnosis(diagnosis: Any) -> dict[str, Any]:
+    """The Diagnosis as status JSON, dropping the least severe findings until it fits."""
+    data = msgspec.to_builtins(diagnosis)
+    while len(json.dumps(data)) > MAX_DIAGNOSIS_BYTES and data.get("findings"):
+        data["findings"] = data["findings"][:-1]
+    while len(json.dumps(data)) > MAX_DIAGNOSIS_BYTES and data.get("slowWorkers"):
+        data["slowWorkers"] = data["slowWorkers"][:-1]
+    return data
+
+
+def artifacts(dest: str) -> dict[str, str]:
+    return {"prefix": dest, "report": f"{dest}/{layout.REPORT_HTML}", "diagnosis": f"{dest}/{layout.REPORT_DIAGNOSIS}"}
+
+
+def run_session_analysis(namespace: str, name: str) -> int:
+    """Diagnose one session and write the result into its status; 0 on success, 1 on failure
+    (the reason goes into the Analyzed condition, where the operator picks it up)."""
+    obj = kube.get_session(namespace, name)
+    meta, status = obj["metadata"], obj.get("status") or {}
+    conditions = list(status.get("conditions") or [])
+    generation = meta.get("generation")
+    try:
+        spec = SessionSpec.from_dict(obj.get("spec") or {})
+        dest = destination(spec, namespace, name, meta["uid"])
+        from stepscope.analysis.command import analyze_uri  # the analysis stack loads only in the Job
+        diagnosis = analyze_uri(dest, endpoint=spec.storage.endpoint, region=spec.storage.region, credentials=credentials.from_env(), progress=False)
+    except Exception as exc:
+        log.exception("analysis of %s/%s failed", namespace, name)
+        message = f"analysis failed: {type(exc).__name__}: {exc}"[:1000]
+        kube.patch_session_status(namespace, name, {"conditions": set_condition(conditions, "Analyzed", False, "AnalysisFailed", message, generation)})
+        print(message, file=sys.stderr)
+        return 1
+    compact = compact_diagnosis(diagnosis)
+    conditions = set_condition(conditions, "Analyzed", True, "Analyzed", compact.get("summary", "")[:1000], generation)
+    kube.patch_session_status(namespace, name, {"diagnosis": compact, "artifacts": artifacts(dest), "conditions": conditions})
+    print(compact.get("summary", ""))
+    return 0

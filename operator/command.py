@@ -1,0 +1,27 @@
+"""`stepscope operator`: run the kopf operator (standalone: one replica, no peering objects)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+import kopf
+
+from stepscope.operator import metrics
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-n", "--namespace", action="append", default=[], help="watch only this namespace (repeatable); default: all namespaces")
+    parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL (default %(default)s)")
+    parser.add_argument("--metrics-address", default="0.0.0.0", help="address of the Prometheus /metrics endpoint")
+    parser.add_argument("--metrics-port", type=int, default=9090, help="port of /metrics; 0 disables it (default %(default)s)")
+    parser.add_argument("--webhook", action="store_true", help="also serve the sidecar injection webhook (STEPSCOPE_WEBHOOK_* env tune it)")
+
+
+def run(args: argparse.Namespace) -> int:
+    importlib.import_module("stepscope.operator.handlers")
+    if args.webhook:
+        importlib.import_module("stepscope.operator.webhook")
+    if args.metrics_port:
+        metrics.serve(args.metrics_address, args.metrics_port)
+    kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace, liveness_endpoint=args.liveness)
+    return 0

@@ -1,0 +1,64 @@
+"""Object-store credentials from `spec.storage.credentialsSecret`.
+
+They go to the sidecars in the signed PUT body and to the analysis Job as secretKeyRef env, and
+nowhere else: never into status, events or logs (error messages name the Secret, not its data)."""
+from __future__ import annotations
+
+import base64
+import os
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from stepscope.operator import kube
+
+# Secret data key -> field of the wire `credentials` object. Both the camelCase names of
+# docs/wire.md and the AWS environment names (what `kubectl create secret --from-env-file` of an
+# AWS profile gives) are accepted.
+SECRET_KEYS = {
+    "accessKeyId": "accessKeyId", "AWS_ACCESS_KEY_ID": "accessKeyId",
+    "secretAccessKey": "secretAccessKey", "AWS_SECRET_ACCESS_KEY": "secretAccessKey",
+    "sessionToken": "sessionToken", "AWS_SESSION_TOKEN": "sessionToken",
+}
+# What the analysis Job's container reads them from (boto3 reads the same names by itself).
+ENV_OF_FIELD = {"accessKeyId": "AWS_ACCESS_KEY_ID", "secretAccessKey": "AWS_SECRET_ACCESS_KEY", "sessionToken": "AWS_SESSION_TOKEN"}
+
+
+class CredentialsError(Exception):
+    """The Secret is missing or holds no usable keys; the message says what to change."""
+
+
+def read_secret_data(namespace: str, secret: str) -> dict[str, str]:
+    try:
+        obj = kube.core().read_namespaced_secret(secret, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            raise CredentialsError(f"Secret {secret} not found in namespace {namespace}") from None
+        raise CredentialsError(f"Secret {secret} in namespace {namespace} could not be read: HTTP {exc.status} {exc.reason}") from None
+    data = {k: base64.b64decode(v).decode() for k, v in (obj.data or {}).items()}
+    data.update(obj.string_data or {})
+    return data
+
+
+def secret_key_names(data: dict[str, str]) -> dict[str, str]:
+    """wire field -> the Secret's data key that holds it."""
+    found: dict[str, str] = {}
+    for key in data:
+        field = SECRET_KEYS.get(key)
+        if field and field not in found:
+            found[field] = key
+    return found
+
+
+def from_secret(namespace: str, secret: str) -> dict[str, Any]:
+    data = read_secret_data(namespace, secret)
+    names = secret_key_names(data)
+    if "accessKeyId" not in names or "secretAccessKey" not in names:
+        raise CredentialsError(f"Secret {secret} in namespace {namespace} needs the keys accessKeyId and secretAccessKey (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY); it has {sorted(data)}")
+    return {"accessKeyId": data[names["accessKeyId"]], "secretAccessKey": data[names["secretAccessKey"]], "sessionToken": data.get(names.get("sessionToken", ""))}
+
+
+def from_env() -> dict[str, Any] | None:
+    """What the analysis Job got through secretKeyRef env; None lets the store use its default chain."""
+    values = {field: os.environ.get(env) for field, env in ENV_OF_FIELD.items()}
+    return values if values["accessKeyId"] and values["secretAccessKey"] else None

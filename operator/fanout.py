@@ -1,0 +1,71 @@
+"""Talking to many sidecars at once: trigger, poll and cancel, each through a bounded thread pool
+(the signed client is blocking; a pool bounds sockets and threads whatever the pod count)."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from stepscope.operator import metrics
+from stepscope.operator.selection import Target
+from stepscope.sidecar_client import SidecarClient, SidecarError
+
+T = TypeVar("T")
+
+# Answers that will not change on a retry: a bad signature (wrong key), a refused body, another
+# session holding the sidecar. Anything else (unreachable, 5xx) may be a sidecar still starting.
+_FINAL_STATUSES = {400, 401, 403, 404, 409, 422}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    target: Target
+    ok: bool
+    answer: dict[str, Any]
+    error: str = ""
+    status: int = 0
+
+
+def _map(fn: Callable[[Target], Outcome], targets: Iterable[Target], concurrency: int) -> list[Outcome]:
+    targets = list(targets)
+    if not targets:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(targets))), thread_name_prefix="stepscope-fanout") as pool:
+        return list(pool.map(fn, targets))
+
+
+def _call(target: Target, op: Callable[[SidecarClient], dict[str, Any]], key: bytes, timeout: float, attempts: int, backoff_s: float) -> Outcome:
+    client = SidecarClient(target.url, key, timeout=timeout)
+    error = SidecarError(0, "not attempted")
+    for attempt in range(max(1, attempts)):
+        if attempt:
+            time.sleep(backoff_s * 2 ** (attempt - 1))
+        try:
+            return Outcome(target, True, op(client))
+        except SidecarError as exc:
+            error = exc
+            metrics.SIDECAR_ERRORS.inc()
+            if exc.status in _FINAL_STATUSES:
+                break
+    return Outcome(target, False, {}, error.message, error.status)
+
+
+def trigger(targets: Iterable[Target], session_id: str, body: dict[str, Any], key: bytes, *, concurrency: int, timeout: float, attempts: int, backoff_s: float = 0.2) -> list[Outcome]:
+    """PUT the session on every sidecar; the PUT is idempotent, so a retry never starts it twice."""
+    def one(target: Target) -> Outcome:
+        outcome = _call(target, lambda c: c.put_session(session_id, body), key, timeout, attempts, backoff_s)
+        if outcome.ok:
+            metrics.TRIGGERS.inc()
+        return outcome
+    return _map(one, targets, concurrency)
+
+
+def poll(targets: Iterable[Target], session_id: str, key: bytes, *, concurrency: int, timeout: float) -> list[Outcome]:
+    """One GET per sidecar, no retry: the next poll is the retry."""
+    return _map(lambda t: _call(t, lambda c: c.get_session(session_id), key, timeout, 1, 0.0), targets, concurrency)
+
+
+def cancel(targets: Iterable[Target], session_id: str, key: bytes, *, concurrency: int, timeout: float, attempts: int) -> list[Outcome]:
+    return _map(lambda t: _call(t, lambda c: c.delete_session(session_id), key, timeout, attempts, 0.2), targets, concurrency)

@@ -1,0 +1,292 @@
+"""One ProfileSession from creation to its end: Pending -> Capturing -> Analyzing -> Succeeded or
+Failed. Runs as the session's kopf daemon, so an operator restart resumes it from its status:
+the phase and the recorded triggered pods say where it was, and sidecars already triggered are
+never triggered again (the PUT is idempotent too, for a restart between PUT and status write)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from stepscope.operator import credentials, fanout, jobs, kube, metrics
+from stepscope.operator.record import SessionRecord, destination, open_destination
+from stepscope.operator.selection import Target, label_selector, select_targets, target_of
+from stepscope.operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
+from stepscope.operator.status import MAX_FAILED_WORKERS, PodProgress, failed_worker, StatusWriter, aggregate, now_iso, parse_iso, set_condition
+from stepscope.session import SessionSpec, SpecError
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass
+class Context:
+    """What every session's daemon shares: settings and the sidecars' HMAC key (never logged)."""
+    settings: OperatorSettings
+    key: bytes
+
+
+class Fail(Exception):
+    """Ends the session Failed; `reason` is a CamelCase word, the message says what to change."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+class Stopped(Exception):
+    """The daemon is being stopped (operator shutdown or session deletion): leave state as is."""
+
+
+class SessionRunner:
+    def __init__(self, obj: dict[str, Any], ctx: Context, stopped: Any, logger: logging.Logger | logging.LoggerAdapter) -> None:
+        self.obj = obj
+        meta = obj["metadata"]
+        self.ns, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
+        self.generation = meta.get("generation")
+        self.status: dict[str, Any] = dict(obj.get("status") or {})
+        self.ctx, self.settings = ctx, ctx.settings
+        self.stopped, self.log = stopped, logger
+        self.writer = StatusWriter(self.ns, self.name, self.settings.status_interval_s)
+        self.record: SessionRecord | None = None
+        self.dest = ""
+
+    @property
+    def phase(self) -> str:
+        return self.status.get("phase") or ""
+
+    async def run(self) -> None:
+        metrics.SESSIONS.set(self.uid, self.phase or "Pending")
+        try:
+            if self.phase not in TERMINAL:
+                await self._drive()
+        except Stopped:
+            return
+        except Fail as exc:
+            await self._finish("Failed", exc.reason, exc.message)
+        await self._expire()
+
+    # -- the phases -------------------------------------------------------------------------
+
+    async def _drive(self) -> None:
+        try:
+            spec = SessionSpec.from_dict(self.obj.get("spec") or {})
+            selector = label_selector(spec.selector)
+        except (SpecError, TypeError, ValueError) as exc:
+            raise Fail("InvalidSpec", str(exc)) from None
+        creds = await self._credentials(spec)
+        self.dest = destination(spec, self.ns, self.name, self.uid)
+        await self._open_record(spec, creds)
+        if self.phase in ("", "Pending"):
+            if not self.phase:
+                await self._transition("Pending", "Created", f"selecting pods ({selector})", startTime=now_iso(), artifacts={"prefix": self.dest})
+            targets = await self._await_targets(selector, spec)
+            await self._trigger(spec, creds, targets)
+        if self.phase == "Capturing":
+            await self._follow_capture(selector, spec)
+        if self.phase == "Analyzing":
+            await self._follow_analysis()
+
+    async def _credentials(self, spec: SessionSpec) -> dict[str, Any] | None:
+        if not spec.storage.credentialsSecret:
+            return None
+        try:
+            return await asyncio.to_thread(credentials.from_secret, self.ns, spec.storage.credentialsSecret)
+        except credentials.CredentialsError as exc:
+            raise Fail("SecretNotFound" if "not found" in str(exc) else "InvalidSecret", str(exc)) from None
+
+    async def _open_record(self, spec: SessionSpec, creds: dict[str, Any] | None) -> None:
+        snapshot = {"session": self.uid, "namespace": self.ns, "name": self.name, "destination": self.dest, "spec": spec.to_dict()}
+        try:
+            store = await asyncio.to_thread(open_destination, spec, self.dest, creds)
+            self.record = SessionRecord(store, snapshot)
+            await asyncio.to_thread(self.record.load)
+            if not self.phase:
+                await asyncio.to_thread(self.record.append, "Pending", "created")
+        except Exception as exc:  # any failure to reach the store is the user's to fix
+            if spec.storage.scheme in ("s3", "oss"):
+                raise Fail("StorageUnreachable", f"storage {spec.storage.uri} is not usable: {exc}; check spec.storage (bucket, endpoint, region) and its credentials") from None
+            self.log.warning("session.json not written to %s: %s", self.dest, exc)
+            self.record = None
+
+    async def _await_targets(self, selector: str, spec: SessionSpec) -> list[Target]:
+        """Running pods with a sidecar; waits the selection grace for pods still starting."""
+        since = parse_iso(self.status.get("startTime") or now_iso())
+        while True:
+            pods = await self._list_pods(selector)
+            targets = select_targets(pods)
+            if targets:
+                return targets
+            if time.time() - since >= self.settings.selection_grace_s:
+                seen = f"{len(pods)} pod(s) match but none is Running with a container port named 'stepscope'" if pods else "no pod matches"
+                raise Fail("NoPodsSelected", f"spec.selector ({selector}) selects no Running pod with a stepscope sidecar in namespace {self.ns}: {seen}; label the training pods with stepscope.io/inject=\"true\" or fix spec.selector")
+            await self._sleep(min(1.0, self.settings.selection_grace_s))
+
+    async def _trigger(self, spec: SessionSpec, creds: dict[str, Any] | None, targets: list[Target]) -> None:
+        body = {"session": self.uid, "namespace": self.ns, "name": self.name, "destination": self.dest, "spec": spec.to_dict()}
+        if creds:
+            body["credentials"] = creds
+        already = set(self.status.get("triggeredPods") or [])
+        todo = [t for t in targets if t.pod not in already]
+        s = self.settings
+        outcomes = await asyncio.to_thread(fanout.trigger, todo, self.uid, body, self.ctx.key, concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
+        accepted = sorted(already | {o.target.pod for o in outcomes if o.ok})
+        refused = {o.target.pod: f"trigger refused: {o.error}" for o in outcomes if not o.ok}
+        if not accepted:
+            first = next(iter(refused.values()), "no sidecar answered")
+            raise Fail("TriggerFailed", f"no sidecar accepted the session ({len(refused)} tried); first error: {first}")
+        message = f"{len(accepted)} sidecar(s) triggered" + (f", {len(refused)} refused" if refused else "")
+        failed = [failed_worker(pod, None, reason) for pod, reason in sorted(refused.items())][:MAX_FAILED_WORKERS]
+        conditions = set_condition(self.status.get("conditions") or [], "Triggered", True, "Triggered", message, self.generation)
+        await self._transition("Capturing", "Triggered", message, triggeredPods=accepted, refusedPods=sorted(refused), failedWorkers=failed, conditions=conditions)
+
+    async def _follow_capture(self, selector: str, spec: SessionSpec) -> None:
+        triggered = list(self.status.get("triggeredPods") or [])
+        progress = {pod: PodProgress() for pod in triggered}
+        for pod in self.status.get("refusedPods") or []:
+            progress[pod] = PodProgress(lost="trigger refused by the sidecar")
+        s = self.settings
+        while True:
+            pods = {p.metadata.name: p for p in await self._list_pods(selector)}
+            live: list[Target] = []
+            for pod, p in progress.items():
+                if p.done:
+                    continue
+                target = target_of(pods[pod]) if pod in pods else None
+                if target is None:
+                    p.lost = "pod deleted during capture" if pod not in pods else f"pod left Running ({pods[pod].status.phase}) during capture"
+                else:
+                    live.append(target)
+            for o in await asyncio.to_thread(fanout.poll, live, self.uid, self.ctx.key, concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s):
+                p = progress[o.target.pod]
+                if o.ok:
+                    p.answer, p.misses = o.answer, 0
+                else:
+                    p.misses += 1
+                    if p.misses >= s.unreachable_polls or o.status == 404:
+                        p.lost = f"sidecar lost the session: {o.error}"[:200]
+            agg = aggregate(progress)
+            await self._progress(agg.workers, agg.failed_workers)
+            if agg.done:
+                break
+            if self._timed_out():
+                await asyncio.to_thread(fanout.cancel, live, self.uid, self.ctx.key, concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s, attempts=1)
+                raise Fail("Timeout", f"capture did not finish within spec.timeoutSeconds={spec.timeoutSeconds}s; {agg.workers['uploaded']} of {agg.workers['total']} worker(s) uploaded, kept in {self.dest}")
+            await self._sleep(s.poll_interval_s)
+        uploaded, total = agg.workers["uploaded"], agg.workers["total"]
+        if uploaded == 0:
+            raise Fail("CaptureFailed", f"no worker uploaded a capture ({agg.workers['failed']} of {total} failed); first: {agg.failed_workers[0]['reason'] if agg.failed_workers else 'unknown'}")
+        message = f"{uploaded} of {total} worker(s) captured and uploaded"
+        conditions = set_condition(self.status.get("conditions") or [], "Captured", True, "Captured", message, self.generation)
+        if not spec.analysisEnabled:
+            await self._finish("Succeeded", "Captured", message + "; analysis disabled", conditions=conditions)
+            return
+        job = await asyncio.to_thread(jobs.create_analysis, self.ns, self.name, self.uid, s, spec.storage.credentialsSecret, await self._secret_keys(spec))
+        metrics.ANALYSIS_JOBS.inc()
+        await self._transition("Analyzing", "Captured", f"{message}; analysis Job {job} created", conditions=conditions, analysisJob=job)
+
+    async def _secret_keys(self, spec: SessionSpec) -> dict[str, str]:
+        if not spec.storage.credentialsSecret:
+            return {}
+        data = await asyncio.to_thread(credentials.read_secret_data, self.ns, spec.storage.credentialsSecret)
+        return credentials.secret_key_names(data)
+
+    async def _follow_analysis(self) -> None:
+        name = self.status.get("analysisJob") or ""
+        while True:
+            try:
+                job = await asyncio.to_thread(kube.batch().read_namespaced_job, name, self.ns)
+            except Exception as exc:
+                if not kube.is_not_found(exc):
+                    raise
+                raise Fail("AnalysisFailed", f"analysis Job {name} disappeared") from None
+            outcome, message = jobs.job_outcome(job)
+            if outcome != "Running":
+                break
+            if self._timed_out():
+                raise Fail("Timeout", f"analysis did not finish within spec.timeoutSeconds; captures are kept in {self.dest}")
+            await self._sleep(self.settings.poll_interval_s)
+        fresh = await asyncio.to_thread(kube.get_session, self.ns, self.name)
+        fresh_status = fresh.get("status") or {}
+        conditions = fresh_status.get("conditions") or []
+        analyzed = next((c for c in conditions if c.get("type") == "Analyzed"), {})
+        if outcome == "Failed":
+            raise Fail("AnalysisFailed", analyzed.get("message") if analyzed.get("status") == "False" else message)
+        self.status.update({k: fresh_status[k] for k in ("diagnosis", "artifacts") if k in fresh_status})
+        summary = (fresh_status.get("diagnosis") or {}).get("summary", "analysis done")
+        await self._finish("Succeeded", "Analyzed", summary, conditions=conditions)
+
+    # -- status, events, timeline ----------------------------------------------------------
+
+    async def _progress(self, workers: dict[str, int], failed: list[dict[str, Any]]) -> None:
+        if workers == self.status.get("workers") and failed == self.status.get("failedWorkers"):
+            return
+        await self._write({"workers": workers, "failedWorkers": failed, "workersReady": f"{workers['captured']}/{workers['total']}"})
+
+    async def _write(self, patch: dict[str, Any]) -> None:
+        patch = {**patch, "observedGeneration": self.generation}
+        self.status.update(patch)
+        await self.writer.write(patch)
+
+    async def _transition(self, phase: str, reason: str, message: str, **fields: Any) -> None:
+        patch = {"phase": phase, "message": message, **fields}
+        conditions = fields.get("conditions") or self.status.get("conditions") or []
+        if phase in TERMINAL:
+            ready = phase == "Succeeded"
+            conditions = set_condition(conditions, "Ready", ready, reason, message, self.generation)
+            patch["completionTime"] = now_iso()
+        patch["conditions"] = conditions
+        await self._write(patch)
+        metrics.SESSIONS.set(self.uid, phase)
+        (kopf.warn if phase == "Failed" else kopf.info)(self.obj, reason=reason, message=f"{phase}: {message}")
+        self.log.info("%s/%s -> %s (%s): %s", self.ns, self.name, phase, reason, message)
+        if self.record is not None:
+            try:
+                await asyncio.to_thread(self.record.append, phase, message)
+            except Exception as exc:  # the session's outcome must not hinge on its own diary
+                self.log.warning("session.json not updated: %s", exc)
+
+    async def _finish(self, phase: str, reason: str, message: str, **fields: Any) -> None:
+        conditions = fields.pop("conditions", None) or self.status.get("conditions") or []
+        if phase == "Failed":
+            pending = [t for t in ("Triggered", "Captured", "Analyzed") if not any(c.get("type") == t for c in conditions)]
+            for t in pending:
+                conditions = set_condition(conditions, t, False, reason, message, self.generation)
+        await self._transition(phase, reason, message, conditions=conditions, **fields)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def _list_pods(self, selector: str) -> list[Any]:
+        result = await asyncio.to_thread(kube.core().list_namespaced_pod, self.ns, label_selector=selector)
+        return list(result.items)
+
+    def _timed_out(self) -> bool:
+        start = self.status.get("startTime")
+        limit = (self.obj.get("spec") or {}).get("timeoutSeconds", 1800)
+        return bool(start) and time.time() - parse_iso(start) > float(limit)
+
+    async def _sleep(self, seconds: float) -> None:
+        await self.stopped.wait(seconds)
+        if self.stopped:
+            raise Stopped()
+
+    async def _expire(self) -> None:
+        """Delete the session ttlSecondsAfterFinished after it finished (its children go with it)."""
+        ttl = (self.obj.get("spec") or {}).get("ttlSecondsAfterFinished")
+        done = self.status.get("completionTime")
+        if ttl is None or not done:
+            return
+        wait = parse_iso(done) + float(ttl) - time.time()
+        if wait > 0:
+            await self.stopped.wait(wait)
+            if self.stopped:
+                return
+        self.log.info("%s/%s finished %ss ago: deleting it (ttlSecondsAfterFinished)", self.ns, self.name, ttl)
+        try:
+            await asyncio.to_thread(kube.custom().delete_namespaced_custom_object, GROUP, VERSION, self.ns, PLURAL, self.name)
+        except Exception as exc:
+            if not kube.is_not_found(exc):
+                raise

@@ -1,0 +1,44 @@
+"""session.json in the session's store folder: the spec snapshot and the timeline of phases, so a
+report read months later says what was asked and what happened, without the cluster."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from stepscope import layout
+from stepscope.session import SessionSpec
+
+log = logging.getLogger(__name__)
+
+
+def destination(spec: SessionSpec, namespace: str, name: str, uid: str) -> str:
+    return spec.storage.uri.rstrip("/") + "/" + layout.session_prefix(namespace, name, uid)
+
+
+def open_destination(spec: SessionSpec, dest: str, credentials: dict[str, Any] | None) -> Any:
+    from stepscope.storage import open_store  # boto3 loads only when a session needs a store
+    return open_store(dest, endpoint=spec.storage.endpoint, region=spec.storage.region, credentials=credentials)
+
+
+class SessionRecord:
+    def __init__(self, store: Any, body: dict[str, Any]) -> None:
+        self._store = store
+        self._body = body
+        self._timeline: list[dict[str, Any]] = []
+
+    def load(self) -> None:
+        """Continue the timeline an earlier operator process wrote."""
+        try:
+            if self._store.exists(layout.session_json()):
+                self._timeline = list(json.loads(self._store.get_bytes(layout.session_json())).get("timeline") or [])
+        except Exception as exc:  # a damaged record must not stop the session; it is rewritten below
+            log.warning("session.json unreadable, starting a new timeline: %s", exc)
+
+    def append(self, phase: str, message: str) -> None:
+        """Record a transition and rewrite session.json (raises when the store is unreachable)."""
+        if self._timeline and self._timeline[-1].get("phase") == phase:
+            return
+        self._timeline.append({"time": time.time(), "phase": phase, "message": message})
+        self._store.put_bytes(layout.session_json(), json.dumps({**self._body, "timeline": self._timeline}, indent=1).encode())

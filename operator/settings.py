@@ -1,0 +1,45 @@
+"""Operator settings, read once from the environment so that the Helm chart, the tests and the
+benchmark tune the same knobs without code changes."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+GROUP = "stepscope.io"
+VERSION = "v1alpha1"
+PLURAL = "profilesessions"
+KIND = "ProfileSession"
+FINALIZER = "stepscope.io/finalizer"
+SIDECAR_PORT_NAME = "stepscope"
+SIDECAR_PORT = 7470
+INJECT_LABEL = "stepscope.io/inject"
+SESSION_LABEL = "stepscope.io/session"
+
+
+def _float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def _int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    # How long a selector may match no ready pod before the session fails: pods of a freshly
+    # started job take a moment to reach Running, so failing at once would race the scheduler.
+    selection_grace_s: float = field(default_factory=lambda: _float("STEPSCOPE_SELECTION_GRACE_S", 30.0))
+    poll_interval_s: float = field(default_factory=lambda: _float("STEPSCOPE_POLL_INTERVAL_S", 1.0))
+    # The floor between two status writes of one session (ARCHITECTURE.md: at most one per second).
+    status_interval_s: float = field(default_factory=lambda: _float("STEPSCOPE_STATUS_INTERVAL_S", 1.0))
+    fanout_concurrency: int = field(default_factory=lambda: _int("STEPSCOPE_FANOUT_CONCURRENCY", 64))
+    sidecar_timeout_s: float = field(default_factory=lambda: _float("STEPSCOPE_SIDECAR_TIMEOUT_S", 5.0))
+    trigger_attempts: int = field(default_factory=lambda: _int("STEPSCOPE_TRIGGER_ATTEMPTS", 3))
+    # Consecutive failed polls of a sidecar whose pod still exists before its worker counts as lost.
+    unreachable_polls: int = field(default_factory=lambda: _int("STEPSCOPE_UNREACHABLE_POLLS", 5))
+    image: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_IMAGE", "ghcr.io/stepscope/stepscope:0.1.0"))
+    image_pull_policy: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_IMAGE_PULL_POLICY", "IfNotPresent"))
+    hmac_secret: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_HMAC_SECRET", "stepscope-hmac"))
+    hmac_secret_key: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_HMAC_SECRET_KEY", "key"))
+    analysis_cpu: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_ANALYSIS_CPU", "1"))
+    analysis_memory: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_ANALYSIS_MEMORY", "2Gi"))

@@ -1,0 +1,116 @@
+"""What the operator writes into a ProfileSession's status: worker counts aggregated from the
+sidecars, the bounded list of failed workers, conditions, and the throttle that keeps every
+session at or below one status write per second."""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepscope.operator import kube, metrics
+
+MAX_FAILED_WORKERS = 20
+WORKER_FIELDS = ("total", "triggered", "capturing", "captured", "uploaded", "failed")
+SIDECAR_DONE = {"Succeeded", "Failed", "Cancelled"}
+RANK_FAILED = {"failed", "hung", "refused"}
+CONDITION_TYPES = ("Triggered", "Captured", "Analyzed", "Ready")
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def parse_iso(value: str) -> float:
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass
+class PodProgress:
+    """The latest answer of one pod's sidecar, or why the pod is lost."""
+    answer: dict[str, Any] = field(default_factory=dict)
+    lost: str = ""
+    misses: int = 0
+
+    @property
+    def done(self) -> bool:
+        return bool(self.lost) or self.answer.get("phase") in SIDECAR_DONE
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    workers: dict[str, int]
+    failed_workers: list[dict[str, Any]]
+    done: bool
+
+
+def failed_worker(pod: str, rank: int | None, reason: str) -> dict[str, Any]:
+    """A failedWorkers entry; `rank` is left out when the pod never said which ranks it runs."""
+    entry: dict[str, Any] = {"pod": pod, "reason": reason[:200]}
+    if rank is not None:
+        entry["rank"] = int(rank)
+    return entry
+
+
+def _rank_of(answer: dict[str, Any]) -> int | None:
+    ranks = [r.get("rank") for r in answer.get("ranks") or [] if r.get("rank") is not None]
+    return min(ranks) if ranks else None
+
+
+def aggregate(progress: dict[str, PodProgress]) -> Aggregate:
+    """Sum the sidecars' worker counts (a worker = one rank); a lost pod counts its last known
+    ranks, or one worker when it never answered, as failed."""
+    workers = dict.fromkeys(WORKER_FIELDS, 0)
+    failed: list[dict[str, Any]] = []
+    for pod, p in sorted(progress.items()):
+        counts = p.answer.get("workers") or {}
+        n = max(int(counts.get("total") or 0), 1)
+        if p.lost:
+            workers["total"] += n
+            workers["triggered"] += int(counts.get("triggered") or 0)
+            workers["failed"] += n - int(counts.get("uploaded") or 0)
+            workers["captured"] += int(counts.get("captured") or 0)
+            workers["uploaded"] += int(counts.get("uploaded") or 0)
+            failed.append(failed_worker(pod, _rank_of(p.answer), p.lost))
+            continue
+        for key in WORKER_FIELDS:
+            workers[key] += int(counts.get(key) or 0)
+        if not counts:
+            workers["total"] += 1
+        for r in p.answer.get("ranks") or []:
+            if r.get("state") in RANK_FAILED or r.get("error"):
+                failed.append(failed_worker(pod, r.get("rank"), str(r.get("error") or r.get("state"))))
+        if p.answer.get("phase") == "Failed" and not any(f["pod"] == pod for f in failed):
+            failed.append(failed_worker(pod, _rank_of(p.answer), str(p.answer.get("message") or "sidecar failed")))
+    done = bool(progress) and all(p.done for p in progress.values())
+    return Aggregate(workers, failed[:MAX_FAILED_WORKERS], done)
+
+
+def set_condition(conditions: list[dict[str, Any]], type_: str, status: bool, reason: str, message: str, generation: int | None) -> list[dict[str, Any]]:
+    """Conditions with one entry replaced; lastTransitionTime moves only when the status flips."""
+    value = "True" if status else "False"
+    old = next((c for c in conditions if c.get("type") == type_), None)
+    since = old["lastTransitionTime"] if old and old.get("status") == value and old.get("lastTransitionTime") else now_iso()
+    new = {"type": type_, "status": value, "reason": reason, "message": message[:1024], "observedGeneration": generation, "lastTransitionTime": since}
+    rest = [c for c in conditions if c.get("type") != type_]
+    return sorted(rest + [new], key=lambda c: CONDITION_TYPES.index(c["type"]) if c["type"] in CONDITION_TYPES else len(CONDITION_TYPES))
+
+
+class StatusWriter:
+    """Writes one session's status, never more often than `interval_s`: a write that comes too
+    soon waits, so a burst of transitions is spread out rather than dropped."""
+
+    def __init__(self, namespace: str, name: str, interval_s: float) -> None:
+        self.namespace, self.name, self.interval_s = namespace, name, interval_s
+        self._last = 0.0
+        self.writes = 0
+
+    async def write(self, patch: dict[str, Any]) -> None:
+        wait = self._last + self.interval_s - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        await asyncio.to_thread(kube.patch_session_status, self.namespace, self.name, patch)
+        self._last = time.monotonic()
+        self.writes += 1
+        metrics.STATUS_WRITES.inc()
