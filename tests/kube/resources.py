@@ -55,6 +55,8 @@ def builtin_types() -> list[ResourceType]:
         ResourceType("batch", "v1", "jobs", "Job", subresources=("status",)),
         ResourceType("apps", "v1", "deployments", "Deployment", short_names=["deploy"], subresources=("status",)),
         ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
+        ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+        ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
         ResourceType("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
                      "MutatingWebhookConfiguration", namespaced=False),
         ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
