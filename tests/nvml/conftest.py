@@ -1,0 +1,84 @@
+"""Simulated GPU nodes recorded by the real sampler, and rank summaries that line up with them."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from stepscope.analysis.hardware import read_metrics
+from stepscope.analysis.model import SUMMARY_VERSION, RankSummary, StepRow
+from stepscope.sidecar.nvml import MetricsRecorder, SimulatedBackend
+
+STEP_US = 50_000
+COMM_FRACTION = 0.3
+RECORD_S = 0.9
+
+
+@dataclass
+class Run:
+    """A simulated job: pods of GPUs, each pod's samples, and one summary per GPU (rank)."""
+    metrics: dict[str, pd.DataFrame]
+    summaries: list[RankSummary]
+    backends: dict[str, SimulatedBackend]
+
+
+def summaries_for(pod: str, backend: SimulatedBackend, first_rank: int, steps: range, slow: dict[int, float] | None = None) -> list[RankSummary]:
+    """Rank summaries of `backend`'s GPUs over the given simulated steps; `slow` stretches a GPU's
+    step durations (a slow worker)."""
+    out = []
+    for device in backend.devices():
+        factor = (slow or {}).get(device.index, 1.0)
+        rows = [StepRow(step=s, startUs=start, durationUs=duration * factor, computingUs=duration * (1 - COMM_FRACTION),
+                        communicationUs=duration * COMM_FRACTION) for s, start, duration in backend.step_windows(steps.start, len(steps))]
+        out.append(RankSummary(version=SUMMARY_VERSION, rank=first_rank + device.index, localRank=device.index, gpu=device.index,
+                               pod=pod, node=f"node-{pod}", hasGpu=True, steps=rows))
+    return out
+
+
+def record_pods(pods: dict[str, SimulatedBackend], tmp: Path, interval_us: int = 1000) -> dict[str, pd.DataFrame]:
+    """Record every pod at once with the real sampler (each pod has its own sidecar)."""
+    recorders = {pod: MetricsRecorder(backend, interval_us, margin_s=0.05) for pod, backend in pods.items()}
+    for recorder in recorders.values():
+        recorder.start()
+    time.sleep(RECORD_S)
+    paths: dict[str, Path] = {}
+    threads = [threading.Thread(target=lambda p=pod, r=rec: paths.__setitem__(p, r.stop(tmp / p / "gpu-metrics.csv.gz")))
+               for pod, rec in recorders.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {pod: read_metrics(path) for pod, path in paths.items()}
+
+
+def _run(tmp: Path, unhealthy: bool) -> Run:
+    origin = time.time_ns() // 1000
+    common = dict(step_us=STEP_US, comm_fraction=COMM_FRACTION, origin_us=origin, event_after_us=150_000)
+    if unhealthy:
+        pods = {
+            "train-a": SimulatedBackend(3, throttle={1: "thermal", 2: "power"}, **common),
+            "train-b": SimulatedBackend(3, slow_link={0: "nvlink", 2: "pcie"}, low_util={1: 40.0}, xid={1: 79}, ecc={1: (5, 2)}, **common),
+        }
+    else:
+        pods = {"train-a": SimulatedBackend(3, **common), "train-b": SimulatedBackend(3, **common)}
+    metrics = record_pods(pods, tmp)
+    steps = range(2, 2 + int(RECORD_S * 1e6 * 0.8) // STEP_US)
+    summaries = summaries_for("train-a", pods["train-a"], 0, steps) + summaries_for("train-b", pods["train-b"], 3, steps)
+    return Run(metrics, summaries, pods)
+
+
+@pytest.fixture(scope="session")
+def unhealthy_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """Pod train-a: GPU 1 (rank 1) thermal-throttled, GPU 2 (rank 2) power-capped. Pod train-b:
+    GPU 0 (rank 3) on a slow NVLink, GPU 1 (rank 4) at 40 % utilization with XID 79 and ECC errors,
+    GPU 2 (rank 5) on a slow PCIe link."""
+    return _run(tmp_path_factory.mktemp("unhealthy"), unhealthy=True)
+
+
+@pytest.fixture(scope="session")
+def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return _run(tmp_path_factory.mktemp("healthy"), unhealthy=False)
