@@ -28,6 +28,7 @@ CREDENTIALS_DIR_ENV = "STEPSCOPE_CREDENTIALS_DIR"
 MULTIPART_THRESHOLD = 32 * 1024 * 1024
 MULTIPART_CHUNK = 16 * 1024 * 1024
 MAX_CONCURRENCY = 4
+LIST_PAGE_SIZE = 1000  # S3's own maximum per ListObjectsV2 call
 TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling", "ThrottlingException", "RequestTimeTooSkewed", "503", "500", "502", "504"}
 ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "403"}
 
@@ -182,7 +183,7 @@ class S3Store:
         style = "virtual" if scheme == "oss" else ("path" if endpoint else "auto")
         config = Config(
             region_name=region or "us-east-1",
-            retries={"mode": "standard", "max_attempts": retry.botocore_attempts},
+            retries={"mode": "standard", "total_max_attempts": retry.botocore_attempts},
             s3={"addressing_style": style},
             connect_timeout=10, read_timeout=60,
             proxies=proxies,
@@ -236,7 +237,8 @@ class S3Store:
         base = _join(self.prefix, "") if self.prefix else ""
 
         def collect() -> list[str]:
-            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix)
+            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix,
+                                                                            PaginationConfig={"PageSize": LIST_PAGE_SIZE})
             return [obj["Key"][len(base):] for page in pages for obj in page.get("Contents", [])]
 
         return sorted(self._call(f"list {self.uri_for(prefix) if prefix else self.uri}", collect))
