@@ -41,6 +41,8 @@ def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Kube]:
     with KubeTestServer() as server:
         kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        # kubernetes.config reads KUBECONFIG once, at import; kopf's login_via_client relies on it.
+        monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
         api_client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
         try:
             yield Kube(server.url, kubeconfig, api_client, server)

@@ -1,10 +1,329 @@
-"""CRD structural schemas: pruning, defaulting, validation and CEL rules (placeholder)."""
+"""CustomResourceDefinition schemas as the API server applies them to custom resources:
+pruning of unknown fields, defaulting, OpenAPI v3 value validation and the CEL rules in
+`x-kubernetes-validations`, with the API server's error wording. Also the structural-schema
+and rule-compilation checks the API server runs when a CRD is created."""
 from __future__ import annotations
 
+import copy
+import datetime
+import re
+from functools import lru_cache
 from typing import Any
 
+import celpy
+from celpy import celtypes
+
+from . import errors
 from .resources import ResourceType
 
+Schema = dict[str, Any]
+Cause = tuple[str, str]
+ROOT_FIELDS = ("apiVersion", "kind", "metadata")
+# Keys a structural schema may not use (they make pruning and defaulting ambiguous).
+NON_STRUCTURAL = ("$ref", "definitions", "dependencies", "patternProperties", "additionalItems")
+TYPES = {"object": dict, "array": list, "string": str, "boolean": bool}
 
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _preserves(schema: Schema) -> bool:
+    return bool(schema.get("x-kubernetes-preserve-unknown-fields") or schema.get("x-kubernetes-embedded-resource"))
+
+
+# -- pruning and defaulting ----------------------------------------------------------------------
+def prune(value: Any, schema: Schema, root: bool = False) -> Any:
+    """Drop fields the schema does not know and nulls of non-nullable fields."""
+    if isinstance(value, dict) and schema.get("type") == "object":
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        result = {}
+        for key, item in value.items():
+            if root and key in ROOT_FIELDS:
+                result[key] = item
+                continue
+            sub = (props or {}).get(key, extra if isinstance(extra, dict) else None)
+            if sub is None:
+                if _preserves(schema) or extra is True:
+                    result[key] = item
+                continue
+            if item is None and not sub.get("nullable"):
+                continue
+            result[key] = prune(item, sub)
+        return result
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [prune(item, schema["items"]) for item in value]
+    return value
+
+
+def apply_defaults(value: Any, schema: Schema) -> Any:
+    if isinstance(value, dict) and schema.get("type") == "object":
+        for key, sub in (schema.get("properties") or {}).items():
+            if key not in value and "default" in sub:
+                value[key] = copy.deepcopy(sub["default"])
+            if key in value:
+                value[key] = apply_defaults(value[key], sub)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in [k for k in value if k not in (schema.get("properties") or {})]:
+                value[key] = apply_defaults(value[key], extra)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [apply_defaults(item, schema["items"]) for item in value]
+    return value
+
+
+# -- OpenAPI value validation --------------------------------------------------------------------
+def _shown(value: Any) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, dict):
+        return '"object"'
+    if isinstance(value, list):
+        return '"array"'
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _type_ok(value: Any, kind: str) -> bool:
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer()
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, TYPES[kind]) if kind in TYPES else True
+
+
+def _bounds(value: Any, schema: Schema, path: str) -> list[Cause]:
+    causes = []
+    if "maximum" in schema:
+        top, exclusive = schema["maximum"], schema.get("exclusiveMaximum")
+        if value > top or exclusive and value == top:
+            word = "less than" if exclusive else "less than or equal to"
+            causes.append((path, f"Invalid value: {_shown(value)}: {path} in body should be {word} {top}"))
+    if "minimum" in schema:
+        low, exclusive = schema["minimum"], schema.get("exclusiveMinimum")
+        if value < low or exclusive and value == low:
+            word = "greater than" if exclusive else "greater than or equal to"
+            causes.append((path, f"Invalid value: {_shown(value)}: {path} in body should be {word} {low}"))
+    return causes
+
+
+def _format_ok(value: str, fmt: str | None) -> bool:
+    if fmt != "date-time":
+        return True
+    try:
+        datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return True
+    except ValueError:
+        return False
+
+
+def _list_causes(value: list[Any], schema: Schema, path: str) -> list[Cause]:
+    causes = []
+    if "maxItems" in schema and len(value) > schema["maxItems"]:
+        causes.append((path, f"Too many: {len(value)}: must have at most {schema['maxItems']} items"))
+    if "minItems" in schema and len(value) < schema["minItems"]:
+        causes.append((path, f"Invalid value: {len(value)}: {path} in body should have at least {schema['minItems']} items"))
+    list_type = schema.get("x-kubernetes-list-type")
+    if list_type in ("set", "map"):
+        keys = schema.get("x-kubernetes-list-map-keys", [])
+        seen = []
+        for n, item in enumerate(value):
+            key = tuple(item.get(k) for k in keys) if list_type == "map" and isinstance(item, dict) else item
+            if key in seen:
+                shown = _shown(item) if list_type == "set" else "{" + ", ".join(f'"{k}":{_shown(v)}' for k, v in zip(keys, key)) + "}"
+                causes.append((f"{path}[{n}]", f"Duplicate value: {shown}"))
+            seen.append(key)
+    return causes
+
+
+def validate_value(value: Any, schema: Schema, path: str = "", root: bool = False) -> list[Cause]:
+    if value is None:
+        return [] if schema.get("nullable") else [(path, f"Invalid value: \"null\": {path} in body must be of type {schema.get('type')}: \"null\"")]
+    kind = schema.get("type")
+    if kind and not _type_ok(value, kind):
+        if schema.get("x-kubernetes-int-or-string") and isinstance(value, (int, str)):
+            return []
+        actual = {dict: "object", list: "array", str: "string", bool: "boolean"}.get(type(value), "number")
+        return [(path, f"Invalid value: {_shown(value)}: {path} in body must be of type {kind}: \"{actual}\"")]
+    causes: list[Cause] = []
+    if "enum" in schema and value not in schema["enum"]:
+        supported = ", ".join(_shown(v) for v in schema["enum"])
+        causes.append((path, f"Unsupported value: {_shown(value)}: supported values: {supported}"))
+    if kind in ("integer", "number"):
+        causes += _bounds(value, schema, path)
+    if isinstance(value, str):
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            causes.append((path, f"Too long: may not be more than {schema['maxLength']} bytes"))
+        if "minLength" in schema and len(value) < schema["minLength"]:
+            causes.append((path, f"Invalid value: {_shown(value)}: {path} in body should be at least {schema['minLength']} chars long"))
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            causes.append((path, f"Invalid value: {_shown(value)}: {path} in body should match '{schema['pattern']}'"))
+        if not _format_ok(value, schema.get("format")):
+            causes.append((path, f"Invalid value: {_shown(value)}: {path} in body must be of type {schema['format']}: {_shown(value)}"))
+    if isinstance(value, list):
+        causes += _list_causes(value, schema, path)
+        for n, item in enumerate(value):
+            causes += validate_value(item, schema.get("items") or {}, f"{path}[{n}]")
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            if key not in value:
+                causes.append((_join(path, key), "Required value"))
+        if "maxProperties" in schema and len(value) > schema["maxProperties"]:
+            causes.append((path, f"Too many: {len(value)}: must have at most {schema['maxProperties']} items"))
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            if root and key in ROOT_FIELDS:
+                continue
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                causes += validate_value(item, sub, _join(path, key))
+    return causes
+
+
+# -- CEL rules -----------------------------------------------------------------------------------
+_ENV = celpy.Environment()
+
+
+@lru_cache(maxsize=512)
+def compile_rule(rule: str) -> celpy.Runner:
+    """Compile once; raises celpy.CELParseError on a rule the API server would refuse."""
+    return _ENV.program(_ENV.compile(rule))
+
+
+def to_cel(value: Any, schema: Schema) -> Any:
+    """JSON as CEL sees it through the schema: `number` fields are doubles even when written as 3."""
+    kind = schema.get("type")
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else {}
+        return celtypes.MapType({celtypes.StringType(k): to_cel(v, props.get(k, extra)) for k, v in value.items()})
+    if isinstance(value, list):
+        return celtypes.ListType([to_cel(v, schema.get("items") or {}) for v in value])
+    if isinstance(value, bool):
+        return celtypes.BoolType(value)
+    if isinstance(value, (int, float)):
+        return celtypes.DoubleType(value) if kind == "number" or isinstance(value, float) and kind != "integer" else celtypes.IntType(int(value))
+    if isinstance(value, str):
+        return celtypes.StringType(value)
+    return value
+
+
+def _uses_old_self(rule: str) -> bool:
+    return re.search(r"\boldSelf\b", rule) is not None
+
+
+def _rule_causes(value: Any, old: Any, schema: Schema, path: str) -> list[Cause]:
+    causes = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        expr = rule["rule"]
+        transition = _uses_old_self(expr)
+        if transition and old is None:
+            continue  # transition rules run on updates only, when the old value exists
+        activation = {"self": to_cel(value, schema)}
+        if transition:
+            activation["oldSelf"] = to_cel(old, schema)
+        field = path + rule.get("fieldPath", "") if path or rule.get("fieldPath") else path
+        field = field.lstrip(".")
+        try:
+            result = compile_rule(expr).evaluate(activation)
+        except celpy.CELEvalError as e:
+            causes.append((field, f"Invalid value: {_shown(value)}: {expr}: {e.args[0] if e.args else e}"))
+            continue
+        if isinstance(result, celpy.CELEvalError):
+            causes.append((field, f"Invalid value: {_shown(value)}: {expr}: {result.args[0] if result.args else result}"))
+        elif not bool(result):
+            message = rule.get("message") or f"failed rule: {expr}"
+            if rule.get("reason") == "FieldValueForbidden":
+                causes.append((field, f"Forbidden: {message}"))
+            else:
+                causes.append((field, f"Invalid value: {_shown(value)}: {message}"))
+    return causes
+
+
+def validate_rules(value: Any, old: Any, schema: Schema, path: str = "", root: bool = False) -> list[Cause]:
+    """Every x-kubernetes-validations rule on the nodes present in `value`, deepest last."""
+    if value is None:
+        return []
+    causes = _rule_causes(value, old, schema, path)
+    if isinstance(value, dict) and schema.get("type") == "object":
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            if root and key in ROOT_FIELDS:
+                continue
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                old_item = old.get(key) if isinstance(old, dict) else None
+                causes += validate_rules(item, old_item, sub, _join(path, key))
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        keys = schema.get("x-kubernetes-list-map-keys") if schema.get("x-kubernetes-list-type") == "map" else None
+        for n, item in enumerate(value):
+            # oldSelf of a list item is only known for map lists (items correlate by key).
+            old_item = next((o for o in old or [] if keys and all(o.get(k) == item.get(k) for k in keys)), None)
+            causes += validate_rules(item, old_item, schema["items"], f"{path}[{n}]")
+    return causes
+
+
+# -- the hook the store calls --------------------------------------------------------------------
 def validate_object(t: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+    """Prune, default and validate a custom resource (built-in types pass through); raise 422."""
+    if t.kind == "CustomResourceDefinition" and t.group == "apiextensions.k8s.io":
+        check_crd(obj)
+        return obj
+    if t.builtin or not t.schema:
+        return obj
+    obj = apply_defaults(prune(obj, t.schema, root=True), t.schema)
+    causes = validate_value(obj, t.schema, root=True)
+    # Like the API server, wrong types and unsupported enum values keep the CEL rules from running.
+    if not any("must be of type" in m or m.startswith("Unsupported value") for _, m in causes):
+        causes += validate_rules(obj, old, t.schema, root=True)
+    if causes:
+        raise errors.invalid(t.kind, t.group, obj["metadata"]["name"], [(f or "<nil>", m) for f, m in causes])
     return obj
+
+
+# -- CRD checks ----------------------------------------------------------------------------------
+def structural_errors(schema: Schema, path: str = "openAPIV3Schema", root: bool = True) -> list[str]:
+    """What makes a schema non-structural (the API server refuses such v1 CRDs), plus rules that
+    do not compile."""
+    problems = []
+    for key in NON_STRUCTURAL:
+        if key in schema:
+            problems.append(f"{path}.{key}: Forbidden: must not be used in a structural schema")
+    if not schema.get("type") and not _preserves(schema) and not schema.get("x-kubernetes-int-or-string"):
+        problems.append(f"{path}.type: Required value: must not be empty for specified object fields")
+    if schema.get("properties") and isinstance(schema.get("additionalProperties"), dict):
+        problems.append(f"{path}.additionalProperties: Forbidden: additionalProperties and properties are mutual exclusive")
+    if root and schema.get("type") != "object":
+        problems.append(f"{path}.type: Invalid value: must be object at the root")
+    for n, rule in enumerate(schema.get("x-kubernetes-validations", [])):
+        try:
+            compile_rule(rule["rule"])
+        except (celpy.CELParseError, KeyError) as e:
+            problems.append(f"{path}.x-kubernetes-validations[{n}].rule: Invalid value: compilation failed: {e}")
+    for key, sub in (schema.get("properties") or {}).items():
+        if root and key == "metadata" and set(sub) - {"type", "description"}:
+            problems.append(f"{path}.properties[metadata]: Forbidden: must not specify anything other than name and generateName")
+        problems += structural_errors(sub, f"{path}.properties[{key}]", root=False)
+    if isinstance(schema.get("items"), dict):
+        problems += structural_errors(schema["items"], f"{path}.items", root=False)
+    if isinstance(schema.get("additionalProperties"), dict):
+        problems += structural_errors(schema["additionalProperties"], f"{path}.additionalProperties", root=False)
+    return problems
+
+
+def check_crd(crd: dict[str, Any]) -> None:
+    causes = []
+    for n, version in enumerate((crd.get("spec") or {}).get("versions") or []):
+        schema = (version.get("schema") or {}).get("openAPIV3Schema")
+        if schema is None:
+            causes.append((f"spec.versions[{n}].schema.openAPIV3Schema", "Required value: schemas are required"))
+            continue
+        for problem in structural_errors(schema, f"spec.versions[{n}].schema.openAPIV3Schema"):
+            field, _, message = problem.partition(": ")
+            causes.append((field, message))
+    if causes:
+        raise errors.invalid("CustomResourceDefinition", "apiextensions.k8s.io", crd["metadata"]["name"], causes)
