@@ -171,7 +171,7 @@ class MetricsRecorder:
                 pass
             now = time.perf_counter_ns()
             slow = now >= next_slow
-            self._sample_round((now + self._epoch_offset_ns) // 1000, slow)
+            self._sample_round(slow)
             self.stats.rounds += 1
             if slow:
                 next_slow = max(next_slow + SLOW_PERIOD_US * 1000, now)
@@ -184,25 +184,31 @@ class MetricsRecorder:
         self.stats.wall_s = (time.perf_counter_ns() - wall0) / 1e9
         self.stats.cpu_s = time.thread_time() - cpu0
 
-    def _sample_round(self, ts_us: int, slow: bool) -> None:
+    def _now_us(self) -> int:
+        return (time.perf_counter_ns() + self._epoch_offset_ns) // 1000
+
+    def _sample_round(self, slow: bool) -> None:
         width = len(self._columns)
+        ts_us = 0
         for device in self._devices:
             gpu = device.index
             row = [NAN] * width
-            row[_COL["ts_us"]] = ts_us
+            # Each GPU's own time, taken right before its counters are read: the throughput the
+            # analysis derives from counter deltas is only as good as this pairing.
+            row[_COL["ts_us"]] = ts_us = self._now_us()
             row[_COL["gpu"]] = gpu
-            clocks = self._metric("clocks", gpu, self.backend.clocks_mhz)
-            if clocks is not None:
-                row[_COL["sm_clock_mhz"]], row[_COL["mem_clock_mhz"]] = clocks
-            reasons = self._metric("clock_reasons", gpu, self.backend.clock_event_reasons)
-            if reasons is not None:
-                row[_COL["clock_reasons"]] = reasons
             if self._fields:
                 values = self._metric("field_values", gpu, self.backend.field_values, self._fields)
                 if values is not None:
                     for (column, _, _), value in zip(self._fields_columns, values):
                         if value is not None:
                             row[column] = value
+            clocks = self._metric("clocks", gpu, self.backend.clocks_mhz)
+            if clocks is not None:
+                row[_COL["sm_clock_mhz"]], row[_COL["mem_clock_mhz"]] = clocks
+            reasons = self._metric("clock_reasons", gpu, self.backend.clock_event_reasons)
+            if reasons is not None:
+                row[_COL["clock_reasons"]] = reasons
             if slow:
                 self._slow_metrics(gpu, row)
             self._append(row)
@@ -229,7 +235,7 @@ class MetricsRecorder:
 
     def _utilization_rows(self, gpu: int, kind: UtilizationKind, column: str, width: int) -> None:
         key = (gpu, kind)
-        since = self._util_seen.get(key, (time.perf_counter_ns() + self._epoch_offset_ns) // 1000 - SLOW_PERIOD_US)
+        since = self._util_seen.get(key, self._now_us() - SLOW_PERIOD_US)
         try:
             samples = self.backend.utilization_samples(gpu, kind, since)
         except BackendError as error:

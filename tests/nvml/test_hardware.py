@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import msgspec
@@ -18,6 +19,12 @@ from .conftest import COMM_FRACTION, Run, summaries_for
 
 def by_rank(found: list, rank: int, text: str) -> list:
     return [f for f in found if rank in f.ranks and text in f.message]
+
+
+def throughput(text: str, link: str) -> tuple[float, float]:
+    match = re.search(rf"{link} ([\d.]+) GB/s during collectives against ([\d.]+) GB/s on its peers", text)
+    assert match, text
+    return float(match[1]), float(match[2])
 
 
 def test_healthy_run_has_no_hardware_finding(healthy_run: Run) -> None:
@@ -42,9 +49,10 @@ def test_slow_links_during_collectives(unhealthy_run: Run) -> None:
     nvlink = [f for f in found if f.message.startswith("slow NVLink")]
     pcie = [f for f in found if f.message.startswith("slow PCIe")]
     assert [f.ranks for f in nvlink] == [[3]] and [f.ranks for f in pcie] == [[5]]
-    # 4 links x (TX + RX) x 20 GB/s while communicating, one fifth of that on the slow GPU.
-    assert "NVLink 32.0 GB/s during collectives against 160.0 GB/s" in explanations[3]
-    assert "PCIe 3.2 GB/s during collectives against 16.0 GB/s" in explanations[5]
+    # 4 links x (TX + RX) x 20 GB/s while communicating, one fifth of that on the slow GPU (the
+    # figures move a little with the sampler's scheduling on a busy machine).
+    assert throughput(explanations[3], "NVLink") == pytest.approx((32.0, 160.0), rel=0.1)
+    assert throughput(explanations[5], "PCIe") == pytest.approx((3.2, 16.0), rel=0.1)
 
 
 def test_utilization_outlier(unhealthy_run: Run) -> None:
@@ -94,7 +102,8 @@ def test_step_statistics_per_step(unhealthy_run: Run) -> None:
     assert stats["powerThrottleFraction"] == [0.0] * n
     assert stats["temperatureCMean"] == [91.0] * n and stats["gpuUtilPctMean"] == [97.0] * n
     # 8 NVLink counters x 20 GB/s during the communication share of each step.
-    assert np.allclose(stats["nvlinkGBs"], 8 * 20 * COMM_FRACTION, rtol=0.02)
+    assert np.median(stats["nvlinkGBs"]) == pytest.approx(8 * 20 * COMM_FRACTION, rel=0.05)
+    assert np.median(stats["pcieGBs"]) == pytest.approx(2 * 8 * COMM_FRACTION, rel=0.05)
     healthy = step_statistics(unhealthy_run.metrics["train-a"], summary.steps, 0)
     assert healthy["throttleFraction"] == [0.0] * n and healthy["smClockMHzMean"] == [1980.0] * n
     # It is what goes into RankSummary.hardware: it must survive the summary's JSON round trip.
