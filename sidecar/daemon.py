@@ -1,0 +1,102 @@
+"""`stepscope sidecar`: the daemon beside each training container. It installs the agent's
+bootstrap into the shared directory, serves the signed control endpoint, follows the local ranks,
+samples NVML during the capture window and uploads every rank's artifacts."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from stepscope.sidecar.control import ControlServer
+from stepscope.sidecar.sessions import SessionManager
+from stepscope.sidecar.uploads import Uploader
+from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, Verifier, load_key
+
+log = logging.getLogger(__name__)
+DEFAULT_DIR = "/var/run/stepscope"
+DEFAULT_PORT = 7470
+
+
+class Sidecar:
+    """The running parts of one sidecar; `run` adds signal handling around it."""
+
+    def __init__(self, stepscope_dir: Path, key: bytes, *, host: str = "0.0.0.0", port: int = DEFAULT_PORT, pod: str = "",
+                 node: str = "", nvml_backend: Any = None, poll_interval_s: float = 0.5, upload_attempts: int = 6,
+                 upload_base_delay_s: float = 2.0, keep_local: bool = False) -> None:
+        self.dir = stepscope_dir
+        self.uploader = Uploader(attempts=upload_attempts, base_delay_s=upload_base_delay_s)
+        self.manager = SessionManager(stepscope_dir, pod=pod or socket.gethostname(), node=node, uploader=self.uploader,
+                                      nvml_backend=nvml_backend, poll_interval_s=poll_interval_s, keep_local=keep_local)
+        self.server = ControlServer((host, port), self.manager, Verifier(key))
+        self._serving = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, name="stepscope-control", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def start(self) -> "Sidecar":
+        self.manager.start()
+        self._serving.start()
+        return self
+
+    def shutdown(self, grace_s: float = 20.0) -> bool:
+        """Stop taking requests, then give queued uploads `grace_s` to finish; True when they did.
+        Whatever is left stays in the shared directory."""
+        self.server.shutdown()
+        self.server.server_close()
+        self.manager.stop()
+        finished = self.uploader.close(grace_s)
+        if not finished:
+            log.warning("shut down with uploads outstanding; their files stay in %s", self.dir)
+        return finished
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", type=Path, default=Path(os.environ.get("STEPSCOPE_DIR", DEFAULT_DIR)),
+                        help="shared directory with the training processes (env STEPSCOPE_DIR, default %(default)s)")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default %(default)s)")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("STEPSCOPE_PORT", DEFAULT_PORT)),
+                        help="control port; 0 picks a free one (default %(default)s)")
+    parser.add_argument("--key-file", default=None, help=f"HMAC key file (default $STEPSCOPE_HMAC_KEY, else {DEFAULT_KEY_FILE})")
+    parser.add_argument("--pod", default=os.environ.get("POD_NAME") or socket.gethostname(), help="this pod's name (env POD_NAME)")
+    parser.add_argument("--node", default=os.environ.get("NODE_NAME", ""), help="this node's name (env NODE_NAME)")
+    parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between reads of the ranks' state files")
+    parser.add_argument("--upload-attempts", type=int, default=6, help="tries per artifact before it counts as failed")
+    parser.add_argument("--keep-local", action="store_true", help="keep traces in the shared directory after their upload")
+    parser.add_argument("--shutdown-grace", type=float, default=20.0, help="seconds given to outstanding uploads on SIGTERM")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        key = load_key(args.key_file)
+    except KeyLoadError as exc:
+        print(f"stepscope sidecar: {exc}", file=sys.stderr)
+        return 2
+    from stepscope.sidecar.bootstrap import install_bootstrap
+    from stepscope.sidecar.nvml import default_backend
+
+    stepscope_dir: Path = args.dir
+    try:
+        stepscope_dir.mkdir(parents=True, exist_ok=True)
+        install_bootstrap(stepscope_dir)
+        sidecar = Sidecar(stepscope_dir, key, host=args.host, port=args.port, pod=args.pod, node=args.node,
+                          nvml_backend=default_backend(), poll_interval_s=args.poll_interval,
+                          upload_attempts=args.upload_attempts, keep_local=args.keep_local)
+    except OSError as exc:
+        print(f"stepscope sidecar: cannot start: {exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    sidecar.start()
+    # Tests and scripts started with --port 0 read the port from this line.
+    print(f"stepscope sidecar listening on {sidecar.url} (shared directory {stepscope_dir}, pod {sidecar.manager.pod})", flush=True)
+    stop.wait()
+    log.info("stopping: no new requests, %.0f s for outstanding uploads", args.shutdown_grace)
+    return 0 if sidecar.shutdown(args.shutdown_grace) else 1

@@ -1,0 +1,423 @@
+"""What the sidecar knows about its capture sessions: it accepts a trigger, follows every local
+rank through the shared directory, records the node's GPU metrics during the window, and hands
+each finished rank's artifacts to the upload worker.
+
+Phases (docs/wire.md): Pending (no rank capturing yet), Capturing, Uploading (every rank finished,
+uploads outstanding), then Succeeded, Failed (a rank failed, hung, was refused, vanished, timed out
+or could not be uploaded) or Cancelled.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stepscope import layout
+from stepscope.session import SessionSpec, SpecError
+from stepscope.sidecar import shared_dir
+from stepscope.sidecar.uploads import Job, Uploader
+from stepscope.storage import Store, StoreError, open_store
+
+log = logging.getLogger(__name__)
+
+TERMINAL_STATES = {"done", "failed", "hung", "cancelled", "refused"}
+FAILED_STATES = {"failed", "hung", "refused"}
+STARTED_STATES = {"capturing", "writing", "done"}
+FINISHED_PHASES = {"Succeeded", "Failed", "Cancelled"}
+HISTORY = 32
+
+
+@dataclass
+class RankProgress:
+    rank: int
+    local_rank: int = -1
+    world_size: int = 0
+    pid: int = 0
+    state: str = "pending"  # no state file yet: the agent has not seen the request
+    step: int | None = None
+    start_step: int | None = None
+    end_step: int | None = None
+    error: str | None = None
+    trace: str | None = None
+    stacks: str | None = None
+    queued: bool = False
+    jobs_left: int = 0
+    upload_errors: list[str] = field(default_factory=list)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def failed(self) -> bool:
+        return self.state in FAILED_STATES or bool(self.upload_errors)
+
+    @property
+    def uploaded(self) -> bool:
+        return self.queued and self.jobs_left == 0 and not self.upload_errors
+
+    def to_dict(self) -> dict[str, Any]:
+        error = self.error or ("; ".join(self.upload_errors) if self.upload_errors else None)
+        return {"rank": self.rank, "localRank": self.local_rank, "pid": self.pid, "state": self.state, "step": self.step,
+                "startStep": self.start_step, "endStep": self.end_step, "uploaded": self.uploaded, "error": error}
+
+
+@dataclass
+class Session:
+    id: str
+    spec: SessionSpec
+    destination: str
+    store: Store  # holds the credentials, which nothing else keeps
+    accepted_at: float
+    ranks: dict[int, RankProgress] = field(default_factory=dict)
+    artifacts: list[str] = field(default_factory=list)
+    phase: str = "Pending"
+    message: str = "waiting for the training processes to see the request"
+    cancel_requested: bool = False
+    timed_out: bool = False
+    recorder: Any = None
+    metrics: Any = None  # pandas.DataFrame of the node's samples, once the recorder stopped
+    metrics_queued: bool = False
+    metrics_pending: bool = False
+    finished_at: float | None = None
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in FINISHED_PHASES
+
+    def workers(self) -> dict[str, int]:
+        ranks = self.ranks.values()
+        return {
+            "total": len(self.ranks),
+            "triggered": sum(r.state != "pending" for r in ranks),
+            "capturing": sum(r.state in ("capturing", "writing") for r in ranks),
+            "captured": sum(r.state == "done" for r in ranks),
+            "uploaded": sum(r.uploaded for r in ranks),
+            "failed": sum(r.failed for r in ranks),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"session": self.id, "phase": self.phase, "workers": self.workers(),
+                "ranks": [r.to_dict() for _, r in sorted(self.ranks.items())],
+                "artifacts": sorted(self.artifacts), "message": self.message, "destination": self.destination,
+                "timeline": list(self.timeline)}
+
+
+class SessionManager:
+    """Thread-safe: HTTP handler threads, the follower thread and the upload worker all call in."""
+
+    def __init__(self, stepscope_dir: Path, *, pod: str, node: str, uploader: Uploader, nvml_backend: Any = None,
+                 poll_interval_s: float = 0.5, keep_local: bool = False) -> None:
+        self.dir = stepscope_dir
+        self.pod, self.node = pod, node
+        self._uploader = uploader
+        self._backend = nvml_backend
+        self._poll_interval_s = poll_interval_s
+        self._keep_local = keep_local
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="stepscope-follower", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        with self._lock:
+            recording = [s for s in self._sessions.values() if s.recorder is not None and not s.metrics_queued]
+        for session in recording:
+            # Keeps what was sampled next to the traces, which also stay on the shared volume.
+            session.recorder.stop(shared_dir.session_dir(self.dir, session.id) / "gpu-metrics.csv.gz")
+
+    def active(self) -> Session | None:
+        with self._lock:
+            return next((s for s in self._sessions.values() if not s.finished), None)
+
+    # -- control endpoint -------------------------------------------------------------------
+
+    def put(self, session_id: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if not shared_dir.valid_session_id(session_id):
+            return 400, {"error": f"invalid session id {session_id!r}: letters, digits, '.', '_', '-' only"}
+        if not isinstance(body, dict):
+            return 400, {"error": "the body must be a JSON object"}
+        if body.get("session", session_id) != session_id:
+            return 400, {"error": f"body.session {body.get('session')!r} does not match the path's {session_id!r}"}
+        with self._lock:
+            known = self._sessions.get(session_id)
+            if known is not None:
+                return 200, known.to_dict()
+            other = self.active()
+            if other is not None:
+                return 409, {"error": f"session {other.id} is still {other.phase} on this sidecar; delete it or wait for it to finish"}
+            try:
+                spec = SessionSpec.from_dict(body.get("spec") or {})
+            except (SpecError, TypeError) as exc:
+                return 400, {"error": f"bad spec: {exc}"}
+            destination = body.get("destination")
+            if not isinstance(destination, str) or not destination:
+                return 400, {"error": "body.destination (the session's folder in the store) is required"}
+            try:
+                store = open_store(destination, endpoint=spec.storage.endpoint, region=spec.storage.region,
+                                   credentials=body.get("credentials") or None)
+            except StoreError as exc:
+                return 400, {"error": str(exc)}
+            session = Session(session_id, spec, destination, store, time.time())
+            shared_dir.session_dir(self.dir, session_id).mkdir(parents=True, exist_ok=True)
+            shared_dir.write_request(self.dir, session_id, "capture", spec.to_dict()["capture"], spec.hangTimeoutSeconds)
+            self._transition(session, "Pending")
+            self._sessions[session_id] = session
+            self._forget_old()
+            log.info("session %s accepted: capture %s, upload to %s", session_id, _capture_text(spec), destination)
+            return 201, session.to_dict()
+
+    def get(self, session_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            session = self._sessions.get(session_id)
+            return session.to_dict() if session else None
+
+    def delete(self, session_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None:
+                return None
+            if not session.finished and not session.cancel_requested:
+                session.cancel_requested = True
+                shared_dir.write_request(self.dir, session_id, "cancel", session.spec.to_dict()["capture"], session.spec.hangTimeoutSeconds)
+                log.info("session %s: cancel requested", session_id)
+                self._update_phase(session)
+            return session.to_dict()
+
+    # -- following the ranks ----------------------------------------------------------------
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self._poll_interval_s):
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - one bad poll must not end the follower
+                log.exception("following the shared directory failed")
+
+    def poll(self) -> None:
+        """Read the agents' files once and move the active session on."""
+        session = self.active()
+        if session is None:
+            return
+        agents = shared_dir.live_agents(self.dir)
+        states = shared_dir.rank_states(self.dir, session.id)
+        now = time.time()
+        with self._lock:
+            for rank in set(agents) | set(states):
+                if rank not in session.ranks and (session.phase in ("Pending", "Capturing") or rank in states):
+                    session.ranks[rank] = RankProgress(rank)
+            for rank, progress in session.ranks.items():
+                if not progress.terminal:
+                    self._apply(progress, states.get(rank), agents.get(rank), session.cancel_requested)
+            if not session.finished and now - session.accepted_at > session.spec.timeoutSeconds:
+                self._time_out(session)
+            self._start_recorder(session)
+            self._queue_uploads(session)
+            self._update_phase(session)
+
+    @staticmethod
+    def _apply(progress: RankProgress, state: dict[str, Any] | None, agent: shared_dir.Agent | None, cancelling: bool) -> None:
+        if agent is not None:
+            progress.local_rank, progress.world_size, progress.pid, progress.step = agent.local_rank, agent.world_size, agent.pid, agent.step
+        if state is not None:
+            progress.state = str(state.get("state", "waiting"))
+            progress.local_rank = int(state.get("localRank", progress.local_rank))
+            progress.world_size = int(state.get("worldSize", progress.world_size))
+            progress.pid = int(state.get("pid", progress.pid))
+            progress.step = state.get("step", progress.step)
+            progress.start_step, progress.end_step = state.get("startStep"), state.get("endStep")
+            progress.trace, progress.stacks = state.get("trace"), state.get("stacks")
+            if progress.state in FAILED_STATES:
+                progress.error = f"{progress.state}: {state.get('error') or state.get('message') or 'no reason given'}"
+        if progress.terminal:
+            return
+        if agent is None:
+            progress.state = "failed"
+            progress.error = f"failed: the training process (pid {progress.pid}) stopped sending heartbeats before the capture finished"
+        elif cancelling and progress.state == "pending":
+            # The agent never picked the capture up, so it has nothing to cancel or report.
+            progress.state = "cancelled"
+
+    def _time_out(self, session: Session) -> None:
+        session.timed_out = True
+        shared_dir.write_request(self.dir, session.id, "cancel", session.spec.to_dict()["capture"], session.spec.hangTimeoutSeconds)
+        for progress in session.ranks.values():
+            if not progress.terminal:
+                progress.error = f"failed: timed out after {session.spec.timeoutSeconds} s while {progress.state} at step {progress.step}"
+                progress.state = "failed"
+        log.warning("session %s timed out after %d s", session.id, session.spec.timeoutSeconds)
+
+    def _start_recorder(self, session: Session) -> None:
+        if (session.recorder is not None or self._backend is None or not session.spec.hardwareMetrics.enabled
+                or not any(r.state in STARTED_STATES for r in session.ranks.values())):
+            return
+        from stepscope.sidecar.nvml import MetricsRecorder
+
+        session.recorder = MetricsRecorder(self._backend, session.spec.hardwareMetrics.intervalMicroseconds)
+        session.recorder.start()
+        log.info("session %s: recording GPU metrics every %d us", session.id, session.spec.hardwareMetrics.intervalMicroseconds)
+
+    def _queue_uploads(self, session: Session) -> None:
+        all_terminal = bool(session.ranks) and all(r.terminal for r in session.ranks.values())
+        if session.recorder is not None and not session.metrics_queued:
+            if not all_terminal:
+                return  # summaries wait for the node's metrics, which end with the last rank
+            session.metrics_queued = session.metrics_pending = True
+            self._uploader.submit(self._metrics_job(session))
+        for progress in session.ranks.values():
+            if progress.terminal and not progress.queued:
+                progress.queued = True
+                for job in self._rank_jobs(session, progress):
+                    progress.jobs_left += 1
+                    self._uploader.submit(job)
+
+    def _update_phase(self, session: Session) -> None:
+        if session.finished:
+            return
+        ranks = list(session.ranks.values())
+        all_terminal = bool(ranks) and all(r.terminal for r in ranks)
+        uploading = session.metrics_pending or any(not r.queued or r.jobs_left for r in ranks)
+        failures = [f"rank {r.rank} {r.to_dict()['error']}" for _, r in sorted(session.ranks.items()) if r.failed]
+        if session.cancel_requested and (not ranks or all_terminal) and not uploading:
+            phase, message = "Cancelled", f"cancelled; what was captured is in {session.destination}"
+        elif not ranks:
+            phase, message = "Pending", f"waiting for training processes to register in {self.dir / 'agents'}"
+        elif not any(r.state in STARTED_STATES or r.terminal for r in ranks):
+            waiting = sum(r.state == "waiting" for r in ranks)
+            phase, message = "Pending", f"{waiting}/{len(ranks)} rank(s) saw the request, waiting {session.spec.capture.waitSteps} step(s) before capturing"
+        elif not all_terminal:
+            w = session.workers()
+            phase, message = "Capturing", f"{w['capturing']} rank(s) capturing, {w['captured']}/{w['total']} captured"
+        elif uploading:
+            phase, message = "Uploading", f"uploading to {session.destination}"
+        elif failures or session.timed_out:
+            phase, message = "Failed", "; ".join(failures[:5]) + (f" (+{len(failures) - 5} more)" if len(failures) > 5 else "")
+        else:
+            phase, message = "Succeeded", f"{len(ranks)} rank(s) captured and uploaded to {session.destination}"
+        session.message = message
+        self._transition(session, phase)
+
+    @staticmethod
+    def _transition(session: Session, phase: str) -> None:
+        if session.timeline and session.phase == phase:
+            return
+        session.phase = phase
+        session.timeline.append({"phase": phase, "time": time.time()})
+        if phase in FINISHED_PHASES:
+            session.finished_at = time.time()
+            log.info("session %s %s: %s", session.id, phase, session.message)
+
+    def _forget_old(self) -> None:
+        finished = [sid for sid, s in self._sessions.items() if s.finished]
+        for sid in finished[: max(0, len(self._sessions) - HISTORY)]:
+            del self._sessions[sid]
+
+    # -- upload jobs ------------------------------------------------------------------------
+
+    def _metrics_job(self, session: Session) -> Job:
+        local = shared_dir.session_dir(self.dir, session.id) / "gpu-metrics.csv.gz"
+        key = layout.node_metrics(self.pod)
+
+        def run() -> None:
+            if session.metrics is None:
+                from stepscope.analysis.hardware import read_metrics
+
+                if not local.is_file():
+                    session.recorder.stop(local)
+                session.metrics = read_metrics(local)
+            session.store.put_file(key, local)
+
+        def done(error: str | None) -> None:
+            with self._lock:
+                session.metrics_pending = False
+                if error is None:
+                    session.artifacts.append(key)
+                    self._remove_local(local)
+                else:
+                    session.message = f"GPU metrics not uploaded: {error}"
+                self._update_phase(session)
+
+        return Job(f"session {session.id}: GPU metrics", run, done)
+
+    def _rank_jobs(self, session: Session, progress: RankProgress) -> list[Job]:
+        trace = shared_dir.local_file(self.dir, session.id, progress.trace)
+        stacks = shared_dir.local_file(self.dir, session.id, progress.stacks)
+        rank = progress.rank
+        jobs: list[Job] = []
+        policy = session.spec.saveRawTrace
+        if trace is not None and (policy == "all" or (policy == "master" and rank == 0)):
+            jobs.append(self._file_job(session, progress, trace, layout.rank_trace(rank)))
+        if stacks is not None:
+            jobs.append(self._file_job(session, progress, stacks, layout.rank_stacks(rank)))
+        if trace is not None or progress.state != "cancelled":
+            jobs.append(self._summary_job(session, progress, trace))
+        return jobs
+
+    def _file_job(self, session: Session, progress: RankProgress, path: Path, key: str) -> Job:
+        return Job(f"session {session.id}: {key}", lambda: session.store.put_file(key, path),
+                   lambda error: self._job_done(session, progress, key, error))
+
+    def _summary_job(self, session: Session, progress: RankProgress, trace: Path | None) -> Job:
+        key = layout.rank_summary(progress.rank)
+        encoded: list[bytes] = []  # computed once, even when the upload is retried
+
+        def run() -> None:
+            if not encoded:
+                encoded.append(self._summary(session, progress, trace))
+            session.store.put_bytes(key, encoded[0])
+
+        return Job(f"session {session.id}: {key}", run, lambda error: self._job_done(session, progress, key, error))
+
+    def _summary(self, session: Session, progress: RankProgress, trace: Path | None) -> bytes:
+        from stepscope.analysis.model import SUMMARY_VERSION, RankSummary, encode
+
+        if trace is None:
+            # The diagnosis still hears of this rank and why it has no trace.
+            summary = RankSummary(version=SUMMARY_VERSION, rank=progress.rank, worldSize=progress.world_size, localRank=progress.local_rank,
+                                  pod=self.pod, node=self.node, error=progress.error or f"no trace ({progress.state})")
+            return encode(summary)
+        from stepscope.analysis.summary import summarize_file
+
+        summary = summarize_file(trace, rank=progress.rank, pod=self.pod, node=self.node)
+        if session.metrics is not None and summary.steps and not summary.error:
+            from stepscope.analysis.hardware import step_statistics
+
+            try:
+                summary.hardware = step_statistics(session.metrics, summary.steps, gpu=summary.gpu)
+            except Exception as exc:  # noqa: BLE001 - metrics trouble must not cost the summary
+                summary.warnings = [*summary.warnings, f"hardware statistics unavailable: {exc}"]
+        return encode(summary)
+
+    def _job_done(self, session: Session, progress: RankProgress, key: str, error: str | None) -> None:
+        with self._lock:
+            progress.jobs_left -= 1
+            if error is None:
+                session.artifacts.append(key)
+            else:
+                progress.upload_errors.append(f"upload of {key} failed: {error}")
+            if progress.uploaded:
+                for name in (progress.trace, progress.stacks):
+                    path = shared_dir.local_file(self.dir, session.id, name)
+                    if path is not None:
+                        self._remove_local(path)
+            self._update_phase(session)
+
+    def _remove_local(self, path: Path) -> None:
+        """Only after a confirmed upload: the pod's shared volume is small, traces are not."""
+        if not self._keep_local:
+            path.unlink(missing_ok=True)
+
+
+def _capture_text(spec: SessionSpec) -> str:
+    c = spec.capture
+    window = f"{c.steps} step(s)" if c.steps is not None else f"{c.durationSeconds} s"
+    return f"{window} after {c.waitSteps} step(s)"

@@ -1,0 +1,117 @@
+"""The sidecar's control endpoint over real HTTP: signatures, idempotent triggers, conflicts."""
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from stepscope.sidecar.daemon import Sidecar
+from stepscope.sidecar_client import SidecarClient, SidecarError
+from stepscope.signing import sign
+from tests.sidecar.conftest import KEY
+
+
+def trigger_body(session: str, destination: str, **spec: Any) -> dict[str, Any]:
+    spec = {"capture": {"waitSteps": 1, "steps": 2}, "storage": {"uri": destination}, **spec}
+    return {"session": session, "namespace": "default", "name": "t", "destination": destination, "spec": spec}
+
+
+def raw(sidecar: Sidecar, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    """One request exactly as given, so tests can send what SidecarClient never would."""
+    conn = http.client.HTTPConnection(urlsplit(sidecar.url).netloc, timeout=5)
+    conn.request(method, path, body=body or None, headers=headers or {})
+    response = conn.getresponse()
+    payload = json.loads(response.read() or b"{}")
+    conn.close()
+    return response.status, payload
+
+
+def test_healthz_needs_no_signature(sidecar: Sidecar) -> None:
+    assert raw(sidecar, "GET", "/healthz") == (200, {"ok": True})
+    assert SidecarClient(sidecar.url, b"any key").healthz()
+    assert not SidecarClient("http://127.0.0.1:9", KEY, timeout=1).healthz()
+
+
+def test_signed_trigger_is_accepted_then_idempotent(client: SidecarClient, tmp_path: Path, stepscope_dir: Path) -> None:
+    body = trigger_body("s-1", (tmp_path / "store").as_uri())
+    first = client.put_session("s-1", body)
+    assert first["session"] == "s-1" and first["phase"] == "Pending"
+    request = json.loads((stepscope_dir / "request.json").read_text())
+    assert request["session"] == "s-1" and request["action"] == "capture" and request["version"] == 1
+    assert request["capture"]["steps"] == 2 and request["capture"]["waitSteps"] == 1
+    issued = request["issuedAt"]
+    # The same id again (an operator restart) changes nothing.
+    again = client.put_session("s-1", body)
+    assert again["session"] == "s-1"
+    assert json.loads((stepscope_dir / "request.json").read_text())["issuedAt"] == issued
+    assert client.get_session("s-1")["phase"] == "Pending"
+
+
+def test_second_session_while_one_is_active_is_refused(client: SidecarClient, tmp_path: Path) -> None:
+    client.put_session("s-1", trigger_body("s-1", (tmp_path / "a").as_uri()))
+    with pytest.raises(SidecarError) as raised:
+        client.put_session("s-2", trigger_body("s-2", (tmp_path / "b").as_uri()))
+    assert raised.value.status == 409 and "s-1" in raised.value.message
+
+
+@pytest.mark.parametrize("case", ["missing", "wrong-key", "stale", "future", "tampered-body", "other-path"])
+def test_bad_signatures_get_401(sidecar: Sidecar, tmp_path: Path, case: str) -> None:
+    path = "/v1/sessions/s-1"
+    body = json.dumps(trigger_body("s-1", (tmp_path / "s").as_uri())).encode()
+    headers = {
+        "missing": {},
+        "wrong-key": sign(b"not the key", "PUT", path, body),
+        "stale": sign(KEY, "PUT", path, body, now=time.time() - 301),
+        "future": sign(KEY, "PUT", path, body, now=time.time() + 301),
+        "tampered-body": sign(KEY, "PUT", path, body.replace(b'"steps": 2', b'"steps": 9')),
+        "other-path": sign(KEY, "PUT", "/v1/sessions/s-2", body),
+    }[case]
+    status, payload = raw(sidecar, "PUT", path, body, headers)
+    assert status == 401 and payload["error"]
+    assert not (sidecar.dir / "request.json").exists()
+
+
+def test_replayed_request_gets_401(sidecar: Sidecar, tmp_path: Path) -> None:
+    path = "/v1/sessions/s-1"
+    body = json.dumps(trigger_body("s-1", (tmp_path / "s").as_uri())).encode()
+    headers = sign(KEY, "PUT", path, body)
+    assert raw(sidecar, "PUT", path, body, headers)[0] == 201
+    status, payload = raw(sidecar, "PUT", path, body, headers)
+    assert status == 401 and "replayed" in payload["error"]
+    get_headers = sign(KEY, "GET", path, b"")
+    assert raw(sidecar, "GET", path, b"", get_headers)[0] == 200
+    assert raw(sidecar, "GET", path, b"", get_headers)[0] == 401
+
+
+def test_client_reports_401_and_unreachable(sidecar: Sidecar) -> None:
+    with pytest.raises(SidecarError) as raised:
+        SidecarClient(sidecar.url, b"wrong").get_session("x")
+    assert raised.value.status == 401 and "signature" in raised.value.message
+    with pytest.raises(SidecarError) as raised:
+        SidecarClient("http://127.0.0.1:9", KEY, timeout=1).get_session("x")
+    assert raised.value.status == 0 and "unreachable" in raised.value.message
+
+
+@pytest.mark.parametrize(("session", "body", "message"), [
+    ("s-1", {"session": "s-1", "spec": {"capture": {"steps": 2}, "storage": {"uri": "file:///tmp/x"}}}, "destination"),
+    ("s-1", {"destination": "file:///tmp/x", "spec": {"capture": {"steps": 99}, "storage": {"uri": "file:///tmp/x"}}}, "1..50"),
+    ("s-1", {"destination": "gs://b/p", "spec": {"storage": {"uri": "s3://b/p"}}}, "scheme"),
+    ("s-1", {"session": "s-9", "destination": "file:///tmp/x", "spec": {"storage": {"uri": "file:///tmp/x"}}}, "does not match"),
+    ("..", {"destination": "file:///tmp/x", "spec": {"storage": {"uri": "file:///tmp/x"}}}, "invalid session id"),
+])
+def test_bad_triggers_get_400_with_a_reason(client: SidecarClient, session: str, body: dict[str, Any], message: str) -> None:
+    with pytest.raises(SidecarError) as raised:
+        client.put_session(session, body)
+    assert raised.value.status == 400 and message in raised.value.message
+
+
+def test_unknown_session_and_endpoint_get_404(client: SidecarClient, sidecar: Sidecar) -> None:
+    with pytest.raises(SidecarError) as raised:
+        client.get_session("nope")
+    assert raised.value.status == 404
+    assert raw(sidecar, "GET", "/v2/other", b"", sign(KEY, "GET", "/v2/other", b""))[0] == 404
