@@ -26,8 +26,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kopf.stepscope.io")
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = int(os.environ.get("STEPSCOPE_WATCH_TIMEOUT_S", 300))
-    kube.reset()
     memo.ctx = Context(OperatorSettings(), load_key(os.environ.get("STEPSCOPE_HMAC_KEY_FILE")))
+
+
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    kube.reset()  # a new login re-reads the credentials, e.g. a rotated service-account token
+    return kube.connection_info()
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, initial_delay=0)

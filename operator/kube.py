@@ -5,8 +5,10 @@ which is also how the tests point everything at their API server."""
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
+import kopf
 import kubernetes
 from kubernetes.client.rest import ApiException
 
@@ -14,16 +16,37 @@ from stepscope.operator.settings import GROUP, PLURAL, VERSION
 
 
 @functools.lru_cache(maxsize=1)
-def api_client() -> kubernetes.client.ApiClient:
+def configuration() -> kubernetes.client.Configuration:
+    config = kubernetes.client.Configuration()
     try:
-        kubernetes.config.load_incluster_config()
+        kubernetes.config.load_incluster_config(client_configuration=config)
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
-    return kubernetes.client.ApiClient()
+        # $KUBECONFIG is read now, not when the kubernetes package was imported (its default).
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=config)
+    return config
+
+
+@functools.lru_cache(maxsize=1)
+def api_client() -> kubernetes.client.ApiClient:
+    return kubernetes.client.ApiClient(configuration())
+
+
+def connection_info() -> kopf.ConnectionInfo:
+    """kopf's credentials from the same configuration (what kopf.login_via_client does, with the
+    kubeconfig path taken from the environment at login time)."""
+    config = configuration()
+    header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization")
+    scheme, _, token = (header or "").rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=config.host, ca_path=config.ssl_ca_cert, insecure=not config.verify_ssl,
+        username=config.username or None, password=config.password or None,
+        scheme=scheme or None, token=token or None,
+        certificate_path=config.cert_file, private_key_path=config.key_file)
 
 
 def reset() -> None:
     """Forget the cached client, so that a new kubeconfig (e.g. of a restarted test server) is read."""
+    configuration.cache_clear()
     api_client.cache_clear()
 
 

@@ -1,0 +1,48 @@
+"""Sessions the operator must end Failed, with a reason that says what to change; no sidecar runs."""
+from __future__ import annotations
+
+import kubernetes
+
+from tests.operator.harness import NAMESPACE, OperatorHarness, Pods, session_spec, wait_for
+
+
+def _condition(status: dict, type_: str) -> dict:
+    return next(c for c in status["conditions"] if c["type"] == type_)
+
+
+def _events(operator: OperatorHarness, name: str) -> list[str]:
+    items = kubernetes.client.CoreV1Api(operator.kube.api_client).list_namespaced_event(NAMESPACE).items
+    return [f"{e.reason}: {e.message}" for e in items if e.involved_object.name == name]
+
+
+def test_selector_without_ready_pods_fails_after_the_grace(operator: OperatorHarness, pods: Pods, s3_endpoint: str) -> None:
+    pods.create("no-sidecar", {"job": "train"}, port=None)  # matches, but has no stepscope port
+    pods.create("starting", {"job": "train"}, port=7470, running=False)
+    operator.create_session("bad-selector", session_spec({"job": "train"}, s3_endpoint))
+    status = operator.wait_phase("bad-selector", ("Failed",))
+    ready = _condition(status, "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "NoPodsSelected"
+    assert "selects no Running pod with a stepscope sidecar in namespace default" in ready["message"]
+    assert "2 pod(s) match" in ready["message"] and "stepscope.io/inject" in ready["message"]
+    assert _condition(status, "Triggered")["status"] == "False"
+    assert status["observedGeneration"] == 1 and status["completionTime"]
+    assert wait_for(lambda: any("Failed" in e for e in _events(operator, "bad-selector")), 10, "a Failed event")
+
+
+def test_missing_secret_fails_naming_it(operator: OperatorHarness, pods: Pods, s3_endpoint: str) -> None:
+    spec = session_spec({"job": "train"}, s3_endpoint)
+    spec["storage"]["credentialsSecret"] = "nope"
+    operator.create_session("no-secret", spec)
+    status = operator.wait_phase("no-secret", ("Failed",))
+    assert status["message"] == "Secret nope not found in namespace default"
+    assert _condition(status, "Ready")["reason"] == "SecretNotFound"
+
+
+def test_unusable_bucket_fails_with_the_store_error(operator: OperatorHarness, pods: Pods, s3_endpoint: str) -> None:
+    spec = session_spec({"job": "train"}, s3_endpoint)
+    spec["storage"]["uri"] = "s3://no-such-bucket/sessions"
+    operator.create_session("bad-store", spec)
+    status = operator.wait_phase("bad-store", ("Failed",))
+    assert _condition(status, "Ready")["reason"] == "StorageUnreachable"
+    assert "s3://no-such-bucket/sessions is not usable" in status["message"] and "does not exist" in status["message"]
+    assert "testing-secret" not in str(status) and "testing-key-id" not in str(status)
