@@ -39,7 +39,8 @@ def _trace_findings(summaries: list[RankSummary]) -> list[dict[str, Any]]:
         for w in s.warnings:
             warnings[w].append(s.rank)
     for text, ranks in errors.items():
-        out.append(finding("critical", "trace", ranks, f"{ranks_text(ranks)} could not be analysed: {text}", 0.9, {"error": text}))
+        # Critical, but after the slow workers and hangs: those say what to fix, this what is unseen.
+        out.append(finding("critical", "trace", ranks, f"{ranks_text(ranks)} could not be analysed: {text}", 0.001 * len(ranks), {"error": text}))
     for text, ranks in warnings.items():
         out.append(finding("info", "trace", ranks, f"{ranks_text(ranks)}: {text}", 0.0))
     return out
@@ -53,12 +54,12 @@ def _slow_worker_finding(e: SlowEvidence, tables: RankTables, median_step_us: fl
     if e.kernelRatio:
         names = ", ".join(short(k["name"], 40) for k in e.slowKernels[:3])
         reasons.append(f"its GPU kernels run {100 * (e.kernelRatio - 1):.0f}% longer" + (f" ({names})" if names else ""))
-    if e.voteShare:
-        reasons.append(f"it arrives last at {100 * e.voteShare:.0f}% of {e.rounds} matched collectives; the others wait {ms(e.peersWaitUsPerStep)}/step for it")
     if e.rank in python:
         reasons.append(python[e.rank])
     if e.rank in hardware:
         reasons.append(hardware[e.rank])
+    if e.voteShare:
+        reasons.append(f"it arrives last at {100 * e.voteShare:.0f}% of {e.rounds} matched collectives; the others wait {ms(e.peersWaitUsPerStep)}/step for it")
     message = f"rank {e.rank} is {slowdown:.2f}x slower than its peers: " + "; ".join(reasons)
     severity = "critical" if slowdown >= 1.2 else "warning"
     return finding(severity, "slow-worker", [e.rank], message, slowdown - 1.0, {
@@ -104,9 +105,12 @@ def _compact_finding(f: dict[str, Any]) -> Finding:
     return Finding(severity=f["severity"], category=f["category"], ranks=f["ranks"][:MAX_RANKS], message=message)
 
 
-def _summary_line(found: list[dict[str, Any]], tables: RankTables, ranks: int) -> str:
+def _summary_line(found: list[dict[str, Any]], tables: RankTables, ranks: int, failed: int) -> str:
     if found and found[0]["severity"] != "info":
-        line = found[0]["message"]
+        # A slow worker's first two reasons are what to act on; the rest is in the findings.
+        line = "; ".join(found[0]["message"].split("; ")[:2]) if found[0]["category"] == "slow-worker" else found[0]["message"]
+        if failed and found[0]["category"] != "trace":
+            line += f" ({failed} of {ranks} rank(s) could not be analysed)"
     else:
         steps = tables.step_us.dropna()
         step = f"; median step {ms(float(steps.median()))}" if len(steps) else ""
@@ -140,7 +144,7 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
         key=lambda w: -w.slowdown)[:MAX_SLOW_WORKERS]
     step_time = StepTime(min=round(float(steps.min()) / 1000.0, 3), median=round(median_step_us / 1000.0, 3),
                          max=round(float(steps.max()) / 1000.0, 3)) if len(steps) else None
-    diagnosis = Diagnosis(summary=_summary_line(found, tables, len(summaries)), stepTimeMs=step_time, slowWorkers=slow_workers,
+    diagnosis = Diagnosis(summary=_summary_line(found, tables, len(summaries), len(summaries) - len(ok)), stepTimeMs=step_time, slowWorkers=slow_workers,
                           breakdown=_breakdown(tables), findings=[_compact_finding(f) for f in found[:MAX_FINDINGS]])
     return diagnosis, found
 

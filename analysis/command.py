@@ -1,0 +1,178 @@
+"""`stepscope analyze DIR|URI|TRACE`: diagnose a captured session and write its report.
+
+Reads ranks/rank-<r>.summary.json (summarising ranks/rank-<r>.trace.json.gz where no summary was
+uploaded), ranks/rank-<r>.stacks.json and nodes/<pod>/gpu-metrics.csv.gz from a directory or an
+object-store URI, or a folder of raw Kineto traces (HTA's layout), or one trace file. One bad rank
+is a problem in the report, never the end of the analysis; nothing that was captured is changed.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from stepscope.analysis.diagnose import diagnose
+from stepscope.analysis.model import Diagnosis, RankSummary
+from stepscope.analysis.rank_tables import build_tables
+from stepscope.analysis.report import write_report
+from stepscope.analysis.session_files import SessionFiles, failed, find_files, local_path, missing_ranks, open_session, read_stacks, read_summary
+from stepscope.storage import StoreError, open_store
+
+log = logging.getLogger(__name__)
+
+# Perfetto's in-browser importer gives up on JSON traces of a few GB; past this much raw trace
+# input the merged trace keeps the ranks that matter most (slow, hung, rank 0) and says so.
+MERGED_LIMIT_MB = 1024
+_COUNTER_PID = 10_000_000
+
+
+class AnalysisError(Exception):
+    """Nothing could be analysed at all (no such folder, nothing in it); the message says why."""
+
+
+def _read_ranks(files: SessionFiles, bar: tqdm) -> tuple[list[RankSummary], dict[int, dict], dict[int, list[str]], dict[int, str]]:
+    """Summaries (one per rank, failed ones with `error`), stacks, per-rank problems, rank -> raw trace key."""
+    summaries: dict[int, RankSummary] = {}
+    stacks: dict[int, dict] = {}
+    problems: dict[int, list[str]] = {}
+    traces: dict[int, str] = {}
+    next_free = max([f.rank for f in files.ranks if f.rank is not None] + [-1]) + 1
+    for index, rank_files in enumerate(files.ranks):
+        bar.set_postfix_str(rank_files.trace or rank_files.summary or rank_files.stacks or "", refresh=False)
+        summary = read_summary(files.store, rank_files, fallback_rank=rank_files.rank if rank_files.rank is not None else index)
+        if summary.rank in summaries:
+            taken = summary.rank
+            summary.rank, next_free = next_free, next_free + 1
+            problems.setdefault(summary.rank, []).append(f"{rank_files.trace} also says rank {taken}; shown as rank {summary.rank}")
+        summaries[summary.rank] = summary
+        if rank_files.trace:
+            traces[summary.rank] = rank_files.trace
+        data, why = read_stacks(files.store, rank_files)
+        if data is not None:
+            stacks[summary.rank] = data
+        if why:
+            problems.setdefault(summary.rank, []).append(why)
+        bar.update(1)
+    for rank in missing_ranks(list(summaries.values())):
+        summaries[rank] = failed(rank, "no trace or summary was uploaded for this rank")
+    for s in summaries.values():
+        if s.error:
+            problems.setdefault(s.rank, []).append(s.error)
+        if s.warnings:
+            problems.setdefault(s.rank, []).extend(s.warnings)
+    return [summaries[r] for r in sorted(summaries)], stacks, problems, traces
+
+
+def _read_metrics(files: SessionFiles, problems: dict[int, list[str]], summaries: list[RankSummary]) -> dict[str, pd.DataFrame]:
+    if not files.metrics:
+        return {}
+    from stepscope.analysis.hardware import read_metrics
+    metrics: dict[str, pd.DataFrame] = {}
+    for pod, key in files.metrics.items():
+        try:
+            metrics[pod] = read_metrics(files.store.get_bytes(key))
+        except (StoreError, ValueError, OSError, EOFError) as exc:
+            for s in summaries:
+                if s.pod == pod:
+                    problems.setdefault(s.rank, []).append(f"GPU metrics of pod {pod} unreadable ({key}): {exc}")
+            log.warning("GPU metrics of pod %s unreadable (%s): %s", pod, key, exc)
+    return metrics
+
+
+def _merge_order(traces: dict[int, str], diagnosis: Diagnosis, stacks: dict[int, dict]) -> list[int]:
+    """Ranks in the order they go into the merged trace: the slow and hung ones and rank 0 first."""
+    first = [w.rank for w in diagnosis.slowWorkers] + sorted(stacks) + [0]
+    ordered = list(dict.fromkeys(r for r in first if r in traces))
+    return ordered + [r for r in sorted(traces) if r not in ordered]
+
+
+def _traces_within(files: SessionFiles, traces: dict[int, str], order: list[int], limit_bytes: int,
+                   problems: dict[int, list[str]]) -> Iterator[tuple[int, Path]]:
+    used = 0
+    for rank in order:
+        with local_path(files.store, traces[rank]) as path:
+            size = path.stat().st_size if path.exists() else 0
+            if used and used + size > limit_bytes:
+                problems.setdefault(rank, []).append(f"left out of the merged trace to keep it under {limit_bytes >> 20} MiB of input; its trace is {traces[rank]}")
+                continue
+            used += size
+            yield rank, path
+
+
+def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None, progress: bool = True,
+                output: str | None = None, merged_limit_mb: int = MERGED_LIMIT_MB) -> Diagnosis:
+    """Diagnose the session at `uri` (folder, store URI or one trace file) and write its report
+    into <uri>/report/ (or into `output`). Raises AnalysisError when there is nothing to analyse."""
+    try:
+        store, only = open_session(uri, endpoint=endpoint, region=region, credentials=credentials)
+        files = find_files(store, only)
+    except StoreError as exc:
+        raise AnalysisError(str(exc)) from exc
+    if not files.ranks:
+        raise AnalysisError(f"nothing to analyse at {uri}: expected ranks/rank-<r>.summary.json or .trace.json.gz (a stepscope session) "
+                            "or Kineto traces (*.json, *.json.gz)")
+    bar = tqdm(total=len(files.ranks) + 2, desc="stepscope analyze", unit="rank", file=sys.stderr, disable=not progress, leave=False)
+    with contextlib.closing(bar):
+        summaries, stacks, problems, traces = _read_ranks(files, bar)
+        hardware = _read_metrics(files, problems, summaries)
+        bar.set_postfix_str("diagnosing", refresh=False)
+        diagnosis, full = diagnose(summaries, stacks=stacks, hardware=hardware)
+        bar.update(1)
+        out_store = open_store(output, endpoint=endpoint, region=region, credentials=credentials) if output else store
+        bar.total += len(traces)
+        order = _merge_order(traces, diagnosis, stacks)
+
+        def counters(base_us: float) -> list[dict]:
+            if not hardware:
+                return []
+            from stepscope.analysis.hardware import counter_events
+            return [e for i, (pod, m) in enumerate(sorted(hardware.items())) for e in counter_events(m, pod, base_us=base_us, pid=_COUNTER_PID + i)]
+
+        try:
+            write_report(out_store, in_session=output is None, source=uri, diagnosis=diagnosis, full=full, tables=build_tables([s for s in summaries if not s.error]),
+                         summaries=summaries, problems=problems, traces=_traces_within(files, traces, order, merged_limit_mb << 20, problems),
+                         counters=counters, on_step=lambda name: (bar.set_postfix_str(name, refresh=False), bar.update(1)))
+        except StoreError as exc:
+            raise AnalysisError(f"cannot write the report: {exc} (use --output DIR to write it elsewhere)") from exc
+    return diagnosis
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", nargs="?", help="session folder, store URI (file://, s3://, oss://), folder of Kineto traces, or one trace file")
+    parser.add_argument("--session", metavar="NS/NAME", help="analyse a ProfileSession in the cluster and write its status (what the analysis Job runs)")
+    parser.add_argument("--endpoint", help="object-store endpoint (MinIO, OSS)")
+    parser.add_argument("--region", help="object-store region (needed for oss:// without --endpoint)")
+    parser.add_argument("--output", help="write the report files here instead of <source>/report/")
+    parser.add_argument("--merged-limit-mb", type=int, default=MERGED_LIMIT_MB, help="raw trace input the merged Perfetto trace may hold (default %(default)s)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.session:
+        namespace, _, name = args.session.partition("/")
+        if not namespace or not name:
+            print(f"stepscope analyze: --session wants NAMESPACE/NAME, got {args.session!r}", file=sys.stderr)
+            return 2
+        from stepscope.operator.analysis_job import run_session_analysis
+        return run_session_analysis(namespace, name)
+    if not args.source:
+        print("stepscope analyze: give a session folder, store URI or trace file (or --session NS/NAME)", file=sys.stderr)
+        return 2
+    try:
+        diagnosis = analyze_uri(args.source, endpoint=args.endpoint, region=args.region, progress=not args.no_progress,
+                                output=args.output, merged_limit_mb=args.merged_limit_mb)
+    except AnalysisError as exc:
+        print(f"stepscope analyze: {exc}", file=sys.stderr)
+        return 1
+    print(diagnosis.summary)
+    for f in diagnosis.findings[:10]:
+        print(f"  [{f.severity}] {f.category}: {f.message}")
+    where = args.output or (str(Path(args.source).resolve().parent / "report") if Path(args.source).is_file() else f"{args.source.rstrip('/')}/report")
+    print(f"report: {where}/index.html")
+    return 0

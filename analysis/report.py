@@ -1,0 +1,92 @@
+"""Writes a session's report into a store: diagnosis.json, index.html, the CSV tables and the
+merged Perfetto trace (ARCHITECTURE.md, "Object-store layout")."""
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from stepscope import layout
+from stepscope.analysis.model import Diagnosis, RankSummary
+from stepscope.analysis.rank_tables import RankTables
+from stepscope.analysis.report_html import render_html
+from stepscope.analysis.report_merge import write_merged_trace
+from stepscope.analysis.report_tables import report_tables
+from stepscope.storage import Store
+
+REPORT_VERSION = 1
+
+
+def _builtin(value: Any) -> Any:
+    # Figures computed with numpy/pandas reach the findings' data as numpy scalars.
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def diagnosis_document(*, source: str, generated: str, diagnosis: Diagnosis, full: list[dict[str, Any]], tables: RankTables,
+                       summaries: list[RankSummary], problems: dict[int, list[str]], merged: dict[str, Any]) -> bytes:
+    ranks = tables.ranks
+    per_rank = [{"rank": int(r), "pod": p, "node": n, "stepTimeMs": None if np.isnan(s) else round(float(s) / 1000.0, 3), "steps": int(c)}
+                for r, p, n, s, c in zip(ranks["rank"], ranks["pod"], ranks["node"], ranks["stepUs"], ranks["steps"])]
+    document = {
+        "version": REPORT_VERSION, "source": source, "generatedAt": generated,
+        "ranks": {"total": len(summaries), "analysed": len(ranks), "failed": sorted(s.rank for s in summaries if s.error)},
+        "diagnosis": msgspec.to_builtins(diagnosis), "findings": full, "problems": {str(r): p for r, p in sorted(problems.items())},
+        "mergedTrace": merged, "perRank": per_rank,
+    }
+    return msgspec.json.format(msgspec.json.encode(document, enc_hook=_builtin), indent=1)
+
+
+def _csv(frame: pd.DataFrame) -> bytes:
+    return frame.to_csv(index=False, float_format="%.3f").encode()
+
+
+def report_key(name: str, in_session: bool) -> str:
+    """Key of a report file: under report/ in the session's folder, or at the top of an output store."""
+    return f"report/{name}" if in_session else name
+
+
+def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diagnosis, full: list[dict[str, Any]], tables: RankTables,
+                 summaries: list[RankSummary], problems: dict[int, list[str]], traces: Iterable[tuple[int, Path]],
+                 counters: Callable[[float], list[dict]], on_step: Callable[[str], None] = lambda name: None) -> dict[str, str]:
+    """Write every report file; returns name -> URI. A rank whose raw trace cannot be merged gets
+    a problem entry (the other files are written first, so they reflect the traces that could)."""
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    written: dict[str, str] = {}
+
+    def put(name: str, data: bytes) -> None:
+        key = report_key(name, in_session)
+        store.put_bytes(key, data)
+        written[name] = store.uri_for(key)
+
+    merged_name = layout.REPORT_MERGED_TRACE.removeprefix("report/")
+    merge_problems: dict[int, list[str]] = {}
+    with tempfile.TemporaryDirectory(prefix="stepscope-report-") as tmp:
+        out = Path(tmp) / merged_name
+        with out.open("wb") as f:
+            merged = write_merged_trace(f, traces, counters, on_error=lambda rank, why: merge_problems.setdefault(rank, []).append(why),
+                                        on_done=lambda rank: on_step(f"merged rank {rank}"))
+        key = report_key(merged_name, in_session)
+        store.put_file(key, out)
+        written[merged_name] = store.uri_for(key)
+    for rank, why in merge_problems.items():
+        problems.setdefault(rank, []).extend(why)
+    csv = report_tables(tables)
+    for name, frame in csv.items():
+        put(name, _csv(frame))
+    on_step("tables")
+    put(layout.REPORT_DIAGNOSIS.removeprefix("report/"),
+        diagnosis_document(source=source, generated=generated, diagnosis=diagnosis, full=full, tables=tables, summaries=summaries,
+                           problems=problems, merged={"ranks": merged, "uri": written[merged_name]}))
+    put(layout.REPORT_HTML.removeprefix("report/"),
+        render_html(title="stepscope report", source=source, generated=generated, diagnosis=diagnosis, full=full, tables=tables,
+                    csv=csv, problems=problems, total_ranks=len(summaries)).encode())
+    on_step("report")
+    return written

@@ -1,0 +1,142 @@
+"""What a captured session holds, from a store listing: per-rank summaries, raw traces and stacks,
+and per-pod NVML samples. Two layouts are understood: stepscope's (ranks/rank-<r>.*, nodes/<pod>/)
+and HTA's (a folder of raw Kineto traces, one per rank, the rank in the file name or inside).
+Reading never raises for one bad rank: each problem is kept with its rank for the report."""
+from __future__ import annotations
+
+import contextlib
+import re
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from stepscope.analysis.model import SUMMARY_VERSION, RankSummary, decode_summary
+from stepscope.storage import Store, StoreError, open_store
+
+_RANK_FILE = re.compile(r"^ranks/rank-(\d+)\.(summary\.json|trace\.json(?:\.gz)?|stacks\.json)$")
+_NODE_METRICS = re.compile(r"^nodes/([^/]+)/gpu-metrics\.csv\.gz$")
+_RAW_TRACE = re.compile(r"^[^/]+\.json(?:\.gz)?$")
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_NOT_TRACES = {"session.json"}
+
+
+@dataclass
+class RankFiles:
+    rank: int | None  # None: an HTA-layout trace whose rank only its distributedInfo says
+    summary: str | None = None
+    trace: str | None = None
+    stacks: str | None = None
+
+
+@dataclass
+class SessionFiles:
+    store: Store
+    ranks: list[RankFiles]
+    metrics: dict[str, str] = field(default_factory=dict)  # pod -> key
+    layout: str = "stepscope"  # or "hta"
+
+
+def open_session(source: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None) -> tuple[Store, str | None]:
+    """The store holding a session, and the one file to analyse when `source` is a single trace."""
+    path = Path(source)
+    if "://" not in source and path.is_file():
+        return open_store(str(path.resolve().parent)), path.name
+    return open_store(source, endpoint=endpoint, region=region, credentials=credentials), None
+
+
+def find_files(store: Store, only: str | None = None) -> SessionFiles:
+    """Group the session's keys by rank."""
+    keys = [only] if only else store.list()
+    ranks: dict[int, RankFiles] = {}
+    metrics: dict[str, str] = {}
+    for key in keys:
+        m = _RANK_FILE.match(key)
+        if m:
+            files = ranks.setdefault(int(m[1]), RankFiles(int(m[1])))
+            kind = m[2].split(".", 1)[0]
+            setattr(files, kind, key)
+            continue
+        m = _NODE_METRICS.match(key)
+        if m:
+            metrics[m[1]] = key
+    if ranks or metrics:
+        return SessionFiles(store, [ranks[r] for r in sorted(ranks)], metrics)
+    raw = sorted(k for k in keys if _RAW_TRACE.match(k) and k not in _NOT_TRACES)
+    numbered = [(_rank_from_name(k), k) for k in raw]
+    return SessionFiles(store, [RankFiles(r, trace=k) for r, k in numbered], {}, layout="hta")
+
+
+def _rank_from_name(key: str) -> int | None:
+    m = _RANK_IN_NAME.search(key)
+    return int(m[1]) if m else None
+
+
+@contextlib.contextmanager
+def local_path(store: Store, key: str) -> Iterator[Path]:
+    """A file on this machine with the object's content: the file itself for a directory store,
+    else a temporary download removed afterwards (raw traces can be hundreds of MB)."""
+    root = getattr(store, "root", None)
+    if root is not None:
+        yield Path(root) / key
+        return
+    with tempfile.TemporaryDirectory(prefix="stepscope-") as tmp:
+        yield store.download(key, Path(tmp) / Path(key).name)
+
+
+def failed(rank: int, error: str, **known: object) -> RankSummary:
+    return RankSummary(version=SUMMARY_VERSION, rank=rank, error=error, **known)
+
+
+def read_summary(store: Store, files: RankFiles, fallback_rank: int) -> RankSummary:
+    """The rank's summary: the uploaded one, else one made now from its raw trace, else an error."""
+    rank = files.rank if files.rank is not None else fallback_rank
+    problem = ""
+    if files.summary:
+        try:
+            return decode_summary(store.get_bytes(files.summary))
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            problem = f"{files.summary} is not a valid summary ({exc})"
+        except StoreError as exc:
+            problem = f"cannot read {files.summary}: {exc}"
+    if files.trace:
+        from stepscope.analysis.summary import summarize_file
+        try:
+            with local_path(store, files.trace) as path:
+                summary = summarize_file(path, rank=files.rank)
+        except StoreError as exc:
+            return failed(rank, f"cannot read {files.trace}: {exc}")
+        if problem:
+            summary.warnings.append(problem + "; summarised the raw trace instead")
+        if summary.rank is None or summary.rank < 0:
+            summary.rank = rank
+        return summary
+    if problem:
+        return failed(rank, problem)
+    if files.stacks:
+        return failed(rank, "no trace or summary was uploaded, only Python stacks (see the hang findings)")
+    return failed(rank, "no trace or summary was uploaded for this rank")
+
+
+def read_stacks(store: Store, files: RankFiles) -> tuple[dict | None, str]:
+    """The rank's stacks file, or None and why it could not be read."""
+    if not files.stacks:
+        return None, ""
+    try:
+        data = msgspec.json.decode(store.get_bytes(files.stacks))
+    except (msgspec.DecodeError, StoreError) as exc:
+        return None, f"{files.stacks} cannot be read: {exc}"
+    if not isinstance(data, dict):
+        return None, f"{files.stacks} is not a stacks file (expected a JSON object)"
+    return data, ""
+
+
+def missing_ranks(summaries: list[RankSummary]) -> list[int]:
+    """Ranks below the world size (or between the ranks found) that left no file at all."""
+    known = {s.rank for s in summaries}
+    if not known:
+        return []
+    world = max([s.worldSize for s in summaries] + [max(known) + 1])
+    return sorted(set(range(world)) - known)
