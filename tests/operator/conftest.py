@@ -50,7 +50,7 @@ def training(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def sidecar_a(training: Path) -> Iterator[Sidecar]:
-    sidecar = Sidecar(training, KEY, host="127.0.0.1", port=0, pod="train-a", poll_interval_s=0.2, upload_base_delay_s=0.2).start()
+    sidecar = Sidecar(training, KEY, host="127.0.0.1", port=0, pod="train-a", poll_interval_s=0.2, upload_attempts=2, upload_base_delay_s=0.2).start()
     yield sidecar
     sidecar.shutdown(grace_s=2)
 

@@ -1,0 +1,132 @@
+"""Whole sessions through the real operator, real sidecars and a real 2-rank gloo training, with
+moto's S3 server as the store. The tests share one training and its sidecar (a sidecar runs one
+session at a time), so each leaves its session finished."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import kubernetes
+import pytest
+
+from stepscope import layout
+from stepscope.operator import metrics
+from stepscope.sidecar.daemon import Sidecar
+from stepscope.sidecar_client import SidecarClient
+from tests.operator.conftest import CREDENTIALS
+from tests.operator.harness import BUCKET, KEY, NAMESPACE, OperatorHarness, Pods, session_spec, wait_for
+
+SELECTOR = {"job": "ddp"}
+
+
+def port_of(sidecar: Sidecar) -> int:
+    return sidecar.server.server_address[1]
+
+
+def s3_objects(endpoint: str, prefix: str) -> dict[str, bytes]:
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=CREDENTIALS["accessKeyId"],
+                      aws_secret_access_key=CREDENTIALS["secretAccessKey"])
+    listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents") or []
+    return {o["Key"][len(prefix):]: s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for o in listed}
+
+
+def store_prefix(session: dict) -> str:
+    meta = session["metadata"]
+    return f"sessions/{layout.session_prefix(NAMESPACE, meta['name'], meta['uid'])}/"
+
+
+@pytest.fixture
+def sidecar_b(tmp_path: Path) -> Iterator[Sidecar]:
+    """A second pod's sidecar whose training never started (so it would wait until the timeout)."""
+    sidecar = Sidecar(tmp_path / "pod-b", KEY, host="127.0.0.1", port=0, pod="train-b", poll_interval_s=0.2).start()
+    yield sidecar
+    sidecar.shutdown(grace_s=1)
+
+
+def test_session_captures_analyses_and_succeeds(operator: OperatorHarness, pods: Pods, sidecar_a: Sidecar, s3_endpoint: str) -> None:
+    pods.create("train-a", SELECTOR, port=port_of(sidecar_a))
+    pods.create("unrelated", {"job": "other"}, port=port_of(sidecar_a))
+    created = operator.create_session("happy", session_spec(SELECTOR, s3_endpoint))
+    status = operator.wait_phase("happy", ("Analyzing", "Failed"), timeout=60)
+    assert status["phase"] == "Analyzing", status
+    assert status["triggeredPods"] == ["train-a"]
+    assert status["workers"] == {"total": 2, "triggered": 2, "capturing": 0, "captured": 2, "uploaded": 2, "failed": 0}
+    assert status["workersReady"] == "2/2" and status["failedWorkers"] == []
+
+    code, job = operator.run_analysis_job("happy")
+    assert code == 0
+    owner = job["metadata"]["owner_references"][0]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == ("ProfileSession", created["metadata"]["uid"], True)
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["stepscope", "analyze", "--session", "default/happy"]
+    account = job["spec"]["template"]["spec"]["service_account_name"]
+    role = kubernetes.client.RbacAuthorizationV1Api(operator.kube.api_client).read_namespaced_role(account, NAMESPACE)
+    assert [(r.resources, r.resource_names, r.verbs) for r in role.rules] == [
+        (["profilesessions"], ["happy"], ["get"]), (["profilesessions/status"], ["happy"], ["get", "patch"])]
+
+    status = operator.wait_phase("happy", ("Succeeded", "Failed"))
+    assert status["phase"] == "Succeeded", status
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {"Triggered": "True", "Captured": "True", "Analyzed": "True", "Ready": "True"}
+    assert all(c["observedGeneration"] == 1 and c["lastTransitionTime"] for c in status["conditions"])
+    assert status["diagnosis"]["summary"] and status["diagnosis"]["stepTimeMs"]["median"] > 0
+    assert len(json.dumps(status)) < 32 * 1024
+    prefix = store_prefix(created)
+    assert status["artifacts"]["report"] == f"s3://{BUCKET}/{prefix}report/index.html"
+    objects = s3_objects(s3_endpoint, prefix)
+    assert {"session.json", "ranks/rank-0.summary.json", "ranks/rank-1.summary.json", "report/index.html", "report/diagnosis.json"} <= set(objects)
+    record = json.loads(objects["session.json"])
+    assert [t["phase"] for t in record["timeline"]] == ["Pending", "Capturing", "Analyzing", "Succeeded"]
+    assert record["spec"]["capture"]["steps"] == 2 and "credentials" not in record
+    assert CREDENTIALS["secretAccessKey"].encode() not in objects["session.json"]
+
+
+def test_operator_restart_mid_capture_resumes_without_a_second_trigger(operator: OperatorHarness, pods: Pods, sidecar_a: Sidecar, training: Path, s3_endpoint: str) -> None:
+    pods.create("train-a", SELECTOR, port=port_of(sidecar_a))
+    spec = session_spec(SELECTOR, s3_endpoint, analysis={"enabled": False})
+    spec["capture"]["waitSteps"] = 60  # a few seconds of capture for the restart to land in
+    operator.create_session("restart", spec)
+    operator.wait_phase("restart", ("Capturing",), timeout=30)
+    request = training / "request.json"
+    issued = json.loads(request.read_text())["issuedAt"]
+    triggers = metrics.TRIGGERS.value
+    log = operator.stop()
+    assert "-> Capturing" in log
+    assert operator.status("restart")["phase"] == "Capturing"
+
+    operator.start()
+    status = operator.wait_phase("restart", ("Succeeded", "Failed"), timeout=60)
+    assert status["phase"] == "Succeeded", status
+    assert metrics.TRIGGERS.value == triggers, "a sidecar was triggered again after the restart"
+    assert json.loads(request.read_text())["issuedAt"] == issued
+    assert status["triggeredPods"] == ["train-a"] and status["workers"]["uploaded"] == 2
+    assert status["message"].endswith("analysis disabled")
+
+
+def test_pod_deleted_mid_capture_is_a_failed_worker(operator: OperatorHarness, pods: Pods, sidecar_a: Sidecar, sidecar_b: Sidecar, s3_endpoint: str) -> None:
+    pods.create("train-a", SELECTOR, port=port_of(sidecar_a))
+    pods.create("train-b", SELECTOR, port=port_of(sidecar_b))
+    spec = session_spec(SELECTOR, s3_endpoint, analysis={"enabled": False})
+    spec["capture"]["waitSteps"] = 20
+    operator.create_session("lost-pod", spec)
+    status = operator.wait_phase("lost-pod", ("Capturing",), timeout=30)
+    assert status["triggeredPods"] == ["train-a", "train-b"]
+    pods.delete("train-b")
+    status = operator.wait_phase("lost-pod", ("Succeeded", "Failed"), timeout=60)
+    assert status["phase"] == "Succeeded", status
+    assert status["failedWorkers"] == [{"pod": "train-b", "reason": "pod deleted during capture"}]
+    assert status["workers"]["uploaded"] == 2 and status["workers"]["failed"] == 1 and status["workersReady"] == "2/3"
+
+
+def test_deleting_a_session_cancels_it_on_the_sidecar(operator: OperatorHarness, pods: Pods, sidecar_a: Sidecar, training: Path, s3_endpoint: str) -> None:
+    pods.create("train-a", SELECTOR, port=port_of(sidecar_a))
+    spec = session_spec(SELECTOR, s3_endpoint)
+    spec["capture"]["waitSteps"] = 400
+    created = operator.create_session("cancelled", spec)
+    operator.wait_phase("cancelled", ("Capturing",), timeout=30)
+    operator.delete("cancelled")
+    wait_for(lambda: operator.gone("cancelled"), 30, "the finalizer to be released")
+    uid = created["metadata"]["uid"]
+    assert {"session": uid, "action": "cancel"}.items() <= json.loads((training / "request.json").read_text()).items()
+    answer = wait_for(lambda: (a := SidecarClient(sidecar_a.url, KEY).get_session(uid))["phase"] == "Cancelled" and a, 20, "the sidecar to cancel")
+    assert answer["session"] == uid
