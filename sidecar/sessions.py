@@ -174,7 +174,7 @@ class SessionManager:
             self._transition(session, "Pending")
             self._sessions[session_id] = session
             self._forget_old()
-            log.info("session %s accepted: capture %s, upload to %s", session_id, _capture_text(spec), destination)
+            log.info("session %s accepted: capture %s, upload to %s", session_id, spec.to_dict()["capture"], destination)
             return 201, session.to_dict()
 
     def get(self, session_id: str) -> dict[str, Any] | None:
@@ -416,8 +416,3 @@ class SessionManager:
         if not self._keep_local:
             path.unlink(missing_ok=True)
 
-
-def _capture_text(spec: SessionSpec) -> str:
-    c = spec.capture
-    window = f"{c.steps} step(s)" if c.steps is not None else f"{c.durationSeconds} s"
-    return f"{window} after {c.waitSteps} step(s)"

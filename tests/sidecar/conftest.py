@@ -7,7 +7,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,13 +108,26 @@ def ranks(stepscope_dir: Path) -> Iterator[SimulatedRanks]:
     simulated.close()
 
 
-def wait_for(client: SidecarClient, session: str, predicate, timeout: float = 20.0) -> dict[str, Any]:
-    """Poll GET until `predicate(status)` holds; the last status goes into the failure message."""
+def eventually(probe: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    """Call `probe` until it returns something truthy; that value is returned."""
     deadline = time.monotonic() + timeout
-    status: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        status = client.get_session(session)
-        if predicate(status):
-            return status
+        value = probe()
+        if value:
+            return value
         time.sleep(0.05)
-    raise AssertionError(f"condition not reached in {timeout} s; last status: {json.dumps(status, indent=1)}")
+    raise AssertionError(f"{what} not reached in {timeout} s")
+
+
+def wait_for(client: SidecarClient, session: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20.0) -> dict[str, Any]:
+    """Poll GET until `predicate(status)` holds; the last status goes into the failure message."""
+    last: list[dict[str, Any]] = [{}]
+
+    def probe() -> dict[str, Any] | None:
+        last[0] = client.get_session(session)
+        return last[0] if predicate(last[0]) else None
+
+    try:
+        return eventually(probe, timeout)
+    except AssertionError:
+        raise AssertionError(f"condition not reached in {timeout} s; last status: {json.dumps(last[0], indent=1)}") from None

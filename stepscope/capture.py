@@ -1,0 +1,198 @@
+"""`stepscope capture`: capture steps of every training process on this machine through its
+sidecar, into a local folder (file:// store), and optionally diagnose them right away."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from stepscope import layout
+from stepscope.session import SessionSpec, SpecError
+from stepscope.sidecar_client import SidecarClient, SidecarError
+from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, load_key
+from stepscope.storage import StoreError, open_store
+
+FINISHED = ("Succeeded", "Failed", "Cancelled")
+# Exit codes a script can tell apart.
+EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_UNAUTHORIZED, EXIT_BUSY, EXIT_TIMEOUT, EXIT_INTERRUPTED = 1, 2, 3, 4, 5, 6, 130
+CANCEL_GRACE_S = 60.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wait", type=int, default=5, metavar="N", help="steps to let pass before capturing (default %(default)s)")
+    window = parser.add_mutually_exclusive_group()
+    window.add_argument("--steps", type=int, default=None, metavar="N", help="steps to capture, 1..50 (default 2)")
+    window.add_argument("--duration", type=float, default=None, metavar="S", help="capture S seconds instead (loops without steps)")
+    parser.add_argument("--output-dir", type=Path, default=None, metavar="DIR", help="where the artifacts go (default ./stepscope-<time>)")
+    parser.add_argument("--save-raw-trace", choices=("none", "master", "all"), default="all", help="raw traces to keep (summaries always)")
+    parser.add_argument("--analyze", action="store_true", help="diagnose the capture and write the report into DIR/report")
+    parser.add_argument("--sidecar", default=os.environ.get("STEPSCOPE_SIDECAR", "http://127.0.0.1:7470"), metavar="URL",
+                        help="the sidecar's control endpoint (env STEPSCOPE_SIDECAR, default %(default)s)")
+    parser.add_argument("--key-file", default=None, help=f"HMAC key file (default $STEPSCOPE_HMAC_KEY, else {DEFAULT_KEY_FILE})")
+    parser.add_argument("--timeout", type=int, default=1800, metavar="S", help="give up after S seconds (default %(default)s)")
+    parser.add_argument("--hang-timeout", type=int, default=300, metavar="S", help="no step for S seconds counts as a hang (default %(default)s)")
+    parser.add_argument("--no-hardware-metrics", action="store_true", help="do not sample NVML during the capture")
+
+
+def _spec(args: argparse.Namespace, destination: str) -> SessionSpec:
+    capture: dict[str, Any] = {"waitSteps": args.wait}
+    if args.duration is not None:
+        capture["durationSeconds"] = args.duration
+    else:
+        capture["steps"] = args.steps if args.steps is not None else 2
+    return SessionSpec.from_dict({
+        "capture": capture,
+        "hardwareMetrics": {"enabled": not args.no_hardware_metrics},
+        "saveRawTrace": args.save_raw_trace,
+        "storage": {"uri": destination},
+        "hangTimeoutSeconds": args.hang_timeout,
+        "timeoutSeconds": args.timeout,
+    })
+
+
+def _progress_line(status: dict[str, Any]) -> str:
+    w = status.get("workers") or {}
+    total = w.get("total", 0)
+    line = (f"{status.get('phase', '?'):<10} ranks {total}: capturing {w.get('capturing', 0)}, captured {w.get('captured', 0)}/{total}, "
+            f"uploaded {w.get('uploaded', 0)}/{total}")
+    return line + (f", failed {w['failed']}" if w.get("failed") else "")
+
+
+class _Progress:
+    """One line redrawn in place on a terminal; a new line per change elsewhere (logs, CI)."""
+
+    def __init__(self) -> None:
+        self._tty = sys.stdout.isatty()
+        self._last = ""
+
+    def show(self, line: str) -> None:
+        if line == self._last:
+            return
+        self._last = line
+        if self._tty:
+            print(f"\r\033[K{line}", end="", flush=True)
+        else:
+            print(line, flush=True)
+
+    def done(self) -> None:
+        if self._tty and self._last:
+            print()
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"stepscope capture: {message}", file=sys.stderr)
+    return code
+
+
+def _sidecar_error(exc: SidecarError, url: str) -> int:
+    if exc.status == 0:
+        return _fail(f"{exc.message}; is `stepscope sidecar` running there (--sidecar)?", EXIT_UNREACHABLE)
+    if exc.status == 401:
+        return _fail(f"the sidecar refused the request ({exc.message}); use the sidecar's key (STEPSCOPE_HMAC_KEY or --key-file)", EXIT_UNAUTHORIZED)
+    if exc.status == 409:
+        return _fail(f"the sidecar at {url} is busy: {exc.message}", EXIT_BUSY)
+    return _fail(f"the sidecar at {url} answered {exc.status}: {exc.message}", EXIT_FAILED)
+
+
+def _follow(client: SidecarClient, session_id: str, deadline: float, progress: _Progress) -> tuple[dict[str, Any], int | None]:
+    """Poll until the session finishes; Ctrl-C cancels it and waits for what was captured to land."""
+    interrupted = False
+    status = client.get_session(session_id)
+    while status["phase"] not in FINISHED:
+        progress.show(_progress_line(status))
+        if time.monotonic() > deadline:
+            client.delete_session(session_id)
+            return status, EXIT_TIMEOUT
+        try:
+            time.sleep(0.5)
+        except KeyboardInterrupt:
+            if interrupted:
+                raise
+            interrupted = True
+            progress.done()
+            print("cancelling: the ranks stop at their next step, what was captured is kept (Ctrl-C again to leave now)", flush=True)
+            client.delete_session(session_id)
+            deadline = min(deadline, time.monotonic() + CANCEL_GRACE_S)
+        status = client.get_session(session_id)
+    progress.show(_progress_line(status))
+    progress.done()
+    return status, EXIT_INTERRUPTED if interrupted else None
+
+
+def _write_session_json(out_dir: Path, session_id: str, url: str, spec: SessionSpec, status: dict[str, Any], started: float) -> None:
+    record = {
+        "session": session_id, "sidecar": url, "spec": spec.to_dict(),
+        "startTime": started, "completionTime": time.time(),
+        **{k: status.get(k) for k in ("phase", "message", "workers", "ranks", "artifacts", "timeline")},
+    }
+    open_store(out_dir.as_uri()).put_bytes(layout.session_json(), json.dumps(record, indent=1).encode())
+
+
+def _analyze(out_dir: Path) -> None:
+    from stepscope.analysis.command import analyze_uri
+
+    try:
+        diagnosis = analyze_uri(str(out_dir), progress=sys.stderr.isatty())
+    except (ValueError, OSError, StoreError) as exc:
+        print(f"stepscope capture: the analysis failed: {exc}; the capture is intact, retry with `stepscope analyze {out_dir}`", file=sys.stderr)
+        return
+    print(f"diagnosis: {diagnosis.summary}")
+    for finding in diagnosis.findings[:10]:
+        ranks = ",".join(map(str, finding.ranks[:8])) + ("…" if len(finding.ranks) > 8 else "")
+        print(f"  [{finding.severity}] {finding.category} (ranks {ranks or '-'}): {finding.message}")
+    print(f"report: {out_dir / layout.REPORT_HTML}")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        key = load_key(args.key_file)
+    except KeyLoadError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    out_dir: Path = (args.output_dir or Path(f"stepscope-{time.strftime('%Y%m%d-%H%M%S')}")).expanduser().resolve()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        spec = _spec(args, out_dir.as_uri())
+    except SpecError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    except OSError as exc:
+        return _fail(f"cannot create {out_dir}: {exc.strerror}", EXIT_USAGE)
+
+    session_id = str(uuid.uuid4())
+    client = SidecarClient(args.sidecar, key)
+    body = {"session": session_id, "namespace": "", "name": "capture", "destination": out_dir.as_uri(), "spec": spec.to_dict()}
+    started = time.time()
+    progress = _Progress()
+    try:
+        client.put_session(session_id, body)
+        print(f"session {session_id}: capturing {_window(spec)} on every rank behind {args.sidecar}", flush=True)
+        # The sidecar enforces spec.timeoutSeconds; the CLI waits a little longer for its verdict.
+        status, code = _follow(client, session_id, time.monotonic() + args.timeout + 30, progress)
+    except SidecarError as exc:
+        progress.done()
+        return _sidecar_error(exc, args.sidecar)
+    except KeyboardInterrupt:
+        progress.done()
+        return _fail(f"left without waiting; session {session_id} was cancelled, its files stay in the sidecar's directory until uploaded", EXIT_INTERRUPTED)
+    try:
+        _write_session_json(out_dir, session_id, args.sidecar, spec, status, started)
+    except StoreError as exc:
+        print(f"stepscope capture: session.json not written: {exc}", file=sys.stderr)
+    if code == EXIT_TIMEOUT:
+        return _fail(f"no result after {args.timeout} s (last: {status['phase']}, {status.get('message')}); the session was cancelled", EXIT_TIMEOUT)
+    print(f"{status['phase']}: {status.get('message', '')}")
+    print(f"artifacts: {out_dir} ({len(status.get('artifacts') or [])} files: {', '.join(status.get('artifacts') or []) or 'none'})")
+    if args.analyze and any(a.endswith(".summary.json") for a in status.get("artifacts") or []):
+        _analyze(out_dir)
+    if code is not None:
+        return code
+    return 0 if status["phase"] == "Succeeded" else EXIT_FAILED
+
+
+def _window(spec: SessionSpec) -> str:
+    c = spec.capture
+    return (f"{c.steps} step(s)" if c.steps is not None else f"{c.durationSeconds:g} s") + f" after {c.waitSteps} step(s)"

@@ -1,0 +1,110 @@
+"""`stepscope sidecar` and `stepscope capture` as a user runs them: separate processes talking
+over HTTP, with signals and exit codes."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stepscope import layout
+from stepscope.analysis.model import decode_summary
+from stepscope.sidecar.daemon import Sidecar
+from stepscope.sidecar_client import SidecarClient, SidecarError
+from tests.sidecar.conftest import KEY, SimulatedRanks, eventually, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def stepscope(*args: str, key: bytes = KEY, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "STEPSCOPE_HMAC_KEY": key.decode(), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "stepscope.cli", *args], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+
+
+@pytest.fixture()
+def sidecar_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str, Path]]:
+    shared = tmp_path / "shared"
+    process = stepscope("sidecar", "--dir", str(shared), "--host", "127.0.0.1", "--port", "0", "--pod", "pod-p", "--poll-interval", "0.1")
+    line = process.stdout.readline()
+    if "listening on" not in line:
+        process.kill()
+        pytest.fail(f"sidecar did not start: {line}{process.communicate(timeout=10)[1]}")
+    url = line.split("listening on ", 1)[1].split()[0]
+    yield process, url, shared
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def test_sidecar_installs_the_bootstrap_serves_and_stops_on_sigterm(sidecar_process) -> None:
+    process, url, shared = sidecar_process
+    assert (shared / "bootstrap" / "sitecustomize.py").is_file() and (shared / "bootstrap" / "stepscope_agent.py").is_file()
+    client = SidecarClient(url, KEY)
+    assert client.healthz()
+    with pytest.raises(SidecarError) as raised:
+        client.get_session("none")
+    assert raised.value.status == 404
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    assert KEY.decode() not in process.stderr.read()
+
+
+def test_sidecar_without_a_key_says_so(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "STEPSCOPE_HMAC_KEY"}
+    result = subprocess.run([sys.executable, "-m", "stepscope.cli", "sidecar", "--dir", str(tmp_path), "--key-file", str(tmp_path / "nokey")],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "no HMAC key" in result.stderr
+
+
+def test_capture_reports_an_unreachable_sidecar_and_a_wrong_key(sidecar: Sidecar, tmp_path: Path) -> None:
+    unreachable = stepscope("capture", "--sidecar", "http://127.0.0.1:9", "--output-dir", str(tmp_path / "a"))
+    out, err = unreachable.communicate(timeout=60)
+    assert unreachable.returncode == 3 and "unreachable" in err and "stepscope sidecar" in err
+    wrong = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(tmp_path / "b"), key=b"not-the-key")
+    out, err = wrong.communicate(timeout=60)
+    assert wrong.returncode == 4 and "signature" in err
+
+
+def test_capture_follows_the_session_and_writes_session_json(sidecar: Sidecar, ranks: SimulatedRanks, tmp_path: Path,
+                                                             shared_traces: Path) -> None:
+    out_dir = tmp_path / "capture"
+    process = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(out_dir), "--wait", "1", "--steps", "2",
+                        "--save-raw-trace", "none", "--no-hardware-metrics")
+    client = SidecarClient(sidecar.url, KEY)
+    session = eventually(sidecar.manager.active, timeout=30, what="a session").id
+    for rank in (0, 1):
+        ranks.state(session, rank, "capturing")
+    wait_for(client, session, lambda s: s["phase"] == "Capturing")
+    traces = shared_traces / "hta__trace_filter_2rank"
+    for rank in (0, 1):
+        ranks.state(session, rank, "done", trace_from=traces / f"sampled_rank-{rank}.json.gz")
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert "Capturing" in out and "Succeeded" in out and str(out_dir) in out
+    record = json.loads((out_dir / layout.session_json()).read_text())
+    assert record["session"] == session and record["phase"] == "Succeeded"
+    assert record["spec"]["capture"]["steps"] == 2 and record["spec"]["saveRawTrace"] == "none"
+    assert [t["phase"] for t in record["timeline"]][-1] == "Succeeded"
+    assert sorted(record["artifacts"]) == [layout.rank_summary(0), layout.rank_summary(1)]
+    assert decode_summary((out_dir / layout.rank_summary(1)).read_bytes()).rank == 1
+    assert not (out_dir / layout.rank_trace(0)).exists()
+
+
+def test_ctrl_c_cancels_the_session(sidecar: Sidecar, ranks: SimulatedRanks, tmp_path: Path) -> None:
+    process = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(tmp_path / "c"))
+    client = SidecarClient(sidecar.url, KEY)
+    session = eventually(sidecar.manager.active, timeout=30, what="a session").id
+    process.send_signal(signal.SIGINT)
+    eventually(lambda: json.loads((sidecar.dir / "request.json").read_text())["action"] == "cancel", what="a cancel request")
+    for rank in (0, 1):
+        ranks.state(session, rank, "cancelled")
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "cancelling" in out and "Cancelled" in out
+    assert json.loads((tmp_path / "c" / layout.session_json()).read_text())["phase"] == "Cancelled"

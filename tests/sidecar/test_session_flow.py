@@ -1,0 +1,203 @@
+"""A session through the real sidecar: simulated ranks advance their state files, the sidecar
+reports progress over HTTP and uploads real traces' artifacts to a file:// store."""
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from stepscope import layout
+from stepscope.analysis.model import decode_summary
+from stepscope.sidecar.daemon import Sidecar
+from stepscope.sidecar.nvml import SimulatedBackend
+from stepscope.sidecar_client import SidecarClient
+from tests.sidecar.conftest import KEY, SimulatedRanks, wait_for
+from tests.sidecar.test_control_endpoint import trigger_body
+
+TRACES = "hta__trace_filter_2rank"
+
+
+@pytest.fixture()
+def real_traces(shared_traces: Path) -> dict[int, Path]:
+    folder = shared_traces / TRACES
+    return {0: folder / "sampled_rank-0.json.gz", 1: folder / "sampled_rank-1.json.gz"}
+
+
+def test_progress_is_reported_then_artifacts_uploaded(client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path,
+                                                      tmp_path: Path, real_traces: dict[int, Path]) -> None:
+    store = tmp_path / "store"
+    client.put_session("s-1", trigger_body("s-1", store.as_uri(), saveRawTrace="master"))
+    status = wait_for(client, "s-1", lambda s: s["workers"]["total"] == 2)
+    assert status["phase"] == "Pending" and status["workers"]["triggered"] == 0
+
+    for rank in (0, 1):
+        ranks.state("s-1", rank, "waiting")
+    status = wait_for(client, "s-1", lambda s: s["workers"]["triggered"] == 2)
+    assert status["phase"] == "Pending" and "waiting" in status["message"]
+
+    ranks.state("s-1", 0, "capturing")
+    status = wait_for(client, "s-1", lambda s: s["workers"]["capturing"] == 1)
+    assert status["phase"] == "Capturing"
+
+    ranks.state("s-1", 0, "done", trace_from=real_traces[0])
+    ranks.state("s-1", 1, "capturing")
+    status = wait_for(client, "s-1", lambda s: s["workers"]["uploaded"] == 1)
+    assert status["phase"] == "Capturing" and status["workers"]["captured"] == 1
+    ranks.state("s-1", 1, "done", trace_from=real_traces[1])
+
+    status = wait_for(client, "s-1", lambda s: s["phase"] == "Succeeded")
+    assert status["workers"] == {"total": 2, "triggered": 2, "capturing": 0, "captured": 2, "uploaded": 2, "failed": 0}
+    assert [r["state"] for r in status["ranks"]] == ["done", "done"] and all(r["uploaded"] for r in status["ranks"])
+    assert status["ranks"][0]["startStep"] == 15 and status["ranks"][0]["pid"] == 1000
+    # saveRawTrace: master keeps rank 0's raw trace only; summaries are always there.
+    expected = [layout.rank_summary(0), layout.rank_summary(1), layout.rank_trace(0)]
+    assert status["artifacts"] == sorted(expected)
+    assert sorted(p.relative_to(store).as_posix() for p in store.rglob("*") if p.is_file()) == sorted(expected)
+    assert (store / layout.rank_trace(0)).read_bytes() == real_traces[0].read_bytes()
+    for rank in (0, 1):
+        summary = decode_summary((store / layout.rank_summary(rank)).read_bytes())
+        assert summary.rank == rank and summary.pod == "pod-a" and summary.node == "node-a"
+        assert not summary.error and len(summary.steps) == 2
+    # Uploaded, so the shared volume is freed.
+    assert not list((stepscope_dir / "s-1").glob("*.trace.json.gz"))
+
+
+def test_hung_rank_fails_the_session_with_its_reason_and_stacks(client: SidecarClient, ranks: SimulatedRanks, tmp_path: Path,
+                                                                real_traces: dict[int, Path]) -> None:
+    store = tmp_path / "store"
+    client.put_session("s-h", trigger_body("s-h", store.as_uri()))
+    wait_for(client, "s-h", lambda s: s["workers"]["total"] == 2)
+    ranks.state("s-h", 0, "done", trace_from=real_traces[0])
+    ranks.state("s-h", 1, "hung", stacks=True)
+    status = wait_for(client, "s-h", lambda s: s["phase"] == "Failed")
+    assert status["workers"]["failed"] == 1 and status["workers"]["uploaded"] == 1
+    assert "rank 1" in status["message"] and "hung" in status["message"]
+    assert json.loads((store / layout.rank_stacks(1)).read_text())["threads"][0]["frames"][0]["function"] == "all_reduce"
+    hung = decode_summary((store / layout.rank_summary(1)).read_bytes())
+    assert hung.rank == 1 and "hung" in hung.error
+    assert (store / layout.rank_trace(0)).exists()
+
+
+def test_delete_cancels_and_keeps_what_was_captured(client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path,
+                                                    tmp_path: Path, real_traces: dict[int, Path]) -> None:
+    store = tmp_path / "store"
+    client.put_session("s-c", trigger_body("s-c", store.as_uri()))
+    wait_for(client, "s-c", lambda s: s["workers"]["total"] == 2)
+    ranks.state("s-c", 0, "capturing")
+    ranks.state("s-c", 1, "waiting")
+    wait_for(client, "s-c", lambda s: s["phase"] == "Capturing")
+    client.delete_session("s-c")
+    request = json.loads((stepscope_dir / "request.json").read_text())
+    assert request["session"] == "s-c" and request["action"] == "cancel"
+    assert client.get_session("s-c")["phase"] == "Capturing"
+    # The agents answer at their next step boundary; rank 0 had captured a step already.
+    ranks.state("s-c", 0, "cancelled", trace_from=real_traces[0])
+    ranks.state("s-c", 1, "cancelled")
+    status = wait_for(client, "s-c", lambda s: s["phase"] == "Cancelled")
+    assert status["workers"]["failed"] == 0
+    assert (store / layout.rank_trace(0)).exists() and (store / layout.rank_summary(0)).exists()
+    assert not (store / layout.rank_summary(1)).exists()
+    # A finished session no longer blocks the next one.
+    assert client.put_session("s-next", trigger_body("s-next", store.as_uri()))["phase"] == "Pending"
+
+
+def test_vanished_training_process_fails_its_rank(client: SidecarClient, ranks: SimulatedRanks, tmp_path: Path,
+                                                  real_traces: dict[int, Path]) -> None:
+    store = tmp_path / "store"
+    client.put_session("s-v", trigger_body("s-v", store.as_uri()))
+    wait_for(client, "s-v", lambda s: s["workers"]["total"] == 2)
+    ranks.state("s-v", 0, "done", trace_from=real_traces[0])
+    ranks.state("s-v", 1, "capturing")
+    ranks.kill(1)
+    status = wait_for(client, "s-v", lambda s: s["phase"] == "Failed")
+    rank1 = status["ranks"][1]
+    assert rank1["state"] == "failed" and "heartbeat" in rank1["error"]
+    assert "heartbeat" in decode_summary((store / layout.rank_summary(1)).read_bytes()).error
+
+
+def test_failed_upload_keeps_the_local_trace(client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path, tmp_path: Path,
+                                             real_traces: dict[int, Path]) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the store's folder should be")
+    client.put_session("s-f", trigger_body("s-f", (blocker / "store").as_uri()))
+    wait_for(client, "s-f", lambda s: s["workers"]["total"] == 2)
+    for rank in (0, 1):
+        ranks.state("s-f", rank, "done", trace_from=real_traces[rank])
+    status = wait_for(client, "s-f", lambda s: s["phase"] == "Failed")
+    assert status["workers"]["failed"] == 2 and status["workers"]["uploaded"] == 0
+    assert "cannot write" in status["ranks"][0]["error"]
+    for rank in (0, 1):
+        assert (stepscope_dir / "s-f" / f"rank-{rank}.trace.json.gz").read_bytes() == real_traces[rank].read_bytes()
+
+
+def test_request_json_is_replaced_atomically(client: SidecarClient, stepscope_dir: Path, tmp_path: Path) -> None:
+    """A reader polling request.json (as the agent does) never sees a partial file."""
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                seen.append(json.loads((stepscope_dir / "request.json").read_text())["action"])
+            except FileNotFoundError:
+                pass
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(15):
+            client.put_session(f"s-{i}", trigger_body(f"s-{i}", (tmp_path / "store").as_uri()))
+            client.delete_session(f"s-{i}")
+            wait_for(client, f"s-{i}", lambda s: s["phase"] == "Cancelled")
+    finally:
+        stop.set()
+        reader.join()
+    assert set(seen) == {"capture", "cancel"}
+    assert [p.name for p in stepscope_dir.iterdir() if p.name.startswith(".")] == []
+
+
+def _shifted_trace(source: Path, target: Path, start_us: float) -> None:
+    """The real trace moved in time so that its steps fall inside this test's recording window."""
+    trace = json.loads(gzip.decompress(source.read_bytes()))
+    first = min(e["ts"] for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep"))
+    for event in trace["traceEvents"]:
+        if "ts" in event:
+            event["ts"] = event["ts"] - first + start_us
+    target.write_bytes(gzip.compress(json.dumps(trace).encode()))
+
+
+def test_gpu_metrics_are_recorded_uploaded_and_joined_to_the_summaries(stepscope_dir: Path, ranks: SimulatedRanks, tmp_path: Path,
+                                                                      real_traces: dict[int, Path]) -> None:
+    sidecar = Sidecar(stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-a", node="node-a", nvml_backend=SimulatedBackend(gpus=2),
+                      poll_interval_s=0.05, upload_attempts=2, upload_base_delay_s=0.05).start()
+    try:
+        client = SidecarClient(sidecar.url, KEY)
+        store = tmp_path / "store"
+        client.put_session("s-g", trigger_body("s-g", store.as_uri(), hardwareMetrics={"enabled": True, "intervalMicroseconds": 2000}))
+        wait_for(client, "s-g", lambda s: s["workers"]["total"] == 2)
+        for rank in (0, 1):
+            ranks.state("s-g", rank, "capturing")
+        wait_for(client, "s-g", lambda s: s["phase"] == "Capturing")
+        start_us = time.time() * 1e6 + 100_000
+        traces = {}
+        for rank in (0, 1):
+            traces[rank] = tmp_path / f"shifted-{rank}.json.gz"
+            _shifted_trace(real_traces[rank], traces[rank], start_us)
+        time.sleep(1.4)  # the two real steps last ~1.2 s
+        for rank in (0, 1):
+            ranks.state("s-g", rank, "done", trace_from=traces[rank])
+        status = wait_for(client, "s-g", lambda s: s["phase"] == "Succeeded")
+    finally:
+        sidecar.shutdown(5)
+    assert layout.node_metrics("pod-a") in status["artifacts"]
+    from stepscope.analysis.hardware import read_metrics
+
+    metrics = read_metrics(store / layout.node_metrics("pod-a"))
+    assert set(metrics["gpu"].unique()) == {0.0, 1.0} and len(metrics) > 100
+    for rank in (0, 1):
+        summary = decode_summary((store / layout.rank_summary(rank)).read_bytes())
+        assert summary.hardware and len(summary.hardware["smClockMHzMean"]) == len(summary.steps) == 2
