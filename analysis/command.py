@@ -21,7 +21,7 @@ from stepscope.analysis.diagnose import diagnose
 from stepscope.analysis.model import Diagnosis, RankSummary
 from stepscope.analysis.rank_tables import build_tables
 from stepscope.analysis.report import write_report
-from stepscope.analysis.session_files import SessionFiles, failed, find_files, local_path, missing_ranks, open_session, read_stacks, read_summary
+from stepscope.analysis.session_files import SessionFiles, find_files, local_path, open_session, read_ranks
 from stepscope.storage import StoreError, open_store
 
 log = logging.getLogger(__name__)
@@ -34,39 +34,6 @@ _COUNTER_PID = 10_000_000
 
 class AnalysisError(Exception):
     """Nothing could be analysed at all (no such folder, nothing in it); the message says why."""
-
-
-def _read_ranks(files: SessionFiles, bar: tqdm) -> tuple[list[RankSummary], dict[int, dict], dict[int, list[str]], dict[int, str]]:
-    """Summaries (one per rank, failed ones with `error`), stacks, per-rank problems, rank -> raw trace key."""
-    summaries: dict[int, RankSummary] = {}
-    stacks: dict[int, dict] = {}
-    problems: dict[int, list[str]] = {}
-    traces: dict[int, str] = {}
-    next_free = max([f.rank for f in files.ranks if f.rank is not None] + [-1]) + 1
-    for index, rank_files in enumerate(files.ranks):
-        bar.set_postfix_str(rank_files.trace or rank_files.summary or rank_files.stacks or "", refresh=False)
-        summary = read_summary(files.store, rank_files, fallback_rank=rank_files.rank if rank_files.rank is not None else index)
-        if summary.rank in summaries:
-            taken = summary.rank
-            summary.rank, next_free = next_free, next_free + 1
-            problems.setdefault(summary.rank, []).append(f"{rank_files.trace} also says rank {taken}; shown as rank {summary.rank}")
-        summaries[summary.rank] = summary
-        if rank_files.trace:
-            traces[summary.rank] = rank_files.trace
-        data, why = read_stacks(files.store, rank_files)
-        if data is not None:
-            stacks[summary.rank] = data
-        if why:
-            problems.setdefault(summary.rank, []).append(why)
-        bar.update(1)
-    for rank in missing_ranks(list(summaries.values())):
-        summaries[rank] = failed(rank, "no trace or summary was uploaded for this rank")
-    for s in summaries.values():
-        if s.error:
-            problems.setdefault(s.rank, []).append(s.error)
-        if s.warnings:
-            problems.setdefault(s.rank, []).extend(s.warnings)
-    return [summaries[r] for r in sorted(summaries)], stacks, problems, traces
 
 
 def _read_metrics(files: SessionFiles, problems: dict[int, list[str]], summaries: list[RankSummary]) -> dict[str, pd.DataFrame]:
@@ -119,7 +86,8 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
                             "or Kineto traces (*.json, *.json.gz)")
     bar = tqdm(total=len(files.ranks) + 2, desc="stepscope analyze", unit="rank", file=sys.stderr, disable=not progress, leave=False)
     with contextlib.closing(bar):
-        summaries, stacks, problems, traces = _read_ranks(files, bar)
+        read = read_ranks(files, on_rank=lambda name: (bar.set_postfix_str(name, refresh=False), bar.update(1)))
+        summaries, stacks, problems, traces = read.summaries, read.stacks, read.problems, read.traces
         hardware = _read_metrics(files, problems, summaries)
         bar.set_postfix_str("diagnosing", refresh=False)
         diagnosis, full = diagnose(summaries, stacks=stacks, hardware=hardware)

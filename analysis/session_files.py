@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,3 +140,43 @@ def missing_ranks(summaries: list[RankSummary]) -> list[int]:
         return []
     world = max([s.worldSize for s in summaries] + [max(known) + 1])
     return sorted(set(range(world)) - known)
+
+
+@dataclass
+class SessionRanks:
+    summaries: list[RankSummary]  # one per rank, sorted; a rank that could not be read has `error`
+    stacks: dict[int, dict]
+    problems: dict[int, list[str]]
+    traces: dict[int, str]  # rank -> raw trace key
+
+
+def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda name: None) -> SessionRanks:
+    """Every rank's summary, stacks and problems; `on_rank` hears of each rank file set read."""
+    summaries: dict[int, RankSummary] = {}
+    stacks: dict[int, dict] = {}
+    problems: dict[int, list[str]] = {}
+    traces: dict[int, str] = {}
+    next_free = max([f.rank for f in files.ranks if f.rank is not None] + [-1]) + 1
+    for index, rank_files in enumerate(files.ranks):
+        summary = read_summary(files.store, rank_files, fallback_rank=rank_files.rank if rank_files.rank is not None else index)
+        if summary.rank in summaries:
+            taken = summary.rank
+            summary.rank, next_free = next_free, next_free + 1
+            problems.setdefault(summary.rank, []).append(f"{rank_files.trace} also says rank {taken}; shown as rank {summary.rank}")
+        summaries[summary.rank] = summary
+        if rank_files.trace:
+            traces[summary.rank] = rank_files.trace
+        data, why = read_stacks(files.store, rank_files)
+        if data is not None:
+            stacks[summary.rank] = data
+        if why:
+            problems.setdefault(summary.rank, []).append(why)
+        on_rank(rank_files.trace or rank_files.summary or rank_files.stacks or "")
+    for rank in missing_ranks(list(summaries.values())):
+        summaries[rank] = failed(rank, "no trace or summary was uploaded for this rank")
+    for s in summaries.values():
+        if s.error:
+            problems.setdefault(s.rank, []).append(s.error)
+        if s.warnings:
+            problems.setdefault(s.rank, []).extend(s.warnings)
+    return SessionRanks([summaries[r] for r in sorted(summaries)], stacks, problems, traces)
