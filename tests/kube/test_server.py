@@ -1,0 +1,254 @@
+"""The test API server, exercised with the real kubernetes client over HTTP."""
+from __future__ import annotations
+
+import json
+from collections import deque
+
+import kubernetes
+import pytest
+import urllib3
+from kubernetes.client import ApiException
+
+from tests.kube.helpers import GROUP, PLURAL, VERSION, job, owner_ref, pod, session, wait_for
+
+
+@pytest.fixture
+def core(kube):
+    return kubernetes.client.CoreV1Api(kube.api_client)
+
+
+@pytest.fixture
+def custom(kube):
+    kube.apply_crd()
+    return kubernetes.client.CustomObjectsApi(kube.api_client)
+
+
+def _status(e: ApiException) -> dict:
+    return json.loads(e.body)
+
+
+def _events(api_call, *args, **kwargs) -> list[tuple[str, str]]:
+    """(type, name) of the events a watch with a 1 s server timeout delivers."""
+    stream = kubernetes.watch.Watch().stream(api_call, *args, timeout_seconds=1, **kwargs)
+    return [(e["type"], (e["object"]["metadata"]["name"] if isinstance(e["object"], dict) else e["object"].metadata.name))
+            for e in stream]
+
+
+def test_discovery_lists_builtin_groups_and_the_crd_once_applied(kube):
+    apis = kubernetes.client.ApisApi(kube.api_client)
+    groups = {g.name for g in apis.get_api_versions().groups}
+    assert {"batch", "apiextensions.k8s.io", "events.k8s.io", "coordination.k8s.io"} <= groups
+    assert "stepscope.io" not in groups
+    kube.apply_crd()
+    assert "stepscope.io" in {g.name for g in apis.get_api_versions().groups}
+    response = kube.api_client.call_api(*kube.api_client.param_serialize("GET", f"/apis/{GROUP}/{VERSION}", auth_settings=["BearerToken"]))
+    response.read()
+    names = {r["name"]: r for r in json.loads(response.data)["resources"]}
+    assert names[PLURAL]["kind"] == "ProfileSession" and names[PLURAL]["namespaced"] is True
+    assert "profs" in names[PLURAL]["shortNames"]
+    assert f"{PLURAL}/status" in names
+    core_names = {r.name for r in kubernetes.client.CoreV1Api(kube.api_client).get_api_resources().resources}
+    assert {"pods", "pods/status", "events", "secrets", "namespaces"} <= core_names
+    assert kubernetes.client.VersionApi(kube.api_client).get_code().major == "1"
+
+
+def test_requests_without_the_token_are_refused(kube):
+    response = urllib3.PoolManager().request("GET", f"{kube.url}/api/v1/namespaces/default/pods")
+    assert response.status == 401
+    assert json.loads(response.data)["reason"] == "Unauthorized"
+
+
+def test_crud_with_conflicts_and_not_found(core):
+    created = core.create_namespaced_pod("default", pod("p1", {"app": "trainer"}))
+    assert created.metadata.uid and created.metadata.generation == 1
+    assert created.status.phase == "Pending"
+    with pytest.raises(ApiException) as e:
+        core.create_namespaced_pod("default", pod("p1"))
+    assert e.value.status == 409 and _status(e.value)["reason"] == "AlreadyExists"
+    stale = core.read_namespaced_pod("p1", "default")
+    core.patch_namespaced_pod("p1", "default", {"metadata": {"labels": {"x": "1"}}})
+    stale.metadata.labels = {"x": "2"}
+    with pytest.raises(ApiException) as e:
+        core.replace_namespaced_pod("p1", "default", stale)
+    assert e.value.status == 409 and _status(e.value)["reason"] == "Conflict"
+    fresh = core.read_namespaced_pod("p1", "default")
+    fresh.metadata.labels = {"x": "3"}
+    assert core.replace_namespaced_pod("p1", "default", fresh).metadata.labels == {"x": "3"}
+    generated = core.create_namespaced_pod("default", {**pod(""), "metadata": {"generateName": "worker-"}})
+    assert generated.metadata.name.startswith("worker-") and len(generated.metadata.name) == len("worker-") + 5
+    core.delete_namespaced_pod("p1", "default")
+    with pytest.raises(ApiException) as e:
+        core.read_namespaced_pod("p1", "default")
+    assert e.value.status == 404 and _status(e.value)["message"] == 'pods "p1" not found'
+    with pytest.raises(ApiException) as e:
+        core.create_namespaced_pod("nowhere", pod("p2"))
+    assert e.value.status == 404 and "namespaces" in _status(e.value)["message"]
+
+
+def test_label_and_field_selectors(core, kube):
+    kube.create_namespace("other")
+    core.create_namespaced_pod("default", pod("a", {"app": "trainer", "role": "master"}))
+    core.create_namespaced_pod("default", pod("b", {"app": "trainer", "role": "worker"}))
+    core.create_namespaced_pod("default", pod("c", {"app": "web"}))
+    core.create_namespaced_pod("other", pod("d", {"app": "trainer"}))
+
+    def names(**kw) -> list[str]:
+        return sorted(p.metadata.name for p in core.list_namespaced_pod("default", **kw).items)
+
+    assert names(label_selector="app=trainer") == ["a", "b"]
+    assert names(label_selector="app==trainer,role!=master") == ["b"]
+    assert names(label_selector="role in (master, worker)") == ["a", "b"]
+    assert names(label_selector="role notin (master)") == ["b", "c"]
+    assert names(label_selector="!role") == ["c"]
+    assert names(label_selector="role") == ["a", "b"]
+    assert names(field_selector="metadata.name=b") == ["b"]
+    assert names(field_selector="metadata.name!=b,status.phase=Pending") == ["a", "c"]
+    everywhere = core.list_pod_for_all_namespaces(label_selector="app=trainer").items
+    assert sorted((p.metadata.namespace, p.metadata.name) for p in everywhere) == [("default", "a"), ("default", "b"), ("other", "d")]
+    with pytest.raises(ApiException) as e:
+        names(field_selector="spec.hostname=x")
+    assert e.value.status == 400 and "field label not supported" in _status(e.value)["message"]
+
+
+def test_watch_resumes_from_a_resource_version(core):
+    core.create_namespaced_pod("default", pod("a"))
+    listed = core.list_namespaced_pod("default")
+    core.patch_namespaced_pod("a", "default", {"metadata": {"labels": {"step": "1"}}})
+    core.create_namespaced_pod("default", pod("b"))
+    core.delete_namespaced_pod("a", "default")
+    assert _events(core.list_namespaced_pod, "default", resource_version=listed.metadata.resource_version) == [
+        ("MODIFIED", "a"), ("ADDED", "b"), ("DELETED", "a")]
+    assert _events(core.list_namespaced_pod, "default") == [("ADDED", "b")]
+
+
+def test_watch_sees_objects_enter_and_leave_its_selector(core):
+    start = core.list_namespaced_pod("default").metadata.resource_version
+    core.create_namespaced_pod("default", pod("a", {"app": "web"}))
+    core.patch_namespaced_pod("a", "default", {"metadata": {"labels": {"app": "trainer"}}})
+    core.patch_namespaced_pod("a", "default", {"metadata": {"labels": {"step": "2"}}})
+    core.patch_namespaced_pod("a", "default", {"metadata": {"labels": {"app": "web"}}})
+    assert _events(core.list_namespaced_pod, "default", label_selector="app=trainer", resource_version=start) == [
+        ("ADDED", "a"), ("MODIFIED", "a"), ("DELETED", "a")]
+
+
+def test_watch_from_a_dropped_resource_version_is_gone(core, kube):
+    kube.server.call(lambda store: setattr(store, "history", deque(store.history, maxlen=3)))
+    start = core.list_namespaced_pod("default").metadata.resource_version
+    for n in range(5):
+        core.create_namespaced_pod("default", pod(f"p{n}"))
+    with pytest.raises(ApiException) as e:
+        _events(core.list_namespaced_pod, "default", resource_version=start)
+    assert e.value.status == 410
+    resumed = core.list_namespaced_pod("default").metadata.resource_version
+    core.create_namespaced_pod("default", pod("late"))
+    assert _events(core.list_namespaced_pod, "default", resource_version=resumed) == [("ADDED", "late")]
+
+
+def test_strategic_merge_patch_merges_lists_by_key(core):
+    body = pod("p")
+    body["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]
+    body["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
+    core.create_namespaced_pod("default", body)
+    patched = core.patch_namespaced_pod("p", "default", {"spec": {
+        "containers": [{"name": "train", "env": [{"name": "B", "value": "3"}, {"name": "C", "value": "4"}]},
+                       {"name": "stepscope", "image": "sidecar:1"}],
+        "volumes": [{"name": "stepscope", "emptyDir": {}}]}})
+    train, sidecar = patched.spec.containers
+    assert train.image == "trainer:1" and sidecar.name == "stepscope"
+    assert [(e.name, e.value) for e in train.env] == [("A", "1"), ("B", "3"), ("C", "4")]
+    assert [v.name for v in patched.spec.volumes] == ["data", "stepscope"]
+    removed = core.patch_namespaced_pod("p", "default", {"spec": {"containers": [{"name": "stepscope", "$patch": "delete"}]}})
+    assert [c.name for c in removed.spec.containers] == ["train"]
+
+
+def test_json_and_merge_patches(core, custom):
+    core.create_namespaced_pod("default", pod("p", {"a": "1"}))
+    patched = core.patch_namespaced_pod("p", "default", [{"op": "add", "path": "/metadata/labels/b", "value": "2"},
+                                                         {"op": "remove", "path": "/metadata/labels/a"}])
+    assert patched.metadata.labels == {"b": "2"}
+    with pytest.raises(ApiException) as e:
+        core.patch_namespaced_pod("p", "default", [{"op": "test", "path": "/metadata/labels/b", "value": "9"}])
+    assert e.value.status == 422
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, session("s", saveRawTrace="master"))
+    merged = custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s",
+                                                   {"metadata": {"annotations": {"k": "v"}}, "spec": {"saveRawTrace": None}})
+    assert merged["metadata"]["annotations"] == {"k": "v"}
+    assert merged["spec"]["saveRawTrace"] == "all"  # removed by the patch, defaulted again
+    with pytest.raises(ApiException) as e:
+        custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s", {"spec": {"saveRawTrace": "none"}},
+                                              _content_type="application/strategic-merge-patch+json")
+    assert e.value.status == 415
+
+
+def test_status_subresource_and_generation(custom):
+    body = session("s")
+    body["status"] = {"phase": "Succeeded"}
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+    assert "status" not in created and created["metadata"]["generation"] == 1
+    status = custom.patch_namespaced_custom_object_status(GROUP, VERSION, "default", PLURAL, "s", {
+        "spec": {"saveRawTrace": "none"}, "status": {"phase": "Pending", "observedGeneration": 1, "unknownField": 1}})
+    assert status["status"] == {"phase": "Pending", "observedGeneration": 1}
+    assert status["spec"]["saveRawTrace"] == "all" and status["metadata"]["generation"] == 1
+    main = custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s", {
+        "spec": {"saveRawTrace": "none"}, "status": {"phase": "Failed"}})
+    assert main["status"]["phase"] == "Pending" and main["spec"]["saveRawTrace"] == "none"
+    assert main["metadata"]["generation"] == 2
+    labelled = custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s", {"metadata": {"labels": {"x": "y"}}})
+    assert labelled["metadata"]["generation"] == 2
+    unchanged = custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s", {"metadata": {"labels": {"x": "y"}}})
+    assert unchanged["metadata"]["resourceVersion"] == labelled["metadata"]["resourceVersion"]
+
+
+def test_finalizers_hold_deletion_until_removed(core):
+    body = pod("p")
+    body["metadata"]["finalizers"] = ["stepscope.io/cleanup"]
+    core.create_namespaced_pod("default", body)
+    start = core.list_namespaced_pod("default").metadata.resource_version
+    core.delete_namespaced_pod("p", "default")
+    held = core.read_namespaced_pod("p", "default")
+    assert held.metadata.deletion_timestamp is not None and held.metadata.generation == 2
+    with pytest.raises(ApiException) as e:
+        core.patch_namespaced_pod("p", "default", {"metadata": {"finalizers": ["another/one"]}})
+    assert e.value.status == 422 and "no new finalizers" in _status(e.value)["message"]
+    core.patch_namespaced_pod("p", "default", {"metadata": {"$deleteFromPrimitiveList/finalizers": ["stepscope.io/cleanup"]}})
+    with pytest.raises(ApiException) as e:
+        core.read_namespaced_pod("p", "default")
+    assert e.value.status == 404
+    assert _events(core.list_namespaced_pod, "default", resource_version=start) == [("MODIFIED", "p"), ("DELETED", "p")]
+
+
+def test_deleting_an_owner_deletes_its_jobs_in_the_background(kube, custom):
+    batch = kubernetes.client.BatchV1Api(kube.api_client)
+    owner = custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, session("s"))
+    other = custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, session("t"))
+    batch.create_namespaced_job("default", job("analysis", [owner_ref(owner)]))
+    batch.create_namespaced_job("default", job("shared", [owner_ref(owner), owner_ref(other)]))
+    batch.create_namespaced_job("default", job("unrelated", []))
+    custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s")
+
+    def jobs() -> dict:
+        return {j.metadata.name: j for j in batch.list_namespaced_job("default").items}
+
+    wait_for(lambda: "analysis" not in jobs(), what="the owned Job to be collected")
+    remaining = jobs()
+    assert set(remaining) == {"shared", "unrelated"}
+    assert [r.uid for r in remaining["shared"].metadata.owner_references] == [other["metadata"]["uid"]]
+
+
+def test_orphan_propagation_keeps_dependents(kube, custom):
+    batch = kubernetes.client.BatchV1Api(kube.api_client)
+    owner = custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, session("s"))
+    batch.create_namespaced_job("default", job("analysis", [owner_ref(owner)]))
+    custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s", propagation_policy="Orphan")
+    wait_for(lambda: not batch.read_namespaced_job("analysis", "default").metadata.owner_references,
+             what="the owner reference to be removed")
+
+
+def test_deleting_the_crd_removes_its_resources_and_discovery(kube, custom):
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, session("s"))
+    kubernetes.client.ApiextensionsV1Api(kube.api_client).delete_custom_resource_definition(f"{PLURAL}.{GROUP}")
+    with pytest.raises(ApiException) as e:
+        custom.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)
+    assert e.value.status == 404
+    kube.apply_crd()
+    assert custom.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)["items"] == []
