@@ -12,20 +12,29 @@ import numpy as np
 from stepscope.analysis.model import (SUMMARY_VERSION, CollectiveStat, FunctionStat, IdleBreakdown, KernelStat, KernelTypeShare,
                                       LaunchStats, MemoryOpStat, RankSummary, RuntimeStat, StepRow, TemporalBreakdown)
 
-COMPUTE_KERNELS = [f"volta_sgemm_128x64_nn_{i}" for i in range(12)] + [f"void at::native::elementwise_kernel<{i}>" for i in range(24)]
 COMM_KERNEL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"
 TRAIN_FUNCTIONS = ["train.py(88): train_step", "train.py(30): load_batch", "model.py(12): forward", "optim.py(77): step"]
 
 
+def kernel_names(count: int) -> list[str]:
+    """A third GEMMs, the rest elementwise kernels, like a transformer's mix."""
+    gemms = max(1, count // 3)
+    return [f"volta_sgemm_128x64_nn_{i}" for i in range(gemms)] + [f"void at::native::elementwise_kernel<{i}>" for i in range(count - gemms)]
+
+
 def make_summaries(ranks: int = 8, *, steps: int = 4, seed: int = 0, slow_rank: int | None = None, kernel_factor: float = 1.0,
                    extra_step_us: float = 0.0, python_rank: int | None = None, python_us: float = 0.0,
-                   memcpy_ratio: float = 0.002, collectives_per_step: int = 20, bandwidth_rank: int | None = None) -> list[RankSummary]:
+                   memcpy_ratio: float = 0.002, collectives_per_step: int = 20, bandwidth_rank: int | None = None,
+                   kernels: int = 36, functions: int = 0) -> list[RankSummary]:
     """`slow_rank` runs its kernels `kernel_factor` times longer and adds `extra_step_us` of host
     time per step before the collectives; `python_rank` spends `python_us` per step in
-    augment_batch_slowly (train.py:42); memory copies take `memcpy_ratio` of the captured time."""
+    augment_batch_slowly (train.py:42); memory copies take `memcpy_ratio` of the captured time.
+    `kernels` distinct kernel names run on every rank, plus `functions` small Python functions."""
     rng = np.random.default_rng(seed)
-    base_kernel_us = rng.uniform(50, 2000, len(COMPUTE_KERNELS))
-    counts = rng.integers(4, 40, len(COMPUTE_KERNELS))
+    compute_kernels = kernel_names(kernels)
+    train_functions = TRAIN_FUNCTIONS + [f"lib/module_{i}.py({i}): helper_{i}" for i in range(functions)]
+    base_kernel_us = rng.uniform(50, 2000 * 36 / kernels, len(compute_kernels))
+    counts = rng.integers(4, 40, len(compute_kernels))
     compute_us = np.full(ranks, float((base_kernel_us * counts).sum()))
     factor = np.ones(ranks)
     host_us = np.full(ranks, 5000.0)
@@ -42,10 +51,10 @@ def make_summaries(ranks: int = 8, *, steps: int = 4, seed: int = 0, slow_rank: 
     step_us = (arrival.max(axis=0) + transfer).reshape(steps, collectives_per_step).sum(axis=1)
     out = []
     for r in range(ranks):
-        kernel_mean = base_kernel_us * factor[r] * rng.uniform(0.98, 1.02, len(COMPUTE_KERNELS))
+        kernel_mean = base_kernel_us * factor[r] * rng.uniform(0.98, 1.02, len(compute_kernels))
         comm = durations[r]
         kernels = [KernelStat(name=n, type="COMP", count=int(c) * steps, sumUs=float(m * c * steps), meanUs=float(m), medianUs=float(m),
-                              minUs=float(m * 0.9), maxUs=float(m * 1.1)) for n, c, m in zip(COMPUTE_KERNELS, counts, kernel_mean)]
+                              minUs=float(m * 0.9), maxUs=float(m * 1.1)) for n, c, m in zip(compute_kernels, counts, kernel_mean)]
         kernels.append(KernelStat(name=COMM_KERNEL, type="COMM", count=rounds, sumUs=float(comm.sum()), meanUs=float(comm.mean()),
                                   medianUs=float(np.median(comm)), minUs=float(comm.min()), maxUs=float(comm.max())))
         captured = float(step_us.sum())
@@ -55,7 +64,7 @@ def make_summaries(ranks: int = 8, *, steps: int = 4, seed: int = 0, slow_rank: 
                              overlappedUs=float(comm.sum()) / steps * 0.95, freeUs=float(d) * 0.05)
                      for i, d in enumerate(step_us)]
         functions = [FunctionStat(name=n, stack=n, count=steps, exclusiveUs=float(rng.uniform(1000, 3000) * steps), notOverlappedUs=0.0)
-                     for n in TRAIN_FUNCTIONS]
+                     for n in train_functions]
         if r == python_rank:
             functions.append(FunctionStat(name="/src/train.py(42): augment_batch_slowly", stack="train.py(88): train_step;train.py(42): augment_batch_slowly",
                                           count=steps, exclusiveUs=python_us * steps, notOverlappedUs=python_us * steps))
