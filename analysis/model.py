@@ -40,6 +40,14 @@ class TemporalBreakdown(Struct):
     idlePct: float
     computePct: float
     nonComputePct: float
+    spanUs: float = 0.0  # HTA's kernel_time: first kernel start to last kernel end
+
+
+class StreamIdle(Struct):
+    stream: int
+    hostWaitUs: float
+    kernelWaitUs: float
+    otherUs: float
 
 
 class IdleBreakdown(Struct):
@@ -47,6 +55,7 @@ class IdleBreakdown(Struct):
     hostWaitUs: float
     kernelWaitUs: float
     otherUs: float
+    streams: list[StreamIdle] = []  # the same split per GPU stream, as HTA reports it
 
 
 class KernelTypeShare(Struct):
@@ -99,6 +108,7 @@ class RuntimeStat(Struct):
     count: int
     sumUs: float
     bottleneckRatio: float = 0.0
+    notOverlappedUs: float = 0.0  # time of the calls while no GPU compute runs
 
 
 class LaunchStats(Struct):
@@ -109,6 +119,9 @@ class LaunchStats(Struct):
     shortKernels: int = 0  # kernels shorter than the short-kernel threshold
     shortKernelThresholdUs: float = 0.0
     runtimeOutliers: int = 0  # runtime calls far longer than their peers
+    launchDelayOutliers: int = 0  # launch delays above HTA's 100 µs cutoff
+    launchDelayMeanUs: float = 0.0
+    cpuDurationMeanUs: float = 0.0  # mean duration of the launch calls themselves
 
 
 class FunctionStat(Struct):

@@ -1,0 +1,122 @@
+"""Collectives by type: NCCL/RCCL kernels on GPU traces, gloo (or other CPU backend) calls on CPU-only traces.
+
+Algorithm and protocol come from NCCL kernel names (ncclKernel_AllReduce_RING_LL_Sum_float);
+message sizes from the collective arguments PyTorch records ("In msg nelems", "dtype",
+"Group size"), on the kernel itself or on the CPU op that launched it (same External id).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from . import intervals
+from .gpu_scope import COMM, name_types
+from .model import CollectiveStat
+from .trace import Trace
+
+_PROTOCOLS = ("LL128", "LL", "SIMPLE")
+_KINDS = {
+    "allreduce": "AllReduce", "allgather": "AllGather", "allgatherbase": "AllGather",
+    "allgatherintocoalesced": "AllGather", "reducescatter": "ReduceScatter", "reducescatterbase": "ReduceScatter",
+    "reducescattertensorcoalesced": "ReduceScatter", "broadcast": "Broadcast", "reduce": "Reduce",
+    "alltoall": "AllToAll", "alltoallbase": "AllToAll", "alltoallv": "AllToAll", "send": "SendRecv",
+    "recv": "SendRecv", "sendrecv": "SendRecv", "barrier": "Barrier", "gather": "Gather", "scatter": "Scatter",
+    "allreducecoalesced": "AllReduce",
+}
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
+    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "byte": 1,
+    "int8": 1, "uint8": 1, "bool": 1,
+}
+# Bus bandwidth factors (NCCL's performance notes) for groups of n ranks.
+_BUS_FACTOR = {"AllReduce": lambda n: 2 * (n - 1) / n, "AllGather": lambda n: (n - 1) / n,
+               "ReduceScatter": lambda n: (n - 1) / n, "AllToAll": lambda n: (n - 1) / n}
+_CPU_COLLECTIVE_RE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl):([a-z_]+)")
+
+
+def normalise_kind(raw: str) -> str:
+    key = re.sub(r"[^a-z]", "", raw.lower())
+    return _KINDS.get(key, raw[:1].upper() + raw[1:] if raw else "Unknown")
+
+
+def parse_nccl_name(name: str) -> tuple[str, str, str]:
+    """(kind, algorithm, protocol) of an NCCL kernel name; empty strings where the name says nothing."""
+    tokens = name.split("(")[0].split("_")
+    if len(tokens) < 2:
+        return "Unknown", "", ""
+    kind = normalise_kind(tokens[1])
+    protocol = next((t for t in tokens[2:] if t in _PROTOCOLS), "")
+    algorithm = "_".join(t for t in tokens[2:tokens.index(protocol) if protocol else len(tokens)] if t.isupper())
+    return kind, algorithm, protocol
+
+
+def dtype_bytes(dtype: str) -> int:
+    return _DTYPE_BYTES.get(dtype.lower().replace("torch.", "").replace("c10::", ""), 0)
+
+
+def _lookup(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Index into `keys` of each wanted value, -1 where absent."""
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    pos = np.minimum(np.searchsorted(sorted_keys, wanted), max(len(keys) - 1, 0))
+    hit = (sorted_keys[pos] == wanted) if len(keys) else np.zeros(len(wanted), bool)
+    return np.where(hit, order[pos] if len(keys) else -1, -1)
+
+
+def _message_bytes(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes moved and group size of each collective row, from the arguments on it or on its launching op."""
+    coll = trace.collectives
+    if len(coll.row) == 0:
+        return np.zeros(len(rows)), np.zeros(len(rows), dtype=np.int64)
+    elem = np.array([dtype_bytes(d) for d in coll.dtype], dtype=np.float64)
+    gathers = np.array([normalise_kind(n) == "AllGather" for n in coll.name], dtype=bool)
+    msg_bytes = np.maximum(np.where(gathers, coll.out_nelems, coll.in_nelems), 0) * elem
+    j = _lookup(coll.row, rows)
+    ext = trace.external_id[rows]
+    via_ext = _lookup(trace.external_id[coll.row], ext)
+    j = np.where((j < 0) & (ext >= 0), via_ext, j)
+    return np.where(j >= 0, msg_bytes[j], 0.0), np.where(j >= 0, coll.group_size[j], 0)
+
+
+def collectives(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_us: float,
+                keep_durations: int = 2000) -> list[CollectiveStat]:
+    """Per collective kind: count, time, median, bus bandwidth, bottleneck ratio and per-instance durations.
+
+    The per-instance durations (in issue order, at most `keep_durations`) let the diagnosis line up
+    the i-th collective across ranks: the rank that arrives last waits least.
+    """
+    rows = np.flatnonzero((trace.stream != -1) & (name_types(trace)[trace.name] == COMM))
+    if len(rows):
+        label_of = {int(c): parse_nccl_name(trace.names[int(c)]) for c in np.unique(trace.name[rows])}
+    else:
+        codes = trace.name_codes(lambda n: _CPU_COLLECTIVE_RE.match(n) is not None)
+        rows = np.flatnonzero(np.isin(trace.name, codes))
+        label_of = {int(c): (normalise_kind(_CPU_COLLECTIVE_RE.match(trace.names[int(c)]).group(2)), "", "")
+                    for c in codes}
+    if len(rows) == 0:
+        return []
+    rows = rows[np.argsort(trace.ts[rows], kind="stable")]
+    labels = sorted(set(label_of.values()))
+    label_idx = np.full(len(trace.names), -1)
+    for code, label in label_of.items():
+        label_idx[code] = labels.index(label)
+    lab = label_idx[trace.name[rows]]
+    dur, exposed = intervals.outside(compute, trace.ts[rows], trace.dur[rows])
+    size, group = _message_bytes(trace, rows)
+    group = np.where(group > 0, group, max(trace.world_size, 1)).astype(np.float64)
+    out = []
+    for k, (kind, algorithm, protocol) in enumerate(labels):
+        sel = lab == k
+        d = dur[sel]
+        factor = _BUS_FACTOR.get(kind, lambda n: np.ones_like(n))(group[sel])
+        sized = size[sel] > 0
+        sized_us = d[sized].sum()
+        bus_bytes = (size[sel] * factor)[sized].sum()
+        out.append(CollectiveStat(
+            kind=kind, count=int(sel.sum()), sumUs=float(d.sum()), medianUs=float(np.median(d)),
+            algorithm=algorithm, protocol=protocol, bytes=int(size[sel].sum()),
+            busBandwidthGBs=float(bus_bytes / sized_us / 1e3) if sized_us > 0 else 0.0,
+            bottleneckRatio=float(exposed[sel].sum() / captured_us) if captured_us > 0 else 0.0,
+            durationsUs=d[:keep_durations].tolist()))
+    return sorted(out, key=lambda c: -c.sumUs)

@@ -1,0 +1,99 @@
+"""One rank's trace -> its RankSummary (analysis/model.py), the compact form the edge uploads."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from . import breakdown, intervals
+from .collectives import collectives
+from .gpu_scope import gpu_scope
+from .kernels import comm_comp_overlap, compute_union, kernel_stats
+from .launch import launch_stats, runtime_stats
+from .memory_ops import memory_ops
+from .model import SUMMARY_VERSION, RankSummary
+from .python_functions import python_functions
+from .steps import step_rows, step_spans
+from .trace import Trace, TraceError, load_trace
+
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+
+def _rank_from_name(path: str | Path) -> int | None:
+    m = _RANK_IN_NAME.search(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def _main_gpu(trace: Trace, gpu_rows: np.ndarray) -> int:
+    """Kineto puts GPU events under pid = device index."""
+    pids = trace.pid[gpu_rows]
+    pids = pids[(pids >= 0) & (pids < 64)]
+    return int(np.bincount(pids).argmax()) if len(pids) else -1
+
+
+def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str = "") -> RankSummary:
+    warnings = list(trace.warnings)
+    if rank is None:
+        rank = trace.rank if trace.rank is not None else _rank_from_name(trace.path)
+    if rank is None:
+        warnings.append("rank unknown (no distributedInfo, none given, none in the file name): taken as 0")
+        rank = 0
+    numbers, starts, ends = step_spans(trace)
+    if len(numbers) == 0:
+        warnings.append("no ProfilerStep in the trace: the whole trace is treated as one step")
+        captured = float(trace.end.max() - trace.ts.min())
+    else:
+        captured = float(ends.max() - starts.min())
+    gpu_rows = np.flatnonzero(trace.stream != -1)
+    has_gpu = len(gpu_rows) > 0
+    if not has_gpu:
+        warnings.append("no GPU events: CPU-only trace (steps, collectives and Python functions only)")
+    scope = gpu_scope(trace)
+    compute = compute_union(trace, scope)
+    gpu_ts = trace.ts[gpu_rows]
+    gpu_union = intervals.merge(gpu_ts, np.maximum(gpu_ts + trace.dur[gpu_rows], gpu_ts))
+    window_start = float(starts.min()) if len(starts) else float(trace.ts.min())
+    busy = intervals.covered(gpu_union, np.array([window_start]), np.array([window_start + captured]))[0]
+    return RankSummary(
+        version=SUMMARY_VERSION,
+        rank=int(rank),
+        worldSize=trace.world_size,
+        gpu=_main_gpu(trace, gpu_rows),
+        backend=trace.backend,
+        pod=pod,
+        node=node,
+        source=Path(trace.path).name,
+        hasGpu=has_gpu,
+        capturedUs=captured,
+        gpuUtilizationPct=round(100 * float(busy) / captured, 2) if captured > 0 else 0.0,
+        steps=step_rows(trace),
+        temporal=breakdown.temporal(trace, scope),
+        idle=breakdown.idle(trace, scope),
+        kernelTypes=breakdown.kernel_types(trace, scope) if has_gpu else [],
+        kernels=kernel_stats(trace, scope, captured),
+        overlapPct=comm_comp_overlap(trace, scope),
+        launch=launch_stats(trace, scope),
+        memoryOps=memory_ops(trace, compute, captured),
+        runtime=runtime_stats(trace, compute, captured),
+        collectives=collectives(trace, compute, captured),
+        functions=python_functions(trace, gpu_union, captured),
+        warnings=warnings,
+    )
+
+
+def summarize_file(path: str | Path, *, rank: int | None = None, pod: str = "", node: str = "") -> RankSummary:
+    """Summarise a trace file; never raises: an unreadable trace gives a summary with `error` set."""
+    known_rank = rank if rank is not None else _rank_from_name(path)
+    failed = RankSummary(version=SUMMARY_VERSION, rank=-1 if known_rank is None else known_rank, pod=pod,
+                         node=node, source=Path(path).name)
+    try:
+        trace = load_trace(path)
+    except TraceError as e:
+        failed.error = str(e)
+        return failed
+    try:
+        return summarize(trace, rank=rank, pod=pod, node=node)
+    except Exception as e:  # the edge must upload something for every rank, so analysis bugs become errors
+        failed.error = f"{path}: analysis failed: {type(e).__name__}: {e}"
+        return failed

@@ -1,0 +1,448 @@
+"""Load a Kineto (PyTorch profiler) JSON trace into columns.
+
+The file is streamed (plain or gzip, decompressed with isal's igzip) and cut into pieces of about
+`CHUNK_BYTES` at event boundaries; msgspec decodes each piece into typed structs holding only the
+fields the analysis reads, which are turned into numpy columns at once and dropped. Memory stays
+bounded by the columns plus one piece, whatever the size of the file.
+
+The rows kept are the ones Holistic Trace Analysis (HTA 0.5.0) keeps: events with a duration and a
+category, except the `Trace` span. Times are microseconds. Like HTA, a trace with fractional
+(nanosecond-resolution) timestamps is rounded inwards to whole microseconds (start up, end down),
+so every interval metric can be checked against HTA number by number.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from itertools import compress, repeat
+from operator import attrgetter, is_not
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Iterable, Iterator
+
+import msgspec
+import numpy as np
+from isal import igzip
+
+CHUNK_BYTES = 16 << 20
+# A metadata header larger than this before "traceEvents" is not a Kineto trace.
+MAX_HEADER_BYTES = 64 << 20
+# Category names of PyTorch 1.8's Kineto next to today's.
+KERNEL_CATS = ("kernel", "Kernel")
+MEMCPY_CATS = ("gpu_memcpy", "Memcpy")
+MEMSET_CATS = ("gpu_memset", "Memset")
+RUNTIME_CATS = ("cuda_runtime", "Runtime", "cuda_driver")
+CPU_OP_CATS = ("cpu_op", "Operator", "user_annotation")
+PYTHON_CAT = "python_function"
+STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+
+
+class TraceError(Exception):
+    """The trace cannot be read; the message names the file and says why."""
+
+
+# Numbers as written by any profiler version: some write them as strings, some as null.
+_Num = int | float | str | None
+
+
+class _Args(msgspec.Struct, gc=False, frozen=True):
+    stream: _Num = -1
+    correlation: _Num = -1
+    external_id: _Num = msgspec.field(default=-1, name="External id")
+    external_id_old: _Num = msgspec.field(default=-1, name="external id")
+    bytes: _Num = -1
+    python_id: _Num = msgspec.field(default=-1, name="Python id")
+    python_parent: _Num = msgspec.field(default=-1, name="Python parent id")
+    collective: str | None = msgspec.field(default=None, name="Collective name")
+    in_nelems: _Num = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: _Num = msgspec.field(default=None, name="Out msg nelems")
+    group_size: _Num = msgspec.field(default=None, name="Group size")
+    dtype: str | None = None
+
+
+_NO_ARGS = _Args()
+
+
+class _Event(msgspec.Struct, gc=False):
+    cat: str | None = None
+    name: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float | None = None
+    dur: float | None = None
+    args: _Args = _NO_ARGS
+
+
+class _Meta(msgspec.Struct):
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+    displayTimeUnit: str | None = None
+    baseTimeNanoseconds: int | None = None
+    traceName: str | None = None
+
+
+class _Tail(_Meta):
+    traceEvents: list[_Event] = []
+
+
+_EVENTS = msgspec.json.Decoder(list[_Event])
+_META = msgspec.json.Decoder(_Meta)
+_TAIL = msgspec.json.Decoder(_Tail)
+
+
+@dataclass
+class Collectives:
+    """Collective arguments (message sizes, group) of the few events that carry them."""
+    row: np.ndarray  # row of the event in the Trace columns
+    name: list[str]
+    in_nelems: np.ndarray
+    out_nelems: np.ndarray
+    group_size: np.ndarray
+    dtype: list[str]
+
+
+@dataclass
+class Trace:
+    path: str
+    rank: int | None
+    world_size: int
+    backend: str
+    device_names: list[str]
+    cats: list[str]  # category code -> string
+    names: list[str]  # name code -> string
+    cat: np.ndarray  # int32 codes
+    name: np.ndarray  # int32 codes
+    pid: np.ndarray  # int64; string ids get negative codes
+    tid: np.ndarray
+    ts: np.ndarray  # float64 microseconds
+    dur: np.ndarray
+    stream: np.ndarray  # int64, -1 for events not on a GPU stream (HTA's convention)
+    correlation: np.ndarray  # int64, -1 when absent
+    external_id: np.ndarray
+    nbytes: np.ndarray  # int64, -1 when absent
+    python_id: np.ndarray
+    python_parent: np.ndarray
+    collectives: Collectives
+    rounded: bool  # fractional timestamps were rounded inwards as HTA does
+    first_event_ts: float  # ts of traceEvents[0] when it is a kept row, else NaN (see gpu_scope)
+    warnings: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def cat_mask(self, names: tuple[str, ...] | str) -> np.ndarray:
+        wanted = (names,) if isinstance(names, str) else names
+        codes = [i for i, c in enumerate(self.cats) if c in wanted]
+        return np.isin(self.cat, codes)
+
+    def name_codes(self, predicate) -> np.ndarray:
+        """Codes of the names for which `predicate(name)` holds (evaluated once per distinct name)."""
+        return np.fromiter((i for i, n in enumerate(self.names) if predicate(n)), dtype=np.int64)
+
+    def name_mask(self, predicate) -> np.ndarray:
+        return np.isin(self.name, self.name_codes(predicate))
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.ts + self.dur
+
+
+class _Columns:
+    """Accumulates the columns of one trace piece by piece."""
+
+    def __init__(self) -> None:
+        self.cat_codes: dict[str, int] = {}
+        self.name_codes: dict[str, int] = {}
+        self.id_codes: dict[str, int] = {}
+        self.parts: dict[str, list[np.ndarray]] = {k: [] for k in (
+            "cat", "name", "pid", "tid", "ts", "dur", "stream", "correlation", "external_id",
+            "nbytes", "python_id", "python_parent")}
+        self.coll: list[tuple[int, str, int, int, int, str]] = []
+        self.rows = 0
+        self.first_event_ts = float("nan")
+        self.seen_events = 0
+        self.old_external_ids = False
+
+    def add(self, events: list[_Event]) -> None:
+        # C-level iteration (map/attrgetter/compress) keeps the cost per event to a few tens of ns.
+        if self.seen_events == 0 and events:
+            first = events[0]
+            if first.dur is not None and first.cat not in (None, "Trace") and first.ts is not None:
+                self.first_event_ts = first.ts
+        if self.seen_events == 0:
+            self.old_external_ids = any(e.args.external_id_old != -1 for e in events[:1000])
+        self.seen_events += len(events)
+        kept = list(compress(events, map(is_not, map(_get("dur"), events), repeat(None))))
+        if not kept:
+            return
+        cat = _codes(self.cat_codes, map(_get("cat"), kept), len(kept))
+        ts = _floats(map(_get("ts"), kept), len(kept))
+        drop = np.isnan(ts) | np.isin(cat, [self.cat_codes.get(c, -1) for c in (None, "Trace")])
+        if drop.any():
+            kept = list(compress(kept, ~drop))
+            cat, ts = cat[~drop], ts[~drop]
+            if not kept:
+                return
+        n = len(kept)
+        p = self.parts
+        p["cat"].append(cat)
+        p["ts"].append(ts)
+        p["name"].append(_codes(self.name_codes, map(_get("name"), kept), n))
+        p["dur"].append(_floats(map(_get("dur"), kept), n))
+        p["pid"].append(self._ids(map(_get("pid"), kept), n))
+        p["tid"].append(self._ids(map(_get("tid"), kept), n))
+        p["stream"].append(_ints(map(_get("args.stream"), kept), n))
+        p["correlation"].append(_ints(map(_get("args.correlation"), kept), n))
+        ext = _ints(map(_get("args.external_id"), kept), n)
+        if self.old_external_ids:
+            ext = np.where(ext >= 0, ext, _ints(map(_get("args.external_id_old"), kept), n))
+        p["external_id"].append(ext)
+        # Arguments only some categories carry are read for those rows only.
+        for key, arg, cats in (("nbytes", "bytes", MEMCPY_CATS + MEMSET_CATS), ("python_id", "python_id", (PYTHON_CAT,)),
+                               ("python_parent", "python_parent", (PYTHON_CAT,))):
+            column = np.full(n, -1, dtype=np.int64)
+            rows = np.isin(cat, [self.cat_codes[c] for c in cats if c in self.cat_codes])
+            if rows.any():
+                column[rows] = _ints(map(_get("args." + arg), compress(kept, rows)), int(rows.sum()))
+            p[key].append(column)
+        has_coll = np.fromiter(map(is_not, map(_get("args.collective"), kept), repeat(None)), bool, n)
+        has_coll |= np.fromiter(map(is_not, map(_get("args.in_nelems"), kept), repeat(None)), bool, n)
+        for i in np.flatnonzero(has_coll).tolist():
+            a = kept[i].args
+            self.coll.append((self.rows + i, a.collective or "", _int(a.in_nelems), _int(a.out_nelems),
+                              _int(a.group_size), a.dtype or ""))
+        self.rows += n
+
+    def _ids(self, values: Iterable, n: int) -> np.ndarray:
+        """pids/tids; the few string ids get negative codes."""
+        items = list(values)
+        try:
+            return np.array(items, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            codes = self.id_codes
+            return np.array([v if isinstance(v, int) else -1 - codes.setdefault(str(v), len(codes)) for v in items],
+                            dtype=np.int64)
+
+    def column(self, key: str, dtype) -> np.ndarray:
+        parts = self.parts[key]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+
+
+def _int(v: int | float | str | None) -> int:
+    try:
+        return int(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return -1
+
+
+def _get(attr: str) -> attrgetter:
+    return attrgetter(attr)
+
+
+def _codes(table: dict, values: Iterable, n: int) -> np.ndarray:
+    """Intern strings: code = position of first appearance in `table`."""
+    lookup = defaultdict(None, table)
+    lookup.default_factory = lookup.__len__
+    codes = np.fromiter(map(lookup.__getitem__, values), np.int32, n)
+    table.update(lookup)
+    return codes
+
+
+def _floats(values: Iterable, n: int) -> np.ndarray:
+    items = list(values)
+    try:
+        return np.fromiter(items, np.float64, n)
+    except TypeError:
+        return np.array(items, dtype=np.float64)  # null -> NaN
+
+
+def _ints(iterable: Iterable, n: int) -> np.ndarray:
+    """Integers as int64, -1 for null or anything int() refuses (HTA's stream normalisation)."""
+    values = list(iterable)
+    try:
+        return np.fromiter(values, np.int64, n)
+    except (TypeError, ValueError, OverflowError):
+        out = np.empty(len(values), dtype=np.int64)
+        for i, v in enumerate(values):
+            try:
+                out[i] = int(v)
+            except (TypeError, ValueError, OverflowError):
+                out[i] = -1
+        return out
+
+
+def _open(path: Path) -> BinaryIO:
+    f = open(path, "rb")
+    magic = f.read(2)
+    f.seek(0)
+    if magic == b"\x1f\x8b":
+        return igzip.IGzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+    return f
+
+
+def _blocks(stream: BinaryIO) -> Iterator[bytes]:
+    while True:
+        block = stream.read(CHUNK_BYTES)
+        if not block:
+            return
+        yield block
+
+
+def _decode_pieces(blocks: Iterator[bytes], cols: _Columns) -> _Meta:
+    """Split the stream at event boundaries, decode each piece, return the trace metadata."""
+    buf = bytearray()
+    key = -1
+    for block in blocks:
+        buf += block
+        key = buf.find(b'"traceEvents"')
+        if key >= 0 or len(buf) > MAX_HEADER_BYTES or buf[:1024].lstrip()[:1] == b"[":
+            break
+    first = buf[:1024].lstrip()[:1]
+    if not first:
+        raise ValueError("the file is empty")
+    bare = first == b"["  # a bare JSON array of events, which the Chrome trace format allows
+    meta = _Meta()
+    if bare:
+        start = buf.find(b"[")
+    else:
+        if key < 0:
+            raise ValueError('no "traceEvents" array: not a Kineto/Chrome trace')
+        header = bytes(buf[:key]).rstrip()
+        if header.endswith(b","):
+            meta = _META.decode(header[:-1] + b"}")
+        start = buf.find(b"[", key)
+        while start < 0:
+            block = next(blocks, b"")
+            if not block:
+                raise ValueError("the file ends before the event list")
+            buf += block
+            start = buf.find(b"[", key)
+    del buf[:start]
+    for block in blocks:
+        buf += block
+        if len(buf) >= CHUNK_BYTES:
+            _decode_complete_events(buf, cols)
+    if bare:
+        cols.add(_EVENTS.decode(buf))
+        return meta
+    rest = _TAIL.decode(b'{"traceEvents":' + bytes(buf))
+    cols.add(rest.traceEvents)
+    for name in _Meta.__struct_fields__:
+        if getattr(meta, name) is None:
+            setattr(meta, name, getattr(rest, name))
+    return meta
+
+
+def _decode_complete_events(buf: bytearray, cols: _Columns) -> None:
+    """Decode the events at the front of `buf` (which starts with '['), leaving the rest in it.
+
+    A candidate cut is a `},`; one inside a string or a nested object leaves the piece unbalanced,
+    so msgspec refuses it as invalid JSON and the previous candidate is tried.
+    """
+    cut = buf.rfind(b"},")
+    for _ in range(64):
+        if cut <= 0:
+            return
+        comma = cut + 1
+        buf[comma] = ord("]")
+        try:
+            events = _EVENTS.decode(memoryview(buf)[: comma + 1])
+        except msgspec.ValidationError:
+            raise
+        except msgspec.DecodeError:
+            buf[comma] = ord(",")
+            cut = buf.rfind(b"},", 0, cut)
+            continue
+        cols.add(events)
+        del events
+        del buf[1: comma + 1]
+        return
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read a Kineto trace (.json or .json.gz). Raises TraceError naming the file when it cannot."""
+    path = Path(path)
+    cols = _Columns()
+    try:
+        with _open(path) as stream:
+            meta = _decode_pieces(_blocks(stream), cols)
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except msgspec.ValidationError as e:
+        raise TraceError(f"{path}: unexpected value in the trace: {e}") from None
+    except msgspec.DecodeError as e:
+        raise TraceError(f"{path}: invalid or truncated JSON ({e})") from None
+    except (EOFError, OSError, igzip.BadGzipFile) as e:
+        raise TraceError(f"{path}: unreadable or truncated file ({e})") from None
+    except ValueError as e:
+        raise TraceError(f"{path}: {e}") from None
+    if cols.rows == 0:
+        raise TraceError(f"{path}: the trace has no events with a duration ({cols.seen_events} events in all)")
+    return _build(path, meta, cols)
+
+
+def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
+    ts = cols.column("ts", np.float64)
+    dur = cols.column("dur", np.float64)
+    first_ts = cols.first_event_ts
+    rounded = bool((ts != np.floor(ts)).any())
+    if rounded:
+        end = np.floor(ts + dur)
+        ts = np.ceil(ts)
+        dur = end - ts
+        first_ts = float(np.ceil(first_ts))
+    info = _distributed_info(meta.distributedInfo)
+    coll = cols.coll
+    return Trace(
+        path=str(path),
+        rank=_as_int(info.get("rank"), None),
+        world_size=_as_int(info.get("world_size"), 0),
+        backend=str(info.get("backend") or ""),
+        device_names=[str(d.get("name", "")) for d in meta.deviceProperties or [] if isinstance(d, dict)],
+        cats=list(cols.cat_codes),
+        names=list(cols.name_codes),
+        cat=cols.column("cat", np.int32),
+        name=cols.column("name", np.int32),
+        pid=cols.column("pid", np.int64),
+        tid=cols.column("tid", np.int64),
+        ts=ts,
+        dur=dur,
+        stream=cols.column("stream", np.int64),
+        correlation=cols.column("correlation", np.int64),
+        external_id=cols.column("external_id", np.int64),
+        nbytes=cols.column("nbytes", np.int64),
+        python_id=cols.column("python_id", np.int64),
+        python_parent=cols.column("python_parent", np.int64),
+        collectives=Collectives(
+            row=np.array([c[0] for c in coll], dtype=np.int64),
+            name=[c[1] for c in coll],
+            in_nelems=np.array([c[2] for c in coll], dtype=np.int64),
+            out_nelems=np.array([c[3] for c in coll], dtype=np.int64),
+            group_size=np.array([c[4] for c in coll], dtype=np.int64),
+            dtype=[c[5] for c in coll],
+        ),
+        rounded=rounded,
+        first_event_ts=first_ts,
+        warnings=[] if info else ["the trace has no distributedInfo (rank and world size unknown)"],
+    )
+
+
+def _distributed_info(value: Any) -> dict:
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        # Some writers store it as a Python repr string.
+        try:
+            parsed = ast.literal_eval(value)
+            return parsed if isinstance(parsed, dict) else {}
+        except (ValueError, SyntaxError):
+            return {}
+    return {}
+
+
+def _as_int(value: Any, default: int | None) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
