@@ -33,8 +33,10 @@ DEFAULT_DIR = "/var/run/stepscope"
 WIRE_VERSION = 1
 HEARTBEAT_SECONDS = 1.0
 # A loop that has not reached a step boundary for this long gets its requests read by the
-# watchdog thread instead, so durationSeconds captures work without steps.
+# watchdog thread instead, so durationSeconds captures work without steps. Before its first step
+# a process may still be starting (rendezvous, model setup), so it gets longer to show it steps.
 STEPLESS_AFTER_SECONDS = 1.0
+FIRST_STEP_GRACE_SECONDS = float(os.environ.get("STEPSCOPE_FIRST_STEP_GRACE_SECONDS", "10"))
 ACTIVE_STATES = ("waiting", "capturing", "hung")
 FINAL_STATES = ("done", "failed", "cancelled", "refused")
 
@@ -361,6 +363,8 @@ class Agent:
                     pass
         s.trace = name
         captured = f"{s.end_step - s.start_step} steps ({s.start_step}..{s.end_step - 1})"
+        if s.steps is None:
+            captured = f"{s.end_time - s.start_time:.2f} s, {captured}"
         with self._lock:
             self._finish(s, final, message=f"captured {captured}" + (", cancelled" if final == "cancelled" else ""))
 
@@ -477,7 +481,8 @@ class Agent:
             s = self._session
             if s is None:
                 return HEARTBEAT_SECONDS
-            if s.state == "waiting" and s.duration is not None and _monotonic() - max(self.last_step_mono, s.triggered_mono) >= STEPLESS_AFTER_SECONDS:
+            stepless_after = STEPLESS_AFTER_SECONDS if self.step_count else FIRST_STEP_GRACE_SECONDS
+            if s.state == "waiting" and s.duration is not None and _monotonic() - max(self.last_step_mono, s.triggered_mono) >= stepless_after:
                 s.on_watchdog = True
                 s.notes.append("no step boundary came: profiling started and stopped by the agent's watchdog thread, which records Python function events of every thread (withStack) but operator (aten) events only of its own thread, so none of the training thread's")
                 if s.wait_steps:
@@ -488,7 +493,10 @@ class Agent:
                 if s.prof is not None and s.duration is not None:
                     return max(0.01, min(HEARTBEAT_SECONDS, s.duration - (_monotonic() - s.started_mono)))
                 return HEARTBEAT_SECONDS
-            if s.state in ("waiting", "capturing") and since_step >= s.hang_timeout and not s.hung:
+            # A hang is counted from the trigger at the earliest: a request may reach a rank that was
+            # already stuck, or one still starting up.
+            stalled = _monotonic() - max(self.last_step_mono, s.triggered_mono)
+            if s.state in ("waiting", "capturing") and stalled >= s.hang_timeout and not s.hung:
                 s.hung = True
                 s.hung_step = self.step_count
                 s.state = "hung"

@@ -1,0 +1,80 @@
+"""The zero-code-change bootstrap in real interpreters: chain-loading, no torch import for
+processes that never use torch, a broken agent never breaking the interpreter."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from stepscope import AGENT_MODULE
+from stepscope.sidecar.bootstrap import install_bootstrap, training_env
+
+
+def run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, timeout=60)
+
+
+def test_install_writes_the_agent_and_sitecustomize(tmp_path: Path) -> None:
+    folder = install_bootstrap(tmp_path)
+    assert folder == tmp_path / "bootstrap"
+    assert sorted(p.name for p in folder.iterdir()) == ["sitecustomize.py", f"{AGENT_MODULE}.py"]
+    assert (folder / f"{AGENT_MODULE}.py").read_bytes() == (Path(__file__).parents[2] / "sidecar" / "agent.py").read_bytes()
+    env = training_env(tmp_path, {"PYTHONPATH": "/opt/a:/opt/b"})
+    assert env == {"PYTHONPATH": f"{folder.resolve()}:/opt/a:/opt/b", "STEPSCOPE_DIR": str(tmp_path.resolve())}
+    assert training_env(tmp_path, env)["PYTHONPATH"] == env["PYTHONPATH"]
+
+
+def test_chain_loads_the_images_sitecustomize_and_never_imports_torch(tmp_path: Path) -> None:
+    install_bootstrap(tmp_path / "ss")
+    image = tmp_path / "image-site"
+    image.mkdir()
+    (image / "sitecustomize.py").write_text("import os\nIMAGE_MARKER = os.getpid()\n")
+    env = training_env(tmp_path / "ss", {"PYTHONPATH": str(image)})
+    result = run_python(
+        "import json, os, sys\n"
+        "import sitecustomize\n"
+        "print(json.dumps({'chained': getattr(sitecustomize.chained_sitecustomize, 'IMAGE_MARKER', None) == os.getpid(),"
+        f" 'agent': {AGENT_MODULE!r} in sys.modules, 'torch': 'torch' in sys.modules}}))", env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"chained": True, "agent": True, "torch": False}
+    assert not (tmp_path / "ss" / "agents").exists(), "a process without torch registers no agent"
+
+
+def test_without_an_image_sitecustomize_the_agent_still_starts(tmp_path: Path) -> None:
+    install_bootstrap(tmp_path)
+    result = run_python(
+        f"import sys, sitecustomize; print(sitecustomize.chained_sitecustomize, {AGENT_MODULE!r} in sys.modules)", training_env(tmp_path, {}))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["None", "True"]
+
+
+def test_a_broken_agent_or_image_sitecustomize_never_breaks_the_interpreter(tmp_path: Path) -> None:
+    folder = install_bootstrap(tmp_path / "ss")
+    (folder / f"{AGENT_MODULE}.py").write_text("raise RuntimeError('agent exploded')\n")
+    image = tmp_path / "image-site"
+    image.mkdir()
+    (image / "sitecustomize.py").write_text("raise ValueError('image exploded')\n")
+    result = run_python("print('training runs')", training_env(tmp_path / "ss", {"PYTHONPATH": str(image)}))
+    assert result.returncode == 0 and result.stdout == "training runs\n"
+    assert "ValueError: image exploded" in result.stderr
+    assert "stepscope agent not started: RuntimeError: agent exploded" in result.stderr
+
+
+def test_steps_are_counted_once_per_training_step(tmp_path: Path) -> None:
+    """Two optimizers count one step (one leads); the first stepscope.step() switches the hook off."""
+    install_bootstrap(tmp_path)
+    code = (
+        "import torch, stepscope, stepscope_agent\n"
+        "m = torch.nn.Linear(2, 2)\n"
+        "a, b = torch.optim.SGD([m.weight], lr=0.1), torch.optim.SGD([m.bias], lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    m(torch.ones(1, 2)).sum().backward(); a.step(); b.step()\n"
+        "print(stepscope_agent._AGENT.step_count)\n"
+        "stepscope.step()\n"
+        "a.step(); b.step()\n"
+        "stepscope.step()\n"
+        "print(stepscope_agent._AGENT.step_count)\n")
+    result = run_python(code, {**training_env(tmp_path, {}), "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["3", "5"]

@@ -1,0 +1,47 @@
+"""The watchdog: a rank blocked forever leaves its peer waiting in a collective; both ranks are
+marked hung with every thread's Python stack."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tests.agent.protocol import wait_for, wait_for_state, write_request
+
+
+def heartbeat(directory: Path, rank: int) -> dict:
+    try:
+        return json.loads((directory / "agents" / f"rank-{rank}.json").read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def main_thread_functions(stacks: dict) -> list[str]:
+    (main,) = [t for t in stacks["threads"] if t["main"]]
+    return [f["function"] for f in main["frames"]]
+
+
+def test_hang_writes_stacks_of_the_rank_stuck_in_a_collective(stepscope_dir: Path, start_job) -> None:
+    job = start_job(2, "--steps", "0", "--step-sleep-ms", "5", "--hang-rank", "1", "--hang-at-step", "6")
+    # The request reaches ranks that are already stuck, the way a user asks about a job that hangs.
+    wait_for(lambda: all(heartbeat(stepscope_dir, rank).get("step") == 7 for rank in (0, 1)), 30, "both ranks stuck after step 7")
+    write_request(stepscope_dir, "s-hang", waitSteps=1, steps=40, hang_timeout=2)
+    states = [wait_for_state(stepscope_dir, "s-hang", rank, ("hung",), timeout=30) for rank in (0, 1)]
+    for rank, state in enumerate(states):
+        assert state["stacks"] == f"rank-{rank}.stacks.json"
+        assert state["step"] == 7, state
+        stacks = json.loads((stepscope_dir / "s-hang" / state["stacks"]).read_text())
+        assert stacks["rank"] == rank and stacks["session"] == "s-hang" and stacks["secondsSinceStep"] >= 2
+        assert {t["name"] for t in stacks["threads"]} >= {"MainThread", "stepscope-watchdog"}
+        functions = main_thread_functions(stacks)
+        assert functions[0] == "<module>" and "train" in functions
+        if rank == 0:
+            assert functions.index("average_loss_across_ranks") < functions.index("all_reduce"), functions
+        else:
+            assert functions[-2:] == ["train", "block_forever"], functions
+    assert all(code is None for code in job.wait(0.1))
+    for rank, process in enumerate(job.processes):
+        beat = heartbeat(stepscope_dir, rank)
+        assert beat["pid"] == process.pid and beat["step"] == 7 and beat["worldSize"] == 2 and beat["localRank"] == rank
+        assert time.time() - beat["heartbeat"] < 5, "the watchdog keeps beating while training hangs"
+
