@@ -161,3 +161,16 @@ def test_compact_form_stays_small_for_thousands_of_ranks():
 def test_peer_median_leaves_each_rank_out():
     assert peer_median([1.0, 2.0, 3.0, 10.0]).tolist() == [3.0, 3.0, 2.0, 2.0]
     assert peer_median([100.0, 130.0]).tolist() == [130.0, 100.0]
+
+
+def test_cpu_only_gloo_run_weighs_collective_wait_against_python():
+    summaries = make_summaries(4, python_rank=1, python_us=300_000, seed=13)
+    for s in summaries:
+        s.hasGpu, s.backend, s.kernels, s.kernelTypes, s.launch, s.memoryOps, s.runtime = False, "gloo", [], [], None, [], []
+    diagnosis, full = diagnose(summaries)
+    assert [w.rank for w in diagnosis.slowWorkers] == [1]
+    assert "augment_batch_slowly (train.py:42)" in diagnosis.summary
+    comm = [f for f in full if f["category"] == "communication"]
+    assert len(comm) == 1 and "in gloo collectives (AllReduce)" in comm[0]["message"] and "least: rank 1" in comm[0]["message"]
+    hot = [f for f in full if f["category"] == "python" and f["severity"] == "info"]
+    assert hot and hot[0]["message"].startswith("the Python hot spot is ")
