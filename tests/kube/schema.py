@@ -230,10 +230,10 @@ def _rule_causes(value: Any, old: Any, schema: Schema, path: str) -> list[Cause]
         try:
             result = compile_rule(expr).evaluate(activation)
         except celpy.CELEvalError as e:
-            causes.append((field, f"Invalid value: {_shown(value)}: {expr}: {e.args[0] if e.args else e}"))
-            continue
+            result = e
         if isinstance(result, celpy.CELEvalError):
-            causes.append((field, f"Invalid value: {_shown(value)}: {expr}: {result.args[0] if result.args else result}"))
+            reason = result.args[0] if result.args else result
+            causes.append((field, f"Invalid value: {_shown(value)}: {reason} evaluating rule: {expr}"))
         elif not bool(result):
             message = rule.get("message") or f"failed rule: {expr}"
             if rule.get("reason") == "FieldValueForbidden":
@@ -278,7 +278,10 @@ def validate_object(t: ResourceType, obj: dict[str, Any], old: dict[str, Any] | 
     obj = apply_defaults(prune(obj, t.schema, root=True), t.schema)
     causes = validate_value(obj, t.schema, root=True)
     # Like the API server, wrong types and unsupported enum values keep the CEL rules from running.
-    if not any("must be of type" in m or m.startswith("Unsupported value") for _, m in causes):
+    if any("must be of type" in m or m.startswith("Unsupported value") for _, m in causes):
+        causes.append(("", "some validation rules were not checked because the object was invalid; "
+                           "correct the existing errors to complete validation"))
+    else:
         causes += validate_rules(obj, old, t.schema, root=True)
     if causes:
         raise errors.invalid(t.kind, t.group, obj["metadata"]["name"], [(f or "<nil>", m) for f, m in causes])

@@ -1,0 +1,1 @@
+from tests.kube.fixtures import kube  # noqa: F401

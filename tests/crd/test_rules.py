@@ -1,0 +1,171 @@
+"""Every CEL rule of the ProfileSession CRD refuses its bad spec through the API server (422 with
+the rule's message, real kubernetes client over HTTP); good specs are stored with defaults."""
+from __future__ import annotations
+
+import json
+
+import kubernetes
+import pytest
+import yaml
+from kubernetes.client import ApiException
+
+from tests.kube.fixtures import CRD_PATH
+from tests.kube.helpers import GROUP, PLURAL, VERSION, session
+
+MATCH_EXPRESSIONS = {"matchExpressions": [{"key": "app", "operator": "In"}]}
+# (case, spec overrides, field the API server names, the rule's message)
+RULE_CASES = [
+    ("steps-and-duration", {"capture": {"steps": 3, "durationSeconds": 10}}, "spec.capture",
+     "steps and durationSeconds are exclusive; set one of them"),
+    ("http-uri", {"storage": {"uri": "http://bucket/prefix"}}, "spec.storage.uri",
+     "uri must be s3://bucket/prefix, oss://bucket/prefix or file:///absolute/path"),
+    ("relative-file-uri", {"storage": {"uri": "file://relative/path"}}, "spec.storage.uri",
+     "uri must be s3://bucket/prefix, oss://bucket/prefix or file:///absolute/path"),
+    ("s3-without-bucket", {"storage": {"uri": "s3:///prefix"}}, "spec.storage.uri",
+     "uri must be s3://bucket/prefix, oss://bucket/prefix or file:///absolute/path"),
+    ("metrics-too-fast", {"hardwareMetrics": {"intervalMicroseconds": 99}}, "spec.hardwareMetrics.intervalMicroseconds",
+     "intervalMicroseconds must be at least 100 (NVML cannot sample faster than 10 kHz)"),
+    ("empty-selector", {"selector": {"matchLabels": {}}}, "spec.selector",
+     "selector needs matchLabels or matchExpressions; an empty selector would profile every pod in the namespace"),
+    ("in-without-values", {"selector": MATCH_EXPRESSIONS}, "spec.selector.matchExpressions[0]",
+     "operators In and NotIn need values; Exists and DoesNotExist take none"),
+    ("exists-with-values", {"selector": {"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["x"]}]}},
+     "spec.selector.matchExpressions[0]", "operators In and NotIn need values; Exists and DoesNotExist take none"),
+    ("hang-beyond-timeout", {"timeoutSeconds": 120}, "spec.hangTimeoutSeconds",
+     "hangTimeoutSeconds must not exceed timeoutSeconds"),
+]
+IMMUTABLE = "spec is immutable once the session has triggered; create a new ProfileSession instead"
+# (case, spec overrides, field, the schema's complaint)
+SCHEMA_CASES = [
+    ("too-many-steps", {"capture": {"steps": 51}}, "spec.capture.steps", "should be less than or equal to 50"),
+    ("zero-steps", {"capture": {"steps": 0}}, "spec.capture.steps", "should be greater than or equal to 1"),
+    ("negative-wait", {"capture": {"waitSteps": -1}}, "spec.capture.waitSteps", "should be greater than or equal to 0"),
+    ("zero-duration", {"capture": {"durationSeconds": 0}}, "spec.capture.durationSeconds", "should be greater than 0"),
+    ("bad-activity", {"capture": {"activities": ["GPU"]}}, "spec.capture.activities[0]", 'Unsupported value: "GPU"'),
+    ("repeated-activity", {"capture": {"activities": ["CPU", "CPU"]}}, "spec.capture.activities[1]", 'Duplicate value: "CPU"'),
+    ("bad-raw-trace", {"saveRawTrace": "some"}, "spec.saveRawTrace",
+     'Unsupported value: "some": supported values: "none", "master", "all"'),
+    ("no-uri", {"storage": {"endpoint": "https://oss-cn-hangzhou.aliyuncs.com"}}, "spec.storage.uri", "Required value"),
+    ("steps-as-text", {"capture": {"steps": "two"}}, "spec.capture.steps", "must be of type integer"),
+    ("bad-operator", {"selector": {"matchExpressions": [{"key": "a", "operator": "Maybe"}]}},
+     "spec.selector.matchExpressions[0].operator", 'Unsupported value: "Maybe"'),
+]
+
+
+@pytest.fixture
+def api(kube):
+    kube.apply_crd()
+    return kubernetes.client.CustomObjectsApi(kube.api_client)
+
+
+def _create(api, body: dict) -> dict:
+    return api.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+
+
+def _refusal(call) -> dict:
+    with pytest.raises(ApiException) as e:
+        call()
+    assert e.value.status == 422, e.value.body
+    status = json.loads(e.value.body)
+    assert status["reason"] == "Invalid"
+    return status
+
+
+def test_every_rule_in_the_crd_has_a_case():
+    text = yaml.safe_load(CRD_PATH.read_text())
+    rules = []
+
+    def collect(node):
+        if isinstance(node, dict):
+            rules.extend(r["message"] for r in node.get("x-kubernetes-validations", []))
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+
+    collect(text)
+    assert sorted(set(rules)) == sorted({message for *_, message in RULE_CASES} | {IMMUTABLE})
+
+
+@pytest.mark.parametrize("case, spec, field, message", RULE_CASES, ids=[c[0] for c in RULE_CASES])
+def test_rule_refuses_bad_spec(api, case, spec, field, message):
+    status = _refusal(lambda: _create(api, session(case, **spec)))
+    assert status["message"] == f'ProfileSession.stepscope.io "{case}" is invalid: {field}: Invalid value: "object": {message}'
+    assert status["details"]["causes"] == [{"reason": "FieldValueInvalid", "field": field, "message": f'Invalid value: "object": {message}'}]
+
+
+@pytest.mark.parametrize("case, spec, field, complaint", SCHEMA_CASES, ids=[c[0] for c in SCHEMA_CASES])
+def test_schema_refuses_bad_spec(api, case, spec, field, complaint):
+    status = _refusal(lambda: _create(api, session(case, **spec)))
+    causes = [(c["field"], c["message"]) for c in status["details"]["causes"]]
+    assert any(f == field and complaint in m for f, m in causes), causes
+
+
+def test_selector_and_storage_are_required(api):
+    body = session("bare")
+    body["spec"] = {"capture": {"steps": 2}}
+    status = _refusal(lambda: _create(api, body))
+    assert {c["field"] for c in status["details"]["causes"]} == {"spec.selector", "spec.storage"}
+
+
+@pytest.mark.parametrize("spec", [
+    {},
+    {"capture": {"durationSeconds": 30}},
+    {"capture": {"steps": 50, "waitSteps": 0, "activities": ["CPU"]}},
+    {"storage": {"uri": "oss://my-bucket/traces", "endpoint": "https://oss-cn-hangzhou.aliyuncs.com", "credentialsSecret": "oss"}},
+    {"storage": {"uri": "file:///var/lib/stepscope"}},
+    {"selector": {"matchExpressions": [{"key": "stepscope.io/inject", "operator": "Exists"},
+                                      {"key": "app", "operator": "In", "values": ["trainer"]}]}},
+    {"hardwareMetrics": {"enabled": False, "intervalMicroseconds": 100}, "saveRawTrace": "master", "ttlSecondsAfterFinished": 0},
+], ids=["minimal", "duration", "bounds", "oss", "file", "expressions", "options"])
+def test_good_specs_are_stored_with_defaults(api, spec):
+    stored = _create(api, session("good", **spec))["spec"]
+    capture = stored["capture"]
+    assert capture["waitSteps"] == spec.get("capture", {}).get("waitSteps", 5)
+    assert capture["activities"] == spec.get("capture", {}).get("activities", ["CPU", "CUDA"])
+    assert (capture["withStack"], capture["recordShapes"], capture["profileMemory"], capture["withFlops"]) == (True, False, False, False)
+    assert "steps" not in capture or "durationSeconds" not in capture
+    assert stored["hardwareMetrics"]["intervalMicroseconds"] == spec.get("hardwareMetrics", {}).get("intervalMicroseconds", 1000)
+    assert stored["saveRawTrace"] == spec.get("saveRawTrace", "all")
+    assert (stored["hangTimeoutSeconds"], stored["timeoutSeconds"]) == (300, 1800)
+    assert stored["analysis"] == {"enabled": True}
+
+
+def test_spec_is_mutable_while_pending_and_frozen_once_triggered(api):
+    _create(api, session("s"))
+
+    def patch(body: dict) -> dict:
+        return api.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s", body)
+
+    def set_phase(phase: str) -> None:
+        api.patch_namespaced_custom_object_status(GROUP, VERSION, "default", PLURAL, "s", {"status": {"phase": phase}})
+
+    assert patch({"spec": {"capture": {"steps": 3}}})["spec"]["capture"]["steps"] == 3
+    set_phase("Pending")
+    assert patch({"spec": {"capture": {"steps": 4}}})["spec"]["capture"]["steps"] == 4
+    set_phase("Capturing")
+    status = _refusal(lambda: patch({"spec": {"capture": {"steps": 5}}}))
+    assert status["message"] == f'ProfileSession.stepscope.io "s" is invalid: <nil>: Forbidden: {IMMUTABLE}'
+    assert patch({"metadata": {"labels": {"team": "a"}}})["metadata"]["labels"] == {"team": "a"}
+    set_phase("Succeeded")
+    assert api.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s")["spec"]["capture"]["steps"] == 4
+
+
+def test_status_bounds(api):
+    _create(api, session("s"))
+
+    def write(status: dict):
+        return api.patch_namespaced_custom_object_status(GROUP, VERSION, "default", PLURAL, "s", {"status": status})
+
+    failed = [{"pod": f"p{n}", "rank": n, "reason": "OOMKilled"} for n in range(21)]
+    causes = _refusal(lambda: write({"failedWorkers": failed}))["details"]["causes"]
+    assert causes == [{"reason": "FieldValueInvalid", "field": "status.failedWorkers", "message": "Too many: 21: must have at most 20 items"}]
+    findings = [{"severity": "urgent", "category": "kernel", "ranks": [0], "message": "m"}]
+    assert "Unsupported value" in _refusal(lambda: write({"diagnosis": {"findings": findings}}))["message"]
+    assert "Unsupported value" in _refusal(lambda: write({"phase": "Done"}))["message"]
+    stored = write({"phase": "Succeeded", "workersReady": "2/2", "failedWorkers": failed[:20],
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "Analyzed", "message": "",
+                                    "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                    "diagnosis": {"summary": "rank 1 is 1.8x slower", "slowWorkers": [{"rank": 1, "pod": "w-1", "stepTimeMs": 180.0, "slowdown": 1.8}]}})
+    assert len(stored["status"]["failedWorkers"]) == 20 and stored["status"]["diagnosis"]["slowWorkers"][0]["rank"] == 1

@@ -1,0 +1,92 @@
+"""The ProfileSession CRD document itself: a valid apiextensions/v1 object, a structural schema,
+rules that compile, the printer columns and defaults that agree with stepscope.session."""
+from __future__ import annotations
+
+import copy
+
+import kubernetes
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes.client import ApiException
+
+from stepscope.session import SessionSpec
+from tests.kube.fixtures import CRD_PATH
+from tests.kube.schema import apply_defaults, prune, structural_errors
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict:
+    return yaml.safe_load(CRD_PATH.read_text())
+
+
+def _schema(crd: dict) -> dict:
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_crd_is_a_valid_apiextensions_v1_object(crd):
+    kubernetes_validate.validate(crd, "1.31", strict=True)
+    assert crd["metadata"]["name"] == "profilesessions.stepscope.io"
+    assert crd["spec"]["scope"] == "Namespaced"
+    assert crd["spec"]["names"]["kind"] == "ProfileSession"
+    [version] = crd["spec"]["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
+    assert version["subresources"] == {"status": {}}
+
+
+def test_kubernetes_validate_catches_a_broken_crd(crd):
+    broken = copy.deepcopy(crd)
+    broken["spec"]["versions"][0]["served"] = "yes"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, "1.31", strict=True)
+
+
+def test_schema_is_structural_and_its_rules_compile(crd):
+    assert structural_errors(_schema(crd)) == []
+
+
+def test_structural_check_finds_untyped_fields_and_bad_rules(crd):
+    broken = copy.deepcopy(_schema(crd))
+    del broken["properties"]["spec"]["properties"]["capture"]["type"]
+    broken["properties"]["spec"]["x-kubernetes-validations"].append({"rule": "self.timeoutSeconds >"})
+    problems = structural_errors(broken)
+    assert any("properties[capture].type: Required value" in p for p in problems), problems
+    assert any("x-kubernetes-validations[1].rule" in p and "compilation failed" in p for p in problems), problems
+
+
+def test_server_refuses_a_non_structural_crd(kube, crd):
+    broken = copy.deepcopy(crd)
+    del _schema(broken)["properties"]["status"]["type"]
+    api = kubernetes.client.ApiextensionsV1Api(kube.api_client)
+    with pytest.raises(ApiException) as e:
+        api.create_custom_resource_definition(broken)
+    assert e.value.status == 422
+    assert "properties[status].type: Required value" in e.value.body
+
+
+def test_printer_columns(crd):
+    columns = {c["name"]: c["jsonPath"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert columns == {"Phase": ".status.phase", "Workers": ".status.workersReady",
+                       "Slowest": ".status.diagnosis.slowWorkers[0].rank",
+                       "Summary": ".status.diagnosis.summary", "Age": ".metadata.creationTimestamp"}
+    status = _schema(crd)["properties"]["status"]["properties"]
+    assert status["workersReady"]["type"] == "string"
+    assert status["diagnosis"]["properties"]["slowWorkers"]["items"]["properties"]["rank"]["type"] == "integer"
+
+
+def _without_nones(value):
+    if isinstance(value, dict):
+        return {k: _without_nones(v) for k, v in value.items() if v is not None}
+    return value
+
+
+@pytest.mark.parametrize("capture, steps", [({}, 2), ({"steps": 7}, 7), ({"durationSeconds": 30}, None)])
+def test_schema_defaults_agree_with_the_session_model(crd, capture, steps):
+    minimal = {"selector": {"matchLabels": {"app": "trainer"}}, "storage": {"uri": "s3://bucket/prefix"}, "capture": capture}
+    stored = apply_defaults(prune({"spec": minimal}, _schema(crd), root=True), _schema(crd))["spec"]
+    model = SessionSpec.from_dict(stored)
+    assert model.capture.steps == steps
+    expected = _without_nones(model.to_dict())
+    if "steps" not in capture:
+        expected["capture"].pop("steps", None)  # the operator's default, deliberately not the schema's
+    assert stored == expected
