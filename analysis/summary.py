@@ -32,7 +32,8 @@ def _main_gpu(trace: Trace, gpu_rows: np.ndarray) -> int:
     return int(np.bincount(pids).argmax()) if len(pids) else -1
 
 
-def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str = "") -> RankSummary:
+def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str = "", top: int = 50) -> RankSummary:
+    """`top`: kernels of each type and Python functions kept (a diff of two runs wants them all)."""
     warnings = list(trace.warnings)
     if rank is None:
         rank = trace.rank if trace.rank is not None else _rank_from_name(trace.path)
@@ -71,18 +72,18 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
         temporal=breakdown.temporal(trace, scope),
         idle=breakdown.idle(trace, scope),
         kernelTypes=breakdown.kernel_types(trace, scope) if has_gpu else [],
-        kernels=kernel_stats(trace, scope, captured),
+        kernels=kernel_stats(trace, scope, captured, top=top),
         overlapPct=comm_comp_overlap(trace, scope),
         launch=launch_stats(trace, scope),
         memoryOps=memory_ops(trace, compute, captured),
         runtime=runtime_stats(trace, compute, captured),
         collectives=collectives(trace, compute, captured),
-        functions=python_functions(trace, gpu_union, captured),
+        functions=python_functions(trace, gpu_union, captured, top=top),
         warnings=warnings,
     )
 
 
-def summarize_file(path: str | Path, *, rank: int | None = None, pod: str = "", node: str = "") -> RankSummary:
+def summarize_file(path: str | Path, *, rank: int | None = None, pod: str = "", node: str = "", top: int = 50) -> RankSummary:
     """Summarise a trace file; never raises: an unreadable trace gives a summary with `error` set."""
     known_rank = rank if rank is not None else _rank_from_name(path)
     failed = RankSummary(version=SUMMARY_VERSION, rank=-1 if known_rank is None else known_rank, pod=pod,
@@ -93,7 +94,7 @@ def summarize_file(path: str | Path, *, rank: int | None = None, pod: str = "", 
         failed.error = str(e)
         return failed
     try:
-        return summarize(trace, rank=rank, pod=pod, node=node)
+        return summarize(trace, rank=rank, pod=pod, node=node, top=top)
     except Exception as e:  # the edge must upload something for every rank, so analysis bugs become errors
         failed.error = f"{path}: analysis failed: {type(e).__name__}: {e}"
         return failed
