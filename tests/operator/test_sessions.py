@@ -12,6 +12,7 @@ import kubernetes
 import pytest
 
 from stepscope import layout
+from stepscope.cli import main
 from stepscope.operator import metrics
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
@@ -45,7 +46,8 @@ def sidecar_b(tmp_path: Path) -> Iterator[Sidecar]:
     sidecar.shutdown(grace_s=1)
 
 
-def test_session_captures_analyses_and_succeeds(operator: OperatorHarness, pods: Pods, sidecar_a: Sidecar, s3_endpoint: str) -> None:
+def test_session_captures_analyses_and_succeeds(operator: OperatorHarness, pods: Pods, sidecar_a: Sidecar, s3_endpoint: str,
+                                                tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pods.create("train-a", SELECTOR, port=port_of(sidecar_a))
     pods.create("unrelated", {"job": "other"}, port=port_of(sidecar_a))
     created = operator.create_session("happy", session_spec(SELECTOR, s3_endpoint))
@@ -79,6 +81,17 @@ def test_session_captures_analyses_and_succeeds(operator: OperatorHarness, pods:
     assert [t["phase"] for t in record["timeline"]] == ["Pending", "Capturing", "Analyzing", "Succeeded"]
     assert record["spec"]["capture"]["steps"] == 2 and "credentials" not in record
     assert CREDENTIALS["secretAccessKey"].encode() not in objects["session.json"]
+
+    capsys.readouterr()
+    assert main(["report", "happy", "-o", str(tmp_path / "report")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(status["diagnosis"]["summary"])
+    assert (tmp_path / "report" / "index.html").read_bytes() == objects["report/index.html"]
+    assert json.loads((tmp_path / "report" / "diagnosis.json").read_text()) == json.loads(objects["report/diagnosis.json"])
+    assert main(["get"]) == 0
+    header, line = capsys.readouterr().out.splitlines()
+    assert header.split() == ["NAME", "PHASE", "WORKERS", "SLOWEST", "SUMMARY", "AGE"]
+    assert line.split()[:3] == ["happy", "Succeeded", "2/2"]
 
 
 def test_operator_restart_mid_capture_resumes_without_a_second_trigger(operator: OperatorHarness, pods: Pods, sidecar_a: Sidecar, training: Path, s3_endpoint: str) -> None:
