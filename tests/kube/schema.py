@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import datetime
 import re
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -30,6 +31,19 @@ def _join(path: str, key: str) -> str:
 
 def _preserves(schema: Schema) -> bool:
     return bool(schema.get("x-kubernetes-preserve-unknown-fields") or schema.get("x-kubernetes-embedded-resource"))
+
+
+def _fields(value: dict[str, Any], schema: Schema, root: bool) -> Iterator[tuple[str, Any, Schema]]:
+    """(key, value, schema) of the fields the schema describes; the root's apiVersion, kind and
+    metadata belong to the API server, not to the CRD's schema."""
+    props = schema.get("properties") or {}
+    extra = schema.get("additionalProperties")
+    for key, item in value.items():
+        if root and key in ROOT_FIELDS:
+            continue
+        sub = props.get(key, extra if isinstance(extra, dict) else None)
+        if sub is not None:
+            yield key, item, sub
 
 
 # -- pruning and defaulting ----------------------------------------------------------------------
@@ -172,14 +186,8 @@ def validate_value(value: Any, schema: Schema, path: str = "", root: bool = Fals
                 causes.append((_join(path, key), "Required value"))
         if "maxProperties" in schema and len(value) > schema["maxProperties"]:
             causes.append((path, f"Too many: {len(value)}: must have at most {schema['maxProperties']} items"))
-        props = schema.get("properties") or {}
-        extra = schema.get("additionalProperties")
-        for key, item in value.items():
-            if root and key in ROOT_FIELDS:
-                continue
-            sub = props.get(key, extra if isinstance(extra, dict) else None)
-            if sub is not None:
-                causes += validate_value(item, sub, _join(path, key))
+        for key, item, sub in _fields(value, schema, root):
+            causes += validate_value(item, sub, _join(path, key))
     return causes
 
 
@@ -249,15 +257,9 @@ def validate_rules(value: Any, old: Any, schema: Schema, path: str = "", root: b
         return []
     causes = _rule_causes(value, old, schema, path)
     if isinstance(value, dict) and schema.get("type") == "object":
-        props = schema.get("properties") or {}
-        extra = schema.get("additionalProperties")
-        for key, item in value.items():
-            if root and key in ROOT_FIELDS:
-                continue
-            sub = props.get(key, extra if isinstance(extra, dict) else None)
-            if sub is not None:
-                old_item = old.get(key) if isinstance(old, dict) else None
-                causes += validate_rules(item, old_item, sub, _join(path, key))
+        for key, item, sub in _fields(value, schema, root):
+            old_item = old.get(key) if isinstance(old, dict) else None
+            causes += validate_rules(item, old_item, sub, _join(path, key))
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
         keys = schema.get("x-kubernetes-list-map-keys") if schema.get("x-kubernetes-list-type") == "map" else None
         for n, item in enumerate(value):
