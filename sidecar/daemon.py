@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.sidecar.control import ControlServer
-from stepscope.sidecar.sessions import SessionManager
+from stepscope.sidecar.sessions import STALE_AFTER_S, SessionManager
 from stepscope.sidecar.uploads import Uploader
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, Verifier, load_key
 
@@ -28,11 +28,12 @@ class Sidecar:
 
     def __init__(self, stepscope_dir: Path, key: bytes, *, host: str = "0.0.0.0", port: int = DEFAULT_PORT, pod: str = "",
                  node: str = "", nvml_backend: Any = None, poll_interval_s: float = 0.5, upload_attempts: int = 6,
-                 upload_base_delay_s: float = 2.0, keep_local: bool = False) -> None:
+                 upload_base_delay_s: float = 2.0, keep_local: bool = False, stale_after_s: float = STALE_AFTER_S) -> None:
         self.dir = stepscope_dir
         self.uploader = Uploader(attempts=upload_attempts, base_delay_s=upload_base_delay_s)
         self.manager = SessionManager(stepscope_dir, pod=pod or socket.gethostname(), node=node, uploader=self.uploader,
-                                      nvml_backend=nvml_backend, poll_interval_s=poll_interval_s, keep_local=keep_local)
+                                      nvml_backend=nvml_backend, poll_interval_s=poll_interval_s, keep_local=keep_local,
+                                      stale_after_s=stale_after_s)
         self.server = ControlServer((host, port), self.manager, Verifier(key))
         self._serving = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, name="stepscope-control", daemon=True)
 

@@ -29,6 +29,10 @@ FAILED_STATES = {"failed", "hung", "refused"}
 STARTED_STATES = {"capturing", "writing", "done"}
 FINISHED_PHASES = {"Succeeded", "Failed", "Cancelled"}
 HISTORY = 32
+# The agent's watchdog rewrites its registry file every second and its state file on every
+# transition; neither for this long means the process is gone. Liveness goes by these files, as
+# the sidecar need not share the training container's pid namespace.
+STALE_AFTER_S = 15.0
 
 
 @dataclass
@@ -45,8 +49,10 @@ class RankProgress:
     trace: str | None = None
     stacks: str | None = None
     queued: bool = False
+    captured_trace: bool = False
     jobs_left: int = 0
     upload_errors: list[str] = field(default_factory=list)
+    last_sign_of_life: float = 0.0
 
     @property
     def terminal(self) -> bool:
@@ -58,7 +64,8 @@ class RankProgress:
 
     @property
     def uploaded(self) -> bool:
-        return self.queued and self.jobs_left == 0 and not self.upload_errors
+        """What this rank captured is safely in the store."""
+        return self.captured_trace and self.queued and self.jobs_left == 0 and not self.upload_errors
 
     def to_dict(self) -> dict[str, Any]:
         error = self.error or ("; ".join(self.upload_errors) if self.upload_errors else None)
@@ -112,13 +119,14 @@ class SessionManager:
     """Thread-safe: HTTP handler threads, the follower thread and the upload worker all call in."""
 
     def __init__(self, stepscope_dir: Path, *, pod: str, node: str, uploader: Uploader, nvml_backend: Any = None,
-                 poll_interval_s: float = 0.5, keep_local: bool = False) -> None:
+                 poll_interval_s: float = 0.5, keep_local: bool = False, stale_after_s: float = STALE_AFTER_S) -> None:
         self.dir = stepscope_dir
         self.pod, self.node = pod, node
         self._uploader = uploader
         self._backend = nvml_backend
         self._poll_interval_s = poll_interval_s
         self._keep_local = keep_local
+        self._stale_after_s = stale_after_s
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -208,16 +216,17 @@ class SessionManager:
         session = self.active()
         if session is None:
             return
-        agents = shared_dir.live_agents(self.dir)
-        states = shared_dir.rank_states(self.dir, session.id)
         now = time.time()
+        agents = {r: a for r, a in shared_dir.agents(self.dir).items() if now - a.heartbeat <= self._stale_after_s}
+        states = shared_dir.rank_states(self.dir, session.id)
         with self._lock:
             for rank in set(agents) | set(states):
                 if rank not in session.ranks and (session.phase in ("Pending", "Capturing") or rank in states):
-                    session.ranks[rank] = RankProgress(rank)
+                    session.ranks[rank] = RankProgress(rank, last_sign_of_life=now)
             for rank, progress in session.ranks.items():
                 if not progress.terminal:
                     self._apply(progress, states.get(rank), agents.get(rank), session.cancel_requested)
+                    self._check_alive(progress, now)
             if not session.finished and now - session.accepted_at > session.spec.timeoutSeconds:
                 self._time_out(session)
             self._start_recorder(session)
@@ -228,7 +237,9 @@ class SessionManager:
     def _apply(progress: RankProgress, state: dict[str, Any] | None, agent: shared_dir.Agent | None, cancelling: bool) -> None:
         if agent is not None:
             progress.local_rank, progress.world_size, progress.pid, progress.step = agent.local_rank, agent.world_size, agent.pid, agent.step
+            progress.last_sign_of_life = max(progress.last_sign_of_life, agent.heartbeat)
         if state is not None:
+            progress.last_sign_of_life = max(progress.last_sign_of_life, float(state.get("updatedAt") or 0))
             progress.state = str(state.get("state", "waiting"))
             progress.local_rank = int(state.get("localRank", progress.local_rank))
             progress.world_size = int(state.get("worldSize", progress.world_size))
@@ -238,14 +249,15 @@ class SessionManager:
             progress.trace, progress.stacks = state.get("trace"), state.get("stacks")
             if progress.state in FAILED_STATES:
                 progress.error = f"{progress.state}: {state.get('error') or state.get('message') or 'no reason given'}"
-        if progress.terminal:
-            return
-        if agent is None:
-            progress.state = "failed"
-            progress.error = f"failed: the training process (pid {progress.pid}) stopped sending heartbeats before the capture finished"
-        elif cancelling and progress.state == "pending":
+        if cancelling and progress.state == "pending":
             # The agent never picked the capture up, so it has nothing to cancel or report.
             progress.state = "cancelled"
+
+    def _check_alive(self, progress: RankProgress, now: float) -> None:
+        if not progress.terminal and now - progress.last_sign_of_life > self._stale_after_s:
+            progress.state = "failed"
+            progress.error = (f"failed: the training process (pid {progress.pid}) stopped sending heartbeats "
+                              f"{now - progress.last_sign_of_life:.0f} s ago, before the capture finished")
 
     def _time_out(self, session: Session) -> None:
         session.timed_out = True
@@ -352,6 +364,7 @@ class SessionManager:
         trace = shared_dir.local_file(self.dir, session.id, progress.trace)
         stacks = shared_dir.local_file(self.dir, session.id, progress.stacks)
         rank = progress.rank
+        progress.captured_trace = trace is not None
         jobs: list[Job] = []
         policy = session.spec.saveRawTrace
         if trace is not None and (policy == "all" or (policy == "master" and rank == 0)):
@@ -404,7 +417,7 @@ class SessionManager:
                 session.artifacts.append(key)
             else:
                 progress.upload_errors.append(f"upload of {key} failed: {error}")
-            if progress.uploaded:
+            if progress.queued and progress.jobs_left == 0 and not progress.upload_errors:
                 for name in (progress.trace, progress.stacks):
                     path = shared_dir.local_file(self.dir, session.id, name)
                     if path is not None:

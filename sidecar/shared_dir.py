@@ -12,9 +12,6 @@ from pathlib import Path
 from typing import Any
 
 REQUEST_VERSION = 1
-# The agent's watchdog rewrites its registry file every second; silence this long means the
-# process is gone (the sidecar may not share the training container's pid namespace).
-STALE_AFTER_S = 15.0
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -57,22 +54,20 @@ class Agent:
     heartbeat: float
 
 
-def live_agents(stepscope_dir: Path, *, now: float | None = None, stale_after_s: float = STALE_AFTER_S) -> dict[int, Agent]:
-    """The training processes of this pod by rank, leaving out those whose heartbeat stopped."""
-    now = time.time() if now is None else now
-    agents: dict[int, Agent] = {}
+def agents(stepscope_dir: Path) -> dict[int, Agent]:
+    """Every registered training process of this pod by rank, live or not (see Agent.heartbeat)."""
+    found: dict[int, Agent] = {}
     for path in sorted((stepscope_dir / "agents").glob("rank-*.json")):
         entry = read_json(path)
         if not entry:
             continue
         try:
-            agent = Agent(int(entry["rank"]), int(entry.get("localRank", -1)), int(entry.get("worldSize", 0)),
-                          int(entry.get("pid", 0)), str(entry.get("host", "")), int(entry.get("step", 0)), float(entry["heartbeat"]))
+            found[int(entry["rank"])] = Agent(int(entry["rank"]), int(entry.get("localRank", -1)), int(entry.get("worldSize", 0)),
+                                              int(entry.get("pid", 0)), str(entry.get("host", "")), int(entry.get("step", 0)),
+                                              float(entry["heartbeat"]))
         except (KeyError, TypeError, ValueError):
             continue
-        if now - agent.heartbeat <= stale_after_s:
-            agents[agent.rank] = agent
-    return agents
+    return found
 
 
 def session_dir(stepscope_dir: Path, session_id: str) -> Path:

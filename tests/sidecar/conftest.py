@@ -91,7 +91,7 @@ def stepscope_dir(tmp_path: Path) -> Path:
 @pytest.fixture()
 def sidecar(stepscope_dir: Path) -> Iterator[Sidecar]:
     running = Sidecar(stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-a", node="node-a",
-                      poll_interval_s=0.05, upload_attempts=2, upload_base_delay_s=0.05).start()
+                      poll_interval_s=0.05, upload_attempts=2, upload_base_delay_s=0.05, stale_after_s=2.0).start()
     yield running
     running.shutdown(5)
 

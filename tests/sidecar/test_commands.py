@@ -86,11 +86,11 @@ def test_capture_follows_the_session_and_writes_session_json(sidecar: Sidecar, r
         ranks.state(session, rank, "done", trace_from=traces / f"sampled_rank-{rank}.json.gz")
     out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
-    assert "Capturing" in out and "Succeeded" in out and str(out_dir) in out
+    assert "ranks 2: capturing" in out and "Succeeded" in out and str(out_dir) in out
     record = json.loads((out_dir / layout.session_json()).read_text())
     assert record["session"] == session and record["phase"] == "Succeeded"
     assert record["spec"]["capture"]["steps"] == 2 and record["spec"]["saveRawTrace"] == "none"
-    assert [t["phase"] for t in record["timeline"]][-1] == "Succeeded"
+    assert [t["phase"] for t in record["timeline"]] == ["Pending", "Capturing", "Uploading", "Succeeded"]
     assert sorted(record["artifacts"]) == [layout.rank_summary(0), layout.rank_summary(1)]
     assert decode_summary((out_dir / layout.rank_summary(1)).read_bytes()).rank == 1
     assert not (out_dir / layout.rank_trace(0)).exists()

@@ -27,6 +27,12 @@ def real_traces(shared_traces: Path) -> dict[int, Path]:
     return {0: folder / "sampled_rank-0.json.gz", 1: folder / "sampled_rank-1.json.gz"}
 
 
+def trigger(client: SidecarClient, session: str, store: Path, **spec) -> None:
+    """PUT a session and wait until the sidecar counts both simulated ranks."""
+    client.put_session(session, trigger_body(session, store.as_uri(), **spec))
+    wait_for(client, session, lambda s: s["workers"]["total"] == 2)
+
+
 def test_progress_is_reported_then_artifacts_uploaded(client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path,
                                                       tmp_path: Path, real_traces: dict[int, Path]) -> None:
     store = tmp_path / "store"
@@ -69,8 +75,7 @@ def test_progress_is_reported_then_artifacts_uploaded(client: SidecarClient, ran
 def test_hung_rank_fails_the_session_with_its_reason_and_stacks(client: SidecarClient, ranks: SimulatedRanks, tmp_path: Path,
                                                                 real_traces: dict[int, Path]) -> None:
     store = tmp_path / "store"
-    client.put_session("s-h", trigger_body("s-h", store.as_uri()))
-    wait_for(client, "s-h", lambda s: s["workers"]["total"] == 2)
+    trigger(client, "s-h", store)
     ranks.state("s-h", 0, "done", trace_from=real_traces[0])
     ranks.state("s-h", 1, "hung", stacks=True)
     status = wait_for(client, "s-h", lambda s: s["phase"] == "Failed")
@@ -85,8 +90,7 @@ def test_hung_rank_fails_the_session_with_its_reason_and_stacks(client: SidecarC
 def test_delete_cancels_and_keeps_what_was_captured(client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path,
                                                     tmp_path: Path, real_traces: dict[int, Path]) -> None:
     store = tmp_path / "store"
-    client.put_session("s-c", trigger_body("s-c", store.as_uri()))
-    wait_for(client, "s-c", lambda s: s["workers"]["total"] == 2)
+    trigger(client, "s-c", store)
     ranks.state("s-c", 0, "capturing")
     ranks.state("s-c", 1, "waiting")
     wait_for(client, "s-c", lambda s: s["phase"] == "Capturing")
@@ -108,8 +112,7 @@ def test_delete_cancels_and_keeps_what_was_captured(client: SidecarClient, ranks
 def test_vanished_training_process_fails_its_rank(client: SidecarClient, ranks: SimulatedRanks, tmp_path: Path,
                                                   real_traces: dict[int, Path]) -> None:
     store = tmp_path / "store"
-    client.put_session("s-v", trigger_body("s-v", store.as_uri()))
-    wait_for(client, "s-v", lambda s: s["workers"]["total"] == 2)
+    trigger(client, "s-v", store)
     ranks.state("s-v", 0, "done", trace_from=real_traces[0])
     ranks.state("s-v", 1, "capturing")
     ranks.kill(1)
@@ -123,8 +126,7 @@ def test_failed_upload_keeps_the_local_trace(client: SidecarClient, ranks: Simul
                                              real_traces: dict[int, Path]) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the store's folder should be")
-    client.put_session("s-f", trigger_body("s-f", (blocker / "store").as_uri()))
-    wait_for(client, "s-f", lambda s: s["workers"]["total"] == 2)
+    trigger(client, "s-f", blocker / "store")
     for rank in (0, 1):
         ranks.state("s-f", rank, "done", trace_from=real_traces[rank])
     status = wait_for(client, "s-f", lambda s: s["phase"] == "Failed")
@@ -177,8 +179,7 @@ def test_gpu_metrics_are_recorded_uploaded_and_joined_to_the_summaries(stepscope
     try:
         client = SidecarClient(sidecar.url, KEY)
         store = tmp_path / "store"
-        client.put_session("s-g", trigger_body("s-g", store.as_uri(), hardwareMetrics={"enabled": True, "intervalMicroseconds": 2000}))
-        wait_for(client, "s-g", lambda s: s["workers"]["total"] == 2)
+        trigger(client, "s-g", store, hardwareMetrics={"enabled": True, "intervalMicroseconds": 2000})
         for rank in (0, 1):
             ranks.state("s-g", rank, "capturing")
         wait_for(client, "s-g", lambda s: s["phase"] == "Capturing")
