@@ -2,12 +2,26 @@
 
 This file is copied into the pod's shared directory as `bootstrap/stepscope_agent.py` and loaded
 by the bootstrap `sitecustomize` of every Python process in the pod, so it imports only the
-standard library at start and touches torch only once the program has imported torch itself.
-docs/wire.md fixes the files it reads and writes; docs/agent.md says what it records and when.
+standard library at start and touches torch only once the program has imported torch itself
+(an import hook on `torch`). docs/wire.md fixes the files it reads and writes.
 
 Steps are the calls of torch's global optimizer step post-hook (one optimizer leads, so several
-optimizers still count one step), or `step()` calls for loops without an optimizer. The agent
-never raises into the training loop: a failure is logged and written to the session's state file.
+optimizers still count one step), or `step()` calls for loops without an optimizer; the first
+`step()` switches the hook off. Step indices are zero-based: a capture from startStep to endStep
+records steps startStep..endStep-1, annotated ProfilerStep#startStep..#endStep-1.
+
+What torch.profiler records depends on the thread that starts it: operator (aten) events come
+only from that thread (and threads that inherit its profiling state, such as autograd's), while
+Python function events (withStack) come from every thread. So captures start and stop at step
+boundaries, on the training thread. A durationSeconds capture in a process that reaches no step
+boundary (none for 1 s, or 10 s before a first step, STEPSCOPE_FIRST_STEP_GRACE_SECONDS) is
+started and stopped by the watchdog thread: it holds every thread's Python functions but none of
+the training thread's operators, and its state message says so.
+
+The agent answers requests only in processes known to train (RANK set, torch.distributed
+initialized, or a step seen), so a launcher that imports torch (torchrun) stays quiet. It never
+raises into the training loop: a failure is logged ("stepscope.agent") and written to the
+session's state file.
 """
 from __future__ import annotations
 
