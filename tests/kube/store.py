@@ -6,6 +6,7 @@ it emits happen without an await in between, which keeps watch replay gap-free."
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import datetime
 import random
@@ -32,6 +33,18 @@ def now() -> str:
 def _spec_part(obj: Obj) -> Obj:
     """What metadata.generation tracks: everything but metadata and status."""
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "kind", "apiVersion")}
+
+
+def _normalized(t: ResourceType, obj: Obj) -> Obj:
+    """What the API server does to built-in objects on every write that clients depend on:
+    a Secret's write-only stringData lands base64-encoded in data (and is never read back)."""
+    if (t.group, t.kind) == ("", "Secret"):
+        obj.setdefault("type", "Opaque")
+        strings = obj.pop("stringData", None) or {}
+        if strings:
+            obj["data"] = {**(obj.get("data") or {}),
+                           **{k: base64.b64encode(str(v).encode()).decode() for k, v in strings.items()}}
+    return obj
 
 
 @dataclass
@@ -155,7 +168,7 @@ class Store:
         obj.update(self._initial_status(t, obj))
         if t.kind == "CustomResourceDefinition":
             self._check_crd(obj)
-        obj = self.validate(t, obj, None)
+        obj = self.validate(t, _normalized(t, obj), None)
         meta = obj["metadata"]
         meta["resourceVersion"] = self._next_rv()
         self._bucket(t)[self._index(t, obj)] = obj
@@ -241,7 +254,7 @@ class Store:
         if not meta.get("finalizers"):
             meta.pop("finalizers", None)
         new["apiVersion"], new["kind"] = old.get("apiVersion", t.api_version), t.kind
-        new = self.validate(t, new, old)
+        new = self.validate(t, _normalized(t, new), old)
         meta = new["metadata"]
         meta["resourceVersion"] = old_meta["resourceVersion"]
         if new == {**old, "apiVersion": new["apiVersion"], "kind": t.kind}:

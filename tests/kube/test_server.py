@@ -252,3 +252,13 @@ def test_deleting_the_crd_removes_its_resources_and_discovery(kube, custom):
     assert e.value.status == 404
     kube.apply_crd()
     assert custom.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)["items"] == []
+
+
+def test_secret_string_data_is_stored_base64_in_data(core):
+    core.create_namespaced_secret("default", {"metadata": {"name": "s3"}, "data": {"region": "dXMtZWFzdC0x"},
+                                              "stringData": {"accessKeyId": "AKIA", "region": "eu-west-1"}})
+    secret = core.read_namespaced_secret("s3", "default")
+    assert secret.string_data is None and secret.type == "Opaque"
+    assert secret.data == {"accessKeyId": "QUtJQQ==", "region": "ZXUtd2VzdC0x"}
+    patched = core.patch_namespaced_secret("s3", "default", {"stringData": {"secretAccessKey": "s"}})
+    assert patched.string_data is None and patched.data["secretAccessKey"] == "cw=="
