@@ -23,7 +23,10 @@ def temporal(trace: Trace, scope: GpuScope) -> TemporalBreakdown | None:
     if len(scope.gpu) == 0:
         return None
     ts = trace.ts[scope.gpu]
-    end = ts + trace.dur[scope.gpu]
+    # Inward rounding can leave a sub-microsecond kernel with end < start; HTA merges such
+    # intervals as they are and then fails its own checks (non-compute time < 0), so they count
+    # as empty here.
+    end = np.maximum(ts + trace.dur[scope.gpu], ts)
     ms, me = intervals.merge(ts, end)
     span = float(me[-1] - ms[0])
     idle = span - intervals.length(ms, me)

@@ -24,7 +24,7 @@ def merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 
 def length(starts: np.ndarray, ends: np.ndarray) -> float:
-    return float(ends.sum() - starts.sum())
+    return float((ends - starts).sum())
 
 
 def sweep(sets: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
