@@ -14,23 +14,32 @@ from stepscope.analysis.session_files import find_files, open_session, read_rank
 from stepscope.storage import StoreError
 
 
-def load_run(source: str, *, endpoint: str | None = None, region: str | None = None) -> list[RankSummary]:
-    """The run's rank summaries (summarising raw traces where needed); raises ValueError when
-    the source holds nothing to compare."""
+# Raw traces are summarised with every kernel and function: a kernel outside one run's top 50
+# is not "added" in the other.
+ALL = 1 << 30
+
+
+def load_run(source: str, *, endpoint: str | None = None, region: str | None = None) -> tuple[list[RankSummary], bool]:
+    """The run's rank summaries (raw traces summarised whole), and whether any came from an edge
+    summary (which keeps only the top 50 kernels per type); raises ValueError when the source
+    holds nothing to compare."""
     try:
         store, only = open_session(source, endpoint=endpoint, region=region)
         files = find_files(store, only)
     except StoreError as exc:
         raise ValueError(str(exc)) from exc
-    summaries = read_ranks(files).summaries
+    summaries = read_ranks(files, top=ALL).summaries
     if not any(not s.error for s in summaries):
         why = "; ".join(sorted({s.error for s in summaries})) or "no traces or summaries found"
         raise ValueError(f"nothing to compare in {source}: {why}")
-    return summaries
+    return summaries, any(f.summary for f in files.ranks)
 
 
-def compare(a: str, b: str, *, endpoint: str | None = None, region: str | None = None, min_change: float = MIN_CHANGE) -> RunDiff:
-    return diff_runs(load_run(a, endpoint=endpoint, region=region), load_run(b, endpoint=endpoint, region=region), min_change=min_change)
+def compare(a: str, b: str, *, endpoint: str | None = None, region: str | None = None, min_change: float = MIN_CHANGE) -> tuple[RunDiff, bool]:
+    """The diff of two runs, and whether it rests on edge summaries (top kernels only)."""
+    run_a, partial_a = load_run(a, endpoint=endpoint, region=region)
+    run_b, partial_b = load_run(b, endpoint=endpoint, region=region)
+    return diff_runs(run_a, run_b, min_change=min_change), partial_a or partial_b
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        result = compare(args.a, args.b, endpoint=args.endpoint, region=args.region, min_change=args.min_change)
+        result, partial = compare(args.a, args.b, endpoint=args.endpoint, region=args.region, min_change=args.min_change)
     except ValueError as exc:
         print(f"stepscope diff: {exc}", file=sys.stderr)
         return 1
@@ -63,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
     print(result.headline())
     print(", ".join(f"{counts.get(s, 0)} {s}" for s in ("added", "removed", "slower", "faster", "unchanged")))
     print(format_table(shown, top=args.top))
+    if partial:
+        print("note: compared from edge summaries, which keep the top 50 kernels of each type and Python functions; "
+              "'added' or 'removed' can mean outside the other run's top 50 (keep raw traces for an exact diff)")
     if args.csv:
         table.to_csv(args.csv, index=False, float_format="%.3f")
     if args.json:

@@ -90,8 +90,9 @@ def failed(rank: int, error: str, **known: object) -> RankSummary:
     return RankSummary(version=SUMMARY_VERSION, rank=rank, error=error, **known)
 
 
-def read_summary(store: Store, files: RankFiles, fallback_rank: int) -> RankSummary:
-    """The rank's summary: the uploaded one, else one made now from its raw trace, else an error."""
+def read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int = 50) -> RankSummary:
+    """The rank's summary: the uploaded one, else one made now from its raw trace (keeping the
+    `top` kernels of each type and Python functions), else an error."""
     rank = files.rank if files.rank is not None else fallback_rank
     problem = ""
     if files.summary:
@@ -105,7 +106,7 @@ def read_summary(store: Store, files: RankFiles, fallback_rank: int) -> RankSumm
         from stepscope.analysis.summary import summarize_file
         try:
             with local_path(store, files.trace) as path:
-                summary = summarize_file(path, rank=files.rank)
+                summary = summarize_file(path, rank=files.rank, top=top)
         except StoreError as exc:
             return failed(rank, f"cannot read {files.trace}: {exc}")
         if problem:
@@ -150,7 +151,7 @@ class SessionRanks:
     traces: dict[int, str]  # rank -> raw trace key
 
 
-def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda name: None) -> SessionRanks:
+def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda name: None, top: int = 50) -> SessionRanks:
     """Every rank's summary, stacks and problems; `on_rank` hears of each rank file set read."""
     summaries: dict[int, RankSummary] = {}
     stacks: dict[int, dict] = {}
@@ -158,7 +159,7 @@ def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda na
     traces: dict[int, str] = {}
     next_free = max([f.rank for f in files.ranks if f.rank is not None] + [-1]) + 1
     for index, rank_files in enumerate(files.ranks):
-        summary = read_summary(files.store, rank_files, fallback_rank=rank_files.rank if rank_files.rank is not None else index)
+        summary = read_summary(files.store, rank_files, fallback_rank=rank_files.rank if rank_files.rank is not None else index, top=top)
         if summary.rank in summaries:
             taken = summary.rank
             summary.rank, next_free = next_free, next_free + 1
