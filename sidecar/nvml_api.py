@@ -102,8 +102,8 @@ class NvmlBackend(Protocol):
     def utilization_samples(self, gpu: int, kind: UtilizationKind, since_us: int) -> list[tuple[int, float]]:
         """The driver's buffered samples (nvmlDeviceGetSamples) newer than since_us: (Unix µs, percent)."""
 
-    def field_values(self, gpu: int, fields: Sequence[tuple[int, int]]) -> list[float | None]:
-        """(field id, scope id) pairs read in one call; None where NVML refused that field."""
+    def field_values(self, gpu: int, fields: Sequence[tuple[int, int]]) -> list[float]:
+        """(field id, scope id) pairs read in one call; NaN where NVML refused that field."""
 
     def xid_events(self) -> list[tuple[int, int]]:
         """(gpu, XID) critical-error events since the last call; never blocks."""

@@ -6,6 +6,7 @@ when a backend is made, so the rest of the sidecar imports without it.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -152,11 +153,11 @@ class PynvmlBackend:
                 raise
         return [(int(s.timeStamp), float(_value(nv, value_type, s.sampleValue))) for s in samples]
 
-    def field_values(self, gpu: int, fields: Sequence[tuple[int, int]]) -> list[float | None]:
+    def field_values(self, gpu: int, fields: Sequence[tuple[int, int]]) -> list[float]:
         nv = self._nvml
         with self._errors():
             values = nv.nvmlDeviceGetFieldValues(self._handles[gpu], list(fields))
-        return [float(_value(nv, v.valueType, v.value)) if v.nvmlReturn == nv.NVML_SUCCESS else None for v in values]
+        return [float(_value(nv, v.valueType, v.value)) if v.nvmlReturn == nv.NVML_SUCCESS else math.nan for v in values]
 
     def xid_events(self) -> list[tuple[int, int]]:
         nv = self._nvml

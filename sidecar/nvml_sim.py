@@ -8,6 +8,7 @@ low utilization, an XID event and ECC errors that appear `event_after_us` into t
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Callable, Literal, Mapping, Sequence
@@ -33,6 +34,7 @@ PCIE_BYTES_PER_US = 8_000.0  # 8 GB/s while communicating
 NVLINK_KIB_PER_US = 20e9 / 1024 / 1e6  # 20 GB/s per link while communicating
 SLOW_LINK_FACTOR = 0.2
 HEALTHY_UTIL_PCT = 97.0
+_NVLINK_FIELDS = (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX)
 
 Throttle = Literal["power", "thermal"]
 SlowLink = Literal["nvlink", "pcie"]
@@ -143,27 +145,17 @@ class SimulatedBackend:
         k1 = (self._now_us() - self.origin_us) // period
         return [(self.origin_us + k * period, value) for k in range(k0, k1 + 1)]
 
-    def field_values(self, gpu: int, fields: Sequence[tuple[int, int]]) -> list[float | None]:
+    def field_values(self, gpu: int, fields: Sequence[tuple[int, int]]) -> list[float]:
         self._check(gpu)
         now = self._now_us()
         comm = self._comm_time_us(now)
         slow = self._slow_link.get(gpu)
-        pcie = comm * PCIE_BYTES_PER_US * (SLOW_LINK_FACTOR if slow == "pcie" else 1.0)
-        nvlink = comm * NVLINK_KIB_PER_US * (SLOW_LINK_FACTOR if slow == "nvlink" else 1.0)
+        nvlink = float(int(comm * NVLINK_KIB_PER_US * (SLOW_LINK_FACTOR if slow == "nvlink" else 1.0)))
+        pcie = float(int(comm * PCIE_BYTES_PER_US * (SLOW_LINK_FACTOR if slow == "pcie" else 1.0)))
         sbe, dbe = self._ecc.get(gpu, (0, 0)) if now >= self.origin_us + self._event_after_us else (0, 0)
-        values: list[float | None] = []
-        for field, scope in fields:
-            if field in (FI_PCIE_COUNT_TX_BYTES, FI_PCIE_COUNT_RX_BYTES):
-                values.append(float(int(pcie)))
-            elif field in (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX):
-                values.append(float(int(nvlink)) if scope < self._nvlinks else None)
-            elif field == FI_ECC_SBE_VOL_TOTAL:
-                values.append(float(sbe))
-            elif field == FI_ECC_DBE_VOL_TOTAL:
-                values.append(float(dbe))
-            else:
-                values.append(None)
-        return values
+        device = {FI_PCIE_COUNT_TX_BYTES: pcie, FI_PCIE_COUNT_RX_BYTES: pcie, FI_ECC_SBE_VOL_TOTAL: float(sbe), FI_ECC_DBE_VOL_TOTAL: float(dbe)}
+        links = self._nvlinks
+        return [(nvlink if scope < links else math.nan) if field in _NVLINK_FIELDS else device.get(field, math.nan) for field, scope in fields]
 
     def xid_events(self) -> list[tuple[int, int]]:
         if self._now_us() < self.origin_us + self._event_after_us:
