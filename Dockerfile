@@ -1,0 +1,20 @@
+# One image for the operator, the injected sidecar and the analysis Job (torch is not needed:
+# the training image brings its own; the agent code is copied into the pod's shared volume).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml constraints.txt README.md ./
+COPY stepscope/ stepscope/
+COPY operator/ operator/
+COPY sidecar/ sidecar/
+COPY analysis/ analysis/
+RUN pip install -c constraints.txt ".[sidecar,operator]" \
+ && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin stepscope \
+ && rm -rf /src
+WORKDIR /
+# Numeric, so that runAsNonRoot can verify it.
+USER 10001
+# `stepscope operator` (the Deployment), `stepscope sidecar` (injected), `stepscope analyze --session NS/NAME` (the Job).
+ENTRYPOINT ["stepscope"]
+CMD ["operator"]
