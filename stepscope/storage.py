@@ -21,6 +21,9 @@ from urllib.parse import urlparse
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# botocore's debug log prints request headers, session tokens among them; `-v` must not leak them.
+for _name in ("botocore", "boto3", "s3transfer"):
+    logging.getLogger(_name).setLevel(logging.INFO)
 
 CREDENTIALS_DIR_ENV = "STEPSCOPE_CREDENTIALS_DIR"
 # Parts of 16 MiB keep a sidecar's upload buffers (chunk x concurrency) at 64 MiB while a multi-GB

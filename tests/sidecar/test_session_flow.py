@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -17,6 +18,8 @@ from stepscope.sidecar.nvml import SimulatedBackend
 from stepscope.sidecar_client import SidecarClient
 from tests.sidecar.conftest import KEY, SimulatedRanks, wait_for
 from tests.sidecar.test_control_endpoint import trigger_body
+from tests.storage.conftest import bucket, moto_endpoint, s3  # noqa: F401 - fixtures
+from tests.storage.proxy import Proxy
 
 TRACES = "hta__trace_filter_2rank"
 
@@ -202,3 +205,25 @@ def test_gpu_metrics_are_recorded_uploaded_and_joined_to_the_summaries(stepscope
     for rank in (0, 1):
         summary = decode_summary((store / layout.rank_summary(rank)).read_bytes())
         assert summary.hardware and len(summary.hardware["smClockMHzMean"]) == len(summary.steps) == 2
+
+
+def test_uploads_to_s3_with_the_triggers_credentials_which_never_leak(client: SidecarClient, ranks: SimulatedRanks, moto_endpoint: str,
+                                                                      s3, real_traces: dict[int, Path], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    s3.create_bucket(Bucket="sidecar-uploads")
+    secret = "body-secret-never-shown"
+    with Proxy(moto_endpoint.removeprefix("http://")) as proxy:
+        body = trigger_body("s-s3", "s3://sidecar-uploads/team/default/run-1a2b3c4d",
+                            storage={"uri": "s3://sidecar-uploads/team", "endpoint": proxy.url})
+        body["credentials"] = {"accessKeyId": "AKIDFROMTRIGGER", "secretAccessKey": secret, "sessionToken": None}
+        accepted = client.put_session("s-s3", body)
+        wait_for(client, "s-s3", lambda s: s["workers"]["total"] == 2)
+        for rank in (0, 1):
+            ranks.state("s-s3", rank, "done", trace_from=real_traces[rank])
+        status = wait_for(client, "s-s3", lambda s: s["phase"] in ("Succeeded", "Failed"))
+    assert status["phase"] == "Succeeded", status
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="sidecar-uploads")["Contents"])
+    assert keys == sorted(f"team/default/run-1a2b3c4d/{k}" for k in status["artifacts"]) and len(keys) == 4
+    assert proxy.headers and all("Credential=AKIDFROMTRIGGER/" in h["authorization"] for h in proxy.headers)
+    for text in (json.dumps(accepted), json.dumps(status), caplog.text):
+        assert secret not in text and "AKIDFROMTRIGGER" not in text
