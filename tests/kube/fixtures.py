@@ -24,11 +24,21 @@ class Kube:
     kubeconfig: Path
     api_client: kubernetes.client.ApiClient
     server: KubeTestServer
+    workdir: Path
 
     def apply_crd(self, path: Path = CRD_PATH) -> dict:
         """Create the CustomResourceDefinition in `path` (the ProfileSession CRD by default)."""
         body = yaml.safe_load(path.read_text())
         return kubernetes.client.ApiextensionsV1Api(self.api_client).create_custom_resource_definition(body).to_dict()
+
+    def service_account_kubeconfig(self, namespace: str, name: str) -> Path:
+        """A kubeconfig that acts as the ServiceAccount: every request is checked against the
+        stored Roles/ClusterRoles and bindings (the admin kubeconfig bypasses RBAC)."""
+        token = self.server.service_account_token(namespace, name)
+        return self.server.write_kubeconfig(self.workdir / f"kubeconfig-{namespace}-{name}", namespace, token)
+
+    def service_account_client(self, namespace: str, name: str) -> kubernetes.client.ApiClient:
+        return kubernetes.config.new_client_from_config(config_file=str(self.service_account_kubeconfig(namespace, name)))
 
     def create_namespace(self, name: str) -> None:
         kubernetes.client.CoreV1Api(self.api_client).create_namespace({"metadata": {"name": name}})
@@ -45,6 +55,6 @@ def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Kube]:
         monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
         api_client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
         try:
-            yield Kube(server.url, kubeconfig, api_client, server)
+            yield Kube(server.url, kubeconfig, api_client, server, tmp_path)
         finally:
             api_client.close()

@@ -7,19 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import secrets
 import threading
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from . import errors, resources
+from . import errors, rbac, resources
 from .patches import apply_patch
 from .schema import validate_object
 from .selectors import field_selector, label_selector
 from .store import Store, Watcher
 
 TOKEN = "stepscope-test-token"
+ADMIN = rbac.User("kubernetes-admin", ("system:masters", "system:authenticated"))
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -32,17 +35,27 @@ class Api:
     def __init__(self, store: Store, token: str | None) -> None:
         self.store = store
         self.token = token
+        self.users: dict[str, rbac.User] = {}
+        if token:
+            self.users[token] = ADMIN
         self.closing = asyncio.Event()
+
+    def _user(self, request: web.Request) -> rbac.User:
+        if not self.token:
+            return ADMIN
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        user = self.users.get(token) if scheme == "Bearer" else None
+        if user is None:
+            raise errors.ApiError(401, "Unauthorized", "Unauthorized")
+        return user
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
-            if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
-                raise errors.ApiError(401, "Unauthorized", "Unauthorized")
-            return await self._route(request)
+            return await self._route(request, self._user(request))
         except errors.ApiError as e:
             return _json(e.status(), e.code)
 
-    async def _route(self, request: web.Request) -> web.StreamResponse:
+    async def _route(self, request: web.Request, user: rbac.User) -> web.StreamResponse:
         parts = [p for p in request.path.split("/") if p]
         if not parts or parts[0] in ("healthz", "readyz", "livez"):
             return web.Response(text="ok")
@@ -71,9 +84,28 @@ class Api:
             if not types:
                 raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
             return _json(resources.resource_list(f"{group}/{version}" if group else version, types))
-        return await self._resource(request, group, version, rest)
+        return await self._resource(request, user, group, version, rest)
 
-    async def _resource(self, request: web.Request, group: str, version: str, rest: list[str]) -> web.StreamResponse:
+    def _authorize(self, request: web.Request, user: rbac.User, t: resources.ResourceType,
+                   namespace: str | None, name: str | None, subresource: str) -> None:
+        if user.is_admin:
+            return
+        if name is None:
+            verb = {"GET": "watch" if request.query.get("watch") in ("true", "1") else "list",
+                    "POST": "create", "DELETE": "deletecollection"}.get(request.method, request.method.lower())
+            # list/watch of one named object is what a Role with resourceNames can allow.
+            selected = re.fullmatch(r"metadata\.name==?([^,]+)", request.query.get("fieldSelector", ""))
+            name = selected.group(1) if selected and verb in ("list", "watch") else None
+        else:
+            verb = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(request.method, request.method.lower())
+        attrs = rbac.Attributes(verb, t.group, t.plural, subresource, namespace, name)
+        objects = {kind: self.store.stored(rbac.RBAC, plural) for kind, plural in
+                   (("Role", "roles"), ("RoleBinding", "rolebindings"), ("ClusterRole", "clusterroles"),
+                    ("ClusterRoleBinding", "clusterrolebindings"))}
+        if not rbac.allowed(objects, user, attrs):
+            raise rbac.forbidden(user, attrs)
+
+    async def _resource(self, request: web.Request, user: rbac.User, group: str, version: str, rest: list[str]) -> web.StreamResponse:
         namespace = None
         if rest[0] == "namespaces" and len(rest) >= 3:
             candidate = self.store.types.get((group, version, rest[2]))
@@ -86,6 +118,7 @@ class Api:
             raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
         if subresource and subresource not in t.subresources:
             raise errors.ApiError(404, "NotFound", f"the server could not find the requested resource ({t.plural}/{subresource})")
+        self._authorize(request, user, t, namespace, name, subresource)
         method = request.method
         if name is None:
             if method == "GET":
@@ -226,11 +259,19 @@ class KubeTestServer:
             return fn(self.api.store, *args)
         return asyncio.run_coroutine_threadsafe(_call(), self._loop).result(timeout=30)
 
-    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+    def service_account_token(self, namespace: str, name: str) -> str:
+        """A bearer token for system:serviceaccount:<namespace>:<name>, checked against RBAC."""
+        token = secrets.token_hex(16)
+        self.call(lambda _store: self.api.users.__setitem__(token, rbac.User.service_account(namespace, name)))
+        return token
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default", token: str | None = None) -> Path:
+        """A kubeconfig for the admin token, or for `token` (see service_account_token)."""
+        token = token or self.token
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "stepscope-test",
             "clusters": [{"name": "stepscope-test", "cluster": {"server": self.url}}],
-            "users": [{"name": "stepscope-test", "user": {"token": self.token} if self.token else {}}],
+            "users": [{"name": "stepscope-test", "user": {"token": token} if token else {}}],
             "contexts": [{"name": "stepscope-test",
                           "context": {"cluster": "stepscope-test", "user": "stepscope-test", "namespace": namespace}}],
         }

@@ -122,6 +122,10 @@ class Store:
         result["kind"] = t.kind
         return result
 
+    def stored(self, group: str, plural: str) -> list[Obj]:
+        """The stored objects of one resource, uncopied: for reading on the server's loop only."""
+        return list(self.objects.get((group, plural), {}).values())
+
     def get(self, t: ResourceType, namespace: str | None, name: str) -> Obj:
         return self._out(t, self._stored(t, namespace, name))
 
