@@ -243,12 +243,24 @@ def _rule_causes(value: Any, old: Any, schema: Schema, path: str) -> list[Cause]
             reason = result.args[0] if result.args else result
             causes.append((field, f"Invalid value: {_shown(value)}: {reason} evaluating rule: {expr}"))
         elif not bool(result):
-            message = rule.get("message") or f"failed rule: {expr}"
+            message = _message(rule, activation)
             if rule.get("reason") == "FieldValueForbidden":
                 causes.append((field, f"Forbidden: {message}"))
             else:
                 causes.append((field, f"Invalid value: {_shown(value)}: {message}"))
     return causes
+
+
+def _message(rule: dict[str, Any], activation: dict[str, Any]) -> str:
+    """messageExpression wins when it yields a string, then message, then the API server's default."""
+    if rule.get("messageExpression"):
+        try:
+            text = compile_rule(rule["messageExpression"]).evaluate(activation)
+        except celpy.CELEvalError:
+            text = None
+        if isinstance(text, str) and text:
+            return str(text)
+    return rule.get("message") or f"failed rule: {rule['rule']}"
 
 
 def validate_rules(value: Any, old: Any, schema: Schema, path: str = "", root: bool = False) -> list[Cause]:
@@ -305,10 +317,12 @@ def structural_errors(schema: Schema, path: str = "openAPIV3Schema", root: bool 
     if root and schema.get("type") != "object":
         problems.append(f"{path}.type: Invalid value: must be object at the root")
     for n, rule in enumerate(schema.get("x-kubernetes-validations", [])):
-        try:
-            compile_rule(rule["rule"])
-        except (celpy.CELParseError, KeyError) as e:
-            problems.append(f"{path}.x-kubernetes-validations[{n}].rule: Invalid value: compilation failed: {e}")
+        for key in ("rule", "messageExpression"):
+            if key == "rule" or key in rule:
+                try:
+                    compile_rule(rule[key])
+                except (celpy.CELParseError, KeyError) as e:
+                    problems.append(f"{path}.x-kubernetes-validations[{n}].{key}: Invalid value: compilation failed: {e}")
     for key, sub in (schema.get("properties") or {}).items():
         if root and key == "metadata" and set(sub) - {"type", "description"}:
             problems.append(f"{path}.properties[metadata]: Forbidden: must not specify anything other than name and generateName")

@@ -119,6 +119,9 @@ class Api:
         if subresource and subresource not in t.subresources:
             raise errors.ApiError(404, "NotFound", f"the server could not find the requested resource ({t.plural}/{subresource})")
         self._authorize(request, user, t, namespace, name, subresource)
+        if request.query.get("dryRun"):
+            # Refused rather than ignored: ignoring it would store what the client meant to try.
+            raise errors.bad_request("dryRun is not supported by the test API server")
         method = request.method
         if name is None:
             if method == "GET":

@@ -30,9 +30,11 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _spec_part(obj: Obj) -> Obj:
-    """What metadata.generation tracks: everything but metadata and status."""
-    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "kind", "apiVersion")}
+def _spec_part(t: ResourceType, obj: Obj) -> Obj:
+    """What metadata.generation tracks: everything but metadata, and status where it has its own
+    subresource (without one, a status change is a change like any other)."""
+    ignored = ("metadata", "kind", "apiVersion", *(("status",) if "status" in t.subresources else ()))
+    return {k: v for k, v in obj.items() if k not in ignored}
 
 
 def _normalized(t: ResourceType, obj: Obj) -> Obj:
@@ -263,7 +265,7 @@ class Store:
         meta["resourceVersion"] = old_meta["resourceVersion"]
         if new == {**old, "apiVersion": new["apiVersion"], "kind": t.kind}:
             return self._out(t, old)  # a no-op write keeps the resourceVersion, like the API server
-        if _spec_part(new) != _spec_part(old):
+        if _spec_part(t, new) != _spec_part(t, old):
             meta["generation"] = old_meta.get("generation", 1) + 1
         meta["resourceVersion"] = self._next_rv()
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
