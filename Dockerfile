@@ -9,7 +9,7 @@ COPY stepscope/ stepscope/
 COPY operator/ operator/
 COPY sidecar/ sidecar/
 COPY analysis/ analysis/
-RUN pip install -c constraints.txt ".[sidecar,operator]" \
+RUN pip install -c constraints.txt ".[sidecar,operator,webhook]" \
  && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin stepscope \
  && rm -rf /src
 WORKDIR /
