@@ -26,22 +26,30 @@ session's state file.
 from __future__ import annotations
 
 import atexit
-import gzip
-import importlib.abc
-import importlib.machinery
 import json
-import logging
 import os
-import shutil
-import socket
 import sys
 import threading
 import time
-import traceback
 import weakref
-from typing import Any
 
-log = logging.getLogger("stepscope.agent")
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+
+class _LazyLogger:
+    """The "stepscope.agent" logger, imported on first use: every Python process in the pod loads
+    this module at start, and most never log."""
+
+    def __getattr__(self, name: str) -> Any:
+        import logging
+
+        return getattr(logging.getLogger("stepscope.agent"), name)
+
+
+log = _LazyLogger()
 
 DEFAULT_DIR = "/var/run/stepscope"
 WIRE_VERSION = 1
@@ -86,7 +94,11 @@ def thread_stacks() -> list[dict[str, Any]]:
     main = threading.main_thread().ident
     threads = []
     for ident, frame in sys._current_frames().items():
-        frames = [{"file": fs.filename, "line": fs.lineno, "function": fs.name} for fs in traceback.extract_stack(frame)]
+        frames = []
+        while frame is not None:
+            frames.append({"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name})
+            frame = frame.f_back
+        frames.reverse()
         threads.append({"id": ident, "name": names.get(ident, f"thread-{ident}"), "main": ident == main, "frames": frames})
     return threads
 
@@ -135,7 +147,7 @@ class Agent:
         self.step_count = 0
         self.last_step_mono = _monotonic()
         self.started_at = time.time()
-        self.host = socket.gethostname()
+        self.host = os.uname().nodename
         self._request_sig: tuple[int, int, int] | None = None
         self._session: _Session | None = None
         self._handled: set[str] = set()
@@ -284,10 +296,10 @@ class Agent:
             s.hung = False
             s.state = "capturing" if s.prof is not None else "waiting"
             self._write_state(s, message=f"steps resumed at step {self.step_count} after a hang")
+        if self._cancel_unstarted(s):
+            return
         if s.state == "waiting":
-            if s.cancel:
-                self._finish(s, "cancelled", message="cancelled before capture started")
-            elif self.step_count >= s.trigger_step + s.wait_steps:
+            if self.step_count >= s.trigger_step + s.wait_steps:
                 self._start_profiler(s)
             return
         if s.state != "capturing" or s.prof is None:
@@ -303,6 +315,13 @@ class Agent:
             self._stop_profiler(s, "done")
         else:
             s.prof.step()
+
+    def _cancel_unstarted(self, s: _Session) -> bool:
+        """Cancel a session whose profiler never started; any thread may, even while training hangs."""
+        if not s.cancel or s.prof is not None or s.state not in ("waiting", "hung"):
+            return False
+        self._finish(s, "cancelled", message=f"cancelled at step {self.step_count} before capture started")
+        return True
 
     def _start_profiler(self, s: _Session) -> None:
         try:
@@ -357,6 +376,9 @@ class Agent:
         threading.Thread(target=self._export, args=(s, prof, final), name="stepscope-export", daemon=False).start()
 
     def _export(self, s: _Session, prof: Any, final: str) -> None:
+        import gzip
+        import shutil
+
         name = f"rank-{self.identity()[0]}.trace.json.gz"
         raw = os.path.join(s.folder, f".{name}.{os.getpid()}.json")
         packed = os.path.join(s.folder, f".{name}.{os.getpid()}.tmp")
@@ -502,8 +524,10 @@ class Agent:
                 if s.wait_steps:
                     s.notes.append(f"waitSteps={s.wait_steps} ignored without steps")
                 self._start_profiler(s)
-            if s.on_watchdog or (s.state == "waiting" and s.cancel):
-                self._advance(on_watchdog=s.on_watchdog)
+            if self._cancel_unstarted(s):
+                return HEARTBEAT_SECONDS
+            if s.on_watchdog:
+                self._advance(on_watchdog=True)
                 if s.prof is not None and s.duration is not None:
                     return max(0.01, min(HEARTBEAT_SECONDS, s.duration - (_monotonic() - s.started_mono)))
                 return HEARTBEAT_SECONDS
@@ -540,7 +564,7 @@ class Agent:
             pass
 
 
-class _TorchImportWatcher(importlib.abc.MetaPathFinder):
+class _TorchImportWatcher:
     """Lets torch be imported as usual, then attaches the agent: no torch import at interpreter start."""
 
     def __init__(self, on_import: Any) -> None:
@@ -549,15 +573,24 @@ class _TorchImportWatcher(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != "torch":
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            return None
+        # The finders after this one, in order: torch may come from an editable or custom finder.
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         spec.loader = _AfterExecLoader(spec.loader, self._on_import)
         return spec
 
 
-class _AfterExecLoader(importlib.abc.Loader):
+class _AfterExecLoader:
     def __init__(self, loader: Any, after: Any) -> None:
         self._loader = loader
         self._after = after
