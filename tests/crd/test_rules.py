@@ -2,15 +2,12 @@
 the rule's message, real kubernetes client over HTTP); good specs are stored with defaults."""
 from __future__ import annotations
 
-import json
-
 import kubernetes
 import pytest
 import yaml
-from kubernetes.client import ApiException
 
 from tests.kube.fixtures import CRD_PATH
-from tests.kube.helpers import GROUP, PLURAL, VERSION, session
+from tests.kube.helpers import GROUP, PLURAL, VERSION, refused, session
 
 MATCH_EXPRESSIONS = {"matchExpressions": [{"key": "app", "operator": "In"}]}
 # (case, spec overrides, field the API server names, the rule's message)
@@ -63,10 +60,7 @@ def _create(api, body: dict) -> dict:
 
 
 def _refusal(call) -> dict:
-    with pytest.raises(ApiException) as e:
-        call()
-    assert e.value.status == 422, e.value.body
-    status = json.loads(e.value.body)
+    status = refused(call, 422)
     assert status["reason"] == "Invalid"
     return status
 

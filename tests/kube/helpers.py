@@ -1,8 +1,12 @@
 """Small builders and waits shared by the tests that use the test API server."""
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Callable
+
+import pytest
+from kubernetes.client import ApiException
 
 GROUP, VERSION, PLURAL = "stepscope.io", "v1alpha1", "profilesessions"
 
@@ -40,3 +44,11 @@ def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condi
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+def refused(call: Callable[[], Any], code: int) -> dict[str, Any]:
+    """Call, expect the API server to answer `code`, return its Status object."""
+    with pytest.raises(ApiException) as e:
+        call()
+    assert e.value.status == code, e.value.body
+    return json.loads(e.value.body)

@@ -1,13 +1,9 @@
 """RBAC for ServiceAccount tokens: what a Role grants is allowed, everything else is 403."""
 from __future__ import annotations
 
-import json
-
 import kubernetes
-import pytest
-from kubernetes.client import ApiException
 
-from tests.kube.helpers import GROUP, PLURAL, VERSION, pod, session
+from tests.kube.helpers import GROUP, PLURAL, VERSION, pod, refused, session
 
 ROLE = {"metadata": {"name": "analysis-s"}, "rules": [
     {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": ["s"], "verbs": ["get"]},
@@ -17,10 +13,7 @@ BINDING = {"metadata": {"name": "analysis-s"}, "roleRef": {"apiGroup": "rbac.aut
 
 
 def _forbidden(call) -> str:
-    with pytest.raises(ApiException) as e:
-        call()
-    assert e.value.status == 403, e.value.body
-    return json.loads(e.value.body)["message"]
+    return refused(call, 403)["message"]
 
 
 def test_a_role_with_resource_names_allows_exactly_its_rules(kube):
