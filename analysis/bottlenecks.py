@@ -25,7 +25,8 @@ BANDWIDTH_BEHIND = 0.7
 SHORT_KERNEL_SHARE = 0.5
 SHORT_KERNELS_PER_STEP = 100
 LAUNCH_DELAY_US = 100.0
-HOST_WAIT_SHARE = 0.10
+IDLE_PCT = 10.0  # GPU idle share (HTA temporal breakdown) worth a finding
+HOST_WAIT_SHARE = 0.5  # ... when at least this much of the idle time is waiting for the host
 CPU_COLLECTIVE_SHARE = 0.20
 
 
@@ -147,7 +148,7 @@ def communication(tables: RankTables, median_step_us: float) -> list[dict[str, A
     return out
 
 
-def launch_overhead(tables: RankTables, median_step_us: float) -> list[dict[str, Any]]:
+def launch_overhead(tables: RankTables) -> list[dict[str, Any]]:
     r = tables.ranks[tables.ranks["launches"] > 0]
     if r.empty:
         return []
@@ -166,13 +167,16 @@ def launch_overhead(tables: RankTables, median_step_us: float) -> list[dict[str,
         out.append(finding("info", "launch", delayed["rank"].tolist(),
                            f"kernels start {delayed['launchDelayMedianUs'].median():.0f} us after their launch (median) on {ranks_text(delayed['rank'].tolist())}: "
                            "the GPU queue is full; the host is ahead, so launch overhead is not the limit", 0.0))
-    if median_step_us > 0:
-        wait = r["hostWaitUs"] / (r["steps"].clip(lower=1) * median_step_us)
-        waiting = r[wait >= HOST_WAIT_SHARE]
-        if len(waiting):
-            out.append(finding("warning", "launch", waiting["rank"].tolist(),
-                               f"the GPU waits for the host {100 * float(wait[waiting.index].median()):.0f}% of the step on {ranks_text(waiting['rank'].tolist())}: "
-                               "the CPU side (data loading, Python, synchronisation) does not keep the GPU fed", float(wait[waiting.index].median())))
+    # HTA's idle categories are summed over streams, so they say how the idle time splits, not how much.
+    idle_total = (r["hostWaitUs"] + r["kernelWaitUs"] + r["otherIdleUs"]).where(lambda v: v > 0, 1.0)
+    host_share = r["hostWaitUs"] / idle_total
+    starved = r[(r["idlePct"] >= IDLE_PCT) & (host_share >= HOST_WAIT_SHARE)]
+    if len(starved):
+        idle, host = float(starved["idlePct"].median()), float(host_share[starved.index].median())
+        out.append(finding("warning", "launch", starved["rank"].tolist(),
+                           f"the GPU is idle {idle:.0f}% of the time on {ranks_text(starved['rank'].tolist())}, {100 * host:.0f}% of that waiting for the host: "
+                           "the CPU side (data loading, Python, launches, synchronisation) does not keep the GPU fed", idle / 100 * host,
+                           {"idlePct": {str(a): round(float(b), 2) for a, b in zip(starved["rank"], starved["idlePct"])}}))
     return out
 
 
@@ -210,6 +214,6 @@ def all_checks(tables: RankTables, kernels: pd.DataFrame, slow_ranks: set[int]) 
         *top_kernels(tables),
         *python_outliers(tables, median_step_us),
         *communication(tables, median_step_us),
-        *launch_overhead(tables, median_step_us),
+        *launch_overhead(tables),
         *cpu_only(tables, median_step_us),
     ]

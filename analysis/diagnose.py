@@ -52,7 +52,7 @@ def _slow_worker_finding(e: SlowEvidence, tables: RankTables, median_step_us: fl
     if e.stepRatio:
         reasons.append(f"its step takes {ms(tables.step_us.get(e.rank, 0.0))} vs {ms(median_step_us)} (median)")
     if e.kernelRatio:
-        names = ", ".join(short(k["name"], 40) for k in e.slowKernels[:3])
+        names = ", ".join(list(dict.fromkeys(short(k["name"], 50) for k in e.slowKernels))[:3])
         reasons.append(f"its GPU kernels run {100 * (e.kernelRatio - 1):.0f}% longer" + (f" ({names})" if names else ""))
     if e.rank in python:
         reasons.append(python[e.rank])

@@ -45,6 +45,8 @@ def _ranks_frame(summaries: list[RankSummary]) -> pd.DataFrame:
         "hostWaitUs": np.asarray([s.idle.hostWaitUs if s.idle else 0.0 for s in summaries], dtype=float),
         "kernelWaitUs": np.asarray([s.idle.kernelWaitUs if s.idle else 0.0 for s in summaries], dtype=float),
         "idleUs": np.asarray([s.temporal.idleUs if s.temporal else 0.0 for s in summaries], dtype=float),
+        "idlePct": np.asarray([s.temporal.idlePct if s.temporal else 0.0 for s in summaries], dtype=float),
+        "otherIdleUs": np.asarray([s.idle.otherUs if s.idle else 0.0 for s in summaries], dtype=float),
     })
 
 

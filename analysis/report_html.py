@@ -12,7 +12,7 @@ import pandas as pd
 from stepscope.analysis.model import Diagnosis
 from stepscope.analysis.rank_tables import RankTables
 from stepscope.analysis.slow_workers import kernel_ratios
-from stepscope.analysis.wording import function_text
+from stepscope.analysis.wording import function_text, ranks_text, short
 
 _CSS = """
 :root{--fg:#1d2330;--muted:#667085;--line:#e4e7ec;--bg:#f7f8fa;--card:#fff;--crit:#c0362c;--warn:#b7791f;--info:#2b6cb0;
@@ -53,20 +53,29 @@ def _num(value: float, digits: int = 1) -> str:
     return "–" if value is None or (isinstance(value, float) and np.isnan(value)) else f"{value:,.{digits}f}"
 
 
+def _ticks(top: float) -> list[float]:
+    """Round axis ticks (1, 2, 2.5 or 5 times a power of ten) from 0 up to at least `top`."""
+    raw = top / 4 if top > 0 else 1.0
+    power = 10 ** np.floor(np.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    return [i * step for i in range(int(np.ceil(top / step)) + 1)]
+
+
 def _bar_chart(labels: list[str], values: np.ndarray, highlight: set[int], unit: str, reference: float | None = None, ref_label: str = "median") -> str:
     """Vertical bars, one per rank; highlighted ones in red; a dashed reference line."""
     if len(values) == 0:
         return '<p class="note">no data</p>'
     width, height, left, bottom = 1100, 220, 56, 24
-    top = float(np.nanmax(values)) * 1.1 or 1.0
+    ticks = _ticks(float(np.nanmax(values)) * 1.05 or 1.0)
+    top = ticks[-1]
     n = len(values)
     slot = (width - left - 10) / n
     bar = max(1.0, slot * 0.8)
     parts = [f'<svg viewBox="0 0 {width} {height + bottom}" width="100%" role="img">']
-    for frac in (0, 0.25, 0.5, 0.75, 1.0):
-        y = height - frac * (height - 10)
+    for tick in ticks:
+        y = height - tick / top * (height - 10)
         parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eef0f3"/>'
-                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_num(top * frac, 1 if top < 10 else 0)}</text>')
+                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:,.{0 if ticks[1] >= 1 else 2}f}</text>')
     for i, (label, value) in enumerate(zip(labels, values)):
         if np.isnan(value):
             continue
@@ -127,7 +136,7 @@ def _findings(full: list[dict[str, Any]], limit: int = 50) -> str:
     if not full:
         return '<p class="note">nothing to report</p>'
     rows = [[("", f'<span class="sev {_e(f["severity"])}">{_e(f["severity"])}</span>'), ("", _e(f["category"])),
-             ("", _e(", ".join(map(str, f["ranks"][:12])) + (" …" if len(f["ranks"]) > 12 else ""))), ("", _e(f["message"]))] for f in full[:limit]]
+             ("", _e(ranks_text(f["ranks"]).removeprefix("ranks ").removeprefix("rank ") if f["ranks"] else "")), ("", _e(f["message"]))] for f in full[:limit]]
     more = f'<p class="note">{len(full) - limit} more findings in diagnosis.json</p>' if len(full) > limit else ""
     return _table(["severity", "category", "ranks", "finding"], rows) + more
 
@@ -135,9 +144,9 @@ def _findings(full: list[dict[str, Any]], limit: int = 50) -> str:
 def _kernels(op_statistic: pd.DataFrame, limit: int = 20) -> str:
     if op_statistic.empty:
         return '<p class="note">no GPU kernels in the traces</p>'
-    rows = [[("name", _e(r["OP Type"])), ("", _e(r["Core Type"])), ("n", f'{int(r["Count"]):,}'), ("n", _num(r["Total Time(us)"] / 1000, 2)),
+    rows = [[("name", f'<span title="{_e(r["OP Type"])}">{_e(short(str(r["OP Type"]), 90))}</span>'), ("", _e(r["Core Type"])), ("n", f'{int(r["Count"]):,}'), ("n", _num(r["Total Time(us)"] / 1000, 2)),
              ("n", _num(r["Avg Time(us)"], 1)), ("n", _num(r["Ratio(%)"], 1)), ("n", str(int(r["Ranks"])))] for _, r in op_statistic.head(limit).iterrows()]
-    return _table(["kernel", "type", "count", "total ms", "avg us", "share %", "ranks"], rows)
+    return _table(["kernel (hover for the full name)", "type", "count", "total ms", "avg us", "share %", "ranks"], rows)
 
 
 def _functions(tables: RankTables, limit: int = 20) -> str:
@@ -157,8 +166,9 @@ def _communication(communication: pd.DataFrame) -> str:
     if communication.empty:
         return '<p class="note">no collectives in the traces</p>'
     g = communication.groupby("Collective")
-    stats = pd.DataFrame({"count": g["Count"].median(), "median": g["Median Time(us)"].median(), "bwmin": g["Bus Bandwidth(GB/s)"].min(),
-                          "bwmed": g["Bus Bandwidth(GB/s)"].median(), "ranks": g["Rank"].nunique()})
+    bandwidth = communication["Bus Bandwidth(GB/s)"].where(communication["Bus Bandwidth(GB/s)"] > 0)  # 0: the trace has no message sizes
+    stats = pd.DataFrame({"count": g["Count"].median(), "median": g["Median Time(us)"].median(), "bwmin": bandwidth.groupby(communication["Collective"]).min(),
+                          "bwmed": bandwidth.groupby(communication["Collective"]).median(), "ranks": g["Rank"].nunique()})
     rows = [[("", _e(kind)), ("n", _num(r["count"], 0)), ("n", _num(r["median"], 1)), ("n", _num(r["bwmed"], 1)), ("n", _num(r["bwmin"], 1)), ("n", str(int(r["ranks"])))]
             for kind, r in stats.iterrows()]
     return _table(["collective", "count per rank", "median us", "bus GB/s (median)", "bus GB/s (lowest rank)", "ranks"], rows)

@@ -44,8 +44,12 @@ def function_text(name: str) -> str:
 
 
 def short(name: str, limit: int = 60) -> str:
-    """Kernel names run to hundreds of characters of template arguments; keep the head."""
-    return name if len(name) <= limit else name[: limit - 3] + "..."
+    """Kernel names run to hundreds of characters of template arguments and parameter lists:
+    keep the name itself ('void at::native::f<...>(...)' reads 'at::native::f')."""
+    base = name.removeprefix("void ")
+    cut = min((i for i in (base.find("<"), base.find("(")) if i > 0), default=len(base))
+    base = base[:cut]
+    return base if len(base) <= limit else base[: limit - 3] + "..."
 
 
 def finding(severity: str, category: str, ranks: list[int], message: str, score: float, data: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import pytest
 from stepscope.analysis.diagnose import MAX_FINDINGS, diagnose
 from stepscope.analysis.model import RankSummary, encode
 from stepscope.analysis.outliers import peer_median
+from stepscope.analysis.wording import short
 from synthetic_ranks import make_summaries
 
 
@@ -37,7 +38,7 @@ def test_slow_kernels_name_the_rank_and_the_kernels():
     # The kernels that cost most extra time are named: the largest compute kernels, not the collective.
     named = [k["name"] for k in slow["data"]["slowKernels"]]
     assert named and all(n.startswith(("volta_sgemm", "void at::native")) for n in named)
-    assert diagnosis.summary.startswith("rank 5 is 1.") and "kernels run 3" in diagnosis.summary and named[0][:20] in diagnosis.summary
+    assert diagnosis.summary.startswith("rank 5 is 1.") and "kernels run 3" in diagnosis.summary and short(named[0]) in diagnosis.summary
 
 
 def test_step_time_outlier_without_synchronisation():
@@ -174,3 +175,9 @@ def test_cpu_only_gloo_run_weighs_collective_wait_against_python():
     assert len(comm) == 1 and "in gloo collectives (AllReduce)" in comm[0]["message"] and "least: rank 1" in comm[0]["message"]
     hot = [f for f in full if f["category"] == "python" and f["severity"] == "info"]
     assert hot and hot[0]["message"].startswith("the Python hot spot is ")
+
+
+def test_kernel_names_are_shortened_to_the_name_itself():
+    assert short("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int, float)") == "at::native::vectorized_elementwise_kernel"
+    assert short("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)") == "ncclKernel_AllReduce_RING_LL_Sum_float"
+    assert short("volta_sgemm_128x32_nt") == "volta_sgemm_128x32_nt"
