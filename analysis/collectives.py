@@ -91,7 +91,7 @@ def collectives(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_u
         label_of = {int(c): parse_nccl_name(trace.names[int(c)]) for c in np.unique(trace.name[rows])}
     else:
         codes = trace.name_codes(lambda n: _CPU_COLLECTIVE_RE.match(n) is not None)
-        rows = np.flatnonzero(np.isin(trace.name, codes))
+        rows = np.flatnonzero(trace.name_mask(lambda n: _CPU_COLLECTIVE_RE.match(n) is not None))
         label_of = {int(c): (normalise_kind(_CPU_COLLECTIVE_RE.match(trace.names[int(c)]).group(2)), "", "")
                     for c in codes}
     if len(rows) == 0:

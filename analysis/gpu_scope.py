@@ -50,23 +50,24 @@ def name_types(trace: Trace) -> np.ndarray:
 
 def gpu_filter_mask(trace: Trace) -> np.ndarray:
     """HTA's GPUKernelFilter: on a stream with a correlation, or a device-wide synchronisation."""
-    sync = np.isin(trace.name, trace.name_codes(lambda n: n in SYNC_NAMES))
+    sync = trace.name_mask(lambda n: n in SYNC_NAMES)
     return ((trace.stream >= 0) & (trace.correlation >= 0)) | sync
 
 
 def gpu_scope(trace: Trace) -> GpuScope:
     on_gpu = gpu_filter_mask(trace)
-    step_codes = trace.name_codes(lambda n: "ProfilerStep" in n)
-    present = np.unique(trace.name[np.isin(trace.name, step_codes)])
-    if len(present) <= 1:
+    is_step = trace.name_mask(lambda n: "ProfilerStep" in n)
+    if len(np.unique(trace.name[is_step])) <= 1:
         rows = np.arange(len(trace))
         filtered, last_start = False, float("inf")
     else:
         cpu = ~on_gpu
-        step_rows = cpu & np.isin(trace.name, present)
+        step_rows = cpu & is_step
         last_start = float(trace.ts[step_rows].max()) if step_rows.any() else float("nan")
         cpu_kept = np.flatnonzero(cpu & (trace.ts < last_start))
-        values, counts = np.unique(trace.correlation[cpu_kept], return_counts=True)
+        # GPU events have correlations >= 0, so only those CPU correlations can match.
+        correlated = trace.correlation[cpu_kept]
+        values, counts = np.unique(correlated[correlated >= 0], return_counts=True)
         gpu_rows = np.flatnonzero(on_gpu)
         mult = np.zeros(len(gpu_rows), dtype=np.int64)
         if len(values):

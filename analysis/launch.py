@@ -21,9 +21,8 @@ LAUNCH_DELAY_CUTOFF_US = 100  # HTA: launch delays longer than this are outliers
 
 def launch_pairs(trace: Trace, scope: GpuScope) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(cpu_duration, gpu_duration, launch_delay) for every launch call joined with its GPU event."""
-    rows = scope.rows
-    names = trace.name[rows]
-    launch = np.isin(names, trace.name_codes(lambda n: n in CUDA_LAUNCHES or n in HIP_LAUNCHES))
+    rows = scope.rows[trace.correlation[scope.rows] != -1]
+    launch = trace.name_mask(lambda n: n in CUDA_LAUNCHES or n in HIP_LAUNCHES, rows)
     wanted = np.unique(trace.correlation[rows[launch]])
     stream = trace.stream[rows]
     in_set = np.isin(trace.correlation[rows], wanted)
@@ -70,12 +69,11 @@ def runtime_stats(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured
         return []
     dur, exposed = intervals.outside(compute, trace.ts[rows], trace.dur[rows])
     names = trace.name[rows]
-    keys, idx = np.unique(names, return_inverse=True)
-    count = np.bincount(idx, minlength=len(keys))
-    total = np.bincount(idx, weights=dur, minlength=len(keys))
-    exposed_sum = np.bincount(idx, weights=exposed, minlength=len(keys))
-    order = np.argsort(-total, kind="stable")[:top]
-    return [RuntimeStat(name=trace.names[int(keys[i])], count=int(count[i]), sumUs=float(total[i]),
+    count = np.bincount(names, minlength=len(trace.names))
+    total = np.bincount(names, weights=dur, minlength=len(trace.names))
+    exposed_sum = np.bincount(names, weights=exposed, minlength=len(trace.names))
+    order = [i for i in np.argsort(-total, kind="stable")[:top] if count[i] > 0]
+    return [RuntimeStat(name=trace.names[int(i)], count=int(count[i]), sumUs=float(total[i]),
                         notOverlappedUs=float(exposed_sum[i]),
                         bottleneckRatio=float(exposed_sum[i] / captured_us) if captured_us > 0 else 0.0)
             for i in order]

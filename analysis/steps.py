@@ -21,7 +21,7 @@ def step_spans(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if not numbers:
         return np.empty(0, np.int64), np.empty(0), np.empty(0)
     codes = np.fromiter(numbers, dtype=np.int64)
-    rows = np.flatnonzero(np.isin(trace.name, codes) & (trace.stream == -1)
+    rows = np.flatnonzero(trace.name_mask(lambda n: STEP_RE.search(n) is not None) & (trace.stream == -1)
                           & ~trace.cat_mask("gpu_user_annotation"))
     step_of_code = np.full(len(trace.names), -1, dtype=np.int64)
     step_of_code[codes] = list(numbers.values())

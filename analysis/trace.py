@@ -19,7 +19,7 @@ from itertools import compress, repeat
 from operator import attrgetter, is_not
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable
 
 import msgspec
 import numpy as np
@@ -127,21 +127,23 @@ class Trace:
     rounded: bool  # fractional timestamps were rounded inwards as HTA does
     first_event_ts: float  # ts of traceEvents[0] when it is a kept row, else NaN (see gpu_scope)
     warnings: list[str] = field(default_factory=list)
+    base_ns: int = 0  # baseTimeNanoseconds: ts (µs) + base_ns / 1000 = Unix epoch µs
 
     def __len__(self) -> int:
         return len(self.ts)
 
     def cat_mask(self, names: tuple[str, ...] | str) -> np.ndarray:
         wanted = (names,) if isinstance(names, str) else names
-        codes = [i for i, c in enumerate(self.cats) if c in wanted]
-        return np.isin(self.cat, codes)
+        return np.array([c in wanted for c in self.cats], dtype=bool)[self.cat]
 
-    def name_codes(self, predicate) -> np.ndarray:
+    def name_codes(self, predicate: Callable[[str], bool]) -> np.ndarray:
         """Codes of the names for which `predicate(name)` holds (evaluated once per distinct name)."""
         return np.fromiter((i for i, n in enumerate(self.names) if predicate(n)), dtype=np.int64)
 
-    def name_mask(self, predicate) -> np.ndarray:
-        return np.isin(self.name, self.name_codes(predicate))
+    def name_mask(self, predicate: Callable[[str], bool], rows: np.ndarray | None = None) -> np.ndarray:
+        """Rows (all, or those given) whose name satisfies `predicate`: a table lookup per row."""
+        table = np.fromiter(map(predicate, self.names), dtype=bool, count=len(self.names))
+        return table[self.name if rows is None else self.name[rows]]
 
     @property
     def end(self) -> np.ndarray:
@@ -281,52 +283,75 @@ def _open(path: Path) -> BinaryIO:
     return f
 
 
-def _blocks(stream: BinaryIO) -> Iterator[bytes]:
-    while True:
-        block = stream.read(CHUNK_BYTES)
-        if not block:
-            return
-        yield block
+class _Window:
+    """A byte window over the stream, refilled in place so that pieces cost no new allocations."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+        self.buf = bytearray(CHUNK_BYTES)
+        self.filled = 0
+        self.eof = False
+
+    def fill(self) -> None:
+        """Read until the window is full or the stream ends."""
+        with memoryview(self.buf) as view:
+            while self.filled < len(self.buf):
+                n = self.stream.readinto(view[self.filled:])
+                if not n:
+                    self.eof = True
+                    return
+                self.filled += n
+
+    def grow(self) -> None:
+        self.buf += bytearray(len(self.buf))
+
+    def keep_from(self, start: int, prefix: bytes = b"") -> None:
+        """Drop the bytes before `start` (after writing `prefix` in front of the rest)."""
+        rest = self.filled - start
+        self.buf[len(prefix): len(prefix) + rest] = self.buf[start: self.filled]
+        self.buf[: len(prefix)] = prefix
+        self.filled = len(prefix) + rest
+
+    def data(self) -> bytes:
+        return bytes(self.buf[: self.filled])
 
 
-def _decode_pieces(blocks: Iterator[bytes], cols: _Columns) -> _Meta:
+def _decode_pieces(stream: BinaryIO, cols: _Columns) -> _Meta:
     """Split the stream at event boundaries, decode each piece, return the trace metadata."""
-    buf = bytearray()
-    key = -1
-    for block in blocks:
-        buf += block
-        key = buf.find(b'"traceEvents"')
-        if key >= 0 or len(buf) > MAX_HEADER_BYTES or buf[:1024].lstrip()[:1] == b"[":
-            break
-    first = buf[:1024].lstrip()[:1]
+    win = _Window(stream)
+    win.fill()
+    key = win.buf.find(b'"traceEvents"', 0, win.filled)
+    while key < 0 and not win.eof and win.filled < MAX_HEADER_BYTES and win.buf[:1024].lstrip()[:1] != b"[":
+        win.grow()
+        win.fill()
+        key = win.buf.find(b'"traceEvents"', 0, win.filled)
+    first = win.buf[: min(win.filled, 1024)].lstrip()[:1]
     if not first:
         raise ValueError("the file is empty")
     bare = first == b"["  # a bare JSON array of events, which the Chrome trace format allows
     meta = _Meta()
     if bare:
-        start = buf.find(b"[")
+        start = win.buf.find(b"[")
     else:
         if key < 0:
             raise ValueError('no "traceEvents" array: not a Kineto/Chrome trace')
-        header = bytes(buf[:key]).rstrip()
+        header = bytes(win.buf[:key]).rstrip()
         if header.endswith(b","):
             meta = _META.decode(header[:-1] + b"}")
-        start = buf.find(b"[", key)
-        while start < 0:
-            block = next(blocks, b"")
-            if not block:
-                raise ValueError("the file ends before the event list")
-            buf += block
-            start = buf.find(b"[", key)
-    del buf[:start]
-    for block in blocks:
-        buf += block
-        if len(buf) >= CHUNK_BYTES:
-            _decode_complete_events(buf, cols)
+        start = win.buf.find(b"[", key, win.filled)
+        if start < 0:
+            raise ValueError("no event list after \"traceEvents\"")
+    win.keep_from(start)
+    while True:
+        win.fill()
+        if win.eof:
+            break
+        if not _decode_front(win, cols):
+            win.grow()  # one event larger than the window
     if bare:
-        cols.add(_EVENTS.decode(buf))
+        cols.add(_EVENTS.decode(win.data()))
         return meta
-    rest = _TAIL.decode(b'{"traceEvents":' + bytes(buf))
+    rest = _TAIL.decode(b'{"traceEvents":' + win.data())
     cols.add(rest.traceEvents)
     for name in _Meta.__struct_fields__:
         if getattr(meta, name) is None:
@@ -334,30 +359,32 @@ def _decode_pieces(blocks: Iterator[bytes], cols: _Columns) -> _Meta:
     return meta
 
 
-def _decode_complete_events(buf: bytearray, cols: _Columns) -> None:
-    """Decode the events at the front of `buf` (which starts with '['), leaving the rest in it.
+def _decode_front(win: _Window, cols: _Columns) -> bool:
+    """Decode the complete events at the front of the window (which starts with '['), keep the rest.
 
     A candidate cut is a `},`; one inside a string or a nested object leaves the piece unbalanced,
     so msgspec refuses it as invalid JSON and the previous candidate is tried.
     """
-    cut = buf.rfind(b"},")
+    buf = win.buf
+    cut = buf.rfind(b"},", 0, win.filled)
     for _ in range(64):
         if cut <= 0:
-            return
+            return False
         comma = cut + 1
         buf[comma] = ord("]")
         try:
-            events = _EVENTS.decode(memoryview(buf)[: comma + 1])
-        except msgspec.ValidationError:
+            with memoryview(buf) as view:
+                events = _EVENTS.decode(view[: comma + 1])
+        except msgspec.ValidationError:  # a real type error (ValidationError is a DecodeError too)
             raise
         except msgspec.DecodeError:
             buf[comma] = ord(",")
             cut = buf.rfind(b"},", 0, cut)
             continue
         cols.add(events)
-        del events
-        del buf[1: comma + 1]
-        return
+        win.keep_from(comma + 1, b"[")
+        return True
+    return False
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -366,7 +393,7 @@ def load_trace(path: str | Path) -> Trace:
     cols = _Columns()
     try:
         with _open(path) as stream:
-            meta = _decode_pieces(_blocks(stream), cols)
+            meta = _decode_pieces(stream, cols)
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file") from None
     except msgspec.ValidationError as e:
@@ -396,6 +423,7 @@ def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
     coll = cols.coll
     return Trace(
         path=str(path),
+        base_ns=int(meta.baseTimeNanoseconds or 0),
         rank=_as_int(info.get("rank"), None),
         world_size=_as_int(info.get("world_size"), 0),
         backend=str(info.get("backend") or ""),
