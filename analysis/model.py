@@ -144,6 +144,9 @@ class RankSummary(Struct):
     pod: str = ""
     node: str = ""
     source: str = ""
+    # Kineto's baseTimeNanoseconds / 1000: step startUs + this = Unix epoch µs, the clock of the
+    # NVML samples (0 for traces whose ts is already epoch µs).
+    traceBaseUs: float = 0.0
     hasGpu: bool = False
     capturedUs: float = 0.0
     gpuUtilizationPct: float = 0.0

@@ -65,6 +65,7 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
         pod=pod,
         node=node,
         source=Path(trace.path).name,
+        traceBaseUs=trace.base_ns / 1000.0,
         hasGpu=has_gpu,
         capturedUs=captured,
         gpuUtilizationPct=round(100 * float(busy) / captured, 2) if captured > 0 else 0.0,
