@@ -158,8 +158,15 @@ def _reason_fraction(gpu_rows: pd.DataFrame, starts: np.ndarray, ends: np.ndarra
     return np.where(reduced.count > 0, reduced.mean, np.nan)
 
 
-def step_statistics(metrics: pd.DataFrame, steps: list[StepRow], gpu: int) -> dict[str, list[float]]:
+def _step_windows(steps: list[StepRow], base_us: float) -> tuple[np.ndarray, np.ndarray]:
+    starts = np.array([s.startUs for s in steps], dtype=np.float64) + base_us
+    return starts, starts + np.array([s.durationUs for s in steps], dtype=np.float64)
+
+
+def step_statistics(metrics: pd.DataFrame, steps: list[StepRow], gpu: int, *, base_us: float = 0.0) -> dict[str, list[float]]:
     """Per-step hardware statistics of one GPU for RankSummary.hardware, one value per step.
+
+    `base_us` (RankSummary.traceBaseUs) turns the steps' trace times into Unix epoch µs.
 
     Keys (a key is left out when some step has no value for it):
     smClockMHzMean, smClockMHzMin, gpuUtilPctMean, gpuUtilPctMin, powerWMean, powerWMin,
@@ -171,8 +178,7 @@ def step_statistics(metrics: pd.DataFrame, steps: list[StepRow], gpu: int) -> di
     if not steps or metrics.empty:
         return {}
     gpu_rows = metrics[metrics["gpu"] == gpu]
-    starts = np.array([s.startUs for s in steps], dtype=np.float64)
-    ends = starts + np.array([s.durationUs for s in steps], dtype=np.float64)
+    starts, ends = _step_windows(steps, base_us)
     out: dict[str, np.ndarray] = {}
     for column, key in (("sm_clock_mhz", "smClockMHz"), ("gpu_util_pct", "gpuUtilPct"), ("power_w", "powerW"), ("temperature_c", "temperatureC")):
         reduced = _reduce(*_series(gpu_rows, column), starts, ends)
@@ -210,8 +216,7 @@ class _RankHardware:
 def _windows(summary: RankSummary, gpu_rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """The rank's step windows; the whole recording when the summary has no steps."""
     if summary.steps:
-        starts = np.array([s.startUs for s in summary.steps], dtype=np.float64)
-        return starts, starts + np.array([s.durationUs for s in summary.steps], dtype=np.float64)
+        return _step_windows(summary.steps, summary.traceBaseUs)
     ts = gpu_rows["ts_us"].to_numpy()
     return (ts[:1].astype(np.float64), ts[-1:].astype(np.float64)) if len(ts) else (np.empty(0), np.empty(0))
 

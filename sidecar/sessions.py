@@ -405,7 +405,7 @@ class SessionManager:
             from stepscope.analysis.hardware import step_statistics
 
             try:
-                summary.hardware = step_statistics(session.metrics, summary.steps, gpu=summary.gpu)
+                summary.hardware = step_statistics(session.metrics, summary.steps, gpu=summary.gpu, base_us=summary.traceBaseUs)
             except Exception as exc:  # noqa: BLE001 - metrics trouble must not cost the summary
                 summary.warnings = [*summary.warnings, f"hardware statistics unavailable: {exc}"]
         return encode(summary)

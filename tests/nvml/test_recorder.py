@@ -73,28 +73,45 @@ def test_window_keeps_margin_on_both_sides(tmp_path: Path) -> None:
     assert fast["ts_us"].min() <= window[0] - 0.04e6 and fast["ts_us"].max() >= window[1] + 0.04e6
 
 
-def test_timestamps_share_the_kineto_trace_clock(tmp_path: Path) -> None:
+def test_samples_line_up_with_the_steps_of_a_real_profiler_trace(tmp_path: Path) -> None:
+    """A torch.profiler capture during the recording: the summary's steps, on the trace's clock
+    (ts + baseTimeNanoseconds), select the samples taken while they ran."""
     torch = pytest.importorskip("torch")
     import json
 
     from torch.profiler import ProfilerActivity, profile
 
-    recorder = MetricsRecorder(SimulatedBackend(1), 1000, margin_s=0.02)
+    from stepscope.analysis.hardware import findings, step_statistics
+    from stepscope.analysis.summary import summarize_file
+
+    recorder = MetricsRecorder(SimulatedBackend(1, throttle={0: "thermal"}), 1000, margin_s=0.02)
     recorder.start()
-    time.sleep(0.05)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        with torch.profiler.record_function("stepscope-marker"):
-            time.sleep(0.05)
-    time.sleep(0.05)
-    frame = read_metrics(recorder.stop(tmp_path / "m.csv.gz")).dropna(subset=["sm_clock_mhz"])
-    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    time.sleep(0.03)
+    schedule = torch.profiler.schedule(wait=0, warmup=1, active=3, repeat=1)
+    export = lambda p: p.export_chrome_trace(str(tmp_path / "trace.json"))  # noqa: E731
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule, on_trace_ready=export) as prof:
+        for _ in range(4):  # one warm-up step, three captured
+            with torch.profiler.record_function("stepscope-marker"):
+                torch.ones(64, 64) @ torch.ones(64, 64)
+                time.sleep(0.04)
+            prof.step()
+    time.sleep(0.03)
+    metrics = read_metrics(recorder.stop(tmp_path / "gpu-metrics.csv.gz"))
     trace = json.loads((tmp_path / "trace.json").read_text())
     marker = next(e for e in trace["traceEvents"] if e.get("name") == "stepscope-marker")
     start_us = marker["ts"] + trace["baseTimeNanoseconds"] / 1000
-    during = frame[(frame["ts_us"] >= start_us) & (frame["ts_us"] <= start_us + marker["dur"])]
-    # The 50 ms marker covers about 50 samples of the 1 ms sampler when both use one clock.
-    assert len(during) >= 10
-    assert frame["ts_us"].min() < start_us < frame["ts_us"].max()
+    fast = metrics.dropna(subset=["sm_clock_mhz"])
+    during = fast[(fast["ts_us"] >= start_us) & (fast["ts_us"] <= start_us + marker["dur"])]
+    assert len(during) >= 10  # a 40 ms marker covers ~40 samples of the 1 ms sampler on one clock
+
+    summary = summarize_file(tmp_path / "trace.json", rank=0)
+    assert not summary.error and len(summary.steps) == 3
+    assert summary.traceBaseUs == trace["baseTimeNanoseconds"] / 1000
+    stats = step_statistics(metrics, summary.steps, 0, base_us=summary.traceBaseUs)
+    assert stats["smClockMHzMean"] == [1100.0] * len(summary.steps)
+    assert stats["thermalThrottleFraction"] == [1.0] * len(summary.steps)
+    found, explanations = findings([summary], {"": metrics})
+    assert [f.ranks for f in found] == [[0]] and "thermal throttling" in explanations[0]
 
 
 def test_interval_below_100_us_is_refused() -> None:
