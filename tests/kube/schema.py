@@ -335,8 +335,19 @@ def structural_errors(schema: Schema, path: str = "openAPIV3Schema", root: bool 
 
 
 def check_crd(crd: dict[str, Any]) -> None:
+    """Refuse (422) a CRD the API server would refuse: wrong name, not one storage version,
+    a version without a structural schema."""
+    spec = crd.get("spec") or {}
+    names = spec.get("names") or {}
+    name = crd["metadata"]["name"]
     causes = []
-    for n, version in enumerate((crd.get("spec") or {}).get("versions") or []):
+    if not spec.get("group") or not names.get("plural") or not names.get("kind"):
+        causes.append(("spec", "Required value: group, names.plural and names.kind are required"))
+    elif name != f"{names['plural']}.{spec['group']}":
+        causes.append(("metadata.name", f'Invalid value: "{name}": must be spec.names.plural+"."+spec.group'))
+    if sum(1 for v in spec.get("versions") or [] if v.get("storage")) != 1:
+        causes.append(("spec.versions", "Invalid value: must have exactly one version marked as storage version"))
+    for n, version in enumerate(spec.get("versions") or []):
         schema = (version.get("schema") or {}).get("openAPIV3Schema")
         if schema is None:
             causes.append((f"spec.versions[{n}].schema.openAPIV3Schema", "Required value: schemas are required"))
@@ -345,4 +356,4 @@ def check_crd(crd: dict[str, Any]) -> None:
             field, _, message = problem.partition(": ")
             causes.append((field, message))
     if causes:
-        raise errors.invalid("CustomResourceDefinition", "apiextensions.k8s.io", crd["metadata"]["name"], causes)
+        raise errors.invalid("CustomResourceDefinition", "apiextensions.k8s.io", name, causes)

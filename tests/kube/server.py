@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import secrets
 import threading
@@ -22,6 +23,7 @@ from .selectors import field_selector, label_selector
 from .store import Store, Watcher
 
 TOKEN = "stepscope-test-token"
+log = logging.getLogger(__name__)
 ADMIN = rbac.User("kubernetes-admin", ("system:masters", "system:authenticated"))
 
 
@@ -54,6 +56,9 @@ class Api:
             return await self._route(request, self._user(request))
         except errors.ApiError as e:
             return _json(e.status(), e.code)
+        except Exception as e:  # a bug of this test double: say so in the response, as a Status
+            log.exception("test API server failed on %s %s", request.method, request.path_qs)
+            return _json(errors.ApiError(500, "InternalError", f"test API server bug: {e!r}").status(), 500)
 
     async def _route(self, request: web.Request, user: rbac.User) -> web.StreamResponse:
         parts = [p for p in request.path.split("/") if p]

@@ -172,8 +172,6 @@ class Store:
         if "status" in t.subresources:
             obj.pop("status", None)
         obj.update(self._initial_status(t, obj))
-        if t.kind == "CustomResourceDefinition":
-            self._check_crd(obj)
         obj = self.validate(t, _normalized(t, obj), None)
         meta = obj["metadata"]
         meta["resourceVersion"] = self._next_rv()
@@ -196,17 +194,6 @@ class Store:
             stored = [v["name"] for v in spec.get("versions", []) if v.get("storage")]
             return {"status": {"conditions": conditions, "acceptedNames": spec.get("names", {}), "storedVersions": stored}}
         return {}
-
-    def _check_crd(self, crd: Obj) -> None:
-        spec = crd.get("spec") or {}
-        names = spec.get("names") or {}
-        expected = f"{names.get('plural')}.{spec.get('group')}"
-        if crd["metadata"]["name"] != expected:
-            raise errors.invalid("CustomResourceDefinition", "apiextensions.k8s.io", crd["metadata"]["name"],
-                                 [("metadata.name", f'Invalid value: "{crd["metadata"]["name"]}": must be spec.names.plural+"."+spec.group')])
-        if sum(1 for v in spec.get("versions", []) if v.get("storage")) != 1:
-            raise errors.invalid("CustomResourceDefinition", "apiextensions.k8s.io", expected,
-                                 [("spec.versions", "Invalid value: must have exactly one version marked as storage version")])
 
     def _register_crd(self, crd: Obj) -> None:
         self._unregister_crd(crd)

@@ -100,3 +100,10 @@ def test_dry_run_is_refused_rather_than_stored(widgets):
     refused(lambda: widgets.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "Widget", "metadata": {"name": "g"}, "spec": {"label": "w-g"}}, dry_run="All"), 400)
     assert widgets.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)["items"] == []
+
+
+def test_a_crd_must_be_named_plural_dot_group(kube):
+    misnamed = copy.deepcopy(WIDGET_CRD)
+    misnamed["metadata"]["name"] = "gadgets.example.test"
+    message = _invalid(lambda: kubernetes.client.ApiextensionsV1Api(kube.api_client).create_custom_resource_definition(misnamed))
+    assert 'metadata.name: Invalid value: "gadgets.example.test": must be spec.names.plural+"."+spec.group' in message
