@@ -2,30 +2,19 @@
 here), ProfileSessions and waiting on their status, and running the analysis Job's command."""
 from __future__ import annotations
 
+import base64
 import os
-import time
-from collections.abc import Callable
 from typing import Any
 
 import kubernetes
 from kopf.testing import KopfRunner
 
 from stepscope.operator.settings import GROUP, PLURAL, SIDECAR_PORT_NAME, VERSION
+from tests.kube.helpers import wait_for
 
 KEY = b"operator-test-hmac-key-0123456789"
 BUCKET = "stepscope-test"
 NAMESPACE = "default"
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 class OperatorHarness:
@@ -41,13 +30,11 @@ class OperatorHarness:
         self.runner = KopfRunner(["run", "--standalone", "--all-namespaces", "-m", "stepscope.operator.handlers"], timeout=60)
         self.runner.__enter__()
 
-    def stop(self) -> str:
-        """Stop it (kopf cancels the daemons, as on SIGTERM); returns its log."""
-        assert self.runner is not None
-        self.runner.__exit__(None, None, None)
-        output = self.runner.output
-        self.runner = None
-        return output
+    def stop(self) -> None:
+        """Stop it (kopf cancels the daemons, as on SIGTERM); a no-op when it is not running."""
+        if self.runner is not None:
+            runner, self.runner = self.runner, None
+            runner.__exit__(None, None, None)
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -87,7 +74,7 @@ class OperatorHarness:
         for item in container["env"] or []:
             ref = item["value_from"]["secret_key_ref"]
             secret = core.read_namespaced_secret(ref["name"], NAMESPACE)
-            data = {**{k: __import__("base64").b64decode(v).decode() for k, v in (secret.data or {}).items()}, **(secret.string_data or {})}
+            data = {**{k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}, **(secret.string_data or {})}
             env[item["name"]] = data[ref["key"]]
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import kubernetes
 
-from tests.operator.harness import NAMESPACE, OperatorHarness, Pods, session_spec, wait_for
+from tests.kube.helpers import wait_for
+from tests.operator.harness import NAMESPACE, OperatorHarness, Pods, session_spec
 
 
 def _condition(status: dict, type_: str) -> dict:

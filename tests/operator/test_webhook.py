@@ -18,7 +18,8 @@ import pytest
 from kopf.testing import KopfRunner
 
 from tests.kube.fixtures import Kube
-from tests.operator.harness import KEY, wait_for
+from tests.kube.helpers import wait_for
+from tests.operator.harness import KEY
 
 CONFIG = "stepscope-injector.stepscope.io"
 
