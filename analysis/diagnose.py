@@ -50,7 +50,8 @@ def _slow_worker_finding(e: SlowEvidence, tables: RankTables, median_step_us: fl
     slowdown = e.slowdown(median_step_us)
     reasons = []
     if e.stepRatio:
-        reasons.append(f"its step takes {ms(tables.step_us.get(e.rank, 0.0))} vs {ms(median_step_us)} (median)")
+        mine = float(tables.step_us.get(e.rank, 0.0))
+        reasons.append(f"its step takes {ms(mine)} vs {ms(mine / e.stepRatio)} on its peers (median)")
     if e.kernelRatio:
         names = ", ".join(list(dict.fromkeys(short(k["name"], 50) for k in e.slowKernels))[:3])
         reasons.append(f"its GPU kernels run {100 * (e.kernelRatio - 1):.0f}% longer" + (f" ({names})" if names else ""))

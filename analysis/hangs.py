@@ -55,7 +55,9 @@ def hang_findings(stacks: dict[int, dict[str, Any]], ranks: list[int]) -> list[d
     majority = ordered[0]
     where = stuck_at(stacks[majority[0]])
     if len(ordered) == 1:
-        out.append(finding("critical", "hang", majority, f"{len(majority)} rank(s) hung for {seconds:.0f} s, all at {where}", 1.0, data))
+        text = f"{ranks_text(majority)} hung for {seconds:.0f} s at {where}" if len(majority) == 1 else \
+            f"{len(majority)} ranks hung for {seconds:.0f} s, all at {where}"
+        out.append(finding("critical", "hang", majority, text, 1.0, data))
     else:
         for group in ordered[1:]:
             out.append(finding("critical", "hang", group,

@@ -135,12 +135,10 @@ def read_stacks(store: Store, files: RankFiles) -> tuple[dict | None, str]:
 
 
 def missing_ranks(summaries: list[RankSummary]) -> list[int]:
-    """Ranks below the world size (or between the ranks found) that left no file at all."""
+    """Gaps in the rank numbers found. Ranks above the highest one are not counted missing: a
+    session may select some pods of a job, and HTA's sample sets keep 2 ranks of 128."""
     known = {s.rank for s in summaries}
-    if not known:
-        return []
-    world = max([s.worldSize for s in summaries] + [max(known) + 1])
-    return sorted(set(range(world)) - known)
+    return sorted(set(range(min(known), max(known) + 1)) - known) if known else []
 
 
 @dataclass

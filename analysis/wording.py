@@ -48,7 +48,7 @@ def short(name: str, limit: int = 60) -> str:
     keep the name itself ('void at::native::f<...>(...)' reads 'at::native::f')."""
     base = name.removeprefix("void ")
     cut = min((i for i in (base.find("<"), base.find("(")) if i > 0), default=len(base))
-    base = base[:cut]
+    base = base[:cut].strip()
     return base if len(base) <= limit else base[: limit - 3] + "..."
 
 

@@ -119,7 +119,7 @@ def test_hang_rank_without_stacks_is_named():
     _, full = diagnose(make_summaries(4, seed=10), stacks=stacks)
     hang = _by_category(full, "hang")
     assert [f["ranks"] for f in hang] == [[0, 1, 3], [2]]
-    assert "3 rank(s) hung for 312 s, all at train_step (train.py:57)" == hang[0]["message"]
+    assert "3 ranks hung for 312 s, all at train_step (train.py:57)" == hang[0]["message"]
 
 
 def test_rank_errors_become_findings_and_the_rest_is_diagnosed():
