@@ -299,8 +299,13 @@ class SessionManager:
         all_terminal = bool(ranks) and all(r.terminal for r in ranks)
         uploading = session.metrics_pending or any(not r.queued or r.jobs_left for r in ranks)
         failures = [f"rank {r.rank} {r.to_dict()['error']}" for _, r in sorted(session.ranks.items()) if r.failed]
-        if session.cancel_requested and (not ranks or all_terminal) and not uploading:
+        settled = (not ranks or all_terminal) and not uploading
+        if session.cancel_requested and settled:
             phase, message = "Cancelled", f"cancelled; what was captured is in {session.destination}"
+        elif session.timed_out and settled:
+            phase = "Failed"
+            message = f"timed out after {session.spec.timeoutSeconds} s: " + ("; ".join(failures[:5]) if failures else
+                                                                                f"no training process registered in {self.dir / 'agents'}")
         elif not ranks:
             phase, message = "Pending", f"waiting for training processes to register in {self.dir / 'agents'}"
         elif not any(r.state in STARTED_STATES or r.terminal for r in ranks):
@@ -311,7 +316,7 @@ class SessionManager:
             phase, message = "Capturing", f"{w['capturing']} rank(s) capturing, {w['captured']}/{w['total']} captured"
         elif uploading:
             phase, message = "Uploading", f"uploading to {session.destination}"
-        elif failures or session.timed_out:
+        elif failures:
             phase, message = "Failed", "; ".join(failures[:5]) + (f" (+{len(failures) - 5} more)" if len(failures) > 5 else "")
         else:
             phase, message = "Succeeded", f"{len(ranks)} rank(s) captured and uploaded to {session.destination}"

@@ -108,3 +108,18 @@ def test_ctrl_c_cancels_the_session(sidecar: Sidecar, ranks: SimulatedRanks, tmp
     assert process.returncode == 130, err
     assert "cancelling" in out and "Cancelled" in out
     assert json.loads((tmp_path / "c" / layout.session_json()).read_text())["phase"] == "Cancelled"
+
+
+def test_capture_refuses_a_bad_window_before_contacting_anyone(tmp_path: Path) -> None:
+    result = stepscope("capture", "--sidecar", "http://127.0.0.1:9", "--steps", "99", "--output-dir", str(tmp_path / "o"))
+    out, err = result.communicate(timeout=60)
+    assert result.returncode == 2 and "1..50" in err
+
+
+def test_capture_without_training_processes_times_out_with_a_reason(sidecar: Sidecar, tmp_path: Path) -> None:
+    process = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(tmp_path / "t"), "--duration", "1", "--timeout", "1")
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 1, err
+    assert "timed out after 1 s" in out and "no training process registered" in out
+    record = json.loads((tmp_path / "t" / layout.session_json()).read_text())
+    assert record["phase"] == "Failed" and record["spec"]["capture"]["durationSeconds"] == 1 and record["spec"]["capture"]["steps"] is None
