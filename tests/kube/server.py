@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 ADMIN = rbac.User("kubernetes-admin", ("system:masters", "system:authenticated"))
 
 
+def _is_watch(request: web.Request) -> bool:
+    return request.query.get("watch") in ("true", "1")
+
+
 def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=json.dumps(body).encode(), content_type="application/json")
 
@@ -96,7 +100,7 @@ class Api:
         if user.is_admin:
             return
         if name is None:
-            verb = {"GET": "watch" if request.query.get("watch") in ("true", "1") else "list",
+            verb = {"GET": "watch" if _is_watch(request) else "list",
                     "POST": "create", "DELETE": "deletecollection"}.get(request.method, request.method.lower())
             # list/watch of one named object is what a Role with resourceNames can allow.
             selected = re.fullmatch(r"metadata\.name==?([^,]+)", request.query.get("fieldSelector", ""))
@@ -130,7 +134,7 @@ class Api:
         method = request.method
         if name is None:
             if method == "GET":
-                if request.query.get("watch") in ("true", "1"):
+                if _is_watch(request):
                     return await self._watch(request, t, namespace)
                 return self._list(request, t, namespace)
             if method == "POST":
@@ -157,7 +161,7 @@ class Api:
                 return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                               "details": {"name": name, "group": t.group, "kind": t.plural, "uid": obj["metadata"]["uid"]}})
             return _json(obj)
-        raise errors.ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource")
+        raise errors.ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
 
     @staticmethod
     async def _body(request: web.Request, optional: bool = False) -> Any:
@@ -238,7 +242,8 @@ class KubeTestServer:
         self.api = Api(Store(validate_object), self.token)
         app = web.Application(client_max_size=8 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self.api.handle)
-        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
+        # handler_cancellation: a watch whose client went away ends at once and drops its watcher.
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()

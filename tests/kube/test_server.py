@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections import deque
 
 import kubernetes
@@ -238,3 +239,17 @@ def test_secret_string_data_is_stored_base64_in_data(core):
     assert secret.data == {"accessKeyId": "QUtJQQ==", "region": "ZXUtd2VzdC0x"}
     patched = core.patch_namespaced_secret("s3", "default", {"stringData": {"secretAccessKey": "s"}})
     assert patched.string_data is None and patched.data["secretAccessKey"] == "cw=="
+
+
+def test_a_watch_whose_client_leaves_is_dropped(core, kube):
+    core.create_namespaced_pod("default", pod("a"))
+    host, port = kube.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(f"GET /api/v1/namespaces/default/pods?watch=true HTTP/1.1\r\nHost: {host}\r\n"
+                     f"Authorization: Bearer {kube.server.token}\r\n\r\n".encode())
+        received = b""
+        while b'"ADDED"' not in received:
+            received += sock.recv(4096)
+        assert received.startswith(b"HTTP/1.1 200") and b"Transfer-Encoding: chunked" in received
+        assert kube.server.call(lambda store: len(store.watchers)) == 1
+    wait_for(lambda: kube.server.call(lambda store: len(store.watchers)) == 0, what="the watcher to be dropped")
