@@ -1,0 +1,113 @@
+"""The operator's pure pieces: label selectors, worker aggregation, conditions, the compact
+diagnosis, the analysis Job's manifest and outcome, the kubectl-like table."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from stepscope.analysis.model import Diagnosis, Finding, SlowWorker, StepTime
+from stepscope.operator import jobs
+from stepscope.operator.analysis_job import MAX_DIAGNOSIS_BYTES, compact_diagnosis
+from stepscope.operator.report_command import age, format_table, row
+from stepscope.operator.selection import label_selector
+from stepscope.operator.settings import OperatorSettings
+from stepscope.operator.status import MAX_FAILED_WORKERS, PodProgress, aggregate, set_condition
+from stepscope.session import SpecError
+
+
+def test_label_selector_translates_every_operator() -> None:
+    selector = {"matchLabels": {"b": "2", "a": "1"}, "matchExpressions": [
+        {"key": "tier", "operator": "In", "values": ["x", "y"]}, {"key": "env", "operator": "NotIn", "values": ["dev"]},
+        {"key": "gpu", "operator": "Exists"}, {"key": "spot", "operator": "DoesNotExist"}]}
+    assert label_selector(selector) == "a=1,b=2,tier in (x,y),env notin (dev),gpu,!spot"
+
+
+@pytest.mark.parametrize("selector, message", [
+    ({}, "spec.selector is empty"),
+    ({"matchExpressions": [{"key": "k", "operator": "Near"}]}, "unknown operator 'Near'"),
+    ({"matchExpressions": [{"key": "k", "operator": "In", "values": []}]}, "needs values"),
+])
+def test_label_selector_refuses_what_would_select_wrongly(selector: dict, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        label_selector(selector)
+
+
+def _answer(phase: str, ranks: list[dict], **workers: int) -> dict:
+    return {"phase": phase, "ranks": ranks, "workers": {"total": len(ranks), "triggered": len(ranks), **workers}}
+
+
+def test_aggregate_sums_sidecars_and_counts_lost_pods() -> None:
+    progress = {
+        "a": PodProgress(_answer("Succeeded", [{"rank": 0, "state": "done"}, {"rank": 1, "state": "done"}], captured=2, uploaded=2)),
+        "b": PodProgress(_answer("Failed", [{"rank": 2, "state": "hung", "error": None}, {"rank": 3, "state": "done"}], captured=1, uploaded=1, failed=1)),
+        "c": PodProgress(_answer("Capturing", [{"rank": 4, "state": "capturing"}], capturing=1), lost="pod deleted during capture"),
+        "d": PodProgress(lost="trigger refused by the sidecar"),
+    }
+    result = aggregate(progress)
+    assert result.workers == {"total": 6, "triggered": 5, "capturing": 0, "captured": 3, "uploaded": 3, "failed": 3}
+    assert result.failed_workers == [{"pod": "b", "rank": 2, "reason": "hung"}, {"pod": "c", "rank": 4, "reason": "pod deleted during capture"},
+                                     {"pod": "d", "reason": "trigger refused by the sidecar"}]
+    assert result.done
+
+
+def test_aggregate_waits_for_running_sidecars_and_bounds_failed_workers() -> None:
+    progress = {f"p{i:03d}": PodProgress(lost="gone") for i in range(50)}
+    progress["live"] = PodProgress(_answer("Capturing", [{"rank": 0, "state": "capturing"}], capturing=1))
+    result = aggregate(progress)
+    assert len(result.failed_workers) == MAX_FAILED_WORKERS and not result.done
+
+
+def test_condition_keeps_its_transition_time_until_the_status_flips() -> None:
+    first = set_condition([], "Captured", False, "Waiting", "not yet", 1)
+    first[0]["lastTransitionTime"] = "2020-01-01T00:00:00Z"
+    same = set_condition(first, "Captured", False, "Waiting", "still not", 2)
+    assert same[0]["lastTransitionTime"] == "2020-01-01T00:00:00Z" and same[0]["observedGeneration"] == 2
+    flipped = set_condition(same, "Captured", True, "Captured", "done", 2)
+    assert flipped[0]["lastTransitionTime"] != "2020-01-01T00:00:00Z"
+    ordered = set_condition(set_condition(flipped, "Ready", True, "R", "", 2), "Triggered", True, "T", "", 2)
+    assert [c["type"] for c in ordered] == ["Triggered", "Captured", "Ready"]
+
+
+def test_compact_diagnosis_drops_findings_to_fit() -> None:
+    findings = [Finding("warning", "kernel", list(range(64)), "x" * 1000) for _ in range(60)]
+    diagnosis = Diagnosis("rank 3 is slow", StepTime(10, 11, 20), [SlowWorker(3, 20.0, 1.8, pod="p3")], None, findings)
+    compact = compact_diagnosis(diagnosis)
+    assert len(json.dumps(compact)) <= MAX_DIAGNOSIS_BYTES
+    assert compact["summary"] == "rank 3 is slow" and compact["slowWorkers"][0]["rank"] == 3
+    assert 0 < len(compact["findings"]) < 60
+
+
+def test_analysis_job_runs_as_its_own_account_with_env_credentials() -> None:
+    job = jobs.job("ml", "s1", "0123456789abcdef", OperatorSettings(), "store", {"accessKeyId": "AK", "secretAccessKey": "SK"})
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == jobs.account_name("s1", "0123456789abcdef")
+    assert pod["containers"][0]["env"] == [
+        {"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": "store", "key": "AK"}}},
+        {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "store", "key": "SK"}}}]
+    assert len(jobs.job_name("x" * 200, "0123456789")) <= 63
+
+
+def _job(conditions: list[tuple[str, str, str]], succeeded: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(status=SimpleNamespace(succeeded=succeeded, conditions=[
+        SimpleNamespace(type=t, status=s, reason=r, message="m") for t, s, r in conditions]))
+
+
+def test_job_outcome() -> None:
+    assert jobs.job_outcome(_job([])) == ("Running", "")
+    assert jobs.job_outcome(_job([("Complete", "True", "")]))[0] == "Succeeded"
+    assert jobs.job_outcome(_job([("Failed", "True", "BackoffLimitExceeded")])) == ("Failed", "analysis Job failed: BackoffLimitExceeded m")
+
+
+def test_get_table_reads_like_kubectl() -> None:
+    now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    obj = {"metadata": {"name": "s", "creationTimestamp": "2026-01-02T01:00:00Z"},
+           "status": {"phase": "Succeeded", "workersReady": "4/4", "diagnosis": {"summary": "rank 1 is slow", "slowWorkers": [{"rank": 1}]}}}
+    pending = {"metadata": {"name": "new-one", "creationTimestamp": "2026-01-02T03:04:00Z"}}
+    table = format_table([row(obj, now), row(pending, now)]).splitlines()
+    assert table[0].split() == ["NAME", "PHASE", "WORKERS", "SLOWEST", "SUMMARY", "AGE"]
+    assert table[1].split() == ["s", "Succeeded", "4/4", "1", "rank", "1", "is", "slow", "2h"]
+    assert table[2].split() == ["new-one", "Pending", "-", "-", "5s"]
+    assert age("2025-12-30T03:04:05Z", now) == "3d"
