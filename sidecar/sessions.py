@@ -14,7 +14,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from stepscope import layout
 from stepscope.session import SessionSpec, SpecError
@@ -23,6 +23,7 @@ from stepscope.sidecar.uploads import Job, Uploader
 from stepscope.storage import Store, StoreError, open_store
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 TERMINAL_STATES = {"done", "failed", "hung", "cancelled", "refused"}
 FAILED_STATES = {"failed", "hung", "refused"}
@@ -239,11 +240,11 @@ class SessionManager:
             progress.local_rank, progress.world_size, progress.pid, progress.step = agent.local_rank, agent.world_size, agent.pid, agent.step
             progress.last_sign_of_life = max(progress.last_sign_of_life, agent.heartbeat)
         if state is not None:
-            progress.last_sign_of_life = max(progress.last_sign_of_life, float(state.get("updatedAt") or 0))
+            progress.last_sign_of_life = max(progress.last_sign_of_life, _as_number(state.get("updatedAt"), 0.0, float))
             progress.state = str(state.get("state", "waiting"))
-            progress.local_rank = int(state.get("localRank", progress.local_rank))
-            progress.world_size = int(state.get("worldSize", progress.world_size))
-            progress.pid = int(state.get("pid", progress.pid))
+            progress.local_rank = _as_number(state.get("localRank"), progress.local_rank, int)
+            progress.world_size = _as_number(state.get("worldSize"), progress.world_size, int)
+            progress.pid = _as_number(state.get("pid"), progress.pid, int)
             progress.step = state.get("step", progress.step)
             progress.start_step, progress.end_step = state.get("startStep"), state.get("endStep")
             progress.trace, progress.stacks = state.get("trace"), state.get("stacks")
@@ -270,8 +271,9 @@ class SessionManager:
 
     def _start_recorder(self, session: Session) -> None:
         if (session.recorder is not None or self._backend is None or not session.spec.hardwareMetrics.enabled
-                or not any(r.state in STARTED_STATES for r in session.ranks.values())):
+                or not any(r.state == "waiting" or r.state in STARTED_STATES for r in session.ranks.values())):
             return
+        # Started once a rank has seen the trigger: its wait steps become the leading margin.
         from stepscope.sidecar.nvml import MetricsRecorder
 
         session.recorder = MetricsRecorder(self._backend, session.spec.hardwareMetrics.intervalMicroseconds)
@@ -434,3 +436,10 @@ class SessionManager:
         if not self._keep_local:
             path.unlink(missing_ok=True)
 
+
+def _as_number(value: Any, default: T, kind: Callable[[Any], T]) -> T:
+    """A number from an agent's file; a malformed one keeps what was known rather than stopping the follower."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        return default

@@ -227,3 +227,18 @@ def test_uploads_to_s3_with_the_triggers_credentials_which_never_leak(client: Si
     assert proxy.headers and all("Credential=AKIDFROMTRIGGER/" in h["authorization"] for h in proxy.headers)
     for text in (json.dumps(accepted), json.dumps(status), caplog.text):
         assert secret not in text and "AKIDFROMTRIGGER" not in text
+
+
+def test_malformed_agent_files_neither_crash_nor_stall_the_sidecar(client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path,
+                                                                  tmp_path: Path, real_traces: dict[int, Path]) -> None:
+    store = tmp_path / "store"
+    trigger(client, "s-m", store)
+    (stepscope_dir / "s-m" / "rank-0.state.json").write_text('{"version": 1, "session": "s-m", "ra')
+    (stepscope_dir / "s-m" / "rank-1.state.json").write_text(json.dumps(
+        {"session": "s-m", "rank": 1, "state": "capturing", "localRank": "one", "pid": None, "updatedAt": "soon"}))
+    (stepscope_dir / "agents" / "rank-7.json").write_text("[1, 2")
+    status = wait_for(client, "s-m", lambda s: s["ranks"][1]["state"] == "capturing")
+    assert status["phase"] == "Capturing" and status["workers"]["total"] == 2 and status["ranks"][1]["pid"] == 1001
+    for rank in (0, 1):
+        ranks.state("s-m", rank, "done", trace_from=real_traces[rank])
+    assert wait_for(client, "s-m", lambda s: s["phase"] in ("Succeeded", "Failed"))["phase"] == "Succeeded"
