@@ -68,7 +68,7 @@ class RecorderStats:
     rounds: int = 0
     dropped: int = 0
     rows: int = 0
-    overflow_rows: int = 0
+    overwritten_rows: int = 0  # oldest rows given up when the ring buffer came round
     wall_s: float = 0.0
     cpu_s: float = 0.0  # CPU time of the sampler thread
     errors: dict[str, int] = field(default_factory=dict)
@@ -99,11 +99,14 @@ class MetricsRecorder:
     first captured step are the leading margin); stop(out_path) keeps sampling `margin_s` longer,
     then writes `out_path` (gzip CSV, columns nvml_api.BASE_COLUMNS + NVLink columns) and returns
     it. With `window_us=(first, last)` (Unix µs of the captured steps) stop() keeps only rows
-    within `margin_s` of that window. Backend errors are counted and logged once per metric, never
-    raised from the sampler thread; `stats` says what was achieved.
+    within `margin_s` of that window. Rows live in a ring of `buffer_mib` allocated at start():
+    when a long wait fills it, the oldest rows are given up (counted and logged), so a sidecar's
+    memory stays fixed; 128 MiB hold about 90 s of 8 GPUs at 1 ms, 9 s at 100 µs. Backend errors
+    are counted and logged once per metric, never raised from the sampler thread; `stats` says
+    what was achieved.
     """
 
-    def __init__(self, backend: NvmlBackend, interval_us: int, margin_s: float = 1.0, *, max_rows: int = 2_000_000) -> None:
+    def __init__(self, backend: NvmlBackend, interval_us: int, margin_s: float = 1.0, *, buffer_mib: float = 128.0) -> None:
         if interval_us < MIN_INTERVAL_US:
             raise ValueError(f"interval_us must be >= {MIN_INTERVAL_US}, got {interval_us}")
         if margin_s < 0:
@@ -111,7 +114,7 @@ class MetricsRecorder:
         self.backend = backend
         self.interval_us = int(interval_us)
         self.margin_s = float(margin_s)
-        self.max_rows = max_rows
+        self.buffer_bytes = int(buffer_mib * (1 << 20))
         self.stats = RecorderStats(self.interval_us)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -128,10 +131,14 @@ class MetricsRecorder:
         links = max((d.nvlinks for d in self._devices), default=0)
         self._columns = BASE_COLUMNS + nvlink_columns(links)
         self._fields = self._field_list(links)
-        # Rows packed as float64 into one bytearray: about 4x cheaper per row than array.extend.
-        self._pack = struct.Struct(f"{len(self._columns)}d").pack
-        self._buffer = bytearray()
-        self._buffer_limit = self.max_rows * 8 * len(self._columns)
+        # A ring of rows packed as float64, allocated once: memory stays fixed however long the
+        # ranks wait for their steps, and what it gives up when full is the oldest, pre-capture part.
+        packer = struct.Struct(f"{len(self._columns)}d")
+        self._pack, self._row_bytes = packer.pack, packer.size
+        self._capacity = max(1, self.buffer_bytes // packer.size)
+        self._buffer = bytearray(self._capacity * packer.size)
+        self._view = memoryview(self._buffer)
+        self._rows = 0
         self._disabled: set[tuple[str, int]] = set()
         self._util_seen: dict[tuple[int, UtilizationKind], int] = {}
         self._util_polled: set[int] = set()
@@ -270,11 +277,9 @@ class MetricsRecorder:
             log.warning("XID %d on GPU %d", code, gpu)
 
     def _append(self, row: list[float]) -> None:
-        if len(self._buffer) >= self._buffer_limit:
-            self.stats.overflow_rows += 1
-            self._log_once("overflow", "GPU metrics buffer full (%d rows); later samples are dropped", self.max_rows)
-            return
-        self._buffer += self._pack(*row)
+        at = (self._rows % self._capacity) * self._row_bytes
+        self._view[at:at + self._row_bytes] = self._pack(*row)
+        self._rows += 1
 
     # -- backend calls that never raise ---------------------------------------------------------
 
@@ -329,7 +334,13 @@ class MetricsRecorder:
 
     def _frame(self, window_us: tuple[float, float] | None) -> pd.DataFrame:
         width = len(self._columns)
-        values = np.frombuffer(self._buffer, dtype=np.float64).reshape(-1, width) if len(self._buffer) else np.empty((0, width))
+        ring = np.frombuffer(self._buffer, dtype=np.float64).reshape(-1, width)
+        kept = min(self._rows, self._capacity)
+        self.stats.overwritten_rows = self._rows - kept
+        if self._rows > self._capacity:
+            log.warning("GPU metrics ring buffer (%d MiB) came round: the oldest %d rows were given up",
+                        self.buffer_bytes >> 20, self.stats.overwritten_rows)
+        values = np.roll(ring, -(self._rows % self._capacity), axis=0) if self._rows > self._capacity else ring[:kept]
         frame = pd.DataFrame(values, columns=list(self._columns))
         if window_us is not None:
             margin = self.margin_s * 1e6

@@ -57,7 +57,8 @@ def record_pods(pods: dict[str, SimulatedBackend], tmp: Path, interval_us: int =
 
 def _run(tmp: Path, unhealthy: bool) -> Run:
     origin = time.time_ns() // 1000
-    common = dict(step_us=STEP_US, comm_fraction=COMM_FRACTION, origin_us=origin, event_after_us=150_000)
+    # XID and ECC errors appear halfway, so the recording sees them happen even on a busy machine.
+    common = dict(step_us=STEP_US, comm_fraction=COMM_FRACTION, origin_us=origin, event_after_us=int(RECORD_S * 0.5e6))
     if unhealthy:
         pods = {
             "train-a": SimulatedBackend(3, throttle={1: "thermal", 2: "power"}, **common),
@@ -66,7 +67,11 @@ def _run(tmp: Path, unhealthy: bool) -> Run:
     else:
         pods = {"train-a": SimulatedBackend(3, **common), "train-b": SimulatedBackend(3, **common)}
     metrics = record_pods(pods, tmp)
-    steps = range(2, 2 + int(RECORD_S * 1e6 * 0.8) // STEP_US)
+    # The steps that ran entirely while every pod was sampled (a busy machine may start late).
+    first_us = max(float(m.dropna(subset=["sm_clock_mhz"])["ts_us"].min()) for m in metrics.values())
+    last_us = min(float(m.dropna(subset=["sm_clock_mhz"])["ts_us"].max()) for m in metrics.values())
+    steps = range(int((first_us - origin) // STEP_US) + 1, int((last_us - origin) // STEP_US))
+    assert len(steps) >= 5, f"the sampler recorded too little: {first_us}..{last_us}"
     summaries = summaries_for("train-a", pods["train-a"], 0, steps) + summaries_for("train-b", pods["train-b"], 3, steps)
     return Run(metrics, summaries, pods)
 

@@ -82,7 +82,7 @@ def test_summaries_without_gpu_fall_back_to_local_rank(unhealthy_run: Run) -> No
 
 def test_diagnosis_joins_the_explanation_into_the_slow_worker(unhealthy_run: Run) -> None:
     backend = unhealthy_run.backends["train-a"]
-    steps = range(2, 12)
+    steps = range(unhealthy_run.summaries[0].steps[0].step, unhealthy_run.summaries[0].steps[-1].step + 1)
     # Rank 1 (the thermal-throttled GPU) takes 1.5x as long per step as its peers.
     summaries = summaries_for("train-a", backend, 0, steps, slow={1: 1.5})
     diagnosis, detailed = diagnose(summaries, hardware=unhealthy_run.metrics)

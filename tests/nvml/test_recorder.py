@@ -73,6 +73,18 @@ def test_window_keeps_margin_on_both_sides(tmp_path: Path) -> None:
     assert fast["ts_us"].min() <= window[0] - 0.04e6 and fast["ts_us"].max() >= window[1] + 0.04e6
 
 
+def test_full_ring_gives_up_the_oldest_rows(tmp_path: Path) -> None:
+    recorder = MetricsRecorder(SimulatedBackend(1), 1000, margin_s=0, buffer_mib=0.01)
+    recorder.start()
+    time.sleep(0.3)
+    stop_us = time.time_ns() / 1000
+    frame = read_metrics(recorder.stop(tmp_path / "m.csv.gz"))
+    capacity = int(0.01 * (1 << 20)) // (8 * len(BASE_COLUMNS + nvlink_columns(4)))
+    assert len(frame) == capacity and recorder.stats.overwritten_rows > 0
+    assert frame["ts_us"].is_monotonic_increasing
+    assert frame["ts_us"].max() >= stop_us - 5_000  # the newest rows are the ones kept
+
+
 def test_samples_line_up_with_the_steps_of_a_real_profiler_trace(tmp_path: Path) -> None:
     """A torch.profiler capture during the recording: the summary's steps, on the trace's clock
     (ts + baseTimeNanoseconds), select the samples taken while they ran."""
