@@ -408,6 +408,11 @@ class SessionManager:
         from stepscope.analysis.summary import summarize_file
 
         summary = summarize_file(trace, rank=progress.rank, pod=self.pod, node=self.node)
+        if summary.error:
+            # Still captured and uploaded (the raw trace may be read elsewhere); the diagnosis reports it.
+            log.warning("session %s: rank %d's trace could not be summarised: %s", session.id, progress.rank, summary.error)
+            with self._lock:
+                progress.error = f"trace not summarised: {summary.error}"
         if session.metrics is not None and summary.steps and not summary.error:
             from stepscope.analysis.hardware import step_statistics
 

@@ -242,3 +242,18 @@ def test_malformed_agent_files_neither_crash_nor_stall_the_sidecar(client: Sidec
     for rank in (0, 1):
         ranks.state("s-m", rank, "done", trace_from=real_traces[rank])
     assert wait_for(client, "s-m", lambda s: s["phase"] in ("Succeeded", "Failed"))["phase"] == "Succeeded"
+
+
+def test_a_truncated_trace_is_uploaded_and_reported_not_fatal(client: SidecarClient, ranks: SimulatedRanks, tmp_path: Path,
+                                                               real_traces: dict[int, Path]) -> None:
+    store = tmp_path / "store"
+    truncated = tmp_path / "truncated.json.gz"
+    truncated.write_bytes(real_traces[1].read_bytes()[:5000])
+    trigger(client, "s-t", store)
+    ranks.state("s-t", 0, "done", trace_from=real_traces[0])
+    ranks.state("s-t", 1, "done", trace_from=truncated)
+    status = wait_for(client, "s-t", lambda s: s["phase"] in ("Succeeded", "Failed"))
+    assert status["phase"] == "Succeeded" and status["workers"]["uploaded"] == 2
+    assert "trace not summarised" in status["ranks"][1]["error"] and status["ranks"][0]["error"] is None
+    assert decode_summary((store / layout.rank_summary(1)).read_bytes()).error
+    assert (store / layout.rank_trace(1)).read_bytes() == truncated.read_bytes()
