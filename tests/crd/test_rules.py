@@ -158,8 +158,27 @@ def test_status_bounds(api):
     findings = [{"severity": "urgent", "category": "kernel", "ranks": [0], "message": "m"}]
     assert "Unsupported value" in _refusal(lambda: write({"diagnosis": {"findings": findings}}))["message"]
     assert "Unsupported value" in _refusal(lambda: write({"phase": "Done"}))["message"]
+    twice = [{"type": "Ready", "status": "True"}, {"type": "Ready", "status": "False"}]
+    assert 'status.conditions[1]: Duplicate value: {"type":"Ready"}' in _refusal(lambda: write({"conditions": twice}))["message"]
     stored = write({"phase": "Succeeded", "workersReady": "2/2", "failedWorkers": failed[:20],
                     "conditions": [{"type": "Ready", "status": "True", "reason": "Analyzed", "message": "",
                                     "lastTransitionTime": "2026-01-01T00:00:00Z"}],
                     "diagnosis": {"summary": "rank 1 is 1.8x slower", "slowWorkers": [{"rank": 1, "pod": "w-1", "stepTimeMs": 180.0, "slowdown": 1.8}]}})
     assert len(stored["status"]["failedWorkers"]) == 20 and stored["status"]["diagnosis"]["slowWorkers"][0]["rank"] == 1
+
+
+def test_printer_columns_show_phase_workers_slowest_rank_summary_and_age(api, kube):
+    _create(api, session("s"))
+    _create(api, session("fresh"))
+    api.patch_namespaced_custom_object_status(GROUP, VERSION, "default", PLURAL, "s", {"status": {
+        "phase": "Succeeded", "workersReady": "3/4",
+        "diagnosis": {"summary": "rank 2 is 1.8x slower: data loading", "slowWorkers": [
+            {"rank": 2, "pod": "train-2", "stepTimeMs": 180.0, "slowdown": 1.8},
+            {"rank": 0, "pod": "train-0", "stepTimeMs": 120.0, "slowdown": 1.2}]}}})
+    rows = api.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL,
+                                             _headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})
+    assert [c["name"] for c in rows["columnDefinitions"]] == ["Name", "Phase", "Workers", "Slowest", "Summary", "Age"]
+    cells = {row["cells"][0]: row["cells"] for row in rows["rows"]}
+    assert cells["s"][:5] == ["s", "Succeeded", "3/4", 2, "rank 2 is 1.8x slower: data loading"]
+    assert cells["fresh"][:5] == ["fresh", None, None, None, None]
+    assert cells["s"][5].endswith("s")

@@ -21,6 +21,7 @@ from .patches import apply_patch
 from .schema import validate_object
 from .selectors import field_selector, label_selector
 from .store import Store, Watcher
+from .tables import table, wants_table
 
 TOKEN = "stepscope-test-token"
 log = logging.getLogger(__name__)
@@ -145,7 +146,10 @@ class Api:
                     self.store.delete(t, namespace, item["metadata"]["name"])
                 return _json({"kind": f"{t.kind}List", "apiVersion": t.api_version, "metadata": {}, "items": items})
         elif method == "GET":
-            return _json(self.store.get(t, namespace, name))
+            obj = self.store.get(t, namespace, name)
+            if wants_table(request.headers.get("Accept", "")):
+                return _json(table(t, [obj], obj["metadata"]["resourceVersion"]))
+            return _json(obj)
         elif method == "PUT":
             return _json(self.store.replace(t, namespace, name, await self._body(request), subresource))
         elif method == "PATCH":
@@ -183,6 +187,8 @@ class Api:
 
     def _list(self, request: web.Request, t: resources.ResourceType, namespace: str | None) -> web.Response:
         items, rv = self.store.list(t, namespace, self._matcher(request, t))
+        if wants_table(request.headers.get("Accept", "")):
+            return _json(table(t, items, rv))
         return _json({"kind": f"{t.kind}List", "apiVersion": t.api_version, "metadata": {"resourceVersion": rv}, "items": items})
 
     async def _watch(self, request: web.Request, t: resources.ResourceType, namespace: str | None) -> web.StreamResponse:
