@@ -60,7 +60,7 @@ def _rank_of(answer: dict[str, Any]) -> int | None:
 
 def aggregate(progress: dict[str, PodProgress]) -> Aggregate:
     """Sum the sidecars' worker counts (a worker = one rank); a lost pod counts its last known
-    ranks, or one worker when it never answered, as failed."""
+    ranks, or one worker when none is known, as failed."""
     workers = dict.fromkeys(WORKER_FIELDS, 0)
     failed: list[dict[str, Any]] = []
     for pod, p in sorted(progress.items()):
@@ -74,10 +74,10 @@ def aggregate(progress: dict[str, PodProgress]) -> Aggregate:
             workers["uploaded"] += int(counts.get("uploaded") or 0)
             failed.append(failed_worker(pod, _rank_of(p.answer), p.lost))
             continue
-        for key in WORKER_FIELDS:
+        # A pod whose sidecar has not seen its ranks yet still stands for (at least) one worker.
+        workers["total"] += n
+        for key in WORKER_FIELDS[1:]:
             workers[key] += int(counts.get(key) or 0)
-        if not counts:
-            workers["total"] += 1
         for r in p.answer.get("ranks") or []:
             if r.get("state") in RANK_FAILED or r.get("error"):
                 failed.append(failed_worker(pod, r.get("rank"), str(r.get("error") or r.get("state"))))

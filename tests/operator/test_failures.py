@@ -47,3 +47,25 @@ def test_unusable_bucket_fails_with_the_store_error(operator: OperatorHarness, p
     assert _condition(status, "Ready")["reason"] == "StorageUnreachable"
     assert "s3://no-such-bucket/sessions is not usable" in status["message"] and "does not exist" in status["message"]
     assert "testing-secret" not in str(status) and "testing-key-id" not in str(status)
+
+
+def test_finished_session_is_deleted_after_its_ttl(operator: OperatorHarness, s3_endpoint: str) -> None:
+    operator.create_session("short-lived", session_spec({"job": "none"}, s3_endpoint, ttlSecondsAfterFinished=1))
+    assert operator.wait_phase("short-lived", ("Failed",))["phase"] == "Failed"
+    wait_for(lambda: operator.gone("short-lived"), 15, "the TTL to delete the session")
+
+
+def test_capture_that_never_ends_times_out_keeping_what_was_captured(operator: OperatorHarness, pods: Pods, tmp_path, s3_endpoint: str) -> None:
+    from stepscope.sidecar.daemon import Sidecar
+    from tests.operator.harness import KEY
+
+    idle = Sidecar(tmp_path / "idle", KEY, host="127.0.0.1", port=0, pod="idle").start()  # no training behind it
+    try:
+        pods.create("idle", {"job": "idle"}, port=idle.server.server_address[1])
+        operator.create_session("too-slow", session_spec({"job": "idle"}, s3_endpoint, timeoutSeconds=3, hangTimeoutSeconds=2))
+        status = operator.wait_phase("too-slow", ("Failed",), timeout=20)
+        assert _condition(status, "Ready")["reason"] == "Timeout"
+        assert status["message"].startswith("capture did not finish within spec.timeoutSeconds=3s; 0 of 1 worker(s) uploaded, kept in s3://")
+        assert status["triggeredPods"] == ["idle"]
+    finally:
+        idle.shutdown(grace_s=1)
