@@ -53,6 +53,7 @@ class RankProgress:
     captured_trace: bool = False
     jobs_left: int = 0
     upload_errors: list[str] = field(default_factory=list)
+    summary_error: str | None = None
     last_sign_of_life: float = 0.0
 
     @property
@@ -61,7 +62,7 @@ class RankProgress:
 
     @property
     def failed(self) -> bool:
-        return self.state in FAILED_STATES or bool(self.upload_errors)
+        return self.state in FAILED_STATES or bool(self.upload_errors) or self.summary_error is not None
 
     @property
     def uploaded(self) -> bool:
@@ -69,7 +70,7 @@ class RankProgress:
         return self.captured_trace and self.queued and self.jobs_left == 0 and not self.upload_errors
 
     def to_dict(self) -> dict[str, Any]:
-        error = self.error or ("; ".join(self.upload_errors) if self.upload_errors else None)
+        error = "; ".join(e for e in (self.error, self.summary_error, *self.upload_errors) if e) or None
         return {"rank": self.rank, "localRank": self.local_rank, "pid": self.pid, "state": self.state, "step": self.step,
                 "startStep": self.start_step, "endStep": self.end_step, "uploaded": self.uploaded, "error": error}
 
@@ -409,10 +410,11 @@ class SessionManager:
 
         summary = summarize_file(trace, rank=progress.rank, pod=self.pod, node=self.node)
         if summary.error:
-            # Still captured and uploaded (the raw trace may be read elsewhere); the diagnosis reports it.
+            # The rank counts as failed: its capture is of no use to the diagnosis. The trace and
+            # the summary (which carries the reason) are still uploaded.
             log.warning("session %s: rank %d's trace could not be summarised: %s", session.id, progress.rank, summary.error)
             with self._lock:
-                progress.error = f"trace not summarised: {summary.error}"
+                progress.summary_error = f"trace not summarised: {summary.error}"
         if session.metrics is not None and summary.steps and not summary.error:
             from stepscope.analysis.hardware import step_statistics
 

@@ -244,7 +244,7 @@ def test_malformed_agent_files_neither_crash_nor_stall_the_sidecar(client: Sidec
     assert wait_for(client, "s-m", lambda s: s["phase"] in ("Succeeded", "Failed"))["phase"] == "Succeeded"
 
 
-def test_a_truncated_trace_is_uploaded_and_reported_not_fatal(client: SidecarClient, ranks: SimulatedRanks, tmp_path: Path,
+def test_a_truncated_trace_is_uploaded_and_fails_only_its_rank(client: SidecarClient, ranks: SimulatedRanks, tmp_path: Path,
                                                                real_traces: dict[int, Path]) -> None:
     store = tmp_path / "store"
     truncated = tmp_path / "truncated.json.gz"
@@ -253,7 +253,8 @@ def test_a_truncated_trace_is_uploaded_and_reported_not_fatal(client: SidecarCli
     ranks.state("s-t", 0, "done", trace_from=real_traces[0])
     ranks.state("s-t", 1, "done", trace_from=truncated)
     status = wait_for(client, "s-t", lambda s: s["phase"] in ("Succeeded", "Failed"))
-    assert status["phase"] == "Succeeded" and status["workers"]["uploaded"] == 2
+    assert status["phase"] == "Failed" and status["workers"]["uploaded"] == 2 and status["workers"]["failed"] == 1
     assert "trace not summarised" in status["ranks"][1]["error"] and status["ranks"][0]["error"] is None
+    assert "rank 1" in status["message"] and "trace not summarised" in status["message"]
     assert decode_summary((store / layout.rank_summary(1)).read_bytes()).error
     assert (store / layout.rank_trace(1)).read_bytes() == truncated.read_bytes()
