@@ -68,7 +68,6 @@ class _Event(msgspec.Struct, gc=False):
     cat: str | None = None
     name: str = ""
     pid: int | str = 0
-    tid: int | str = 0
     ts: float | None = None
     dur: float | None = None
     args: _Args = _NO_ARGS
@@ -114,7 +113,6 @@ class Trace:
     cat: np.ndarray  # int32 codes
     name: np.ndarray  # int32 codes
     pid: np.ndarray  # int64; string ids get negative codes
-    tid: np.ndarray
     ts: np.ndarray  # float64 microseconds
     dur: np.ndarray
     stream: np.ndarray  # int64, -1 for events not on a GPU stream (HTA's convention)
@@ -158,7 +156,7 @@ class _Columns:
         self.name_codes: dict[str, int] = {}
         self.id_codes: dict[str, int] = {}
         self.parts: dict[str, list[np.ndarray]] = {k: [] for k in (
-            "cat", "name", "pid", "tid", "ts", "dur", "stream", "correlation", "external_id",
+            "cat", "name", "pid", "ts", "dur", "stream", "correlation", "external_id",
             "nbytes", "python_id", "python_parent")}
         self.coll: list[tuple[int, str, int, int, int, str]] = []
         self.rows = 0
@@ -193,13 +191,9 @@ class _Columns:
         p["name"].append(_codes(self.name_codes, map(_get("name"), kept), n))
         p["dur"].append(_floats(map(_get("dur"), kept), n))
         p["pid"].append(self._ids(map(_get("pid"), kept), n))
-        p["tid"].append(self._ids(map(_get("tid"), kept), n))
-        p["stream"].append(_ints(map(_get("args.stream"), kept), n))
+        stream = _ints(map(_get("args.stream"), kept), n)
+        p["stream"].append(stream)
         p["correlation"].append(_ints(map(_get("args.correlation"), kept), n))
-        ext = _ints(map(_get("args.external_id"), kept), n)
-        if self.old_external_ids:
-            ext = np.where(ext >= 0, ext, _ints(map(_get("args.external_id_old"), kept), n))
-        p["external_id"].append(ext)
         # Arguments only some categories carry are read for those rows only.
         for key, arg, cats in (("nbytes", "bytes", MEMCPY_CATS + MEMSET_CATS), ("python_id", "python_id", (PYTHON_CAT,)),
                                ("python_parent", "python_parent", (PYTHON_CAT,))):
@@ -210,6 +204,16 @@ class _Columns:
             p[key].append(column)
         has_coll = np.fromiter(map(is_not, map(_get("args.collective"), kept), repeat(None)), bool, n)
         has_coll |= np.fromiter(map(is_not, map(_get("args.in_nelems"), kept), repeat(None)), bool, n)
+        # External ids link collective kernels to the op holding their message sizes.
+        ext = np.full(n, -1, dtype=np.int64)
+        linked = has_coll | (stream != -1)
+        if linked.any():
+            some = list(compress(kept, linked))
+            ext[linked] = _ints(map(_get("args.external_id"), some), len(some))
+            if self.old_external_ids:
+                old = _ints(map(_get("args.external_id_old"), some), len(some))
+                ext[linked] = np.where(ext[linked] >= 0, ext[linked], old)
+        p["external_id"].append(ext)
         for i in np.flatnonzero(has_coll).tolist():
             a = kept[i].args
             self.coll.append((self.rows + i, a.collective or "", _int(a.in_nelems), _int(a.out_nelems),
@@ -217,7 +221,7 @@ class _Columns:
         self.rows += n
 
     def _ids(self, values: Iterable, n: int) -> np.ndarray:
-        """pids/tids; the few string ids get negative codes."""
+        """Process ids; the few string ids get negative codes."""
         items = list(values)
         try:
             return np.array(items, dtype=np.int64)
@@ -433,7 +437,6 @@ def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
         cat=cols.column("cat", np.int32),
         name=cols.column("name", np.int32),
         pid=cols.column("pid", np.int64),
-        tid=cols.column("tid", np.int64),
         ts=ts,
         dur=dur,
         stream=cols.column("stream", np.int64),

@@ -13,7 +13,7 @@ from stepscope.analysis import trace as trace_module
 from stepscope.analysis.summary import summarize, summarize_file
 from stepscope.analysis.trace import TraceError, load_trace
 
-COLUMNS = ("cat", "name", "pid", "tid", "ts", "dur", "stream", "correlation", "external_id", "nbytes",
+COLUMNS = ("cat", "name", "pid", "ts", "dur", "stream", "correlation", "external_id", "nbytes",
            "python_id", "python_parent")
 
 
