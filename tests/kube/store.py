@@ -297,11 +297,12 @@ class Store:
         return self._out(t, obj)
 
     def _drop_custom_resources(self, crd: Obj) -> None:
-        kinds = [t for t in self.types.values() if (t.group, t.plural) == (crd["spec"]["group"], crd["spec"]["names"]["plural"])]
-        for t in kinds[:1]:
-            for obj in list(self._bucket(t).values()):
+        key = (crd["spec"]["group"], crd["spec"]["names"]["plural"])
+        served = next((t for t in self.types.values() if (t.group, t.plural) == key), None)
+        if served is not None:
+            for obj in list(self._bucket(served).values()):
                 obj["metadata"]["resourceVersion"] = self._next_rv()
-                self._remove(t, obj)
+                self._remove(served, obj)
         self._unregister_crd(crd)
 
     def _drop_namespace(self, namespace: str) -> None:
