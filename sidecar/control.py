@@ -37,6 +37,8 @@ class ControlHandler(BaseHTTPRequestHandler):
     server: ControlServer
     protocol_version = "HTTP/1.1"
     server_version = "stepscope-sidecar"
+    # A client that stops sending mid-request must not hold a handler thread forever.
+    timeout = 30
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         if urlsplit(self.path).path == "/healthz":

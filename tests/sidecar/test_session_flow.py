@@ -258,3 +258,27 @@ def test_a_truncated_trace_is_uploaded_and_fails_only_its_rank(client: SidecarCl
     assert "rank 1" in status["message"] and "trace not summarised" in status["message"]
     assert decode_summary((store / layout.rank_summary(1)).read_bytes()).error
     assert (store / layout.rank_trace(1)).read_bytes() == truncated.read_bytes()
+
+
+def test_a_restarted_sidecar_uploads_what_a_failed_upload_left_behind(sidecar: Sidecar, client: SidecarClient, ranks: SimulatedRanks,
+                                                                       stepscope_dir: Path, tmp_path: Path, real_traces: dict[int, Path]) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    trigger(client, "s-r", blocker / "store")
+    for rank in (0, 1):
+        ranks.state("s-r", rank, "done", trace_from=real_traces[rank])
+    assert wait_for(client, "s-r", lambda s: s["phase"] in ("Succeeded", "Failed"))["phase"] == "Failed"
+    sidecar.shutdown(5)
+
+    restarted = Sidecar(stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-a", node="node-a", poll_interval_s=0.05).start()
+    try:
+        client = SidecarClient(restarted.url, KEY)
+        store = tmp_path / "store"
+        # The operator re-sends the same session (idempotent); the ranks' files say they are done.
+        client.put_session("s-r", trigger_body("s-r", store.as_uri()))
+        status = wait_for(client, "s-r", lambda s: s["phase"] in ("Succeeded", "Failed"))
+    finally:
+        restarted.shutdown(5)
+    assert status["phase"] == "Succeeded", status
+    for rank in (0, 1):
+        assert (store / layout.rank_trace(rank)).read_bytes() == real_traces[rank].read_bytes()
