@@ -39,6 +39,11 @@ def store_prefix(session: dict) -> str:
     return f"sessions/{layout.session_prefix(NAMESPACE, meta['name'], meta['uid'])}/"
 
 
+def session_events(operator: OperatorHarness, name: str) -> list[tuple[str, str]]:
+    items = kubernetes.client.CoreV1Api(operator.kube.api_client).list_namespaced_event(NAMESPACE).items
+    return [(e.reason, e.message) for e in items if e.involved_object.name == name]
+
+
 @pytest.fixture
 def sidecar_b(tmp_path: Path) -> Iterator[Sidecar]:
     """A second pod's sidecar whose training never started (so it would wait until the timeout)."""
@@ -94,6 +99,10 @@ def test_session_captures_analyses_and_succeeds(operator: OperatorHarness, pods:
     assert header.split() == ["NAME", "PHASE", "WORKERS", "SLOWEST", "SUMMARY", "AGE"]
     assert line.split()[:3] == ["happy", "Succeeded", "2/2"]
 
+    events = wait_for(lambda: (e := session_events(operator, "happy")) and len(e) >= 4 and e, 10, "the transition events")
+    assert {"Created", "Triggered", "Captured", "Analyzed"} <= {reason for reason, _ in events}
+    assert not any(CREDENTIALS["secretAccessKey"] in message or CREDENTIALS["accessKeyId"] in message for _, message in events)
+
 
 def test_operator_restart_mid_capture_resumes_without_a_second_trigger(operator: OperatorHarness, pods: Pods, sidecar_a: Sidecar, training: Path, s3_endpoint: str) -> None:
     pods.create("train-a", SELECTOR, port=port_of(sidecar_a))
@@ -129,6 +138,24 @@ def test_pod_deleted_mid_capture_is_a_failed_worker(operator: OperatorHarness, p
     assert status["phase"] == "Succeeded", status
     assert status["failedWorkers"] == [{"pod": "train-b", "reason": "pod deleted during capture"}]
     assert status["workers"]["uploaded"] == 2 and status["workers"]["failed"] == 1 and status["workersReady"] == "2/3"
+
+
+def test_failed_analysis_fails_the_session_with_its_reason(operator: OperatorHarness, pods: Pods, sidecar_a: Sidecar, s3_endpoint: str) -> None:
+    pods.create("train-a", SELECTOR, port=port_of(sidecar_a))
+    created = operator.create_session("unanalysable", session_spec(SELECTOR, s3_endpoint, saveRawTrace="none"))
+    operator.wait_phase("unanalysable", ("Analyzing",), timeout=60)
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1", aws_access_key_id=CREDENTIALS["accessKeyId"],
+                      aws_secret_access_key=CREDENTIALS["secretAccessKey"])
+    for key in s3_objects(s3_endpoint, store_prefix(created)):
+        if key.startswith("ranks/"):
+            s3.delete_object(Bucket=BUCKET, Key=store_prefix(created) + key)  # the captures are lost before the Job runs
+    code, _ = operator.run_analysis_job("unanalysable")
+    assert code == 1
+    status = operator.wait_phase("unanalysable", ("Succeeded", "Failed"))
+    assert status["phase"] == "Failed"
+    assert status["message"].startswith("analysis failed: AnalysisError: nothing to analyse at s3://"), status["message"]
+    assert {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]} == {
+        "Triggered": ("True", "Triggered"), "Captured": ("True", "Captured"), "Analyzed": ("False", "AnalysisFailed"), "Ready": ("False", "AnalysisFailed")}
 
 
 def test_deleting_a_session_cancels_it_on_the_sidecar(operator: OperatorHarness, pods: Pods, sidecar_a: Sidecar, training: Path, s3_endpoint: str) -> None:
