@@ -3,9 +3,11 @@ the rule's message, real kubernetes client over HTTP); good specs are stored wit
 from __future__ import annotations
 
 import kubernetes
+import msgspec
 import pytest
 import yaml
 
+from stepscope.analysis.model import Breakdown, Diagnosis, Finding, SlowWorker, StepTime
 from tests.kube.fixtures import CRD_PATH
 from tests.kube.helpers import GROUP, PLURAL, VERSION, refused, session
 
@@ -182,3 +184,17 @@ def test_printer_columns_show_phase_workers_slowest_rank_summary_and_age(api, ku
     assert cells["s"][:5] == ["s", "Succeeded", "3/4", 2, "rank 2 is 1.8x slower: data loading"]
     assert cells["fresh"][:5] == ["fresh", None, None, None, None]
     assert cells["s"][5].endswith("s")
+
+
+def test_status_keeps_every_field_of_the_analysis_diagnosis(api):
+    """The CRD must not prune what the analysis writes: status.diagnosis mirrors analysis.model.Diagnosis."""
+    diagnosis = Diagnosis(
+        summary="rank 3 is 1.9x slower than the median: data loading",
+        stepTimeMs=StepTime(min=101.5, median=104.0, max=197.25),
+        slowWorkers=[SlowWorker(rank=3, stepTimeMs=197.25, slowdown=1.9, pod="train-3", node="node-b")],
+        breakdown=Breakdown(computePct=61.0, commNotOverlappedPct=12.5, overlappedPct=8.0, memoryPct=2.5, idlePct=16.0),
+        findings=[Finding(severity="critical", category="slow-worker", ranks=[3], message="rank 3 waits on its dataloader")])
+    compact = msgspec.to_builtins(diagnosis)
+    _create(api, session("s"))
+    stored = api.patch_namespaced_custom_object_status(GROUP, VERSION, "default", PLURAL, "s", {"status": {"diagnosis": compact}})
+    assert stored["status"]["diagnosis"] == compact
