@@ -5,9 +5,10 @@
 
 For each interval the sampler runs `--seconds` and the script prints the rounds per second it
 achieved against the rate asked (the ratio), the deadlines it dropped, and the CPU it used: the
-whole process's CPU time over wall time, next to the same process idling for as long (the
-reference), and the sampler thread's own CPU time. Goal: >= 90 % of the asked rate at 1 ms with
-< 5 % of one core.
+whole process's CPU time over wall time, next to the same process idling for as long (the idle
+reference), and the sampler thread's own CPU time. The "bare" columns are the same sampler on a
+node without GPUs, run just before: what the machine's timers and current load allow before any
+NVML work. Goal: >= 90 % of the asked rate at 1 ms with < 5 % of one core.
 """
 from __future__ import annotations
 
@@ -31,8 +32,18 @@ def process_cpu_share(seconds: float, recorder: MetricsRecorder | None) -> tuple
     return cpu / wall, wall
 
 
+def bare_scheduler(interval_us: int, seconds: float, out: Path) -> tuple[float, float]:
+    """(achieved ratio, process CPU share) of the same sampler on a node without GPUs: what this
+    machine's timers and load allow before any NVML work."""
+    recorder = MetricsRecorder(SimulatedBackend(0), interval_us, margin_s=0.0)
+    share, _ = process_cpu_share(seconds, recorder)
+    recorder.stop(out / "bare.csv.gz")
+    return recorder.stats.achieved_ratio, share
+
+
 def measure(backend: NvmlBackend, interval_us: int, seconds: float, out: Path) -> dict[str, float]:
     idle_share, _ = process_cpu_share(seconds / 4, None)
+    bare_ratio, bare_cpu = bare_scheduler(interval_us, seconds / 2, out)
     recorder = MetricsRecorder(backend, interval_us, margin_s=0.0)
     share, _ = process_cpu_share(seconds, recorder)
     started = time.perf_counter()
@@ -44,6 +55,7 @@ def measure(backend: NvmlBackend, interval_us: int, seconds: float, out: Path) -
     return {
         "interval_us": interval_us, "asked_hz": stats.asked_hz, "achieved_hz": stats.achieved_hz, "ratio": stats.achieved_ratio,
         "dropped": stats.dropped, "rounds": stats.rounds, "process_cpu": share, "idle_cpu": idle_share,
+        "bare_ratio": bare_ratio, "bare_cpu": bare_cpu,
         "thread_cpu": stats.cpu_s / stats.wall_s if stats.wall_s else 0.0, "errors": sum(stats.errors.values()),
         "rows": stats.rows, "bytes": path.stat().st_size, "write_s": write_s, "columns": len(measured), "measured": measured,
     }
@@ -63,12 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     devices = backend.devices()
     print(f"backend {args.backend}: {len(devices)} GPU(s) ({devices[0].name if devices else '-'}), {args.seconds:.1f} s per interval")
     print(f"{'interval':>9} {'asked/s':>8} {'achieved/s':>10} {'ratio':>6} {'dropped':>7} {'process CPU':>11} {'idle ref':>8} "
-          f"{'sampler thread':>14} {'errors':>6} {'rows':>8} {'file':>9} {'write s':>7}")
+          f"{'sampler thread':>14} {'bare ratio':>10} {'bare CPU':>8} {'errors':>6} {'rows':>8} {'file':>9} {'write s':>7}")
     with tempfile.TemporaryDirectory() as tmp:
         for interval in args.intervals:
             r = measure(backend, interval, args.seconds, Path(tmp))
             print(f"{interval:>7}us {r['asked_hz']:>8.0f} {r['achieved_hz']:>10.0f} {r['ratio']:>6.1%} {r['dropped']:>7.0f} "
-                  f"{r['process_cpu']:>11.1%} {r['idle_cpu']:>8.1%} {r['thread_cpu']:>14.1%} {r['errors']:>6.0f} {r['rows']:>8.0f} "
+                  f"{r['process_cpu']:>11.1%} {r['idle_cpu']:>8.1%} {r['thread_cpu']:>14.1%} {r['bare_ratio']:>10.1%} {r['bare_cpu']:>8.1%} "
+                  f"{r['errors']:>6.0f} {r['rows']:>8.0f} "
                   f"{r['bytes'] / 1024:>7.0f}KiB {r['write_s']:>7.2f}")
         print(f"metrics with values ({r['columns']}): {', '.join(r['measured'])}")
     backend.close()
