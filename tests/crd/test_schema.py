@@ -6,6 +6,7 @@ import copy
 
 import kubernetes
 import kubernetes_validate
+import kubernetes_validate.utils
 import pytest
 import yaml
 from kubernetes.client import ApiException
@@ -24,8 +25,9 @@ def _schema(crd: dict) -> dict:
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
-def test_crd_is_a_valid_apiextensions_v1_object(crd):
-    kubernetes_validate.validate(crd, "1.31", strict=True)
+@pytest.mark.parametrize("kubernetes_version", ["1.29", "1.31", kubernetes_validate.utils.latest_version()])
+def test_crd_is_a_valid_apiextensions_v1_object(crd, kubernetes_version):
+    kubernetes_validate.validate(crd, kubernetes_version, strict=True)
     assert crd["metadata"]["name"] == "profilesessions.stepscope.io"
     assert crd["spec"]["scope"] == "Namespaced"
     assert crd["spec"]["names"]["kind"] == "ProfileSession"
