@@ -1,6 +1,7 @@
 """What the idle agent costs a training step: the same optimizer-step loop timed in fresh
 interpreters without the bootstrap (reference) and with it (agent idle: request.json absent, and
-present but unchanged), alternating, median of several rounds.
+present but unchanged), alternating, median of several rounds. Also what the bootstrap adds to
+the start of every Python process in the pod (`python -c pass`, which never imports torch).
 
     .venv/bin/python benchmarks/agent_overhead.py [--steps 20000] [--rounds 5] [--repeats 3]
 """
@@ -15,6 +16,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from stepscope.sidecar.bootstrap import install_bootstrap, training_env
 
 CONFIGS = ("no agent", "agent, no request.json", "agent, request.json unchanged")
 
@@ -49,12 +52,13 @@ def child(steps: int, rounds: int) -> None:
     print(json.dumps({"step_us": statistics.median(per_step), "boundary_us": boundary}))
 
 
-def run_child(config: str, directory: Path, steps: int, rounds: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STEPSCOPE_DIR")}
-    env.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"})
-    if config != "no agent":
-        from stepscope.sidecar.bootstrap import training_env
+def env_without_agent() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STEPSCOPE_DIR")}
 
+
+def run_child(config: str, directory: Path, steps: int, rounds: int) -> dict:
+    env = {**env_without_agent(), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"}
+    if config != "no agent":
         env.update(training_env(directory, env))
     request = directory / "request.json"
     request.unlink(missing_ok=True)
@@ -68,18 +72,27 @@ def run_child(config: str, directory: Path, steps: int, rounds: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def interpreter_start(env: dict[str, str], runs: int) -> float:
+    """Median wall time of `python -c pass` in milliseconds."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3, help="fresh interpreters per configuration, interleaved")
+    parser.add_argument("--starts", type=int, default=30, help="interpreter starts per configuration")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.steps, args.rounds)
         return 0
-    from stepscope.sidecar.bootstrap import install_bootstrap
-
     results: dict[str, list[dict]] = {c: [] for c in CONFIGS}
     with tempfile.TemporaryDirectory(prefix="stepscope-bench-") as tmp:
         directory = Path(tmp)
@@ -87,6 +100,12 @@ def main() -> int:
         for _ in range(args.repeats):
             for config in CONFIGS:
                 results[config].append(run_child(config, directory, args.steps, args.rounds))
+        plain = env_without_agent()
+        interpreter_start(plain, 3)
+        start_plain, start_agent = [], []
+        for _ in range(3):
+            start_plain.append(interpreter_start(plain, args.starts // 3))
+            start_agent.append(interpreter_start({**plain, **training_env(directory, plain)}, args.starts // 3))
     reference = statistics.median(r["step_us"] for r in results["no agent"])
     print(f"optimizer step loop, {args.steps} steps x {args.rounds} rounds x {args.repeats} interpreters, median per step:")
     for config in CONFIGS:
@@ -96,6 +115,9 @@ def main() -> int:
         if boundaries:
             line += f"   (agent boundary alone {statistics.median(boundaries):.2f} us)"
         print(line)
+    plain_ms, agent_ms = statistics.median(start_plain), statistics.median(start_agent)
+    print(f"interpreter start (python -c pass), median of {args.starts}: {plain_ms:.1f} ms without the bootstrap, "
+          f"{agent_ms:.1f} ms with it (+{agent_ms - plain_ms:.1f} ms, ratio {agent_ms / plain_ms:.2f})")
     return 0
 
 

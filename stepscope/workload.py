@@ -3,7 +3,8 @@ per rank, with torchrun's environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZ
 
 It knows nothing of stepscope: the agent attaches through the bootstrap. Faults can be injected:
 a slow rank (extra CPU work in `augment_batch_slowly`) and a hung rank (blocks in
-`block_forever` after its optimizer step, so its peers wait in the loss all-reduce).
+`block_forever` after its optimizer step, so its peers wait in the loss all-reduce; forever, or
+for --hang-seconds).
 
     python stepscope/workload.py --steps 50 --slow-rank 1 --slow-ms 20
 """
@@ -32,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-ms", type=float, default=0.0, help="extra milliseconds of CPU work on --slow-rank")
     p.add_argument("--hang-rank", type=int, default=None, help="this rank blocks forever at --hang-at-step")
     p.add_argument("--hang-at-step", type=int, default=None, help="zero-based step index where --hang-rank blocks")
+    p.add_argument("--hang-seconds", type=float, default=0.0, help="block this long instead of forever (a hang that recovers)")
     p.add_argument("--no-optimizer", action="store_true", help="update weights by hand and mark steps with stepscope.step()")
     p.add_argument("--collective-timeout-s", type=float, default=1800.0, help="gloo timeout for collectives")
     return p.parse_args(argv)
@@ -51,11 +53,12 @@ def augment_batch_slowly(batch: torch.Tensor, milliseconds: float) -> torch.Tens
     return batch + (acc % 7) * 1e-6
 
 
-def block_forever(step: int) -> None:
-    """The injected hang: this rank never reaches its next collective."""
-    print(f"rank {dist.get_rank()} blocks forever at step {step}", flush=True)
-    while True:
-        time.sleep(3600)
+def block_forever(step: int, seconds: float = 0.0) -> None:
+    """The injected hang: this rank does not reach its next collective (for `seconds`, 0 = ever)."""
+    print(f"rank {dist.get_rank()} blocks {'for %g s' % seconds if seconds else 'forever'} at step {step}", flush=True)
+    deadline = time.monotonic() + seconds
+    while not seconds or time.monotonic() < deadline:
+        time.sleep(0.1 if seconds else 3600)
 
 
 def average_loss_across_ranks(loss: torch.Tensor) -> float:
@@ -106,7 +109,7 @@ def train(args: argparse.Namespace) -> int:
                     p.grad = None
             mark_step()
         if rank == args.hang_rank and step == args.hang_at_step:
-            block_forever(step)
+            block_forever(step, args.hang_seconds)
         average_loss_across_ranks(loss)
         step += 1
     dist.barrier()

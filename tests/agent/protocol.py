@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -54,6 +55,11 @@ def wait_for_state(directory: Path, session: str, rank: int, states: tuple[str, 
 def load_trace(path: Path) -> list[dict[str, Any]]:
     with gzip.open(path, "rt") as f:
         return json.load(f)["traceEvents"]
+
+
+def profiler_steps(events: list[dict[str, Any]]) -> list[int]:
+    """The N of every ProfilerStep#N annotation, sorted."""
+    return sorted(int(m.group(1)) for e in events if (m := re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", ""))))
 
 
 def logs(job: LocalJob) -> str:

@@ -1,27 +1,43 @@
-"""Real captures: 2 gloo ranks, the agent started by the PYTHONPATH bootstrap, a request written
-as the sidecar writes it."""
+"""Real captures: 2 gloo ranks, the agent started by the PYTHONPATH bootstrap, requests written
+as the sidecar writes them. One job serves several sessions, one after the other, as a long
+training run would."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-from tests.agent.protocol import load_trace, logs, read_state, wait_for_state, write_request
+from tests.agent.protocol import load_trace, logs, profiler_steps, read_state, wait_for_state, write_request
 
 
-def test_captures_exactly_the_requested_steps(stepscope_dir: Path, start_job) -> None:
+def test_exact_steps_then_a_refused_second_request_then_a_cancel(stepscope_dir: Path, start_job) -> None:
     write_request(stepscope_dir, "s-exact", waitSteps=3, steps=4)
-    job = start_job(2, "--steps", "25", "--step-sleep-ms", "5")
-    assert job.wait(60) == [0, 0], logs(job)
+    job = start_job(2, "--steps", "0", "--step-sleep-ms", "20")
     for rank in (0, 1):
-        state = wait_for_state(stepscope_dir, "s-exact", rank, ("done",), timeout=10)
+        state = wait_for_state(stepscope_dir, "s-exact", rank, ("done",))
         assert state["rank"] == rank and state["worldSize"] == 2 and state["error"] is None
         assert state["startStep"] == state["triggerStep"] + 3
         assert state["endStep"] == state["startStep"] + 4 and state["capturedSteps"] == 4
         assert "CUDA was asked for but is not available" in state["message"]
         events = load_trace(stepscope_dir / "s-exact" / state["trace"])
-        step_events = sorted(int(m.group(1)) for e in events if (m := re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", ""))))
-        assert step_events == list(range(state["startStep"], state["endStep"]))
-        categories = {e.get("cat") for e in events}
-        assert {"cpu_op", "python_function"} <= categories
+        assert profiler_steps(events) == list(range(state["startStep"], state["endStep"]))
+        assert {"cpu_op", "python_function"} <= {e.get("cat") for e in events}
         assert any(e.get("name") == "aten::addmm" for e in events)
+        assert any(e.get("name") == "gloo:all_reduce" for e in events)
     assert read_state(stepscope_dir, "s-exact", 2) is None
+
+    write_request(stepscope_dir, "s-first", waitSteps=1, steps=50)
+    for rank in (0, 1):
+        wait_for_state(stepscope_dir, "s-first", rank, ("capturing",))
+    write_request(stepscope_dir, "s-second", waitSteps=0, steps=1)
+    for rank in (0, 1):
+        refused = wait_for_state(stepscope_dir, "s-second", rank, ("refused",), timeout=10)
+        assert "session s-first is still active" in refused["error"]
+        assert refused["startStep"] is None and refused["trace"] is None
+    write_request(stepscope_dir, "s-first", action="cancel")
+    for rank in (0, 1):
+        cancelled = wait_for_state(stepscope_dir, "s-first", rank, ("cancelled",), timeout=10)
+        assert 0 < cancelled["capturedSteps"] < 50
+        assert cancelled["endStep"] - cancelled["startStep"] == cancelled["capturedSteps"]
+        events = load_trace(stepscope_dir / "s-first" / cancelled["trace"])
+        assert profiler_steps(events) == list(range(cancelled["startStep"], cancelled["endStep"]))
+    assert all(code is None for code in job.wait(0.1)), "training goes on through all of it\n" + logs(job)
+    assert all(code is not None and code < 0 for code in job.terminate()), "terminate ends every rank"

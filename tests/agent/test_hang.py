@@ -1,12 +1,14 @@
-"""The watchdog: a rank blocked forever leaves its peer waiting in a collective; both ranks are
-marked hung with every thread's Python stack."""
+"""The watchdog: a blocked rank leaves its peer waiting in a collective; both ranks are marked
+hung with every thread's Python stack, and go back to their capture when training resumes."""
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
 
-from tests.agent.protocol import wait_for, wait_for_state, write_request
+from stepscope.launch import LocalJob
+
+from tests.agent.protocol import logs, wait_for, wait_for_state, write_request
 
 
 def heartbeat(directory: Path, rank: int) -> dict:
@@ -21,11 +23,20 @@ def main_thread_functions(stacks: dict) -> list[str]:
     return [f["function"] for f in main["frames"]]
 
 
-def test_hang_writes_stacks_of_the_rank_stuck_in_a_collective(stepscope_dir: Path, start_job) -> None:
-    job = start_job(2, "--steps", "0", "--step-sleep-ms", "5", "--hang-rank", "1", "--hang-at-step", "6")
+def test_a_hang_that_recovers_resumes_the_capture(stepscope_dir: Path, start_job) -> None:
+    job = start_job(2, "--steps", "20", "--step-sleep-ms", "5", "--hang-rank", "1", "--hang-at-step", "6", "--hang-seconds", "8")
+    hung_and_check_stacks(stepscope_dir, job)
+    for rank in (0, 1):
+        state = wait_for_state(stepscope_dir, "s-hang", rank, ("done",), timeout=30)
+        assert state["triggerStep"] == 7 and state["startStep"] == 8 and state["capturedSteps"] == 3, state
+        assert state["stacks"] == f"rank-{rank}.stacks.json" and state["error"] is None
+    assert job.wait(30) == [0, 0], logs(job)
+
+
+def hung_and_check_stacks(stepscope_dir: Path, job: LocalJob) -> None:
     # The request reaches ranks that are already stuck, the way a user asks about a job that hangs.
     wait_for(lambda: all(heartbeat(stepscope_dir, rank).get("step") == 7 for rank in (0, 1)), 30, "both ranks stuck after step 7")
-    write_request(stepscope_dir, "s-hang", waitSteps=1, steps=40, hang_timeout=2)
+    write_request(stepscope_dir, "s-hang", waitSteps=1, steps=3, hang_timeout=2)
     states = [wait_for_state(stepscope_dir, "s-hang", rank, ("hung",), timeout=30) for rank in (0, 1)]
     for rank, state in enumerate(states):
         assert state["stacks"] == f"rank-{rank}.stacks.json"
