@@ -249,7 +249,8 @@ class KubeTestServer:
         app = web.Application(client_max_size=8 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self.api.handle)
         # handler_cancellation: a watch whose client went away ends at once and drops its watcher.
-        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True)
+        # access_log=None: one log line per request would bury the logs of the tests that use it.
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()

@@ -64,6 +64,8 @@ def test_crud_with_conflicts_and_not_found(core):
     core.patch_namespaced_pod("p1", "default", {"metadata": {"labels": {"x": "1"}}})
     stale.metadata.labels = {"x": "2"}
     assert refused(lambda: core.replace_namespaced_pod("p1", "default", stale), 409)["reason"] == "Conflict"
+    stale_patch = {"metadata": {"resourceVersion": stale.metadata.resource_version, "labels": {"x": "4"}}}
+    assert refused(lambda: core.patch_namespaced_pod("p1", "default", stale_patch), 409)["reason"] == "Conflict"
     fresh = core.read_namespaced_pod("p1", "default")
     fresh.metadata.labels = {"x": "3"}
     assert core.replace_namespaced_pod("p1", "default", fresh).metadata.labels == {"x": "3"}
