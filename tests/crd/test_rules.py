@@ -179,7 +179,7 @@ def test_printer_columns_show_phase_workers_slowest_rank_summary_and_age(api, ku
             {"rank": 0, "pod": "train-0", "stepTimeMs": 120.0, "slowdown": 1.2}]}}})
     rows = api.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL,
                                              _headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})
-    assert [c["name"] for c in rows["columnDefinitions"]] == ["Name", "Phase", "Workers", "Slowest", "Summary", "Age"]
+    assert [c["name"] for c in rows["columnDefinitions"]] == ["Name", "Phase", "Workers", "Slowest Rank", "Summary", "Age"]
     cells = {row["cells"][0]: row["cells"] for row in rows["rows"]}
     assert cells["s"][:5] == ["s", "Succeeded", "3/4", 2, "rank 2 is 1.8x slower: data loading"]
     assert cells["fresh"][:5] == ["fresh", None, None, None, None]

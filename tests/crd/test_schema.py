@@ -69,7 +69,7 @@ def test_server_refuses_a_non_structural_crd(kube, crd):
 def test_printer_columns(crd):
     columns = {c["name"]: c["jsonPath"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
     assert columns == {"Phase": ".status.phase", "Workers": ".status.workersReady",
-                       "Slowest": ".status.diagnosis.slowWorkers[0].rank",
+                       "Slowest Rank": ".status.diagnosis.slowWorkers[0].rank",
                        "Summary": ".status.diagnosis.summary", "Age": ".metadata.creationTimestamp"}
     status = _schema(crd)["properties"]["status"]["properties"]
     assert status["workersReady"]["type"] == "string"

@@ -42,7 +42,7 @@ def test_discovery_lists_builtin_groups_and_the_crd_once_applied(kube):
     response.read()
     names = {r["name"]: r for r in json.loads(response.data)["resources"]}
     assert names[PLURAL]["kind"] == "ProfileSession" and names[PLURAL]["namespaced"] is True
-    assert "profs" in names[PLURAL]["shortNames"]
+    assert names[PLURAL]["shortNames"] == ["ps", "profs"]
     assert f"{PLURAL}/status" in names
     core_names = {r.name for r in kubernetes.client.CoreV1Api(kube.api_client).get_api_resources().resources}
     assert {"pods", "pods/status", "events", "secrets", "namespaces"} <= core_names
