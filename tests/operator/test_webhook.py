@@ -15,6 +15,7 @@ from typing import Any
 import jsonpatch
 import kubernetes
 import pytest
+from cryptography import x509
 from kopf.testing import KopfRunner
 
 from tests.kube.fixtures import Kube
@@ -32,7 +33,11 @@ def _free_port() -> int:
 
 @pytest.fixture
 def webhook(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    """The operator with its webhook; yields the client config kopf registered."""
+    """The operator with its webhook; yields the webhook entry kopf registered."""
+    yield from _running_webhook(cluster, monkeypatch)
+
+
+def _running_webhook(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     monkeypatch.setenv("STEPSCOPE_WEBHOOK_PORT", str(_free_port()))
     monkeypatch.setenv("STEPSCOPE_WEBHOOK_ADDR", "127.0.0.1")
     monkeypatch.setenv("STEPSCOPE_WEBHOOK_CONFIG", CONFIG)
@@ -102,3 +107,15 @@ def test_labelled_pod_gets_sidecar_volume_and_bootstrap(webhook: dict[str, Any],
 def test_unlabelled_pod_is_not_touched(webhook: dict[str, Any]) -> None:
     answer = _review(webhook, _pod({"app": "web"}))
     assert answer["allowed"] is True and "patch" not in answer
+
+
+def test_in_a_cluster_the_webhook_is_reached_through_its_service(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STEPSCOPE_WEBHOOK_SERVICE", "stepscope-webhook")
+    monkeypatch.setenv("STEPSCOPE_WEBHOOK_NAMESPACE", "stepscope")
+    for hook in _running_webhook(cluster, monkeypatch):
+        assert hook["name"] == "inject-sidecar.stepscope-injector.stepscope.io"
+        client = hook["client_config"]
+        assert client["url"] is None
+        assert client["service"] == {"name": "stepscope-webhook", "namespace": "stepscope", "port": 443, "path": "/inject-sidecar"}
+        ca = x509.load_pem_x509_certificate(base64.b64decode(client["ca_bundle"]))
+        assert ca.subject.rfc4514_string() == "CN=stepscope-webhook-ca"
