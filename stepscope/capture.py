@@ -60,7 +60,9 @@ def _progress_line(status: dict[str, Any]) -> str:
     total = w.get("total", 0)
     line = (f"{status.get('phase', '?'):<10} ranks {total}: capturing {w.get('capturing', 0)}, captured {w.get('captured', 0)}/{total}, "
             f"uploaded {w.get('uploaded', 0)}/{total}")
-    return line + (f", failed {w['failed']}" if w.get("failed") else "")
+    line += f", failed {w['failed']}" if w.get("failed") else ""
+    # Before any rank captures, the sidecar's message says what it waits for (no training process yet?).
+    return line + (f" - {status['message']}" if status.get("phase") == "Pending" and status.get("message") else "")
 
 
 class _Progress:
