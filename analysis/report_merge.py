@@ -2,13 +2,14 @@
 the nodes' NVML counter tracks.
 
 Ranks reuse the same pids (the GPU is pid 0 on every node) and the same correlation ids, so each
-rank's pids become rank * PID_STRIDE + n and its flow ids are shifted by rank << 40. Events are
-not decoded one by one: the trace is parsed once into raw event slices (which also checks it is
-valid JSON), the pids and ids are rewritten with a byte-level substitution, and only the few
-metadata events are decoded, to put the rank into process names.
+rank's pids and flow ids get the rank appended. Events are not decoded into Python objects one by
+one: the trace is parsed into raw event slices (which also checks it is valid JSON) and into
+(ph, pid) pairs, the pids and ids are rewritten in the text, and only the few metadata events
+are decoded, to put the rank into process names.
 """
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -17,17 +18,28 @@ from typing import BinaryIO
 import msgspec
 from isal import igzip
 
-PID_STRIDE = 1000
-_FLOW_SHIFT = 40
-_PID = re.compile(rb'"pid"(\s*):(\s*)("(?:[^"\\]|\\.)*"|-?\d+)')
-_ID = re.compile(rb'"id"(\s*):(\s*)(\d+)')
+# A rank's pids and flow ids become "1" + the old number + the rank in five digits (pid 0 of rank 3
+# -> 1000003): unique across up to 100,000 ranks, integers as Perfetto wants, and a text rewrite
+# per event. Pids that are strings or negative ("Spans") become "2" + their index + the rank.
+RANK_DIGITS = 5
+_NUM_PID = re.compile(rb'("pid"\s*:\s*)(\d+)')
+_OTHER_PID = re.compile(rb'("pid"\s*:\s*)("(?:[^"\\]|\\.)*"|-\d+)')
+_ID = re.compile(rb'("id"\s*:\s*)(\d+)')
 _TS = re.compile(rb'"ts"(\s*):(\s*)(-?\d+(?:\.\d+)?)')
-_METADATA = (b'"ph": "M"', b'"ph":"M"')
 
 
 class _Events(msgspec.Struct):
     traceEvents: list[msgspec.Raw] = []
     baseTimeNanoseconds: int = 0
+
+
+class _Kind(msgspec.Struct):
+    ph: str = ""
+    pid: object = None
+
+
+class _Kinds(msgspec.Struct):
+    traceEvents: list[_Kind] = []
 
 
 class _Meta(msgspec.Struct, omit_defaults=True):
@@ -49,28 +61,32 @@ def read_raw_trace(path: Path) -> bytes:
     return path.read_bytes()
 
 
+def _pid_map(pids: set, rank: int) -> dict[object, int]:
+    suffix = f"{rank:0{RANK_DIGITS}d}"
+    numbers = {p for p in pids if isinstance(p, int) and p >= 0}
+    others = sorted((p for p in pids if p not in numbers), key=str)
+    mapped: dict[object, int] = {p: int(f"1{p}{suffix}") for p in numbers}
+    mapped.update({p: int(f"2{i}{suffix}") for i, p in enumerate(others)})
+    return mapped
+
+
 def _rank_events(data: bytes, rank: int, base_ns: list[int]) -> tuple[bytes, list[bytes]]:
     """(non-metadata events joined by commas with pids and ids rewritten, rewritten metadata events).
 
     Kineto's `ts` counts from the trace's baseTimeNanoseconds, which differs between ranks: the
     first rank's base becomes the merged trace's (`base_ns` holds it) and the others' `ts` move."""
     decoded = msgspec.json.decode(data, type=_Events)
-    events, base = [bytes(r) for r in decoded.traceEvents], decoded.baseTimeNanoseconds
-    del decoded
-    pids: dict[bytes, int] = {}
-
-    def new_pid(old: bytes) -> int:
-        return pids.setdefault(old, rank * PID_STRIDE + len(pids))
-
-    def pid(m: re.Match) -> bytes:
-        return b'"pid"%s:%s%d' % (m[1], m[2], new_pid(m[3]))
-
-    def flow_id(m: re.Match) -> bytes:
-        return b'"id"%s:%s%d' % (m[1], m[2], (rank << _FLOW_SHIFT) + int(m[3]))
-
-    is_meta = [any(t in e for t in _METADATA) for e in events]
-    body = b",".join(e for e, meta in zip(events, is_meta) if not meta)
-    body = _ID.sub(flow_id, _PID.sub(pid, body))
+    raws, base = decoded.traceEvents, decoded.baseTimeNanoseconds
+    kinds = msgspec.json.decode(data, type=_Kinds).traceEvents
+    keep = [k.ph != "M" for k in kinds]
+    pids = _pid_map({k.pid for k in kinds if k.pid is not None}, rank)
+    del kinds
+    suffix = b"%0*d" % (RANK_DIGITS, rank)
+    body = b",".join(itertools.compress(raws, keep))
+    body = _NUM_PID.sub(lambda m: m[1] + b"1" + m[2] + suffix, body)
+    if any(not isinstance(p, int) or p < 0 for p in pids):
+        body = _OTHER_PID.sub(lambda m: b"%s%d" % (m[1], pids[msgspec.json.decode(m[2])]), body)
+    body = _ID.sub(lambda m: m[1] + b"1" + m[2] + suffix, body)
     if not base_ns:
         base_ns.append(base)
     elif base != base_ns[0]:
@@ -83,19 +99,17 @@ def _rank_events(data: bytes, rank: int, base_ns: list[int]) -> tuple[bytes, lis
         body = _TS.sub(moved, body)
     meta_events = []
     named: set[int] = set()
-    for raw, meta in zip(events, is_meta):
-        if not meta:
-            continue
+    for raw in itertools.compress(raws, (not k for k in keep)):
         event = msgspec.json.decode(raw, type=_Meta)
-        event.pid = new_pid(msgspec.json.encode(event.pid))
+        event.pid = pids.get(event.pid, event.pid)
         if event.name == "process_name":
             event.args = {**event.args, "name": f"rank {rank}: {event.args.get('name', '')}"}
             named.add(event.pid)
         meta_events.append(msgspec.json.encode(event))
-    for old, new in pids.items():
+    for order, (old, new) in enumerate(sorted(pids.items(), key=lambda item: item[1])):
         if new not in named:
-            meta_events.append(msgspec.json.encode(_Meta(name="process_name", pid=new, args={"name": f"rank {rank}: {old.decode(errors='replace').strip(chr(34))}"})))
-        meta_events.append(msgspec.json.encode(_Meta(name="process_sort_index", pid=new, args={"sort_index": new})))
+            meta_events.append(msgspec.json.encode(_Meta(name="process_name", pid=new, args={"name": f"rank {rank}: {old}"})))
+        meta_events.append(msgspec.json.encode(_Meta(name="process_sort_index", pid=new, args={"sort_index": rank * 1000 + order})))
     return body, meta_events
 
 

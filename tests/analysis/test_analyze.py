@@ -88,7 +88,9 @@ def test_session_folder_report(session: Path):
     originals = [json.loads(gzip.decompress((session / "ranks" / f"rank-{r}.trace.json.gz").read_bytes()))["traceEvents"] for r in (0, 1)]
     assert len(merged) >= sum(len(o) for o in originals)
     pids = {e["pid"] for e in merged}
-    assert any(p < 1000 for p in pids) and any(1000 <= p < 2000 for p in pids)
+    # Each rank's pids end in its rank (five digits) and stay apart from the other rank's.
+    assert {p % 100_000 for p in pids} == {0, 1}
+    assert len(pids) == sum(len({e["pid"] for e in o}) for o in originals)
     names = [e["args"]["name"] for e in merged if e.get("ph") == "M" and e["name"] == "process_name"]
     assert any(n.startswith("rank 0: ") for n in names) and any(n.startswith("rank 1: ") for n in names)
     flows0 = {e["id"] for e in originals[0] if e.get("ph") in ("s", "f")}
