@@ -282,3 +282,30 @@ def test_a_restarted_sidecar_uploads_what_a_failed_upload_left_behind(sidecar: S
     assert status["phase"] == "Succeeded", status
     for rank in (0, 1):
         assert (store / layout.rank_trace(rank)).read_bytes() == real_traces[rank].read_bytes()
+
+
+@pytest.mark.gpu
+def test_real_nvml_samples_are_uploaded_for_the_capture_window(stepscope_dir: Path, ranks: SimulatedRanks, tmp_path: Path,
+                                                              real_traces: dict[int, Path]) -> None:
+    from stepscope.sidecar.nvml import default_backend
+
+    backend = default_backend()
+    if backend is None:
+        pytest.skip("no NVML or no GPU visible here")
+    sidecar = Sidecar(stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-gpu", nvml_backend=backend, poll_interval_s=0.05).start()
+    try:
+        client = SidecarClient(sidecar.url, KEY)
+        trigger(client, "s-gpu", tmp_path / "store")
+        for rank in (0, 1):
+            ranks.state("s-gpu", rank, "capturing")
+        wait_for(client, "s-gpu", lambda s: s["phase"] == "Capturing")
+        time.sleep(0.5)
+        for rank in (0, 1):
+            ranks.state("s-gpu", rank, "done", trace_from=real_traces[rank])
+        status = wait_for(client, "s-gpu", lambda s: s["phase"] in ("Succeeded", "Failed"))
+    finally:
+        sidecar.shutdown(5)
+    assert layout.node_metrics("pod-gpu") in status["artifacts"], status
+    from stepscope.analysis.hardware import read_metrics
+
+    assert len(read_metrics(tmp_path / "store" / layout.node_metrics("pod-gpu"))) > 10
