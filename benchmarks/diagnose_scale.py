@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "analysis"))
 
