@@ -11,6 +11,9 @@ import pandas as pd
 from stepscope.analysis.model import CollectiveStat, FunctionStat, KernelStat, MemoryOpStat, RankSummary, RuntimeStat, StepRow
 
 
+_ADDRESS = r" at 0x[0-9a-fA-F]+"
+
+
 def _items_frame(summaries: list[RankSummary], attr: str, struct: type[msgspec.Struct], skip: tuple[str, ...] = ()) -> pd.DataFrame:
     items: list[msgspec.Struct] = []
     ranks: list[int] = []
@@ -72,12 +75,20 @@ class RankTables:
         return frame[column] / steps.to_numpy(dtype=float)
 
 
+def _same_function_across_ranks(functions: pd.DataFrame) -> pd.DataFrame:
+    """Python's repr of built-ins carries the object's address ('<built-in method run_backward of
+    ... object at 0x7fee401a7b70>'), different in every process: drop it so ranks line up."""
+    if not functions.empty:
+        functions["name"] = functions["name"].str.replace(_ADDRESS, "", regex=True)
+    return functions
+
+
 def build_tables(summaries: list[RankSummary]) -> RankTables:
     return RankTables(
         ranks=_ranks_frame(summaries),
         steps=_items_frame(summaries, "steps", StepRow),
         kernels=_items_frame(summaries, "kernels", KernelStat),
-        functions=_items_frame(summaries, "functions", FunctionStat),
+        functions=_same_function_across_ranks(_items_frame(summaries, "functions", FunctionStat)),
         memory=_items_frame(summaries, "memoryOps", MemoryOpStat),
         runtime=_items_frame(summaries, "runtime", RuntimeStat),
         collectives=_items_frame(summaries, "collectives", CollectiveStat, skip=("durationsUs",)),

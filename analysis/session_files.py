@@ -1,6 +1,7 @@
 """What a captured session holds, from a store listing: per-rank summaries, raw traces and stacks,
 and per-pod NVML samples. Two layouts are understood: stepscope's (ranks/rank-<r>.*, nodes/<pod>/)
-and HTA's (a folder of raw Kineto traces, one per rank, the rank in the file name or inside).
+and a flat folder of raw Kineto traces, one per rank, the rank in the file name or inside (HTA's
+layout, and the agent's session folder with its rank-<r>.stacks.json).
 Reading never raises for one bad rank: each problem is kept with its rank for the report."""
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ from stepscope.storage import Store, StoreError, open_store
 _RANK_FILE = re.compile(r"^ranks/rank-(\d+)\.(summary\.json|trace\.json(?:\.gz)?|stacks\.json)$")
 _NODE_METRICS = re.compile(r"^nodes/([^/]+)/gpu-metrics\.csv\.gz$")
 _RAW_TRACE = re.compile(r"^[^/]+\.json(?:\.gz)?$")
+# The agent's own folder holds traces next to its state and stacks files (wire.md).
+_FLAT_STACKS = re.compile(r"^rank-(\d+)\.stacks\.json$")
+_NOT_TRACE = re.compile(r"\.(state|stacks|summary)\.json$|^(session|request)\.json$")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-_NOT_TRACES = {"session.json"}
 
 
 @dataclass
@@ -36,7 +39,7 @@ class SessionFiles:
     store: Store
     ranks: list[RankFiles]
     metrics: dict[str, str] = field(default_factory=dict)  # pod -> key
-    layout: str = "stepscope"  # or "hta"
+    layout: str = "stepscope"  # or "flat": a folder of traces (HTA's layout, the agent's folder)
 
 
 def open_session(source: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None) -> tuple[Store, str | None]:
@@ -64,9 +67,16 @@ def find_files(store: Store, only: str | None = None) -> SessionFiles:
             metrics[m[1]] = key
     if ranks or metrics:
         return SessionFiles(store, [ranks[r] for r in sorted(ranks)], metrics)
-    raw = sorted(k for k in keys if _RAW_TRACE.match(k) and k not in _NOT_TRACES)
-    numbered = [(_rank_from_name(k), k) for k in raw]
-    return SessionFiles(store, [RankFiles(r, trace=k) for r, k in numbered], {}, layout="hta")
+    raw = sorted(k for k in keys if _RAW_TRACE.match(k) and not _NOT_TRACE.search(k))
+    flat = [RankFiles(_rank_from_name(k), trace=k) for k in raw]
+    for key in keys:
+        m = _FLAT_STACKS.match(key)
+        if m:
+            owner = next((f for f in flat if f.rank == int(m[1])), None)
+            if owner is None:
+                flat.append(owner := RankFiles(int(m[1])))
+            owner.stacks = key
+    return SessionFiles(store, flat, {}, layout="flat")
 
 
 def _rank_from_name(key: str) -> int | None:
