@@ -3,7 +3,6 @@ in a thread, real sidecars on 127.0.0.1 ports, a real 2-rank gloo training, and 
 over HTTP as the object store."""
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import kubernetes
 import pytest
 from moto.server import ThreadedMotoServer
 
-from stepscope.launch import launch_ranks
+from stepscope.launch import free_port, launch_ranks
 from stepscope.operator import kube as operator_kube
 from stepscope.sidecar.daemon import Sidecar
 from tests.kube.fixtures import Kube, kube  # noqa: F401
@@ -21,15 +20,10 @@ from tests.operator.harness import BUCKET, KEY, OperatorHarness, Pods
 CREDENTIALS = {"accessKeyId": "testing-key-id", "secretAccessKey": "testing-secret"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"

@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
 
+from stepscope.launch import free_port
 from tests.kube.fixtures import Kube
 from tests.kube.helpers import wait_for
 from tests.operator.harness import KEY, OperatorHarness, session_spec
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> str:
@@ -29,7 +24,7 @@ def _get(url: str) -> str:
 
 
 def test_operator_process_serves_liveness_and_metrics(cluster: Kube, s3_endpoint: str) -> None:
-    live, prom = _free_port(), _free_port()
+    live, prom = free_port(), free_port()
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "STEPSCOPE_HMAC_KEY": KEY.decode(), "STEPSCOPE_SELECTION_GRACE_S": "1"}
     process = subprocess.Popen([sys.executable, "-m", "stepscope.cli", "operator", "-n", "default", f"--liveness=http://127.0.0.1:{live}/healthz",
                                 "--metrics-address=127.0.0.1", f"--metrics-port={prom}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import ssl
 import urllib.request
 import uuid
@@ -18,17 +17,13 @@ import pytest
 from cryptography import x509
 from kopf.testing import KopfRunner
 
+from stepscope.launch import free_port
 from tests.kube.fixtures import Kube
 from tests.kube.helpers import wait_for
 from tests.operator.harness import KEY
 
 CONFIG = "stepscope-injector.stepscope.io"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -38,7 +33,7 @@ def webhook(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str
 
 
 def _running_webhook(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    monkeypatch.setenv("STEPSCOPE_WEBHOOK_PORT", str(_free_port()))
+    monkeypatch.setenv("STEPSCOPE_WEBHOOK_PORT", str(free_port()))
     monkeypatch.setenv("STEPSCOPE_WEBHOOK_ADDR", "127.0.0.1")
     monkeypatch.setenv("STEPSCOPE_WEBHOOK_CONFIG", CONFIG)
     monkeypatch.setenv("STEPSCOPE_IMAGE", "registry.example/stepscope:test")
