@@ -92,7 +92,6 @@ class Session:
     metrics: Any = None  # pandas.DataFrame of the node's samples, once the recorder stopped
     metrics_queued: bool = False
     metrics_pending: bool = False
-    finished_at: float | None = None
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -333,7 +332,6 @@ class SessionManager:
         session.phase = phase
         session.timeline.append({"phase": phase, "time": time.time()})
         if phase in FINISHED_PHASES:
-            session.finished_at = time.time()
             log.info("session %s %s: %s", session.id, phase, session.message)
 
     def _forget_old(self) -> None:

@@ -36,9 +36,6 @@ class Uploader:
     def submit(self, job: Job) -> None:
         self._queue.put(job)
 
-    def pending(self) -> int:
-        return self._queue.unfinished_tasks
-
     def close(self, timeout_s: float) -> bool:
         """Finish queued jobs for up to `timeout_s`, then give up waiting; True when all finished.
         Unfinished jobs leave their local files in place for a later run to find."""
