@@ -6,6 +6,7 @@ loop in another thread both talk to it over real HTTP."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import re
@@ -39,9 +40,11 @@ def _json(body: Any, status: int = 200) -> web.Response:
 class Api:
     """Request routing over one Store."""
 
-    def __init__(self, store: Store, token: str | None) -> None:
+    def __init__(self, store: Store, token: str | None, bookmark_interval_s: float) -> None:
         self.store = store
         self.token = token
+        self.bookmark_interval_s = bookmark_interval_s
+        self.requests: list[tuple[str, str]] = []  # (method, path?query), for tests that check what a client asked
         self.users: dict[str, rbac.User] = {}
         if token:
             self.users[token] = ADMIN
@@ -57,6 +60,7 @@ class Api:
         return user
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append((request.method, request.path_qs))
         try:
             return await self._route(request, self._user(request))
         except errors.ApiError as e:
@@ -187,14 +191,32 @@ class Api:
 
     def _list(self, request: web.Request, t: resources.ResourceType, namespace: str | None) -> web.Response:
         items, rv = self.store.list(t, namespace, self._matcher(request, t))
+        meta: dict[str, Any] = {"resourceVersion": rv}
+        if request.query.get("continue"):
+            rv, after = _read_continue(request.query["continue"])
+            if int(rv) < self.store.oldest_rv():
+                raise errors.ApiError(410, "Expired", "The provided continue parameter is too old to display a consistent "
+                                      "list result. You can start a new list without the continue parameter.")
+            items = [i for i in items if (i["metadata"].get("namespace", ""), i["metadata"]["name"]) > after]
+            meta["resourceVersion"] = rv
+        limit = int(request.query.get("limit") or 0)
+        if 0 < limit < len(items):
+            last = items[limit - 1]["metadata"]
+            meta["continue"] = _write_continue(meta["resourceVersion"], (last.get("namespace", ""), last["name"]))
+            meta["remainingItemCount"] = len(items) - limit
+            items = items[:limit]
         if wants_table(request.headers.get("Accept", "")):
-            return _json(table(t, items, rv))
-        return _json({"kind": f"{t.kind}List", "apiVersion": t.api_version, "metadata": {"resourceVersion": rv}, "items": items})
+            return _json(table(t, items, meta["resourceVersion"]))
+        return _json({"kind": f"{t.kind}List", "apiVersion": t.api_version, "metadata": meta, "items": items})
 
     async def _watch(self, request: web.Request, t: resources.ResourceType, namespace: str | None) -> web.StreamResponse:
+        bookmarks = request.query.get("allowWatchBookmarks") == "true"
+        initial = request.query.get("sendInitialEvents") == "true"
+        if initial and not (bookmarks and request.query.get("resourceVersionMatch") == "NotOlderThan"):
+            raise errors.ApiError(422, "Invalid", "sendInitialEvents needs allowWatchBookmarks=true and resourceVersionMatch=NotOlderThan")
         response = web.StreamResponse(headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
         try:
-            watcher = self.store.watch(t, namespace, self._matcher(request, t), request.query.get("resourceVersion"))
+            watcher = self.store.watch(t, namespace, self._matcher(request, t), request.query.get("resourceVersion"), initial)
         except errors.ApiError as e:
             if e.code != 410:
                 raise
@@ -205,34 +227,57 @@ class Api:
         await response.prepare(request)
         timeout = float(request.query.get("timeoutSeconds") or 0) or None
         try:
-            await asyncio.wait_for(self._stream(response, watcher), timeout)
+            await asyncio.wait_for(self._stream(response, watcher, t if bookmarks else None), timeout)
         except (asyncio.TimeoutError, ConnectionResetError):
             pass
         finally:
             self.store.watchers.discard(watcher)
         return response
 
-    async def _stream(self, response: web.StreamResponse, watcher: Watcher) -> None:
+    async def _stream(self, response: web.StreamResponse, watcher: Watcher, bookmarks_of: resources.ResourceType | None) -> None:
+        """Write the watcher's events as JSON lines; when bookmarks are allowed, a BOOKMARK after
+        every `bookmark_interval_s` without events."""
         closing = asyncio.ensure_future(self.closing.wait())
         getter: asyncio.Future | None = None
+        interval = self.bookmark_interval_s if bookmarks_of is not None else None
         try:
             while True:
                 getter = asyncio.ensure_future(watcher.queue.get())
-                done, _ = await asyncio.wait({getter, closing}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
+                await asyncio.wait({getter, closing}, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+                if closing.done():
                     return
-                await response.write(json.dumps(getter.result()).encode() + b"\n")
+                if getter.done():
+                    event = getter.result()
+                else:
+                    getter.cancel()
+                    event = self.store.bookmark(bookmarks_of)
+                await response.write(json.dumps(event).encode() + b"\n")
         finally:
             closing.cancel()
             if getter is not None:
                 getter.cancel()
 
 
+def _write_continue(resource_version: str, after: tuple[str, str]) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"rv": resource_version, "after": after}).encode()).decode()
+
+
+def _read_continue(token: str) -> tuple[str, tuple[str, str]]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return str(data["rv"]), (str(data["after"][0]), str(data["after"][1]))
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        raise errors.bad_request(f"invalid continue token {token!r}") from e
+
+
 class KubeTestServer:
     """Start with `start()` (or as a context manager); `url`, `token`, `write_kubeconfig(path)`."""
 
-    def __init__(self, token: str | None = TOKEN) -> None:
+    def __init__(self, token: str | None = TOKEN, bookmark_interval_s: float = 60.0) -> None:
+        """bookmark_interval_s: quiet time after which a watch that allows bookmarks gets one
+        (the API server sends them about once a minute)."""
         self.token = token
+        self.bookmark_interval_s = bookmark_interval_s
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kube-test-server", daemon=True)
@@ -245,7 +290,7 @@ class KubeTestServer:
         return self
 
     async def _start(self) -> None:
-        self.api = Api(Store(validate_object), self.token)
+        self.api = Api(Store(validate_object), self.token, self.bookmark_interval_s)
         app = web.Application(client_max_size=8 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self.api.handle)
         # handler_cancellation: a watch whose client went away ends at once and drops its watcher.
@@ -278,6 +323,10 @@ class KubeTestServer:
         async def _call() -> Any:
             return fn(self.api.store, *args)
         return asyncio.run_coroutine_threadsafe(_call(), self._loop).result(timeout=30)
+
+    def requests(self) -> list[tuple[str, str]]:
+        """(method, path with query) of every request so far, in order."""
+        return self.call(lambda _store: list(self.api.requests))
 
     def service_account_token(self, namespace: str, name: str) -> str:
         """A bearer token for system:serviceaccount:<namespace>:<name>, checked against RBAC."""

@@ -337,22 +337,36 @@ class Store:
                     self.delete(t, obj["metadata"].get("namespace"), obj["metadata"]["name"])
 
     # -- watch ---------------------------------------------------------------------------------
-    def watch(self, t: ResourceType, namespace: str | None, matches: Predicate, resource_version: str | None) -> Watcher:
-        """Register a watcher, pre-filled with what it must see first (current objects, or the
-        history after `resource_version`); raise 410 Gone when that history was dropped."""
+    def oldest_rv(self) -> int:
+        """The oldest resourceVersion a watch can still resume from."""
+        return (self.history[0].rv if self.history else self.rv + 1) - 1
+
+    def bookmark(self, t: ResourceType, initial_events_end: bool = False) -> dict[str, Any]:
+        """A BOOKMARK event: the watcher has seen everything up to the current resourceVersion."""
+        meta: dict[str, Any] = {"resourceVersion": str(self.rv)}
+        if initial_events_end:
+            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+        return {"type": "BOOKMARK", "object": {"kind": t.kind, "apiVersion": t.api_version, "metadata": meta}}
+
+    def watch(self, t: ResourceType, namespace: str | None, matches: Predicate, resource_version: str | None,
+              send_initial_events: bool = False) -> Watcher:
+        """Register a watcher, pre-filled with what it must see first (current objects, ended by a
+        bookmark when `send_initial_events`, or the history after `resource_version`); raise
+        410 Gone when that history was dropped."""
         watcher = Watcher((t.group, t.plural), namespace, matches)
         if resource_version in (None, "", "0"):
             items, _ = self.list(t, namespace, matches)
             for item in items:
                 watcher.queue.put_nowait({"type": "ADDED", "object": item})
+            if send_initial_events:
+                watcher.queue.put_nowait(self.bookmark(t, initial_events_end=True))
         else:
             try:
                 since = int(resource_version)
             except ValueError as e:
                 raise errors.bad_request(f"invalid resourceVersion {resource_version!r}") from e
-            oldest = self.history[0].rv if self.history else self.rv + 1
-            if since < oldest - 1:
-                raise errors.ApiError(410, "Expired", f"too old resource version: {since} ({oldest - 1})")
+            if since < self.oldest_rv():
+                raise errors.ApiError(410, "Expired", f"too old resource version: {since} ({self.oldest_rv()})")
             for event in self.history:
                 if event.rv > since:
                     watcher.offer(event)

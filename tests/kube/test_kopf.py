@@ -39,12 +39,16 @@ def _registry() -> kopf.OperatorRegistry:
 
 
 @pytest.mark.timeout(120)
-def test_kopf_handlers_react_to_a_profile_session(kube):
+@pytest.mark.parametrize("listing", ["list-then-watch", "chunked-list", "initial-events-stream"])
+def test_kopf_handlers_react_to_a_profile_session(kube, listing):
     kube.apply_crd()
     custom = kubernetes.client.CustomObjectsApi(kube.api_client)
     core = kubernetes.client.CoreV1Api(kube.api_client)
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, session("before"))
     settings = kopf.OperatorSettings()
     settings.watching.server_timeout = 2  # short watches: kopf resumes from resourceVersion often
+    settings.watching.chunk_size = 1 if listing == "chunked-list" else None
+    settings.watching.initial_streaming = listing == "initial-events-stream"
     args = ["run", "--standalone", "--all-namespaces"]
     with KopfRunner(args, registry=_registry(), settings=settings, timeout=60) as runner:
         custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, session("s"))
@@ -54,6 +58,8 @@ def test_kopf_handlers_react_to_a_profile_session(kube):
 
         wait_for(lambda: status().get("phase") == "Capturing", what="the create handler's status")
         assert status()["workersReady"] == "0/1"
+        before = custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "before")
+        assert before["status"]["phase"] == "Capturing", "an object that existed before kopf started is handled too"
         obj = custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s")
         assert obj["metadata"]["finalizers"] == ["kopf.zalando.org/KopfFinalizerMarker"]
 
@@ -78,6 +84,11 @@ def test_kopf_handlers_react_to_a_profile_session(kube):
 
         wait_for(gone, what="kopf to remove its finalizer")
         assert core.read_namespaced_config_map("s-cleaned", "default").data == {"by": "kopf"}
+    listed = [path for method, path in kube.server.requests() if method == "GET" and f"/{PLURAL}?" in path]
+    if listing == "chunked-list":
+        assert any("limit=1" in p and "continue=" in p for p in listed), listed
+    if listing == "initial-events-stream":
+        assert any("sendInitialEvents=true" in p for p in listed), listed
     assert runner.exit_code == 0, runner.output
     assert runner.exception is None
     assert "Patching failed" not in runner.output

@@ -255,3 +255,64 @@ def test_a_watch_whose_client_leaves_is_dropped(core, kube):
         assert received.startswith(b"HTTP/1.1 200") and b"Transfer-Encoding: chunked" in received
         assert kube.server.call(lambda store: len(store.watchers)) == 1
     wait_for(lambda: kube.server.call(lambda store: len(store.watchers)) == 0, what="the watcher to be dropped")
+
+
+def test_lists_come_in_pages_with_continue_tokens(core):
+    for n in range(5):
+        core.create_namespaced_pod("default", pod(f"p{n}"))
+    first = core.list_namespaced_pod("default", limit=2)
+    assert [p.metadata.name for p in first.items] == ["p0", "p1"] and first.metadata.remaining_item_count == 3
+    core.create_namespaced_pod("default", pod("p5"))
+    second = core.list_namespaced_pod("default", limit=2, _continue=first.metadata._continue)
+    assert [p.metadata.name for p in second.items] == ["p2", "p3"]
+    assert second.metadata.resource_version == first.metadata.resource_version
+    last = core.list_namespaced_pod("default", limit=10, _continue=second.metadata._continue)
+    assert [p.metadata.name for p in last.items] == ["p4", "p5"] and last.metadata._continue is None
+
+
+def test_continue_tokens_expire_with_the_history(core, kube):
+    kube.server.call(lambda store: setattr(store, "history", deque(store.history, maxlen=2)))
+    core.create_namespaced_pod("default", pod("a"))
+    core.create_namespaced_pod("default", pod("b"))
+    first = core.list_namespaced_pod("default", limit=1)
+    for n in range(3):
+        core.create_namespaced_pod("default", pod(f"later{n}"))
+    assert refused(lambda: core.list_namespaced_pod("default", limit=1, _continue=first.metadata._continue), 410)["reason"] == "Expired"
+
+
+def _watch_lines(kube, query: str, count: int) -> list[dict]:
+    """The first `count` events of a raw watch request (the client library hides bookmarks)."""
+    host, port = kube.url.removeprefix("http://").split(":")
+    lines: list[dict] = []
+    with socket.create_connection((host, int(port))) as sock, sock.makefile("rb") as stream:
+        sock.sendall(f"GET /api/v1/namespaces/default/pods?{query} HTTP/1.1\r\nHost: {host}\r\n"
+                     f"Authorization: Bearer {kube.server.token}\r\n\r\n".encode())
+        while len(lines) < count:
+            line = stream.readline()
+            if line.startswith(b"{"):
+                lines.append(json.loads(line))
+    return lines
+
+
+@pytest.fixture
+def quick_bookmarks(kube):
+    kube.server.api.bookmark_interval_s = 0.2
+    return kube
+
+
+def test_quiet_watches_get_bookmarks_when_allowed(core, quick_bookmarks):
+    core.create_namespaced_pod("default", pod("a"))
+    rv = core.list_namespaced_pod("default").metadata.resource_version
+    events = _watch_lines(quick_bookmarks, f"watch=true&allowWatchBookmarks=true&resourceVersion={rv}", 2)
+    assert [e["type"] for e in events] == ["BOOKMARK", "BOOKMARK"]
+    assert events[0]["object"] == {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": rv}}
+
+
+def test_initial_events_end_with_a_marked_bookmark(core, quick_bookmarks):
+    core.create_namespaced_pod("default", pod("a"))
+    core.create_namespaced_pod("default", pod("b"))
+    query = "watch=true&allowWatchBookmarks=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
+    events = _watch_lines(quick_bookmarks, query, 3)
+    assert [(e["type"], e["object"]["metadata"].get("name")) for e in events] == [("ADDED", "a"), ("ADDED", "b"), ("BOOKMARK", None)]
+    assert events[2]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+    assert refused(lambda: core.list_namespaced_pod("default", watch=True, send_initial_events=True, _preload_content=False), 422)
