@@ -145,3 +145,15 @@ def test_credentials_from_a_mounted_secret_folder(moto_endpoint: str, bucket: st
     (tmp_path / "secretAccessKey").unlink()
     with pytest.raises(StoreError, match="accessKeyId and secretAccessKey"):
         open_store(f"s3://{bucket}/p", endpoint=moto_endpoint)
+
+
+def test_bad_credentials_are_named_and_not_retried(moto_endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from moto import settings
+
+    # moto checks signatures against its IAM users only once this count of unauthenticated calls is reached.
+    monkeypatch.setattr(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
+    with Proxy(moto_endpoint.removeprefix("http://")) as proxy:
+        store = open_store(f"s3://{bucket}/p", endpoint=proxy.url, credentials=CREDENTIALS, retry=FAST_RETRY)
+        with pytest.raises(StoreError, match=r"access denied \(InvalidAccessKeyId\); check the credentials"):
+            store.put_bytes("k", b"x")
+    assert len(proxy.seen) == 1
