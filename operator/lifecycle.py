@@ -83,7 +83,7 @@ class SessionRunner:
         if self.phase in ("", "Pending"):
             if not self.phase:
                 await self._transition("Pending", "Created", f"selecting pods ({selector})", startTime=now_iso(), artifacts={"prefix": self.dest})
-            targets = await self._await_targets(selector, spec)
+            targets = await self._await_targets(selector)
             await self._trigger(spec, creds, targets)
         if self.phase == "Capturing":
             await self._follow_capture(selector, spec)
@@ -104,7 +104,7 @@ class SessionRunner:
             store = await asyncio.to_thread(open_destination, spec, self.dest, creds)
             self.record = SessionRecord(store, snapshot)
             await asyncio.to_thread(self.record.load)
-            if not self.phase:
+            if not self.phase:  # the first write doubles as the check that the store is usable
                 await asyncio.to_thread(self.record.append, "Pending", "created")
         except Exception as exc:  # any failure to reach the store is the user's to fix
             if spec.storage.scheme in ("s3", "oss"):
@@ -112,7 +112,7 @@ class SessionRunner:
             self.log.warning("session.json not written to %s: %s", self.dest, exc)
             self.record = None
 
-    async def _await_targets(self, selector: str, spec: SessionSpec) -> list[Target]:
+    async def _await_targets(self, selector: str) -> list[Target]:
         """Running pods with a sidecar; waits the selection grace for pods still starting."""
         since = parse_iso(self.status.get("startTime") or now_iso())
         while True:

@@ -1,0 +1,82 @@
+"""Fan-out over real HTTP: signed PUTs, retries of what may pass on a second try, no retry of a
+final answer, and the bounded pool."""
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from stepscope.operator import fanout
+from stepscope.operator.selection import Target
+from stepscope.signing import Verifier
+
+KEY = b"fanout-test-key"
+
+
+class Flaky(ThreadingHTTPServer):
+    """Answers 503 to the first PUT of each path, then 201; 409 for paths ending in 'busy'."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.verifier = Verifier(KEY)
+        self.puts: dict[str, int] = {}
+        self.active = 0
+        self.peak = 0
+        self.lock = threading.Lock()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Flaky
+
+    def do_PUT(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.verifier.verify("PUT", self.path, body, self.headers)
+        with self.server.lock:
+            self.server.puts[self.path] = self.server.puts.get(self.path, 0) + 1
+            count = self.server.puts[self.path]
+            self.server.active += 1
+            self.server.peak = max(self.server.peak, self.server.active)
+        threading.Event().wait(0.05)
+        with self.server.lock:
+            self.server.active -= 1
+        code = 409 if self.path.endswith("busy") else (503 if count == 1 else 201)
+        payload = json.dumps({"error": "busy"} if code >= 400 else {"session": json.loads(body)["session"]}).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[Flaky]:
+    s = Flaky()
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+    yield s
+    s.shutdown()
+    s.server_close()
+
+
+def test_trigger_retries_a_transient_failure_within_a_bounded_pool(server: Flaky) -> None:
+    targets = [Target(f"p{i}", "127.0.0.1", server.server_address[1]) for i in range(12)]
+    outcomes = fanout.trigger(targets, "s1", {"session": "s1"}, KEY, concurrency=4, timeout=5, attempts=3, backoff_s=0.01)
+    assert all(o.ok for o in outcomes) and [o.target.pod for o in outcomes] == [f"p{i}" for i in range(12)]
+    assert server.puts == {"/v1/sessions/s1": 13}  # the first attempt got 503, every other one 201
+    assert server.peak <= 4
+
+
+def test_trigger_does_not_retry_a_final_answer(server: Flaky) -> None:
+    target = Target("p", "127.0.0.1", server.server_address[1])
+    (outcome,) = fanout.trigger([target], "busy", {"session": "busy"}, KEY, concurrency=4, timeout=5, attempts=3, backoff_s=0.01)
+    assert (outcome.ok, outcome.status, outcome.error) == (False, 409, "busy")
+    assert server.puts == {"/v1/sessions/busy": 1}
+
+
+def test_unreachable_sidecar_is_an_outcome_not_an_exception(server: Flaky) -> None:
+    (outcome,) = fanout.poll([Target("gone", "127.0.0.1", 1)], "s1", KEY, concurrency=2, timeout=1)
+    assert not outcome.ok and outcome.status == 0 and "unreachable" in outcome.error
