@@ -336,4 +336,7 @@ def open_store(uri: str, *, endpoint: str | None = None, region: str | None = No
         if not region:
             raise StoreError(f"{uri}: oss:// needs a region (e.g. cn-hangzhou) or an endpoint")
         endpoint = f"https://oss-{region.removeprefix('oss-')}.aliyuncs.com"
+    if scheme == "oss" and region:
+        # OSS signs with the bare region id (cn-hangzhou), whichever form the user wrote.
+        region = region.removeprefix("oss-")
     return S3Store(scheme, parsed.netloc, parsed.path, endpoint=endpoint, region=region, credentials=credentials, retry=retry or RetryPolicy(), proxies=proxies)

@@ -19,7 +19,7 @@ def test_oss_requests_are_virtual_hosted(moto_endpoint: str, s3, tmp_path: Path)
     local = tmp_path / "summary.json"
     local.write_bytes(b'{"rank": 3}')
     with Proxy(moto_endpoint.removeprefix("http://")) as proxy:
-        store = open_store("oss://oss-traces/team/default/run-1a2b3c4d", region="cn-hangzhou",
+        store = open_store("oss://oss-traces/team/default/run-1a2b3c4d", region="oss-cn-hangzhou",
                            endpoint=f"http://{ENDPOINT_HOST}", credentials=CREDENTIALS, proxies={"http": proxy.url})
         store.put_file("ranks/rank-3.summary.json", local)
         assert store.get_bytes("ranks/rank-3.summary.json") == b'{"rank": 3}'
@@ -31,6 +31,7 @@ def test_oss_requests_are_virtual_hosted(moto_endpoint: str, s3, tmp_path: Path)
         assert host == f"oss-traces.{ENDPOINT_HOST}", (method, host, path)
         assert not path.startswith("/oss-traces"), (method, path)
     assert ("PUT", f"oss-traces.{ENDPOINT_HOST}", "/team/default/run-1a2b3c4d/ranks/rank-3.summary.json") in proxy.seen
+    assert all("/cn-hangzhou/s3/aws4_request" in h["authorization"] for h in proxy.headers)
     # moto stored it in the bucket named by the Host header.
     assert s3.get_object(Bucket="oss-traces", Key="team/default/run-1a2b3c4d/ranks/rank-3.summary.json")["Body"].read() == b'{"rank": 3}'
     # OSS refuses the CRC checksum headers newer boto3 versions add by default.
