@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from stepscope.operator.settings import OperatorSettings
-from stepscope.operator.webhook import InjectionSettings, inject
+from stepscope.operator.injection import InjectionSettings, inject
 from tests.kube.fixtures import Kube
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,86 @@
+"""What injection adds to a pod that opts in with `stepscope.io/inject: "true"` (pure: the
+webhook in stepscope.operator.webhook serves it).
+
+The sidecar goes in as a native sidecar (an init container with restartPolicy Always), so it is
+up, and has installed the agent's bootstrap into the shared volume, before any training process
+starts; the shared emptyDir is mounted in every container, and PYTHONPATH/STEPSCOPE_DIR on the
+training containers make their Python start the agent with no code change."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepscope.operator.settings import SIDECAR_PORT, SIDECAR_PORT_NAME, OperatorSettings
+
+SIDECAR_NAME = "stepscope-sidecar"
+VOLUME_NAME = "stepscope-run"
+SHARED_DIR = "/var/run/stepscope"
+BOOTSTRAP_DIR = f"{SHARED_DIR}/bootstrap"
+
+
+@dataclass(frozen=True)
+class InjectionSettings:
+    image: str
+    pull_policy: str
+    hmac_secret: str
+    hmac_key: str
+    resources: dict[str, Any] = field(default_factory=lambda: {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}})
+
+    @classmethod
+    def from_operator(cls, s: OperatorSettings) -> "InjectionSettings":
+        return cls(s.image, s.image_pull_policy, s.hmac_secret, s.hmac_secret_key)
+
+
+def sidecar_container(cfg: InjectionSettings) -> dict[str, Any]:
+    probe = {"httpGet": {"path": "/healthz", "port": SIDECAR_PORT_NAME}, "periodSeconds": 2}
+    return {
+        "name": SIDECAR_NAME,
+        "image": cfg.image,
+        "imagePullPolicy": cfg.pull_policy,
+        "command": ["stepscope", "sidecar"],
+        "restartPolicy": "Always",
+        "ports": [{"name": SIDECAR_PORT_NAME, "containerPort": SIDECAR_PORT, "protocol": "TCP"}],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "STEPSCOPE_DIR", "value": SHARED_DIR},
+            {"name": "STEPSCOPE_HMAC_KEY", "valueFrom": {"secretKeyRef": {"name": cfg.hmac_secret, "key": cfg.hmac_key}}},
+            # NVML sees the node's GPUs without the sidecar requesting any (NVIDIA container runtime).
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+        ],
+        "startupProbe": {**probe, "failureThreshold": 30},
+        "readinessProbe": probe,
+        "resources": copy.deepcopy(cfg.resources),
+        "volumeMounts": [{"name": VOLUME_NAME, "mountPath": SHARED_DIR}],
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+
+
+def _with_mount(container: dict[str, Any]) -> dict[str, Any]:
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != VOLUME_NAME]
+    return {**container, "volumeMounts": mounts + [{"name": VOLUME_NAME, "mountPath": SHARED_DIR}]}
+
+
+def _with_training_env(container: dict[str, Any]) -> dict[str, Any]:
+    env = [dict(e) for e in container.get("env") or [] if e.get("name") != "STEPSCOPE_DIR"]
+    existing = next((e for e in env if e.get("name") == "PYTHONPATH"), None)
+    if existing is None:
+        env.append({"name": "PYTHONPATH", "value": BOOTSTRAP_DIR})
+    elif "value" in existing and BOOTSTRAP_DIR not in existing["value"].split(":"):
+        existing["value"] = f"{BOOTSTRAP_DIR}:{existing['value']}" if existing["value"] else BOOTSTRAP_DIR
+    env.append({"name": "STEPSCOPE_DIR", "value": SHARED_DIR})
+    return {**container, "env": env}
+
+
+def inject(spec: dict[str, Any], cfg: InjectionSettings) -> dict[str, Any] | None:
+    """The pod spec fields to replace so the pod runs a sidecar; None when it already has one."""
+    init = list(spec.get("initContainers") or [])
+    if any(c.get("name") == SIDECAR_NAME for c in init + list(spec.get("containers") or [])):
+        return None
+    volumes = [v for v in spec.get("volumes") or [] if v.get("name") != VOLUME_NAME]
+    return {
+        "volumes": volumes + [{"name": VOLUME_NAME, "emptyDir": {}}],
+        "initContainers": [_with_mount(c) for c in init] + [sidecar_container(cfg)],
+        "containers": [_with_mount(_with_training_env(c)) for c in spec.get("containers") or []],
+    }
