@@ -45,6 +45,7 @@ class PynvmlBackend:
         import pynvml
 
         self._nvml = pynvml
+        self._read_reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
         with self._errors():
             pynvml.nvmlInit()
         try:
@@ -119,10 +120,16 @@ class PynvmlBackend:
 
     def clock_event_reasons(self, gpu: int) -> int:
         nv = self._nvml
-        # Renamed from ThrottleReasons in R535; older drivers and bindings only have the old name.
-        read = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        try:
+            return int(self._read_reasons(self._handles[gpu]))
+        except nv.NVMLError as error:
+            # Renamed from ThrottleReasons in R535: an older driver lacks the new symbol.
+            if error.value != nv.NVML_ERROR_FUNCTION_NOT_FOUND or self._read_reasons == nv.nvmlDeviceGetCurrentClocksThrottleReasons:
+                with self._errors():
+                    raise
+            self._read_reasons = nv.nvmlDeviceGetCurrentClocksThrottleReasons
         with self._errors():
-            return int(read(self._handles[gpu]))
+            return int(self._read_reasons(self._handles[gpu]))
 
     def power_w(self, gpu: int) -> float:
         with self._errors():

@@ -54,7 +54,7 @@ SLEEP_ONLY_FROM_US = 1000
 METRICS_FILE = "gpu-metrics.csv.gz"
 FLOAT_COLUMNS = ("power_w", "temperature_c")
 NAN = math.nan
-_NO_CLOCKS = (NAN, NAN)
+_NO_CLOCKS = (NAN, NAN)  # also "no utilization": a pair of unmeasured values
 T = TypeVar("T")
 
 _COL = {name: i for i, name in enumerate(BASE_COLUMNS)}
@@ -136,12 +136,13 @@ class MetricsRecorder:
         packer = struct.Struct(f"{len(self._columns)}d")
         self._pack, self._row_bytes = packer.pack, packer.size
         self._capacity = max(1, self.buffer_bytes // packer.size)
-        self._buffer = bytearray(self._capacity * packer.size)
-        self._view = memoryview(self._buffer)
+        # np.zeros takes fresh zero pages from the OS: memory is touched only as rows arrive.
+        self._ring = np.zeros((self._capacity, len(self._columns)))
+        self._view = memoryview(self._ring).cast("B")
         self._rows = 0
         self._disabled: set[tuple[str, int]] = set()
         self._util_seen: dict[tuple[int, UtilizationKind], int] = {}
-        self._util_polled: set[int] = set()
+        self._util_polled: set[tuple[int, UtilizationKind]] = set()
         # Wall clock read once, advanced by the monotonic counter (see the module docstring).
         self._epoch_offset_ns = _epoch_offset_ns()
         self._stopping.clear()
@@ -162,6 +163,9 @@ class MetricsRecorder:
         tmp = out_path.with_name(out_path.name + ".tmp")
         frame.to_csv(tmp, index=False, compression={"method": "gzip", "compresslevel": 1})
         tmp.replace(out_path)
+        # The session keeps its recorder for status; the ring's memory goes back now.
+        self._view.release()
+        self._ring = np.empty((0, len(self._columns)))
         log.info("GPU metrics: %s -> %s", self.stats.describe(), out_path)
         return out_path
 
@@ -237,13 +241,14 @@ class MetricsRecorder:
         used = self._metric("memory_used", gpu, self.backend.memory_used_bytes)
         if used is not None:
             row[_COL["memory_used_mib"]] = used // (1 << 20)
-        if gpu in self._util_polled:
-            util = self._metric("utilization", gpu, self.backend.utilization)
-            if util is not None:
-                row[_COL["gpu_util_pct"]], row[_COL["mem_util_pct"]] = util
-            return
-        for kind, column in (("gpu", "gpu_util_pct"), ("memory", "mem_util_pct")):
-            self._utilization_rows(gpu, kind, column, len(row))
+        polled: tuple[float, float] | None = None
+        for position, (kind, column) in enumerate((("gpu", "gpu_util_pct"), ("memory", "mem_util_pct"))):
+            if (gpu, kind) not in self._util_polled:
+                self._utilization_rows(gpu, kind, column, len(row))
+                continue
+            if polled is None:
+                polled = self._metric("utilization", gpu, self.backend.utilization) or _NO_CLOCKS
+            row[_COL[column]] = polled[position]
 
     def _utilization_rows(self, gpu: int, kind: UtilizationKind, column: str, width: int) -> None:
         key = (gpu, kind)
@@ -253,8 +258,8 @@ class MetricsRecorder:
         except BackendError as error:
             if error.not_supported:
                 # The driver keeps no sample buffer here: poll nvmlDeviceGetUtilizationRates instead.
-                self._util_polled.add(gpu)
-                self._log_once(f"utilization_samples:{gpu}", "GPU %d: no utilization sample buffer (%s); polling utilization", gpu, error)
+                self._util_polled.add(key)
+                self._log_once(f"utilization_samples:{gpu}:{kind}", "GPU %d: no %s utilization sample buffer (%s); polling it", gpu, kind, error)
                 return
             self._count_error("utilization_samples", error)
             return
@@ -333,8 +338,7 @@ class MetricsRecorder:
         return [(fid, scope) for _, fid, scope in spec]
 
     def _frame(self, window_us: tuple[float, float] | None) -> pd.DataFrame:
-        width = len(self._columns)
-        ring = np.frombuffer(self._buffer, dtype=np.float64).reshape(-1, width)
+        ring = self._ring
         kept = min(self._rows, self._capacity)
         self.stats.overwritten_rows = self._rows - kept
         if self._rows > self._capacity:
