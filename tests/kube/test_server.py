@@ -1,9 +1,12 @@
 """The test API server, exercised with the real kubernetes client over HTTP."""
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 from collections import deque
+from collections.abc import Iterator
+from typing import BinaryIO
 
 import kubernetes
 import pytest
@@ -243,16 +246,34 @@ def test_secret_string_data_is_stored_base64_in_data(core):
     assert patched.string_data is None and patched.data["secretAccessKey"] == "cw=="
 
 
+@contextlib.contextmanager
+def _raw_watch(kube, query: str) -> Iterator[BinaryIO]:
+    """A watch over a bare socket: the HTTP response as a byte stream (the client library hides
+    bookmarks and cannot be made to drop its connection on demand)."""
+    host, port = kube.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock, sock.makefile("rb") as stream:
+        sock.sendall(f"GET /api/v1/namespaces/default/pods?{query} HTTP/1.1\r\nHost: {host}\r\n"
+                     f"Authorization: Bearer {kube.server.token}\r\n\r\n".encode())
+        yield stream
+
+
+def _watch_lines(kube, query: str, count: int) -> list[dict]:
+    """The first `count` events of a watch."""
+    lines: list[dict] = []
+    with _raw_watch(kube, query) as stream:
+        while len(lines) < count:
+            line = stream.readline()
+            if line.startswith(b"{"):
+                lines.append(json.loads(line))
+    return lines
+
+
 def test_a_watch_whose_client_leaves_is_dropped(core, kube):
     core.create_namespaced_pod("default", pod("a"))
-    host, port = kube.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(f"GET /api/v1/namespaces/default/pods?watch=true HTTP/1.1\r\nHost: {host}\r\n"
-                     f"Authorization: Bearer {kube.server.token}\r\n\r\n".encode())
-        received = b""
-        while b'"ADDED"' not in received:
-            received += sock.recv(4096)
-        assert received.startswith(b"HTTP/1.1 200") and b"Transfer-Encoding: chunked" in received
+    with _raw_watch(kube, "watch=true") as stream:
+        assert stream.readline().startswith(b"HTTP/1.1 200")
+        while not stream.readline().startswith(b'{"type": "ADDED"'):
+            pass
         assert kube.server.call(lambda store: len(store.watchers)) == 1
     wait_for(lambda: kube.server.call(lambda store: len(store.watchers)) == 0, what="the watcher to be dropped")
 
@@ -278,20 +299,6 @@ def test_continue_tokens_expire_with_the_history(core, kube):
     for n in range(3):
         core.create_namespaced_pod("default", pod(f"later{n}"))
     assert refused(lambda: core.list_namespaced_pod("default", limit=1, _continue=first.metadata._continue), 410)["reason"] == "Expired"
-
-
-def _watch_lines(kube, query: str, count: int) -> list[dict]:
-    """The first `count` events of a raw watch request (the client library hides bookmarks)."""
-    host, port = kube.url.removeprefix("http://").split(":")
-    lines: list[dict] = []
-    with socket.create_connection((host, int(port))) as sock, sock.makefile("rb") as stream:
-        sock.sendall(f"GET /api/v1/namespaces/default/pods?{query} HTTP/1.1\r\nHost: {host}\r\n"
-                     f"Authorization: Bearer {kube.server.token}\r\n\r\n".encode())
-        while len(lines) < count:
-            line = stream.readline()
-            if line.startswith(b"{"):
-                lines.append(json.loads(line))
-    return lines
 
 
 @pytest.fixture
