@@ -102,6 +102,19 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--open", action="store_true", help="open report/index.html in a browser")
 
 
+def missing_report_reason(status: dict[str, Any]) -> str:
+    """Why a session has no report to fetch, or "" when it has one."""
+    phase = status.get("phase") or "Pending"
+    artifacts = status.get("artifacts") or {}
+    if phase == "Failed":
+        return f"failed: {status.get('message', '')}" + (f"; its captures are in {artifacts['prefix']}" if artifacts.get("prefix") else "")
+    if phase != "Succeeded":
+        return f"is {phase}; its report comes when it has Succeeded (watch: kubectl get profilesessions -w)"
+    if not artifacts.get("report"):
+        return f"has no report (spec.analysis.enabled is false); its captures are in {artifacts.get('prefix', 'the store')}"
+    return ""
+
+
 def run_report(args: argparse.Namespace) -> int:
     namespace = args.namespace or current_namespace()
     try:
@@ -112,8 +125,9 @@ def run_report(args: argparse.Namespace) -> int:
             return 1
         raise
     status = obj.get("status") or {}
-    if status.get("phase") != "Succeeded" or not status.get("artifacts", {}).get("report"):
-        print(f"stepscope report: {namespace}/{args.name} is {status.get('phase') or 'Pending'}, no report yet: {status.get('message', '')}", file=sys.stderr)
+    problem = missing_report_reason(status)
+    if problem:
+        print(f"stepscope report: {namespace}/{args.name} {problem}", file=sys.stderr)
         return 1
     spec = SessionSpec.from_dict(obj.get("spec") or {})
     creds = credentials.from_secret(namespace, spec.storage.credentialsSecret) if spec.storage.credentialsSecret else credentials.from_env()

@@ -11,7 +11,7 @@ import pytest
 from stepscope.analysis.model import Diagnosis, Finding, SlowWorker, StepTime
 from stepscope.operator import jobs
 from stepscope.operator.analysis_job import MAX_DIAGNOSIS_BYTES, compact_diagnosis
-from stepscope.operator.report_command import age, format_table, row
+from stepscope.operator.report_command import missing_report_reason, age, format_table, row
 from stepscope.operator.selection import label_selector
 from stepscope.operator.settings import OperatorSettings
 from stepscope.operator.status import MAX_FAILED_WORKERS, PodProgress, aggregate, set_condition
@@ -111,3 +111,13 @@ def test_get_table_reads_like_kubectl() -> None:
     assert table[1].split() == ["s", "Succeeded", "4/4", "1", "rank", "1", "is", "slow", "2h"]
     assert table[2].split() == ["new-one", "Pending", "-", "-", "5s"]
     assert age("2025-12-30T03:04:05Z", now) == "3d"
+
+
+@pytest.mark.parametrize("status, expected", [
+    ({}, "is Pending; its report comes when it has Succeeded"),
+    ({"phase": "Failed", "message": "Secret x not found in namespace y"}, "failed: Secret x not found in namespace y"),
+    ({"phase": "Succeeded", "artifacts": {"prefix": "s3://b/p"}}, "has no report (spec.analysis.enabled is false); its captures are in s3://b/p"),
+    ({"phase": "Succeeded", "artifacts": {"prefix": "s3://b/p", "report": "s3://b/p/report/index.html"}}, ""),
+])
+def test_report_says_why_there_is_none(status: dict, expected: str) -> None:
+    assert missing_report_reason(status).startswith(expected) and bool(missing_report_reason(status)) == bool(expected)
