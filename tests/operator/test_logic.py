@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -121,3 +123,9 @@ def test_get_table_reads_like_kubectl() -> None:
 ])
 def test_report_says_why_there_is_none(status: dict, expected: str) -> None:
     assert missing_report_reason(status).startswith(expected) and bool(missing_report_reason(status)) == bool(expected)
+
+
+def test_operator_never_imports_torch() -> None:
+    modules = ["handlers", "webhook", "command", "report_command", "analysis_job"]
+    code = "import sys\n" + "".join(f"import stepscope.operator.{m}\n" for m in modules) + "print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
