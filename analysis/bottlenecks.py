@@ -28,6 +28,9 @@ LAUNCH_DELAY_US = 100.0
 IDLE_PCT = 10.0  # GPU idle share (HTA temporal breakdown) worth a finding
 HOST_WAIT_SHARE = 0.5  # ... when at least this much of the idle time is waiting for the host
 CPU_COLLECTIVE_SHARE = 0.20
+# Python frames where a thread sleeps or waits (on a lock, a collective's Work, a timer): time
+# there is not work, so it is no hot spot and no straggler's cause.
+WAITING = r"threading\.py\(\d+\): wait|acquire of _thread|<built-in function sleep>|<built-in method wait of "
 
 
 def _median_step_us(tables: RankTables) -> float:
@@ -91,12 +94,15 @@ def top_kernels(tables: RankTables, limit: int = 3) -> list[dict[str, Any]]:
                     {"kernels": [{"name": n, "share": round(float(v), 4)} for n, v in share.head(20).items()]})]
 
 
-def python_outliers(tables: RankTables, median_step_us: float) -> list[dict[str, Any]]:
-    """Python functions whose exclusive time on one rank is far above their peers'."""
+def python_outliers(tables: RankTables, median_step_us: float, slow_ranks: set[int]) -> list[dict[str, Any]]:
+    """Python functions whose exclusive time on one rank is far above their peers'. On a rank that
+    is not slow itself while others are, such a function is most likely where it waits for them
+    (DDP's backward blocks on the slow rank's gradients), so it is told as that."""
     f = tables.functions
     ranks = tables.ranks["rank"].to_numpy()
     if f.empty or len(ranks) < 2:
         return []
+    f = f[~f["name"].str.contains(WAITING, regex=True)]
     f = f.assign(usPerStep=tables.per_step(f, "exclusiveUs"))
     min_excess = max(1000.0, FUNCTION_MIN_SHARE * median_step_us)
     candidates = f.groupby("name")["usPerStep"].max()
@@ -112,8 +118,10 @@ def python_outliers(tables: RankTables, median_step_us: float) -> list[dict[str,
     for i, j in zip(*np.nonzero(mask)):
         rank, name, mine, theirs = int(table.index[i]), str(table.columns[j]), float(values[i, j]), float(peers[i, j])
         times = f"{mine / theirs:.0f}x its peers" if theirs > 0 else "its peers do not spend measurable time there"
-        out.append(finding("warning", "python", [rank],
-                           f"rank {rank} spends {ms(mine)}/step in {function_text(name)}, {times} ({ms(theirs)}/step)",
+        victim = bool(slow_ranks) and rank not in slow_ranks
+        waiting = f": probably waiting there for {ranks_text(sorted(slow_ranks))}" if victim else ""
+        out.append(finding("info" if victim else "warning", "python", [rank],
+                           f"rank {rank} spends {ms(mine)}/step in {function_text(name)}, {times} ({ms(theirs)}/step){waiting}",
                            (mine - theirs) / median_step_us if median_step_us else 0.0,
                            {"function": name, "usPerStep": round(mine, 1), "peersUsPerStep": round(theirs, 1)}))
     return out
@@ -196,6 +204,7 @@ def cpu_only(tables: RankTables, median_step_us: float) -> list[dict[str, Any]]:
                                f"(least: rank {int(per.idxmin())} {100 * per.min():.0f}%, most: rank {int(per.idxmax())} {100 * per.max():.0f}%): "
                                "most of it is waiting for the slowest rank", float(per.median()) / 2))
     f = tables.functions
+    f = f[~f["name"].str.contains(WAITING, regex=True)] if not f.empty else f
     if not f.empty:
         per_fn = tables.per_step(f, "exclusiveUs").groupby(f["name"]).median().sort_values(ascending=False)
         name, us = str(per_fn.index[0]), float(per_fn.iloc[0])
@@ -212,7 +221,7 @@ def all_checks(tables: RankTables, kernels: pd.DataFrame, slow_ranks: set[int]) 
         *one_percent_rule(tables.runtime, "name", "launch", "runtime calls"),
         *slower_kernels(kernels, median_step_us, slow_ranks),
         *top_kernels(tables),
-        *python_outliers(tables, median_step_us),
+        *python_outliers(tables, median_step_us, slow_ranks),
         *communication(tables, median_step_us),
         *launch_overhead(tables),
         *cpu_only(tables, median_step_us),

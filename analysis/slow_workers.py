@@ -29,6 +29,8 @@ MIN_ROUNDS = 5
 # A rank that is last at most collectives but costs the others under 2 % of a step is not worth
 # acting on (someone is always last).
 MIN_VOTE_COST = 0.02
+# ... or causes this share of all the waiting at collectives.
+WAIT_SHARE = 0.75
 
 
 @dataclass
@@ -140,7 +142,9 @@ def collective_votes(summaries: list[RankSummary]) -> Votes:
         if not clear.any():
             continue
         winners = ranks[matrix.argmin(axis=0)[clear]]
-        wait = (np.median(matrix, axis=0) - lowest)[clear]
+        # What the others waited: their median minus the last arrival's time (the winner is the
+        # lowest, so the others are the sorted column without its first entry).
+        wait = (np.median(np.sort(matrix, axis=0)[1:], axis=0) - lowest)[clear]
         counted = np.bincount(np.searchsorted(ranks, winners), minlength=len(ranks))
         waited = np.bincount(np.searchsorted(ranks, winners), weights=wait, minlength=len(ranks))
         for r, c, w in zip(ranks, counted, waited):
@@ -152,12 +156,17 @@ def collective_votes(summaries: list[RankSummary]) -> Votes:
 
 
 def vote_stragglers(votes: Votes, ranks: int, steps: int) -> dict[int, tuple[float, float]]:
-    """Rank -> (share of rounds it was last at, the others' wait per step it costs)."""
+    """Rank -> (share of rounds it was last at, the others' wait per step it costs).
+
+    A rank stands out by how often it is last (more than chance allows) or by how much of all
+    the waiting it causes: with two ranks and a data-parallel step of several collectives, the
+    early ones are a toss-up and only the one that waits for the slow rank's work tells."""
     if votes.rounds < MIN_ROUNDS or ranks < 2:
         return {}
     need = vote_share_threshold(ranks, votes.rounds)
-    return {r: (v / votes.rounds, votes.waitUs.get(r, 0.0) / max(steps, 1))
-            for r, v in votes.votes.items() if v / votes.rounds >= need}
+    total_wait = sum(votes.waitUs.values()) or 1.0
+    return {r: (v / votes.rounds, votes.waitUs.get(r, 0.0) / max(steps, 1)) for r, v in votes.votes.items()
+            if v / votes.rounds >= need or votes.waitUs.get(r, 0.0) / total_wait >= WAIT_SHARE}
 
 
 def find_slow_workers(tables: RankTables, summaries: list[RankSummary]) -> dict[int, SlowEvidence]:
