@@ -24,6 +24,7 @@ class Run:
     metrics: dict[str, pd.DataFrame]
     summaries: list[RankSummary]
     backends: dict[str, SimulatedBackend]
+    files: dict[str, Path]  # pod -> its gpu-metrics.csv.gz
 
 
 def summaries_for(pod: str, backend: SimulatedBackend, first_rank: int, steps: range, slow: dict[int, float] | None = None) -> list[RankSummary]:
@@ -39,7 +40,7 @@ def summaries_for(pod: str, backend: SimulatedBackend, first_rank: int, steps: r
     return out
 
 
-def record_pods(pods: dict[str, SimulatedBackend], tmp: Path, interval_us: int = 1000) -> dict[str, pd.DataFrame]:
+def record_pods(pods: dict[str, SimulatedBackend], tmp: Path, interval_us: int = 1000) -> dict[str, Path]:
     """Record every pod at once with the real sampler (each pod has its own sidecar)."""
     recorders = {pod: MetricsRecorder(backend, interval_us, margin_s=0.05) for pod, backend in pods.items()}
     for recorder in recorders.values():
@@ -52,7 +53,7 @@ def record_pods(pods: dict[str, SimulatedBackend], tmp: Path, interval_us: int =
         thread.start()
     for thread in threads:
         thread.join()
-    return {pod: read_metrics(path) for pod, path in paths.items()}
+    return paths
 
 
 def _run(tmp: Path, unhealthy: bool) -> Run:
@@ -66,14 +67,15 @@ def _run(tmp: Path, unhealthy: bool) -> Run:
         }
     else:
         pods = {"train-a": SimulatedBackend(3, **common), "train-b": SimulatedBackend(3, **common)}
-    metrics = record_pods(pods, tmp)
+    files = record_pods(pods, tmp)
+    metrics = {pod: read_metrics(path) for pod, path in files.items()}
     # The steps that ran entirely while every pod was sampled (a busy machine may start late).
     first_us = max(float(m.dropna(subset=["sm_clock_mhz"])["ts_us"].min()) for m in metrics.values())
     last_us = min(float(m.dropna(subset=["sm_clock_mhz"])["ts_us"].max()) for m in metrics.values())
     steps = range(int((first_us - origin) // STEP_US) + 1, int((last_us - origin) // STEP_US))
     assert len(steps) >= 5, f"the sampler recorded too little: {first_us}..{last_us}"
     summaries = summaries_for("train-a", pods["train-a"], 0, steps) + summaries_for("train-b", pods["train-b"], 3, steps)
-    return Run(metrics, summaries, pods)
+    return Run(metrics, summaries, pods, files)
 
 
 @pytest.fixture(scope="session")

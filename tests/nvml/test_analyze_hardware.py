@@ -1,0 +1,39 @@
+"""`stepscope analyze` on a session folder with NVML samples: findings and Perfetto counter tracks."""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+from stepscope import layout
+from stepscope.analysis.command import analyze_uri
+from stepscope.analysis.model import encode
+
+from .conftest import Run
+
+
+def test_session_folder_with_gpu_metrics(unhealthy_run: Run, tmp_path: Path) -> None:
+    session = tmp_path / "session"
+    for summary in unhealthy_run.summaries:
+        path = session / layout.rank_summary(summary.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(encode(summary))
+    for pod, file in unhealthy_run.files.items():
+        target = session / layout.node_metrics(pod)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(file, target)
+
+    diagnosis = analyze_uri(str(session), progress=False)
+
+    hardware = [f for f in diagnosis.findings if f.category == "hardware"]
+    assert {r for f in hardware for r in f.ranks} == {1, 2, 3, 4, 5}
+    assert any("XID 79" in f.message and f.severity == "critical" for f in hardware)
+    with gzip.open(session / layout.REPORT_MERGED_TRACE) as f:
+        merged = json.load(f)
+    counters = [e for e in merged["traceEvents"] if e.get("ph") == "C"]
+    names = {e["name"] for e in counters}
+    assert {"GPU 1 SM clock (MHz)", "GPU 0 NVLink (GB/s)", "GPU 2 PCIe (GB/s)"} <= names
+    assert {e["pid"] for e in counters} and len({e["pid"] for e in counters}) == 2  # one track group per pod
+    throttled = [e["args"]["value"] for e in counters if e["name"] == "GPU 1 SM clock (MHz)"]
+    assert 1100.0 in throttled
