@@ -150,24 +150,7 @@ class SessionRunner:
             progress[pod] = PodProgress(lost="trigger refused by the sidecar")
         s = self.settings
         while True:
-            pods = {p.metadata.name: p for p in await self._list_pods(selector)}
-            live: list[Target] = []
-            for pod, p in progress.items():
-                if p.done:
-                    continue
-                target = target_of(pods[pod]) if pod in pods else None
-                if target is None:
-                    p.lost = "pod deleted during capture" if pod not in pods else f"pod left Running ({pods[pod].status.phase}) during capture"
-                else:
-                    live.append(target)
-            for o in await asyncio.to_thread(fanout.poll, live, self.uid, self.ctx.key, concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s):
-                p = progress[o.target.pod]
-                if o.ok:
-                    p.answer, p.misses = o.answer, 0
-                else:
-                    p.misses += 1
-                    if p.misses >= s.unreachable_polls or o.status == 404:
-                        p.lost = f"sidecar lost the session: {o.error}"[:200]
+            live = await self._poll(selector, progress)
             agg = aggregate(progress)
             await self._progress(agg.workers, agg.failed_workers)
             if agg.done:
@@ -187,6 +170,31 @@ class SessionRunner:
         job = await asyncio.to_thread(jobs.create_analysis, self.ns, self.name, self.uid, s, spec.storage.credentialsSecret, await self._secret_keys(spec))
         metrics.ANALYSIS_JOBS.inc()
         await self._transition("Analyzing", "Captured", f"{message}; analysis Job {job} created", conditions=conditions, analysisJob=job)
+
+    async def _poll(self, selector: str, progress: dict[str, PodProgress]) -> list[Target]:
+        """One round: mark pods that went away as lost, ask the others' sidecars; returns the
+        targets still followed (what a timeout has to cancel)."""
+        s = self.settings
+        pods = {p.metadata.name: p for p in await self._list_pods(selector)}
+        live: list[Target] = []
+        for pod, p in progress.items():
+            if p.done:
+                continue
+            target = target_of(pods[pod]) if pod in pods else None
+            if target is None:
+                p.lost = "pod deleted during capture" if pod not in pods else f"pod left Running ({pods[pod].status.phase}) during capture"
+            else:
+                live.append(target)
+        for o in await asyncio.to_thread(fanout.poll, live, self.uid, self.ctx.key, concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s):
+            p = progress[o.target.pod]
+            if o.ok:
+                p.answer, p.misses = o.answer, 0
+                continue
+            p.misses += 1
+            # 404: the sidecar restarted and forgot the session; the rank's capture is gone.
+            if p.misses >= s.unreachable_polls or o.status == 404:
+                p.lost = f"sidecar lost the session: {o.error}"[:200]
+        return live
 
     async def _secret_keys(self, spec: SessionSpec) -> dict[str, str]:
         if not spec.storage.credentialsSecret:
@@ -211,7 +219,7 @@ class SessionRunner:
             await self._sleep(self.settings.poll_interval_s)
         fresh = await asyncio.to_thread(kube.get_session, self.ns, self.name)
         fresh_status = fresh.get("status") or {}
-        conditions = fresh_status.get("conditions") or []
+        conditions = self.status["conditions"] = fresh_status.get("conditions") or []
         analyzed = next((c for c in conditions if c.get("type") == "Analyzed"), {})
         if outcome == "Failed":
             raise Fail("AnalysisFailed", analyzed.get("message") if analyzed.get("status") == "False" else message)
