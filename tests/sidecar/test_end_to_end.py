@@ -45,6 +45,13 @@ def _training(shared: Path, tmp_path: Path, *args: str) -> LocalJob:
     return job
 
 
+def _capture_and_analyze(url: str, out_dir: Path, job: LocalJob, *args: str) -> tuple[int, str]:
+    """`stepscope capture --analyze` as a user runs it: exit code and stdout (with stderr and the ranks' logs when it failed)."""
+    capture = stepscope("capture", "--sidecar", url, "--output-dir", str(out_dir), "--analyze", *args)
+    out, err = capture.communicate(timeout=180)
+    return capture.returncode, out if capture.returncode == 0 else f"{out}\n{err}\n{_logs(job)}"
+
+
 def test_real_training_captured_through_the_sidecar_and_the_capture_command(sidecar_process, tmp_path: Path) -> None:
     _, url, shared = sidecar_process
     client = SidecarClient(url, KEY)
@@ -71,10 +78,8 @@ def test_real_training_captured_through_the_sidecar_and_the_capture_command(side
 
         # 2. Through `stepscope capture`, as a user on one machine does.
         out_dir = tmp_path / "capture"
-        capture = stepscope("capture", "--sidecar", url, "--output-dir", str(out_dir), "--wait", "1", "--steps", "2",
-                            "--save-raw-trace", "master", "--analyze")
-        out, err = capture.communicate(timeout=180)
-        assert capture.returncode == 0, f"{out}\n{err}\n{_logs(job)}"
+        code, out = _capture_and_analyze(url, out_dir, job, "--wait", "1", "--steps", "2", "--save-raw-trace", "master")
+        assert code == 0, out
         assert "Succeeded" in out and "diagnosis:" in out
         record = json.loads((out_dir / layout.session_json()).read_text())
         assert record["phase"] == "Succeeded" and record["workers"]["uploaded"] == 2
@@ -86,10 +91,8 @@ def test_real_hang_is_reported_with_stacks_and_diagnosed(sidecar_process, tmp_pa
     _, url, shared = sidecar_process
     with _training(shared, tmp_path, "--hang-rank", "1", "--hang-at-step", "4") as job:
         out_dir = tmp_path / "capture"
-        capture = stepscope("capture", "--sidecar", url, "--output-dir", str(out_dir), "--wait", "0", "--steps", "20",
-                            "--hang-timeout", "2", "--analyze")
-        out, err = capture.communicate(timeout=180)
-    assert capture.returncode == 1, f"{out}\n{err}\n{_logs(job)}"
+        code, out = _capture_and_analyze(url, out_dir, job, "--wait", "0", "--steps", "20", "--hang-timeout", "2")
+    assert code == 1, out
     assert "Failed" in out and "rank 1 hung" in out
     for rank in (0, 1):
         stacks = json.loads((out_dir / layout.rank_stacks(rank)).read_text())
