@@ -117,23 +117,17 @@ def run_session(api_client, name: str, concurrency: int, port: int) -> dict[str,
         t_end = time.time()
     kube.patch_session_status = patch
     stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/_stats").read())
-    started = parse(status["startTime"])
     mine = [t for t in stats["accepted"] if t >= t0]
     uid = api_uid(api_client, name)
     puts = [count for key, count in stats["puts"].items() if key.endswith(uid)]
     return {"phase": status["phase"], "triggered": len(mine), "all_triggered_s": max(mine) - t0, "session_s": t_end - t0,
-            "status_writes": metrics.STATUS_WRITES.value - writes_before, "workers": status["workers"]["uploaded"], "started_lag_s": started - t0,
+            "status_writes": metrics.STATUS_WRITES.value - writes_before,
             "max_puts_per_pod": max(puts), "min_gap_s": min(b - a for a, b in zip(write_times, write_times[1:]))}
 
 
 def api_uid(api_client, name: str) -> str:
     import kubernetes
     return kubernetes.client.CustomObjectsApi(api_client).get_namespaced_custom_object("stepscope.io", "v1alpha1", "default", "profilesessions", name)["metadata"]["uid"]
-
-
-def parse(iso: str) -> float:
-    import datetime as dt
-    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def main() -> int:
