@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.model import Finding, RankSummary, StepRow
-from stepscope.sidecar.nvml_api import POWER_REASONS, REASON_HW_SLOWDOWN, THERMAL_REASONS, THROTTLE_REASONS
+from stepscope.sidecar.nvml_api import POWER_REASONS, THERMAL_REASONS, THROTTLE_REASONS
 
 REQUIRED_COLUMNS = ("ts_us", "gpu")
 ASOF_US = 1_000_000  # a slow metric's last sample up to this long before a step stands for it
@@ -200,9 +200,10 @@ class _RankHardware:
     pod: str
     gpu: int
     smClockMHz: float = np.nan
-    throttle: float = 0.0
-    power: float = 0.0
-    thermal: float = 0.0
+    # Shares of the samples in its steps with any / a power / a thermal throttle reason.
+    throttledShare: float = 0.0
+    powerShare: float = 0.0
+    thermalShare: float = 0.0
     temperatureMaxC: float = np.nan
     powerW: float = np.nan
     utilPct: float = np.nan
@@ -245,7 +246,7 @@ def _rank_hardware(summary: RankSummary, gpu: int, gpu_rows: pd.DataFrame) -> _R
     hw.temperatureMaxC = float(_reduce(*_series(gpu_rows, "temperature_c"), *span).max[0])
     # Utilization samples come at the driver's own period (up to 1/6 s): average over the span.
     hw.utilPct = float(_reduce(*_series(gpu_rows, "gpu_util_pct"), *span).mean[0])
-    for attr, mask in (("throttle", THROTTLE_REASONS), ("power", POWER_REASONS), ("thermal", THERMAL_REASONS)):
+    for attr, mask in (("throttledShare", THROTTLE_REASONS), ("powerShare", POWER_REASONS), ("thermalShare", THERMAL_REASONS)):
         fraction = _reason_fraction(gpu_rows, starts, ends, mask)
         ok = ~np.isnan(fraction)
         setattr(hw, attr, float(np.average(fraction[ok], weights=weights[ok])) if ok.any() else 0.0)
@@ -261,14 +262,19 @@ def _rank_hardware(summary: RankSummary, gpu: int, gpu_rows: pd.DataFrame) -> _R
     return hw
 
 
-def _gpu_of(summary: RankSummary) -> int:
-    return summary.gpu if summary.gpu >= 0 else summary.localRank
-
-
-def _metrics_of(summary: RankSummary, metrics: dict[str, pd.DataFrame]) -> pd.DataFrame | None:
-    if summary.pod in metrics:
-        return metrics[summary.pod]
-    return next(iter(metrics.values())) if len(metrics) == 1 else None
+def _placement(summary: RankSummary, metrics: dict[str, pd.DataFrame]) -> tuple[str, int] | None:
+    """(metrics key, GPU) the rank ran on: its pod's file (the only file when there is one) and
+    RankSummary.gpu, else localRank, else the file's only GPU."""
+    pod = summary.pod if summary.pod in metrics else next(iter(metrics)) if len(metrics) == 1 else None
+    if pod is None:
+        return None
+    gpu = summary.gpu if summary.gpu >= 0 else summary.localRank
+    if gpu < 0:
+        gpus = metrics[pod]["gpu"].unique()
+        if len(gpus) != 1:
+            return None
+        gpu = int(gpus[0])
+    return pod, gpu
 
 
 def _ghz(mhz: float) -> str:
@@ -276,18 +282,18 @@ def _ghz(mhz: float) -> str:
 
 
 def _cause(hw: _RankHardware) -> str:
-    if hw.thermal >= THROTTLED_FRACTION and hw.thermal >= hw.power:
+    if hw.thermalShare >= THROTTLED_FRACTION and hw.thermalShare >= hw.powerShare:
         return "thermal"
-    if hw.power >= THROTTLED_FRACTION:
+    if hw.powerShare >= THROTTLED_FRACTION:
         return "power"
     return "hardware slowdown"
 
 
 def _throttle_findings(ranks: list[_RankHardware], explain: dict[int, list[str]]) -> list[Finding]:
-    throttled = [r for r in ranks if r.throttle >= THROTTLED_FRACTION]
+    throttled = [r for r in ranks if r.throttledShare >= THROTTLED_FRACTION]
     if not throttled:
         return []
-    calm = [r.smClockMHz for r in ranks if r.throttle < THROTTLED_FRACTION and not np.isnan(r.smClockMHz)]
+    calm = [r.smClockMHz for r in ranks if r.throttledShare < THROTTLED_FRACTION and not np.isnan(r.smClockMHz)]
     peers = float(np.median(calm)) if calm else np.nan
     out = []
     for cause in ("thermal", "power", "hardware slowdown"):
@@ -297,10 +303,10 @@ def _throttle_findings(ranks: list[_RankHardware], explain: dict[int, list[str]]
         parts = []
         for r in group:
             clock = f"SM clock {_ghz(r.smClockMHz)}" + (f" against {_ghz(peers)} on its peers" if not np.isnan(peers) else "")
-            detail = {"thermal": f"{r.temperatureMaxC:.0f} °C", "power": f"{r.powerW:.0f} W"}.get(cause, "")
-            reason = f"{cause} throttling" + (f" ({detail})" if detail and not detail.startswith("nan") else "")
+            measure = {"thermal": (r.temperatureMaxC, "°C"), "power": (r.powerW, "W")}.get(cause)
+            reason = f"{cause} throttling" + (f" ({measure[0]:.0f} {measure[1]})" if measure and not np.isnan(measure[0]) else "")
             explain[r.rank].append(f"{clock}, {reason}")
-            parts.append(f"{r.where}: {clock}, {reason} during {100 * r.throttle:.0f} % of the captured steps")
+            parts.append(f"{r.where}: {clock}, {reason} during {100 * r.throttledShare:.0f} % of the captured steps")
         slowed = not np.isnan(peers) and group[0].smClockMHz < 0.9 * peers
         message = f"GPU clock throttling ({cause}): " + "; ".join(parts[:5]) + (f"; and {len(parts) - 5} more" if len(parts) > 5 else "")
         out.append(Finding("critical" if slowed else "warning", "hardware", [r.rank for r in group], message))
@@ -347,12 +353,14 @@ def _fault_findings(summaries: list[RankSummary], metrics: dict[str, pd.DataFram
     """ECC and XID events per GPU, whichever rank (if any) ran on it."""
     owners: dict[tuple[str, int], list[int]] = {}
     for s in summaries:
-        owners.setdefault((s.pod, _gpu_of(s)), []).append(s.rank)
+        place = _placement(s, metrics)
+        if place is not None:
+            owners.setdefault(place, []).append(s.rank)
     out = []
     for pod, frame in metrics.items():
         for gpu, rows in frame.groupby("gpu", sort=True):
             gpu = int(gpu)
-            ranks = owners.get((pod, gpu), owners.get(("", gpu), []) if len(metrics) == 1 else [])
+            ranks = owners.get((pod, gpu), [])
             where = f"{pod or 'this node'} GPU {gpu}" + (f" (rank {', '.join(map(str, ranks))})" if ranks else "")
             _, xids = _series(rows, "xid")
             for code in sorted(set(int(x) for x in xids)):
@@ -388,18 +396,13 @@ def findings(summaries: list[RankSummary], metrics: dict[str, pd.DataFrame]) -> 
     explain: dict[int, list[str]] = {s.rank: [] for s in summaries}
     ranks: list[_RankHardware] = []
     for summary in summaries:
-        frame = _metrics_of(summary, metrics)
-        gpu = _gpu_of(summary)
-        if frame is None or summary.error:
+        place = None if summary.error else _placement(summary, metrics)
+        if place is None:
             continue
-        if gpu < 0:
-            gpus = frame["gpu"].unique()
-            if len(gpus) != 1:
-                continue
-            gpu = int(gpus[0])
-        gpu_rows = frame[frame["gpu"] == gpu]
+        frame = metrics[place[0]]
+        gpu_rows = frame[frame["gpu"] == place[1]]
         if not gpu_rows.empty:
-            ranks.append(_rank_hardware(summary, gpu, gpu_rows))
+            ranks.append(_rank_hardware(summary, place[1], gpu_rows))
     found = _throttle_findings(ranks, explain) + _link_findings(ranks, explain) + _utilization_findings(ranks, explain)
     found += _fault_findings(summaries, metrics, explain)
     return found, {rank: "; ".join(parts) for rank, parts in explain.items() if parts}

@@ -19,12 +19,10 @@ FI_NVLINK_THROUGHPUT_DATA_RX = 139
 FI_PCIE_COUNT_TX_BYTES = 197  # cumulative bytes
 FI_PCIE_COUNT_RX_BYTES = 198
 
-# nvmlClocksEventReason* bits (formerly ClocksThrottleReason*).
-REASON_GPU_IDLE = 0x1
-REASON_APPLICATIONS_CLOCKS = 0x2
+# nvmlClocksEventReason* bits (formerly ClocksThrottleReason*). Idle (0x1), application clocks
+# (0x2) and sync boost (0x10) lower clocks on purpose and do not count as throttling.
 REASON_SW_POWER_CAP = 0x4
 REASON_HW_SLOWDOWN = 0x8
-REASON_SYNC_BOOST = 0x10
 REASON_SW_THERMAL = 0x20
 REASON_HW_THERMAL = 0x40
 REASON_HW_POWER_BRAKE = 0x80
