@@ -145,7 +145,7 @@ class FileStore:
         return self._path(key).is_file()
 
     def uri_for(self, key: str) -> str:
-        return _join(self.uri, _clean_key(key))
+        return _join(self.uri, _clean_key(key)) if key else self.uri
 
 
 def _credentials(scheme: str, given: dict[str, Any] | None) -> dict[str, str | None] | None:
