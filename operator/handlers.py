@@ -35,7 +35,9 @@ def login(**_: Any) -> kopf.ConnectionInfo:
     return kube.connection_info()
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, initial_delay=0)
+# An unexpected error (an API server hiccup) restarts the daemon after `backoff`; it resumes from
+# the status like after an operator restart.
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, backoff=5.0)
 async def session_daemon(namespace: str, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: logging.Logger, **_: Any) -> None:
     try:
         obj = await asyncio.to_thread(kube.get_session, namespace, name)
