@@ -15,6 +15,7 @@ import celpy
 from celpy import celtypes
 
 from . import errors
+from .object_rules import builtin_causes, metadata_causes
 from .resources import ResourceType
 
 Schema = dict[str, Any]
@@ -283,23 +284,27 @@ def validate_rules(value: Any, old: Any, schema: Schema, path: str = "", root: b
 
 # -- the hook the store calls --------------------------------------------------------------------
 def validate_object(t: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
-    """Prune, default and validate a custom resource (built-in types pass through); raise 422."""
-    if t.kind == "CustomResourceDefinition" and t.group == "apiextensions.k8s.io":
-        check_crd(obj)
-        return obj
-    if t.builtin or not t.schema:
-        return obj
-    obj = apply_defaults(prune(obj, t.schema, root=True), t.schema)
-    causes = validate_value(obj, t.schema, root=True)
-    # Like the API server, wrong types and unsupported enum values keep the CEL rules from running.
-    if any("must be of type" in m or m.startswith("Unsupported value") for _, m in causes):
-        causes.append(("", "some validation rules were not checked because the object was invalid; "
-                           "correct the existing errors to complete validation"))
+    """Check any object (custom resources also pruned and defaulted first); raise 422 Invalid."""
+    if t.builtin:
+        if t.kind == "CustomResourceDefinition" and t.group == "apiextensions.k8s.io":
+            check_crd(obj)
+        causes = metadata_causes(t, obj) + builtin_causes(t, obj)
     else:
-        causes += validate_rules(obj, old, t.schema, root=True)
+        if t.schema:
+            obj = apply_defaults(prune(obj, t.schema, root=True), t.schema)
+        causes = metadata_causes(t, obj) + _schema_causes(t.schema or {}, obj, old)
     if causes:
         raise errors.invalid(t.kind, t.group, obj["metadata"]["name"], [(f or "<nil>", m) for f, m in causes])
     return obj
+
+
+def _schema_causes(schema: Schema, obj: dict[str, Any], old: dict[str, Any] | None) -> list[Cause]:
+    causes = validate_value(obj, schema, root=True)
+    # Like the API server, wrong types and unsupported enum values keep the CEL rules from running.
+    if any("must be of type" in m or m.startswith("Unsupported value") for _, m in causes):
+        return causes + [("", "some validation rules were not checked because the object was invalid; "
+                              "correct the existing errors to complete validation")]
+    return causes + validate_rules(obj, old, schema, root=True)
 
 
 # -- CRD checks ----------------------------------------------------------------------------------
