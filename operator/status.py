@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,16 +102,18 @@ class StatusWriter:
     """Writes one session's status, never more often than `interval_s`: a write that comes too
     soon waits, so a burst of transitions is spread out rather than dropped."""
 
-    def __init__(self, namespace: str, name: str, interval_s: float) -> None:
+    def __init__(self, namespace: str, name: str, interval_s: float, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.namespace, self.name, self.interval_s = namespace, name, interval_s
-        self._last = 0.0
+        self._clock, self._sleep = clock, sleep
+        self._last = -interval_s
         self.writes = 0
 
     async def write(self, patch: dict[str, Any]) -> None:
-        wait = self._last + self.interval_s - time.monotonic()
+        wait = self._last + self.interval_s - self._clock()
         if wait > 0:
-            await asyncio.sleep(wait)
+            await self._sleep(wait)
         await asyncio.to_thread(kube.patch_session_status, self.namespace, self.name, patch)
-        self._last = time.monotonic()
+        self._last = self._clock()
         self.writes += 1
         metrics.STATUS_WRITES.inc()

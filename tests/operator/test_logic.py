@@ -2,6 +2,7 @@
 diagnosis, the analysis Job's manifest and outcome, the kubectl-like table."""
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import subprocess
@@ -11,12 +12,12 @@ from types import SimpleNamespace
 import pytest
 
 from stepscope.analysis.model import Diagnosis, Finding, SlowWorker, StepTime
-from stepscope.operator import jobs
+from stepscope.operator import jobs, kube
 from stepscope.operator.analysis_job import MAX_DIAGNOSIS_BYTES, compact_diagnosis
 from stepscope.operator.report_command import missing_report_reason, age, format_table, row
 from stepscope.operator.selection import label_selector
 from stepscope.operator.settings import OperatorSettings
-from stepscope.operator.status import MAX_FAILED_WORKERS, PodProgress, aggregate, set_condition
+from stepscope.operator.status import MAX_FAILED_WORKERS, PodProgress, StatusWriter, aggregate, set_condition
 from stepscope.session import SpecError
 
 
@@ -129,3 +130,25 @@ def test_operator_never_imports_torch() -> None:
     modules = ["handlers", "webhook", "command", "report_command", "analysis_job"]
     code = "import sys\n" + "".join(f"import stepscope.operator.{m}\n" for m in modules) + "print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_status_writer_spaces_writes_by_the_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a fake clock: a write that comes too soon waits out the rest of the interval."""
+    clock = [100.0]
+    written: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    monkeypatch.setattr(kube, "patch_session_status", lambda ns, name, patch: written.append(clock[0]))
+    writer = StatusWriter("ns", "s", interval_s=1.0, clock=lambda: clock[0], sleep=sleep)
+
+    async def burst() -> None:
+        await writer.write({"phase": "Pending"})
+        clock[0] += 0.25
+        await writer.write({"phase": "Capturing"})
+        await writer.write({"workers": {"total": 1}})
+        clock[0] += 5
+        await writer.write({"phase": "Succeeded"})
+    asyncio.run(burst())
+    assert written == [100.0, 101.0, 102.0, 107.0] and writer.writes == 4
