@@ -86,7 +86,8 @@ def collectives(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_u
     The per-instance durations (in issue order, at most `keep_durations`) let the diagnosis line up
     the i-th collective across ranks: the rank that arrives last waits least.
     """
-    rows = np.flatnonzero((trace.stream != -1) & (name_types(trace)[trace.name] == COMM))
+    rows = trace.device_rows()
+    rows = rows[name_types(trace)[trace.name[rows]] == COMM]
     if len(rows):
         label_of = {int(c): parse_nccl_name(trace.names[int(c)]) for c in np.unique(trace.name[rows])}
     else:

@@ -25,7 +25,8 @@ def memory_kind(name: str) -> str:
 
 
 def memory_ops(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_us: float) -> list[MemoryOpStat]:
-    rows = np.flatnonzero(trace.cat_mask(MEMCPY_CATS + MEMSET_CATS) & (trace.stream != -1))
+    rows = trace.device_rows()
+    rows = rows[trace.cat_mask(MEMCPY_CATS + MEMSET_CATS)[rows]]
     if len(rows) == 0:
         return []
     kind_of_code = np.array([memory_kind(n) for n in trace.names])

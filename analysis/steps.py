@@ -62,7 +62,7 @@ def step_rows(trace: Trace) -> list[StepRow]:
         t0 = float(trace.ts.min())
         numbers, starts, ends = np.array([0]), np.array([t0]), np.array([float(trace.end.max())])
     n = len(numbers)
-    gpu = np.flatnonzero(trace.stream != -1)
+    gpu = trace.device_rows()
     launched = launch_times(trace, gpu)
     seg = np.searchsorted(starts, launched, side="right") - 1
     inside = (seg >= 0) & (launched < ends[np.maximum(seg, 0)])

@@ -46,7 +46,7 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
         captured = float(trace.end.max() - trace.ts.min())
     else:
         captured = float(ends.max() - starts.min())
-    gpu_rows = np.flatnonzero(trace.stream != -1)
+    gpu_rows = trace.device_rows()
     has_gpu = len(gpu_rows) > 0
     if not has_gpu:
         warnings.append("no GPU events: CPU-only trace (steps, collectives and Python functions only)")

@@ -33,7 +33,6 @@ KERNEL_CATS = ("kernel", "Kernel")
 MEMCPY_CATS = ("gpu_memcpy", "Memcpy")
 MEMSET_CATS = ("gpu_memset", "Memset")
 RUNTIME_CATS = ("cuda_runtime", "Runtime", "cuda_driver")
-CPU_OP_CATS = ("cpu_op", "Operator", "user_annotation")
 PYTHON_CAT = "python_function"
 STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 
@@ -142,6 +141,11 @@ class Trace:
         """Rows (all, or those given) whose name satisfies `predicate`: a table lookup per row."""
         table = np.fromiter(map(predicate, self.names), dtype=bool, count=len(self.names))
         return table[self.name if rows is None else self.name[rows]]
+
+    def device_rows(self) -> np.ndarray:
+        """Rows of work on a GPU: kernels, copies and sets. (HTA's own test, stream != -1, also takes
+        ROCm runtime calls, which carry a stream argument; only its metrics use that.)"""
+        return np.flatnonzero(self.cat_mask(KERNEL_CATS + MEMCPY_CATS + MEMSET_CATS) & (self.stream != -1))
 
     @property
     def end(self) -> np.ndarray:
