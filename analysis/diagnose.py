@@ -110,7 +110,8 @@ def _summary_line(found: list[dict[str, Any]], tables: RankTables, ranks: int, f
     if found and found[0]["severity"] != "info":
         # A slow worker's first two reasons are what to act on; the rest is in the findings.
         line = "; ".join(found[0]["message"].split("; ")[:2]) if found[0]["category"] == "slow-worker" else found[0]["message"]
-        if failed and found[0]["category"] != "trace":
+        # A hung rank never wrote its trace; saying so again under the hang adds nothing.
+        if failed and found[0]["category"] not in ("trace", "hang"):
             line += f" ({failed} of {ranks} rank(s) could not be analysed)"
     else:
         steps = tables.step_us.dropna()

@@ -2,9 +2,12 @@
 
 In a hung collective job every healthy rank waits at the same collective call; the rank that
 stopped elsewhere (in a data loader, a deadlock, an endless loop) is what holds the others up.
+With few ranks the groups are as large as each other, so a rank waiting in a collective counts as
+a waiter first.
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -21,7 +24,8 @@ def _main_frames(stacks: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _frame_text(frame: dict[str, Any]) -> str:
-    return f"{frame.get('function', '?')} ({frame.get('file', '?')}:{frame.get('line', '?')})"
+    where = str(frame.get("file", "?")).replace("\\", "/").rsplit("/", 1)[-1]
+    return f"{frame.get('function', '?')} ({where}:{frame.get('line', '?')})"
 
 
 def stuck_at(stacks: dict[str, Any]) -> str:
@@ -30,6 +34,20 @@ def stuck_at(stacks: dict[str, Any]) -> str:
     user = [f for f in frames if not any(p in str(f.get("file", "")) for p in _PLUMBING)]
     chosen = (user or frames)[-1:]
     return _frame_text(chosen[0]) if chosen else "an unknown place (no frames recorded)"
+
+
+# Where a rank that waits for the others blocks: torch.distributed's collectives and barriers.
+_COLLECTIVE = re.compile(r"all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|barrier|\bsend\b|\brecv\b|monitored_barrier|_wait|wait_stream", re.I)
+
+
+def in_collective(stacks: dict[str, Any]) -> bool:
+    """Whether the main thread waits in a collective (and so most likely for another rank)."""
+    return any("distributed" in str(f.get("file", "")) or _COLLECTIVE.search(str(f.get("function", ""))) for f in _main_frames(stacks))
+
+
+def _frame_path(stacks: dict[str, Any]) -> str:
+    """The main thread's frames with full paths, outermost first, for the report's data."""
+    return " > ".join(f"{f.get('function', '?')} ({f.get('file', '?')}:{f.get('line', '?')})" for f in _main_frames(stacks))
 
 
 def _signature(stacks: dict[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -47,10 +65,12 @@ def hang_findings(stacks: dict[int, dict[str, Any]], ranks: list[int]) -> list[d
     groups: dict[tuple, list[int]] = defaultdict(list)
     for rank in sorted(stacks):
         groups[_signature(stacks[rank])].append(rank)
-    ordered = sorted(groups.values(), key=len, reverse=True)
+    # The waiters are the ranks in a collective (or, when all or none are, the largest group);
+    # whoever is elsewhere holds them up.
+    ordered = sorted(groups.values(), key=lambda g: (in_collective(stacks[g[0]]), len(g)), reverse=True)
     seconds = max(float(s.get("secondsSinceStep") or 0.0) for s in stacks.values())
     steps = sorted({int(s["step"]) for s in stacks.values() if s.get("step") is not None})
-    data = {"stuckAt": {str(r): stuck_at(s) for r, s in sorted(stacks.items())}, "secondsSinceStep": seconds, "steps": steps}
+    data = {"stuckAt": {str(r): _frame_path(s) for r, s in sorted(stacks.items())}, "secondsSinceStep": seconds, "steps": steps}
     out: list[dict[str, Any]] = []
     majority = ordered[0]
     where = stuck_at(stacks[majority[0]])

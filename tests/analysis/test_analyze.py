@@ -6,7 +6,6 @@ import gzip
 import json
 import re
 import shutil
-import time
 from pathlib import Path
 
 import boto3
@@ -16,9 +15,7 @@ import pytest
 from stepscope.analysis.command import AnalysisError, analyze_uri
 from stepscope.analysis.model import encode
 from stepscope.cli import main
-from stepscope.sidecar.nvml import SimulatedBackend
 from synthetic_ranks import make_summaries
-from tests.nvml.conftest import COMM_FRACTION, STEP_US, record_pods, summaries_for
 from tests.storage.conftest import moto_endpoint  # noqa: F401  (moto's S3 server over HTTP, one per module)
 
 REPORT_FILES = {"diagnosis.json", "index.html", "step_trace_time.csv", "kernel_details.csv", "op_statistic.csv", "communication.csv", "merged.trace.json.gz"}
@@ -147,30 +144,3 @@ def test_session_in_s3(session: Path, moto_endpoint: str):
     assert document["mergedTrace"]["ranks"] == [0, 1]
     assert "analysis-secret" not in json.dumps(document)
 
-
-def test_gpu_metrics_explain_the_slow_worker_and_become_counter_tracks(tmp_path: Path):
-    """NVML samples recorded by the real sampler from simulated GPUs: rank 1's GPU is thermal-
-    throttled and its steps take 1.5x as long; the report says why and the merged trace shows it."""
-    origin = time.time_ns() // 1000
-    pods = {"train-a": SimulatedBackend(3, throttle={1: "thermal"}, step_us=STEP_US, comm_fraction=COMM_FRACTION, origin_us=origin),
-            "train-b": SimulatedBackend(3, step_us=STEP_US, comm_fraction=COMM_FRACTION, origin_us=origin)}
-    metrics = record_pods(pods, tmp_path / "recorded")
-    first = max(float(m["ts_us"].min()) for m in metrics.values())
-    last = min(float(m["ts_us"].max()) for m in metrics.values())
-    steps = range(int((first - origin) // STEP_US) + 1, int((last - origin) // STEP_US))
-    root = tmp_path / "session"
-    (root / "ranks").mkdir(parents=True)
-    for s in summaries_for("train-a", pods["train-a"], 0, steps, slow={1: 1.5}) + summaries_for("train-b", pods["train-b"], 3, steps):
-        (root / "ranks" / f"rank-{s.rank}.summary.json").write_bytes(encode(s))
-    for pod in pods:
-        (root / "nodes" / pod).mkdir(parents=True)
-        shutil.copy(tmp_path / "recorded" / pod / "gpu-metrics.csv.gz", root / "nodes" / pod / "gpu-metrics.csv.gz")
-    diagnosis = analyze_uri(str(root), progress=False)
-    assert [w.rank for w in diagnosis.slowWorkers] == [1]
-    assert "thermal throttling" in diagnosis.findings[0].message
-    assert any(f.category == "hardware" and 1 in f.ranks for f in diagnosis.findings)
-    with gzip.open(root / "report" / "merged.trace.json.gz") as f:
-        events = json.load(f)["traceEvents"]
-    names = {e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
-    assert {"GPU metrics train-a", "GPU metrics train-b"} <= names
-    assert any(e.get("ph") == "C" and e["name"].startswith("GPU 1 SM clock") for e in events)

@@ -181,3 +181,13 @@ def test_kernel_names_are_shortened_to_the_name_itself():
     assert short("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int, float)") == "at::native::vectorized_elementwise_kernel"
     assert short("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)") == "ncclKernel_AllReduce_RING_LL_Sum_float"
     assert short("volta_sgemm_128x32_nt") == "volta_sgemm_128x32_nt"
+
+
+def test_hang_with_two_ranks_the_one_outside_the_collective_is_the_culprit():
+    waiting = [("train.py", "train_step", 57), ("/opt/torch/distributed/distributed_c10d.py", "all_reduce", 2100)]
+    stuck = [("train.py", "train_step", 50), ("data.py", "read_shard", 12)]
+    for culprit in (0, 1):
+        stacks = {r: _stacks(r, stuck if r == culprit else waiting) for r in range(2)}
+        _, full = diagnose(make_summaries(2, seed=14), stacks=stacks)
+        assert full[0]["category"] == "hang" and full[0]["ranks"] == [culprit]
+        assert "stuck at read_shard (data.py:12) while 1 other rank(s) wait at train_step (train.py:57)" in full[0]["message"]
