@@ -25,6 +25,7 @@ from stepscope.sidecar.nvml_api import POWER_REASONS, THERMAL_REASONS, THROTTLE_
 REQUIRED_COLUMNS = ("ts_us", "gpu")
 ASOF_US = 1_000_000  # a slow metric's last sample up to this long before a step stands for it
 THROTTLED_FRACTION = 0.2  # share of samples with a throttle reason that makes a throttled GPU
+LOW_CLOCK_RATIO = 0.9  # an unthrottled SM clock under this share of the peers' median is low
 SLOW_LINK_RATIO = 0.5  # throughput below this share of the peers' median is a slow link
 MIN_PEER_LINK_GBS = 0.1  # below this the peers hardly used the link: nothing to compare
 UTIL_OUTLIER_POINTS = 15.0  # utilization this many points under the median is an outlier
@@ -313,6 +314,24 @@ def _throttle_findings(ranks: list[_RankHardware], explain: dict[int, list[str]]
     return out
 
 
+def _low_clock_findings(ranks: list[_RankHardware], explain: dict[int, list[str]]) -> list[Finding]:
+    """SM clock well below the peers' with no throttle reason: clocks locked or set lower
+    (nvidia-smi -lgc / -ac), which NVML does not report as throttling."""
+    calm = [r for r in ranks if r.throttledShare < THROTTLED_FRACTION and not np.isnan(r.smClockMHz)]
+    low: list[tuple[_RankHardware, str]] = []
+    for r in calm:
+        others = [o.smClockMHz for o in calm if o is not r]
+        peers = float(np.median(others)) if len(others) >= 2 else np.nan
+        if not np.isnan(peers) and r.smClockMHz < LOW_CLOCK_RATIO * peers:
+            text = f"SM clock {_ghz(r.smClockMHz)} against {_ghz(peers)} on its peers with no throttle reason"
+            explain[r.rank].append(text)
+            low.append((r, text))
+    if not low:
+        return []
+    message = "GPU clock below its peers' (locked or lowered clocks, e.g. nvidia-smi -lgc): " + "; ".join(f"{r.where}: {t}" for r, t in low[:5])
+    return [Finding("warning", "hardware", [r.rank for r, _ in low], message)]
+
+
 def _link_findings(ranks: list[_RankHardware], explain: dict[int, list[str]]) -> list[Finding]:
     out = []
     for kind, label in (("nvlink", "NVLink"), ("pcie", "PCIe")):
@@ -387,7 +406,8 @@ def findings(summaries: list[RankSummary], metrics: dict[str, pd.DataFrame]) -> 
     """Hardware findings across ranks, and per-rank explanations for the slow-worker finding.
 
     `metrics` maps pod name -> read_metrics() frame. Made: clock throttling (power, thermal, HW
-    slowdown) during the captured steps; NVLink/PCIe throughput during collectives (bytes moved
+    slowdown) during the captured steps; an SM clock under 0.9x the peers' with no throttle
+    reason (locked clocks); NVLink/PCIe throughput during collectives (bytes moved
     in the step windows / the rank's communication time) under half the peers' median; GPU
     utilization outliers (PerfTracker's min/median/max across workers); XID events and ECC
     errors. The explanations read like "SM clock 1.10 GHz against 1.98 GHz on its peers, thermal
@@ -403,7 +423,8 @@ def findings(summaries: list[RankSummary], metrics: dict[str, pd.DataFrame]) -> 
         gpu_rows = frame[frame["gpu"] == place[1]]
         if not gpu_rows.empty:
             ranks.append(_rank_hardware(summary, place[1], gpu_rows))
-    found = _throttle_findings(ranks, explain) + _link_findings(ranks, explain) + _utilization_findings(ranks, explain)
+    found = _throttle_findings(ranks, explain) + _low_clock_findings(ranks, explain) + _link_findings(ranks, explain)
+    found += _utilization_findings(ranks, explain)
     found += _fault_findings(summaries, metrics, explain)
     return found, {rank: "; ".join(parts) for rank, parts in explain.items() if parts}
 

@@ -3,8 +3,9 @@
 Every value is a function of the time the call is made (and of the configuration), so a run can
 be checked against what the simulation was told to do: a training loop of `step_us` steps whose
 last `comm_fraction` is communication (link counters grow only then), optionally with one GPU
-throttled (power or thermal, SM clock lowered), one GPU on a slow NVLink or PCIe link, a GPU at
-low utilization, an XID event and ECC errors that appear `event_after_us` into the run.
+throttled (power or thermal, SM clock lowered), a GPU whose clock is locked lower with no throttle
+reason, one GPU on a slow NVLink or PCIe link, a GPU at low utilization, an XID event and ECC
+errors that appear `event_after_us` into the run.
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class SimulatedBackend:
         throttle: Mapping[int, Throttle] | None = None,
         slow_link: Mapping[int, SlowLink] | None = None,
         low_util: Mapping[int, float] | None = None,
+        locked_clock_mhz: Mapping[int, float] | None = None,
         xid: Mapping[int, int] | None = None,
         ecc: Mapping[int, tuple[int, int]] | None = None,
         event_after_us: int = 200_000,
@@ -68,6 +70,7 @@ class SimulatedBackend:
         self._throttle = dict(throttle or {})
         self._slow_link = dict(slow_link or {})
         self._low_util = dict(low_util or {})
+        self._locked_clock = dict(locked_clock_mhz or {})
         self._xid = dict(xid or {})
         self._ecc = dict(ecc or {})
         self._event_after_us = event_after_us
@@ -108,7 +111,7 @@ class SimulatedBackend:
             failing = self._error_every and self._clock_calls % self._error_every == 0
         if failing:
             raise BackendError("simulated NVML failure")
-        sm = THROTTLED_SM_CLOCK_MHZ if gpu in self._throttle else SM_CLOCK_MHZ
+        sm = THROTTLED_SM_CLOCK_MHZ if gpu in self._throttle else self._locked_clock.get(gpu, SM_CLOCK_MHZ)
         return sm, MEM_CLOCK_MHZ
 
     def clock_event_reasons(self, gpu: int) -> int:

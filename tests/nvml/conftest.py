@@ -63,10 +63,11 @@ def _run(tmp: Path, unhealthy: bool) -> Run:
     if unhealthy:
         pods = {
             "train-a": SimulatedBackend(3, throttle={1: "thermal", 2: "power"}, **common),
-            "train-b": SimulatedBackend(3, slow_link={0: "nvlink", 2: "pcie"}, low_util={1: 40.0}, xid={1: 79}, ecc={1: (5, 2)}, **common),
+            "train-b": SimulatedBackend(4, slow_link={0: "nvlink", 2: "pcie"}, low_util={1: 40.0}, xid={1: 79}, ecc={1: (5, 2)},
+                                        locked_clock_mhz={3: 1410.0}, **common),
         }
     else:
-        pods = {"train-a": SimulatedBackend(3, **common), "train-b": SimulatedBackend(3, **common)}
+        pods = {"train-a": SimulatedBackend(3, **common), "train-b": SimulatedBackend(4, **common)}
     files = record_pods(pods, tmp)
     metrics = {pod: read_metrics(path) for pod, path in files.items()}
     # The steps that ran entirely while every pod was sampled (a busy machine may start late).
@@ -82,7 +83,7 @@ def _run(tmp: Path, unhealthy: bool) -> Run:
 def unhealthy_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """Pod train-a: GPU 1 (rank 1) thermal-throttled, GPU 2 (rank 2) power-capped. Pod train-b:
     GPU 0 (rank 3) on a slow NVLink, GPU 1 (rank 4) at 40 % utilization with XID 79 and ECC errors,
-    GPU 2 (rank 5) on a slow PCIe link."""
+    GPU 2 (rank 5) on a slow PCIe link, GPU 3 (rank 6) with its clock locked at 1.41 GHz."""
     return _run(tmp_path_factory.mktemp("unhealthy"), unhealthy=True)
 
 

@@ -27,7 +27,7 @@ def test_session_folder_with_gpu_metrics(unhealthy_run: Run, tmp_path: Path) -> 
     diagnosis = analyze_uri(str(session), progress=False)
 
     hardware = [f for f in diagnosis.findings if f.category == "hardware"]
-    assert {r for f in hardware for r in f.ranks} == {1, 2, 3, 4, 5}
+    assert {r for f in hardware for r in f.ranks} == {1, 2, 3, 4, 5, 6}
     assert any("XID 79" in f.message and f.severity == "critical" for f in hardware)
     with gzip.open(session / layout.REPORT_MERGED_TRACE) as f:
         merged = json.load(f)

@@ -44,6 +44,13 @@ def test_throttled_gpus_are_found_with_their_cause(unhealthy_run: Run) -> None:
     assert not any(0 in f.ranks for f in found)
 
 
+def test_clock_locked_below_its_peers(unhealthy_run: Run) -> None:
+    found, explanations = findings(unhealthy_run.summaries, unhealthy_run.metrics)
+    low = [f for f in found if f.message.startswith("GPU clock below")]
+    assert len(low) == 1 and low[0].ranks == [6] and low[0].severity == "warning"
+    assert explanations[6] == "SM clock 1.41 GHz against 1.98 GHz on its peers with no throttle reason"
+
+
 def test_slow_links_during_collectives(unhealthy_run: Run) -> None:
     found, explanations = findings(unhealthy_run.summaries, unhealthy_run.metrics)
     nvlink = [f for f in found if f.message.startswith("slow NVLink")]
@@ -59,7 +66,7 @@ def test_utilization_outlier(unhealthy_run: Run) -> None:
     found, explanations = findings(unhealthy_run.summaries, unhealthy_run.metrics)
     util = [f for f in found if f.message.startswith("GPU utilization")]
     assert len(util) == 1 and util[0].ranks == [4]
-    assert "min 40 % / median 97 % / max 97 % across 6 workers" in util[0].message
+    assert "min 40 % / median 97 % / max 97 % across 7 workers" in util[0].message
     assert explanations[4].startswith("GPU utilization 40 % against a median of 97 %")
 
 
