@@ -177,8 +177,8 @@ class SessionManager:
                                    credentials=body.get("credentials") or None)
             except StoreError as exc:
                 return 400, {"error": str(exc)}
+            # The session folder is the agents' to create: they may run as another user than the sidecar.
             session = Session(session_id, spec, destination, store, time.time())
-            shared_dir.session_dir(self.dir, session_id).mkdir(parents=True, exist_ok=True)
             shared_dir.write_request(self.dir, session_id, "capture", spec.to_dict()["capture"], spec.hangTimeoutSeconds)
             self._transition(session, "Pending")
             self._sessions[session_id] = session
@@ -438,8 +438,12 @@ class SessionManager:
 
     def _remove_local(self, path: Path) -> None:
         """Only after a confirmed upload: the pod's shared volume is small, traces are not."""
-        if not self._keep_local:
+        if self._keep_local:
+            return
+        try:
             path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("uploaded %s but cannot remove it (%s); it stays on the shared volume", path, exc.strerror)
 
 
 def _as_number(value: Any, default: T, kind: Callable[[Any], T]) -> T:

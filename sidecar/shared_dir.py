@@ -26,6 +26,8 @@ def write_json_atomic(path: Path, value: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp makes 0600 files; the training container may run as another user and must read it.
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w") as out:
             json.dump(value, out)
         os.replace(tmp, path)

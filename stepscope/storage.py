@@ -109,6 +109,7 @@ class FileStore:
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
             try:
+                os.fchmod(fd, 0o644)  # as readable as an object in a bucket, not mkstemp's 0600
                 with os.fdopen(fd, "wb") as out:
                     fill(out)
                 os.replace(tmp, target)

@@ -58,6 +58,7 @@ class SimulatedRanks:
     def state(self, session: str, rank: int, state: str, *, trace_from: Path | None = None, stacks: bool = False,
               error: str | None = None) -> None:
         folder = self.dir / session
+        folder.mkdir(exist_ok=True)  # the agent makes the session folder, not the sidecar
         trace = None
         if trace_from is not None:
             trace = f"rank-{rank}.trace.json.gz"

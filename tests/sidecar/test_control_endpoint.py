@@ -42,6 +42,7 @@ def test_signed_trigger_is_accepted_then_idempotent(client: SidecarClient, tmp_p
     first = client.put_session("s-1", body)
     assert first["session"] == "s-1" and first["phase"] == "Pending"
     request = json.loads((stepscope_dir / "request.json").read_text())
+    assert (stepscope_dir / "request.json").stat().st_mode & 0o777 == 0o644  # readable by a training container's other user
     assert request["session"] == "s-1" and request["action"] == "capture" and request["version"] == 1
     assert request["capture"]["steps"] == 2 and request["capture"]["waitSteps"] == 1
     issued = request["issuedAt"]

@@ -233,6 +233,7 @@ def test_malformed_agent_files_neither_crash_nor_stall_the_sidecar(client: Sidec
                                                                   tmp_path: Path, real_traces: dict[int, Path]) -> None:
     store = tmp_path / "store"
     trigger(client, "s-m", store)
+    (stepscope_dir / "s-m").mkdir()
     (stepscope_dir / "s-m" / "rank-0.state.json").write_text('{"version": 1, "session": "s-m", "ra')
     (stepscope_dir / "s-m" / "rank-1.state.json").write_text(json.dumps(
         {"session": "s-m", "rank": 1, "state": "capturing", "localRank": "one", "pid": None, "updatedAt": "soon"}))

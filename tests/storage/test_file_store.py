@@ -43,6 +43,7 @@ def test_overwrite_is_atomic_and_leaves_no_temporary_files(tmp_path: Path) -> No
     # A new inode: the new content was renamed over the old file, never written into it.
     assert (tmp_path / "a" / "b.json").stat().st_ino != inode
     assert store.get_bytes("a/b.json") == b"new"
+    assert (tmp_path / "a" / "b.json").stat().st_mode & 0o777 == 0o644
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b.json"]
 
 
