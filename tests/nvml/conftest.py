@@ -90,3 +90,31 @@ def unhealthy_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 @pytest.fixture(scope="session")
 def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     return _run(tmp_path_factory.mktemp("healthy"), unhealthy=False)
+
+
+@dataclass
+class Profiled:
+    """A real torch.profiler capture (CPU) of 3 steps while a throttled simulated GPU was sampled."""
+    trace: Path  # Chrome trace JSON as torch exports it
+    metrics: Path  # gpu-metrics.csv.gz
+
+
+@pytest.fixture(scope="session")
+def profiled(tmp_path_factory: pytest.TempPathFactory) -> Profiled:
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    tmp = tmp_path_factory.mktemp("profiled")
+    recorder = MetricsRecorder(SimulatedBackend(1, throttle={0: "thermal"}), 1000, margin_s=0.02)
+    recorder.start()
+    time.sleep(0.03)
+    schedule = torch.profiler.schedule(wait=0, warmup=1, active=3, repeat=1)
+    export = lambda p: p.export_chrome_trace(str(tmp / "trace.json"))  # noqa: E731
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule, on_trace_ready=export) as prof:
+        for _ in range(4):  # one warm-up step, three captured
+            with torch.profiler.record_function("stepscope-marker"):
+                torch.ones(64, 64) @ torch.ones(64, 64)
+                time.sleep(0.04)
+            prof.step()
+    time.sleep(0.03)
+    return Profiled(tmp / "trace.json", recorder.stop(tmp / "gpu-metrics.csv.gz"))

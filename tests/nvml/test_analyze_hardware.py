@@ -9,8 +9,9 @@ from pathlib import Path
 from stepscope import layout
 from stepscope.analysis.command import analyze_uri
 from stepscope.analysis.model import encode
+from stepscope.analysis.summary import summarize_file
 
-from .conftest import Run
+from .conftest import Profiled, Run
 
 
 def test_session_folder_with_gpu_metrics(unhealthy_run: Run, tmp_path: Path) -> None:
@@ -37,3 +38,28 @@ def test_session_folder_with_gpu_metrics(unhealthy_run: Run, tmp_path: Path) -> 
     assert {e["pid"] for e in counters} and len({e["pid"] for e in counters}) == 2  # one track group per pod
     throttled = [e["args"]["value"] for e in counters if e["name"] == "GPU 1 SM clock (MHz)"]
     assert 1100.0 in throttled
+
+
+def test_counter_tracks_line_up_with_the_rank_in_the_merged_trace(profiled: Profiled, tmp_path: Path) -> None:
+    session = tmp_path / "session"
+    trace = session / layout.rank_trace(0)
+    trace.parent.mkdir(parents=True)
+    trace.write_bytes(gzip.compress(profiled.trace.read_bytes()))
+    summary = summarize_file(trace, rank=0, pod="train-0")
+    (session / layout.rank_summary(0)).write_bytes(encode(summary))
+    metrics = session / layout.node_metrics("train-0")
+    metrics.parent.mkdir(parents=True)
+    shutil.copy(profiled.metrics, metrics)
+
+    analyze_uri(str(session), progress=False)
+
+    with gzip.open(session / layout.REPORT_MERGED_TRACE) as f:
+        events = json.load(f)["traceEvents"]
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep") and e.get("ph") == "X"]
+    clock = [e for e in events if e.get("ph") == "C" and e["name"] == "GPU 0 SM clock (MHz)"]
+    throttled = [e for e in events if e.get("ph") == "C" and e["name"] == "GPU 0 throttled"]
+    assert len(steps) == 3 and clock and throttled
+    # The sampler ran from before the first step to after the last, on the same time base.
+    first, last = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    assert clock[0]["ts"] < first and clock[-1]["ts"] > last
+    assert last - first < 1e6  # three ~40 ms steps, not an epoch-sized offset

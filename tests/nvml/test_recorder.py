@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import sys
 import threading
@@ -15,6 +16,8 @@ from stepscope.sidecar import nvml
 from stepscope.sidecar.nvml import BackendError, MetricsRecorder, SimulatedBackend, default_backend
 from stepscope.sidecar.nvml_api import BASE_COLUMNS, nvlink_columns
 from stepscope.sidecar.nvml_pynvml import visible_device_ids
+
+from .conftest import Profiled
 
 
 def record(backend: nvml.NvmlBackend, path: Path, seconds: float, interval_us: int = 1000, margin_s: float = 0.05, **stop: object) -> MetricsRecorder:
@@ -85,38 +88,21 @@ def test_full_ring_gives_up_the_oldest_rows(tmp_path: Path) -> None:
     assert frame["ts_us"].max() >= stop_us - 5_000  # the newest rows are the ones kept
 
 
-def test_samples_line_up_with_the_steps_of_a_real_profiler_trace(tmp_path: Path) -> None:
+def test_samples_line_up_with_the_steps_of_a_real_profiler_trace(profiled: Profiled) -> None:
     """A torch.profiler capture during the recording: the summary's steps, on the trace's clock
     (ts + baseTimeNanoseconds), select the samples taken while they ran."""
-    torch = pytest.importorskip("torch")
-    import json
-
-    from torch.profiler import ProfilerActivity, profile
-
     from stepscope.analysis.hardware import findings, step_statistics
     from stepscope.analysis.summary import summarize_file
 
-    recorder = MetricsRecorder(SimulatedBackend(1, throttle={0: "thermal"}), 1000, margin_s=0.02)
-    recorder.start()
-    time.sleep(0.03)
-    schedule = torch.profiler.schedule(wait=0, warmup=1, active=3, repeat=1)
-    export = lambda p: p.export_chrome_trace(str(tmp_path / "trace.json"))  # noqa: E731
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule, on_trace_ready=export) as prof:
-        for _ in range(4):  # one warm-up step, three captured
-            with torch.profiler.record_function("stepscope-marker"):
-                torch.ones(64, 64) @ torch.ones(64, 64)
-                time.sleep(0.04)
-            prof.step()
-    time.sleep(0.03)
-    metrics = read_metrics(recorder.stop(tmp_path / "gpu-metrics.csv.gz"))
-    trace = json.loads((tmp_path / "trace.json").read_text())
+    metrics = read_metrics(profiled.metrics)
+    trace = json.loads(profiled.trace.read_text())
     marker = next(e for e in trace["traceEvents"] if e.get("name") == "stepscope-marker")
     start_us = marker["ts"] + trace["baseTimeNanoseconds"] / 1000
     fast = metrics.dropna(subset=["sm_clock_mhz"])
     during = fast[(fast["ts_us"] >= start_us) & (fast["ts_us"] <= start_us + marker["dur"])]
     assert len(during) >= 10  # a 40 ms marker covers ~40 samples of the 1 ms sampler on one clock
 
-    summary = summarize_file(tmp_path / "trace.json", rank=0)
+    summary = summarize_file(profiled.trace, rank=0)
     assert not summary.error and len(summary.steps) == 3
     assert summary.traceBaseUs == trace["baseTimeNanoseconds"] / 1000
     stats = step_statistics(metrics, summary.steps, 0, base_us=summary.traceBaseUs)
