@@ -143,7 +143,7 @@ class SessionManager:
             recording = [s for s in self._sessions.values() if s.recorder is not None and not s.metrics_queued]
         for session in recording:
             # Keeps what was sampled next to the traces, which also stay on the shared volume.
-            session.recorder.stop(shared_dir.session_dir(self.dir, session.id) / "gpu-metrics.csv.gz")
+            session.recorder.stop(shared_dir.metrics_file(self.dir, session.id))
 
     def active(self) -> Session | None:
         with self._lock:
@@ -342,7 +342,7 @@ class SessionManager:
     # -- upload jobs ------------------------------------------------------------------------
 
     def _metrics_job(self, session: Session) -> Job:
-        local = shared_dir.session_dir(self.dir, session.id) / "gpu-metrics.csv.gz"
+        local = shared_dir.metrics_file(self.dir, session.id)
         key = layout.node_metrics(self.pod)
 
         def run() -> None:

@@ -76,6 +76,12 @@ def session_dir(stepscope_dir: Path, session_id: str) -> Path:
     return stepscope_dir / session_id
 
 
+def metrics_file(stepscope_dir: Path, session_id: str) -> Path:
+    """Where the node's GPU samples of a session wait for their upload: the sidecar's own folder,
+    as the session folder belongs to the agents (possibly another user)."""
+    return stepscope_dir / "sidecar" / session_id / "gpu-metrics.csv.gz"
+
+
 def rank_states(stepscope_dir: Path, session_id: str) -> dict[int, dict[str, Any]]:
     """Every rank's latest state file of the session, by rank."""
     states: dict[int, dict[str, Any]] = {}
