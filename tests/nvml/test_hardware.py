@@ -156,3 +156,11 @@ def test_read_metrics_bad_and_truncated_input(unhealthy_run: Run, tmp_path: Path
         read_metrics(b"a,b\n1,2\n")
     with pytest.raises(ValueError):
         read_metrics(b"\x1f\x8bnot gzip at all")
+
+
+def test_a_recording_without_rows_makes_no_finding(unhealthy_run: Run) -> None:
+    empty = read_metrics(b"ts_us,gpu,sm_clock_mhz,clock_reasons\n")
+    assert empty.empty
+    assert findings(unhealthy_run.summaries, {"train-a": empty, "train-b": empty}) == ([], {})
+    assert counter_events(empty, "train-a") == []
+    assert step_statistics(empty, unhealthy_run.summaries[0].steps, 0) == {}
