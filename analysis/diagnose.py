@@ -88,7 +88,8 @@ def _hardware(summaries: list[RankSummary], hardware: dict[str, pd.DataFrame] | 
 def _breakdown(tables: RankTables) -> Breakdown | None:
     s = tables.steps
     total = float(s["durationUs"].sum()) if not s.empty else 0.0
-    if total <= 0:
+    # CPU-only traces have no GPU time to split: no breakdown rather than one of zeros.
+    if total <= 0 or not s[["computingUs", "commNotOverlappedUs", "overlappedUs", "freeUs"]].to_numpy().any():
         return None
     pct = lambda column: round(100.0 * float(s[column].sum()) / total, 2)  # noqa: E731
     memory = float(tables.memory["sumUs"].sum()) if not tables.memory.empty else 0.0

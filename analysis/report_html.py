@@ -94,11 +94,25 @@ def _bar_chart(labels: list[str], values: np.ndarray, highlight: set[int], unit:
     return "".join(parts)
 
 
+def _collective_share_chart(tables: RankTables, step_total_us: pd.Series) -> str:
+    """CPU-only traces: the share of each rank's steps spent in collectives (the rank with the
+    lowest share is the one the others wait for)."""
+    c = tables.collectives
+    if c.empty:
+        return '<p class="note">no GPU time and no collectives to break the steps down by</p>'
+    share = (100.0 * c.groupby("rank")["sumUs"].sum() / step_total_us).reindex(step_total_us.index).fillna(0.0)
+    return ('<p class="note">No GPU work in these traces: share of each rank\'s steps spent in collectives '
+            '(the rank that spends least there is the one the others wait for).</p>'
+            + _bar_chart([f"rank {r}" for r in share.index], share.to_numpy(), set(), "% in collectives"))
+
+
 def _stacked_chart(tables: RankTables) -> str:
     s = tables.steps
     if s.empty or s["durationUs"].sum() <= 0:
         return '<p class="note">no steps in the traces</p>'
     per = s.groupby("rank")[[c for c, _, _ in _SEGMENTS] + ["durationUs"]].sum()
+    if not per[[c for c, _, _ in _SEGMENTS]].to_numpy().any():
+        return _collective_share_chart(tables, per["durationUs"])
     width, height, left, bottom = 1100, 200, 56, 24
     slot = (width - left - 10) / len(per)
     bar = max(1.0, slot * 0.8)
@@ -153,7 +167,8 @@ def _functions(tables: RankTables, limit: int = 20) -> str:
     f = tables.functions
     if f.empty:
         return '<p class="note">no Python functions in the traces (capture with withStack)</p>'
-    f = f.assign(msPerStep=tables.per_step(f, "exclusiveUs") / 1000.0)
+    # A function called from several stacks has several rows per rank: one per rank first.
+    f = f.assign(msPerStep=tables.per_step(f, "exclusiveUs") / 1000.0).groupby(["name", "rank"], as_index=False)["msPerStep"].sum()
     g = f.groupby("name")["msPerStep"]
     stats = pd.DataFrame({"median": g.median(), "max": g.max(), "ranks": g.count(), "worst": f.loc[g.idxmax(), "rank"].to_numpy()})
     stats = stats.sort_values("max", ascending=False).head(limit)
@@ -222,7 +237,7 @@ def render_html(*, title: str, source: str, generated: str, diagnosis: Diagnosis
 <section><h2>Median step time per rank</h2>{_bar_chart(labels, ranks["stepUs"].to_numpy() / 1000.0, highlight, "ms", step.median if step else None)}
 <p class="note">Slow workers in red. In a synchronous job every rank waits for the slowest, so step times even out: see kernel times and findings.</p></section>
 <section><h2>Kernel time relative to the same kernels on the other ranks</h2>{kernel_chart}</section>
-<section><h2>Step breakdown per rank (Ascend step table)</h2>{_stacked_chart(tables)}</section>
+<section><h2>Step breakdown per rank</h2>{_stacked_chart(tables)}</section>
 <section><h2>Top kernels (all ranks)</h2>{_kernels(csv["op_statistic.csv"])}</section>
 <section><h2>Python functions</h2>{_functions(tables)}</section>
 <section><h2>Communication</h2>{_communication(csv["communication.csv"])}</section>
