@@ -24,7 +24,23 @@ def _wait(predicate: Any, timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+CREATED: list[str] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def delete_sessions(cluster: Cluster) -> Iterator[None]:
+    yield
+    api = kubernetes.client.CustomObjectsApi(cluster.api_client)
+    for name in CREATED:
+        try:
+            api.delete_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, name)
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
 def _session(cluster: Cluster, name: str, selector: dict[str, str], **spec: Any) -> str:
+    CREATED.append(name)
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileSession", "metadata": {"name": name},
             "spec": {"selector": {"matchLabels": selector}, "capture": {"waitSteps": 5, "steps": 2}, "storage": dict(cluster.storage), **spec}}
     kubernetes.client.CustomObjectsApi(cluster.api_client).create_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, body)
