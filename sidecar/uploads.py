@@ -68,7 +68,7 @@ class Uploader:
                 if attempt >= self._attempts or self._stopping.is_set():
                     log.error("%s failed after %d attempt(s): %s", job.description, attempt, error)
                     return error
-                log.warning("%s failed (attempt %d/%d), retrying in %.0f s: %s", job.description, attempt, self._attempts, delay, error)
+                log.warning("%s failed (attempt %d/%d), retrying in %g s: %s", job.description, attempt, self._attempts, delay, error)
                 if self._stopping.wait(delay):
                     return error
                 delay = min(delay * 2, self._max_delay_s)
