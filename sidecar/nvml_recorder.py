@@ -1,9 +1,10 @@
 """The NVML sampler: one thread that polls the pod's GPUs at a fixed interval during a capture.
 
-Timing: deadlines are absolute (`time.perf_counter_ns`), so the schedule never drifts; the thread
-sleeps until shortly before each deadline (by an estimate of how late `time.sleep` wakes up on
-this machine) and spins only for what is left, so a 1 ms interval costs little CPU. A round that
-overruns skips the deadlines it can no longer meet and counts them as dropped.
+Timing: deadlines are absolute (`time.perf_counter_ns`), so the schedule never drifts. Below 1 ms
+the thread sleeps until shortly before each deadline (by an estimate of how late `time.sleep`
+wakes up on this machine) and spins for the rest; from 1 ms on it only sleeps, so a 1 ms interval
+costs little CPU. A round that overruns skips the deadlines it can no longer meet and counts them
+as dropped; every row carries the time it was taken, so lateness never misplaces a sample.
 
 Timestamps: `ts_us` is Unix epoch microseconds, the clock PyTorch's Kineto trace uses: a trace's
 event time is `ts` (µs) + `baseTimeNanoseconds` / 1000, both on CLOCK_REALTIME (checked with
