@@ -23,9 +23,12 @@ def launch_pairs(trace: Trace, scope: GpuScope) -> tuple[np.ndarray, np.ndarray,
     """(cpu_duration, gpu_duration, launch_delay) for every launch call joined with its GPU event."""
     rows = scope.rows[trace.correlation[scope.rows] != -1]
     launch = trace.name_mask(lambda n: n in CUDA_LAUNCHES or n in HIP_LAUNCHES, rows)
-    wanted = np.unique(trace.correlation[rows[launch]])
+    wanted = np.sort(trace.correlation[rows[launch]])
     stream = trace.stream[rows]
-    in_set = np.isin(trace.correlation[rows], wanted)
+    corr = trace.correlation[rows]
+    in_set = np.zeros(len(rows), dtype=bool)
+    if len(wanted):
+        in_set = wanted[np.minimum(np.searchsorted(wanted, corr), len(wanted) - 1)] == corr
     cpu = rows[in_set & (stream == -1)]
     gpu = rows[in_set & (stream != -1)]
     # Inner join on correlation, every CPU row with every GPU row of the same correlation.
