@@ -144,6 +144,8 @@ def test_failed_analysis_fails_the_session_with_its_reason(operator: OperatorHar
     pods.create("train-a", SELECTOR, port=port_of(sidecar_a))
     created = operator.create_session("unanalysable", session_spec(SELECTOR, s3_endpoint, saveRawTrace="none"))
     operator.wait_phase("unanalysable", ("Analyzing",), timeout=60)
+    operator.stop()  # a restart while the Job runs resumes following it, without a second Job
+    operator.start()
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1", aws_access_key_id=CREDENTIALS["accessKeyId"],
                       aws_secret_access_key=CREDENTIALS["secretAccessKey"])
     for key in s3_objects(s3_endpoint, store_prefix(created)):
@@ -151,6 +153,7 @@ def test_failed_analysis_fails_the_session_with_its_reason(operator: OperatorHar
             s3.delete_object(Bucket=BUCKET, Key=store_prefix(created) + key)  # the captures are lost before the Job runs
     code, _ = operator.run_analysis_job("unanalysable")
     assert code == 1
+    assert len(operator.batch.list_namespaced_job(NAMESPACE).items) == 1
     status = operator.wait_phase("unanalysable", ("Succeeded", "Failed"))
     assert status["phase"] == "Failed"
     assert status["message"].startswith("analysis failed: AnalysisError: nothing to analyse at s3://"), status["message"]
