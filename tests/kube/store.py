@@ -75,7 +75,7 @@ class Watcher:
         kind = event.type
         if kind == "MODIFIED" and now_in != was_in:
             kind = "ADDED" if now_in else "DELETED"
-        elif not now_in and not (kind == "MODIFIED" and was_in):
+        elif not now_in:
             return
         self.queue.put_nowait({"type": kind, "object": copy.deepcopy(event.obj)})
 
