@@ -223,10 +223,14 @@ def _windows(summary: RankSummary, gpu_rows: pd.DataFrame) -> tuple[np.ndarray, 
     return (ts[:1].astype(np.float64), ts[-1:].astype(np.float64)) if len(ts) else (np.empty(0), np.empty(0))
 
 
-def _communication_us(summary: RankSummary, starts: np.ndarray, ends: np.ndarray) -> float:
-    """Time the rank spent in collectives during its steps (falls back to the step time)."""
-    comm = sum(s.communicationUs for s in summary.steps) or sum(c.sumUs for c in summary.collectives)
-    return float(comm) if comm > 0 else float((ends - starts).sum())
+def _communication_us(summary: RankSummary, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Time the rank spent in collectives in each window: the steps' communication time, else its
+    collectives' total spread over the windows, else the windows themselves."""
+    per_step = np.array([s.communicationUs for s in summary.steps], dtype=np.float64)
+    if len(per_step) == len(starts) and per_step.sum() > 0:
+        return per_step
+    total = sum(c.sumUs for c in summary.collectives)
+    return np.full(len(starts), total / len(starts)) if total > 0 else ends - starts
 
 
 def _rank_hardware(summary: RankSummary, gpu: int, gpu_rows: pd.DataFrame) -> _RankHardware:
@@ -258,8 +262,8 @@ def _rank_hardware(summary: RankSummary, gpu: int, gpu_rows: pd.DataFrame) -> _R
             continue
         moved = np.interp(ends, ts, total) - np.interp(starts, ts, total)
         inside = (starts >= ts[0]) & (ends <= ts[-1])
-        if inside.any():
-            hw.linkGBs[kind] = float(moved[inside].sum()) / (comm_us * inside.sum() / len(starts)) / 1e3
+        if inside.any() and comm_us[inside].sum() > 0:
+            hw.linkGBs[kind] = float(moved[inside].sum() / comm_us[inside].sum()) / 1e3
     return hw
 
 
