@@ -3,6 +3,7 @@ sidecar, into a local folder (file:// store), and optionally diagnose them right
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -157,8 +158,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc), EXIT_USAGE)
     out_dir: Path = (args.output_dir or Path(f"stepscope-{time.strftime('%Y%m%d-%H%M%S')}")).expanduser().resolve()
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
         spec = _spec(args, out_dir.as_uri())
+        out_dir.mkdir(parents=True, exist_ok=True)
     except SpecError as exc:
         return _fail(str(exc), EXIT_USAGE)
     except OSError as exc:
@@ -179,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
         return _sidecar_error(exc, args.sidecar)
     except KeyboardInterrupt:
         progress.done()
+        with contextlib.suppress(SidecarError):
+            client.delete_session(session_id)
         return _fail(f"left without waiting; session {session_id} was cancelled, its files stay in the sidecar's directory until uploaded", EXIT_INTERRUPTED)
     try:
         _write_session_json(out_dir, session_id, args.sidecar, spec, status, started)

@@ -115,6 +115,7 @@ def test_capture_refuses_a_bad_window_before_contacting_anyone(tmp_path: Path) -
     result = stepscope("capture", "--sidecar", "http://127.0.0.1:9", "--steps", "99", "--output-dir", str(tmp_path / "o"))
     out, err = result.communicate(timeout=60)
     assert result.returncode == 2 and "1..50" in err
+    assert not (tmp_path / "o").exists()
 
 
 def test_capture_without_training_processes_times_out_with_a_reason(sidecar: Sidecar, tmp_path: Path) -> None:
