@@ -73,11 +73,9 @@ class _Event(msgspec.Struct, gc=False):
 
 
 class _Meta(msgspec.Struct):
+    """The top-level keys the analysis reads; Kineto writes some before traceEvents, some after."""
     distributedInfo: Any = None
-    deviceProperties: Any = None
-    displayTimeUnit: str | None = None
     baseTimeNanoseconds: int | None = None
-    traceName: str | None = None
 
 
 class _Tail(_Meta):
@@ -106,7 +104,6 @@ class Trace:
     rank: int | None
     world_size: int
     backend: str
-    device_names: list[str]
     cats: list[str]  # category code -> string
     names: list[str]  # name code -> string
     cat: np.ndarray  # int32 codes
@@ -122,7 +119,7 @@ class Trace:
     python_parent: np.ndarray
     collectives: Collectives
     rounded: bool  # fractional timestamps were rounded inwards as HTA does
-    first_event_ts: float  # ts of traceEvents[0] when it is a kept row, else NaN (see gpu_scope)
+    first_event_ts: float  # ts of traceEvents[0] when it is a kept row, else NaN (HTA links to it)
     warnings: list[str] = field(default_factory=list)
     base_ns: int = 0  # baseTimeNanoseconds: ts (µs) + base_ns / 1000 = Unix epoch µs
 
@@ -435,7 +432,6 @@ def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
         rank=_as_int(info.get("rank"), None),
         world_size=_as_int(info.get("world_size"), 0),
         backend=str(info.get("backend") or ""),
-        device_names=[str(d.get("name", "")) for d in meta.deviceProperties or [] if isinstance(d, dict)],
         cats=list(cols.cat_codes),
         names=list(cols.name_codes),
         cat=cols.column("cat", np.int32),
