@@ -1,8 +1,8 @@
 """GPU hardware metrics (the sidecar's gpu-metrics.csv.gz) joined to the captured steps.
 
 Pure functions over columnar data; no torch, no pynvml. The file's `ts_us` is Unix epoch
-microseconds, the clock of a Kineto trace's `ts` + `baseTimeNanoseconds` / 1000, so StepRow
-windows (`startUs`, `durationUs`) given on that clock select the samples of each step.
+microseconds, the clock of a Kineto trace's `ts` + `baseTimeNanoseconds` / 1000: a StepRow's
+window (`startUs` + RankSummary.traceBaseUs, `durationUs`) selects the samples of that step.
 
 Ranks map to a metrics file by RankSummary.pod (the `metrics` dict is keyed by pod; a single
 file serves every rank when there is only one) and to a GPU by RankSummary.gpu, or localRank
