@@ -56,7 +56,7 @@ def test_file_columns_clock_and_margin(tmp_path: Path) -> None:
     # ts_us is Unix epoch µs (time.time_ns's clock), so it lies between the reads around the run...
     assert before_us - 1000 <= fast["ts_us"].min() and fast["ts_us"].max() <= after_us + 1000
     # ...and sampling went on for the trailing margin after stop() was called.
-    assert fast["ts_us"].max() >= stop_called_us + 0.15e6
+    assert fast["ts_us"].max() >= stop_called_us + 0.1e6
     assert frame["ts_us"].is_monotonic_increasing
     assert (fast["sm_clock_mhz"] == 1980).all() and fast["nvlink1_rx_kib"].notna().all()
     slow = frame.dropna(subset=["power_w"])
@@ -73,7 +73,8 @@ def test_window_keeps_margin_on_both_sides(tmp_path: Path) -> None:
     frame = read_metrics(recorder.stop(tmp_path / "m.csv.gz", window_us=window))
     fast = frame.dropna(subset=["sm_clock_mhz"])
     assert fast["ts_us"].min() >= window[0] - 0.05e6 and fast["ts_us"].max() <= window[1] + 0.05e6
-    assert fast["ts_us"].min() <= window[0] - 0.04e6 and fast["ts_us"].max() >= window[1] + 0.04e6
+    # ...and reaches well into it on both sides (a busy machine may leave gaps of some ms).
+    assert fast["ts_us"].min() <= window[0] - 0.025e6 and fast["ts_us"].max() >= window[1] + 0.025e6
 
 
 def test_full_ring_gives_up_the_oldest_rows(tmp_path: Path) -> None:
