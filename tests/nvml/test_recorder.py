@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.analysis.hardware import read_metrics
+from stepscope.analysis.hardware import counter_events, read_metrics
 from stepscope.sidecar import nvml
 from stepscope.sidecar.nvml import BackendError, MetricsRecorder, SimulatedBackend, default_backend
 from stepscope.sidecar.nvml_api import BASE_COLUMNS, nvlink_columns
@@ -213,5 +213,8 @@ def test_real_gpu_samples_at_100_us(tmp_path: Path) -> None:
     fast = frame.dropna(subset=["sm_clock_mhz"])
     assert len(fast) > 0 and fast["sm_clock_mhz"].gt(0).all()
     assert frame["power_w"].notna().any() and frame["temperature_c"].notna().any()
+    tracks = {e["name"] for e in counter_events(frame, "this-node") if e["ph"] == "C"}
+    assert "GPU 0 SM clock (MHz)" in tracks and "GPU 0 power (W)" in tracks
     print(recorder.stats.describe())
     print("fields NVML returned:", [c for c in frame.columns if frame[c].notna().any()])
+    print("counter tracks:", sorted(tracks))
