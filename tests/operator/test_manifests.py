@@ -89,3 +89,16 @@ def test_helm_chart_renders_valid_objects(tmp_path: Path) -> None:
     assert {d["kind"] for d in docs} >= {"Deployment", "ClusterRole", "ClusterRoleBinding", "ServiceAccount", "Secret", "Service", "MutatingWebhookConfiguration"}
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_chart_templates_read_only_values_that_exist() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    optional = {"fullnameOverride"}  # read through `default`, absent on purpose
+    for template in (CHART / "templates").iterdir():
+        for path in re.findall(r"\.Values\.([A-Za-z0-9_.]+)", template.read_text()):
+            if path in optional:
+                continue
+            node: Any = values
+            for part in path.split("."):
+                assert isinstance(node, dict) and part in node, f"{template.name} reads .Values.{path}, which values.yaml lacks"
+                node = node[part]
