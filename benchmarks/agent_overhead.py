@@ -3,18 +3,20 @@ interpreters without the bootstrap (reference) and with it (agent idle: request.
 present but unchanged), alternating, median of several rounds. Also what the bootstrap adds to
 the start of every Python process in the pod (`python -c pass`, which never imports torch).
 
-    .venv/bin/python benchmarks/agent_overhead.py [--steps 20000] [--rounds 5] [--repeats 3]
+    .venv/bin/python benchmarks/agent_overhead.py [--steps 2000] [--rounds 60] [--repeats 3]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
@@ -22,34 +24,48 @@ from stepscope.sidecar.bootstrap import install_bootstrap, training_env
 CONFIGS = ("no agent", "agent, no request.json", "agent, request.json unchanged")
 
 
+def timed(loop: Callable[[], object], steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+        loop()
+    return (time.perf_counter() - start) / steps * 1e6
+
+
 def child(steps: int, rounds: int) -> None:
-    """Time `steps` optimizer steps of a one-parameter SGD `rounds` times; print the medians (us)."""
+    """Time `steps` optimizer steps of a one-parameter SGD `rounds` times; print medians (us).
+    With the agent loaded, each round times its step hook on and off back to back (in random
+    order), so both halves of a pair see the same machine load and the median of the pairs'
+    differences is the agent's cost; its boundary is also timed alone, without torch around it."""
     import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 
     torch.set_num_threads(1)
     param = torch.zeros(16, requires_grad=True)
     param.grad = torch.ones(16)
     optimizer = torch.optim.SGD([param], lr=0.0)
-    for _ in range(1000):
-        optimizer.step()
-    per_step = []
+    timed(optimizer.step, 1000)
+    module = sys.modules.get("stepscope_agent")
+    agent = module._AGENT if module is not None else None
+    if agent is None:
+        per_step = [timed(optimizer.step, steps) for _ in range(rounds)]
+        print(json.dumps({"step_us": statistics.median(per_step), "min_us": min(per_step)}))
+        return
+    on, off, boundary = [], [], []
+    shuffle = random.Random(0).shuffle
     for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(steps):
-            optimizer.step()
-        per_step.append((time.perf_counter() - start) / steps * 1e6)
-    agent = sys.modules.get("stepscope_agent")
-    boundary = None
-    if agent is not None and agent._AGENT is not None:
-        # The agent's own work per step, without torch's hook dispatch around it.
-        hook_path = []
-        for _ in range(rounds):
-            start = time.perf_counter()
-            for _ in range(steps):
-                agent._AGENT.boundary()
-            hook_path.append((time.perf_counter() - start) / steps * 1e6)
-        boundary = statistics.median(hook_path)
-    print(json.dumps({"step_us": statistics.median(per_step), "boundary_us": boundary}))
+        halves = [True, False]
+        shuffle(halves)
+        for hook_on in halves:
+            if not hook_on:
+                agent._hook_handle.remove()
+            (on if hook_on else off).append(timed(optimizer.step, steps))
+            if not hook_on:
+                agent._hook_handle = register_optimizer_step_post_hook(agent._on_optimizer_step)
+        boundary.append(timed(agent.boundary, steps))
+    median = statistics.median
+    print(json.dumps({"step_us": median(on), "min_us": min(on), "hook_off_us": median(off), "min_off_us": min(off),
+                      "pair_diff_us": median(a - b for a, b in zip(on, off)), "boundary_us": median(boundary),
+                      "min_boundary_us": min(boundary)}))
 
 
 def env_without_agent() -> dict[str, str]:
@@ -84,8 +100,8 @@ def interpreter_start(env: dict[str, str], runs: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=20000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=3, help="fresh interpreters per configuration, interleaved")
     parser.add_argument("--starts", type=int, default=30, help="interpreter starts per configuration")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -106,15 +122,18 @@ def main() -> int:
         for _ in range(3):
             start_plain.append(interpreter_start(plain, args.starts // 3))
             start_agent.append(interpreter_start({**plain, **training_env(directory, plain)}, args.starts // 3))
-    reference = statistics.median(r["step_us"] for r in results["no agent"])
-    print(f"optimizer step loop, {args.steps} steps x {args.rounds} rounds x {args.repeats} interpreters, median per step:")
-    for config in CONFIGS:
-        step_us = statistics.median(r["step_us"] for r in results[config])
-        line = f"  {config:32s} {step_us:7.2f} us/step   +{step_us - reference:5.2f} us   ratio {step_us / reference:.3f}"
-        boundaries = [r["boundary_us"] for r in results[config] if r["boundary_us"] is not None]
-        if boundaries:
-            line += f"   (agent boundary alone {statistics.median(boundaries):.2f} us)"
-        print(line)
+    median = statistics.median
+    reference = median(r["step_us"] for r in results["no agent"])
+    print(f"optimizer step (one-parameter SGD), {args.steps} steps x {args.rounds} rounds x {args.repeats} interpreters "
+          f"(median, min in brackets):")
+    print(f"  {'no agent (fresh interpreter)':30s} {reference:6.2f} us/step [{min(r['min_us'] for r in results['no agent']):.2f}]")
+    for config in CONFIGS[1:]:
+        rows = results[config]
+        on = median(r["step_us"] for r in rows)
+        print(f"  {config:30s} {on:6.2f} us/step [{min(r['min_us'] for r in rows):.2f}], ratio to no agent {on / reference:.3f}; "
+              f"same interpreter with the hook off {median(r['hook_off_us'] for r in rows):.2f} [{min(r['min_off_us'] for r in rows):.2f}]: "
+              f"agent +{median(r['pair_diff_us'] for r in rows):.2f} us a step (paired rounds); "
+              f"agent boundary alone {median(r['boundary_us'] for r in rows):.2f} [{min(r['min_boundary_us'] for r in rows):.2f}] us")
     plain_ms, agent_ms = statistics.median(start_plain), statistics.median(start_agent)
     print(f"interpreter start (python -c pass), median of {args.starts}: {plain_ms:.1f} ms without the bootstrap, "
           f"{agent_ms:.1f} ms with it (+{agent_ms - plain_ms:.1f} ms, ratio {agent_ms / plain_ms:.2f})")
