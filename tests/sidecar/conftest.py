@@ -15,6 +15,7 @@ import pytest
 
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
+from tests.agent.protocol import wait_for as eventually
 
 KEY = b"sidecar-test-key-0123456789abcdef"
 
@@ -109,17 +110,6 @@ def ranks(stepscope_dir: Path) -> Iterator[SimulatedRanks]:
     simulated.close()
 
 
-def eventually(probe: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    """Call `probe` until it returns something truthy; that value is returned."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached in {timeout} s")
-
-
 def wait_for(client: SidecarClient, session: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20.0) -> dict[str, Any]:
     """Poll GET until `predicate(status)` holds; the last status goes into the failure message."""
     last: list[dict[str, Any]] = [{}]
@@ -129,6 +119,6 @@ def wait_for(client: SidecarClient, session: str, predicate: Callable[[dict[str,
         return last[0] if predicate(last[0]) else None
 
     try:
-        return eventually(probe, timeout)
+        return eventually(probe, timeout, "the condition")
     except AssertionError:
         raise AssertionError(f"condition not reached in {timeout} s; last status: {json.dumps(last[0], indent=1)}") from None

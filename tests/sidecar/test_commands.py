@@ -102,7 +102,7 @@ def test_ctrl_c_cancels_the_session(sidecar: Sidecar, ranks: SimulatedRanks, tmp
     client = SidecarClient(sidecar.url, KEY)
     session = eventually(sidecar.manager.active, timeout=30, what="a session").id
     process.send_signal(signal.SIGINT)
-    eventually(lambda: json.loads((sidecar.dir / "request.json").read_text())["action"] == "cancel", what="a cancel request")
+    eventually(lambda: json.loads((sidecar.dir / "request.json").read_text())["action"] == "cancel", 20, "a cancel request")
     for rank in (0, 1):
         ranks.state(session, rank, "cancelled")
     out, err = process.communicate(timeout=60)
