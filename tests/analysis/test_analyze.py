@@ -88,8 +88,8 @@ def test_session_folder_report(session: Path):
     originals = [json.loads(gzip.decompress((session / "ranks" / f"rank-{r}.trace.json.gz").read_bytes()))["traceEvents"] for r in (0, 1)]
     assert len(merged) >= sum(len(o) for o in originals)
     pids = {e["pid"] for e in merged}
-    # Each rank's pids end in its rank (five digits) and stay apart from the other rank's.
-    assert {p % 100_000 for p in pids} == {0, 1}
+    # Each rank's pids start with 1 (2 for the traces' string pids) and its rank in five digits.
+    assert {str(p)[1:6] for p in pids} == {"00000", "00001"} and {str(p)[0] for p in pids} == {"1", "2"}
     assert len(pids) == sum(len({e["pid"] for e in o}) for o in originals)
     names = [e["args"]["name"] for e in merged if e.get("ph") == "M" and e["name"] == "process_name"]
     assert any(n.startswith("rank 0: ") for n in names) and any(n.startswith("rank 1: ") for n in names)
