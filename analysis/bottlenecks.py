@@ -88,8 +88,9 @@ def top_kernels(tables: RankTables, limit: int = 3) -> list[dict[str, Any]]:
         return []
     total = k.groupby("name")["sumUs"].sum().sort_values(ascending=False)
     share = total / total.sum()
-    head = share.head(limit)
-    text = ", ".join(f"{short(str(n), 50)} {100 * v:.0f}%" for n, v in head.items())
+    # Template instances of one kernel read the same once shortened: they count as one family here.
+    families = share.groupby(share.index.map(lambda n: short(str(n), 50)), sort=False).sum().sort_values(ascending=False)
+    text = ", ".join(f"{n} {100 * v:.0f}%" for n, v in families.head(limit).items())
     return [finding("info", "kernel", tables.ranks["rank"].tolist(), f"most GPU time goes to {text}", 0.0,
                     {"kernels": [{"name": n, "share": round(float(v), 4)} for n, v in share.head(20).items()]})]
 
