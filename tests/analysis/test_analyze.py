@@ -144,3 +144,10 @@ def test_session_in_s3(session: Path, moto_endpoint: str):
     assert document["mergedTrace"]["ranks"] == [0, 1]
     assert "analysis-secret" not in json.dumps(document)
 
+
+
+def test_cli_refuses_unclear_arguments(capsys: pytest.CaptureFixture):
+    assert main(["analyze", "--no-progress"]) == 2
+    assert "give a session folder" in capsys.readouterr().err
+    assert main(["analyze", "--session", "only-a-name"]) == 2
+    assert "--session wants NAMESPACE/NAME" in capsys.readouterr().err
