@@ -18,8 +18,10 @@ boundary (none for 1 s, or 10 s before a first step, STEPSCOPE_FIRST_STEP_GRACE_
 started and stopped by the watchdog thread: it holds every thread's Python functions but none of
 the training thread's operators, and its state message says so.
 
-The agent answers requests only in processes known to train (RANK set, torch.distributed
-initialized, or a step seen), so a launcher that imports torch (torchrun) stays quiet. It never
+The agent answers requests only in processes known to train (a step seen, torch.distributed
+initialized, or RANK set in a process that is no multiprocessing child), so a launcher that
+imports torch (torchrun) and data loader workers stay quiet; a forked child switches its
+inherited agent off (so ranks started with the fork start method are not profiled). It never
 raises into the training loop: a failure is logged ("stepscope.agent") and written to the
 session's state file.
 """
@@ -147,6 +149,10 @@ class Agent:
         self.step_count = 0
         self.last_step_mono = _monotonic()
         self.started_at = time.time()
+        self.pid = os.getpid()
+        # multiprocessing's spawn replaces sys.argv before it says a process is its child; at
+        # interpreter start, a spawned child still has the marker on its command line.
+        self._spawned_child = "--multiprocessing-fork" in getattr(sys, "argv", ())
         self.host = os.uname().nodename
         self._request_sig: tuple[int, int, int] | None = None
         self._session: _Session | None = None
@@ -446,9 +452,19 @@ class Agent:
         return self._identity
 
     def _known_training_process(self) -> bool:
-        """Only processes that train answer requests; a launcher (torchrun) imports torch too."""
+        """Only training processes register and answer requests: one that stepped or set up
+        torch.distributed, or one with torchrun's RANK that is no multiprocessing child (data loader
+        workers inherit RANK). A launcher such as torchrun imports torch too, without RANK."""
+        if self.step_count > 0:
+            return True
         self.identity()
-        return self._identity_certain or self.step_count > 0
+        if not self._identity_certain:
+            return False
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return True
+        mp = sys.modules.get("multiprocessing.process")
+        return not self._spawned_child and (mp is None or mp.parent_process() is None)
 
     def _state_path(self, folder: str) -> str:
         return os.path.join(folder, f"rank-{self.identity()[0]}.state.json")
@@ -548,6 +564,8 @@ class Agent:
         return HEARTBEAT_SECONDS
 
     def _at_exit(self) -> None:
+        if os.getpid() != self.pid:
+            return
         self._stopping.set()
         with self._lock:
             s = self._session
@@ -619,11 +637,27 @@ def start(directory: str | None = None) -> Agent:
     if _AGENT is not None:
         return _AGENT
     _AGENT = agent = Agent(directory or os.environ.get("STEPSCOPE_DIR") or DEFAULT_DIR)
+    os.register_at_fork(after_in_child=_stop_in_forked_child)
     if "torch" in sys.modules and hasattr(sys.modules["torch"], "optim"):
         agent.attach_torch()
     else:
-        sys.meta_path.insert(0, _TorchImportWatcher(agent.attach_torch))
+        sys.meta_path.insert(0, _TorchImportWatcher(_attach_torch))
     return agent
+
+
+def _attach_torch() -> None:
+    if _AGENT is not None:
+        _AGENT.attach_torch()
+
+
+def _stop_in_forked_child() -> None:
+    """A forked child (a data loader worker) shares its parent's rank and files but not its
+    threads: it must neither count steps nor write anything."""
+    global _AGENT
+    agent, _AGENT = _AGENT, None
+    if agent is not None and agent._hook_handle is not None:
+        agent._hook_handle.remove()
+        agent._hook_handle = None
 
 
 def step() -> None:

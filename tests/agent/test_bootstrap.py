@@ -78,3 +78,55 @@ def test_steps_are_counted_once_per_training_step(tmp_path: Path) -> None:
     result = run_python(code, {**training_env(tmp_path, {}), "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["3", "5"]
+
+
+SPAWNS_A_WORKER = """
+import json, multiprocessing, os, sys, time, torch
+
+def worker():
+    import torch  # like a data loader worker: inherits RANK, imports torch, never steps
+    time.sleep(4)
+
+def writers():
+    # Who wrote rank 0's heartbeat and state: watched while the children live.
+    seen = set()
+    shared = os.environ["STEPSCOPE_DIR"]
+    for name in ("agents/rank-0.json", "s-mp/rank-0.state.json"):
+        try:
+            seen.add(json.load(open(os.path.join(shared, name)))["pid"])
+        except (OSError, ValueError):
+            pass
+    return seen
+
+if __name__ == "__main__":
+    child = multiprocessing.get_context("spawn").Process(target=worker)
+    child.start()
+    forked = os.fork()
+    if forked == 0:
+        import torch.optim
+        time.sleep(4)
+        sys.exit(0)  # runs atexit handlers, unlike os._exit
+    seen = set()
+    while child.is_alive():
+        seen |= writers()
+        time.sleep(0.05)
+    os.waitpid(forked, 0)
+    seen |= writers()
+    print(json.dumps({"main": os.getpid(), "child": child.pid, "forked": forked, "writers": sorted(seen)}))
+"""
+
+
+def test_multiprocessing_children_neither_register_nor_answer(tmp_path: Path) -> None:
+    """Spawned and forked children inherit RANK; only the training process registers as rank 0."""
+    install_bootstrap(tmp_path / "ss")
+    (tmp_path / "ss" / "request.json").write_text(json.dumps(
+        {"version": 1, "session": "s-mp", "action": "capture", "capture": {"waitSteps": 100, "steps": 1}, "hangTimeoutSeconds": 300}))
+    script = tmp_path / "spawns.py"
+    script.write_text(SPAWNS_A_WORKER)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                            env={"PATH": "/usr/bin:/bin", **training_env(tmp_path / "ss", {}), "RANK": "0", "WORLD_SIZE": "1"})
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["writers"] == [seen["main"]], seen
+    state = json.loads((tmp_path / "ss" / "s-mp" / "rank-0.state.json").read_text())
+    assert state["pid"] == seen["main"] and state["state"] == "failed" and "exited at step 0" in state["error"]
