@@ -46,9 +46,12 @@ class SlowEvidence:
     peersWaitUsPerStep: float = 0.0
 
     def slowdown(self, median_step_us: float) -> float:
-        """The largest of the slowdowns the evidence shows (step time, kernel time, or the wait
-        the others suffer per step, relative to the median step)."""
-        wait = 1.0 + self.peersWaitUsPerStep / median_step_us if median_step_us > 0 else 1.0
+        """The largest of the slowdowns the evidence shows: step time, kernel time, or from the
+        collectives, the step (which the slow rank sets) over what the others work of it (the
+        step less their wait for it)."""
+        # Capped at 20x: past that the measured wait is mostly the others' noise.
+        work = max(median_step_us - self.peersWaitUsPerStep, 0.05 * median_step_us)
+        wait = median_step_us / work if median_step_us > 0 else 1.0
         return max(self.stepRatio or 1.0, self.kernelRatio or 1.0, wait)
 
 
