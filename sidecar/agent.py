@@ -219,7 +219,7 @@ class Agent:
                     self._read_request(sig)
             if self._session is not None:
                 with self._lock:
-                    self._advance()
+                    self._advance_or_fail()
         except Exception:
             self._log_failure("step boundary")
 
@@ -251,26 +251,29 @@ class Agent:
             return
         action = request.get("action")
         active = self._session
+        folder = os.path.join(self.directory, session_id)
         if action == "cancel":
             if active is not None and active.id == session_id:
                 active.cancel = True
+            elif session_id not in self._handled and not self._already_final(folder):
+                self._handled.add(session_id)
+                self._answer_without_capture(session_id, folder, "cancelled", "cancelled before the capture request reached this rank")
             return
         if session_id in self._handled or (active is not None and active.id == session_id):
             return
         self._handled.add(session_id)
-        folder = os.path.join(self.directory, session_id)
         if action != "capture" or request.get("version") != WIRE_VERSION:
-            self._refuse(session_id, folder, "failed", f"unsupported request: version {request.get('version')!r}, action {action!r} (this agent speaks version {WIRE_VERSION}, actions capture and cancel)")
+            self._answer_without_capture(session_id, folder, "failed", f"unsupported request: version {request.get('version')!r}, action {action!r} (this agent speaks version {WIRE_VERSION}, actions capture and cancel)")
             return
         if active is not None:
-            self._refuse(session_id, folder, "refused", f"session {active.id} is still active on this rank ({active.state}); one session at a time")
+            self._answer_without_capture(session_id, folder, "refused", f"session {active.id} is still active on this rank ({active.state}); one session at a time")
             return
         if self._already_final(folder):
             return
         try:
             session = _Session(request, self.step_count, folder)
         except (TypeError, ValueError, KeyError) as e:
-            self._refuse(session_id, folder, "failed", f"bad capture request: {e}")
+            self._answer_without_capture(session_id, folder, "failed", f"bad capture request: {e}")
             return
         self._session = session
         self._write_state(session, message=f"triggered at step {session.trigger_step}; waiting {session.wait_steps} steps")
@@ -283,14 +286,31 @@ class Agent:
         except (OSError, ValueError, AttributeError):
             return False
 
-    def _refuse(self, session_id: str, folder: str, state: str, reason: str) -> None:
+    def _answer_without_capture(self, session_id: str, folder: str, state: str, reason: str) -> None:
         log.warning("stepscope agent: session %s %s: %s", session_id, state, reason)
-        refused = _Session({"session": session_id}, self.step_count, folder)
-        refused.state = state
-        refused.error = reason
-        self._write_state(refused, message=reason)
+        answer = _Session({"session": session_id}, self.step_count, folder)
+        answer.state = state
+        answer.error = None if state == "cancelled" else reason
+        self._write_state(answer, message=reason)
 
     # ---- the capture state machine ----------------------------------------------------------
+
+    def _advance_or_fail(self, *, on_watchdog: bool = False) -> None:
+        """_advance, ending the session `failed` if it raises, so that a broken capture neither
+        hangs in `capturing` nor fails again at every step."""
+        try:
+            self._advance(on_watchdog=on_watchdog)
+        except Exception as e:
+            s = self._session
+            if s is None:
+                raise
+            prof, s.prof = s.prof, None
+            if prof is not None:
+                try:
+                    prof.stop()
+                except Exception:
+                    log.debug("stepscope agent: the profiler did not stop cleanly", exc_info=True)
+            self._fail(s, "capture", e)
 
     def _advance(self, *, on_watchdog: bool = False) -> None:
         """Move the active session on at a step boundary, or on a watchdog tick for a stepless capture:
@@ -543,7 +563,7 @@ class Agent:
             if self._cancel_unstarted(s):
                 return HEARTBEAT_SECONDS
             if s.on_watchdog:
-                self._advance(on_watchdog=True)
+                self._advance_or_fail(on_watchdog=True)
                 if s.prof is not None and s.duration is not None:
                     return max(0.01, min(HEARTBEAT_SECONDS, s.duration - (_monotonic() - s.started_mono)))
                 return HEARTBEAT_SECONDS

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import sys
 import time
 from collections.abc import Callable

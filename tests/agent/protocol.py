@@ -16,12 +16,13 @@ import pytest
 from stepscope.launch import LocalJob, launch_ranks
 
 
-def write_request(directory: Path, session: str, *, action: str = "capture", hang_timeout: float = 300, **capture: Any) -> None:
+def write_request(directory: Path, session: str, *, action: str = "capture", hang_timeout: float = 300, version: int = 1,
+                  **capture: Any) -> None:
     """Write request.json atomically, as the sidecar does."""
     body = {"waitSteps": 2, "steps": 2, "durationSeconds": None, "activities": ["CPU", "CUDA"], "withStack": True,
             "recordShapes": False, "profileMemory": False, "withFlops": False}
     body.update(capture)
-    request = {"version": 1, "session": session, "action": action, "capture": body,
+    request = {"version": version, "session": session, "action": action, "capture": body,
                "hangTimeoutSeconds": hang_timeout, "issuedAt": time.time()}
     tmp = directory / ".request.json.tmp"
     tmp.write_text(json.dumps(request))

@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.agent.protocol import load_trace, logs, profiler_steps, read_state, wait_for_state, write_request
 
 
-def test_exact_steps_then_a_refused_second_request_then_a_cancel(stepscope_dir: Path, start_job) -> None:
+def test_exact_steps_then_a_refused_second_request_then_cancels(stepscope_dir: Path, start_job) -> None:
     write_request(stepscope_dir, "s-exact", waitSteps=3, steps=4)
     job = start_job(2, "--steps", "0", "--step-sleep-ms", "20")
     for rank in (0, 1):
@@ -39,5 +39,9 @@ def test_exact_steps_then_a_refused_second_request_then_a_cancel(stepscope_dir: 
         assert cancelled["endStep"] - cancelled["startStep"] == cancelled["capturedSteps"]
         events = load_trace(stepscope_dir / "s-first" / cancelled["trace"])
         assert profiler_steps(events) == list(range(cancelled["startStep"], cancelled["endStep"]))
+    write_request(stepscope_dir, "s-never", action="cancel")
+    for rank in (0, 1):
+        never = wait_for_state(stepscope_dir, "s-never", rank, ("cancelled",), timeout=10)
+        assert never["trace"] is None and never["error"] is None and "before the capture request reached" in never["message"]
     assert all(code is None for code in job.wait(0.1)), "training goes on through all of it\n" + logs(job)
     assert all(code is not None and code < 0 for code in job.terminate()), "terminate ends every rank"

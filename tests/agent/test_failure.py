@@ -11,8 +11,12 @@ def test_failed_capture_leaves_training_running(stepscope_dir: Path, start_job) 
     (stepscope_dir / "request.json").write_text("{not json")
     # A directory where rank 0's trace must go: its export fails, rank 1's does not.
     (stepscope_dir / "s-fail" / "rank-0.trace.json.gz").mkdir(parents=True)
-    job = start_job(2, "--steps", "300", "--step-sleep-ms", "5")
+    job = start_job(2, "--steps", "300", "--step-sleep-ms", "10")
     wait_for(lambda: logs(job).count("cannot read") == 2, 30, "both ranks to report the unreadable request")
+    write_request(stepscope_dir, "s-v2", version=2)
+    for rank in (0, 1):
+        unsupported = wait_for_state(stepscope_dir, "s-v2", rank, ("failed",), timeout=10)
+        assert unsupported["error"].startswith("unsupported request: version 2")
     write_request(stepscope_dir, "s-fail", waitSteps=1, steps=2)
     assert job.wait(60) == [0, 0], logs(job)
     failed = wait_for_state(stepscope_dir, "s-fail", 0, ("failed",), timeout=5)
