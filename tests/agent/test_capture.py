@@ -10,7 +10,7 @@ from tests.agent.protocol import load_trace, logs, profiler_steps, read_state, w
 
 def test_exact_steps_then_a_refused_second_request_then_cancels(stepscope_dir: Path, start_job) -> None:
     write_request(stepscope_dir, "s-exact", waitSteps=3, steps=4)
-    job = start_job(2, "--steps", "0", "--step-sleep-ms", "20")
+    job = start_job(2, "--steps", "0", "--step-sleep-ms", "20", "--slow-rank", "1", "--slow-ms", "15")
     for rank in (0, 1):
         state = wait_for_state(stepscope_dir, "s-exact", rank, ("done",))
         assert state["rank"] == rank and state["worldSize"] == 2 and state["error"] is None
@@ -22,6 +22,11 @@ def test_exact_steps_then_a_refused_second_request_then_cancels(stepscope_dir: P
         assert {"cpu_op", "python_function"} <= {e.get("cat") for e in events}
         assert any(e.get("name") == "aten::addmm" for e in events)
         assert any(e.get("name") == "gloo:all_reduce" for e in events)
+        slow = [e for e in events if e.get("cat") == "python_function" and e["name"].endswith(": augment_batch_slowly")]
+        if rank == 1:
+            assert len(slow) == 4 and all(e["dur"] >= 15_000 for e in slow), slow
+        else:
+            assert slow == []
     assert read_state(stepscope_dir, "s-exact", 2) is None
 
     write_request(stepscope_dir, "s-first", waitSteps=1, steps=50)
