@@ -531,7 +531,8 @@ class Agent:
         while not self._stopping.is_set():
             wait = HEARTBEAT_SECONDS
             try:
-                if self._known_training_process():
+                # No shared directory (not mounted): nothing to answer, and nothing to create.
+                if os.path.isdir(self.directory) and self._known_training_process():
                     self._heartbeat()
                     wait = self._watch_tick()
             except Exception:

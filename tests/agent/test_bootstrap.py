@@ -130,3 +130,14 @@ def test_multiprocessing_children_neither_register_nor_answer(tmp_path: Path) ->
     assert seen["writers"] == [seen["main"]], seen
     state = json.loads((tmp_path / "ss" / "s-mp" / "rank-0.state.json").read_text())
     assert state["pid"] == seen["main"] and state["state"] == "failed" and "exited at step 0" in state["error"]
+
+
+def test_without_the_shared_directory_nothing_is_created(tmp_path: Path) -> None:
+    """PYTHONPATH set but the shared directory not mounted: training runs, the agent stays quiet."""
+    install_bootstrap(tmp_path / "ss")
+    env = {**training_env(tmp_path / "ss", {}), "STEPSCOPE_DIR": str(tmp_path / "absent"), "RANK": "0", "WORLD_SIZE": "1"}
+    result = run_python("import time, torch\nopt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)\n"
+                        "for _ in range(3):\n    opt.step()\n    time.sleep(0.6)\nprint('trained')", env)
+    assert result.returncode == 0 and result.stdout == "trained\n", result.stderr
+    assert result.stderr == ""
+    assert not (tmp_path / "absent").exists()
