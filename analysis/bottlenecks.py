@@ -132,8 +132,8 @@ def communication(tables: RankTables, median_step_us: float) -> list[dict[str, A
     out: list[dict[str, Any]] = []
     s = tables.steps
     if not s.empty and s["durationUs"].sum() > 0:
-        per_rank = s.groupby("rank")[["commNotOverlappedUs", "durationUs", "communicationUs"]].sum()
-        share = per_rank["commNotOverlappedUs"] / per_rank["durationUs"].where(per_rank["durationUs"] > 0, 1.0)
+        per_rank = s.groupby("rank")[["commNotOverlappedUs", "stageUs"]].sum()
+        share = per_rank["commNotOverlappedUs"] / per_rank["stageUs"].where(per_rank["stageUs"] > 0, 1.0)
         high = share[share >= NOT_OVERLAPPED_SHARE]
         if len(high):
             overlap = tables.ranks.set_index("rank")["overlapPct"].reindex(high.index)

@@ -87,11 +87,14 @@ def _hardware(summaries: list[RankSummary], hardware: dict[str, pd.DataFrame] | 
 
 def _breakdown(tables: RankTables) -> Breakdown | None:
     s = tables.steps
-    total = float(s["durationUs"].sum()) if not s.empty else 0.0
+    total = float(s["stageUs"].sum()) if not s.empty else 0.0
     # CPU-only traces have no GPU time to split: no breakdown rather than one of zeros.
     if total <= 0 or not s[["computingUs", "commNotOverlappedUs", "overlappedUs", "freeUs"]].to_numpy().any():
         return None
-    pct = lambda column: round(100.0 * float(s[column].sum()) / total, 2)  # noqa: E731
+
+    def pct(column: str) -> float:
+        return round(100.0 * float(s[column].sum()) / total, 2)
+
     memory = float(tables.memory["sumUs"].sum()) if not tables.memory.empty else 0.0
     captured = float(tables.ranks["capturedUs"].sum()) or total
     return Breakdown(computePct=pct("computingUs"), commNotOverlappedPct=pct("commNotOverlappedUs"), overlappedPct=pct("overlappedUs"),

@@ -83,10 +83,18 @@ def _same_function_across_ranks(functions: pd.DataFrame) -> pd.DataFrame:
     return functions
 
 
+def _with_stage(steps: pd.DataFrame) -> pd.DataFrame:
+    """Ascend's Stage time (Computing + Communication(Not Overlapped) + Free): the denominator of
+    the step table's shares. GPU work can run past the CPU's ProfilerStep span, so the span
+    (durationUs) would give shares above 100 %; it stands in only where the table is empty."""
+    stage = steps["computingUs"] + steps["commNotOverlappedUs"] + steps["freeUs"]
+    return steps.assign(stageUs=stage.where(stage > 0, steps["durationUs"]))
+
+
 def build_tables(summaries: list[RankSummary]) -> RankTables:
     return RankTables(
         ranks=_ranks_frame(summaries),
-        steps=_items_frame(summaries, "steps", StepRow),
+        steps=_with_stage(_items_frame(summaries, "steps", StepRow)),
         kernels=_items_frame(summaries, "kernels", KernelStat),
         functions=_same_function_across_ranks(_items_frame(summaries, "functions", FunctionStat)),
         memory=_items_frame(summaries, "memoryOps", MemoryOpStat),

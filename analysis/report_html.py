@@ -110,7 +110,7 @@ def _stacked_chart(tables: RankTables) -> str:
     s = tables.steps
     if s.empty or s["durationUs"].sum() <= 0:
         return '<p class="note">no steps in the traces</p>'
-    per = s.groupby("rank")[[c for c, _, _ in _SEGMENTS] + ["durationUs"]].sum()
+    per = s.groupby("rank")[[c for c, _, _ in _SEGMENTS] + ["durationUs", "stageUs"]].sum()
     if not per[[c for c, _, _ in _SEGMENTS]].to_numpy().any():
         return _collective_share_chart(tables, per["durationUs"])
     width, height, left, bottom = 1100, 200, 56, 24
@@ -121,7 +121,7 @@ def _stacked_chart(tables: RankTables) -> str:
         y = height - frac * (height - 10)
         parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eef0f3"/><text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{frac * 100:.0f}%</text>')
     for i, (rank, row) in enumerate(per.iterrows()):
-        total = row["durationUs"] or 1.0
+        total = row["stageUs"] or 1.0
         y = float(height)
         x = left + i * slot + (slot - bar) / 2
         for column, label, colour in _SEGMENTS:

@@ -12,7 +12,7 @@ def step_trace_time(tables: RankTables) -> pd.DataFrame:
     s = tables.steps
     return pd.DataFrame({
         "Rank": s["rank"], "Step": s["step"], "Computing": s["computingUs"], "Communication(Not Overlapped)": s["commNotOverlappedUs"],
-        "Overlapped": s["overlappedUs"], "Communication": s["communicationUs"], "Free": s["freeUs"], "Stage": s["durationUs"],
+        "Overlapped": s["overlappedUs"], "Communication": s["communicationUs"], "Free": s["freeUs"], "Stage": s["stageUs"], "ProfilerStep Span": s["durationUs"],
         "Idle(HTA)": s["idleUs"], "Compute(HTA)": s["computeUs"], "Non-compute(HTA)": s["nonComputeUs"],
     }).sort_values(["Rank", "Step"], kind="stable")
 
