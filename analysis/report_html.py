@@ -25,7 +25,7 @@ main{max-width:1200px;margin:0 auto;padding:20px 32px 60px}
 .cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(170px,1fr));gap:12px;margin:16px 0}
 .card{background:var(--card);border-radius:6px;padding:12px 14px;box-shadow:0 1px 2px rgba(0,0,0,.06)}.card .k{color:var(--muted);font-size:12px}.card .v{font-size:20px;font-weight:600}
 section{background:var(--card);border-radius:6px;padding:16px 18px;margin:16px 0;box-shadow:0 1px 2px rgba(0,0,0,.06)}
-h2{font-size:15px;margin:0 0 10px}p.note{color:var(--muted);font-size:12px;margin:6px 0 0}
+h2{font-size:15px;margin:0 0 10px}h3{font-size:14px;margin:14px 0 4px}p.note{color:var(--muted);font-size:12px;margin:6px 0 0}
 table{border-collapse:collapse;width:100%;font-size:13px}th,td{text-align:left;padding:6px 8px;border-bottom:1px solid var(--line);vertical-align:top}
 th{color:var(--muted);font-weight:600;cursor:pointer;user-select:none;white-space:nowrap}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.name{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;word-break:break-all}
@@ -155,6 +155,25 @@ def _findings(full: list[dict[str, Any]], limit: int = 50) -> str:
     return _table(["severity", "category", "ranks", "finding"], rows) + more
 
 
+def _slow_workers(full: list[dict[str, Any]]) -> str:
+    """Each slow worker's evidence: the kernels that cost it most, by how much, and its votes."""
+    parts = []
+    for f in (f for f in full if f["category"] == "slow-worker"):
+        d = f["data"]
+        facts = [f"slowdown {d['slowdown']:.2f}x"]
+        if d.get("stepRatio"):
+            facts.append(f"step time {d['stepRatio']:.2f}x its peers")
+        if d.get("kernelRatio"):
+            facts.append(f"kernel time {d['kernelRatio']:.2f}x its peers")
+        if d.get("voteShare"):
+            facts.append(f"last at {d['votes']} of {d['rounds']} matched collectives; others wait {d['peersWaitUsPerStep'] / 1000:,.1f} ms/step")
+        rows = [[("name", f'<span title="{_e(k["name"])}">{_e(short(k["name"], 90))}</span>'), ("", _e(k["type"])),
+                 ("n", f'{k["ratio"]:.2f}x'), ("n", _num(k["excessUsPerStep"] / 1000, 2))] for k in d.get("slowKernels", [])]
+        table = _table(["kernel", "type", "time vs peers", "extra ms/step"], rows) if rows else ""
+        parts.append(f'<h3>rank {f["ranks"][0]}</h3><p class="note">{_e("; ".join(facts))}</p>{table}')
+    return f'<section><h2>Slow workers</h2>{"".join(parts)}</section>' if parts else ""
+
+
 def _kernels(op_statistic: pd.DataFrame, limit: int = 20) -> str:
     if op_statistic.empty:
         return '<p class="note">no GPU kernels in the traces</p>'
@@ -234,6 +253,7 @@ def render_html(*, title: str, source: str, generated: str, diagnosis: Diagnosis
 <div class="summary {_e(top)}">{_e(diagnosis.summary)}</div>
 <div class="cards">{card_html}</div>
 <section><h2>Findings (worst first)</h2>{_findings(full)}</section>
+{_slow_workers(full)}
 <section><h2>Median step time per rank</h2>{_bar_chart(labels, ranks["stepUs"].to_numpy() / 1000.0, highlight, "ms", step.median if step else None)}
 <p class="note">Slow workers in red. In a synchronous job every rank waits for the slowest, so step times even out: see kernel times and findings.</p></section>
 <section><h2>Kernel time relative to the same kernels on the other ranks</h2>{kernel_chart}</section>

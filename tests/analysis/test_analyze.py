@@ -76,6 +76,8 @@ def test_session_folder_report(session: Path):
     assert any("left out of the merged trace" in p for p in problems["7"])
     assert document["mergedTrace"]["ranks"] == [0, 1]
     assert document["findings"][0]["category"] == "slow-worker"
+    page = (session / "report" / "index.html").read_text()
+    assert "<h2>Slow workers</h2><h3>rank 5</h3>" in page and "volta_sgemm" in page
 
     steps = pd.read_csv(session / "report" / "step_trace_time.csv")
     assert sorted(steps["Rank"].unique()) == [0, 1, 2, 3, 4, 5, 7] and len(steps) == 7 * 4
