@@ -165,20 +165,23 @@ class _Columns:
         self.seen_events = 0
         self.old_external_ids = False
 
-    def add(self, events: list[_Event]) -> None:
-        # C-level iteration (map/attrgetter/compress) keeps the cost per event to a few tens of ns.
+    def add(self, events: list[_Event], collectives: bool = True) -> None:
+        """Append the kept rows of decoded events; `collectives` False when the piece has no collective args.
+
+        C-level iteration (map/attrgetter/compress) keeps the cost to a few tens of ns per event and
+        column; arguments only some rows carry are read for those rows only.
+        """
         if self.seen_events == 0 and events:
             first = events[0]
             if first.dur is not None and first.cat not in (None, "Trace") and first.ts is not None:
                 self.first_event_ts = first.ts
-        if self.seen_events == 0:
             self.old_external_ids = any(e.args.external_id_old != -1 for e in events[:1000])
         self.seen_events += len(events)
         kept = list(compress(events, map(is_not, map(_get("dur"), events), repeat(None))))
         if not kept:
             return
         cat = _codes(self.cat_codes, map(_get("cat"), kept), len(kept))
-        ts = _floats(map(_get("ts"), kept), len(kept))
+        ts = _floats(kept, "ts")
         drop = np.isnan(ts) | np.isin(cat, [self.cat_codes.get(c, -1) for c in (None, "Trace")])
         if drop.any():
             kept = list(compress(kept, ~drop))
@@ -190,40 +193,38 @@ class _Columns:
         p["cat"].append(cat)
         p["ts"].append(ts)
         p["name"].append(_codes(self.name_codes, map(_get("name"), kept), n))
-        p["dur"].append(_floats(map(_get("dur"), kept), n))
-        p["pid"].append(self._ids(map(_get("pid"), kept), n))
-        stream = _ints(map(_get("args.stream"), kept), n)
+        p["dur"].append(_floats(kept, "dur"))
+        stream = _ints(kept, "args.stream")
         p["stream"].append(stream)
-        p["correlation"].append(_ints(map(_get("args.correlation"), kept), n))
-        # Arguments only some categories carry are read for those rows only.
-        for key, arg, cats in (("nbytes", "bytes", MEMCPY_CATS + MEMSET_CATS), ("python_id", "python_id", (PYTHON_CAT,)),
-                               ("python_parent", "python_parent", (PYTHON_CAT,))):
+        p["correlation"].append(_ints(kept, "args.correlation"))
+        has_coll = np.zeros(n, dtype=bool)
+        if collectives:
+            has_coll = np.fromiter(map(is_not, map(_get("args.collective"), kept), repeat(None)), bool, n)
+            has_coll |= np.fromiter(map(is_not, map(_get("args.in_nelems"), kept), repeat(None)), bool, n)
+        on_stream = stream != -1
+        memory = np.isin(cat, [self.cat_codes[c] for c in MEMCPY_CATS + MEMSET_CATS if c in self.cat_codes])
+        python = cat == self.cat_codes.get(PYTHON_CAT, -1)
+        for key, attr, rows in (("pid", "pid", on_stream), ("nbytes", "args.bytes", memory),
+                                ("python_id", "args.python_id", python),
+                                ("python_parent", "args.python_parent", python),
+                                # External ids link collective kernels to the op holding their sizes.
+                                ("external_id", "args.external_id", has_coll | on_stream)):
             column = np.full(n, -1, dtype=np.int64)
-            rows = np.isin(cat, [self.cat_codes[c] for c in cats if c in self.cat_codes])
             if rows.any():
-                column[rows] = _ints(map(_get("args." + arg), compress(kept, rows)), int(rows.sum()))
+                some = list(compress(kept, rows))
+                column[rows] = self._ids(some) if key == "pid" else _ints(some, attr)
+                if key == "external_id" and self.old_external_ids:
+                    column[rows] = np.where(column[rows] >= 0, column[rows], _ints(some, "args.external_id_old"))
             p[key].append(column)
-        has_coll = np.fromiter(map(is_not, map(_get("args.collective"), kept), repeat(None)), bool, n)
-        has_coll |= np.fromiter(map(is_not, map(_get("args.in_nelems"), kept), repeat(None)), bool, n)
-        # External ids link collective kernels to the op holding their message sizes.
-        ext = np.full(n, -1, dtype=np.int64)
-        linked = has_coll | (stream != -1)
-        if linked.any():
-            some = list(compress(kept, linked))
-            ext[linked] = _ints(map(_get("args.external_id"), some), len(some))
-            if self.old_external_ids:
-                old = _ints(map(_get("args.external_id_old"), some), len(some))
-                ext[linked] = np.where(ext[linked] >= 0, ext[linked], old)
-        p["external_id"].append(ext)
         for i in np.flatnonzero(has_coll).tolist():
             a = kept[i].args
             self.coll.append((self.rows + i, a.collective or "", _int(a.in_nelems), _int(a.out_nelems),
                               _int(a.group_size), a.dtype or ""))
         self.rows += n
 
-    def _ids(self, values: Iterable, n: int) -> np.ndarray:
+    def _ids(self, events: list[_Event]) -> np.ndarray:
         """Process ids; the few string ids get negative codes."""
-        items = list(values)
+        items = list(map(_get("pid"), events))
         try:
             return np.array(items, dtype=np.int64)
         except (TypeError, ValueError, OverflowError):
@@ -236,11 +237,11 @@ class _Columns:
         return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
 
 
-def _int(v: int | float | str | None) -> int:
+def _int(value: Any, default: int | None = -1) -> int | None:
     try:
-        return int(v)  # type: ignore[arg-type]
+        return int(value)
     except (TypeError, ValueError, OverflowError):
-        return -1
+        return default
 
 
 def _get(attr: str) -> attrgetter:
@@ -256,27 +257,19 @@ def _codes(table: dict, values: Iterable, n: int) -> np.ndarray:
     return codes
 
 
-def _floats(values: Iterable, n: int) -> np.ndarray:
-    items = list(values)
+def _floats(events: list[_Event], attr: str) -> np.ndarray:
     try:
-        return np.fromiter(items, np.float64, n)
+        return np.fromiter(map(_get(attr), events), np.float64, len(events))
     except TypeError:
-        return np.array(items, dtype=np.float64)  # null -> NaN
+        return np.array(list(map(_get(attr), events)), dtype=np.float64)  # null -> NaN
 
 
-def _ints(iterable: Iterable, n: int) -> np.ndarray:
+def _ints(events: list[_Event], attr: str) -> np.ndarray:
     """Integers as int64, -1 for null or anything int() refuses (HTA's stream normalisation)."""
-    values = list(iterable)
     try:
-        return np.fromiter(values, np.int64, n)
+        return np.fromiter(map(_get(attr), events), np.int64, len(events))
     except (TypeError, ValueError, OverflowError):
-        out = np.empty(len(values), dtype=np.int64)
-        for i, v in enumerate(values):
-            try:
-                out[i] = int(v)
-            except (TypeError, ValueError, OverflowError):
-                out[i] = -1
-        return out
+        return np.fromiter((_int(v) for v in map(_get(attr), events)), np.int64, len(events))
 
 
 def _open(path: Path) -> BinaryIO:
@@ -357,11 +350,15 @@ def _decode_pieces(stream: BinaryIO, cols: _Columns) -> _Meta:
         cols.add(_EVENTS.decode(win.data()))
         return meta
     rest = _TAIL.decode(b'{"traceEvents":' + win.data())
-    cols.add(rest.traceEvents)
+    cols.add(rest.traceEvents, collectives=_has_collective_args(win.buf, win.filled))
     for name in _Meta.__struct_fields__:
         if getattr(meta, name) is None:
             setattr(meta, name, getattr(rest, name))
     return meta
+
+
+def _has_collective_args(buf: bytearray, end: int) -> bool:
+    return buf.find(b'"Collective name"', 0, end) >= 0 or buf.find(b'"In msg nelems"', 0, end) >= 0
 
 
 def _decode_front(win: _Window, cols: _Columns) -> bool:
@@ -386,7 +383,7 @@ def _decode_front(win: _Window, cols: _Columns) -> bool:
             buf[comma] = ord(",")
             cut = buf.rfind(b"},", 0, cut)
             continue
-        cols.add(events)
+        cols.add(events, collectives=_has_collective_args(buf, comma))
         win.keep_from(comma + 1, b"[")
         return True
     return False
@@ -429,8 +426,8 @@ def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
     return Trace(
         path=str(path),
         base_ns=int(meta.baseTimeNanoseconds or 0),
-        rank=_as_int(info.get("rank"), None),
-        world_size=_as_int(info.get("world_size"), 0),
+        rank=_int(info.get("rank"), None),
+        world_size=_int(info.get("world_size"), 0),
         backend=str(info.get("backend") or ""),
         cats=list(cols.cat_codes),
         names=list(cols.name_codes),
@@ -470,10 +467,3 @@ def _distributed_info(value: Any) -> dict:
         except (ValueError, SyntaxError):
             return {}
     return {}
-
-
-def _as_int(value: Any, default: int | None) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
