@@ -85,7 +85,7 @@ import json, multiprocessing, os, sys, time, torch
 
 def worker():
     import torch  # like a data loader worker: inherits RANK, imports torch, never steps
-    time.sleep(4)
+    time.sleep(2.5)
 
 def writers():
     # Who wrote rank 0's heartbeat and state: watched while the children live.
@@ -104,7 +104,7 @@ if __name__ == "__main__":
     forked = os.fork()
     if forked == 0:
         import torch.optim
-        time.sleep(4)
+        time.sleep(2.5)
         sys.exit(0)  # runs atexit handlers, unlike os._exit
     seen = set()
     while child.is_alive():
