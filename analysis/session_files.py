@@ -6,8 +6,11 @@ Reading never raises for one bad rank: each problem is kept with its rank for th
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import os
 import re
 import tempfile
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +26,9 @@ _RAW_TRACE = re.compile(r"^[^/]+\.json(?:\.gz)?$")
 # The agent's own folder holds traces next to its state and stacks files (wire.md).
 _FLAT_STACKS = re.compile(r"^rank-(\d+)\.stacks\.json$")
 _NOT_TRACE = re.compile(r"\.(state|stacks|summary)\.json$|^(session|request)\.json$")
+# Raw traces summarised in parallel processes, when together at least this large.
+MAX_WORKERS = 4
+PARALLEL_BYTES = 64 << 20
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
@@ -151,6 +157,29 @@ def missing_ranks(summaries: list[RankSummary]) -> list[int]:
     return sorted(set(range(min(known), max(known) + 1)) - known) if known else []
 
 
+def _summaries(files: SessionFiles, top: int, on_rank: Callable[[str], object]) -> list[RankSummary]:
+    """read_summary of every rank, in files.ranks order. Large raw traces in a directory are
+    summarised in parallel processes (the summariser is single-threaded and streams, so a
+    process holds a couple of hundred MB whatever the trace size)."""
+    jobs = [(f, f.rank if f.rank is not None else i) for i, f in enumerate(files.ranks)]
+    root = getattr(files.store, "root", None)
+    raw = [Path(root) / f.trace for f, _ in jobs if f.trace and not f.summary] if root is not None else []
+    workers = min(MAX_WORKERS, os.cpu_count() or 1, len(raw))
+    if workers < 2 or sum(p.stat().st_size for p in raw if p.exists()) < PARALLEL_BYTES:
+        out = []
+        for f, rank in jobs:
+            out.append(read_summary(files.store, f, rank, top))
+            on_rank(f.trace or f.summary or f.stacks or "")
+        return out
+    # spawn, not fork: the caller may run threads (an HTTP server in tests, a client's pool).
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(read_summary, files.store, f, rank, top): f for f, rank in jobs}
+        for done in as_completed(futures):
+            f = futures[done]
+            on_rank(f.trace or f.summary or f.stacks or "")
+        return [future.result() for future in futures]
+
+
 @dataclass
 class SessionRanks:
     summaries: list[RankSummary]  # one per rank, sorted; a rank that could not be read has `error`
@@ -166,8 +195,7 @@ def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda na
     problems: dict[int, list[str]] = {}
     traces: dict[int, str] = {}
     next_free = max([f.rank for f in files.ranks if f.rank is not None] + [-1]) + 1
-    for index, rank_files in enumerate(files.ranks):
-        summary = read_summary(files.store, rank_files, fallback_rank=rank_files.rank if rank_files.rank is not None else index, top=top)
+    for rank_files, summary in zip(files.ranks, _summaries(files, top, on_rank)):
         if summary.rank in summaries:
             taken = summary.rank
             summary.rank, next_free = next_free, next_free + 1
@@ -180,7 +208,6 @@ def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda na
             stacks[summary.rank] = data
         if why:
             problems.setdefault(summary.rank, []).append(why)
-        on_rank(rank_files.trace or rank_files.summary or rank_files.stacks or "")
     for rank in missing_ranks(list(summaries.values())):
         summaries[rank] = failed(rank, "no trace or summary was uploaded for this rank")
     for s in summaries.values():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from stepscope.analysis import session_files
 from stepscope.analysis.command import analyze_uri
 from stepscope.cli import main
 
@@ -57,8 +58,10 @@ def test_every_bad_rank_is_reported_and_the_good_one_analysed(broken_session: Pa
     assert 0 in document["mergedTrace"]["ranks"] and 1 not in document["mergedTrace"]["ranks"]
 
 
-def test_folder_of_raw_traces_in_hta_layout(tmp_path: Path, shared_traces: Path, capsys: pytest.CaptureFixture):
-    """A read-only folder of Kineto traces (HTA's layout): ranks come from the files; the report goes to --output."""
+def test_folder_of_raw_traces_in_hta_layout(tmp_path: Path, shared_traces: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
+    """A read-only folder of Kineto traces (HTA's layout): ranks come from the files, summarised in
+    parallel processes (as large traces are); the report goes to --output."""
+    monkeypatch.setattr(session_files, "PARALLEL_BYTES", 0)
     source = shared_traces / "hta__trace_filter_2rank"
     assert main(["analyze", str(source), "--output", str(tmp_path / "out"), "--no-progress"]) == 0
     document = json.loads((tmp_path / "out" / "diagnosis.json").read_text())
