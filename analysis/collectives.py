@@ -57,11 +57,12 @@ def dtype_bytes(dtype: str) -> int:
 
 def _lookup(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     """Index into `keys` of each wanted value, -1 where absent."""
+    if len(keys) == 0:
+        return np.full(len(wanted), -1)
     order = np.argsort(keys, kind="stable")
     sorted_keys = keys[order]
-    pos = np.minimum(np.searchsorted(sorted_keys, wanted), max(len(keys) - 1, 0))
-    hit = (sorted_keys[pos] == wanted) if len(keys) else np.zeros(len(wanted), bool)
-    return np.where(hit, order[pos] if len(keys) else -1, -1)
+    pos = np.minimum(np.searchsorted(sorted_keys, wanted), len(keys) - 1)
+    return np.where(sorted_keys[pos] == wanted, order[pos], -1)
 
 
 def _message_bytes(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -91,17 +92,17 @@ def collectives(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_u
     if len(rows):
         label_of = {int(c): parse_nccl_name(trace.names[int(c)]) for c in np.unique(trace.name[rows])}
     else:
-        codes = trace.name_codes(lambda n: _CPU_COLLECTIVE_RE.match(n) is not None)
-        rows = np.flatnonzero(trace.name_mask(lambda n: _CPU_COLLECTIVE_RE.match(n) is not None))
-        label_of = {int(c): (normalise_kind(_CPU_COLLECTIVE_RE.match(trace.names[int(c)]).group(2)), "", "")
-                    for c in codes}
-    if len(rows) == 0:
-        return []
-    rows = rows[np.argsort(trace.ts[rows], kind="stable")]
+        label_of = {i: (normalise_kind(m.group(2)), "", "") for i, n in enumerate(trace.names)
+                    if (m := _CPU_COLLECTIVE_RE.match(n))}
     labels = sorted(set(label_of.values()))
     label_idx = np.full(len(trace.names), -1)
     for code, label in label_of.items():
         label_idx[code] = labels.index(label)
+    if not len(rows):
+        rows = np.flatnonzero(label_idx[trace.name] >= 0)
+    if len(rows) == 0:
+        return []
+    rows = rows[np.argsort(trace.ts[rows], kind="stable")]
     lab = label_idx[trace.name[rows]]
     dur, exposed = intervals.outside(compute, trace.ts[rows], trace.dur[rows])
     size, group = _message_bytes(trace, rows)
