@@ -130,10 +130,6 @@ class Trace:
         wanted = (names,) if isinstance(names, str) else names
         return np.array([c in wanted for c in self.cats], dtype=bool)[self.cat]
 
-    def name_codes(self, predicate: Callable[[str], bool]) -> np.ndarray:
-        """Codes of the names for which `predicate(name)` holds (evaluated once per distinct name)."""
-        return np.fromiter((i for i, n in enumerate(self.names) if predicate(n)), dtype=np.int64)
-
     def name_mask(self, predicate: Callable[[str], bool], rows: np.ndarray | None = None) -> np.ndarray:
         """Rows (all, or those given) whose name satisfies `predicate`: a table lookup per row."""
         table = np.fromiter(map(predicate, self.names), dtype=bool, count=len(self.names))
