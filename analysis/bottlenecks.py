@@ -189,8 +189,10 @@ def launch_overhead(tables: RankTables) -> list[dict[str, Any]]:
     return out
 
 
-def cpu_only(tables: RankTables, median_step_us: float) -> list[dict[str, Any]]:
-    """Traces without GPU work (gloo): is the step spent waiting in collectives or in Python?"""
+def cpu_only(tables: RankTables, median_step_us: float, slow_ranks: set[int]) -> list[dict[str, Any]]:
+    """Traces without GPU work (gloo): is the step spent waiting in collectives or in Python? With
+    a slow worker, the others' top function is where they wait for it (DDP's backward), so the hot
+    spot is left to the slow-worker finding."""
     r = tables.ranks
     if r.empty or r["hasGpu"].any() or median_step_us <= 0:
         return []
@@ -206,7 +208,7 @@ def cpu_only(tables: RankTables, median_step_us: float) -> list[dict[str, Any]]:
                                "most of it is waiting for the slowest rank", float(per.median()) / 2))
     f = tables.functions
     f = f[~f["name"].str.contains(WAITING, regex=True)] if not f.empty else f
-    if not f.empty:
+    if not f.empty and not slow_ranks:
         per_fn = tables.per_step(f, "exclusiveUs").groupby(f["name"]).median().sort_values(ascending=False)
         name, us = str(per_fn.index[0]), float(per_fn.iloc[0])
         out.append(finding("info", "python", r["rank"].tolist(),
@@ -225,5 +227,5 @@ def all_checks(tables: RankTables, kernels: pd.DataFrame, slow_ranks: set[int]) 
         *python_outliers(tables, median_step_us, slow_ranks),
         *communication(tables, median_step_us),
         *launch_overhead(tables),
-        *cpu_only(tables, median_step_us),
+        *cpu_only(tables, median_step_us, slow_ranks),
     ]
