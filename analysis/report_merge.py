@@ -2,14 +2,13 @@
 the nodes' NVML counter tracks.
 
 Ranks reuse the same pids (the GPU is pid 0 on every node) and the same correlation ids, so each
-rank's pids and flow ids get the rank appended. Events are not decoded into Python objects one by
-one: the trace is parsed into raw event slices (which also checks it is valid JSON) and into
-(ph, pid) pairs, the pids and ids are rewritten in the text, and only the few metadata events
-are decoded, to put the rank into process names.
+rank's pids and flow ids get the rank put in front. Events are never decoded into Python objects
+one by one: the trace is parsed into raw event slices (which also checks it is valid JSON), the
+pids and ids are rewritten in the text, and only the few process_name events are decoded, to put
+the rank into process names.
 """
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -28,21 +27,16 @@ _ODD = rb'1\d{%d}("(?:[^"\\]|\\.)*"|-\d+|null|true|false)' % RANK_DIGITS
 _ODD_PID = re.compile(rb'"pid":' + _ODD)
 _ODD_ID = re.compile(rb'"id":' + _ODD)
 _SPACED = re.compile(rb'"(pid|id)"\s*:\s*')
+_PID_VALUE = re.compile(rb'"pid"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?|null|true|false)')
+_PROCESS_NAME = re.compile(rb'"name"\s*:\s*"process_name"')
+# A flat event with at most one nested object (its args), around a "process_name".
+_EVENT = re.compile(rb'\{[^{}]*"process_name"[^{}]*(?:\{[^{}]*\}[^{}]*)?\}')
 _TS = re.compile(rb'"ts"(\s*):(\s*)(-?\d+(?:\.\d+)?)')
 
 
 class _Events(msgspec.Struct):
     traceEvents: list[msgspec.Raw] = []
     baseTimeNanoseconds: int = 0
-
-
-class _Kind(msgspec.Struct):
-    ph: str = ""
-    pid: object = None
-
-
-class _Kinds(msgspec.Struct):
-    traceEvents: list[_Kind] = []
 
 
 class _Meta(msgspec.Struct):
@@ -88,18 +82,36 @@ def _prefixed(body: bytes, rank: int, pids: dict[object, int]) -> bytes:
     return _ODD_ID.sub(lambda m: b'"id":' + m[1], _ODD_PID.sub(odd_pid, body))
 
 
+def _process_names(body: bytes) -> dict[object, str]:
+    """pid -> name from the trace's process_name events, found by text search (a handful of
+    events among millions) and decoded one by one."""
+    names: dict[object, str] = {}
+    for hit in _PROCESS_NAME.finditer(body):
+        start = max(0, hit.start() - 4096)
+        around = (m for m in _EVENT.finditer(body[start: hit.end() + 4096]) if m.start() <= hit.start() - start < m.end())
+        event = next(around, None)
+        if event is None:
+            continue
+        try:
+            meta = msgspec.json.decode(event[0], type=_Meta)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        names[meta.pid] = str(meta.args.get("name", ""))
+    return names
+
+
 def _rank_events(data: bytes, rank: int, base_ns: list[int]) -> tuple[bytes, list[bytes]]:
-    """(non-metadata events joined by commas with pids and ids rewritten, rewritten metadata events).
+    """(the rank's events joined by commas with pids and ids rewritten, process metadata naming
+    each of its processes "rank <r>: <name>", written after the trace's own so that it wins).
 
     Kineto's `ts` counts from the trace's baseTimeNanoseconds, which differs between ranks: the
     first rank's base becomes the merged trace's (`base_ns` holds it) and the others' `ts` move."""
     decoded = msgspec.json.decode(data, type=_Events)
-    raws, base = decoded.traceEvents, decoded.baseTimeNanoseconds
-    kinds = msgspec.json.decode(data, type=_Kinds).traceEvents
-    keep = [k.ph != "M" for k in kinds]
-    pids = _pid_map({k.pid for k in kinds if k.pid is not None}, rank)
-    del kinds
-    body = _prefixed(b",".join(itertools.compress(raws, keep)), rank, pids)
+    body, base = b",".join(decoded.traceEvents), decoded.baseTimeNanoseconds
+    del decoded
+    pids = _pid_map({msgspec.json.decode(v) for v in set(_PID_VALUE.findall(body))}, rank)
+    names = _process_names(body)
+    body = _prefixed(body, rank, pids)
     if not base_ns:
         base_ns.append(base)
     elif base != base_ns[0]:
@@ -111,17 +123,8 @@ def _rank_events(data: bytes, rank: int, base_ns: list[int]) -> tuple[bytes, lis
 
         body = _TS.sub(moved, body)
     meta_events = []
-    named: set[int] = set()
-    for raw in itertools.compress(raws, (not k for k in keep)):
-        event = msgspec.json.decode(raw, type=_Meta)
-        event.pid = pids.get(event.pid, event.pid)
-        if event.name == "process_name":
-            event.args = {**event.args, "name": f"rank {rank}: {event.args.get('name', '')}"}
-            named.add(event.pid)
-        meta_events.append(msgspec.json.encode(event))
     for order, (old, new) in enumerate(sorted(pids.items(), key=lambda item: item[1])):
-        if new not in named:
-            meta_events.append(msgspec.json.encode(_Meta(name="process_name", pid=new, args={"name": f"rank {rank}: {old}"})))
+        meta_events.append(msgspec.json.encode(_Meta(name="process_name", pid=new, args={"name": f"rank {rank}: {names.get(old, old)}"})))
         meta_events.append(msgspec.json.encode(_Meta(name="process_sort_index", pid=new, args={"sort_index": rank * 1000 + order})))
     return body, meta_events
 
