@@ -196,3 +196,18 @@ def test_hang_with_two_ranks_the_one_outside_the_collective_is_the_culprit():
         _, full = diagnose(make_summaries(2, seed=14), stacks=stacks)
         assert full[0]["category"] == "hang" and full[0]["ranks"] == [culprit]
         assert "stuck at read_shard (data.py:12) while 1 other rank(s) wait at train_step (train.py:57)" in full[0]["message"]
+
+
+def test_one_kernel_slower_on_one_rank_is_a_kernel_finding():
+    summaries = make_summaries(8, seed=15)
+    # A kernel with about 3 % of the compute time: twice as long is +3 %, under the 5 % that
+    # makes the whole rank slow, but still over 1 % of a step.
+    compute = sum(k.sumUs for k in summaries[4].kernels if k.type == "COMP")
+    kernel = min((k for k in summaries[4].kernels if k.type == "COMP"), key=lambda k: abs(k.sumUs / compute - 0.03))
+    kernel.meanUs *= 2.0
+    kernel.sumUs *= 2.0
+    diagnosis, full = diagnose(summaries)
+    assert diagnosis.slowWorkers == []
+    found = [f for f in full if f["category"] == "kernel" and f["severity"] == "warning"]
+    assert [(f["ranks"], f["data"]["kernel"]) for f in found] == [([4], kernel.name)]
+    assert "runs 1.99x longer on rank 4 than on the other ranks (+24.9 ms/step)" in found[0]["message"]
