@@ -137,7 +137,7 @@ def test_without_the_shared_directory_nothing_is_created(tmp_path: Path) -> None
     install_bootstrap(tmp_path / "ss")
     env = {**training_env(tmp_path / "ss", {}), "STEPSCOPE_DIR": str(tmp_path / "absent"), "RANK": "0", "WORLD_SIZE": "1"}
     result = run_python("import time, torch\nopt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)\n"
-                        "for _ in range(3):\n    opt.step()\n    time.sleep(0.6)\nprint('trained')", env)
+                        "for _ in range(3):\n    opt.step()\n    time.sleep(0.4)\nprint('trained')", env)
     assert result.returncode == 0 and result.stdout == "trained\n", result.stderr
     assert result.stderr == ""
     assert not (tmp_path / "absent").exists()
