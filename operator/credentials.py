@@ -35,9 +35,7 @@ def read_secret_data(namespace: str, secret: str) -> dict[str, str]:
         if exc.status == 404:
             raise CredentialsError(f"Secret {secret} not found in namespace {namespace}") from None
         raise CredentialsError(f"Secret {secret} in namespace {namespace} could not be read: HTTP {exc.status} {exc.reason}") from None
-    data = {k: base64.b64decode(v).decode() for k, v in (obj.data or {}).items()}
-    data.update(obj.string_data or {})
-    return data
+    return {k: base64.b64decode(v).decode() for k, v in (obj.data or {}).items()}
 
 
 def secret_key_names(data: dict[str, str]) -> dict[str, str]:
