@@ -28,16 +28,22 @@ def _frame_text(frame: dict[str, Any]) -> str:
     return f"{frame.get('function', '?')} ({where}:{frame.get('line', '?')})"
 
 
+# Where a rank that waits for the others blocks: torch.distributed's collectives and barriers.
+_COLLECTIVE = re.compile(r"all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|barrier|\bsend\b|\brecv\b|monitored_barrier|_wait|wait_stream", re.I)
+
+
 def stuck_at(stacks: dict[str, Any]) -> str:
     """The innermost frame of user code in the main thread (frames are listed outermost first)."""
     frames = _main_frames(stacks)
     user = [f for f in frames if not any(p in str(f.get("file", "")) for p in _PLUMBING)]
     chosen = (user or frames)[-1:]
-    return _frame_text(chosen[0]) if chosen else "an unknown place (no frames recorded)"
-
-
-# Where a rank that waits for the others blocks: torch.distributed's collectives and barriers.
-_COLLECTIVE = re.compile(r"all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|barrier|\bsend\b|\brecv\b|monitored_barrier|_wait|wait_stream", re.I)
+    if not chosen:
+        return "an unknown place (no frames recorded)"
+    inner = str(frames[-1].get("function", ""))
+    # A rank blocked inside torch.distributed reads better as "all_reduce in train_step (...)".
+    if frames[-1] is not chosen[0] and _COLLECTIVE.search(inner):
+        return f"{inner} in {_frame_text(chosen[0])}"
+    return _frame_text(chosen[0])
 
 
 def in_collective(stacks: dict[str, Any]) -> bool:
@@ -70,7 +76,8 @@ def hang_findings(stacks: dict[int, dict[str, Any]], ranks: list[int]) -> list[d
     ordered = sorted(groups.values(), key=lambda g: (in_collective(stacks[g[0]]), len(g)), reverse=True)
     seconds = max(float(s.get("secondsSinceStep") or 0.0) for s in stacks.values())
     steps = sorted({int(s["step"]) for s in stacks.values() if s.get("step") is not None})
-    data = {"stuckAt": {str(r): _frame_path(s) for r, s in sorted(stacks.items())}, "secondsSinceStep": seconds, "steps": steps}
+    data = {"stuckAt": {str(r): stuck_at(s) for r, s in sorted(stacks.items())},
+            "stacks": {str(r): _frame_path(s) for r, s in sorted(stacks.items())}, "secondsSinceStep": seconds, "steps": steps}
     out: list[dict[str, Any]] = []
     majority = ordered[0]
     where = stuck_at(stacks[majority[0]])

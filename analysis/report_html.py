@@ -174,6 +174,19 @@ def _slow_workers(full: list[dict[str, Any]]) -> str:
     return f'<section><h2>Slow workers</h2>{"".join(parts)}</section>' if parts else ""
 
 
+def _hangs(full: list[dict[str, Any]]) -> str:
+    """Where each rank that reported a hang is stuck, culprits first, with its main-thread stack."""
+    hangs = [f for f in full if f["category"] == "hang" and "stuckAt" in f["data"]]
+    if not hangs:
+        return ""
+    data = hangs[0]["data"]
+    culprits = {r for f in hangs if "culprit" in f["message"] for r in f["ranks"]}
+    order = sorted(data["stuckAt"], key=lambda r: (int(r) not in culprits, int(r)))
+    rows = [[("n", _e(r)), ("", "culprit" if int(r) in culprits else ""), ("name", _e(data["stuckAt"][r])),
+             ("name", f'<details><summary>stack</summary>{_e(data["stacks"].get(r, "")).replace(" &gt; ", "<br>")}</details>')] for r in order]
+    return f'<section><h2>Where each rank is stuck</h2>{_table(["rank", "", "innermost user frame", "main thread (outermost first)"], rows, ["slow" if int(r) in culprits else "" for r in order])}</section>'
+
+
 def _kernels(op_statistic: pd.DataFrame, limit: int = 20) -> str:
     if op_statistic.empty:
         return '<p class="note">no GPU kernels in the traces</p>'
@@ -253,6 +266,7 @@ def render_html(*, title: str, source: str, generated: str, diagnosis: Diagnosis
 <div class="summary {_e(top)}">{_e(diagnosis.summary)}</div>
 <div class="cards">{card_html}</div>
 <section><h2>Findings (worst first)</h2>{_findings(full)}</section>
+{_hangs(full)}
 {_slow_workers(full)}
 <section><h2>Median step time per rank</h2>{_bar_chart(labels, ranks["stepUs"].to_numpy() / 1000.0, highlight, "ms", step.median if step else None)}
 <p class="note">Slow workers in red. In a synchronous job every rank waits for the slowest, so step times even out: see kernel times and findings.</p></section>

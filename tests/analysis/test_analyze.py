@@ -128,6 +128,8 @@ def test_hang_session_names_the_culprit(tmp_path: Path):
     assert diagnosis.findings[0].category == "hang" and diagnosis.findings[0].ranks == [1]
     assert "read_shard (train.py:9)" in diagnosis.summary
     document = _check_report(root / "report", charts=False)
+    page = (root / "report" / "index.html").read_text()
+    assert "<h2>Where each rank is stuck</h2>" in page and page.index("read_shard (train.py:9)") < page.index("all_reduce (train.py:9)")
     assert document["ranks"]["analysed"] == 0
 
 

@@ -195,7 +195,7 @@ def test_hang_with_two_ranks_the_one_outside_the_collective_is_the_culprit():
         stacks = {r: _stacks(r, stuck if r == culprit else waiting) for r in range(2)}
         _, full = diagnose(make_summaries(2, seed=14), stacks=stacks)
         assert full[0]["category"] == "hang" and full[0]["ranks"] == [culprit]
-        assert "stuck at read_shard (data.py:12) while 1 other rank(s) wait at train_step (train.py:57)" in full[0]["message"]
+        assert "stuck at read_shard (data.py:12) while 1 other rank(s) wait at all_reduce in train_step (train.py:57)" in full[0]["message"]
 
 
 def test_one_kernel_slower_on_one_rank_is_a_kernel_finding():
