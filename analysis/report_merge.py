@@ -124,7 +124,7 @@ def _rank_events(data: bytes, rank: int, base_ns: list[int]) -> tuple[bytes, lis
         body = _TS.sub(moved, body)
     meta_events = []
     for order, (old, new) in enumerate(sorted(pids.items(), key=lambda item: item[1])):
-        meta_events.append(msgspec.json.encode(_Meta(name="process_name", pid=new, args={"name": f"rank {rank}: {names.get(old, old)}"})))
+        meta_events.append(msgspec.json.encode(_Meta(name="process_name", pid=new, args={"name": f"rank {rank}: {names.get(old) or old}".rstrip(": ")})))
         meta_events.append(msgspec.json.encode(_Meta(name="process_sort_index", pid=new, args={"sort_index": rank * 1000 + order})))
     return body, meta_events
 
