@@ -89,7 +89,7 @@ _TAIL = msgspec.json.Decoder(_Tail)
 
 @dataclass
 class Collectives:
-    """Collective arguments (message sizes, group) of the few events that carry them."""
+    """Collective arguments (message sizes, group) of the few events that carry them ("In msg nelems")."""
     row: np.ndarray  # row of the event in the Trace columns
     name: list[str]
     in_nelems: np.ndarray
@@ -195,8 +195,7 @@ class _Columns:
         p["correlation"].append(_ints(kept, "args.correlation"))
         has_coll = np.zeros(n, dtype=bool)
         if collectives:
-            has_coll = np.fromiter(map(is_not, map(_get("args.collective"), kept), repeat(None)), bool, n)
-            has_coll |= np.fromiter(map(is_not, map(_get("args.in_nelems"), kept), repeat(None)), bool, n)
+            has_coll = np.fromiter(map(is_not, map(_get("args.in_nelems"), kept), repeat(None)), bool, n)
         on_stream = stream != -1
         memory = np.isin(cat, [self.cat_codes[c] for c in MEMCPY_CATS + MEMSET_CATS if c in self.cat_codes])
         python = cat == self.cat_codes.get(PYTHON_CAT, -1)
@@ -354,7 +353,8 @@ def _decode_pieces(stream: BinaryIO, cols: _Columns) -> _Meta:
 
 
 def _has_collective_args(buf: bytearray, end: int) -> bool:
-    return buf.find(b'"Collective name"', 0, end) >= 0 or buf.find(b'"In msg nelems"', 0, end) >= 0
+    """PyTorch records message sizes ("In msg nelems") with every collective's arguments."""
+    return buf.find(b'In msg nelems"', 0, end) >= 0
 
 
 def _decode_front(win: _Window, cols: _Columns) -> bool:
