@@ -6,7 +6,8 @@ fields the analysis reads, which are turned into numpy columns at once and dropp
 bounded by the columns plus one piece, whatever the size of the file.
 
 The rows kept are the ones Holistic Trace Analysis (HTA 0.5.0) keeps: events with a duration and a
-category, except the `Trace` span. Times are microseconds. Like HTA, a trace with fractional
+category, except the `Trace` span. Times are microseconds: the trace format's `ts` is always in
+µs (`displayTimeUnit` only tells viewers how to show it). Like HTA, a trace with fractional
 (nanosecond-resolution) timestamps is rounded inwards to whole microseconds (start up, end down),
 so every interval metric can be checked against HTA number by number.
 """
