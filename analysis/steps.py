@@ -56,8 +56,9 @@ def _per_step_union(seg: np.ndarray, ts: np.ndarray, end: np.ndarray, offset: fl
     return lengths, (ms, me)
 
 
-def step_rows(trace: Trace) -> list[StepRow]:
-    numbers, starts, ends = step_spans(trace)
+def step_rows(trace: Trace, spans: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[StepRow]:
+    """The step tables for the spans step_spans() found; no spans make the whole trace step 0."""
+    numbers, starts, ends = spans
     if len(numbers) == 0:
         t0 = float(trace.ts.min())
         numbers, starts, ends = np.array([0]), np.array([t0]), np.array([float(trace.end.max())])

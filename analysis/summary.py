@@ -40,7 +40,8 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
     if rank is None:
         warnings.append("rank unknown (no distributedInfo, none given, none in the file name): taken as 0")
         rank = 0
-    numbers, starts, ends = step_spans(trace)
+    spans = step_spans(trace)
+    numbers, starts, ends = spans
     if len(numbers) == 0:
         warnings.append("no ProfilerStep in the trace: the whole trace is treated as one step")
         captured = float(trace.end.max() - trace.ts.min())
@@ -69,7 +70,7 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
         hasGpu=has_gpu,
         capturedUs=captured,
         gpuUtilizationPct=round(100 * float(busy) / captured, 2) if captured > 0 else 0.0,
-        steps=step_rows(trace),
+        steps=step_rows(trace, spans),
         temporal=breakdown.temporal(trace, scope),
         idle=breakdown.idle(trace, scope),
         kernelTypes=breakdown.kernel_types(trace, scope) if has_gpu else [],
