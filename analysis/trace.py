@@ -36,6 +36,7 @@ MEMSET_CATS = ("gpu_memset", "Memset")
 RUNTIME_CATS = ("cuda_runtime", "Runtime", "cuda_driver")
 PYTHON_CAT = "python_function"
 STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+_ERROR_AT = re.compile(r"\(byte (\d+)\)")
 
 
 class TraceError(Exception):
@@ -285,6 +286,7 @@ class _Window:
         self.buf = bytearray(CHUNK_BYTES)
         self.filled = 0
         self.eof = False
+        self.dropped = 0  # bytes of the stream before buf[0], to name positions in error messages
 
     def fill(self) -> None:
         """Read until the window is full or the stream ends."""
@@ -305,6 +307,7 @@ class _Window:
         self.buf[len(prefix): len(prefix) + rest] = self.buf[start: self.filled]
         self.buf[: len(prefix)] = prefix
         self.filled = len(prefix) + rest
+        self.dropped += start - len(prefix)
 
     def data(self) -> bytes:
         return bytes(self.buf[: self.filled])
@@ -362,7 +365,9 @@ def _decode_front(win: _Window, cols: _Columns) -> bool:
     """Decode the complete events at the front of the window (which starts with '['), keep the rest.
 
     A candidate cut is a `},`; one inside a string or a nested object leaves the piece unbalanced,
-    so msgspec refuses it as invalid JSON and the previous candidate is tried.
+    so msgspec refuses it at its very end and the previous candidate is tried. An error before the
+    end is a real fault in the file: reported at once, so a corrupt multi-GB trace costs neither
+    time nor an ever-growing window.
     """
     buf = win.buf
     cut = buf.rfind(b"},", 0, win.filled)
@@ -376,8 +381,12 @@ def _decode_front(win: _Window, cols: _Columns) -> bool:
                 events = _EVENTS.decode(view[: comma + 1])
         except msgspec.ValidationError:  # a real type error (ValidationError is a DecodeError too)
             raise
-        except msgspec.DecodeError:
+        except msgspec.DecodeError as e:
             buf[comma] = ord(",")
+            at = _ERROR_AT.search(str(e))
+            if at and int(at.group(1)) < comma:
+                raise msgspec.DecodeError(f"{_ERROR_AT.sub('', str(e)).strip()} at byte {win.dropped + int(at.group(1))}"
+                                          " of the JSON") from None
             cut = buf.rfind(b"},", 0, cut)
             continue
         cols.add(events, collectives=_has_collective_args(buf, comma))

@@ -161,6 +161,17 @@ def test_bad_traces_raise_a_clear_error_and_summaries_carry_it(tmp_path: Path, c
         assert "no events" in str(err.value)
 
 
+def test_corruption_inside_a_large_trace_is_reported_where_it_is(tmp_path: Path, monkeypatch):
+    events = [launch(10 * i, 5, i) for i in range(5000)]
+    text = json.dumps({"traceEvents": events})
+    broken = text.replace('"correlation": 2500}', '"correlation": 25#0}')
+    path = tmp_path / "rank-0.json"
+    path.write_text(broken)
+    monkeypatch.setattr(trace_module, "CHUNK_BYTES", 4096)
+    with pytest.raises(TraceError, match=f"malformed.* at byte {broken.index('#')} of the JSON"):
+        load_trace(path)
+
+
 def test_truncated_gzip_and_missing_file(shared_traces: Path, tmp_path: Path):
     src = one(shared_traces / "hta__ns_resolution")
     cut = tmp_path / "rank-5.trace.json.gz"
