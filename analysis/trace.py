@@ -27,8 +27,10 @@ import numpy as np
 from isal import igzip
 
 CHUNK_BYTES = 16 << 20
-# A metadata header larger than this before "traceEvents" is not a Kineto trace.
+# A metadata header larger than this before "traceEvents" is not a Kineto trace, and neither is
+# an event list with no event boundary in this many bytes.
 MAX_HEADER_BYTES = 64 << 20
+MAX_WINDOW_BYTES = 256 << 20
 # Category names of PyTorch 1.8's Kineto next to today's.
 KERNEL_CATS = ("kernel", "Kernel")
 MEMCPY_CATS = ("gpu_memcpy", "Memcpy")
@@ -344,6 +346,9 @@ def _decode_pieces(stream: BinaryIO, cols: _Columns) -> _Meta:
         if win.eof:
             break
         if not _decode_front(win, cols):
+            if len(win.buf) >= MAX_WINDOW_BYTES:
+                raise ValueError(f"no event boundary within {MAX_WINDOW_BYTES >> 20} MiB after byte {win.dropped}:"
+                                 " not a Kineto event list")
             win.grow()  # one event larger than the window
     if bare:
         cols.add(_EVENTS.decode(win.data()))

@@ -172,6 +172,15 @@ def test_corruption_inside_a_large_trace_is_reported_where_it_is(tmp_path: Path,
         load_trace(path)
 
 
+def test_no_event_boundary_stops_the_window_growing(tmp_path: Path, monkeypatch):
+    path = tmp_path / "rank-0.json"
+    path.write_text('{"traceEvents": [{"ph": "X", "name": "' + "a" * 100_000 + '"}]}')
+    monkeypatch.setattr(trace_module, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(trace_module, "MAX_WINDOW_BYTES", 16384)
+    with pytest.raises(TraceError, match="no event boundary within"):
+        load_trace(path)
+
+
 def test_truncated_gzip_and_missing_file(shared_traces: Path, tmp_path: Path):
     src = one(shared_traces / "hta__ns_resolution")
     cut = tmp_path / "rank-5.trace.json.gz"
