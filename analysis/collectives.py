@@ -65,19 +65,40 @@ def _lookup(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     return np.where(sorted_keys[pos] == wanted, order[pos], -1)
 
 
-def _message_bytes(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes moved and group size of each collective row, from the arguments on it or on its launching op."""
+def _collective_args(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """Index into trace.collectives of the arguments of each row (on it, else on the op that
+    launched it, by External id), -1 where there are none."""
+    coll = trace.collectives
+    j = _lookup(coll.row, rows)
+    ext = trace.external_id[rows]
+    return np.where((j < 0) & (ext >= 0), _lookup(trace.external_id[coll.row], ext), j)
+
+
+def _args_in_order(trace: Trace, rows: np.ndarray, kinds: list[str]) -> np.ndarray:
+    """CPU-side collectives (gloo:all_reduce on a backend thread) are not linked to the op that
+    recorded their arguments; the i-th of a kind is the i-th recorded of that kind."""
+    coll = trace.collectives
+    args = np.full(len(rows), -1)
+    recorded = np.array([normalise_kind(n) for n in coll.name], dtype=object)
+    by_time = np.argsort(trace.ts[coll.row], kind="stable")
+    row_kinds = np.array(kinds, dtype=object)
+    for kind in set(kinds):
+        mine = np.flatnonzero(row_kinds == kind)
+        theirs = by_time[recorded[by_time] == kind]
+        n = min(len(mine), len(theirs))
+        args[mine[:n]] = theirs[:n]
+    return args
+
+
+def _message_bytes(trace: Trace, args: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes moved and group size of each collective, from its arguments (0 without)."""
     coll = trace.collectives
     if len(coll.row) == 0:
-        return np.zeros(len(rows)), np.zeros(len(rows), dtype=np.int64)
+        return np.zeros(len(args)), np.zeros(len(args), dtype=np.int64)
     elem = np.array([dtype_bytes(d) for d in coll.dtype], dtype=np.float64)
     gathers = np.array([normalise_kind(n) == "AllGather" for n in coll.name], dtype=bool)
     msg_bytes = np.maximum(np.where(gathers, coll.out_nelems, coll.in_nelems), 0) * elem
-    j = _lookup(coll.row, rows)
-    ext = trace.external_id[rows]
-    via_ext = _lookup(trace.external_id[coll.row], ext)
-    j = np.where((j < 0) & (ext >= 0), via_ext, j)
-    return np.where(j >= 0, msg_bytes[j], 0.0), np.where(j >= 0, coll.group_size[j], 0)
+    return np.where(args >= 0, msg_bytes[args], 0.0), np.where(args >= 0, coll.group_size[args], 0)
 
 
 def collectives(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_us: float,
@@ -89,7 +110,8 @@ def collectives(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_u
     """
     rows = trace.device_rows()
     rows = rows[name_types(trace)[trace.name[rows]] == COMM]
-    if len(rows):
+    on_gpu = len(rows) > 0
+    if on_gpu:
         label_of = {int(c): parse_nccl_name(trace.names[int(c)]) for c in np.unique(trace.name[rows])}
     else:
         label_of = {i: (normalise_kind(m.group(2)), "", "") for i, n in enumerate(trace.names)
@@ -104,12 +126,26 @@ def collectives(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_u
         return []
     rows = rows[np.argsort(trace.ts[rows], kind="stable")]
     lab = label_idx[trace.name[rows]]
+    args = _collective_args(trace, rows) if on_gpu else _args_in_order(trace, rows, [labels[k][0] for k in lab])
+    # RCCL names its kernels ncclDevKernel_Generic_N: the recorded collective name says what ran.
+    recorded = sorted({normalise_kind(n) for n in trace.collectives.name if n})
+    entry_kind = np.array([recorded.index(normalise_kind(n)) if n else -1 for n in trace.collectives.name] + [-1])
+    row_kind = entry_kind[args]  # args == -1 picks the trailing -1
+    for old, new in {(int(a), int(b)) for a, b in zip(lab[row_kind >= 0], row_kind[row_kind >= 0])}:
+        kind, algorithm, protocol = labels[old]
+        if recorded[new] != kind:
+            label = (recorded[new], algorithm, protocol)
+            if label not in labels:
+                labels.append(label)
+            lab[(lab == old) & (row_kind == new)] = labels.index(label)
     dur, exposed = intervals.outside(compute, trace.ts[rows], trace.dur[rows])
-    size, group = _message_bytes(trace, rows)
+    size, group = _message_bytes(trace, args)
     group = np.where(group > 0, group, max(trace.world_size, 1)).astype(np.float64)
     out = []
     for k, (kind, algorithm, protocol) in enumerate(labels):
         sel = lab == k
+        if not sel.any():
+            continue
         d = dur[sel]
         factor = _BUS_FACTOR.get(kind, lambda n: np.ones_like(n))(group[sel])
         sized = size[sel] > 0

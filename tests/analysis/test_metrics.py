@@ -178,3 +178,29 @@ def test_python_functions_by_stack(tmp_path: Path):
     assert by_stack["train.py(1): main > train.py(5): step"].exclusiveUs == 10
     assert by_stack["train.py(5): step"].exclusiveUs == 10  # same function, other stack: its own row
     assert s.functions[0].name == "train.py(9): augment_batch_slowly"
+
+
+def test_rccl_generic_kernels_take_their_kind_from_the_recorded_arguments(tmp_path: Path):
+    generic = "ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)"
+    args = {"Collective name": "allreduce", "In msg nelems": 256, "Out msg nelems": 256, "dtype": "BFloat16",
+            "Group size": 8}
+    events = [gpu(generic, 0, 10, 1, **args), gpu(generic, 20, 10, 2), gpu(generic, 40, 10, 3, **args)]
+    path = tmp_path / "rccl.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    kinds = {c.kind: c for c in summarize(load_trace(path)).collectives}
+    assert kinds["AllReduce"].count == 2 and kinds["AllReduce"].bytes == 2 * 256 * 2
+    assert kinds["Generic"].count == 1 and kinds["Generic"].bytes == 0
+
+
+def test_cpu_collectives_pair_with_recorded_arguments_in_order(tmp_path: Path):
+    """gloo runs the collective on its own thread; sizes come from record_param_comms, in issue order."""
+    def recorded(ts: float, nelems: int) -> dict:
+        return ev("cpu_op", "record_param_comms", ts, 5, **{"Collective name": "allreduce", "In msg nelems": nelems,
+                                                             "Out msg nelems": nelems, "dtype": "Float", "Group size": 2})
+    events = [recorded(0, 100), ev("user_annotation", "gloo:all_reduce", 10, 50, tid=9),
+              recorded(100, 300), ev("user_annotation", "gloo:all_reduce", 110, 30, tid=9)]
+    path = tmp_path / "gloo.json"
+    path.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 2, "backend": "gloo"}, "traceEvents": events}))
+    (allreduce,) = summarize(load_trace(path)).collectives
+    assert (allreduce.kind, allreduce.count, allreduce.durationsUs, allreduce.bytes) == ("AllReduce", 2, [50, 30], 1600)
+    assert allreduce.busBandwidthGBs == pytest.approx(1600 * 2 * 1 / 2 / 80 / 1e3)
