@@ -64,8 +64,11 @@ def python_functions(trace: Trace, gpu_union: tuple[np.ndarray, np.ndarray], cap
     sid, stack_parent, stack_name = _stack_ids(parent, trace.name[rows].astype(np.int64), len(trace.names))
     n_stacks = len(stack_name)
     count = np.bincount(sid, minlength=n_stacks)
-    excl = np.bincount(sid, weights=np.maximum(exclusive, 0), minlength=n_stacks)
-    excl_exposed = np.bincount(sid, weights=np.maximum(exclusive_exposed, 0), minlength=n_stacks)
+    # Callees lie inside their caller in real traces; clipping keeps broken nesting from giving
+    # negative times or more exposed time than exclusive time.
+    exclusive = np.maximum(exclusive, 0)
+    excl = np.bincount(sid, weights=exclusive, minlength=n_stacks)
+    excl_exposed = np.bincount(sid, weights=np.clip(exclusive_exposed, 0, exclusive), minlength=n_stacks)
     out = []
     for s in np.argsort(-excl_exposed, kind="stable")[:top]:
         frames = []

@@ -33,7 +33,7 @@ def step_spans(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     step, rows = step[first], rows[first]
     by_start = np.argsort(trace.ts[rows], kind="stable")
     step, rows = step[by_start], rows[by_start]
-    return step, trace.ts[rows], trace.ts[rows] + trace.dur[rows]
+    return step, trace.ts[rows], np.maximum(trace.ts[rows] + trace.dur[rows], trace.ts[rows])
 
 
 def launch_times(trace: Trace, rows: np.ndarray) -> np.ndarray:

@@ -146,7 +146,8 @@ class Trace:
 
     @property
     def end(self) -> np.ndarray:
-        return self.ts + self.dur
+        """Ends, never before the starts (inward rounding leaves sub-µs events with end < start)."""
+        return np.maximum(self.ts + self.dur, self.ts)
 
 
 class _Columns:

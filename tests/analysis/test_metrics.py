@@ -204,3 +204,42 @@ def test_cpu_collectives_pair_with_recorded_arguments_in_order(tmp_path: Path):
     (allreduce,) = summarize(load_trace(path)).collectives
     assert (allreduce.kind, allreduce.count, allreduce.durationsUs, allreduce.bytes) == ("AllReduce", 2, [50, 30], 1600)
     assert allreduce.busBandwidthGBs == pytest.approx(1600 * 2 * 1 / 2 / 80 / 1e3)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_random_traces_summarise_without_surprises(tmp_path: Path, seed: int):
+    """Odd but valid traces (zero and sub-µs durations, unmatched correlations, steps or none,
+    kernels without launches, nested Python calls) give a summary whose numbers hold together."""
+    rng = np.random.default_rng(seed)
+    names = {"kernel": ["volta_sgemm_128x64_nn", "ncclKernel_AllReduce_RING_LL_Sum_float(x)", "Memset (Device)"],
+             "gpu_memcpy": ["Memcpy HtoD (Pageable -> Device)"], "cuda_runtime": ["cudaLaunchKernel", "cudaMemcpyAsync"],
+             "cpu_op": ["aten::mm", "ProfilerStep#%d"], "python_function": ["a.py(1): f", "a.py(2): g"]}
+    events = []
+    for i in range(int(rng.integers(1, 200))):
+        cat = str(rng.choice(list(names)))
+        name = str(rng.choice(names[cat]))
+        if "%d" in name:
+            name %= int(rng.integers(1, 4))
+        ts = float(rng.integers(0, 10_000)) + (float(rng.random()) if seed % 2 else 0.0)
+        dur = float(rng.choice([0.0, 0.4, float(rng.integers(1, 500))]))
+        args = {"correlation": int(rng.integers(0, 30))}
+        if cat in ("kernel", "gpu_memcpy"):
+            args["stream"] = int(rng.choice([7, 13]))
+        if cat == "python_function":
+            args = {"Python id": i, "Python parent id": int(rng.integers(0, i + 1))}
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 1, "ts": ts, "dur": dur, "args": args})
+    path = tmp_path / "random.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    s = summarize(load_trace(path))
+    assert s.capturedUs >= 0 and 0 <= s.gpuUtilizationPct <= 100
+    if s.temporal:
+        t = s.temporal
+        assert min(t.idleUs, t.computeUs, t.nonComputeUs) >= 0
+        assert t.idleUs + t.computeUs + t.nonComputeUs == pytest.approx(t.spanUs)
+    for step in s.steps:
+        assert 0 <= step.overlappedUs <= min(step.computingUs, step.communicationUs) + 1e-9
+        assert step.freeUs >= 0 and step.idleUs >= 0
+    assert all(0 <= f.notOverlappedUs <= f.exclusiveUs + 1e-9 for f in s.functions)
+    assert all(k.minUs <= k.medianUs <= k.maxUs for k in s.kernels)
+    if s.overlapPct is not None:
+        assert 0 <= s.overlapPct <= 100
