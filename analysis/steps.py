@@ -87,13 +87,13 @@ def step_rows(trace: Trace, spans: tuple[np.ndarray, np.ndarray, np.ndarray]) ->
     both = running == 3
     overlapped = np.bincount((times[both] // offset).astype(np.int64), weights=seconds[both], minlength=n) \
         if both.any() else np.zeros(n)
-    idle = span - busy
+    idle = np.maximum(span - busy, 0.0)  # float sums of fractional times may go a hair below 0
     duration = ends - starts
     comm_only = communication - overlapped
     has_gpu = len(gpu) > 0
     return [StepRow(step=int(numbers[i]), startUs=float(starts[i]), durationUs=float(duration[i]),
                     idleUs=float(idle[i]), computeUs=float(computing[i]),
-                    nonComputeUs=float(span[i] - computing[i] - idle[i]),
+                    nonComputeUs=float(max(span[i] - computing[i] - idle[i], 0.0)),
                     computingUs=float(computing[i]), commNotOverlappedUs=float(comm_only[i]),
                     overlappedUs=float(overlapped[i]), communicationUs=float(communication[i]),
                     freeUs=float(max(duration[i] - computing[i] - comm_only[i], 0.0)) if has_gpu else 0.0)
