@@ -199,3 +199,34 @@ def test_summary_of_a_copied_trace_keeps_its_rank(shared_traces: Path, tmp_path:
     s = summarize_file(dst, pod="trainer-3", node="node-a")
     assert (s.rank, s.worldSize, s.pod, s.node, s.error) == (3, 8, "trainer-3", "node-a", "")
     assert summarize_file(dst, rank=7).rank == 7
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_layouts_and_window_sizes_load_like_json(tmp_path: Path, monkeypatch, seed: int):
+    """Any JSON layout, names full of '},' and quotes, nested args, any window size: the rows are
+    the ones json.loads sees."""
+    rng = np.random.default_rng(seed)
+    pieces = ['},', '{', '"', '\\', '}, {', ']', 'é', 'ProfilerStep#1', ' ']
+    events = []
+    for i in range(int(rng.integers(1, 400))):
+        name = "".join(str(rng.choice(pieces)) for _ in range(int(rng.integers(0, 6))))
+        event = {"ph": str(rng.choice(["X", "X", "X", "i", "f"])), "cat": str(rng.choice(["kernel", "cpu_op", "Trace"])),
+                 "name": name, "pid": int(rng.integers(0, 3)), "tid": "stream 7", "ts": float(rng.integers(0, 1000)),
+                 "args": {"stream": 7, "correlation": i, "nested": [{"a": name}, {"b": [1, {"c": "},"}]}]}}
+        if event["ph"] == "X":
+            event["dur"] = float(rng.integers(0, 50))
+        events.append(event)
+    layout = [dict(indent=None), dict(indent=1), dict(separators=(",", ":")), dict(indent="\t")][seed % 4]
+    path = tmp_path / "layout.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events, "distributedInfo": {"rank": 1}}, **layout))
+    monkeypatch.setattr(trace_module, "CHUNK_BYTES", int(rng.integers(64, 4096)))
+    expected = [e for e in events if "dur" in e and e["cat"] != "Trace"]
+    if not expected:
+        with pytest.raises(TraceError, match="no events"):
+            load_trace(path)
+        return
+    t = load_trace(path)
+    assert t.rank == 1
+    assert [t.names[c] for c in t.name] == [e["name"] for e in expected]
+    assert t.ts.tolist() == [e["ts"] for e in expected] and t.dur.tolist() == [e["dur"] for e in expected]
+    assert t.correlation.tolist() == [e["args"]["correlation"] for e in expected]
