@@ -69,6 +69,12 @@ def _runtime_ts(trace: Trace, scope: GpuScope, rows: np.ndarray) -> np.ndarray:
     return out
 
 
+def _first_seen(values: np.ndarray) -> np.ndarray:
+    """Distinct values in order of first appearance (HTA walks streams as pandas' unique() lists them)."""
+    uniq, first = np.unique(values, return_index=True)
+    return uniq[np.argsort(first)]
+
+
 def idle(trace: Trace, scope: GpuScope, delay_us: float = CONSECUTIVE_KERNEL_DELAY_US) -> IdleBreakdown | None:
     """Idle gaps between consecutive kernels of each stream: host wait when the next kernel was
     launched after the previous one ended, kernel wait when shorter than `delay_us`, else other."""
@@ -76,9 +82,14 @@ def idle(trace: Trace, scope: GpuScope, delay_us: float = CONSECUTIVE_KERNEL_DEL
     if len(rows) == 0:
         return None
     stream = trace.stream[rows]
+    # HTA sorts each stream's kernels by start with pandas' default (numpy's quicksort) on its
+    # int64 column; kernels starting at the same µs then come in that algorithm's order, which
+    # decides the gap after each. The same call on the same array in the same order reproduces it.
+    order = np.concatenate([np.flatnonzero(stream == s)[np.argsort(trace.ts[rows[stream == s]].astype(np.int64),
+                                                                   kind="quicksort")]
+                            for s in _first_seen(stream)])
+    rows, stream = rows[order], stream[order]
     ts = trace.ts[rows]
-    order = np.lexsort((ts, stream))
-    rows, stream, ts = rows[order], stream[order], ts[order]
     end = ts + trace.dur[rows]
     first = np.concatenate([[True], stream[1:] != stream[:-1]])
     prev_end = np.where(first, np.nan, np.roll(end, 1))
