@@ -92,7 +92,7 @@ def run_session(api_client, name: str, concurrency: int, port: int) -> dict[str,
     import kubernetes
     from kopf.testing import KopfRunner
 
-    from stepscope.operator import kube, metrics
+    from stepscope.operator import kube, metrics, registry
 
     os.environ["STEPSCOPE_FANOUT_CONCURRENCY"] = str(concurrency)
     api = kubernetes.client.CustomObjectsApi(api_client)
@@ -105,7 +105,7 @@ def run_session(api_client, name: str, concurrency: int, port: int) -> dict[str,
         write_times.append(time.monotonic())
         return result
     kube.patch_session_status = timed_patch  # every status write of the operator goes through here
-    with KopfRunner(["run", "--standalone", "--all-namespaces", "-m", "stepscope.operator.handlers"], timeout=300):
+    with KopfRunner(["run", "--standalone", "--all-namespaces"], registry=registry.build(), timeout=300):
         time.sleep(1.0)  # let kopf list the (empty) resource before the clock starts
         spec = {"selector": {"matchLabels": {"job": "big"}}, "capture": {"steps": 2}, "hangTimeoutSeconds": 60,
                 "storage": {"uri": f"file://{tempfile.mkdtemp(prefix='fanout-')}"}, "analysis": {"enabled": False}, "timeoutSeconds": 300}

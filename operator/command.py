@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 
 import kopf
 
-from stepscope.operator import metrics
+from stepscope.operator import metrics, registry
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,10 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    importlib.import_module("stepscope.operator.handlers")
-    if args.webhook:
-        importlib.import_module("stepscope.operator.webhook")
     if args.metrics_port:
         metrics.serve(args.metrics_address, args.metrics_port)
-    kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace, liveness_endpoint=args.liveness)
+    kopf.run(registry=registry.build(with_webhook=args.webhook), standalone=True, clusterwide=not args.namespace, namespaces=args.namespace, liveness_endpoint=args.liveness)
     return 0

@@ -17,7 +17,6 @@ from stepscope.session import SpecError
 from stepscope.signing import load_key
 
 
-@kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
     # kopf's own bookkeeping goes into annotations, so that status holds only what the
@@ -29,15 +28,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.ctx = Context(OperatorSettings(), load_key(os.environ.get("STEPSCOPE_HMAC_KEY_FILE")))
 
 
-@kopf.on.login()
 def login(**_: Any) -> kopf.ConnectionInfo:
     kube.reset()  # a new login re-reads the credentials, e.g. a rotated service-account token
     return kube.connection_info()
 
 
-# An unexpected error (an API server hiccup) restarts the daemon after `backoff`; it resumes from
-# the status like after an operator restart.
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, backoff=5.0)
 async def session_daemon(namespace: str, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: logging.Logger, **_: Any) -> None:
     try:
         obj = await asyncio.to_thread(kube.get_session, namespace, name)
@@ -48,7 +43,6 @@ async def session_daemon(namespace: str, name: str, memo: kopf.Memo, stopped: ko
     await SessionRunner(obj, memo.ctx, stopped, logger).run()
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL)
 async def cancel_on_delete(spec: kopf.Spec, status: kopf.Status, uid: str, namespace: str, name: str, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     """Cancel on every triggered sidecar; what was captured stays in the store."""
     metrics.SESSIONS.set(uid, None)
@@ -65,3 +59,13 @@ async def cancel_on_delete(spec: kopf.Spec, status: kopf.Status, uid: str, names
     outcomes = await asyncio.to_thread(fanout.cancel, targets, uid, memo.ctx.key, concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
     failed = [o for o in outcomes if not o.ok]
     logger.info("%s/%s deleted: cancelled on %d sidecar(s)%s", namespace, name, len(outcomes) - len(failed), f", {len(failed)} unreachable" if failed else "")
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Put the session handlers into `registry` (see stepscope.operator.registry for why not kopf's default one)."""
+    kopf.on.startup(registry=registry)(configure)
+    kopf.on.login(registry=registry)(login)
+    # An unexpected error (an API server hiccup) restarts the daemon after `backoff`; it resumes
+    # from the status like after an operator restart.
+    kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0, backoff=5.0, registry=registry)(session_daemon)
+    kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)(cancel_on_delete)

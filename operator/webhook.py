@@ -25,8 +25,6 @@ def ensure_hmac_secret(namespace: str, cfg: InjectionSettings, key: bytes) -> No
     kube.create_or_get(core.create_namespaced_secret, core.read_namespaced_secret, namespace, body)
 
 
-@kopf.on.mutate("v1", "pods", labels={INJECT_LABEL: "true"}, operations=["CREATE"], id="inject-sidecar",
-                side_effects=True, ignore_failures=True)
 def inject_sidecar(spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, dryrun: bool, warnings: list[str], **_: Any) -> None:
     cfg = InjectionSettings.from_operator(memo.ctx.settings)
     fields = inject(dict(spec), cfg)
@@ -71,8 +69,14 @@ def webhook_server(folder: Path | None = None) -> ServiceWebhookServer:
                                 certfile=cert.cert_file, pkeyfile=cert.key_file, cadata=cert.ca_pem)
 
 
-@kopf.on.startup()
 def configure_webhook(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.admission.server = webhook_server()
     # kopf keeps this MutatingWebhookConfiguration's webhooks and caBundle in step with the server.
     settings.admission.managed = os.environ.get("STEPSCOPE_WEBHOOK_CONFIG", "stepscope-injector.stepscope.io") or None
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Put the injection webhook into `registry`, beside the session handlers."""
+    kopf.on.mutate("v1", "pods", labels={INJECT_LABEL: "true"}, operations=["CREATE"], id="inject-sidecar",
+                   side_effects=True, ignore_failures=True, registry=registry)(inject_sidecar)
+    kopf.on.startup(registry=registry)(configure_webhook)

@@ -9,6 +9,7 @@ from typing import Any
 import kubernetes
 from kopf.testing import KopfRunner
 
+from stepscope.operator import registry
 from stepscope.operator.settings import GROUP, PLURAL, SIDECAR_PORT_NAME, VERSION
 from tests.kube.helpers import wait_for
 
@@ -27,7 +28,7 @@ class OperatorHarness:
         self.batch = kubernetes.client.BatchV1Api(kube.api_client)
 
     def start(self) -> None:
-        self.runner = KopfRunner(["run", "--standalone", "--all-namespaces", "-m", "stepscope.operator.handlers"], timeout=60)
+        self.runner = KopfRunner(["run", "--standalone", "--all-namespaces"], registry=registry.build(), timeout=60)
         self.runner.__enter__()
 
     def stop(self) -> None:

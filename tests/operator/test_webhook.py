@@ -18,6 +18,7 @@ from cryptography import x509
 from kopf.testing import KopfRunner
 
 from stepscope.launch import free_port
+from stepscope.operator import registry
 from tests.kube.fixtures import Kube
 from tests.kube.helpers import wait_for
 from tests.operator.harness import KEY
@@ -38,7 +39,7 @@ def _running_webhook(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> Iterator
     monkeypatch.setenv("STEPSCOPE_WEBHOOK_CONFIG", CONFIG)
     monkeypatch.setenv("STEPSCOPE_IMAGE", "registry.example/stepscope:test")
     admission = kubernetes.client.AdmissionregistrationV1Api(cluster.api_client)
-    with KopfRunner(["run", "--standalone", "--all-namespaces", "-m", "stepscope.operator.handlers", "-m", "stepscope.operator.webhook"], timeout=60):
+    with KopfRunner(["run", "--standalone", "--all-namespaces"], registry=registry.build(with_webhook=True), timeout=60):
         def registered() -> Any:
             try:
                 hooks = admission.read_mutating_webhook_configuration(CONFIG).to_dict()["webhooks"] or []
