@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from stepscope.launch import LocalJob, launch_ranks
+from tests.polling import wait_for  # noqa: F401 (imported from here by the tests)
 
 
 def write_request(directory: Path, session: str, *, action: str = "capture", hang_timeout: float = 300, version: int = 1,
@@ -34,16 +35,6 @@ def read_state(directory: Path, session: str, rank: int) -> dict[str, Any] | Non
         return json.loads((directory / session / f"rank-{rank}.state.json").read_text())
     except FileNotFoundError:
         return None
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def wait_for_state(directory: Path, session: str, rank: int, states: tuple[str, ...], timeout: float = 30) -> dict[str, Any]:

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any, Callable
 
 import pytest
 from kubernetes.client import ApiException
+
+from tests.polling import wait_for  # noqa: F401 (imported from here by the tests)
 
 GROUP, VERSION, PLURAL = "stepscope.io", "v1alpha1", "profilesessions"
 
@@ -32,18 +33,6 @@ def job(name: str, owners: list[dict[str, Any]]) -> dict[str, Any]:
 def owner_ref(obj: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
             "uid": obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll until `check()` is truthy; return its value or fail with `what`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def refused(call: Callable[[], Any], code: int) -> dict[str, Any]:
