@@ -23,16 +23,22 @@ def temporal(trace: Trace, scope: GpuScope) -> TemporalBreakdown | None:
     if len(scope.gpu) == 0:
         return None
     ts = trace.ts[scope.gpu]
-    # Inward rounding can leave a sub-microsecond kernel with end < start; HTA merges such
-    # intervals as they are and then fails its own checks (non-compute time < 0), so they count
-    # as empty here.
-    end = np.maximum(ts + trace.dur[scope.gpu], ts)
-    ms, me = intervals.merge(ts, end)
-    span = float(me[-1] - ms[0])
-    idle = span - intervals.length(ms, me)
+    end = ts + trace.dur[scope.gpu]
     comp = scope.types == COMP
-    compute = intervals.length(*intervals.merge(ts[comp], end[comp]))
-    non_compute = span - compute - idle
+
+    def split(end: np.ndarray) -> tuple[float, float, float, float]:
+        ms, me = intervals.merge(ts, end)
+        span = float(me[-1] - ms[0])
+        idle = span - intervals.length(ms, me)
+        compute = intervals.length(*intervals.merge(ts[comp], end[comp]))
+        return span, idle, compute, span - compute - idle
+
+    span, idle, compute, non_compute = split(end)
+    if min(idle, compute, non_compute) < 0:
+        # Inward rounding left sub-µs kernels ending before they start; HTA merges them as they
+        # are and fails its own check (non-compute time < 0). Counted as empty, they give a
+        # sane split; everywhere else the numbers are HTA's own.
+        span, idle, compute, non_compute = split(np.maximum(end, ts))
 
     def pct(x: float) -> float:
         return round(100 * x / span, 2) if span > 0 else 0.0
