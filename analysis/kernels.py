@@ -56,6 +56,8 @@ def comm_comp_overlap(trace: Trace, scope: GpuScope) -> float | None:
     comm_set = intervals.merge(ts[comm], end[comm])
     comp = scope.types == COMP
     total = intervals.length(*comm_set)
-    if total <= 0:
-        return None
+    if total == 0:
+        return None  # HTA: 0 / 0
+    if total < 0:
+        return 0.0  # only sub-µs kernels rounded to negative length: no communication time to overlap
     return round(100 * intervals.intersection(comm_set, intervals.merge(ts[comp], end[comp])) / total, 2)
