@@ -10,9 +10,10 @@ errors that appear `event_after_us` into the run.
 from __future__ import annotations
 
 import math
+import operator
 import threading
 import time
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Callable, Literal, Mapping, Sequence, TypeVar
 
 from stepscope.sidecar.nvml_api import (
     FI_ECC_DBE_VOL_TOTAL,
@@ -35,14 +36,23 @@ PCIE_BYTES_PER_US = 8_000.0  # 8 GB/s while communicating
 NVLINK_KIB_PER_US = 20e9 / 1024 / 1e6  # 20 GB/s per link while communicating
 SLOW_LINK_FACTOR = 0.2
 HEALTHY_UTIL_PCT = 97.0
+MEMORY_UTIL_PCT = 45.0
+MEMORY_USED_BYTES = 61 << 30
 _NVLINK_FIELDS = (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX)
+_REASON_BITS = {"power": REASON_SW_POWER_CAP, "thermal": REASON_SW_THERMAL, None: 0}
+T = TypeVar("T")
 
 Throttle = Literal["power", "thermal"]
 SlowLink = Literal["nvlink", "pcie"]
 
 
 class SimulatedBackend:
-    """N simulated GPUs of one pod, configured per GPU index."""
+    """N simulated GPUs of one pod, configured per GPU index.
+
+    Everything that does not depend on time is worked out once here, so a call costs a lookup
+    (plus a few operations on the clock for the link counters): the benchmark then measures the
+    sampler, not the simulation.
+    """
 
     def __init__(
         self,
@@ -65,24 +75,38 @@ class SimulatedBackend:
     ) -> None:
         """`origin_us` (Unix µs) is when the simulated training loop's step 0 began (default:
         now); `error_every` > 0 makes every n-th clocks_mhz call fail, to exercise error paths."""
+        throttle = dict(throttle or {})
+        slow_link = dict(slow_link or {})
+        low_util = dict(low_util or {})
+        locked = dict(locked_clock_mhz or {})
+        ecc = dict(ecc or {})
         self._gpus = gpus
         self._nvlinks = nvlinks
-        self._throttle = dict(throttle or {})
-        self._slow_link = dict(slow_link or {})
-        self._low_util = dict(low_util or {})
-        self._locked_clock = dict(locked_clock_mhz or {})
         self._xid = dict(xid or {})
-        self._ecc = dict(ecc or {})
-        self._event_after_us = event_after_us
         self.step_us = step_us
         self._comm_us = step_us * comm_fraction
+        self._compute_us = step_us - self._comm_us
         self._util_sample_us = util_sample_us
         self._clock_ns = clock_ns
         self.origin_us = origin_us if origin_us is not None else clock_ns() // 1000
+        self._event_us = self.origin_us + event_after_us
         self._error_every = error_every
         self._clock_calls = 0
         self._xid_sent: set[int] = set()
         self._lock = threading.Lock()
+        indices = range(gpus)
+        self._clocks = {g: (THROTTLED_SM_CLOCK_MHZ if g in throttle else locked.get(g, SM_CLOCK_MHZ), MEM_CLOCK_MHZ) for g in indices}
+        self._reasons = {g: _REASON_BITS[throttle.get(g)] for g in indices}
+        self._power = {g: 400.0 if throttle.get(g) == "power" else 610.0 + 5 * g for g in indices}
+        self._temperature = {g: 91.0 if throttle.get(g) == "thermal" else 62.0 + g for g in indices}
+        self._util = {g: (low_util.get(g, HEALTHY_UTIL_PCT), MEMORY_UTIL_PCT) for g in indices}
+        # Per GPU: link counter rates (per µs of communication) and ECC counts once the event is due.
+        self._rates = {g: (NVLINK_KIB_PER_US * (SLOW_LINK_FACTOR if slow_link.get(g) == "nvlink" else 1.0),
+                           PCIE_BYTES_PER_US * (SLOW_LINK_FACTOR if slow_link.get(g) == "pcie" else 1.0),
+                           *map(float, ecc.get(g, (0, 0)))) for g in indices}
+        # The sampler asks for the same field tuple every round: its layout is resolved once.
+        self._layout_for: Sequence[tuple[int, int]] = ()
+        self._layout = self._field_layout(())
 
     def _now_us(self) -> int:
         return self._clock_ns() // 1000
@@ -91,57 +115,43 @@ class SimulatedBackend:
         """(step, start Unix µs, duration µs) of simulated steps, to build matching RankSummaries."""
         return [(s, float(self.origin_us + s * self.step_us), float(self.step_us)) for s in range(first, first + count)]
 
-    def _comm_time_us(self, t_us: int) -> float:
-        """Time spent communicating between the origin and t_us."""
-        elapsed = max(0, t_us - self.origin_us)
-        full, within = divmod(elapsed, self.step_us)
-        return full * self._comm_us + max(0.0, within - (self.step_us - self._comm_us))
-
-    def _check(self, gpu: int) -> None:
-        if not 0 <= gpu < self._gpus:
-            raise BackendError(f"no simulated GPU {gpu}")
+    def _lookup(self, table: dict[int, T], gpu: int) -> T:
+        try:
+            return table[gpu]
+        except KeyError:
+            raise BackendError(f"no simulated GPU {gpu}") from None
 
     def devices(self) -> list[DeviceInfo]:
         return [DeviceInfo(i, f"GPU-sim-{i:04d}", "Simulated H100", self._nvlinks) for i in range(self._gpus)]
 
     def clocks_mhz(self, gpu: int) -> tuple[float, float]:
-        self._check(gpu)
-        with self._lock:
-            self._clock_calls += 1
-            failing = self._error_every and self._clock_calls % self._error_every == 0
-        if failing:
-            raise BackendError("simulated NVML failure")
-        sm = THROTTLED_SM_CLOCK_MHZ if gpu in self._throttle else self._locked_clock.get(gpu, SM_CLOCK_MHZ)
-        return sm, MEM_CLOCK_MHZ
+        clocks = self._lookup(self._clocks, gpu)
+        if self._error_every:
+            with self._lock:
+                self._clock_calls += 1
+                failing = self._clock_calls % self._error_every == 0
+            if failing:
+                raise BackendError("simulated NVML failure")
+        return clocks
 
     def clock_event_reasons(self, gpu: int) -> int:
-        self._check(gpu)
-        return {"power": REASON_SW_POWER_CAP, "thermal": REASON_SW_THERMAL, None: 0}[self._throttle.get(gpu)]
+        return self._lookup(self._reasons, gpu)
 
     def power_w(self, gpu: int) -> float:
-        self._check(gpu)
-        if self._throttle.get(gpu) == "power":
-            return 400.0
-        return 610.0 + 5 * gpu
+        return self._lookup(self._power, gpu)
 
     def temperature_c(self, gpu: int) -> float:
-        self._check(gpu)
-        return 91.0 if self._throttle.get(gpu) == "thermal" else 62.0 + gpu
+        return self._lookup(self._temperature, gpu)
 
     def memory_used_bytes(self, gpu: int) -> int:
-        self._check(gpu)
-        return 61 << 30
-
-    def _util(self, gpu: int) -> float:
-        return self._low_util.get(gpu, HEALTHY_UTIL_PCT)
+        self._lookup(self._clocks, gpu)
+        return MEMORY_USED_BYTES
 
     def utilization(self, gpu: int) -> tuple[float, float]:
-        self._check(gpu)
-        return self._util(gpu), 45.0
+        return self._lookup(self._util, gpu)
 
     def utilization_samples(self, gpu: int, kind: UtilizationKind, since_us: int) -> list[tuple[int, float]]:
-        self._check(gpu)
-        value = self._util(gpu) if kind == "gpu" else 45.0
+        value = self._lookup(self._util, gpu)[0 if kind == "gpu" else 1]
         period = self._util_sample_us
         first = max(self.origin_us, since_us + 1)
         k0 = -(-(first - self.origin_us) // period)
@@ -149,19 +159,33 @@ class SimulatedBackend:
         return [(self.origin_us + k * period, value) for k in range(k0, k1 + 1)]
 
     def field_values(self, gpu: int, fields: Sequence[tuple[int, int]]) -> list[float]:
-        self._check(gpu)
-        now = self._now_us()
-        comm = self._comm_time_us(now)
-        slow = self._slow_link.get(gpu)
-        nvlink = float(int(comm * NVLINK_KIB_PER_US * (SLOW_LINK_FACTOR if slow == "nvlink" else 1.0)))
-        pcie = float(int(comm * PCIE_BYTES_PER_US * (SLOW_LINK_FACTOR if slow == "pcie" else 1.0)))
-        sbe, dbe = self._ecc.get(gpu, (0, 0)) if now >= self.origin_us + self._event_after_us else (0, 0)
-        device = {FI_PCIE_COUNT_TX_BYTES: pcie, FI_PCIE_COUNT_RX_BYTES: pcie, FI_ECC_SBE_VOL_TOTAL: float(sbe), FI_ECC_DBE_VOL_TOTAL: float(dbe)}
-        links = self._nvlinks
-        return [(nvlink if scope < links else math.nan) if field in _NVLINK_FIELDS else device.get(field, math.nan) for field, scope in fields]
+        try:
+            nvlink_rate, pcie_rate, sbe, dbe = self._rates[gpu]
+        except KeyError:
+            raise BackendError(f"no simulated GPU {gpu}") from None
+        if fields is not self._layout_for:
+            self._layout = self._field_layout(fields)
+            # Only a tuple can be trusted not to change under the cached layout.
+            self._layout_for = fields if isinstance(fields, tuple) else ()
+        now = self._clock_ns() // 1000
+        # Time spent communicating since the origin: the last comm_fraction of every step.
+        full, within = divmod(now - self.origin_us if now > self.origin_us else 0, self.step_us)
+        comm = full * self._comm_us + (within - self._compute_us if within > self._compute_us else 0.0)
+        if now < self._event_us:
+            sbe = dbe = 0.0
+        return list(self._layout((float(int(comm * pcie_rate)), sbe, dbe, float(int(comm * nvlink_rate)), math.nan)))
+
+    def _field_layout(self, fields: Sequence[tuple[int, int]]) -> Callable[[tuple[float, ...]], tuple[float, ...]]:
+        """Picks each asked field from (PCIe bytes, ECC SBE, ECC DBE, NVLink KiB, NaN)."""
+        device = {FI_PCIE_COUNT_TX_BYTES: 0, FI_PCIE_COUNT_RX_BYTES: 0, FI_ECC_SBE_VOL_TOTAL: 1, FI_ECC_DBE_VOL_TOTAL: 2}
+        picks = [(3 if scope < self._nvlinks else 4) if field in _NVLINK_FIELDS else device.get(field, 4) for field, scope in fields]
+        if len(picks) > 1:
+            return operator.itemgetter(*picks)
+        # itemgetter of one index returns a bare value, not a tuple.
+        return lambda choices: tuple(choices[i] for i in picks)
 
     def xid_events(self) -> list[tuple[int, int]]:
-        if self._now_us() < self.origin_us + self._event_after_us:
+        if self._now_us() < self._event_us:
             return []
         with self._lock:
             due = [(gpu, code) for gpu, code in self._xid.items() if gpu not in self._xid_sent]
