@@ -12,10 +12,15 @@ torch 2.13's profiler: a record_function's ts + base lands within ~0.1 ms of tim
 next to it). Like Kineto, the sampler reads the wall clock once at start and advances it with the
 monotonic counter, so a wall-clock step during the capture cannot reorder samples.
 
-Fast metrics (SM/memory clock, clock-event reasons, one nvmlDeviceGetFieldValues call with the
-PCIe, NVLink and ECC counters) are read every round; slow ones (power, temperature, memory used,
-utilization, XID events) every SLOW_PERIOD_US. Utilization comes from the driver's own sample
-buffer (nvmlDeviceGetSamples, with the driver's timestamps) where supported, polled otherwise.
+Three tiers, so that the work of a round stays what must be fresh at that rate:
+- every round: SM and memory clock, clock-event reasons and one nvmlDeviceGetFieldValues call with
+  the PCIe, NVLink and ECC counters (the counters are cumulative: the analysis needs them paired
+  with exact times, and one batched call costs little more than one counter);
+- every SLOW_PERIOD_US (10 ms): power, temperature, memory used, and utilization where the driver
+  keeps no sample buffer (polled); these change over tens of ms, and steps last longer;
+- every BUFFER_PERIOD_US (100 ms) and once when sampling ends: the driver's utilization sample
+  buffers (nvmlDeviceGetSamples, rows at the driver's own timestamps) and XID events: both queue
+  up in the driver, so reading them less often loses nothing but the XID row's time resolution.
 """
 from __future__ import annotations
 
@@ -50,15 +55,17 @@ log = logging.getLogger(__name__)
 
 MIN_INTERVAL_US = 100
 SLOW_PERIOD_US = 10_000
+BUFFER_PERIOD_US = 100_000
 MAX_LATE_WAKE_NS = 150_000
 SLEEP_ONLY_FROM_US = 1000
 METRICS_FILE = "gpu-metrics.csv.gz"
 FLOAT_COLUMNS = ("power_w", "temperature_c")
 NAN = math.nan
-_NO_CLOCKS = (NAN, NAN)  # also "no utilization": a pair of unmeasured values
+_NO_PAIR = (NAN, NAN)  # clocks or utilization not measured
+_NO_SLOW = (NAN,) * 5  # the slow columns of a row taken between slow rounds
 T = TypeVar("T")
-
-_COL = {name: i for i, name in enumerate(BASE_COLUMNS)}
+# Slots of a GPU's backend methods in MetricsRecorder._calls.
+_FIELDS, _CLOCKS, _REASONS, _POWER, _TEMPERATURE, _MEMORY, _UTILIZATION = range(7)
 
 
 @dataclass
@@ -131,17 +138,27 @@ class MetricsRecorder:
         self.stats.gpus = len(self._devices)
         links = max((d.nvlinks for d in self._devices), default=0)
         self._columns = BASE_COLUMNS + nvlink_columns(links)
-        self._fields = self._field_list(links)
+        # The ring keeps xid last, so that a round packs the field values as they come (see
+        # _sample_round); _frame puts the columns back in file order.
+        self._ring_columns = tuple(c for c in self._columns if c != "xid") + ("xid",)
+        self._slot = {name: i for i, name in enumerate(self._ring_columns)}
+        # A tuple, so that a backend may resolve its layout once (the simulation does).
+        self._fields = tuple(self._field_list(links))
+        backend = self.backend
+        # Per GPU, the backend methods each slot (_FIELDS...) is read with; _failed() replaces a
+        # method the GPU does not support, so it is asked once and the hot loop checks nothing.
+        self._calls = [(device.index, [backend.field_values, backend.clocks_mhz, backend.clock_event_reasons, backend.power_w,
+                                       backend.temperature_c, backend.memory_used_bytes, backend.utilization])
+                       for device in self._devices]
         # A ring of rows packed as float64, allocated once: memory stays fixed however long the
         # ranks wait for their steps, and what it gives up when full is the oldest, pre-capture part.
         packer = struct.Struct(f"{len(self._columns)}d")
-        self._pack, self._row_bytes = packer.pack, packer.size
+        self._pack_into, self._row_bytes = packer.pack_into, packer.size
         self._capacity = max(1, self.buffer_bytes // packer.size)
         # np.zeros takes fresh zero pages from the OS: memory is touched only as rows arrive.
         self._ring = np.zeros((self._capacity, len(self._columns)))
         self._view = memoryview(self._ring).cast("B")
         self._rows = 0
-        self._disabled: set[tuple[str, int]] = set()
         self._util_seen: dict[tuple[int, UtilizationKind], int] = {}
         self._util_polled: set[tuple[int, UtilizationKind]] = set()
         # Wall clock read once, advanced by the monotonic counter (see the module docstring).
@@ -174,86 +191,100 @@ class MetricsRecorder:
 
     def _run(self) -> None:
         interval_ns = self.interval_us * 1000
-        cpu0, wall0 = time.thread_time(), time.perf_counter_ns()
-        deadline = wall0
-        next_slow = wall0
+        slow_period_ns = SLOW_PERIOD_US * 1000
+        sleep_only = self.interval_us >= SLEEP_ONLY_FROM_US
+        stopping, clock, sleep, sample_round = self._stopping, time.perf_counter_ns, time.sleep, self._sample_round
+        cpu0, wall0 = time.thread_time(), clock()
+        buffer_period_ns = BUFFER_PERIOD_US * 1000
+        deadline = next_slow = next_buffers = wall0
+        rounds = dropped = 0
         late_wake_ns = 60_000.0  # estimate of time.sleep's oversleep, refined as it runs
-        # Below 1 ms the sampler spins out what sleep cannot hit; from 1 ms on it only sleeps:
-        # waking some tens of µs late costs nothing there (every row has its exact time), while
-        # spinning would cost a share of a core.
-        spin_limit_ns = interval_ns if self.interval_us < SLEEP_ONLY_FROM_US else 0
-        while not self._stopping.is_set():
-            remaining = deadline - time.perf_counter_ns()
-            lead = min(late_wake_ns, spin_limit_ns)
-            if remaining > lead:
-                asked = remaining - lead
-                before = time.perf_counter_ns()
-                time.sleep(asked / 1e9)
-                # Clipped, so that a preempted sleep on a busy node cannot turn into long spins.
-                late = min(max(0, time.perf_counter_ns() - before - asked), MAX_LATE_WAKE_NS)
-                late_wake_ns += 0.1 * (late - late_wake_ns)
-            while time.perf_counter_ns() < deadline:
-                pass
-            now = time.perf_counter_ns()
-            slow = now >= next_slow
-            self._sample_round(slow)
-            self.stats.rounds += 1
+        while not stopping.is_set():
+            remaining = deadline - clock()
+            if sleep_only:
+                # From 1 ms on the thread only sleeps: waking some tens of µs late costs nothing
+                # there (every row has its exact time), while spinning would cost a share of a core.
+                if remaining > 0:
+                    sleep(remaining / 1e9)
+            else:
+                lead = min(late_wake_ns, interval_ns)
+                if remaining > lead:
+                    asked = remaining - lead
+                    before = clock()
+                    sleep(asked / 1e9)
+                    # Clipped, so that a preempted sleep on a busy node cannot turn into long spins.
+                    late = min(max(0, clock() - before - asked), MAX_LATE_WAKE_NS)
+                    late_wake_ns += 0.1 * (late - late_wake_ns)
+                while clock() < deadline:
+                    pass
+            slow = deadline >= next_slow
+            sample_round(slow)
+            rounds += 1
             if slow:
-                next_slow = max(next_slow + SLOW_PERIOD_US * 1000, now)
+                next_slow = max(next_slow + slow_period_ns, deadline)
+                if deadline >= next_buffers:
+                    self._read_buffers()
+                    next_buffers = max(next_buffers + buffer_period_ns, deadline)
             deadline += interval_ns
-            late = time.perf_counter_ns() - deadline
+            late = clock() - deadline
             if late >= interval_ns:
                 skipped = late // interval_ns
-                self.stats.dropped += skipped
+                dropped += skipped
                 deadline += skipped * interval_ns
-        self.stats.wall_s = (time.perf_counter_ns() - wall0) / 1e9
+        self._read_buffers()  # what queued up since the last read
+        self.stats.rounds, self.stats.dropped = rounds, dropped
+        self.stats.wall_s = (clock() - wall0) / 1e9
         self.stats.cpu_s = time.thread_time() - cpu0
 
-    def _now_us(self) -> int:
-        return (time.perf_counter_ns() + self._epoch_offset_ns) // 1000
-
     def _sample_round(self, slow: bool) -> None:
-        # The hot path at 100 µs: one list per row, built in column order (see _field_list).
-        metric, fields, no_fields = self._metric, self._fields, self._no_fields
-        read_fields, read_clocks, read_reasons = self.backend.field_values, self.backend.clocks_mhz, self.backend.clock_event_reasons
-        ts_us = 0
-        for device in self._devices:
-            gpu = device.index
+        # The hot path: per GPU one clock read, three backend calls and one packed row, with no
+        # wrapper between the loop and the backend (try costs nothing until something raises).
+        clock, offset, fields, no_fields = time.perf_counter_ns, self._epoch_offset_ns, self._fields, self._no_fields
+        pack_into, view, row_bytes, capacity = self._pack_into, self._view, self._row_bytes, self._capacity
+        rows = self._rows
+        for gpu, calls in self._calls:
             # Each GPU's own time, taken right before its counters are read: the throughput the
             # analysis derives from counter deltas is only as good as this pairing.
-            ts_us = self._now_us()
-            values = (metric("field_values", gpu, read_fields, fields) or no_fields) if fields else no_fields
-            sm, mem = metric("clocks", gpu, read_clocks) or _NO_CLOCKS
-            reasons = metric("clock_reasons", gpu, read_reasons)
-            row = [ts_us, gpu, sm, mem, NAN if reasons is None else reasons, NAN, NAN, NAN, NAN, NAN, *values[:4], NAN, *values[4:]]
-            if slow:
-                self._slow_metrics(gpu, row)
-            self._append(row)
-        if slow:
-            self._xid_rows(ts_us, len(self._columns))
+            ts_us = (clock() + offset) // 1000
+            try:
+                values = calls[_FIELDS](gpu, fields)
+            except Exception as error:  # noqa: BLE001 - a sampler thread must survive any backend bug
+                values = self._failed(calls, _FIELDS, "field_values", gpu, error, no_fields)
+            try:
+                sm, mem = calls[_CLOCKS](gpu)
+            except Exception as error:  # noqa: BLE001
+                sm, mem = self._failed(calls, _CLOCKS, "clocks", gpu, error, _NO_PAIR)
+            try:
+                reasons = calls[_REASONS](gpu)
+            except Exception as error:  # noqa: BLE001
+                reasons = self._failed(calls, _REASONS, "clock_reasons", gpu, error, NAN)
+            slow_values = self._slow_values(gpu, calls) if slow else _NO_SLOW
+            pack_into(view, (rows % capacity) * row_bytes, ts_us, gpu, sm, mem, reasons, *slow_values, *values, NAN)
+            rows += 1
+        self._rows = rows
 
-    def _slow_metrics(self, gpu: int, row: list[float]) -> None:
-        power = self._metric("power", gpu, self.backend.power_w)
-        if power is not None:
-            row[_COL["power_w"]] = power
-        temperature = self._metric("temperature", gpu, self.backend.temperature_c)
-        if temperature is not None:
-            row[_COL["temperature_c"]] = temperature
-        used = self._metric("memory_used", gpu, self.backend.memory_used_bytes)
-        if used is not None:
-            row[_COL["memory_used_mib"]] = used // (1 << 20)
-        polled: tuple[float, float] | None = None
-        for position, (kind, column) in enumerate((("gpu", "gpu_util_pct"), ("memory", "mem_util_pct"))):
-            if (gpu, kind) not in self._util_polled:
-                self._utilization_rows(gpu, kind, column, len(row))
-                continue
-            if polled is None:
-                polled = self._metric("utilization", gpu, self.backend.utilization) or _NO_CLOCKS
-            row[_COL[column]] = polled[position]
+    def _slow_values(self, gpu: int, calls: list[Callable[..., object]]) -> tuple[float, ...]:
+        """Power, temperature, memory used (MiB), GPU and memory utilization where polled."""
+        power = self._read(calls, _POWER, "power", gpu, NAN)
+        temperature = self._read(calls, _TEMPERATURE, "temperature", gpu, NAN)
+        used_mib = self._read(calls, _MEMORY, "memory_used", gpu, NAN) // (1 << 20)
+        polled = (gpu, "gpu") in self._util_polled, (gpu, "memory") in self._util_polled
+        if not any(polled):
+            return power, temperature, used_mib, NAN, NAN
+        utilization = self._read(calls, _UTILIZATION, "utilization", gpu, _NO_PAIR)
+        return power, temperature, used_mib, *(value if is_polled else NAN for value, is_polled in zip(utilization, polled))
 
-    def _utilization_rows(self, gpu: int, kind: UtilizationKind, column: str, width: int) -> None:
+    def _read_buffers(self) -> None:
+        """The driver's utilization samples (where it keeps them) and XID events since the last read."""
+        for gpu, _ in self._calls:
+            for kind, column in (("gpu", "gpu_util_pct"), ("memory", "mem_util_pct")):
+                if (gpu, kind) not in self._util_polled:
+                    self._utilization_rows(gpu, kind, column)
+        self._xid_rows(self._now_us())
+
+    def _utilization_rows(self, gpu: int, kind: UtilizationKind, column: str) -> None:
         key = (gpu, kind)
-        since = self._util_seen.get(key, self._now_us() - SLOW_PERIOD_US)
+        since = self._util_seen.get(key, self._now_us() - BUFFER_PERIOD_US)
         try:
             samples = self.backend.utilization_samples(gpu, kind, since)
         except BackendError as error:
@@ -268,41 +299,44 @@ class MetricsRecorder:
             self._count_error("utilization_samples", error)
             return
         for ts, value in samples:
-            row = [NAN] * width
-            row[_COL["ts_us"]], row[_COL["gpu"]], row[_COL[column]] = ts, gpu, value
-            self._append(row)
+            self._append({"ts_us": ts, "gpu": gpu, column: value})
             since = max(since, ts)
         self._util_seen[key] = since
 
-    def _xid_rows(self, ts_us: int, width: int) -> None:
+    def _xid_rows(self, ts_us: int) -> None:
         events = self._call("xid_events", self.backend.xid_events) or []
         for gpu, code in events:
-            row = [NAN] * width
-            row[_COL["ts_us"]], row[_COL["gpu"]], row[_COL["xid"]] = ts_us, gpu, code
-            self._append(row)
+            self._append({"ts_us": ts_us, "gpu": gpu, "xid": code})
             log.warning("XID %d on GPU %d", code, gpu)
 
-    def _append(self, row: list[float]) -> None:
-        at = (self._rows % self._capacity) * self._row_bytes
-        self._view[at:at + self._row_bytes] = self._pack(*row)
+    def _now_us(self) -> int:
+        return (time.perf_counter_ns() + self._epoch_offset_ns) // 1000
+
+    def _append(self, values: dict[str, float]) -> None:
+        """One row of the given columns, NaN in the others (utilization sample and XID rows)."""
+        row = [NAN] * len(self._ring_columns)
+        for name, value in values.items():
+            row[self._slot[name]] = value
+        self._pack_into(self._view, (self._rows % self._capacity) * self._row_bytes, *row)
         self._rows += 1
 
     # -- backend calls that never raise ---------------------------------------------------------
 
-    def _metric(self, name: str, gpu: int, fn: Callable[..., T], *args: object) -> T | None:
-        if (name, gpu) in self._disabled:
-            return None
+    def _read(self, calls: list[Callable[..., T]], slot: int, name: str, gpu: int, default: T) -> T:
         try:
-            return fn(gpu, *args)
-        except BackendError as error:
-            if error.not_supported:
-                self._disabled.add((name, gpu))
-                self._log_once(f"{name}:{gpu}", "GPU %d does not support %s (%s); not sampled", gpu, name, error)
-                return None
-            self._count_error(name, error)
+            return calls[slot](gpu)
         except Exception as error:  # noqa: BLE001 - a sampler thread must survive any backend bug
+            return self._failed(calls, slot, name, gpu, error, default)
+
+    def _failed(self, calls: list[Callable[..., T]], slot: int, name: str, gpu: int, error: Exception, default: T) -> T:
+        """What a failed read records: `default` (not measured); counted and logged once, or, when
+        the GPU does not support the metric, never asked again."""
+        if isinstance(error, BackendError) and error.not_supported:
+            calls[slot] = lambda *_: default
+            self._log_once(f"{name}:{gpu}", "GPU %d does not support %s (%s); not sampled", gpu, name, error)
+        else:
             self._count_error(name, error)
-        return None
+        return default
 
     def _call(self, name: str, fn: Callable[[], T]) -> T | None:
         try:
@@ -332,9 +366,8 @@ class MetricsRecorder:
         for link in range(links):
             spec.append((f"nvlink{link}_tx_kib", FI_NVLINK_THROUGHPUT_DATA_TX, link))
             spec.append((f"nvlink{link}_rx_kib", FI_NVLINK_THROUGHPUT_DATA_RX, link))
-        # _sample_round lays the values out as they come: the first four fill the counter columns
-        # after the utilization ones, the NVLink pairs follow the xid column.
-        assert [name for name, _, _ in spec] == [c for c in self._columns if c.endswith(("_bytes", "_kib")) or c.startswith("ecc_")]
+        # _sample_round packs the values as they come, right after the slow columns.
+        assert [name for name, _, _ in spec] == list(self._ring_columns[10:-1])
         self._no_fields = [NAN] * len(spec)
         return [(fid, scope) for _, fid, scope in spec]
 
@@ -346,7 +379,7 @@ class MetricsRecorder:
             log.warning("GPU metrics ring buffer (%d MiB) came round: the oldest %d rows were given up",
                         self.buffer_bytes >> 20, self.stats.overwritten_rows)
         values = np.roll(ring, -(self._rows % self._capacity), axis=0) if self._rows > self._capacity else ring[:kept]
-        frame = pd.DataFrame(values, columns=list(self._columns))
+        frame = pd.DataFrame(values, columns=list(self._ring_columns))[list(self._columns)]
         if window_us is not None:
             margin = self.margin_s * 1e6
             frame = frame[(frame["ts_us"] >= window_us[0] - margin) & (frame["ts_us"] <= window_us[1] + margin)]
