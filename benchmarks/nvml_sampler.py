@@ -8,7 +8,8 @@ achieved against the rate asked (the ratio), the deadlines it dropped, and the C
 whole process's CPU time over wall time, next to the same process idling for as long (the idle
 reference), and the sampler thread's own CPU time. The "bare" columns are the same sampler on a
 node without GPUs, run just before: what the machine's timers and current load allow before any
-NVML work. Goal: >= 90 % of the asked rate at 1 ms with < 5 % of one core.
+NVML work; "per GPU" is what each GPU adds to a round on top of that (process CPU - bare CPU,
+in µs per GPU and round). Goal: >= 90 % of the asked rate at 1 ms with < 5 % of one core.
 """
 from __future__ import annotations
 
@@ -61,6 +62,11 @@ def measure(backend: NvmlBackend, interval_us: int, seconds: float, out: Path) -
     }
 
 
+def per_gpu_us(r: dict[str, float], gpus: int) -> float:
+    """CPU µs each GPU adds to a round, over what the bare scheduler costs."""
+    return (r["process_cpu"] - r["bare_cpu"]) * r["interval_us"] / gpus if gpus else 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=("sim", "nvml"), default="sim")
@@ -75,12 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     devices = backend.devices()
     print(f"backend {args.backend}: {len(devices)} GPU(s) ({devices[0].name if devices else '-'}), {args.seconds:.1f} s per interval")
     print(f"{'interval':>9} {'asked/s':>8} {'achieved/s':>10} {'ratio':>6} {'dropped':>7} {'process CPU':>11} {'idle ref':>8} "
-          f"{'sampler thread':>14} {'bare ratio':>10} {'bare CPU':>8} {'errors':>6} {'rows':>8} {'file':>9} {'write s':>7}")
+          f"{'sampler thread':>14} {'bare ratio':>10} {'bare CPU':>8} {'per GPU':>9} {'errors':>6} {'rows':>8} {'file':>9} {'write s':>7}")
     with tempfile.TemporaryDirectory() as tmp:
         for interval in args.intervals:
             r = measure(backend, interval, args.seconds, Path(tmp))
             print(f"{interval:>7}us {r['asked_hz']:>8.0f} {r['achieved_hz']:>10.0f} {r['ratio']:>6.1%} {r['dropped']:>7.0f} "
                   f"{r['process_cpu']:>11.1%} {r['idle_cpu']:>8.1%} {r['thread_cpu']:>14.1%} {r['bare_ratio']:>10.1%} {r['bare_cpu']:>8.1%} "
+                  f"{per_gpu_us(r, len(devices)):>7.1f}us "
                   f"{r['errors']:>6.0f} {r['rows']:>8.0f} "
                   f"{r['bytes'] / 1024:>7.0f}KiB {r['write_s']:>7.2f}")
         print(f"metrics with values ({r['columns']}): {', '.join(r['measured'])}")
