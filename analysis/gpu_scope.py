@@ -4,7 +4,8 @@ HTA keeps, when the trace has more than one ProfilerStep, only the CPU events th
 the last step and the GPU events launched by them (matched on correlation; a correlation shared by
 several kept CPU events repeats the GPU event, as pandas' merge does). Every GPU metric here is
 computed over that scope so that it can be checked against HTA; the last step is usually cut short
-by the profiler stopping.
+by the profiler stopping. (HTA counts the step names of all ranks loaded together; a rank
+summarised alone counts its own, which differs only if ranks captured different steps.)
 """
 from __future__ import annotations
 
