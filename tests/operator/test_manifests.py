@@ -84,7 +84,7 @@ def test_injected_pod_is_a_valid_pod() -> None:
 
 @pytest.mark.skipif(shutil.which("helm") is None, reason="helm is not installed; the template-free YAML and RBAC are checked above")
 def test_helm_chart_renders_valid_objects(tmp_path: Path) -> None:
-    rendered = subprocess.run(["helm", "template", "stepscope", str(CHART), "--namespace", "stepscope"], check=True, capture_output=True, text=True).stdout
+    rendered = subprocess.run(["helm", "template", "stepscope", str(CHART), "--namespace", "stepscope", "--kube-version", K8S_VERSION], check=True, capture_output=True, text=True).stdout
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     assert {d["kind"] for d in docs} >= {"Deployment", "ClusterRole", "ClusterRoleBinding", "ServiceAccount", "Secret", "Service", "MutatingWebhookConfiguration"}
     for doc in docs:
