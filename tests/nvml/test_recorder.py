@@ -89,6 +89,22 @@ def test_full_ring_gives_up_the_oldest_rows(tmp_path: Path) -> None:
     assert frame["ts_us"].max() >= stop_us - 5_000  # the newest rows are the ones kept
 
 
+def test_buffered_metrics_are_read_to_the_end(tmp_path: Path) -> None:
+    """The driver's utilization samples and XID events are read every BUFFER_PERIOD_US and once
+    more when sampling ends: every sample queued until stop() is in the file, once."""
+    backend = SimulatedBackend(1, util_sample_us=5_000, xid={0: 79}, event_after_us=150_000)
+    recorder = MetricsRecorder(backend, 1000, margin_s=0)
+    recorder.start()
+    time.sleep(0.25)
+    stop_called_us = time.time_ns() / 1000
+    frame = read_metrics(recorder.stop(tmp_path / "m.csv.gz"))
+    driver = list(frame.loc[frame["gpu_util_pct"].notna() & frame["sm_clock_mhz"].isna(), "ts_us"])
+    assert driver == [backend.origin_us + 5_000 * k for k in range(len(driver))]
+    # Up to BUFFER_PERIOD_US after the last periodic read, yet nothing is missing.
+    assert driver[-1] >= stop_called_us - 5_000
+    assert frame["xid"].dropna().tolist() == [79]
+
+
 def test_samples_line_up_with_the_steps_of_a_real_profiler_trace(profiled: Profiled) -> None:
     """A torch.profiler capture during the recording: the summary's steps, on the trace's clock
     (ts + baseTimeNanoseconds), select the samples taken while they ran."""
