@@ -9,9 +9,10 @@ import os
 import sys
 import webbrowser
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import kubernetes
+import urllib3
 
 from stepscope import layout
 from stepscope.operator import credentials, kube
@@ -63,7 +64,29 @@ def add_get_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-A", "--all-namespaces", action="store_true", help="list sessions of every namespace")
 
 
+def _cluster_errors(command: str, body: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run `body`, turning what a missing or unreachable cluster raises into one line and exit 1."""
+    try:
+        return body(args)
+    except kubernetes.config.ConfigException as exc:
+        reason = f"no Kubernetes configuration ({exc}); set KUBECONFIG or run it in a cluster"
+    except urllib3.exceptions.HTTPError as exc:
+        reason = f"the API server is unreachable ({exc.__class__.__name__}); check KUBECONFIG and the network"
+    except kubernetes.client.ApiException as exc:
+        reason = f"the API server answered {exc.status} {exc.reason}"
+    print(f"stepscope {command}: {reason}", file=sys.stderr)
+    return 1
+
+
 def run_get(args: argparse.Namespace) -> int:
+    return _cluster_errors("get", _get, args)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    return _cluster_errors("report", _report, args)
+
+
+def _get(args: argparse.Namespace) -> int:
     api = kube.custom()
     if args.all_namespaces:
         items = api.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
@@ -115,7 +138,7 @@ def missing_report_reason(status: dict[str, Any]) -> str:
     return ""
 
 
-def run_report(args: argparse.Namespace) -> int:
+def _report(args: argparse.Namespace) -> int:
     namespace = args.namespace or current_namespace()
     try:
         obj = kube.get_session(namespace, args.name)
