@@ -2,6 +2,7 @@
 processes that never use torch, a broken agent never breaking the interpreter."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -18,7 +19,11 @@ def run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 def test_install_writes_the_agent_and_sitecustomize(tmp_path: Path) -> None:
     folder = install_bootstrap(tmp_path)
     assert folder == tmp_path / "bootstrap"
-    assert sorted(p.name for p in folder.iterdir()) == ["sitecustomize.py", f"{AGENT_MODULE}.py"]
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == ["sitecustomize.py", f"{AGENT_MODULE}.py"]
+    # Byte-compiled by the installer, so that images with PYTHONDONTWRITEBYTECODE do not
+    # recompile the agent in every process.
+    for name in ("sitecustomize.py", f"{AGENT_MODULE}.py"):
+        assert Path(importlib.util.cache_from_source(str(folder / name))).is_file()
     assert (folder / f"{AGENT_MODULE}.py").read_bytes() == (Path(__file__).parents[2] / "sidecar" / "agent.py").read_bytes()
     env = training_env(tmp_path, {"PYTHONPATH": "/opt/a:/opt/b"})
     assert env == {"PYTHONPATH": f"{folder.resolve()}:/opt/a:/opt/b", "STEPSCOPE_DIR": str(tmp_path.resolve())}
