@@ -23,9 +23,14 @@ def _main_frames(stacks: dict[str, Any]) -> list[dict[str, Any]]:
     return list((main or {}).get("frames") or [])
 
 
+def _where(frame: dict[str, Any], file: str) -> str:
+    """'function (file:line)'; Python reports no line number for some frames (line null)."""
+    line = frame.get("line")
+    return f"{frame.get('function') or '?'} ({file}{'' if line is None else f':{line}'})"
+
+
 def _frame_text(frame: dict[str, Any]) -> str:
-    where = str(frame.get("file", "?")).replace("\\", "/").rsplit("/", 1)[-1]
-    return f"{frame.get('function', '?')} ({where}:{frame.get('line', '?')})"
+    return _where(frame, str(frame.get("file") or "?").replace("\\", "/").rsplit("/", 1)[-1])
 
 
 # Where a rank that waits for the others blocks: torch.distributed's collectives and barriers.
@@ -53,7 +58,7 @@ def in_collective(stacks: dict[str, Any]) -> bool:
 
 def _frame_path(stacks: dict[str, Any]) -> str:
     """The main thread's frames with full paths, outermost first, for the report's data."""
-    return " > ".join(f"{f.get('function', '?')} ({f.get('file', '?')}:{f.get('line', '?')})" for f in _main_frames(stacks))
+    return " > ".join(_where(f, str(f.get("file") or "?")) for f in _main_frames(stacks))
 
 
 def _signature(stacks: dict[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -93,6 +98,6 @@ def hang_findings(stacks: dict[int, dict[str, Any]], ranks: list[int]) -> list[d
                                1.0 + len(majority) / max(len(stacks), 1), data))
     silent = sorted(set(ranks) - set(stacks))
     if silent:
-        out.append(finding("warning", "hang", silent, f"{ranks_text(silent)} wrote no stacks while {len(stacks)} rank(s) hung: check whether it crashed or is still running", 0.5, data))
+        out.append(finding("warning", "hang", silent, f"{ranks_text(silent)} left no readable stacks while {len(stacks)} rank(s) hung: check whether it crashed or is still running", 0.5, data))
     return out
 

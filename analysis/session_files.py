@@ -32,6 +32,24 @@ PARALLEL_BYTES = 64 << 20
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
+class _Frame(msgspec.Struct):
+    file: str | None = None
+    line: int | None = None
+    function: str | None = None
+
+
+class _Thread(msgspec.Struct):
+    main: bool | None = None
+    frames: list[_Frame] | None = None
+
+
+class _StacksShape(msgspec.Struct):
+    """The parts of a stacks file (wire.md) the hang findings read, to check a file before use."""
+    step: int | None = None
+    secondsSinceStep: float | None = None
+    threads: list[_Thread] | None = None
+
+
 @dataclass
 class RankFiles:
     rank: int | None  # None: an HTA-layout trace whose rank only its distributedInfo says
@@ -147,6 +165,10 @@ def read_stacks(store: Store, files: RankFiles) -> tuple[dict | None, str]:
         return None, f"{files.stacks} cannot be read: {exc}"
     if not isinstance(data, dict):
         return None, f"{files.stacks} is not a stacks file (expected a JSON object)"
+    try:
+        msgspec.convert(data, _StacksShape)
+    except msgspec.ValidationError as exc:
+        return None, f"{files.stacks} is not a stacks file ({exc})"
     return data, ""
 
 

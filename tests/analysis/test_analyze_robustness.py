@@ -81,3 +81,26 @@ def test_single_trace_file_and_a_report_that_cannot_be_written(tmp_path: Path, s
     assert main(["analyze", str(trace), "--no-progress", "--output", str(tmp_path / "out")]) == 0
     document = json.loads((tmp_path / "out" / "diagnosis.json").read_text())
     assert document["ranks"]["total"] == 1 and document["ranks"]["failed"] == []
+
+
+def test_stacks_files_of_the_wrong_shape_are_per_rank_problems(tmp_path: Path, shared_traces: Path):
+    root = tmp_path / "session"
+    ranks = root / "ranks"
+    ranks.mkdir(parents=True)
+    shutil.copy(shared_traces / "hta__trace_filter_2rank" / "sampled_rank-0.json.gz", ranks / "rank-0.trace.json.gz")
+    bad = {1: {"step": 3, "threads": "MainThread"},
+           2: {"threads": [{"main": True, "frames": [1, "train.py"]}]},
+           3: {"step": "three", "secondsSinceStep": "long", "threads": []},
+           4: {"threads": ["MainThread"]}}
+    for rank, body in bad.items():
+        (ranks / f"rank-{rank}.stacks.json").write_text(json.dumps(body))
+    (ranks / "rank-5.stacks.json").write_text(json.dumps({"version": 1, "rank": 5, "step": 3, "secondsSinceStep": 320.0, "threads": [
+        {"id": 1, "name": "MainThread", "main": True, "frames": [{"file": "train.py", "line": None, "function": "load_batch"}]}]}))
+    diagnosis = analyze_uri(str(root), progress=False)
+    document = json.loads((root / "report" / "diagnosis.json").read_text())
+    for rank in bad:
+        assert any(f"rank-{rank}.stacks.json is not a stacks file" in p for p in document["problems"][str(rank)])
+    hangs = [f for f in diagnosis.findings if f.category == "hang"]
+    assert hangs[0].ranks == [5] and hangs[0].message == "rank 5 hung for 320 s at load_batch (train.py)"
+    assert any(f.ranks == [0, 1, 2, 3, 4] and "left no readable stacks" in f.message for f in hangs)
+    assert 0 in {r["rank"] for r in document["perRank"]}
