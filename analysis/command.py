@@ -45,11 +45,20 @@ def _read_metrics(files: SessionFiles, problems: dict[int, list[str]], summaries
         try:
             metrics[pod] = read_metrics(files.store.get_bytes(key))
         except (StoreError, ValueError, OSError, EOFError) as exc:
-            for s in summaries:
-                if s.pod == pod:
-                    problems.setdefault(s.rank, []).append(f"GPU metrics of pod {pod} unreadable ({key}): {exc}")
-            log.warning("GPU metrics of pod %s unreadable (%s): %s", pod, key, exc)
+            _pod_problem(pod, f"GPU metrics of pod {pod} unreadable ({key}): {exc}", len(files.metrics), problems, summaries)
+            continue
+        for warning in metrics[pod].attrs.get("warnings", []):
+            _pod_problem(pod, f"GPU metrics of pod {pod} ({key}): {warning}", len(files.metrics), problems, summaries)
     return metrics
+
+
+def _pod_problem(pod: str, text: str, pods: int, problems: dict[int, list[str]], summaries: list[RankSummary]) -> None:
+    """A problem of a pod's metrics file goes to the ranks that ran there; ranks summarised here
+    from raw traces know no pod, and like hardware.findings they take a session's only file as theirs."""
+    owners = [s.rank for s in summaries if s.pod == pod] or ([s.rank for s in summaries] if pods == 1 else [])
+    for rank in owners:
+        problems.setdefault(rank, []).append(text)
+    log.warning("%s", text)
 
 
 def _merge_order(traces: dict[int, str], diagnosis: Diagnosis, stacks: dict[int, dict]) -> list[int]:

@@ -63,3 +63,44 @@ def test_counter_tracks_line_up_with_the_rank_in_the_merged_trace(profiled: Prof
     first, last = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
     assert clock[0]["ts"] < first and clock[-1]["ts"] > last
     assert last - first < 1e6  # three ~40 ms steps, not an epoch-sized offset
+
+
+def test_bad_gpu_metrics_files_are_problems_of_their_pods_ranks(unhealthy_run: Run, tmp_path: Path) -> None:
+    session = tmp_path / "session"
+    for summary in unhealthy_run.summaries:
+        path = session / layout.rank_summary(summary.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(encode(summary))
+    pods = {s.pod: [] for s in unhealthy_run.summaries}
+    for s in unhealthy_run.summaries:
+        pods[s.pod].append(s.rank)
+    truncated, wrong = sorted(unhealthy_run.files)
+    for pod in (truncated, wrong):
+        (session / layout.node_metrics(pod)).parent.mkdir(parents=True, exist_ok=True)
+    whole = unhealthy_run.files[truncated].read_bytes()
+    (session / layout.node_metrics(truncated)).write_bytes(whole[: len(whole) // 2])
+    (session / layout.node_metrics(wrong)).write_bytes(gzip.compress(b"ts_us,sm_clock_mhz\n1,1400\n"))
+
+    analyze_uri(str(session), progress=False)
+
+    problems = json.loads((session / layout.REPORT_DIAGNOSIS).read_text())["problems"]
+    for rank in pods[truncated]:
+        assert any(f"GPU metrics of pod {truncated}" in p and "truncated" in p for p in problems[str(rank)])
+    for rank in pods[wrong]:
+        assert any(f"GPU metrics of pod {wrong} unreadable" in p and "lacks column(s) ['gpu']" in p for p in problems[str(rank)])
+
+
+def test_gpu_metrics_with_only_the_required_columns(unhealthy_run: Run, tmp_path: Path) -> None:
+    session = tmp_path / "session"
+    for summary in unhealthy_run.summaries:
+        path = session / layout.rank_summary(summary.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(encode(summary))
+    for pod in unhealthy_run.files:
+        target = session / layout.node_metrics(pod)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(gzip.compress(b"ts_us,gpu\n" + b"".join(b"%d,%d\n" % (t, g) for t in range(0, 10**7, 10**5) for g in range(4))))
+
+    diagnosis = analyze_uri(str(session), progress=False)
+
+    assert not [f for f in diagnosis.findings if f.category == "hardware"]
