@@ -15,21 +15,33 @@ import msgspec
 from stepscope import layout
 from stepscope.operator import credentials, kube
 from stepscope.operator.record import destination
-from stepscope.operator.status import set_condition
+from stepscope.operator.status import MAX_MESSAGE, STATUS_BUDGET, set_condition
 from stepscope.session import SessionSpec
 
 log = logging.getLogger(__name__)
-MAX_DIAGNOSIS_BYTES = 24 * 1024  # leaves room for the rest of the status within 32 KiB
+MAX_DIAGNOSIS_BYTES = 24 * 1024
+# What the operator adds after the Job: phase, completionTime, the summary as status.message and
+# the Ready condition, each message at most MAX_MESSAGE.
+FINAL_WRITE_BYTES = 3 * MAX_MESSAGE
 
 
-def compact_diagnosis(diagnosis: Any) -> dict[str, Any]:
-    """The Diagnosis as status JSON, dropping the least severe findings until it fits."""
+def compact_diagnosis(diagnosis: Any, budget: int = MAX_DIAGNOSIS_BYTES) -> dict[str, Any]:
+    """The Diagnosis as status JSON, dropping the least severe findings until it fits `budget` bytes."""
     data = msgspec.to_builtins(diagnosis)
-    while len(json.dumps(data)) > MAX_DIAGNOSIS_BYTES and data.get("findings"):
+    while len(json.dumps(data)) > budget and data.get("findings"):
         data["findings"] = data["findings"][:-1]
-    while len(json.dumps(data)) > MAX_DIAGNOSIS_BYTES and data.get("slowWorkers"):
+    while len(json.dumps(data)) > budget and data.get("slowWorkers"):
         data["slowWorkers"] = data["slowWorkers"][:-1]
     return data
+
+
+def diagnosed_status(status: dict[str, Any], diagnosis: Any, dest: str, generation: int | None) -> dict[str, Any]:
+    """The status patch of a finished analysis. The diagnosis gets what the rest of the status
+    leaves of its 32 KiB (at most MAX_DIAGNOSIS_BYTES), so the whole status stays within budget."""
+    summary = msgspec.to_builtins(diagnosis).get("summary", "")
+    patch = {"artifacts": artifacts(dest), "conditions": set_condition(list(status.get("conditions") or []), "Analyzed", True, "Analyzed", summary, generation)}
+    rest = len(json.dumps({**status, **patch, "diagnosis": None}).encode())
+    return {**patch, "diagnosis": compact_diagnosis(diagnosis, min(MAX_DIAGNOSIS_BYTES, STATUS_BUDGET - rest - FINAL_WRITE_BYTES))}
 
 
 def artifacts(dest: str) -> dict[str, str]:
@@ -54,8 +66,7 @@ def run_session_analysis(namespace: str, name: str) -> int:
         kube.patch_session_status(namespace, name, {"conditions": set_condition(conditions, "Analyzed", False, "AnalysisFailed", message, generation)})
         print(message, file=sys.stderr)
         return 1
-    compact = compact_diagnosis(diagnosis)
-    conditions = set_condition(conditions, "Analyzed", True, "Analyzed", compact.get("summary", "")[:1000], generation)
-    kube.patch_session_status(namespace, name, {"diagnosis": compact, "artifacts": artifacts(dest), "conditions": conditions})
-    print(compact.get("summary", ""))
+    patch = diagnosed_status(status, diagnosis, dest, generation)
+    kube.patch_session_status(namespace, name, patch)
+    print(patch["diagnosis"].get("summary", ""))
     return 0

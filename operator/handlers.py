@@ -9,7 +9,7 @@ from typing import Any
 
 import kopf
 
-from stepscope.operator import fanout, kube, metrics
+from stepscope.operator import fanout, kube, metrics, pod_record
 from stepscope.operator.lifecycle import TERMINAL, Context, SessionRunner
 from stepscope.operator.selection import label_selector, target_of
 from stepscope.operator.settings import FINALIZER, GROUP, PLURAL, VERSION, OperatorSettings
@@ -44,17 +44,19 @@ async def session_daemon(namespace: str, name: str, memo: kopf.Memo, stopped: ko
 
 
 async def cancel_on_delete(spec: kopf.Spec, status: kopf.Status, uid: str, namespace: str, name: str, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    """Cancel on every triggered sidecar; what was captured stays in the store."""
+    """Cancel on every triggered sidecar (on every selected one when the pod record is already
+    gone: a DELETE of a session a sidecar never had changes nothing); what was captured stays in
+    the store."""
     metrics.SESSIONS.set(uid, None)
-    triggered = set(status.get("triggeredPods") or [])
-    if status.get("phase") in TERMINAL or not triggered:
+    if status.get("phase") in TERMINAL or not (status.get("pods") or {}).get("triggered"):
         return
     try:
         selector = label_selector(dict(spec.get("selector") or {}))
     except SpecError:
         return
+    record = await asyncio.to_thread(pod_record.read, namespace, name, uid)
     pods = (await asyncio.to_thread(kube.core().list_namespaced_pod, namespace, label_selector=selector)).items
-    targets = [t for t in map(target_of, pods) if t is not None and t.pod in triggered]
+    targets = [t for t in map(target_of, pods) if t is not None and (record is None or t.pod in record.triggered)]
     s: OperatorSettings = memo.ctx.settings
     outcomes = await asyncio.to_thread(fanout.cancel, targets, uid, memo.ctx.key, concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
     failed = [o for o in outcomes if not o.ok]

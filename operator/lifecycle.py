@@ -1,7 +1,8 @@
 """One ProfileSession from creation to its end: Pending -> Capturing -> Analyzing -> Succeeded or
-Failed. Runs as the session's kopf daemon, so an operator restart resumes it from its status:
-the phase and the recorded triggered pods say where it was, and sidecars already triggered are
-never triggered again (the PUT is idempotent too, for a restart between PUT and status write)."""
+Failed. Runs as the session's kopf daemon, so an operator restart resumes it from its status and
+its pod record (stepscope.operator.pod_record): the phase says where it was, the record which
+sidecars were triggered, and those are never triggered again (the PUT is idempotent too, for a
+restart between the PUT and the record's write)."""
 from __future__ import annotations
 
 import asyncio
@@ -12,11 +13,12 @@ from typing import Any
 
 import kopf
 
-from stepscope.operator import credentials, fanout, jobs, kube, metrics
+from stepscope.operator import credentials, fanout, jobs, kube, metrics, pod_record
+from stepscope.operator.pod_record import PodRecord
 from stepscope.operator.record import SessionRecord, destination, open_destination
 from stepscope.operator.selection import Target, label_selector, select_targets, target_of
 from stepscope.operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
-from stepscope.operator.status import MAX_FAILED_WORKERS, PodProgress, failed_worker, StatusWriter, aggregate, now_iso, parse_iso, set_condition
+from stepscope.operator.status import MAX_FAILED_WORKERS, MAX_MESSAGE, PodProgress, failed_worker, StatusWriter, aggregate, now_iso, parse_iso, pod_counts, set_condition
 from stepscope.session import SessionSpec, SpecError
 
 TERMINAL = ("Succeeded", "Failed")
@@ -52,6 +54,7 @@ class SessionRunner:
         self.stopped, self.log = stopped, logger
         self.writer = StatusWriter(self.ns, self.name, self.settings.status_interval_s)
         self.record: SessionRecord | None = None
+        self.pods: PodRecord | None = None
         self.dest = ""
 
     @property
@@ -129,24 +132,30 @@ class SessionRunner:
         body = {"session": self.uid, "namespace": self.ns, "name": self.name, "destination": self.dest, "spec": spec.to_dict()}
         if creds:
             body["credentials"] = creds
-        already = set(self.status.get("triggeredPods") or [])
+        previous = await asyncio.to_thread(pod_record.read, self.ns, self.name, self.uid)  # left by a restarted operator
+        already = previous.triggered if previous else frozenset()
         todo = [t for t in targets if t.pod not in already]
         s = self.settings
         outcomes = await asyncio.to_thread(fanout.trigger, todo, self.uid, body, self.ctx.key, concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
-        accepted = sorted(already | {o.target.pod for o in outcomes if o.ok})
+        accepted = already | {o.target.pod for o in outcomes if o.ok}
         refused = {o.target.pod: f"trigger refused: {o.error}" for o in outcomes if not o.ok}
         if not accepted:
             first = next(iter(refused.values()), "no sidecar answered")
             raise Fail("TriggerFailed", f"no sidecar accepted the session ({len(refused)} tried); first error: {first}")
+        self.pods = PodRecord(accepted, frozenset(refused))
+        record = await asyncio.to_thread(pod_record.write, self.ns, self.name, self.uid, self.pods)
         message = f"{len(accepted)} sidecar(s) triggered" + (f", {len(refused)} refused" if refused else "")
         failed = [failed_worker(pod, None, reason) for pod, reason in sorted(refused.items())][:MAX_FAILED_WORKERS]
         conditions = set_condition(self.status.get("conditions") or [], "Triggered", True, "Triggered", message, self.generation)
-        await self._transition("Capturing", "Triggered", message, triggeredPods=accepted, refusedPods=sorted(refused), failedWorkers=failed, conditions=conditions)
+        await self._transition("Capturing", "Triggered", message, pods=pod_counts(record, self.pods), failedWorkers=failed, conditions=conditions)
 
     async def _follow_capture(self, selector: str, spec: SessionSpec) -> None:
-        triggered = list(self.status.get("triggeredPods") or [])
-        progress = {pod: PodProgress() for pod in triggered}
-        for pod in self.status.get("refusedPods") or []:
+        pods = self.pods or await asyncio.to_thread(pod_record.read, self.ns, self.name, self.uid)
+        if pods is None:
+            record = pod_record.record_name(self.name, self.uid)
+            raise Fail("PodRecordLost", f"ConfigMap {record}, the list of pods this session triggered, is gone, so the capture cannot be followed; captures so far are kept in {self.dest}; create a new ProfileSession")
+        progress = {pod: PodProgress() for pod in pods.triggered}
+        for pod in pods.refused:
             progress[pod] = PodProgress(lost="trigger refused by the sidecar")
         s = self.settings
         while True:
@@ -240,7 +249,7 @@ class SessionRunner:
         await self.writer.write(patch)
 
     async def _transition(self, phase: str, reason: str, message: str, **fields: Any) -> None:
-        patch = {"phase": phase, "message": message, **fields}
+        patch = {"phase": phase, "message": message[:MAX_MESSAGE], **fields}
         conditions = fields.get("conditions") or self.status.get("conditions") or []
         if phase in TERMINAL:
             ready = phase == "Succeeded"

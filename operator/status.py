@@ -1,6 +1,7 @@
 """What the operator writes into a ProfileSession's status: worker counts aggregated from the
 sidecars, the bounded list of failed workers, conditions, and the throttle that keeps every
-session at or below one status write per second."""
+session at or below one status write per second. Nothing here grows with the pod count: the
+whole status stays under 32 KiB (ARCHITECTURE.md); pod names go to the session's pod record."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepscope.operator import kube, metrics
+from stepscope.operator.pod_record import PodRecord
 
+STATUS_BUDGET = 32 * 1024  # ARCHITECTURE.md: the whole status, as JSON
+MAX_MESSAGE = 1024  # status.message and each condition's message
 MAX_FAILED_WORKERS = 20
 WORKER_FIELDS = ("total", "triggered", "capturing", "captured", "uploaded", "failed")
 SIDECAR_DONE = {"Succeeded", "Failed", "Cancelled"}
@@ -54,6 +58,11 @@ def failed_worker(pod: str, rank: int | None, reason: str) -> dict[str, Any]:
     return entry
 
 
+def pod_counts(record_name: str, pods: PodRecord) -> dict[str, Any]:
+    """status.pods: how many sidecars accepted or refused the trigger, and where their names are."""
+    return {"triggered": len(pods.triggered), "refused": len(pods.refused), "record": record_name}
+
+
 def _rank_of(answer: dict[str, Any]) -> int | None:
     ranks = [r.get("rank") for r in answer.get("ranks") or [] if r.get("rank") is not None]
     return min(ranks) if ranks else None
@@ -93,7 +102,7 @@ def set_condition(conditions: list[dict[str, Any]], type_: str, status: bool, re
     value = "True" if status else "False"
     old = next((c for c in conditions if c.get("type") == type_), None)
     since = old["lastTransitionTime"] if old and old.get("status") == value and old.get("lastTransitionTime") else now_iso()
-    new = {"type": type_, "status": value, "reason": reason, "message": message[:1024], "observedGeneration": generation, "lastTransitionTime": since}
+    new = {"type": type_, "status": value, "reason": reason, "message": message[:MAX_MESSAGE], "observedGeneration": generation, "lastTransitionTime": since}
     rest = [c for c in conditions if c.get("type") != type_]
     return sorted(rest + [new], key=lambda c: CONDITION_TYPES.index(c["type"]) if c["type"] in CONDITION_TYPES else len(CONDITION_TYPES))
 

@@ -71,6 +71,7 @@ def test_chart_rbac_has_no_wildcards_and_exact_verbs() -> None:
     granted = {res.strip(): verbs.replace(" ", "") for resources, verbs in rules for res in resources.split(",")}
     assert granted["pods"] == "list" and granted["secrets"] == "get,create"
     assert granted["profilesessions/status"] == "get,patch" and granted["jobs"] == "get,create"
+    assert granted["configmaps"] == "get,create,patch"
     verbs = {v for _, vs in rules for v in vs.replace(" ", "").split(",")}
     assert verbs <= {"get", "list", "watch", "create", "patch", "delete"}, "no escalate, bind, impersonate or update"
 

@@ -39,6 +39,14 @@ def store_prefix(session: dict) -> str:
     return f"sessions/{layout.session_prefix(NAMESPACE, meta['name'], meta['uid'])}/"
 
 
+def triggered_pods(operator: OperatorHarness, status: dict) -> list[str]:
+    """The names in the session's pod record (a ConfigMap), checked against the counts in status."""
+    record = kubernetes.client.CoreV1Api(operator.kube.api_client).read_namespaced_config_map(status["pods"]["record"], NAMESPACE)
+    names = record.data["triggered"].split("\n")
+    assert status["pods"]["triggered"] == len(names)
+    return names
+
+
 def session_events(operator: OperatorHarness, name: str) -> list[tuple[str, str]]:
     items = kubernetes.client.CoreV1Api(operator.kube.api_client).list_namespaced_event(NAMESPACE).items
     return [(e.reason, e.message) for e in items if e.involved_object.name == name]
@@ -59,7 +67,7 @@ def test_session_captures_analyses_and_succeeds(operator: OperatorHarness, pods:
     created = operator.create_session("happy", session_spec(SELECTOR, s3_endpoint))
     status = operator.wait_phase("happy", ("Analyzing", "Failed"), timeout=60)
     assert status["phase"] == "Analyzing", status
-    assert status["triggeredPods"] == ["train-a"]
+    assert triggered_pods(operator, status) == ["train-a"] and status["pods"]["refused"] == 0
     assert status["workers"] == {"total": 2, "triggered": 2, "capturing": 0, "captured": 2, "uploaded": 2, "failed": 0}
     assert status["workersReady"] == "2/2" and status["failedWorkers"] == []
 
@@ -121,7 +129,7 @@ def test_operator_restart_mid_capture_resumes_without_a_second_trigger(operator:
     assert status["phase"] == "Succeeded", status
     assert metrics.TRIGGERS.value == triggers, "a sidecar was triggered again after the restart"
     assert json.loads(request.read_text())["issuedAt"] == issued
-    assert status["triggeredPods"] == ["train-a"] and status["workers"]["uploaded"] == 2
+    assert triggered_pods(operator, status) == ["train-a"] and status["workers"]["uploaded"] == 2
     assert status["message"].endswith("analysis disabled")
 
 
@@ -132,7 +140,7 @@ def test_pod_deleted_mid_capture_is_a_failed_worker(operator: OperatorHarness, p
     spec["capture"]["waitSteps"] = 20
     operator.create_session("lost-pod", spec)
     status = operator.wait_phase("lost-pod", ("Capturing",), timeout=30)
-    assert status["triggeredPods"] == ["train-a", "train-b"]
+    assert triggered_pods(operator, status) == ["train-a", "train-b"]
     pods.delete("train-b")
     status = operator.wait_phase("lost-pod", ("Succeeded", "Failed"), timeout=60)
     assert status["phase"] == "Succeeded", status
