@@ -7,6 +7,7 @@ message sizes from the collective arguments PyTorch records ("In msg nelems", "d
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import numpy as np
 
@@ -55,6 +56,13 @@ def dtype_bytes(dtype: str) -> int:
     return _DTYPE_BYTES.get(dtype.lower().replace("torch.", "").replace("c10::", ""), 0)
 
 
+def _per_distinct(values: list[str], fn: Callable[[str], object], dtype: type) -> np.ndarray:
+    """fn of each value, called once per distinct value: a trace repeats a few collective names
+    and dtypes on thousands of events."""
+    distinct, inverse = np.unique(np.asarray(values, dtype=str), return_inverse=True)
+    return np.array([fn(str(v)) for v in distinct], dtype=dtype)[inverse.reshape(-1)]
+
+
 def _lookup(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     """Index into `keys` of each wanted value, -1 where absent."""
     if len(keys) == 0:
@@ -79,7 +87,7 @@ def _args_in_order(trace: Trace, rows: np.ndarray, kinds: list[str]) -> np.ndarr
     recorded their arguments; the i-th of a kind is the i-th recorded of that kind."""
     coll = trace.collectives
     args = np.full(len(rows), -1)
-    recorded = np.array([normalise_kind(n) for n in coll.name], dtype=object)
+    recorded = _per_distinct(coll.name, normalise_kind, object)
     by_time = np.argsort(trace.ts[coll.row], kind="stable")
     row_kinds = np.array(kinds, dtype=object)
     for kind in set(kinds):
@@ -95,8 +103,8 @@ def _message_bytes(trace: Trace, args: np.ndarray) -> tuple[np.ndarray, np.ndarr
     coll = trace.collectives
     if len(coll.row) == 0:
         return np.zeros(len(args)), np.zeros(len(args), dtype=np.int64)
-    elem = np.array([dtype_bytes(d) for d in coll.dtype], dtype=np.float64)
-    gathers = np.array([normalise_kind(n) == "AllGather" for n in coll.name], dtype=bool)
+    elem = _per_distinct(coll.dtype, dtype_bytes, np.float64)
+    gathers = _per_distinct(coll.name, normalise_kind, object) == "AllGather"
     msg_bytes = np.maximum(np.where(gathers, coll.out_nelems, coll.in_nelems), 0) * elem
     return np.where(args >= 0, msg_bytes[args], 0.0), np.where(args >= 0, coll.group_size[args], 0)
 
@@ -128,8 +136,10 @@ def collectives(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_u
     lab = label_idx[trace.name[rows]]
     args = _collective_args(trace, rows) if on_gpu else _args_in_order(trace, rows, [labels[k][0] for k in lab])
     # RCCL names its kernels ncclDevKernel_Generic_N: the recorded collective name says what ran.
-    recorded = sorted({normalise_kind(n) for n in trace.collectives.name if n})
-    entry_kind = np.array([recorded.index(normalise_kind(n)) if n else -1 for n in trace.collectives.name] + [-1])
+    names = np.asarray(trace.collectives.name, dtype=str)
+    kinds = _per_distinct(trace.collectives.name, normalise_kind, object)
+    recorded = sorted(set(kinds[names != ""]))
+    entry_kind = np.append(np.where(names != "", np.searchsorted(np.array(recorded, dtype=object), kinds), -1), -1)
     row_kind = entry_kind[args]  # args == -1 picks the trailing -1
     for old, new in {(int(a), int(b)) for a, b in zip(lab[row_kind >= 0], row_kind[row_kind >= 0])}:
         kind, algorithm, protocol = labels[old]
