@@ -122,7 +122,8 @@ def run_session(api_client, name: str, concurrency: int, port: int) -> dict[str,
     puts = [count for key, count in stats["puts"].items() if key.endswith(uid)]
     return {"phase": status["phase"], "triggered": len(mine), "all_triggered_s": max(mine) - t0, "session_s": t_end - t0,
             "status_writes": metrics.STATUS_WRITES.value - writes_before,
-            "max_puts_per_pod": max(puts), "min_gap_s": min(b - a for a, b in zip(write_times, write_times[1:]))}
+            "max_puts_per_pod": max(puts), "min_gap_s": min(b - a for a, b in zip(write_times, write_times[1:])),
+            "status_bytes": len(json.dumps(status).encode())}
 
 
 def api_uid(api_client, name: str) -> str:
@@ -161,7 +162,8 @@ def main() -> int:
     sidecars.terminate()
     for label, r in (("reference (pool of 1)", reference), ("operator (pool of 64)", measured)):
         print(f"{label:24s} {r['phase']}: {r['triggered']} sidecars triggered, all within {r['all_triggered_s']:.2f} s of creation; "
-              f"session {r['session_s']:.1f} s, {r['status_writes']:.0f} status writes, at least {r['min_gap_s']:.2f} s apart; max PUTs per pod {r['max_puts_per_pod']}")
+              f"session {r['session_s']:.1f} s, {r['status_writes']:.0f} status writes, at least {r['min_gap_s']:.2f} s apart; max PUTs per pod {r['max_puts_per_pod']}; "
+              f"final status {r['status_bytes']} bytes ({r['status_bytes'] / 32768:.2f} of the 32 KiB budget)")
     print(f"fan-out speedup vs sequential: {reference['all_triggered_s'] / measured['all_triggered_s']:.1f}x; "
           f"goal <= 5 s: {measured['all_triggered_s']:.2f} s ({measured['all_triggered_s'] / 5.0:.2f} of the goal)")
     return 0
