@@ -218,19 +218,19 @@ class _Columns:
             p[key].append(column)
         for i in np.flatnonzero(has_coll).tolist():
             a = kept[i].args
-            self.coll.append((self.rows + i, a.collective or "", _int(a.in_nelems), _int(a.out_nelems),
-                              _int(a.group_size), a.dtype or ""))
+            self.coll.append((self.rows + i, a.collective or "", _int64(a.in_nelems), _int64(a.out_nelems),
+                              _int64(a.group_size), a.dtype or ""))
         self.rows += n
 
     def _ids(self, events: list[_Event]) -> np.ndarray:
-        """Process ids; the few string ids get negative codes."""
+        """Process ids; the few string ids (and integers beyond int64) get negative codes."""
         items = list(map(_get("pid"), events))
         try:
             return np.array(items, dtype=np.int64)
         except (TypeError, ValueError, OverflowError):
             codes = self.id_codes
-            return np.array([v if isinstance(v, int) else -1 - codes.setdefault(str(v), len(codes)) for v in items],
-                            dtype=np.int64)
+            return np.array([v if isinstance(v, int) and _int64(v) == v else -1 - codes.setdefault(str(v), len(codes))
+                             for v in items], dtype=np.int64)
 
     def column(self, key: str, dtype) -> np.ndarray:
         parts = self.parts[key]
@@ -264,12 +264,18 @@ def _floats(events: list[_Event], attr: str) -> np.ndarray:
         return np.array(list(map(_get(attr), events)), dtype=np.float64)  # null -> NaN
 
 
+def _int64(value: Any) -> int:
+    """int(value), -1 when int() refuses it or it does not fit an int64 (a corrupt id or size)."""
+    n = _int(value)
+    return n if n is not None and -(1 << 63) <= n < (1 << 63) else -1
+
+
 def _ints(events: list[_Event], attr: str) -> np.ndarray:
     """Integers as int64, -1 for null or anything int() refuses (HTA's stream normalisation)."""
     try:
         return np.fromiter(map(_get(attr), events), np.int64, len(events))
     except (TypeError, ValueError, OverflowError):
-        return np.fromiter((_int(v) for v in map(_get(attr), events)), np.int64, len(events))
+        return np.fromiter(map(_int64, map(_get(attr), events)), np.int64, len(events))
 
 
 def _open(path: Path) -> BinaryIO:

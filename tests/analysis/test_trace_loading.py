@@ -230,3 +230,18 @@ def test_random_layouts_and_window_sizes_load_like_json(tmp_path: Path, monkeypa
     assert [t.names[c] for c in t.name] == [e["name"] for e in expected]
     assert t.ts.tolist() == [e["ts"] for e in expected] and t.dur.tolist() == [e["dur"] for e in expected]
     assert t.correlation.tolist() == [e["args"]["correlation"] for e in expected]
+
+
+def test_numbers_beyond_int64_read_as_absent(tmp_path: Path):
+    huge = 18446744073709551615
+    coll = kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 20, 5, huge)
+    coll["args"].update({"In msg nelems": huge, "Out msg nelems": 4, "Group size": 2, "dtype": "Float", "External id": huge})
+    odd_pid = {**kernel("k", 30, 5, 3), "pid": huge}
+    path = write(tmp_path / "huge.json", [launch(10, 2, 1), coll, odd_pid, {**kernel("k", 40, 5, 4), "args": {"stream": huge}}])
+    trace = load_trace(path)
+    assert trace.correlation.tolist() == [1, -1, 3, -1]
+    assert trace.stream.tolist() == [-1, 7, 7, -1]
+    assert trace.external_id.tolist() == [-1, -1, -1, -1]
+    assert trace.pid[2] < 0 and trace.pid[1] == 0
+    assert trace.collectives.in_nelems.tolist() == [-1] and trace.collectives.out_nelems.tolist() == [4]
+    assert not summarize_file(path).error
