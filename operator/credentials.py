@@ -35,7 +35,15 @@ def read_secret_data(namespace: str, secret: str) -> dict[str, str]:
         if exc.status == 404:
             raise CredentialsError(f"Secret {secret} not found in namespace {namespace}") from None
         raise CredentialsError(f"Secret {secret} in namespace {namespace} could not be read: HTTP {exc.status} {exc.reason}") from None
-    return {k: base64.b64decode(v).decode() for k, v in (obj.data or {}).items()}
+    # Only the keys stepscope reads are decoded: the same Secret may hold binary values (a CA
+    # bundle, a keytab) that are none of its business; the others keep just their names.
+    data: dict[str, str] = {}
+    for key, value in (obj.data or {}).items():
+        try:
+            data[key] = base64.b64decode(value).decode() if key in SECRET_KEYS else ""
+        except UnicodeDecodeError:
+            raise CredentialsError(f"Secret {secret} in namespace {namespace}: key {key} is not UTF-8 text") from None
+    return data
 
 
 def secret_key_names(data: dict[str, str]) -> dict[str, str]:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import kubernetes
+import pytest
 
+from tests.kube.fixtures import Kube
 from tests.kube.helpers import wait_for
 from tests.operator.harness import NAMESPACE, OperatorHarness, Pods, session_spec
 
@@ -69,3 +71,15 @@ def test_capture_that_never_ends_times_out_keeping_what_was_captured(operator: O
         assert status["pods"]["triggered"] == 1
     finally:
         idle.shutdown(grace_s=1)
+
+
+def test_secret_with_other_binary_data_still_gives_its_credentials(cluster: Kube) -> None:
+    from stepscope.operator import credentials
+
+    kubernetes.client.CoreV1Api(cluster.api_client).create_namespaced_secret(NAMESPACE, {"metadata": {"name": "mixed"}, "data": {
+        "AWS_ACCESS_KEY_ID": "QUtJRA==", "AWS_SECRET_ACCESS_KEY": "U0VDUkVU", "ca.der": "MIIB/w=="}})  # AKID, SECRET, DER bytes
+    assert credentials.from_secret(NAMESPACE, "mixed") == {"accessKeyId": "AKID", "secretAccessKey": "SECRET", "sessionToken": None}
+    kubernetes.client.CoreV1Api(cluster.api_client).create_namespaced_secret(NAMESPACE, {"metadata": {"name": "binary-key"}, "data": {
+        "accessKeyId": "QUtJRA==", "secretAccessKey": "/w=="}})
+    with pytest.raises(credentials.CredentialsError, match="^Secret binary-key in namespace default: key secretAccessKey is not UTF-8 text$"):
+        credentials.from_secret(NAMESPACE, "binary-key")
