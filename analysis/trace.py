@@ -160,7 +160,7 @@ class _Columns:
         self.parts: dict[str, list[np.ndarray]] = {k: [] for k in (
             "cat", "name", "pid", "ts", "dur", "stream", "correlation", "external_id",
             "nbytes", "python_id", "python_parent")}
-        self.coll: list[tuple[int, str, int, int, int, str]] = []
+        self.coll: dict[str, list] = {k: [] for k in ("row", "name", "in_nelems", "out_nelems", "group_size", "dtype")}
         self.rows = 0
         self.first_event_ts = float("nan")
         self.seen_events = 0
@@ -216,10 +216,14 @@ class _Columns:
                 if key == "external_id" and self.old_external_ids:
                     column[rows] = np.where(column[rows] >= 0, column[rows], _ints(some, "args.external_id_old"))
             p[key].append(column)
-        for i in np.flatnonzero(has_coll).tolist():
-            a = kept[i].args
-            self.coll.append((self.rows + i, a.collective or "", _int64(a.in_nelems), _int64(a.out_nelems),
-                              _int64(a.group_size), a.dtype or ""))
+        if has_coll.any():
+            some = list(compress(kept, has_coll))
+            c = self.coll
+            c["row"].append(self.rows + np.flatnonzero(has_coll))
+            c["name"] += _strings(some, "args.collective")
+            c["dtype"] += _strings(some, "args.dtype")
+            for key in ("in_nelems", "out_nelems", "group_size"):
+                c[key].append(_ints(some, f"args.{key}"))
         self.rows += n
 
     def _ids(self, events: list[_Event]) -> np.ndarray:
@@ -233,8 +237,7 @@ class _Columns:
                              for v in items], dtype=np.int64)
 
     def column(self, key: str, dtype) -> np.ndarray:
-        parts = self.parts[key]
-        return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+        return _joined(self.parts[key], dtype)
 
 
 def _int(value: Any, default: int | None = -1) -> int | None:
@@ -276,6 +279,13 @@ def _ints(events: list[_Event], attr: str) -> np.ndarray:
         return np.fromiter(map(_get(attr), events), np.int64, len(events))
     except (TypeError, ValueError, OverflowError):
         return np.fromiter(map(_int64, map(_get(attr), events)), np.int64, len(events))
+
+
+def _strings(events: list[_Event], attr: str) -> list[str]:
+    """Optional string arguments, "" where absent."""
+    values = np.array(list(map(_get(attr), events)), dtype=object)
+    values[np.equal(values, None)] = ""
+    return values.tolist()
 
 
 def _open(path: Path) -> BinaryIO:
@@ -460,18 +470,17 @@ def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
         nbytes=cols.column("nbytes", np.int64),
         python_id=cols.column("python_id", np.int64),
         python_parent=cols.column("python_parent", np.int64),
-        collectives=Collectives(
-            row=np.array([c[0] for c in coll], dtype=np.int64),
-            name=[c[1] for c in coll],
-            in_nelems=np.array([c[2] for c in coll], dtype=np.int64),
-            out_nelems=np.array([c[3] for c in coll], dtype=np.int64),
-            group_size=np.array([c[4] for c in coll], dtype=np.int64),
-            dtype=[c[5] for c in coll],
-        ),
+        collectives=Collectives(row=_joined(coll["row"]), name=coll["name"], in_nelems=_joined(coll["in_nelems"]),
+                                out_nelems=_joined(coll["out_nelems"]), group_size=_joined(coll["group_size"]),
+                                dtype=coll["dtype"]),
         rounded=rounded,
         first_event_ts=first_ts,
         warnings=[] if info else ["the trace has no distributedInfo (rank and world size unknown)"],
     )
+
+
+def _joined(parts: list[np.ndarray], dtype: type = np.int64) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
 
 
 def _distributed_info(value: Any) -> dict:
