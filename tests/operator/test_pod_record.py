@@ -3,12 +3,16 @@ pod names live in the session's pod record (a ConfigMap it owns), which an opera
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import kubernetes
+import pytest
+import yaml
 
 from stepscope.analysis import diagnose
 from stepscope.analysis.model import Diagnosis, Finding, SlowWorker, StepTime
+from stepscope.operator import kube as operator_kube
 from stepscope.operator import pod_record
 from stepscope.operator.analysis_job import diagnosed_status
 from stepscope.operator.pod_record import PodRecord
@@ -16,6 +20,7 @@ from stepscope.operator.status import MAX_MESSAGE, STATUS_BUDGET, PodProgress, a
 from tests.kube.fixtures import Kube
 
 PODS = 3000
+CHART_RBAC = Path(__file__).resolve().parents[2] / "helm" / "stepscope" / "templates" / "rbac.yaml"
 UID = "0123456789abcdef-0123-4567-89ab"
 
 
@@ -81,3 +86,30 @@ def test_pod_record_of_3000_pods_through_the_api_server(cluster: Kube) -> None:
     stored = custom.get_namespaced_custom_object("stepscope.io", "v1alpha1", "default", "profilesessions", "big")["status"]
     assert stored["pods"] == {"triggered": PODS - 3, "refused": 3, "record": record}, "the schema keeps the counts"
     assert len(json.dumps(stored).encode()) < STATUS_BUDGET
+
+
+def chart_operator_rules() -> list[dict[str, Any]]:
+    """The rules of the chart's operator ClusterRole, template lines dropped (all rules kept)."""
+    plain = "\n".join(line for line in CHART_RBAC.read_text().splitlines() if "{{" not in line and "}}" not in line)
+    role = next(d for d in yaml.safe_load_all(plain) if d and d["kind"] == "ClusterRole")
+    return role["rules"]
+
+
+def test_pod_record_works_with_exactly_the_charts_operator_rbac(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
+    rbac = kubernetes.client.RbacAuthorizationV1Api(cluster.api_client)
+    rbac.create_cluster_role({"metadata": {"name": "stepscope-operator"}, "rules": chart_operator_rules()})
+    rbac.create_cluster_role_binding({"metadata": {"name": "stepscope-operator"},
+                                      "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "stepscope-operator"},
+                                      "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": "stepscope"}]})
+    monkeypatch.setenv("KUBECONFIG", str(cluster.service_account_kubeconfig("stepscope", "operator")))
+    operator_kube.reset()
+    try:
+        record = PodRecord(frozenset({"train-0"}), frozenset())
+        pod_record.write("default", "s", UID, record)
+        pod_record.write("default", "s", UID, PodRecord(frozenset({"train-0", "train-1"}), frozenset()))  # the patch path
+        assert pod_record.read("default", "s", UID) == PodRecord(frozenset({"train-0", "train-1"}), frozenset())
+        with pytest.raises(kubernetes.client.ApiException) as denied:
+            operator_kube.core().delete_namespaced_config_map(pod_record.record_name("s", UID), "default")
+        assert denied.value.status == 403, "configmaps: get, create and patch only"
+    finally:
+        operator_kube.reset()
