@@ -33,14 +33,27 @@ def ms(us: float) -> str:
 
 
 _KINETO_FUNCTION = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<func>.*)$")
+# Python's reprs of C functions, as with_stack records them: '<built-in method wait of
+# pybind11_builtins.pybind11_detail_function_record_v1_... object at 0x7f...>', '<built-in function
+# linear>', "<method 'sum' of 'torch._C.TensorBase' objects>".
+_BUILTIN = re.compile(r"^<built-in (?:method|function) (?P<func>\S+?)(?: of (?P<owner>.+?) object)?(?: at 0x[0-9a-fA-F]+)?>$")
+_METHOD = re.compile(r"^<method '(?P<func>[^']+)' of '(?P<owner>[^']+)' objects>$")
 
 
 def function_text(name: str) -> str:
-    """Kineto's 'path/train.py(42): augment' as 'augment (train.py:42)'; other names unchanged."""
+    """Kineto's 'path/train.py(42): augment' as 'augment (train.py:42)'; a C function's repr as
+    'run_backward (built-in, torch._C._EngineBase)', without the object's address or the
+    pybind11 record type that names nothing a user wrote; other names unchanged."""
     m = _KINETO_FUNCTION.match(name)
+    if m:
+        return f"{m['func']} ({m['file'].replace(chr(92), '/').rsplit('/', 1)[-1]}:{m['line']})"
+    m = _BUILTIN.match(name) or _METHOD.match(name)
     if not m:
         return name
-    return f"{m['func']} ({m['file'].replace(chr(92), '/').rsplit('/', 1)[-1]}:{m['line']})"
+    owner = m["owner"] or ""
+    if not owner or owner == "type" or owner.startswith("pybind11"):
+        return f"{m['func']} (built-in)"
+    return f"{m['func']} (built-in, {owner})"
 
 
 def short(name: str, limit: int = 60) -> str:

@@ -1,6 +1,8 @@
 """The cross-rank diagnosis on synthetic summaries of a synchronous job (tests/analysis/synthetic_ranks.py)."""
 from __future__ import annotations
 
+import re
+
 import msgspec
 import pytest
 
@@ -75,6 +77,20 @@ def test_python_function_straggler_is_named_with_its_place():
     assert python[0]["message"].startswith("rank 2 spends 140 ms/step in augment_batch_slowly (train.py:42), 10x its peers")
     assert [w.rank for w in diagnosis.slowWorkers] == [2]
     assert "augment_batch_slowly (train.py:42)" in diagnosis.summary
+
+
+def test_c_functions_are_named_without_their_repr():
+    summaries = make_summaries(8, python_rank=2, python_us=140_000, seed=6)
+    owner = "pybind11_builtins.pybind11_detail_function_record_v1_system_libstdcpp_gxx_abi_1xxx_use_cxx11_abi_1"
+    for s in summaries:
+        for f in s.functions:
+            if "augment_batch_slowly" in f.name:
+                f.name = f"<built-in method allreduce of {owner} object at 0x7fef72c6{s.rank:04x}>"
+    diagnosis, full = diagnose(summaries)
+    python = _by_category(full, "python")
+    assert python[0]["message"].startswith("rank 2 spends 140 ms/step in allreduce (built-in), 10x its peers")
+    assert "allreduce (built-in)" in diagnosis.summary
+    assert not [f["message"] for f in full if re.search(r"0x[0-9a-f]{4}|pybind11|<", f["message"])]
 
 
 def test_memory_operations_follow_the_one_percent_rule():
