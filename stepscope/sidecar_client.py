@@ -10,6 +10,10 @@ from typing import Any
 
 from stepscope.signing import sign
 
+# The sidecar is a pod address or localhost, never behind a proxy: an HTTP_PROXY meant for the
+# object store must not receive signed triggers and the store credentials in their body.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
 
 class SidecarError(Exception):
     """The sidecar refused a request or could not be reached (status 0)."""
@@ -56,7 +60,7 @@ class SidecarClient:
             headers.update(sign(self._key, method, path, data))
         request = urllib.request.Request(self.base_url + path, data=data if body is not None else None, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with _DIRECT.open(request, timeout=self.timeout) as response:
                 return _json(response.read())
         except urllib.error.HTTPError as exc:
             payload = _json(exc.read())

@@ -116,3 +116,33 @@ def test_unknown_session_and_endpoint_get_404(client: SidecarClient, sidecar: Si
         client.get_session("nope")
     assert raised.value.status == 404
     assert raw(sidecar, "GET", "/v2/other", b"", sign(KEY, "GET", "/v2/other", b""))[0] == 404
+
+
+def test_client_never_goes_through_an_environment_proxy(sidecar: Sidecar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP_PROXY set for the object store must not carry signed triggers (and their store
+    credentials) to a proxy: the sidecar is always dialled directly."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str] = []
+
+    class Proxy(BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:  # noqa: N802
+            seen.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode())
+            self.send_error(502)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        for name in ("HTTP_PROXY", "http_proxy"):
+            monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.server_address[1]}")
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        body = {**trigger_body("s-proxy", (tmp_path / "store").as_uri()), "credentials": {"accessKeyId": "AK", "secretAccessKey": "SECRET"}}
+        assert SidecarClient(sidecar.url, KEY).put_session("s-proxy", body)["session"] == "s-proxy"
+        assert seen == []
+    finally:
+        proxy.shutdown()
