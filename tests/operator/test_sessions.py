@@ -3,6 +3,8 @@ moto's S3 server as the store. The tests share one training and its sidecar (a s
 session at a time), so each leaves its session finished."""
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +44,7 @@ def store_prefix(session: dict) -> str:
 def triggered_pods(operator: OperatorHarness, status: dict) -> list[str]:
     """The names in the session's pod record (a ConfigMap), checked against the counts in status."""
     record = kubernetes.client.CoreV1Api(operator.kube.api_client).read_namespaced_config_map(status["pods"]["record"], NAMESPACE)
-    names = record.data["triggered"].split("\n")
+    names = gzip.decompress(base64.b64decode(record.binary_data["triggered.gz"])).decode().split("\n")
     assert status["pods"]["triggered"] == len(names)
     return names
 
