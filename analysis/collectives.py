@@ -63,23 +63,13 @@ def _per_distinct(values: list[str], fn: Callable[[str], object], dtype: type) -
     return np.array([fn(str(v)) for v in distinct], dtype=dtype)[inverse.reshape(-1)]
 
 
-def _lookup(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """Index into `keys` of each wanted value, -1 where absent."""
-    if len(keys) == 0:
-        return np.full(len(wanted), -1)
-    order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    pos = np.minimum(np.searchsorted(sorted_keys, wanted), len(keys) - 1)
-    return np.where(sorted_keys[pos] == wanted, order[pos], -1)
-
-
 def _collective_args(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """Index into trace.collectives of the arguments of each row (on it, else on the op that
     launched it, by External id), -1 where there are none."""
     coll = trace.collectives
-    j = _lookup(coll.row, rows)
+    j = intervals.lookup(coll.row, rows)
     ext = trace.external_id[rows]
-    return np.where((j < 0) & (ext >= 0), _lookup(trace.external_id[coll.row], ext), j)
+    return np.where((j < 0) & (ext >= 0), intervals.lookup(trace.external_id[coll.row], ext), j)
 
 
 def _args_in_order(trace: Trace, rows: np.ndarray, kinds: list[str]) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""Vectorised interval arithmetic on [start, end) microsecond intervals (numpy, no Python loops).
+"""Vectorised interval arithmetic on [start, end) microsecond intervals (numpy, no Python loops),
+and the key lookups and per-key statistics the metrics share.
 
 `merge` reproduces HTA's `merge_kernel_intervals` exactly (including its treatment of the
 negative-length intervals that inward rounding can produce), so unions, idle time and overlaps
@@ -71,6 +72,16 @@ def outside(merged: tuple[np.ndarray, np.ndarray], starts: np.ndarray,
     """(duration, time outside the union `merged`) of each interval; negative durations count as 0."""
     dur = np.maximum(durations, 0)
     return dur, dur - covered(merged, starts, starts + dur)
+
+
+def lookup(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Index into `keys` of each wanted value (its first occurrence), -1 where absent."""
+    if len(keys) == 0:
+        return np.full(len(wanted), -1)
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    pos = np.minimum(np.searchsorted(sorted_keys, wanted), len(keys) - 1)
+    return np.where(sorted_keys[pos] == wanted, order[pos], -1)
 
 
 def group_stats(keys: np.ndarray, values: np.ndarray) -> dict[str, np.ndarray]:

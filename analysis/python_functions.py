@@ -16,13 +16,6 @@ from .trace import PYTHON_CAT, Trace
 MAX_STACK_FRAMES = 24
 
 
-def _parent_rows(ids: np.ndarray, parents: np.ndarray) -> np.ndarray:
-    order = np.argsort(ids, kind="stable")
-    sorted_ids = ids[order]
-    pos = np.minimum(np.searchsorted(sorted_ids, parents), len(ids) - 1)
-    return np.where((parents >= 0) & (sorted_ids[pos] == parents), order[pos], -1)
-
-
 def _stack_ids(parent: np.ndarray, name: np.ndarray, n_names: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Intern call stacks: (stack id of each event, parent stack of each stack, name code of each stack)."""
     n = len(parent)
@@ -57,7 +50,8 @@ def python_functions(trace: Trace, gpu_union: tuple[np.ndarray, np.ndarray], cap
     if len(rows) == 0:
         return []
     dur, exposed = intervals.outside(gpu_union, trace.ts[rows], trace.dur[rows])
-    parent = _parent_rows(trace.python_id[rows], trace.python_parent[rows])
+    parents = trace.python_parent[rows]
+    parent = np.where(parents >= 0, intervals.lookup(trace.python_id[rows], parents), -1)
     has_parent = parent >= 0
     exclusive = dur - np.bincount(parent[has_parent], weights=dur[has_parent], minlength=len(rows))
     exclusive_exposed = exposed - np.bincount(parent[has_parent], weights=exposed[has_parent], minlength=len(rows))

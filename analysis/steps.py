@@ -39,14 +39,11 @@ def step_spans(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def launch_times(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """When each GPU row was launched: the start of the CPU event with its correlation, else its own start."""
     cpu = np.flatnonzero(~gpu_filter_mask(trace) & (trace.correlation >= 0))
-    corr = trace.correlation[cpu]
-    order = np.argsort(corr, kind="stable")
-    corr, cpu = corr[order], cpu[order]
     wanted = trace.correlation[rows]
-    if len(corr) == 0:
+    if len(cpu) == 0:
         return trace.ts[rows]
-    pos = np.minimum(np.searchsorted(corr, wanted), len(corr) - 1)
-    return np.where((corr[pos] == wanted) & (wanted >= 0), trace.ts[cpu[pos]], trace.ts[rows])
+    j = intervals.lookup(trace.correlation[cpu], wanted)
+    return np.where((j >= 0) & (wanted >= 0), trace.ts[cpu[j]], trace.ts[rows])
 
 
 def _per_step_union(seg: np.ndarray, ts: np.ndarray, end: np.ndarray, offset: float,
