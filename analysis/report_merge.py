@@ -151,9 +151,9 @@ def write_merged_trace(out: BinaryIO, traces: Iterable[tuple[int, Path]], counte
                     first = False
             merged.append(rank)
             on_done(rank)
-        for event in counters(base_ns[0] / 1000.0 if base_ns else 0.0):
-            part = msgspec.json.encode(event)
+        events = counters(base_ns[0] / 1000.0 if base_ns else 0.0)
+        if events:
+            part = msgspec.json.encode(events)[1:-1]  # the list's items, comma-separated
             gz.write(part if first else b"," + part)
-            first = False
         gz.write(b"]}")
     return merged
