@@ -220,8 +220,12 @@ def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda na
     for rank_files, summary in zip(files.ranks, _summaries(files, top, on_rank)):
         if summary.rank in summaries:
             taken = summary.rank
-            summary.rank, next_free = next_free, next_free + 1
-            problems.setdefault(summary.rank, []).append(f"{rank_files.trace} also says rank {taken}; shown as rank {summary.rank}")
+            if rank_files.rank is not None and rank_files.rank not in summaries:
+                summary.rank = rank_files.rank  # the file's name says which rank it is for
+            else:
+                summary.rank, next_free = next_free, next_free + 1
+            problems.setdefault(summary.rank, []).append(
+                f"{rank_files.summary or rank_files.trace} also says rank {taken}; shown as rank {summary.rank}")
         summaries[summary.rank] = summary
         if rank_files.trace:
             traces[summary.rank] = rank_files.trace

@@ -11,7 +11,9 @@ import pytest
 
 from stepscope.analysis import session_files
 from stepscope.analysis.command import analyze_uri
+from stepscope.analysis.model import encode
 from stepscope.cli import main
+from synthetic_ranks import make_summaries
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -104,3 +106,15 @@ def test_stacks_files_of_the_wrong_shape_are_per_rank_problems(tmp_path: Path, s
     assert hangs[0].ranks == [5] and hangs[0].message == "rank 5 hung for 320 s at load_batch (train.py)"
     assert any(f.ranks == [0, 1, 2, 3, 4] and "left no readable stacks" in f.message for f in hangs)
     assert 0 in {r["rank"] for r in document["perRank"]}
+
+
+def test_a_summary_claiming_another_ranks_number_keeps_its_files_rank(tmp_path: Path):
+    root = tmp_path / "session"
+    (root / "ranks").mkdir(parents=True)
+    for rank, summary in enumerate(make_summaries(3)):
+        summary.rank = 0 if rank == 2 else rank
+        (root / "ranks" / f"rank-{rank}.summary.json").write_bytes(encode(summary))
+    analyze_uri(str(root), progress=False)
+    document = json.loads((root / "report" / "diagnosis.json").read_text())
+    assert document["problems"] == {"2": ["ranks/rank-2.summary.json also says rank 0; shown as rank 2"]}
+    assert sorted(r["rank"] for r in document["perRank"]) == [0, 1, 2]
