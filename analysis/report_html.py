@@ -63,10 +63,11 @@ def _ticks(top: float) -> list[float]:
 
 def _bar_chart(labels: list[str], values: np.ndarray, highlight: set[int], unit: str, reference: float | None = None, ref_label: str = "median") -> str:
     """Vertical bars, one per rank; highlighted ones in red; a dashed reference line."""
-    if len(values) == 0:
+    finite = np.isfinite(values)
+    if not finite.any():
         return '<p class="note">no data</p>'
     width, height, left, bottom = 1100, 220, 56, 24
-    ticks = _ticks(float(np.nanmax(values)) * 1.05 or 1.0)
+    ticks = _ticks(max(float(values[finite].max()), 0.0) * 1.05 or 1.0)
     top = ticks[-1]
     n = len(values)
     slot = (width - left - 10) / n
@@ -77,7 +78,7 @@ def _bar_chart(labels: list[str], values: np.ndarray, highlight: set[int], unit:
         parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eef0f3"/>'
                      f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick:,.{0 if ticks[1] >= 1 else 2}f}</text>')
     for i, (label, value) in enumerate(zip(labels, values)):
-        if np.isnan(value):
+        if not finite[i]:
             continue
         h = value / top * (height - 10)
         x = left + i * slot + (slot - bar) / 2

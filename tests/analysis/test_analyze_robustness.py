@@ -118,3 +118,19 @@ def test_a_summary_claiming_another_ranks_number_keeps_its_files_rank(tmp_path: 
     document = json.loads((root / "report" / "diagnosis.json").read_text())
     assert document["problems"] == {"2": ["ranks/rank-2.summary.json also says rank 0; shown as rank 2"]}
     assert sorted(r["rank"] for r in document["perRank"]) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("steps", [[], "negative", "zero"])
+def test_summaries_without_usable_step_times_still_give_a_report(tmp_path: Path, steps):
+    root = tmp_path / "session"
+    (root / "ranks").mkdir(parents=True)
+    for summary in make_summaries(3):
+        if steps == []:
+            summary.steps = []
+        for row in summary.steps:
+            row.durationUs = -1.0 if steps == "negative" else 0.0
+        (root / "ranks" / f"rank-{summary.rank}.summary.json").write_bytes(encode(summary))
+    analyze_uri(str(root), progress=False)
+    document = json.loads((root / "report" / "diagnosis.json").read_text())
+    assert document["ranks"]["failed"] == []
+    assert "<h2>Median step time per rank</h2>" in (root / "report" / "index.html").read_text()
