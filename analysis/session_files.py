@@ -18,6 +18,7 @@ from pathlib import Path
 import msgspec
 
 from stepscope.analysis.model import SUMMARY_VERSION, RankSummary, decode_summary
+from stepscope.analysis.report_merge import RANK_DIGITS
 from stepscope.storage import Store, StoreError, open_store
 
 _RANK_FILE = re.compile(r"^ranks/rank-(\d+)\.(summary\.json|trace\.json(?:\.gz)?|stacks\.json)$")
@@ -30,6 +31,10 @@ _NOT_TRACE = re.compile(r"\.(state|stacks|summary)\.json$|^(session|request)\.js
 MAX_WORKERS = 4
 PARALLEL_BYTES = 64 << 20
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+# Gaps below this are ranks that sent nothing; a number above it (a corrupt rank field or file
+# name) is not taken to mean that every rank up to it is missing. The merged trace numbers pids
+# for as many ranks.
+MAX_RANKS = 10 ** RANK_DIGITS
 
 
 class _Frame(msgspec.Struct):
@@ -131,7 +136,11 @@ def read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int = 
     problem = ""
     if files.summary:
         try:
-            return decode_summary(store.get_bytes(files.summary))
+            summary = decode_summary(store.get_bytes(files.summary))
+            if summary.rank < 0:
+                summary.warnings.append(f"{files.summary} says rank {summary.rank}; shown as rank {rank}")
+                summary.rank = rank
+            return summary
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             problem = f"{files.summary} is not a valid summary ({exc})"
         except StoreError as exc:
@@ -175,7 +184,7 @@ def read_stacks(store: Store, files: RankFiles) -> tuple[dict | None, str]:
 def missing_ranks(summaries: list[RankSummary]) -> list[int]:
     """Gaps in the rank numbers found. Ranks above the highest one are not counted missing: a
     session may select some pods of a job, and HTA's sample sets keep 2 ranks of 128."""
-    known = {s.rank for s in summaries}
+    known = {s.rank for s in summaries if 0 <= s.rank < MAX_RANKS}
     return sorted(set(range(min(known), max(known) + 1)) - known) if known else []
 
 

@@ -134,3 +134,16 @@ def test_summaries_without_usable_step_times_still_give_a_report(tmp_path: Path,
     document = json.loads((root / "report" / "diagnosis.json").read_text())
     assert document["ranks"]["failed"] == []
     assert "<h2>Median step time per rank</h2>" in (root / "report" / "index.html").read_text()
+
+
+def test_summaries_with_a_negative_or_absurd_rank(tmp_path: Path):
+    root = tmp_path / "session"
+    (root / "ranks").mkdir(parents=True)
+    summaries = make_summaries(4)
+    summaries[2].rank, summaries[3].rank = -5, 1_000_000
+    for rank, summary in enumerate(summaries):
+        (root / "ranks" / f"rank-{rank}.summary.json").write_bytes(encode(summary))
+    analyze_uri(str(root), progress=False)
+    document = json.loads((root / "report" / "diagnosis.json").read_text())
+    assert document["problems"] == {"2": ["ranks/rank-2.summary.json says rank -5; shown as rank 2"]}
+    assert document["ranks"] == {"total": 4, "analysed": 4, "failed": []}
