@@ -14,12 +14,18 @@ from stepscope.analysis.summary import summarize_file
 from .conftest import Profiled, Run
 
 
-def test_session_folder_with_gpu_metrics(unhealthy_run: Run, tmp_path: Path) -> None:
+def _session_of(run: Run, tmp_path: Path) -> Path:
+    """A session folder holding the run's rank summaries (no metrics yet)."""
     session = tmp_path / "session"
-    for summary in unhealthy_run.summaries:
+    for summary in run.summaries:
         path = session / layout.rank_summary(summary.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(encode(summary))
+    return session
+
+
+def test_session_folder_with_gpu_metrics(unhealthy_run: Run, tmp_path: Path) -> None:
+    session = _session_of(unhealthy_run, tmp_path)
     for pod, file in unhealthy_run.files.items():
         target = session / layout.node_metrics(pod)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -66,11 +72,7 @@ def test_counter_tracks_line_up_with_the_rank_in_the_merged_trace(profiled: Prof
 
 
 def test_bad_gpu_metrics_files_are_problems_of_their_pods_ranks(unhealthy_run: Run, tmp_path: Path) -> None:
-    session = tmp_path / "session"
-    for summary in unhealthy_run.summaries:
-        path = session / layout.rank_summary(summary.rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(encode(summary))
+    session = _session_of(unhealthy_run, tmp_path)
     pods = {s.pod: [] for s in unhealthy_run.summaries}
     for s in unhealthy_run.summaries:
         pods[s.pod].append(s.rank)
@@ -91,11 +93,7 @@ def test_bad_gpu_metrics_files_are_problems_of_their_pods_ranks(unhealthy_run: R
 
 
 def test_gpu_metrics_with_only_the_required_columns(unhealthy_run: Run, tmp_path: Path) -> None:
-    session = tmp_path / "session"
-    for summary in unhealthy_run.summaries:
-        path = session / layout.rank_summary(summary.rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(encode(summary))
+    session = _session_of(unhealthy_run, tmp_path)
     for pod in unhealthy_run.files:
         target = session / layout.node_metrics(pod)
         target.parent.mkdir(parents=True, exist_ok=True)
