@@ -23,7 +23,7 @@ def test_real_gloo_run_names_the_slow_rank_and_its_function(stepscope_dir: Path,
     assert document["ranks"]["failed"] == []
     assert [w["rank"] for w in document["diagnosis"]["slowWorkers"]] == [1]
     summary = document["diagnosis"]["summary"]
-    assert summary.startswith("rank 1 is ") and "augment_batch_slowly (workload.py:" in summary
+    assert summary.startswith("rank 1 ") and "augment_batch_slowly (workload.py:" in summary
     python = [f for f in document["findings"] if f["category"] == "python" and f["ranks"] == [1]]
     assert python and python[0]["data"]["usPerStep"] > 60_000
     assert document["mergedTrace"]["ranks"] == [1, 0]
