@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from stepscope import AGENT_MODULE
+from stepscope.files import write_atomically
 
 AGENT_SOURCE = Path(__file__).with_name("agent.py")
 BOOTSTRAP_FOLDER = "bootstrap"
@@ -56,22 +57,12 @@ _stepscope_start()
 '''
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def install_bootstrap(stepscope_dir: Path) -> Path:
     """Write `<dir>/bootstrap/{sitecustomize.py, stepscope_agent.py}`; returns the bootstrap folder."""
     folder = Path(stepscope_dir) / BOOTSTRAP_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     for name, source in ((f"{AGENT_MODULE}.py", AGENT_SOURCE.read_bytes()), ("sitecustomize.py", SITECUSTOMIZE.encode())):
-        _atomic_write(folder / name, source)
+        write_atomically(folder / name, lambda out, source=source: out.write(source))
         # Every Python process in the pod loads these at start. Images often set
         # PYTHONDONTWRITEBYTECODE, which would recompile the agent each time (~9 ms); a training
         # interpreter of the sidecar's Python version reads this cache even then, others ignore it.

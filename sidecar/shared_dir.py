@@ -3,13 +3,13 @@ request.json and reads the agents' registry and per-rank state files."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from stepscope.files import write_atomically
 
 REQUEST_VERSION = 1
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -22,18 +22,7 @@ def valid_session_id(session_id: str) -> bool:
 
 
 def write_json_atomic(path: Path, value: dict[str, Any]) -> None:
-    """Readers see the old file or the new one, never a half-written one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        # mkstemp makes 0600 files; the training container may run as another user and must read it.
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w") as out:
-            json.dump(value, out)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, lambda out: out.write(json.dumps(value).encode()))
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -11,13 +11,14 @@ import logging
 import os
 import random
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlparse
+
+from stepscope.files import PARTIAL_SUFFIX, write_atomically
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -106,16 +107,7 @@ class FileStore:
     def _write(self, key: str, fill: Callable[[Any], Any]) -> None:
         target = self._path(key)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
-            try:
-                os.fchmod(fd, 0o644)  # as readable as an object in a bucket, not mkstemp's 0600
-                with os.fdopen(fd, "wb") as out:
-                    fill(out)
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_atomically(target, fill)
         except OSError as exc:
             raise StoreError(f"cannot write {target}: {exc.strerror or exc}") from exc
 
@@ -139,7 +131,7 @@ class FileStore:
     def list(self, prefix: str = "") -> list[str]:
         if not self.root.is_dir():
             return []
-        keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file() and not p.name.endswith(".part"))
+        keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file() and not p.name.endswith(PARTIAL_SUFFIX))
         return sorted(k for k in keys if k.startswith(prefix))
 
     def exists(self, key: str) -> bool:
@@ -225,7 +217,7 @@ class S3Store:
     def download(self, key: str, path: Path | str) -> Path:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.part")
+        tmp = target.with_name(f".{target.name}{PARTIAL_SUFFIX}")
 
         def fetch() -> None:
             self._client.download_file(self.bucket, self._key(key), str(tmp), Config=self._transfer)
