@@ -59,15 +59,15 @@ def _slow_worker_finding(e: SlowEvidence, tables: RankTables, median_step_us: fl
         reasons.append(python[e.rank])
     if e.rank in hardware:
         reasons.append(hardware[e.rank])
+    wait = f"the others wait {ms(e.peersWaitUsPerStep)}/step for it"
     if e.voteShare:
-        reasons.append(f"it arrives last at {100 * e.voteShare:.0f}% of {e.rounds} matched collectives; the others wait {ms(e.peersWaitUsPerStep)}/step for it")
+        reasons.append(f"it arrives last at {100 * e.voteShare:.0f}% of {e.rounds} matched collectives")
     if e.stepRatio or e.kernelRatio:
-        message = f"rank {e.rank} is {slowdown:.2f}x slower than its peers: " + "; ".join(reasons)
+        message = f"rank {e.rank} is {slowdown:.2f}x slower than its peers: " + "; ".join(reasons + ([wait] if e.voteShare else []))
     else:
         # Only the collectives show it: every rank's step lasts as long as the slowest one's, so
         # "Nx slower" would rest on the others' wait, a noisy estimate; the wait itself is measured.
-        message = (f"rank {e.rank} holds its peers back, they wait {ms(e.peersWaitUsPerStep)} of each {ms(median_step_us)} step for it: "
-                   + "; ".join(reasons[:-1] + [f"it arrives last at {100 * e.voteShare:.0f}% of {e.rounds} matched collectives"]))
+        message = f"rank {e.rank} holds its peers back, they wait {ms(e.peersWaitUsPerStep)} of each {ms(median_step_us)} step for it: " + "; ".join(reasons)
     severity = "critical" if slowdown >= 1.2 else "warning"
     return finding(severity, "slow-worker", [e.rank], message, slowdown - 1.0, {
         "slowdown": round(slowdown, 3), "stepRatio": e.stepRatio, "kernelRatio": e.kernelRatio, "slowKernels": e.slowKernels,
