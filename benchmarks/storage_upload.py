@@ -20,17 +20,12 @@ from pathlib import Path
 
 import boto3
 
+from stepscope.launch import free_port
 from stepscope.storage import MULTIPART_CHUNK, MAX_CONCURRENCY, open_store
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_moto() -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
