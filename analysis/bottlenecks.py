@@ -197,15 +197,15 @@ def cpu_only(tables: RankTables, median_step_us: float, slow_ranks: set[int]) ->
     if r.empty or r["hasGpu"].any() or median_step_us <= 0:
         return []
     out = []
-    c = tables.collectives
-    if not c.empty:
-        per = tables.per_step(c, "sumUs").groupby(c["rank"]).sum() / median_step_us
-        kinds = ", ".join(c.groupby("kind")["sumUs"].sum().sort_values(ascending=False).index[:3])
+    per = tables.collective_share()
+    if len(per):
+        kinds = ", ".join(tables.collectives.groupby("kind")["sumUs"].sum().sort_values(ascending=False).index[:3])
         if per.median() >= CPU_COLLECTIVE_SHARE:
             out.append(finding("info", "communication", per.index.tolist(),
                                f"ranks spend {100 * per.median():.0f}% of each step in {r['backend'].iloc[0] or 'CPU'} collectives ({kinds}) "
                                f"(least: rank {int(per.idxmin())} {100 * per.min():.0f}%, most: rank {int(per.idxmax())} {100 * per.max():.0f}%): "
-                               "most of it is waiting for the slowest rank", float(per.median()) / 2))
+                               "most of it is waiting for the slowest rank", float(per.median()) / 2,
+                               {"collectiveShare": {str(rank): round(float(v), 4) for rank, v in per.items()}}))
     f = tables.functions
     f = f[~f["name"].str.contains(WAITING, regex=True)] if not f.empty else f
     if not f.empty and not slow_ranks:

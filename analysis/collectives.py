@@ -99,6 +99,13 @@ def _message_bytes(trace: Trace, args: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return np.where(args >= 0, msg_bytes[args], 0.0), np.where(args >= 0, coll.group_size[args], 0)
 
 
+def cpu_time_in(trace: Trace, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Time of each [start, end) inside at least one CPU-side collective call (gloo:all_reduce, ...):
+    the union of the calls, since gloo runs several of them at once on its threads."""
+    rows = np.flatnonzero(trace.name_mask(lambda n: _CPU_COLLECTIVE_RE.match(n) is not None))
+    return intervals.covered(intervals.merge(trace.ts[rows], trace.end[rows]), starts, ends)
+
+
 def collectives(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_us: float,
                 keep_durations: int = 2000) -> list[CollectiveStat]:
     """Per collective kind: count, time, median, bus bandwidth, bottleneck ratio and per-instance durations.

@@ -31,6 +31,10 @@ class StepRow(Struct):
     overlappedUs: float = 0.0
     communicationUs: float = 0.0
     freeUs: float = 0.0
+    # Traces without GPU events: time of the step inside at least one collective call (gloo), the
+    # union of their intervals, so calls running at once on the backend's threads count once (the
+    # per-kind CollectiveStat.sumUs counts each). None on GPU traces and in older summaries.
+    collectiveUs: float | None = None
 
 
 class TemporalBreakdown(Struct):

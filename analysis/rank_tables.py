@@ -74,6 +74,16 @@ class RankTables:
         steps = frame["rank"].map(self.ranks.set_index("rank")["steps"].clip(lower=1))
         return frame[column] / steps.to_numpy(dtype=float)
 
+    def collective_share(self) -> pd.Series:
+        """Share (0..1) of each rank's step time spent in collectives, by rank: the union of the
+        collective calls (StepRow.collectiveUs); summaries without it give their per-kind sums,
+        capped at the step time, since calls running at once would otherwise count twice."""
+        summed = self.collectives.groupby("rank")["sumUs"].sum()
+        s = self.steps
+        step_us = s.groupby("rank")["durationUs"].sum().reindex(summed.index)
+        union = s["collectiveUs"].astype(float).groupby(s["rank"]).sum(min_count=1).reindex(summed.index)
+        return (union.fillna(summed.clip(upper=step_us)) / step_us.where(step_us > 0)).dropna()
+
 
 def _same_function_across_ranks(functions: pd.DataFrame) -> pd.DataFrame:
     """Python's repr of built-ins carries the object's address ('<built-in method run_backward of

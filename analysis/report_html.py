@@ -101,7 +101,7 @@ def _collective_share_chart(tables: RankTables, step_total_us: pd.Series) -> str
     c = tables.collectives
     if c.empty:
         return '<p class="note">no GPU time and no collectives to break the steps down by</p>'
-    share = (100.0 * c.groupby("rank")["sumUs"].sum() / step_total_us).reindex(step_total_us.index).fillna(0.0)
+    share = (100.0 * tables.collective_share()).reindex(step_total_us.index).fillna(0.0)
     return ('<p class="note">No GPU work in these traces: share of each rank\'s steps spent in collectives '
             '(the rank that spends least there is the one the others wait for).</p>'
             + _bar_chart([f"rank {r}" for r in share.index], share.to_numpy(), set(), "% in collectives"))

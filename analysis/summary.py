@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 
 from . import breakdown, intervals
-from .collectives import collectives
+from .collectives import collectives, cpu_time_in
 from .gpu_scope import gpu_scope
 from .kernels import comm_comp_overlap, compute_union, kernel_stats
 from .launch import launch_stats, runtime_stats
 from .memory_ops import memory_ops
-from .model import SUMMARY_VERSION, RankSummary
+from .model import SUMMARY_VERSION, RankSummary, StepRow
 from .python_functions import python_functions
 from .steps import step_rows, step_spans
 from .trace import Trace, TraceError, load_trace
@@ -30,6 +30,15 @@ def _main_gpu(trace: Trace, gpu_rows: np.ndarray) -> int:
     pids = trace.pid[gpu_rows]
     pids = pids[(pids >= 0) & (pids < 64)]
     return int(np.bincount(pids).argmax()) if len(pids) else -1
+
+
+def _with_collective_time(trace: Trace, steps: list[StepRow]) -> list[StepRow]:
+    """Steps of a trace without GPU events, with the time each spends in collectives."""
+    starts = np.array([s.startUs for s in steps])
+    covered = cpu_time_in(trace, starts, starts + np.array([s.durationUs for s in steps]))
+    for step, us in zip(steps, covered.tolist()):
+        step.collectiveUs = us
+    return steps
 
 
 def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str = "", top: int = 50) -> RankSummary:
@@ -70,7 +79,7 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
         hasGpu=has_gpu,
         capturedUs=captured,
         gpuUtilizationPct=round(100 * float(busy) / captured, 2) if captured > 0 else 0.0,
-        steps=step_rows(trace, spans),
+        steps=step_rows(trace, spans) if has_gpu else _with_collective_time(trace, step_rows(trace, spans)),
         temporal=breakdown.temporal(trace, scope),
         idle=breakdown.idle(trace, scope),
         kernelTypes=breakdown.kernel_types(trace, scope) if has_gpu else [],

@@ -9,8 +9,10 @@ import pytest
 
 from stepscope.analysis import intervals
 from stepscope.analysis.collectives import parse_nccl_name
+from stepscope.analysis.diagnose import diagnose
 from stepscope.analysis.gpu_scope import COMM, COMP, MEM, OTHER, kernel_type
 from stepscope.analysis.memory_ops import memory_kind
+from stepscope.analysis.model import decode_summary, encode
 from stepscope.analysis.summary import summarize
 from stepscope.analysis.trace import load_trace
 
@@ -204,6 +206,40 @@ def test_cpu_collectives_pair_with_recorded_arguments_in_order(tmp_path: Path):
     (allreduce,) = summarize(load_trace(path)).collectives
     assert (allreduce.kind, allreduce.count, allreduce.durationsUs, allreduce.bytes) == ("AllReduce", 2, [50, 30], 1600)
     assert allreduce.busBandwidthGBs == pytest.approx(1600 * 2 * 1 / 2 / 80 / 1e3)
+
+
+def test_overlapping_gloo_calls_count_once_in_the_share_of_the_step(tmp_path: Path):
+    """gloo runs several all-reduce buckets at once on its threads: rank 0 (waiting for rank 1)
+    has 390 µs of calls in two 100 µs steps, covering 85 µs of step 1 and 90 µs of step 2."""
+    def gloo(ts: float, dur: float, tid: int) -> dict:
+        return ev("user_annotation", "gloo:all_reduce", ts, dur, tid=tid)
+    steps = [ev("user_annotation", "ProfilerStep#1", 0, 100), ev("user_annotation", "ProfilerStep#2", 100, 100)]
+    calls = {0: [gloo(10, 80, 9), gloo(20, 75, 10), gloo(110, 80, 9), gloo(120, 75, 10), gloo(180, 80, 11)],
+             1: [gloo(85, 10, 9), gloo(88, 8, 10), gloo(185, 10, 9), gloo(188, 8, 10)]}
+    summaries = []
+    for rank, events in calls.items():
+        path = tmp_path / f"rank-{rank}.json"
+        path.write_text(json.dumps({"distributedInfo": {"rank": rank, "world_size": 2, "backend": "gloo"},
+                                    "traceEvents": steps + events}))
+        summaries.append(summarize(load_trace(path)))
+    assert [[s.collectiveUs for s in r.steps] for r in summaries] == [[85, 90], [11, 11]]
+    assert [r.collectives[0].sumUs for r in summaries] == [390, 36]  # per kind: each call counts
+
+    def share(summaries: list) -> tuple[str, dict]:
+        (comm,) = [f for f in diagnose(summaries)[1] if f["category"] == "communication"]
+        return comm["message"], comm["data"].get("collectiveShare")
+
+    assert share(summaries) == ("ranks spend 49% of each step in gloo collectives (AllReduce) (least: rank 1 11%, most: rank 0 88%): "
+                                "most of it is waiting for the slowest rank", {"0": 0.875, "1": 0.11})
+    # Summaries written before StepRow.collectiveUs: the per-kind sum, capped at the step time.
+    older = []
+    for s in summaries:
+        raw = json.loads(encode(s))
+        for row in raw["steps"]:
+            del row["collectiveUs"]
+        older.append(decode_summary(json.dumps(raw).encode()))
+    assert all(row.collectiveUs is None for s in older for row in s.steps)
+    assert share(older)[1] == {"0": 1.0, "1": 0.18}
 
 
 @pytest.mark.parametrize("seed", range(25))
