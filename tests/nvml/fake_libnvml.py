@@ -32,6 +32,15 @@ class FakeGpu:
     nvlink_kib: int = 5_000
     ecc: tuple[int, int] = (0, 0)
     refused_fields: set[int] = field(default_factory=set)
+    # nvmlValueType_t the driver reports per field id (unsigned long long where not given).
+    value_types: dict[int, int] = field(default_factory=dict)
+
+
+_UNION_MEMBER = {
+    nv.NVML_VALUE_TYPE_DOUBLE: "dVal", nv.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal", nv.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal", nv.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    nv.NVML_VALUE_TYPE_SIGNED_INT: "siVal", nv.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
 
 
 def _address(pointer: object) -> int:
@@ -149,8 +158,10 @@ class FakeNvmlLib:
             if value.fieldId in (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX) and value.scopeId < gpu.nvlinks:
                 known[value.fieldId] = gpu.nvlink_kib * (value.scopeId + 1)
             if value.fieldId in known and value.fieldId not in gpu.refused_fields:
-                value.nvmlReturn, value.valueType = nv.NVML_SUCCESS, nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-                value.value.ullVal = known[value.fieldId]
+                kind = gpu.value_types.get(value.fieldId, nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
+                value.nvmlReturn, value.valueType = nv.NVML_SUCCESS, kind
+                number = known[value.fieldId]
+                setattr(value.value, _UNION_MEMBER[kind], float(number) if kind == nv.NVML_VALUE_TYPE_DOUBLE else number)
             else:
                 value.nvmlReturn = nv.NVML_ERROR_NOT_SUPPORTED
         return nv.NVML_SUCCESS

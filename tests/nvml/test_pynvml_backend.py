@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from pathlib import Path
@@ -13,7 +14,12 @@ pynvml = pytest.importorskip("pynvml")
 from stepscope.analysis.hardware import read_metrics  # noqa: E402
 from stepscope.sidecar import nvml  # noqa: E402
 from stepscope.sidecar.nvml import MetricsRecorder, default_backend  # noqa: E402
-from stepscope.sidecar.nvml_api import FI_PCIE_COUNT_RX_BYTES, REASON_SW_THERMAL  # noqa: E402
+from stepscope.sidecar.nvml_api import (  # noqa: E402
+    FI_NVLINK_THROUGHPUT_DATA_TX,
+    FI_PCIE_COUNT_RX_BYTES,
+    FI_PCIE_COUNT_TX_BYTES,
+    REASON_SW_THERMAL,
+)
 from stepscope.sidecar.nvml_pynvml import PynvmlBackend  # noqa: E402
 
 from .fake_libnvml import FakeGpu, FakeNvmlLib  # noqa: E402
@@ -71,6 +77,24 @@ def test_every_metric_through_pynvml(install) -> None:  # type: ignore[no-untype
     assert backend.xid_events() == []
     backend.close()
     assert lib.shutdowns == 1
+
+
+def test_field_values_follow_the_value_types_the_driver_reports(install) -> None:  # type: ignore[no-untyped-def]
+    fake = gpus()
+    fake[0].refused_fields = {FI_PCIE_COUNT_RX_BYTES}
+    lib = install(FakeNvmlLib(fake))
+    backend = PynvmlBackend({"CUDA_VISIBLE_DEVICES": "0"})
+    fields = ((FI_PCIE_COUNT_TX_BYTES, 0), (FI_PCIE_COUNT_RX_BYTES, 0), (FI_NVLINK_THROUGHPUT_DATA_TX, 1))
+    first = backend.field_values(0, fields)
+    assert first[0] == 10_000_000 and math.isnan(first[1]) and first[2] == 10_000
+    # The same array is read again with each value type NVML has; a refused field comes back.
+    fake[0].refused_fields = set()
+    for kind in range(pynvml.NVML_VALUE_TYPE_COUNT):
+        fake[0].pcie_bytes = 40_000 + kind
+        fake[0].value_types = {FI_PCIE_COUNT_TX_BYTES: kind, FI_PCIE_COUNT_RX_BYTES: (kind + 3) % pynvml.NVML_VALUE_TYPE_COUNT}
+        assert list(backend.field_values(0, fields)) == [40_000 + kind, (40_000 + kind) // 2, 10_000], kind
+    assert lib.field_calls == 1 + 1 + pynvml.NVML_VALUE_TYPE_COUNT  # link count, then one call per read
+    backend.close()
 
 
 def test_recorder_over_pynvml(install, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
