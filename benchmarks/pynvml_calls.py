@@ -1,0 +1,91 @@
+"""Python-side cost of the sampler's per-round NVML reads: PynvmlBackend against pynvml's wrappers.
+
+    .venv/bin/python benchmarks/pynvml_calls.py [--links 4] [--repeat 5]
+
+Both sides run over the stand-in NVML library of the tests (tests/nvml/fake_libnvml.py) with every
+C function the round calls replaced by one that returns NVML_SUCCESS at once, so what is timed is
+the Python around the driver call: argument building, the call through ctypes, reading results.
+On a real GPU the driver's own time comes on top of both. The reference is the plain pynvml way
+(`nvmlDeviceGetFieldValues` and reading each value's union member, `nvmlDeviceGetClockInfo` twice,
+`nvmlDeviceGetCurrentClocksEventReasons`), which is what the sampler did before its reads were
+prepared once per GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import timeit
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pynvml as nv  # noqa: E402
+
+from stepscope.sidecar.nvml_api import (  # noqa: E402
+    FI_ECC_DBE_VOL_TOTAL,
+    FI_ECC_SBE_VOL_TOTAL,
+    FI_NVLINK_THROUGHPUT_DATA_RX,
+    FI_NVLINK_THROUGHPUT_DATA_TX,
+    FI_PCIE_COUNT_RX_BYTES,
+    FI_PCIE_COUNT_TX_BYTES,
+)
+from stepscope.sidecar.nvml_pynvml import PynvmlBackend  # noqa: E402
+from tests.nvml.fake_libnvml import FakeGpu, FakeNvmlLib  # noqa: E402
+
+ROUND_CALLS = ("nvmlDeviceGetFieldValues", "nvmlDeviceGetClockInfo", "nvmlDeviceGetCurrentClocksEventReasons")
+UNION_MEMBER = {nv.NVML_VALUE_TYPE_DOUBLE: "dVal", nv.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal", nv.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+                nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal", nv.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal"}
+
+
+def succeed(*_: Any) -> int:
+    return nv.NVML_SUCCESS
+
+
+def wrapper_round(handle: Any, fields: list[tuple[int, int]]) -> tuple[float, ...]:
+    values = nv.nvmlDeviceGetFieldValues(handle, fields)
+    read = [float(getattr(v.value, UNION_MEMBER.get(v.valueType, "uiVal"))) if v.nvmlReturn == nv.NVML_SUCCESS else math.nan for v in values]
+    sm = nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM)
+    mem = nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_MEM)
+    return (float(sm), float(mem), float(nv.nvmlDeviceGetCurrentClocksEventReasons(handle)), *read)
+
+
+def backend_round(backend: PynvmlBackend, fields: tuple[tuple[int, int], ...]) -> tuple[float, ...]:
+    return (*backend.clocks_mhz(0), float(backend.clock_event_reasons(0)), *backend.field_values(0, fields))
+
+
+def per_call_us(fn: Callable[[], object], repeat: int, number: int = 20_000) -> float:
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--links", type=int, default=4, help="NVLink links read per GPU (2 fields each)")
+    parser.add_argument("--repeat", type=int, default=5, help="timing repeats (the best is kept)")
+    args = parser.parse_args(argv)
+    fields = ((FI_PCIE_COUNT_TX_BYTES, 0), (FI_PCIE_COUNT_RX_BYTES, 0), (FI_ECC_SBE_VOL_TOTAL, 0), (FI_ECC_DBE_VOL_TOTAL, 0),
+              *((field, link) for link in range(args.links) for field in (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX)))
+    nv.nvmlLib = FakeNvmlLib([FakeGpu("GPU-bench", nvlinks=args.links)])
+    backend = PynvmlBackend({})
+    # One real read through the stand-in first, so both sides read arrays the driver has filled.
+    expected = backend_round(backend, fields)
+    handle = nv.nvmlDeviceGetHandleByIndex(0)
+    assert wrapper_round(handle, list(fields)) == expected, "both ways must read the same values"
+    for name in ROUND_CALLS:
+        setattr(nv.nvmlLib, name, succeed)
+    nv._nvmlGetFunctionPointer_cache.clear()
+    for prepared in (*backend._clock_calls[0], backend._field_readers[0].call):
+        prepared._function = succeed
+    wrapper = per_call_us(lambda: wrapper_round(handle, list(fields)), args.repeat)
+    prepared = per_call_us(lambda: backend_round(backend, fields), args.repeat)
+    print(f"one GPU's per-round reads ({len(fields)} fields, 2 clocks, clock event reasons), Python side only:")
+    print(f"  pynvml wrappers (reference) {wrapper:7.2f} us")
+    print(f"  PynvmlBackend (prepared)    {prepared:7.2f} us   ratio {prepared / wrapper:.2f}")
+    print(f"  at 1 ms on 8 GPUs: {8 * wrapper / 10:.1f} % of a core against {8 * prepared / 10:.1f} %, before the driver's own time")
+    backend.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
