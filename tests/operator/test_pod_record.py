@@ -3,6 +3,7 @@ pod names live in the session's pod record (a ConfigMap it owns), which an opera
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +114,49 @@ def test_pod_record_works_with_exactly_the_charts_operator_rbac(cluster: Kube, m
         assert denied.value.status == 403, "configmaps: get, create and patch only"
     finally:
         operator_kube.reset()
+
+
+
+def job_names(n: int, seed: int) -> list[str]:
+    """Pod names as a job controller makes them: a run id, the index, a random 5-character suffix."""
+    rng = random.Random(seed)
+    alphabet = "bcdfghjklmnpqrstvwxz2456789"  # what Kubernetes draws generated name suffixes from
+    run = "".join(rng.choices(alphabet, k=5))
+    return [f"train-{run}-worker-{i}-{''.join(rng.choices(alphabet, k=5))}" for i in range(n)]
+
+
+def test_record_over_the_configmap_limit_is_refused_before_the_api_server(cluster: Kube) -> None:
+    rng = random.Random(1)
+    names = frozenset(f"{rng.getrandbits(128):032x}" for _ in range(70_000))  # gzip cannot shrink these much: 1.2 MB
+    with pytest.raises(pod_record.PodRecordTooLarge, match=r"^the names of the 70000 selected pods take [\d,]+ bytes gzipped, more than the "
+                                                          r"996,147 a pod record \(a ConfigMap\) holds; narrow spec.selector or split the pods over several ProfileSessions$"):
+        pod_record.check_room(names)
+    with pytest.raises(pod_record.PodRecordTooLarge, match=r"more than the 1,048,576 a pod record"):
+        pod_record.write("default", "huge", UID, PodRecord(names, frozenset()))
+    with pytest.raises(kubernetes.client.ApiException) as absent:
+        kubernetes.client.CoreV1Api(cluster.api_client).read_namespaced_config_map(pod_record.record_name("huge", UID), "default")
+    assert absent.value.status == 404, "nothing half-written"
+
+
+def test_a_selection_that_passed_the_check_fits_however_the_fanout_splits_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two gzip streams (triggered, refused) of a split take a little more than one of all names;
+    # the check before the fan-out leaves room for that. A 128 KiB limit keeps the test quick.
+    monkeypatch.setattr(pod_record, "MAX_BYTES", 128 * 1024)
+    names = job_names(20_000, 2)
+
+    def fits(n: int) -> bool:
+        try:
+            pod_record.check_room(frozenset(names[:n]))
+        except pod_record.PodRecordTooLarge:
+            return False
+        return True
+
+    lo, hi = 0, len(names)
+    assert not fits(hi)
+    while hi - lo > 1:
+        lo, hi = ((lo + hi) // 2, hi) if fits((lo + hi) // 2) else (lo, (lo + hi) // 2)
+    fitting = names[:lo]
+    rng = random.Random(3)
+    for share in (0.01, 0.1, 0.5, 0.9, 0.99):
+        refused = frozenset(rng.sample(fitting, int(len(fitting) * share)))
+        assert pod_record.size(PodRecord(frozenset(fitting) - refused, refused)) <= pod_record.MAX_BYTES, share
