@@ -8,12 +8,12 @@ import os
 from typing import Any
 
 import kopf
+from kubernetes.client.rest import ApiException
 
-from stepscope.operator import fanout, kube, metrics, pod_record
+from stepscope.operator import cancellation, fanout, kube, metrics, pod_record
 from stepscope.operator.lifecycle import TERMINAL, Context, SessionRunner
-from stepscope.operator.selection import label_selector, target_of
 from stepscope.operator.settings import FINALIZER, GROUP, PLURAL, VERSION, OperatorSettings
-from stepscope.session import SpecError
+from stepscope.session import SessionSpec
 from stepscope.signing import load_key
 
 
@@ -43,24 +43,47 @@ async def session_daemon(namespace: str, name: str, memo: kopf.Memo, stopped: ko
     await SessionRunner(obj, memo.ctx, stopped, logger).run()
 
 
-async def cancel_on_delete(spec: kopf.Spec, status: kopf.Status, uid: str, namespace: str, name: str, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    """Cancel on every triggered sidecar (on every selected one when the pod record is already
-    gone: a DELETE of a session a sidecar never had changes nothing); what was captured stays in
-    the store."""
+# Tries at finding the sidecars to cancel (API errors) before a deleted session is let go anyway:
+# a finalizer must not keep it forever, and the sidecars stop on their own at the timeout.
+DELETE_ATTEMPTS = 3
+DELETE_RETRY_S = 5.0
+
+
+async def cancel_on_delete(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, uid: str, namespace: str, name: str, retry: int,
+                           memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    """Cancel on every sidecar the pod record lists, whatever the phase says: an operator stopped
+    between writing the record and the Capturing status leaves a Pending session whose sidecars
+    run. Without a readable record, a session that had not finished is cancelled on every selected
+    sidecar (one may have been triggered just before a crash; a DELETE of a session a sidecar never
+    had changes nothing). What was captured stays in the store. Deletion never waits long: API
+    errors are retried DELETE_ATTEMPTS times and each sidecar a bounded number of times."""
     metrics.SESSIONS.set(uid, None)
-    if status.get("phase") in TERMINAL or not (status.get("pods") or {}).get("triggered"):
-        return
+    stops_alone = f"they stop on their own after spec.timeoutSeconds={spec.get('timeoutSeconds', SessionSpec.timeoutSeconds)}s"
     try:
-        selector = label_selector(dict(spec.get("selector") or {}))
-    except SpecError:
+        outcomes = await _cancel(body, spec, status, uid, namespace, name, memo.ctx)
+    except Exception as exc:  # the API server: retried, then the session goes without the cancel
+        error = f"the API server answered {exc.status} {exc.reason}" if isinstance(exc, ApiException) else f"{exc.__class__.__name__}: {exc}"
+        if retry + 1 < DELETE_ATTEMPTS:
+            raise kopf.TemporaryError(f"finding the sidecars to cancel failed ({error}); retrying", delay=DELETE_RETRY_S) from None
+        kopf.warn(body, reason="CancelSkipped", message=f"the sidecars to cancel could not be found in {DELETE_ATTEMPTS} tries ({error}); {stops_alone}")
         return
-    record = await asyncio.to_thread(pod_record.read, namespace, name, uid)
-    pods = (await asyncio.to_thread(kube.core().list_namespaced_pod, namespace, label_selector=selector)).items
-    targets = [t for t in map(target_of, pods) if t is not None and (record is None or t.pod in record.triggered)]
-    s: OperatorSettings = memo.ctx.settings
-    outcomes = await asyncio.to_thread(fanout.cancel, targets, uid, memo.ctx.key, concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
     failed = [o for o in outcomes if not o.ok]
+    if failed:
+        kopf.warn(body, reason="CancelUndelivered", message=f"{len(failed)} of {len(outcomes)} sidecar(s) did not answer the cancel, "
+                                                            f"e.g. pod {failed[0].target.pod}: {failed[0].error}; {stops_alone}")
     logger.info("%s/%s deleted: cancelled on %d sidecar(s)%s", namespace, name, len(outcomes) - len(failed), f", {len(failed)} unreachable" if failed else "")
+
+
+async def _cancel(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, uid: str, namespace: str, name: str, ctx: Context) -> list[fanout.Outcome]:
+    try:
+        record = await asyncio.to_thread(pod_record.read, namespace, name, uid)
+    except pod_record.PodRecordUnreadable as exc:
+        kopf.warn(body, reason="PodRecordUnreadable", message=f"{exc}; cancelling the session on every selected sidecar")
+        record = None
+    else:
+        if record is None and status.get("phase") in TERMINAL:
+            return []
+    return await asyncio.to_thread(cancellation.cancel, namespace, dict(spec), uid, record.triggered if record else None, ctx.settings, ctx.key)
 
 
 def register(registry: kopf.OperatorRegistry) -> None:

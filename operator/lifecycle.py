@@ -13,7 +13,7 @@ from typing import Any
 
 import kopf
 
-from stepscope.operator import credentials, fanout, jobs, kube, metrics, pod_record
+from stepscope.operator import cancellation, credentials, fanout, jobs, kube, metrics, pod_record
 from stepscope.operator.pod_record import PodRecord
 from stepscope.operator.record import SessionRecord, destination, open_destination
 from stepscope.operator.selection import Target, label_selector, select_targets, target_of
@@ -69,6 +69,7 @@ class SessionRunner:
         except Stopped:
             return
         except Fail as exc:
+            await self._cancel_triggered()
             await self._finish("Failed", exc.reason, exc.message)
         await self._expire()
 
@@ -132,9 +133,13 @@ class SessionRunner:
         body = {"session": self.uid, "namespace": self.ns, "name": self.name, "destination": self.dest, "spec": spec.to_dict()}
         if creds:
             body["credentials"] = creds
-        previous = await asyncio.to_thread(pod_record.read, self.ns, self.name, self.uid)  # left by a restarted operator
+        previous = await self._read_pods()  # left by an earlier operator process
         already = previous.triggered if previous else frozenset()
         todo = [t for t in targets if t.pod not in already]
+        try:
+            await asyncio.to_thread(pod_record.check_room, already | {t.pod for t in todo})
+        except pod_record.PodRecordTooLarge as exc:
+            raise Fail("PodRecordTooLarge", f"{exc}; no sidecar was triggered") from None
         s = self.settings
         outcomes = await asyncio.to_thread(fanout.trigger, todo, self.uid, body, self.ctx.key, concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
         accepted = already | {o.target.pod for o in outcomes if o.ok}
@@ -143,14 +148,17 @@ class SessionRunner:
             first = next(iter(refused.values()), "no sidecar answered")
             raise Fail("TriggerFailed", f"no sidecar accepted the session ({len(refused)} tried); first error: {first}")
         self.pods = PodRecord(accepted, frozenset(refused))
-        record = await asyncio.to_thread(pod_record.write, self.ns, self.name, self.uid, self.pods)
+        try:
+            record = await asyncio.to_thread(pod_record.write, self.ns, self.name, self.uid, self.pods)
+        except pod_record.PodRecordTooLarge as exc:  # the split outgrew the room checked above: undo the fan-out
+            raise Fail("PodRecordTooLarge", f"{exc}; the {len(accepted)} triggered sidecar(s) are cancelled") from None
         message = f"{len(accepted)} sidecar(s) triggered" + (f", {len(refused)} refused" if refused else "")
         failed = [failed_worker(pod, None, reason) for pod, reason in sorted(refused.items())][:MAX_FAILED_WORKERS]
         conditions = set_condition(self.status.get("conditions") or [], "Triggered", True, "Triggered", message, self.generation)
         await self._transition("Capturing", "Triggered", message, pods=pod_counts(record, self.pods), failedWorkers=failed, conditions=conditions)
 
     async def _follow_capture(self, selector: str, spec: SessionSpec) -> None:
-        pods = self.pods or await asyncio.to_thread(pod_record.read, self.ns, self.name, self.uid)
+        pods = self.pods or await self._read_pods()
         if pods is None:
             record = pod_record.record_name(self.name, self.uid)
             raise Fail("PodRecordLost", f"ConfigMap {record}, the list of pods this session triggered, is gone, so the capture cannot be followed; captures so far are kept in {self.dest}; create a new ProfileSession")
@@ -159,13 +167,12 @@ class SessionRunner:
             progress[pod] = PodProgress(lost="trigger refused by the sidecar")
         s = self.settings
         while True:
-            live = await self._poll(selector, progress)
+            await self._poll(selector, progress)
             agg = aggregate(progress)
             await self._progress(agg.workers, agg.failed_workers)
             if agg.done:
                 break
-            if self._timed_out():
-                await asyncio.to_thread(fanout.cancel, live, self.uid, self.ctx.key, concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s, attempts=1)
+            if self._timed_out():  # run() cancels it on the sidecars
                 raise Fail("Timeout", f"capture did not finish within spec.timeoutSeconds={spec.timeoutSeconds}s; {agg.workers['uploaded']} of {agg.workers['total']} worker(s) uploaded, kept in {self.dest}")
             await self._sleep(s.poll_interval_s)
         uploaded, total = agg.workers["uploaded"], agg.workers["total"]
@@ -180,9 +187,8 @@ class SessionRunner:
         metrics.ANALYSIS_JOBS.inc()
         await self._transition("Analyzing", "Captured", f"{message}; analysis Job {job} created", conditions=conditions, analysisJob=job)
 
-    async def _poll(self, selector: str, progress: dict[str, PodProgress]) -> list[Target]:
-        """One round: mark pods that went away as lost, ask the others' sidecars; returns the
-        targets still followed (what a timeout has to cancel)."""
+    async def _poll(self, selector: str, progress: dict[str, PodProgress]) -> None:
+        """One round: mark pods that went away as lost, ask the others' sidecars."""
         s = self.settings
         pods = {p.metadata.name: p for p in await self._list_pods(selector)}
         live: list[Target] = []
@@ -203,7 +209,6 @@ class SessionRunner:
             # 404: the sidecar restarted and forgot the session; the rank's capture is gone.
             if p.misses >= s.unreachable_polls or o.status == 404:
                 p.lost = f"sidecar lost the session: {o.error}"[:200]
-        return live
 
     async def _secret_keys(self, spec: SessionSpec) -> dict[str, str]:
         if not spec.storage.credentialsSecret:
@@ -275,6 +280,25 @@ class SessionRunner:
         await self._transition(phase, reason, message, conditions=conditions, **fields)
 
     # -- helpers ---------------------------------------------------------------------------
+
+    async def _read_pods(self) -> PodRecord | None:
+        try:
+            return await asyncio.to_thread(pod_record.read, self.ns, self.name, self.uid)
+        except pod_record.PodRecordUnreadable as exc:
+            raise Fail("PodRecordUnreadable", f"{exc}, so which sidecars run this session is unknown; captures so far are kept in {self.dest}; create a new ProfileSession") from None
+
+    async def _cancel_triggered(self) -> None:
+        """A session failing before its capture ended is cancelled on the sidecars its pod record
+        lists, in Pending too: a restarted operator may fail it there (its Secret or store gone)
+        after an earlier process triggered them. They keep what they captured."""
+        if self.phase not in ("", "Pending", "Capturing"):
+            return
+        try:
+            pods = self.pods or await asyncio.to_thread(pod_record.read, self.ns, self.name, self.uid)
+        except pod_record.PodRecordUnreadable:
+            return  # the failure says so; the sidecars stop on their own after spec.timeoutSeconds
+        if pods is not None:
+            await asyncio.to_thread(cancellation.cancel, self.ns, self.obj.get("spec") or {}, self.uid, pods.triggered, self.settings, self.ctx.key)
 
     async def _list_pods(self, selector: str) -> list[Any]:
         result = await asyncio.to_thread(kube.core().list_namespaced_pod, self.ns, label_selector=selector)

@@ -20,7 +20,6 @@ from tests.operator.harness import BUCKET, KEY, OperatorHarness, Pods
 CREDENTIALS = {"accessKeyId": "testing-key-id", "secretAccessKey": "testing-secret"}
 
 
-
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
@@ -47,6 +46,15 @@ def sidecar_a(training: Path) -> Iterator[Sidecar]:
     sidecar = Sidecar(training, KEY, host="127.0.0.1", port=0, pod="train-a", poll_interval_s=0.2, upload_attempts=2, upload_base_delay_s=0.2).start()
     yield sidecar
     sidecar.shutdown(grace_s=2)
+
+
+@pytest.fixture
+def idle(tmp_path: Path) -> Iterator[Sidecar]:
+    """A sidecar with no training behind it: it accepts a session and waits for ranks until the
+    session is cancelled or times out."""
+    sidecar = Sidecar(tmp_path / "idle", KEY, host="127.0.0.1", port=0, pod="idle", poll_interval_s=0.2).start()
+    yield sidecar
+    sidecar.shutdown(grace_s=1)
 
 
 @pytest.fixture

@@ -115,6 +115,11 @@ class Pods:
         self.core.delete_namespaced_pod(name, NAMESPACE)
 
 
+def port_of(sidecar: Any) -> int:
+    """The port a test's Sidecar listens on (what its pod declares as the `stepscope` port)."""
+    return sidecar.server.server_address[1]
+
+
 def session_spec(selector: dict[str, str], s3_endpoint: str, **overrides: Any) -> dict[str, Any]:
     spec = {
         "selector": {"matchLabels": selector},

@@ -1,12 +1,19 @@
 """Sessions the operator must end Failed, with a reason that says what to change; no sidecar runs."""
 from __future__ import annotations
 
+import re
+
 import kubernetes
 import pytest
 
+from stepscope.launch import free_port
+from stepscope.operator import metrics, pod_record
+from stepscope.operator.pod_record import PodRecord
+from stepscope.sidecar.daemon import Sidecar
+from stepscope.sidecar_client import SidecarClient, SidecarError
 from tests.kube.fixtures import Kube
 from tests.kube.helpers import wait_for
-from tests.operator.harness import NAMESPACE, OperatorHarness, Pods, session_spec
+from tests.operator.harness import KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec
 
 
 def _condition(status: dict, type_: str) -> dict:
@@ -57,20 +64,52 @@ def test_finished_session_is_deleted_after_its_ttl(operator: OperatorHarness, s3
     wait_for(lambda: operator.gone("short-lived"), 15, "the TTL to delete the session")
 
 
-def test_capture_that_never_ends_times_out_keeping_what_was_captured(operator: OperatorHarness, pods: Pods, tmp_path, s3_endpoint: str) -> None:
-    from stepscope.sidecar.daemon import Sidecar
-    from tests.operator.harness import KEY
+def test_capture_that_never_ends_times_out_keeping_what_was_captured(operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str) -> None:
+    pods.create("idle", {"job": "idle"}, port=port_of(idle))
+    uid = operator.create_session("too-slow", session_spec({"job": "idle"}, s3_endpoint, timeoutSeconds=3, hangTimeoutSeconds=2))["metadata"]["uid"]
+    status = operator.wait_phase("too-slow", ("Failed",), timeout=20)
+    assert _condition(status, "Ready")["reason"] == "Timeout"
+    assert status["message"].startswith("capture did not finish within spec.timeoutSeconds=3s; 0 of 1 worker(s) uploaded, kept in s3://")
+    assert status["pods"]["triggered"] == 1
 
-    idle = Sidecar(tmp_path / "idle", KEY, host="127.0.0.1", port=0, pod="idle").start()  # no training behind it
-    try:
-        pods.create("idle", {"job": "idle"}, port=idle.server.server_address[1])
-        operator.create_session("too-slow", session_spec({"job": "idle"}, s3_endpoint, timeoutSeconds=3, hangTimeoutSeconds=2))
-        status = operator.wait_phase("too-slow", ("Failed",), timeout=20)
-        assert _condition(status, "Ready")["reason"] == "Timeout"
-        assert status["message"].startswith("capture did not finish within spec.timeoutSeconds=3s; 0 of 1 worker(s) uploaded, kept in s3://")
-        assert status["pods"]["triggered"] == 1
-    finally:
-        idle.shutdown(grace_s=1)
+
+def test_selection_too_large_for_the_pod_record_fails_before_any_trigger(operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pod_record, "MAX_BYTES", 64)  # three names fill it here, as ~300,000 fill the real 1 MiB
+    for i in range(3):
+        pods.create(f"idle-{i}", {"job": "many"}, port=port_of(idle))
+    triggers = metrics.TRIGGERS.value
+    uid = operator.create_session("too-many", session_spec({"job": "many"}, s3_endpoint))["metadata"]["uid"]
+    status = operator.wait_phase("too-many", ("Failed", "Capturing"))
+    assert status["phase"] == "Failed", status
+    ready = _condition(status, "Ready")
+    assert ready["reason"] == "PodRecordTooLarge" and _condition(status, "Triggered")["status"] == "False"
+    assert re.fullmatch(r"the names of the 3 selected pods take \d+ bytes gzipped, more than the 60 a pod record \(a ConfigMap\) holds; "
+                        r"narrow spec.selector or split the pods over several ProfileSessions; no sidecar was triggered", status["message"]), status["message"]
+    assert metrics.TRIGGERS.value == triggers
+    with pytest.raises(SidecarError) as unknown:
+        SidecarClient(idle.url, KEY).get_session(uid)
+    assert unknown.value.status == 404, "the sidecar never saw the session"
+    assert pod_record.read(NAMESPACE, "too-many", uid) is None
+
+
+def test_record_that_outgrows_the_check_in_the_fanout_fails_and_cancels_what_was_triggered(
+        operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two names sharing a long part: one gzip stream of both is smaller than two of one each.
+    accepted, refused = "w-" + "x" * 100 + "-0", "w-" + "x" * 100 + "-1"
+    together = pod_record.size(PodRecord(frozenset({accepted, refused}), frozenset()))
+    assert pod_record.size(PodRecord(frozenset({accepted}), frozenset({refused}))) > together
+    monkeypatch.setattr(pod_record, "SPLIT_HEADROOM", 0.0)
+    monkeypatch.setattr(pod_record, "MAX_BYTES", together)
+    pods.create(accepted, {"job": "split"}, port=port_of(idle))
+    pods.create(refused, {"job": "split"}, port=free_port())  # nothing listens there: the trigger is refused
+    uid = operator.create_session("outgrown", session_spec({"job": "split"}, s3_endpoint))["metadata"]["uid"]
+    status = operator.wait_phase("outgrown", ("Failed", "Capturing"))
+    assert status["phase"] == "Failed", status
+    assert _condition(status, "Ready")["reason"] == "PodRecordTooLarge"
+    assert status["message"].startswith("the names of the 2 selected pods take ") and status["message"].endswith("; the 1 triggered sidecar(s) are cancelled")
+    wait_for(lambda: SidecarClient(idle.url, KEY).get_session(uid)["phase"] == "Cancelled", 10, "the sidecar to cancel")
+    assert pod_record.read(NAMESPACE, "outgrown", uid) is None
 
 
 def test_secret_with_other_binary_data_still_gives_its_credentials(cluster: Kube) -> None:

@@ -20,13 +20,9 @@ from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
 from tests.operator.conftest import CREDENTIALS
 from tests.kube.helpers import wait_for
-from tests.operator.harness import BUCKET, KEY, NAMESPACE, OperatorHarness, Pods, session_spec
+from tests.operator.harness import BUCKET, KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec
 
 SELECTOR = {"job": "ddp"}
-
-
-def port_of(sidecar: Sidecar) -> int:
-    return sidecar.server.server_address[1]
 
 
 def s3_objects(endpoint: str, prefix: str) -> dict[str, bytes]:

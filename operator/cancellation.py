@@ -1,0 +1,25 @@
+"""Cancelling a session on its sidecars, when it is deleted or fails before its capture ended.
+Whom to cancel comes from the session's pod record; the sidecars keep what they captured."""
+from __future__ import annotations
+
+from typing import Any
+
+from stepscope.operator import fanout, kube
+from stepscope.operator.selection import label_selector, target_of
+from stepscope.operator.settings import OperatorSettings
+from stepscope.session import SpecError
+
+
+def cancel(namespace: str, spec: dict[str, Any], uid: str, pods: frozenset[str] | None, settings: OperatorSettings, key: bytes) -> list[fanout.Outcome]:
+    """DELETE the session on the Running sidecars of `pods`, or of every selected pod when None.
+    Pods are listed by the spec's selector, or in the whole namespace when it does not parse
+    (there are names to go by then)."""
+    try:
+        selector = label_selector(dict(spec.get("selector") or {}))
+    except SpecError:
+        if pods is None:
+            return []
+        selector = ""
+    listed = kube.core().list_namespaced_pod(namespace, label_selector=selector).items
+    targets = [t for t in map(target_of, listed) if t is not None and (pods is None or t.pod in pods)]
+    return fanout.cancel(targets, uid, key, concurrency=settings.fanout_concurrency, timeout=settings.sidecar_timeout_s, attempts=settings.trigger_attempts)
