@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes
+import pytest
 from kopf.testing import KopfRunner
 
 from stepscope.operator import registry
+from stepscope.operator.lifecycle import SessionRunner, Stopped
 from stepscope.operator.settings import GROUP, PLURAL, SIDECAR_PORT_NAME, VERSION
 from tests.kube.helpers import wait_for
 
@@ -113,6 +116,21 @@ class Pods:
 
     def delete(self, name: str) -> None:
         self.core.delete_namespaced_pod(name, NAMESPACE)
+
+
+def stop_before_capturing(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Make session daemons stop after writing the pod record but before the Capturing status, as an
+    operator killed there would; returns what puts the real transition back (for a restart)."""
+    transition = SessionRunner._transition
+
+    async def stop_there(self: SessionRunner, phase: str, *args: Any, **fields: Any) -> None:
+        if phase == "Capturing":
+            await self.stopped.wait()
+            raise Stopped()
+        await transition(self, phase, *args, **fields)
+
+    monkeypatch.setattr(SessionRunner, "_transition", stop_there)
+    return lambda: monkeypatch.setattr(SessionRunner, "_transition", transition)
 
 
 def port_of(sidecar: Any) -> int:

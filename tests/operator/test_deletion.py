@@ -11,11 +11,10 @@ import kubernetes
 import pytest
 
 from stepscope.operator import handlers, pod_record
-from stepscope.operator.lifecycle import SessionRunner, Stopped
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
 from tests.kube.helpers import wait_for
-from tests.operator.harness import KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec
+from tests.operator.harness import KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec, stop_before_capturing
 
 SELECTOR = {"job": "idle"}
 
@@ -39,15 +38,7 @@ def capturing(operator: OperatorHarness, pods: Pods, idle: Sidecar, name: str, s
 
 def test_session_deleted_before_its_status_said_capturing_is_cancelled_on_its_sidecars(
         operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    transition = SessionRunner._transition
-
-    async def stop_before_capturing(self: SessionRunner, phase: str, *args: Any, **fields: Any) -> None:
-        if phase == "Capturing":  # the operator dies here: record written, status still Pending
-            await self.stopped.wait()
-            raise Stopped()
-        await transition(self, phase, *args, **fields)
-
-    monkeypatch.setattr(SessionRunner, "_transition", stop_before_capturing)
+    stop_before_capturing(monkeypatch)
     pods.create("idle", SELECTOR, port=port_of(idle))
     uid = operator.create_session("crashed", session_spec(SELECTOR, s3_endpoint))["metadata"]["uid"]
     record = wait_for(lambda: pod_record.read(NAMESPACE, "crashed", uid), 30, "the pod record")

@@ -13,7 +13,7 @@ from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient, SidecarError
 from tests.kube.fixtures import Kube
 from tests.kube.helpers import wait_for
-from tests.operator.harness import KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec
+from tests.operator.harness import KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec, stop_before_capturing
 
 
 def _condition(status: dict, type_: str) -> dict:
@@ -66,7 +66,7 @@ def test_finished_session_is_deleted_after_its_ttl(operator: OperatorHarness, s3
 
 def test_capture_that_never_ends_times_out_keeping_what_was_captured(operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str) -> None:
     pods.create("idle", {"job": "idle"}, port=port_of(idle))
-    uid = operator.create_session("too-slow", session_spec({"job": "idle"}, s3_endpoint, timeoutSeconds=3, hangTimeoutSeconds=2))["metadata"]["uid"]
+    operator.create_session("too-slow", session_spec({"job": "idle"}, s3_endpoint, timeoutSeconds=3, hangTimeoutSeconds=2))
     status = operator.wait_phase("too-slow", ("Failed",), timeout=20)
     assert _condition(status, "Ready")["reason"] == "Timeout"
     assert status["message"].startswith("capture did not finish within spec.timeoutSeconds=3s; 0 of 1 worker(s) uploaded, kept in s3://")
@@ -110,6 +110,23 @@ def test_record_that_outgrows_the_check_in_the_fanout_fails_and_cancels_what_was
     assert status["message"].startswith("the names of the 2 selected pods take ") and status["message"].endswith("; the 1 triggered sidecar(s) are cancelled")
     wait_for(lambda: SidecarClient(idle.url, KEY).get_session(uid)["phase"] == "Cancelled", 10, "the sidecar to cancel")
     assert pod_record.read(NAMESPACE, "outgrown", uid) is None
+
+
+def test_session_a_restarted_operator_fails_in_pending_is_cancelled_on_the_sidecars_its_record_lists(
+        operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    restore = stop_before_capturing(monkeypatch)
+    pods.create("idle", {"job": "idle"}, port=port_of(idle))
+    uid = operator.create_session("orphaned", session_spec({"job": "idle"}, s3_endpoint))["metadata"]["uid"]
+    wait_for(lambda: pod_record.read(NAMESPACE, "orphaned", uid), 30, "the pod record")
+    operator.stop()
+    assert operator.status("orphaned")["phase"] == "Pending" and SidecarClient(idle.url, KEY).get_session(uid)["phase"] == "Pending"
+    restore()
+    kubernetes.client.CoreV1Api(operator.kube.api_client).delete_namespaced_secret("s3-credentials", NAMESPACE)
+
+    operator.start()
+    status = operator.wait_phase("orphaned", ("Failed", "Capturing"))
+    assert (status["phase"], _condition(status, "Ready")["reason"]) == ("Failed", "SecretNotFound")
+    wait_for(lambda: SidecarClient(idle.url, KEY).get_session(uid)["phase"] == "Cancelled", 10, "the sidecar to cancel")
 
 
 def test_secret_with_other_binary_data_still_gives_its_credentials(cluster: Kube) -> None:
