@@ -51,9 +51,9 @@ DELETE_RETRY_S = 5.0
 
 async def cancel_on_delete(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, uid: str, namespace: str, name: str, retry: int,
                            memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    """Cancel on every sidecar the pod record lists, whatever the phase says: an operator stopped
-    between writing the record and the Capturing status leaves a Pending session whose sidecars
-    run. Without a readable record, a session that had not finished is cancelled on every selected
+    """Cancel a session that had not ended on every sidecar the pod record lists, whatever the
+    phase says: an operator stopped between writing the record and the Capturing status leaves a
+    Pending session whose sidecars run. Without a readable record, it is cancelled on every selected
     sidecar (one may have been triggered just before a crash; a DELETE of a session a sidecar never
     had changes nothing). What was captured stays in the store. Deletion never waits long: API
     errors are retried DELETE_ATTEMPTS times and each sidecar a bounded number of times."""
@@ -75,14 +75,13 @@ async def cancel_on_delete(body: kopf.Body, spec: kopf.Spec, status: kopf.Status
 
 
 async def _cancel(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, uid: str, namespace: str, name: str, ctx: Context) -> list[fanout.Outcome]:
+    if status.get("phase") in TERMINAL:
+        return []  # the session ended on its sidecars already: the way to a terminal phase cancels what still ran
     try:
         record = await asyncio.to_thread(pod_record.read, namespace, name, uid)
     except pod_record.PodRecordUnreadable as exc:
         kopf.warn(body, reason="PodRecordUnreadable", message=f"{exc}; cancelling the session on every selected sidecar")
         record = None
-    else:
-        if record is None and status.get("phase") in TERMINAL:
-            return []
     return await asyncio.to_thread(cancellation.cancel, namespace, dict(spec), uid, record.triggered if record else None, ctx.settings, ctx.key)
 
 
