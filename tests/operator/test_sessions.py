@@ -8,6 +8,7 @@ import gzip
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import kubernetes
@@ -15,7 +16,7 @@ import pytest
 
 from stepscope import layout
 from stepscope.cli import main
-from stepscope.operator import metrics
+from stepscope.operator import cancellation, metrics
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
 from tests.operator.conftest import CREDENTIALS
@@ -59,7 +60,7 @@ def sidecar_b(tmp_path: Path) -> Iterator[Sidecar]:
 
 
 def test_session_captures_analyses_and_succeeds(operator: OperatorHarness, pods: Pods, sidecar_a: Sidecar, s3_endpoint: str,
-                                                tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+                                                tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     pods.create("train-a", SELECTOR, port=port_of(sidecar_a))
     pods.create("unrelated", {"job": "other"}, port=port_of(sidecar_a))
     created = operator.create_session("happy", session_spec(SELECTOR, s3_endpoint))
@@ -108,6 +109,13 @@ def test_session_captures_analyses_and_succeeds(operator: OperatorHarness, pods:
     events = wait_for(lambda: (e := session_events(operator, "happy")) and len(e) >= 4 and e, 10, "the transition events")
     assert {"Created", "Triggered", "Captured", "Analyzed"} <= {reason for reason, _ in events}
     assert not any(CREDENTIALS["secretAccessKey"] in message or CREDENTIALS["accessKeyId"] in message for _, message in events)
+
+    # Its pod record outlives the end: deleting the session must not cancel it all over again.
+    cancels: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(cancellation, "cancel", lambda *args, **kwargs: cancels.append(args) or [])
+    operator.delete("happy")
+    wait_for(lambda: operator.gone("happy"), 30, "the finalizer to be released")
+    assert cancels == []
 
 
 def test_operator_restart_mid_capture_resumes_without_a_second_trigger(operator: OperatorHarness, pods: Pods, sidecar_a: Sidecar, training: Path, s3_endpoint: str) -> None:
