@@ -29,7 +29,8 @@ def visible_device_ids(env: Mapping[str, str]) -> list[str] | None:
 
     NVIDIA_VISIBLE_DEVICES indices are the host's and the container runtime has already applied
     them (NVML inside the container sees only those GPUs), so only its UUIDs narrow the set, for a
-    sidecar that sees the whole node and is told the training container's GPUs.
+    sidecar that sees the whole node and is told the training container's GPUs. MIG instance
+    UUIDs are kept, so that the backend can say it does not sample them.
     """
     cuda = env.get("CUDA_VISIBLE_DEVICES")
     if cuda is not None:
@@ -41,7 +42,7 @@ def visible_device_ids(env: Mapping[str, str]) -> list[str] | None:
         return None
     if nvidia.strip().lower() in _HIDDEN:
         return []
-    uuids = [part.strip() for part in nvidia.split(",") if part.strip().upper().startswith("GPU-")]
+    uuids = [part.strip() for part in nvidia.split(",") if part.strip().upper().startswith(("GPU-", "MIG-"))]
     return uuids or None
 
 
@@ -79,6 +80,9 @@ class PynvmlBackend:
         else:
             chosen = []
             for ident in wanted:
+                if ident.upper().startswith("MIG-"):
+                    raise BackendError(f"{ident} is a MIG instance: NVML reads clocks, power and link counters per GPU, not per "
+                                       "instance, and the GPU is shared with other instances, so stepscope samples whole GPUs only")
                 if ident.isdigit() and int(ident) < len(handles):
                     chosen.append(int(ident))
                     continue

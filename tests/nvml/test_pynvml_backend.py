@@ -136,6 +136,8 @@ def test_old_driver_without_clocks_event_reasons(install) -> None:  # type: igno
     (lambda: FakeNvmlLib([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED), {}, "NVML is not usable here"),
     (lambda: FakeNvmlLib(gpus()), {"CUDA_VISIBLE_DEVICES": ""}, "sees no GPU visible to this pod"),
     (lambda: FakeNvmlLib([]), {}, "sees no GPU visible to this pod"),
+    (lambda: FakeNvmlLib(gpus()), {"CUDA_VISIBLE_DEVICES": "MIG-4f2c9e1a-7b3d"}, "MIG-4f2c9e1a-7b3d is a MIG instance"),
+    (lambda: FakeNvmlLib(gpus()), {"NVIDIA_VISIBLE_DEVICES": "MIG-4f2c9e1a-7b3d"}, "samples whole GPUs only"),
 ])
 def test_no_usable_gpu(install, caplog: pytest.LogCaptureFixture, lib, env: dict[str, str], said: str) -> None:  # type: ignore[no-untyped-def]
     fake = install(lib())
