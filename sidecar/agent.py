@@ -10,20 +10,34 @@ optimizers still count one step), or `step()` calls for loops without an optimiz
 `step()` switches the hook off. Step indices are zero-based: a capture from startStep to endStep
 records steps startStep..endStep-1, annotated ProfilerStep#startStep..#endStep-1.
 
-What torch.profiler records depends on the thread that starts it: operator (aten) events come
-only from that thread (and threads that inherit its profiling state, such as autograd's), while
-Python function events (withStack) come from every thread. So captures start and stop at step
-boundaries, on the training thread. A durationSeconds capture in a process that reaches no step
-boundary (none for 1 s, or 10 s before a first step, STEPSCOPE_FIRST_STEP_GRACE_SECONDS) is
-started and stopped by the watchdog thread: it holds every thread's Python functions but none of
-the training thread's operators, and its state message says so.
+What torch.profiler records depends on the thread that starts it: by default its state is
+thread-local, so operator (aten) events come only from that thread (and threads that inherit its
+profiling state, such as autograd's), Python function events (withStack) from every thread, and
+a stop from any other thread is ignored (torch only warns). So captures start and stop at step
+boundaries, on the training thread. A durationSeconds capture must also end when its time is up
+while the loop makes no step (it blocks in data loading, or sits between epochs), so it uses
+torch's profile_all_threads instead: process-wide state that records every thread's operators
+and that any thread may stop (torch's own distributed debug handler profiles that way from a
+server thread). The watchdog thread stops it, under the agent's lock so never during the
+training thread's profiler step, once the duration is over and no step boundary came for 1 s
+(STEPLESS_AFTER_SECONDS; a loop that still steps gets that long to end it on a boundary). Its
+trace then ends inside the step in progress: ProfilerStep#endStep holds the part recorded, and
+the state message says so. A durationSeconds capture in a process that reaches no step boundary
+at all (none for 1 s, or 10 s before a first step, STEPSCOPE_FIRST_STEP_GRACE_SECONDS) is
+started and stopped by the watchdog thread. A torch without profile_all_threads keeps the
+thread-local profiler: its duration captures end at the next step boundary (or hang), and a
+stepless one holds every thread's Python functions but none of the training thread's operators,
+as its state message says.
 
 The agent answers requests only in processes known to train (a step seen, torch.distributed
 initialized, or RANK set in a process that is no multiprocessing child), so a launcher that
-imports torch (torchrun) and data loader workers stay quiet; a forked child switches its
-inherited agent off (so ranks started with the fork start method are not profiled). It never
-raises into the training loop: a failure is logged ("stepscope.agent") and written to the
-session's state file.
+imports torch (torchrun) and data loader workers stay quiet. A forked child (os.fork, or
+multiprocessing's fork start method) inherits the agent without its threads, so it re-arms an
+agent of its own: its own step count, pid and rank (RANK from its environment, else its
+torch.distributed rank); as a forked data loader worker shares its parent's RANK and process
+group, a forked child registers and answers only from its first step, which also starts its
+watchdog. It never raises into the training loop: a failure is logged ("stepscope.agent") and
+written to the session's state file.
 """
 from __future__ import annotations
 
@@ -131,6 +145,7 @@ class _Session:
         self.triggered_mono = _monotonic()
         self.prof: Any = None
         self.on_watchdog = False  # started outside step boundaries, by the watchdog thread
+        self.all_threads = False  # the profiler records every thread, and any thread may stop it
         self.cancel = False
         self.hung = False
         self.hung_step = 0
@@ -143,7 +158,7 @@ class _Session:
 class Agent:
     """Step counter, request reader, profiler driver and watchdog of one training process."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, *, forked: bool = False) -> None:
         self.directory = directory
         self.request_path = os.path.join(directory, "request.json")
         self.step_count = 0
@@ -153,6 +168,9 @@ class Agent:
         # multiprocessing's spawn replaces sys.argv before it says a process is its child; at
         # interpreter start, a spawned child still has the marker on its command line.
         self._spawned_child = "--multiprocessing-fork" in getattr(sys, "argv", ())
+        # A forked child inherits RANK and even an initialized torch.distributed from its parent, so
+        # only its own steps show that it trains; it starts its watchdog at its first step.
+        self._forked = forked
         self.host = os.uname().nodename
         self._request_sig: tuple[int, int, int] | None = None
         self._session: _Session | None = None
@@ -182,9 +200,21 @@ class Agent:
                 self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
         except Exception:
             log.exception("stepscope agent: cannot register the optimizer step hook; only stepscope.step() counts steps")
+        if not self._forked:
+            self._start_watchdog()
+
+    def _start_watchdog(self) -> None:
+        if self._watchdog is not None:
+            return
         self._watchdog = threading.Thread(target=self._watch, name="stepscope-watchdog", daemon=True)
         self._watchdog.start()
         atexit.register(self._at_exit)
+        # multiprocessing's children leave through os._exit, which skips atexit, after running its own
+        # exit finalizers (registered only now: a child clears its parent's when it starts).
+        mp = sys.modules.get("multiprocessing.process")
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp is not None and mp_util is not None and mp.parent_process() is not None:
+            mp_util.Finalize(None, self._at_exit, exitpriority=0)
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         lead = self._lead()
@@ -209,6 +239,8 @@ class Agent:
         try:
             self.step_count += 1
             self.last_step_mono = _monotonic()
+            if self._watchdog is None:
+                self._start_watchdog()
             try:
                 st = _stat(self.request_path)
                 sig = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -314,9 +346,14 @@ class Agent:
 
     def _advance(self, *, on_watchdog: bool = False) -> None:
         """Move the active session on at a step boundary, or on a watchdog tick for a stepless capture:
-        a profiler is stopped by the thread that started it."""
+        a profiler is stepped and stopped by the thread that started it, except that the watchdog
+        ends an all-threads capture that no step boundary ends."""
         s = self._session
-        if s is None or s.on_watchdog != on_watchdog:
+        if s is None:
+            return
+        if s.on_watchdog != on_watchdog:
+            if on_watchdog and s.all_threads:
+                self._end_without_a_step(s)
             return
         if s.hung and self.step_count != s.hung_step:
             s.hung = False
@@ -342,6 +379,26 @@ class Agent:
         else:
             s.prof.step()
 
+    def _end_without_a_step(self, s: _Session) -> None:
+        """Stop, from the watchdog, an all-threads capture of the training thread whose duration is
+        over (or that was cancelled) while the loop makes no step: it blocks in data loading or sits
+        between epochs. A loop that still steps gets STEPLESS_AFTER_SECONDS more to end it on a step
+        boundary, so the sidecar sees the end at most that long after the duration."""
+        if s.state != "capturing" or s.prof is None or s.duration is None:
+            return
+        now = _monotonic()
+        stalled = now - self.last_step_mono >= STEPLESS_AFTER_SECONDS
+        late = now - s.started_mono - s.duration
+        if s.cancel and stalled:
+            final = "cancelled"
+        elif late >= 0 and (stalled or late >= STEPLESS_AFTER_SECONDS):
+            final = "done"
+        else:
+            return
+        s.notes.append(f"no step boundary came after step {self.step_count - 1}: the watchdog thread stopped the profiler, "
+                       f"so ProfilerStep#{self.step_count} holds the part of step {self.step_count} recorded until then")
+        self._stop_profiler(s, final)
+
     def _cancel_unstarted(self, s: _Session) -> bool:
         """Cancel a session whose profiler never started; any thread may, even while training hangs."""
         if not s.cancel or s.prof is not None or s.state not in ("waiting", "hung"):
@@ -365,17 +422,23 @@ class Agent:
             if not activities:
                 activities.append(ProfilerActivity.CPU)
             os.makedirs(s.folder, exist_ok=True)
+            # A duration may run out while the loop makes no step, so its profiler records every
+            # thread and keeps its state process-wide: the watchdog can stop it (a thread-local one
+            # ignores a stop from another thread, with only a warning).
+            all_threads = _all_threads_config() if s.duration is not None else None
+            extra = {} if all_threads is None else {"experimental_config": all_threads}
             # A schedule that always records: without a schedule torch.profiler writes no
             # ProfilerStep#N annotations. Starting at step_num = steps done so far makes N the
             # step's zero-based index, the numbers of the state file's startStep/endStep.
             prof = profile(activities=activities, schedule=lambda _: ProfilerAction.RECORD, with_stack=s.with_stack,
-                           record_shapes=s.record_shapes, profile_memory=s.profile_memory, with_flops=s.with_flops)
+                           record_shapes=s.record_shapes, profile_memory=s.profile_memory, with_flops=s.with_flops, **extra)
             prof.step_num = self.step_count
             prof.start()
         except Exception as e:
             self._fail(s, "profiler start", e)
             return
         s.prof = prof
+        s.all_threads = all_threads is not None
         s.state = "capturing"
         s.start_step = self.step_count
         s.start_time = time.time()
@@ -484,7 +547,7 @@ class Agent:
         if dist is not None and dist.is_available() and dist.is_initialized():
             return True
         mp = sys.modules.get("multiprocessing.process")
-        return not self._spawned_child and (mp is None or mp.parent_process() is None)
+        return not self._spawned_child and not self._forked and (mp is None or mp.parent_process() is None)
 
     def _state_path(self, folder: str) -> str:
         return os.path.join(folder, f"rank-{self.identity()[0]}.state.json")
@@ -533,7 +596,11 @@ class Agent:
             try:
                 # No shared directory (not mounted): nothing to answer, and nothing to create.
                 if os.path.isdir(self.directory) and self._known_training_process():
-                    self._heartbeat()
+                    with self._lock:
+                        # Under the lock, so that no beat comes after _at_exit removed the file.
+                        if self._stopping.is_set():
+                            return
+                        self._heartbeat()
                     wait = self._watch_tick()
             except Exception:
                 self._log_failure("watchdog")
@@ -557,17 +624,23 @@ class Agent:
             stepless_after = STEPLESS_AFTER_SECONDS if self.step_count else FIRST_STEP_GRACE_SECONDS
             if s.state == "waiting" and s.duration is not None and _monotonic() - max(self.last_step_mono, s.triggered_mono) >= stepless_after:
                 s.on_watchdog = True
-                s.notes.append("no step boundary came: profiling started and stopped by the agent's watchdog thread, which records Python function events of every thread (withStack) but operator (aten) events only of its own thread, so none of the training thread's")
+                s.notes.append("no step boundary came: profiling started and stopped by the agent's watchdog thread")
                 if s.wait_steps:
                     s.notes.append(f"waitSteps={s.wait_steps} ignored without steps")
                 self._start_profiler(s)
+                if s.prof is not None and not s.all_threads:
+                    s.notes.append("this torch records operator (aten) events only of the profiler's own thread, so none of the training thread's, and Python function events (withStack) of every thread")
             if self._cancel_unstarted(s):
                 return HEARTBEAT_SECONDS
-            if s.on_watchdog:
+            wait = HEARTBEAT_SECONDS
+            if s.on_watchdog or s.all_threads:
                 self._advance_or_fail(on_watchdog=True)
-                if s.prof is not None and s.duration is not None:
-                    return max(0.01, min(HEARTBEAT_SECONDS, s.duration - (_monotonic() - s.started_mono)))
-                return HEARTBEAT_SECONDS
+                # Wake up when the duration runs out, to end it then.
+                left = s.duration - (_monotonic() - s.started_mono) if s.prof is not None and s.duration is not None else 0.0
+                if left > 0:
+                    wait = max(0.01, min(HEARTBEAT_SECONDS, left))
+                if s.on_watchdog:
+                    return wait
             # A hang is counted from the trigger at the earliest: a request may reach a rank that was
             # already stuck, or one still starting up.
             stalled = _monotonic() - max(self.last_step_mono, s.triggered_mono)
@@ -582,25 +655,38 @@ class Agent:
                     log.exception("stepscope agent: cannot write the stacks of session %s", s.id)
                 log.warning("stepscope agent: no step for %.1f s in session %s; stacks in %s", since_step, s.id, s.stacks)
                 self._write_state(s, message=f"no step completed for {since_step:.1f} s (hangTimeoutSeconds {s.hang_timeout:g}) after step {self.step_count}")
-        return HEARTBEAT_SECONDS
+        return wait
 
     def _at_exit(self) -> None:
-        if os.getpid() != self.pid:
+        # Once: a multiprocessing child that leaves through sys.exit runs it from both exit hooks.
+        if os.getpid() != self.pid or self._stopping.is_set():
             return
         self._stopping.set()
         with self._lock:
             s = self._session
-            if s is not None and s.prof is not None and not s.on_watchdog:
+            if s is not None and s.prof is not None and (not s.on_watchdog or s.all_threads):
                 s.error = f"process exited after {self.step_count - (s.start_step or 0)} captured step(s)"
-                # Interpreter shutdown has already joined the threads: export here.
+                # Export here: a thread started on the way out is not waited for.
                 self._stop_profiler(s, "failed", background=False)
             elif s is not None and s.state in ACTIVE_STATES:
                 s.error = f"process exited at step {self.step_count} before the capture finished"
                 self._finish(s, "failed", message=s.error)
-        try:
-            os.unlink(os.path.join(self.directory, "agents", f"rank-{self.identity()[0]}.json"))
-        except OSError:
-            pass
+            try:
+                os.unlink(os.path.join(self.directory, "agents", f"rank-{self.identity()[0]}.json"))
+            except OSError:
+                pass
+
+
+def _all_threads_config() -> Any:
+    """The profiler configuration that records every thread with process-wide state, which any
+    thread may stop (torch's own debug handler starts and stops it on a server thread); None where
+    this torch has no profile_all_threads."""
+    try:
+        from torch.profiler import _ExperimentalConfig
+
+        return _ExperimentalConfig(profile_all_threads=True)
+    except (ImportError, TypeError):
+        return None
 
 
 class _TorchImportWatcher:
@@ -658,7 +744,7 @@ def start(directory: str | None = None) -> Agent:
     if _AGENT is not None:
         return _AGENT
     _AGENT = agent = Agent(directory or os.environ.get("STEPSCOPE_DIR") or DEFAULT_DIR)
-    os.register_at_fork(after_in_child=_stop_in_forked_child)
+    os.register_at_fork(after_in_child=_rearm_in_forked_child)
     if "torch" in sys.modules and hasattr(sys.modules["torch"], "optim"):
         agent.attach_torch()
     else:
@@ -671,14 +757,26 @@ def _attach_torch() -> None:
         _AGENT.attach_torch()
 
 
-def _stop_in_forked_child() -> None:
-    """A forked child (a data loader worker) shares its parent's rank and files but not its
-    threads: it must neither count steps nor write anything."""
+def _rearm_in_forked_child() -> None:
+    """A forked child keeps its parent's agent but none of its threads, and perhaps a lock a parent
+    thread held: it gets an agent of its own (its pid, steps and rank). A forked rank steps; a forked
+    data loader worker never does, so it never registers nor answers. Runs inside os.fork()."""
     global _AGENT
-    agent, _AGENT = _AGENT, None
-    if agent is not None and agent._hook_handle is not None:
-        agent._hook_handle.remove()
-        agent._hook_handle = None
+    parent = _AGENT
+    if parent is None:
+        return
+    try:
+        if parent._hook_handle is not None:
+            parent._hook_handle.remove()
+            parent._hook_handle = None
+        child = Agent(parent.directory, forked=True)
+        child._manual = parent._manual
+        _AGENT = child
+        if parent._torch_ready:
+            child.attach_torch()
+    except Exception:
+        _AGENT = None
+        log.exception("stepscope agent: cannot re-arm in a forked child; it is not profiled")
 
 
 def step() -> None:

@@ -46,7 +46,7 @@ while time.monotonic() < deadline:
 """
 
 
-def test_duration_mode_without_steps_records_python_functions_from_the_watchdog(stepscope_dir: Path, tmp_path: Path) -> None:
+def test_duration_mode_without_steps_records_every_thread_from_the_watchdog(stepscope_dir: Path, tmp_path: Path) -> None:
     install_bootstrap(stepscope_dir)
     write_request(stepscope_dir, "s-stepless", waitSteps=3, steps=None, durationSeconds=0.5)
     script = tmp_path / "stepless.py"
@@ -67,4 +67,46 @@ def test_duration_mode_without_steps_records_python_functions_from_the_watchdog(
     work = [e for e in events if e.get("cat") == "python_function" and e["name"].endswith(": stepless_work")]
     assert work, "the main thread's Python functions are recorded"
     main_tid = work[0]["tid"]
-    assert not [e for e in events if e.get("cat") == "cpu_op" and e["tid"] == main_tid], "aten ops are thread-local to the profiler's thread"
+    assert [e for e in events if e.get("cat") == "cpu_op" and e["tid"] == main_tid and e["name"] == "aten::mm"], \
+        "the watchdog's profiler records every thread's operators, the training thread's too"
+
+
+STALLS_AFTER_STEPS = """
+import time, torch
+torch.set_num_threads(1)
+model = torch.nn.Linear(16, 16)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(8, 16)
+for _ in range(20):
+    model(x).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    time.sleep(0.01)
+time.sleep(60)  # a data loader that stops delivering, or the pause between epochs: no step boundary comes
+"""
+
+
+def test_a_duration_capture_ends_on_time_when_the_loop_stops_stepping(stepscope_dir: Path, tmp_path: Path) -> None:
+    """Started at a step boundary, the capture's duration runs out while the loop waits: the watchdog
+    ends it then, without the next step, and the trace holds the training thread's operators."""
+    install_bootstrap(stepscope_dir)
+    write_request(stepscope_dir, "s-stall", waitSteps=2, steps=None, durationSeconds=2.0)
+    script = tmp_path / "stalls.py"
+    script.write_text(STALLS_AFTER_STEPS)
+    env = {**training_env(stepscope_dir), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for_state(stepscope_dir, "s-stall", 0, ("capturing",), timeout=30)
+        state = wait_for_state(stepscope_dir, "s-stall", 0, ("done", "failed"), timeout=10)
+        assert proc.poll() is None, "the loop is still waiting: no step ended the capture"
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert state["state"] == "done" and state["error"] is None, state
+    assert state["step"] == 20 and state["endStep"] == 20 and state["startStep"] == state["triggerStep"] + 2, state
+    assert 2.0 <= state["endTime"] - state["startTime"] < 3.5, state
+    assert "watchdog" in state["message"], state
+    events = load_trace(stepscope_dir / "s-stall" / state["trace"])
+    # Step 20, in progress when the duration ran out, is there up to the end of the capture.
+    assert profiler_steps(events) == list(range(state["startStep"], 21))
+    assert any(e.get("name") == "aten::addmm" for e in events)
