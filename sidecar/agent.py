@@ -153,6 +153,7 @@ class _Session:
         self.stacks: str | None = None
         self.error: str | None = None
         self.notes: list[str] = []
+        self.gpu: tuple[int, str] = (-1, "")  # (CUDA index, UUID) once the program has initialised CUDA
 
 
 class Agent:
@@ -556,12 +557,15 @@ class Agent:
         rank, local_rank, world = self.identity()
         captured = (s.end_step if s.end_step is not None else self.step_count) - s.start_step if s.start_step is not None else 0
         notes = "; ".join(s.notes)
+        if s.gpu[0] < 0:
+            s.gpu = _cuda_device()
         state = {
             "version": WIRE_VERSION, "session": s.id, "rank": rank, "localRank": local_rank, "worldSize": world,
             "pid": os.getpid(), "host": self.host, "state": s.state, "step": self.step_count,
             "triggerStep": s.trigger_step, "startStep": s.start_step, "endStep": s.end_step, "capturedSteps": captured,
             "startTime": s.start_time, "endTime": s.end_time, "updatedAt": time.time(),
             "trace": s.trace, "stacks": s.stacks, "error": s.error, "message": f"{message}; {notes}" if notes else message,
+            "gpu": s.gpu[0], "gpuUuid": s.gpu[1],
         }
         try:
             os.makedirs(s.folder, exist_ok=True)
@@ -675,6 +679,20 @@ class Agent:
                 os.unlink(os.path.join(self.directory, "agents", f"rank-{self.identity()[0]}.json"))
             except OSError:
                 pass
+
+
+def _cuda_device() -> tuple[int, str]:
+    """The CUDA device this process computes on and its UUID, for the sidecar, which sees every GPU
+    of the node, to tell which is this rank's; (-1, "") until the program has initialised CUDA
+    itself: the agent never does, that would take a context on a GPU the program may not use."""
+    cuda = sys.modules.get("torch.cuda")
+    try:
+        if cuda is None or not cuda.is_initialized():
+            return -1, ""
+        index = cuda.current_device()
+        return index, str(cuda.get_device_properties(index).uuid)
+    except Exception:  # noqa: BLE001 - the agent never raises into training
+        return -1, ""
 
 
 def _all_threads_config() -> Any:

@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Mapping, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -107,7 +107,8 @@ class MetricsRecorder:
     first captured step are the leading margin); stop(out_path) keeps sampling `margin_s` longer,
     then writes `out_path` (gzip CSV, columns nvml_api.BASE_COLUMNS + NVLink columns) and returns
     it. With `window_us=(first, last)` (Unix µs of the captured steps) stop() keeps only rows
-    within `margin_s` of that window. Rows live in a ring of `buffer_mib` allocated at start():
+    within `margin_s` of that window; with `gpus` (GPU UUID -> CUDA index in the training
+    process) only those GPUs' rows, labelled with that index. Rows live in a ring of `buffer_mib` allocated at start():
     when a long wait fills it, the oldest rows are given up (counted and logged), so a sidecar's
     memory stays fixed; 128 MiB hold about 90 s of 8 GPUs at 1 ms, 9 s at 100 µs. Backend errors
     are counted and logged once per metric, never raised from the sampler thread; `stats` says
@@ -167,14 +168,14 @@ class MetricsRecorder:
         self._thread = threading.Thread(target=self._run, name="stepscope-nvml", daemon=True)
         self._thread.start()
 
-    def stop(self, out_path: Path, *, window_us: tuple[float, float] | None = None) -> Path:
+    def stop(self, out_path: Path, *, window_us: tuple[float, float] | None = None, gpus: Mapping[str, int] | None = None) -> Path:
         if self._thread is None:
             raise RuntimeError("MetricsRecorder.stop() without start()")
         self._stopping.wait(self.margin_s)
         self._stopping.set()
         self._thread.join()
         self._thread = None
-        frame = self._frame(window_us)
+        frame = self._frame(window_us, gpus)
         self.stats.rows = len(frame)
         out_path = Path(out_path)
         out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -371,7 +372,7 @@ class MetricsRecorder:
         self._no_fields = [NAN] * len(spec)
         return [(fid, scope) for _, fid, scope in spec]
 
-    def _frame(self, window_us: tuple[float, float] | None) -> pd.DataFrame:
+    def _frame(self, window_us: tuple[float, float] | None, gpus: Mapping[str, int] | None) -> pd.DataFrame:
         ring = self._ring
         kept = min(self._rows, self._capacity)
         self.stats.overwritten_rows = self._rows - kept
@@ -383,11 +384,33 @@ class MetricsRecorder:
         if window_us is not None:
             margin = self.margin_s * 1e6
             frame = frame[(frame["ts_us"] >= window_us[0] - margin) & (frame["ts_us"] <= window_us[1] + margin)]
+        if gpus is not None:
+            frame = self._as_ranks_see_them(frame, gpus)
         frame = frame.sort_values(["ts_us", "gpu"], kind="stable")
         for column in frame.columns:
             if column not in FLOAT_COLUMNS:
                 frame[column] = frame[column].round().astype("Int64")
         return frame.reset_index(drop=True)
+
+
+    def _as_ranks_see_them(self, frame: pd.DataFrame, gpus: Mapping[str, int]) -> pd.DataFrame:
+        """Only the rows of the GPUs in `gpus` (UUID -> CUDA index in the training process), labelled
+        with that index: a sidecar sees every GPU of the node, the pod's ranks only theirs, and the
+        analysis matches rows to a rank by the index its trace names. UUIDs compare without NVML's
+        'GPU-' prefix, which torch leaves out."""
+        wanted = {_bare_uuid(uuid): index for uuid, index in gpus.items()}
+        label = {d.index: wanted[_bare_uuid(d.uuid)] for d in self._devices if _bare_uuid(d.uuid) in wanted}
+        missing = sorted(set(wanted) - {_bare_uuid(d.uuid) for d in self._devices})
+        if missing:
+            self._log_once("gpus:missing", "GPU(s) %s of the pod's ranks are not among the GPUs NVML shows this sidecar; "
+                                           "their hardware metrics are missing", ", ".join(missing))
+        frame = frame[frame["gpu"].isin(list(label))]
+        return frame.assign(gpu=frame["gpu"].map(label).astype(float))
+
+
+def _bare_uuid(uuid: str) -> str:
+    uuid = uuid.strip().lower()
+    return uuid[4:] if uuid.startswith("gpu-") else uuid
 
 
 def _epoch_offset_ns() -> int:

@@ -42,6 +42,11 @@ class RankProgress:
     local_rank: int = -1
     world_size: int = 0
     pid: int = 0
+    # The CUDA device the rank computes on and its UUID, as its agent reported them (-1 and "" for
+    # a CPU rank or an agent that saw no CUDA yet): they tell the sidecar, which sees every GPU of
+    # the node, which GPU is whose.
+    gpu: int = -1
+    gpu_uuid: str = ""
     state: str = "pending"  # no state file yet: the agent has not seen the request
     step: int | None = None
     start_step: int | None = None
@@ -97,6 +102,12 @@ class Session:
     @property
     def finished(self) -> bool:
         return self.phase in FINISHED_PHASES
+
+    def rank_gpus(self) -> dict[str, int] | None:
+        """GPU UUID -> the CUDA index its rank computes on, for the GPU metrics; None when no rank
+        reported one (CPU ranks, or an older agent): then every GPU the sidecar sees is kept."""
+        gpus = {r.gpu_uuid: r.gpu for r in self.ranks.values() if r.gpu_uuid and r.gpu >= 0}
+        return gpus or None
 
     def workers(self) -> dict[str, int]:
         ranks = self.ranks.values()
@@ -245,6 +256,9 @@ class SessionManager:
             progress.local_rank = _as_number(state.get("localRank"), progress.local_rank, int)
             progress.world_size = _as_number(state.get("worldSize"), progress.world_size, int)
             progress.pid = _as_number(state.get("pid"), progress.pid, int)
+            progress.gpu = _as_number(state.get("gpu"), progress.gpu, int)
+            if isinstance(state.get("gpuUuid"), str) and state["gpuUuid"]:
+                progress.gpu_uuid = state["gpuUuid"]
             progress.step = state.get("step", progress.step)
             progress.start_step, progress.end_step = state.get("startStep"), state.get("endStep")
             progress.trace, progress.stacks = state.get("trace"), state.get("stacks")
@@ -350,7 +364,7 @@ class SessionManager:
                 from stepscope.analysis.hardware import read_metrics
 
                 if not local.is_file():
-                    session.recorder.stop(local)
+                    session.recorder.stop(local, gpus=session.rank_gpus())
                 session.metrics = read_metrics(local)
             session.store.put_file(key, local)
 

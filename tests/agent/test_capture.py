@@ -17,6 +17,7 @@ def test_exact_steps_then_a_refused_second_request_then_cancels(stepscope_dir: P
         assert state["startStep"] == state["triggerStep"] + 3
         assert state["endStep"] == state["startStep"] + 4 and state["capturedSteps"] == 4
         assert "CUDA was asked for but is not available" in state["message"]
+        assert (state["gpu"], state["gpuUuid"]) == (-1, "")  # a CPU rank names no GPU
         events = load_trace(stepscope_dir / "s-exact" / state["trace"])
         assert profiler_steps(events) == list(range(state["startStep"], state["endStep"]))
         assert {"cpu_op", "python_function"} <= {e.get("cat") for e in events}

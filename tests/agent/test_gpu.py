@@ -42,3 +42,41 @@ def test_cuda_kernels_are_captured(stepscope_dir: Path, tmp_path: Path) -> None:
     assert "CUDA was asked for" not in state["message"]
     events = load_trace(stepscope_dir / "s-gpu" / state["trace"])
     assert any(e.get("cat") == "kernel" for e in events)
+    # What the sidecar matches against NVML's UUIDs (without their 'GPU-' prefix).
+    assert state["gpu"] == 0 and len(state["gpuUuid"]) == 36 and not state["gpuUuid"].startswith("GPU-"), state
+
+
+class _Properties:
+    uuid = "8c1e0b0a-5d6f-4a2b-9c3d-112233445566"
+
+
+class _Cuda:
+    """Stands in for torch.cuda: counts the calls that would create a CUDA context."""
+
+    def __init__(self, initialized: bool) -> None:
+        self.initialized, self.calls = initialized, 0
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def current_device(self) -> int:
+        self.calls += 1
+        return 3
+
+    def get_device_properties(self, index: int) -> _Properties:
+        self.calls += 1
+        return _Properties()
+
+
+def test_the_agent_names_the_gpu_only_once_the_program_initialised_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepscope.sidecar import agent
+
+    monkeypatch.delitem(sys.modules, "torch.cuda", raising=False)
+    assert agent._cuda_device() == (-1, "")  # torch not imported: nothing to ask
+    cuda = _Cuda(initialized=False)
+    monkeypatch.setitem(sys.modules, "torch.cuda", cuda)
+    assert agent._cuda_device() == (-1, "") and cuda.calls == 0
+    cuda.initialized = True
+    assert agent._cuda_device() == (3, "8c1e0b0a-5d6f-4a2b-9c3d-112233445566")
+    monkeypatch.setattr(_Cuda, "current_device", lambda self: 1 / 0)
+    assert agent._cuda_device() == (-1, "")  # never raises into training

@@ -105,6 +105,26 @@ def test_buffered_metrics_are_read_to_the_end(tmp_path: Path) -> None:
     assert frame["xid"].dropna().tolist() == [79]
 
 
+def test_only_the_ranks_gpus_are_written_under_the_index_their_ranks_use(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The sidecar sees every GPU of the node; a pod that got GPUs 2 and 3 calls them cuda:0 and
+    cuda:1, and its traces name those. Rows of other GPUs are left out; the ranks' UUIDs (torch
+    writes them without NVML's 'GPU-' prefix) say which GPU is whose."""
+    backend = SimulatedBackend(4, throttle={3: "thermal"}, xid={3: 79}, event_after_us=50_000)
+    recorder = MetricsRecorder(backend, 1000, margin_s=0)
+    recorder.start()
+    time.sleep(0.15)
+    with caplog.at_level(logging.WARNING, logger="stepscope.sidecar.nvml_recorder"):
+        path = recorder.stop(tmp_path / "m.csv.gz", gpus={"sim-0002": 0, "GPU-SIM-0003": 1, "GPU-elsewhere": 2})
+    frame = read_metrics(path)
+    assert set(frame["gpu"]) == {0, 1}
+    power = frame.dropna(subset=["power_w"]).groupby("gpu")["power_w"].first()
+    assert power.to_dict() == {0: 620.0, 1: 625.0}  # the simulation's GPUs 2 and 3
+    assert set(frame.loc[frame["sm_clock_mhz"] < 1980, "gpu"]) == {1}  # GPU 3 throttles
+    assert frame["xid"].dropna().tolist() == [79] and frame.loc[frame["xid"].notna(), "gpu"].tolist() == [1]
+    assert [r.message for r in caplog.records if "not among the GPUs" in r.message] == [
+        "GPU(s) elsewhere of the pod's ranks are not among the GPUs NVML shows this sidecar; their hardware metrics are missing"]
+
+
 def test_samples_line_up_with_the_steps_of_a_real_profiler_trace(profiled: Profiled) -> None:
     """A torch.profiler capture during the recording: the summary's steps, on the trace's clock
     (ts + baseTimeNanoseconds), select the samples taken while they ran."""

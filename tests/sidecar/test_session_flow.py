@@ -177,14 +177,18 @@ def _shifted_trace(source: Path, target: Path, start_us: float) -> None:
 
 def test_gpu_metrics_are_recorded_uploaded_and_joined_to_the_summaries(stepscope_dir: Path, ranks: SimulatedRanks, tmp_path: Path,
                                                                       real_traces: dict[int, Path]) -> None:
-    sidecar = Sidecar(stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-a", node="node-a", nvml_backend=SimulatedBackend(gpus=2),
+    # The sidecar sees the node's four GPUs; the pod's ranks compute on its GPUs 2 and 3 (the
+    # simulation throttles GPU 3), which they call cuda:0 and cuda:1, as their traces do.
+    backend = SimulatedBackend(gpus=4, throttle={3: "thermal"})
+    gpus = {0: (0, "sim-0002"), 1: (1, "sim-0003")}
+    sidecar = Sidecar(stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-a", node="node-a", nvml_backend=backend,
                       poll_interval_s=0.05, upload_attempts=2, upload_base_delay_s=0.05).start()
     try:
         client = SidecarClient(sidecar.url, KEY)
         store = tmp_path / "store"
         trigger(client, "s-g", store, hardwareMetrics={"enabled": True, "intervalMicroseconds": 2000})
         for rank in (0, 1):
-            ranks.state("s-g", rank, "capturing")
+            ranks.state("s-g", rank, "capturing", gpu=gpus[rank])
         wait_for(client, "s-g", lambda s: s["phase"] == "Capturing")
         start_us = time.time() * 1e6 + 100_000
         traces = {}
@@ -193,7 +197,7 @@ def test_gpu_metrics_are_recorded_uploaded_and_joined_to_the_summaries(stepscope
             _shifted_trace(real_traces[rank], traces[rank], start_us)
         time.sleep(1.4)  # the two real steps last ~1.2 s
         for rank in (0, 1):
-            ranks.state("s-g", rank, "done", trace_from=traces[rank])
+            ranks.state("s-g", rank, "done", trace_from=traces[rank], gpu=gpus[rank])
         status = wait_for(client, "s-g", lambda s: s["phase"] == "Succeeded")
     finally:
         sidecar.shutdown(5)
@@ -202,9 +206,12 @@ def test_gpu_metrics_are_recorded_uploaded_and_joined_to_the_summaries(stepscope
 
     metrics = read_metrics(store / layout.node_metrics("pod-a"))
     assert set(metrics["gpu"].unique()) == {0.0, 1.0} and len(metrics) > 100
+    clocks = {}
     for rank in (0, 1):
         summary = decode_summary((store / layout.rank_summary(rank)).read_bytes())
-        assert summary.hardware and len(summary.hardware["smClockMHzMean"]) == len(summary.steps) == 2
+        assert summary.gpu == rank and summary.hardware and len(summary.hardware["smClockMHzMean"]) == len(summary.steps) == 2
+        clocks[rank] = summary.hardware["smClockMHzMean"]
+    assert clocks == {0: [1980.0, 1980.0], 1: [1100.0, 1100.0]}
 
 
 def test_uploads_to_s3_with_the_triggers_credentials_which_never_leak(client: SidecarClient, ranks: SimulatedRanks, moto_endpoint: str,
