@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope import layout
-from stepscope.session import SessionSpec, SpecError
+from stepscope.session import HardwareMetricsSpec, SessionSpec, SpecError
 from stepscope.sidecar_client import SidecarClient, SidecarError
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, load_key
 from stepscope.storage import StoreError, open_store
@@ -38,6 +38,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=int, default=1800, metavar="S", help="give up after S seconds (default %(default)s)")
     parser.add_argument("--hang-timeout", type=int, default=300, metavar="S", help="no step for S seconds counts as a hang (default %(default)s)")
     parser.add_argument("--no-hardware-metrics", action="store_true", help="do not sample NVML during the capture")
+    parser.add_argument("--metrics-interval-us", type=_metrics_interval, default=HardwareMetricsSpec.intervalMicroseconds, metavar="US",
+                        help="NVML sampling interval in microseconds, >= 100 (default %(default)s; below 1000 the sampler "
+                             "spins between rounds and takes most of a core)")
+
+
+def _metrics_interval(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of microseconds: {text!r}") from None
+    if value < 100:
+        raise argparse.ArgumentTypeError(f"{value} is below 100: NVML cannot be sampled faster than every 100 us")
+    return value
 
 
 def _spec(args: argparse.Namespace, destination: str) -> SessionSpec:
@@ -48,7 +61,7 @@ def _spec(args: argparse.Namespace, destination: str) -> SessionSpec:
         capture["steps"] = args.steps if args.steps is not None else 2
     return SessionSpec.from_dict({
         "capture": capture,
-        "hardwareMetrics": {"enabled": not args.no_hardware_metrics},
+        "hardwareMetrics": {"enabled": not args.no_hardware_metrics, "intervalMicroseconds": args.metrics_interval_us},
         "saveRawTrace": args.save_raw_trace,
         "storage": {"uri": destination},
         "hangTimeoutSeconds": args.hang_timeout,

@@ -71,11 +71,17 @@ def test_capture_reports_an_unreachable_sidecar_and_a_wrong_key(sidecar: Sidecar
     assert wrong.returncode == 4 and "signature" in err
 
 
+def test_capture_refuses_a_metrics_interval_below_100_us(tmp_path: Path) -> None:
+    refused = stepscope("capture", "--metrics-interval-us", "50", "--output-dir", str(tmp_path / "a"))
+    out, err = refused.communicate(timeout=60)
+    assert refused.returncode == 2 and "--metrics-interval-us: 50 is below 100" in err and not (tmp_path / "a").exists()
+
+
 def test_capture_follows_the_session_and_writes_session_json(sidecar: Sidecar, ranks: SimulatedRanks, tmp_path: Path,
                                                              shared_traces: Path) -> None:
     out_dir = tmp_path / "capture"
     process = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(out_dir), "--wait", "1", "--steps", "2",
-                        "--save-raw-trace", "none", "--no-hardware-metrics")
+                        "--save-raw-trace", "none", "--no-hardware-metrics", "--metrics-interval-us", "250")
     client = SidecarClient(sidecar.url, KEY)
     session = eventually(sidecar.manager.active, timeout=30, what="a session").id
     for rank in (0, 1):
@@ -91,6 +97,7 @@ def test_capture_follows_the_session_and_writes_session_json(sidecar: Sidecar, r
     record = json.loads((out_dir / layout.session_json()).read_text())
     assert record["session"] == session and record["phase"] == "Succeeded"
     assert record["spec"]["capture"]["steps"] == 2 and record["spec"]["saveRawTrace"] == "none"
+    assert record["spec"]["hardwareMetrics"] == {"enabled": False, "intervalMicroseconds": 250}
     assert [t["phase"] for t in record["timeline"]] == ["Pending", "Capturing", "Uploading", "Succeeded"]
     assert sorted(record["artifacts"]) == [layout.rank_summary(0), layout.rank_summary(1)]
     assert decode_summary((out_dir / layout.rank_summary(1)).read_bytes()).rank == 1
