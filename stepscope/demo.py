@@ -103,9 +103,11 @@ def run(args: argparse.Namespace) -> int:
                     [logs / "sidecar.log", *job.logs])
         _stage(started, f"all {RANKS} ranks are training with the agent loaded; capturing {args.steps} steps through the sidecar")
         os.environ["STEPSCOPE_HMAC_KEY"] = key
-        capture_args = argparse.Namespace(
-            wait=args.wait, steps=args.steps, duration=None, output_dir=store, save_raw_trace="all", analyze=True,
-            sidecar=url, key_file=None, timeout=120, hang_timeout=60, no_hardware_metrics=False)
+        # Through capture's own parser, so that the demo takes capture's defaults for every option it does not set.
+        parser = argparse.ArgumentParser(prog="stepscope capture")
+        capture.add_arguments(parser)
+        capture_args = parser.parse_args(["--wait", str(args.wait), "--steps", str(args.steps), "--output-dir", str(store),
+                                          "--save-raw-trace", "all", "--analyze", "--sidecar", url, "--timeout", "120", "--hang-timeout", "60"])
         code = capture.run(capture_args)
     except RuntimeError as exc:
         print(f"stepscope demo: {exc}", file=sys.stderr)
