@@ -1,0 +1,21 @@
+"""`stepscope demo`, the README's second command, end to end as a user runs it."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_demo_finds_the_slowed_rank_and_its_function(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    result = subprocess.run([sys.executable, "-m", "stepscope.cli", "demo", "--output-dir", str(out)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "diagnosis: rank 2 holds its peers back" in result.stdout, result.stdout[-3000:]
+    diagnosis = json.loads((out / "session" / "report" / "diagnosis.json").read_text())
+    slow = [f for f in diagnosis["findings"] if f["category"] == "slow-worker"]
+    assert slow and slow[0]["ranks"] == [2] and "augment_batch_slowly" in slow[0]["message"]
+    assert (out / "session" / "report" / "index.html").is_file()
