@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"backend {args.backend}: {len(devices)} GPU(s) ({devices[0].name if devices else '-'}), {args.seconds:.1f} s per interval")
     print(f"{'interval':>9} {'asked/s':>8} {'achieved/s':>10} {'ratio':>6} {'dropped':>7} {'process CPU':>11} {'idle ref':>8} "
           f"{'sampler thread':>14} {'bare ratio':>10} {'bare CPU':>8} {'per GPU':>9} {'errors':>6} {'rows':>8} {'file':>9} {'write s':>7}")
+    verdict = ""
     with tempfile.TemporaryDirectory() as tmp:
         for interval in args.intervals:
             r = measure(backend, interval, args.seconds, Path(tmp))
@@ -90,7 +91,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{per_gpu_us(r, len(devices)):>7.1f}us "
                   f"{r['errors']:>6.0f} {r['rows']:>8.0f} "
                   f"{r['bytes'] / 1024:>7.0f}KiB {r['write_s']:>7.2f}")
+            if interval == 1000:
+                verdict = (f"goal at 1 ms (>= 90 % of the rate, < 5 % of a core): rate {'met' if r['ratio'] >= 0.9 else 'NOT met'} "
+                           f"({r['ratio']:.1%}), CPU {'met' if r['process_cpu'] < 0.05 else 'NOT met'} ({r['process_cpu']:.1%}, "
+                           f"of which {r['bare_cpu']:.1%} is the bare sampler's wake-ups on this machine)")
         print(f"metrics with values ({r['columns']}): {', '.join(r['measured'])}")
+        if verdict:
+            print(verdict)
     backend.close()
     return 0
 
