@@ -23,14 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pynvml as nv  # noqa: E402
 
-from stepscope.sidecar.nvml_api import (  # noqa: E402
-    FI_ECC_DBE_VOL_TOTAL,
-    FI_ECC_SBE_VOL_TOTAL,
-    FI_NVLINK_THROUGHPUT_DATA_RX,
-    FI_NVLINK_THROUGHPUT_DATA_TX,
-    FI_PCIE_COUNT_RX_BYTES,
-    FI_PCIE_COUNT_TX_BYTES,
-)
+from stepscope.sidecar.nvml_api import round_fields  # noqa: E402
 from stepscope.sidecar.nvml_pynvml import PynvmlBackend  # noqa: E402
 from tests.nvml.fake_libnvml import FakeGpu, FakeNvmlLib  # noqa: E402
 
@@ -64,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--links", type=int, default=4, help="NVLink links read per GPU (2 fields each)")
     parser.add_argument("--repeat", type=int, default=5, help="timing repeats (the best is kept)")
     args = parser.parse_args(argv)
-    fields = ((FI_PCIE_COUNT_TX_BYTES, 0), (FI_PCIE_COUNT_RX_BYTES, 0), (FI_ECC_SBE_VOL_TOTAL, 0), (FI_ECC_DBE_VOL_TOTAL, 0),
-              *((field, link) for link in range(args.links) for field in (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX)))
+    fields = tuple((field, scope) for _, field, scope in round_fields(args.links))
     nv.nvmlLib = FakeNvmlLib([FakeGpu("GPU-bench", nvlinks=args.links)])
     backend = PynvmlBackend({})
     # One real read through the stand-in first, so both sides read arrays the driver has filled.

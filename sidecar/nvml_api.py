@@ -60,6 +60,15 @@ def nvlink_columns(links: int) -> tuple[str, ...]:
     return tuple(f"nvlink{link}_{way}_kib" for link in range(links) for way in ("tx", "rx"))
 
 
+def round_fields(links: int) -> tuple[tuple[str, int, int], ...]:
+    """(column, field id, scope id) of the counters that one nvmlDeviceGetFieldValues call reads
+    per GPU and round: PCIe, ECC, then the NVLink links in nvlink_columns' order."""
+    nvlink = ((column, FI_NVLINK_THROUGHPUT_DATA_TX if column.endswith("_tx_kib") else FI_NVLINK_THROUGHPUT_DATA_RX, index // 2)
+              for index, column in enumerate(nvlink_columns(links)))
+    return (("pcie_tx_bytes", FI_PCIE_COUNT_TX_BYTES, 0), ("pcie_rx_bytes", FI_PCIE_COUNT_RX_BYTES, 0),
+            ("ecc_sbe", FI_ECC_SBE_VOL_TOTAL, 0), ("ecc_dbe", FI_ECC_DBE_VOL_TOTAL, 0), *nvlink)
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     index: int  # CUDA device index inside the pod

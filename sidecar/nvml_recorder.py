@@ -36,20 +36,7 @@ from typing import Callable, Mapping, TypeVar
 import numpy as np
 import pandas as pd
 
-from stepscope.sidecar.nvml_api import (
-    BASE_COLUMNS,
-    FI_ECC_DBE_VOL_TOTAL,
-    FI_ECC_SBE_VOL_TOTAL,
-    FI_NVLINK_THROUGHPUT_DATA_RX,
-    FI_NVLINK_THROUGHPUT_DATA_TX,
-    FI_PCIE_COUNT_RX_BYTES,
-    FI_PCIE_COUNT_TX_BYTES,
-    BackendError,
-    DeviceInfo,
-    NvmlBackend,
-    UtilizationKind,
-    nvlink_columns,
-)
+from stepscope.sidecar.nvml_api import BASE_COLUMNS, BackendError, DeviceInfo, NvmlBackend, UtilizationKind, nvlink_columns, round_fields
 
 log = logging.getLogger(__name__)
 
@@ -358,15 +345,7 @@ class MetricsRecorder:
     # -- output ----------------------------------------------------------------------------------
 
     def _field_list(self, links: int) -> list[tuple[int, int]]:
-        spec = [
-            ("pcie_tx_bytes", FI_PCIE_COUNT_TX_BYTES, 0),
-            ("pcie_rx_bytes", FI_PCIE_COUNT_RX_BYTES, 0),
-            ("ecc_sbe", FI_ECC_SBE_VOL_TOTAL, 0),
-            ("ecc_dbe", FI_ECC_DBE_VOL_TOTAL, 0),
-        ]
-        for link in range(links):
-            spec.append((f"nvlink{link}_tx_kib", FI_NVLINK_THROUGHPUT_DATA_TX, link))
-            spec.append((f"nvlink{link}_rx_kib", FI_NVLINK_THROUGHPUT_DATA_RX, link))
+        spec = round_fields(links)
         # _sample_round packs the values as they come, right after the slow columns.
         assert [name for name, _, _ in spec] == list(self._ring_columns[10:-1])
         self._no_fields = [NAN] * len(spec)
