@@ -95,11 +95,11 @@ class MetricsRecorder:
     then writes `out_path` (gzip CSV, columns nvml_api.BASE_COLUMNS + NVLink columns) and returns
     it. With `window_us=(first, last)` (Unix µs of the captured steps) stop() keeps only rows
     within `margin_s` of that window; with `gpus` (GPU UUID -> CUDA index in the training
-    process) only those GPUs' rows, labelled with that index. Rows live in a ring of `buffer_mib` allocated at start():
-    when a long wait fills it, the oldest rows are given up (counted and logged), so a sidecar's
-    memory stays fixed; 128 MiB hold about 90 s of 8 GPUs at 1 ms, 9 s at 100 µs. Backend errors
-    are counted and logged once per metric, never raised from the sampler thread; `stats` says
-    what was achieved.
+    process) only those GPUs' rows, labelled with that index. Rows live in a ring of `buffer_mib`
+    allocated at start(): when a long wait fills it, the oldest rows are given up (counted and
+    logged), so a sidecar's memory stays fixed; 128 MiB hold about 90 s of 8 GPUs at 1 ms, 9 s at
+    100 µs. Backend errors are counted and logged once per metric, never raised from the sampler
+    thread; `stats` says what was achieved.
     """
 
     def __init__(self, backend: NvmlBackend, interval_us: int, margin_s: float = 1.0, *, buffer_mib: float = 128.0) -> None:
@@ -370,7 +370,6 @@ class MetricsRecorder:
             if column not in FLOAT_COLUMNS:
                 frame[column] = frame[column].round().astype("Int64")
         return frame.reset_index(drop=True)
-
 
     def _as_ranks_see_them(self, frame: pd.DataFrame, gpus: Mapping[str, int]) -> pd.DataFrame:
         """Only the rows of the GPUs in `gpus` (UUID -> CUDA index in the training process), labelled
