@@ -116,16 +116,19 @@ def _sidecar_error(exc: SidecarError, url: str) -> int:
 
 
 def _follow(client: SidecarClient, session_id: str, deadline: float, progress: _Progress) -> tuple[dict[str, Any], int | None]:
-    """Poll until the session finishes; Ctrl-C cancels it and waits for what was captured to land."""
+    """Poll until the session finishes; Ctrl-C cancels it and waits for what was captured to land.
+    The first Ctrl-C does so wherever it lands, in the pause or in a poll; a second one leaves."""
     interrupted = False
-    status = client.get_session(session_id)
-    while status["phase"] not in FINISHED:
-        progress.show(_progress_line(status))
-        if time.monotonic() > deadline:
-            client.delete_session(session_id)
-            return status, EXIT_TIMEOUT
+    status: dict[str, Any] | None = None
+    while status is None or status["phase"] not in FINISHED:
         try:
-            time.sleep(0.5)
+            if status is not None:
+                progress.show(_progress_line(status))
+                if time.monotonic() > deadline:
+                    client.delete_session(session_id)
+                    return status, EXIT_TIMEOUT
+                time.sleep(0.5)
+            status = client.get_session(session_id)
         except KeyboardInterrupt:
             if interrupted:
                 raise
@@ -134,7 +137,6 @@ def _follow(client: SidecarClient, session_id: str, deadline: float, progress: _
             print("cancelling: the ranks stop at their next step, what was captured is kept (Ctrl-C again to leave now)", flush=True)
             client.delete_session(session_id)
             deadline = min(deadline, time.monotonic() + CANCEL_GRACE_S)
-        status = client.get_session(session_id)
     progress.show(_progress_line(status))
     progress.done()
     return status, EXIT_INTERRUPTED if interrupted else None

@@ -7,12 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from stepscope import layout
+from stepscope import capture, layout
 from stepscope.analysis.model import decode_summary
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient, SidecarError
@@ -108,6 +109,7 @@ def test_ctrl_c_cancels_the_session(sidecar: Sidecar, ranks: SimulatedRanks, tmp
     process = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(tmp_path / "c"))
     client = SidecarClient(sidecar.url, KEY)
     session = eventually(sidecar.manager.active, timeout=30, what="a session").id
+    assert process.stdout.readline().startswith(f"session {session}: capturing")  # what the user sees before pressing Ctrl-C
     process.send_signal(signal.SIGINT)
     eventually(lambda: json.loads((sidecar.dir / "request.json").read_text())["action"] == "cancel", 20, "a cancel request")
     for rank in (0, 1):
@@ -116,6 +118,31 @@ def test_ctrl_c_cancels_the_session(sidecar: Sidecar, ranks: SimulatedRanks, tmp
     assert process.returncode == 130, err
     assert "cancelling" in out and "Cancelled" in out
     assert json.loads((tmp_path / "c" / layout.session_json()).read_text())["phase"] == "Cancelled"
+
+
+class _PollCutByCtrlC:
+    """A sidecar client whose second poll is cut short by Ctrl-C, as a SIGINT that lands during the
+    HTTP request does (the test above cannot choose where its signal lands)."""
+
+    def __init__(self) -> None:
+        self.polls, self.deleted = 0, False
+
+    def get_session(self, session_id: str) -> dict[str, object]:
+        self.polls += 1
+        if self.polls == 2:
+            raise KeyboardInterrupt
+        return {"phase": "Cancelled" if self.deleted else "Capturing", "workers": {}}
+
+    def delete_session(self, session_id: str) -> dict[str, object]:
+        self.deleted = True
+        return {}
+
+
+def test_ctrl_c_during_a_poll_still_cancels_and_waits_for_the_end(capsys: pytest.CaptureFixture[str]) -> None:
+    client = _PollCutByCtrlC()
+    status, code = capture._follow(client, "s-1", time.monotonic() + 30, capture._Progress())  # type: ignore[arg-type]
+    assert client.deleted and status["phase"] == "Cancelled" and code == capture.EXIT_INTERRUPTED
+    assert "cancelling: the ranks stop at their next step" in capsys.readouterr().out
 
 
 def test_capture_refuses_a_bad_window_before_contacting_anyone(tmp_path: Path) -> None:
