@@ -173,10 +173,14 @@ class SessionRunner:
             if agg.done:
                 break
             if self._timed_out():  # run() cancels it on the sidecars
-                raise Fail("Timeout", f"capture did not finish within spec.timeoutSeconds={spec.timeoutSeconds}s; {agg.workers['uploaded']} of {agg.workers['total']} worker(s) uploaded, kept in {self.dest}")
+                raise self._capture_timeout(spec, agg.workers)
             await self._sleep(s.poll_interval_s)
         uploaded, total = agg.workers["uploaded"], agg.workers["total"]
         if uploaded == 0:
+            # The sidecars keep the same timeout: one that ran out first ended its workers, which is
+            # the session's timeout too, not a capture failure of its own.
+            if self._timed_out():
+                raise self._capture_timeout(spec, agg.workers)
             raise Fail("CaptureFailed", f"no worker uploaded a capture ({agg.workers['failed']} of {total} failed); first: {agg.failed_workers[0]['reason'] if agg.failed_workers else 'unknown'}")
         message = f"{uploaded} of {total} worker(s) captured and uploaded"
         conditions = set_condition(self.status.get("conditions") or [], "Captured", True, "Captured", message, self.generation)
@@ -303,6 +307,10 @@ class SessionRunner:
     async def _list_pods(self, selector: str) -> list[Any]:
         result = await asyncio.to_thread(kube.core().list_namespaced_pod, self.ns, label_selector=selector)
         return list(result.items)
+
+    def _capture_timeout(self, spec: SessionSpec, workers: dict[str, int]) -> Fail:
+        return Fail("Timeout", f"capture did not finish within spec.timeoutSeconds={spec.timeoutSeconds}s; "
+                               f"{workers['uploaded']} of {workers['total']} worker(s) uploaded, kept in {self.dest}")
 
     def _timed_out(self) -> bool:
         start = self.status.get("startTime")

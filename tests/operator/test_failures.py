@@ -73,6 +73,23 @@ def test_capture_that_never_ends_times_out_keeping_what_was_captured(operator: O
     assert status["pods"]["triggered"] == 1
 
 
+def test_a_sidecar_timing_out_before_the_operator_looks_is_still_the_sessions_timeout(
+        cluster: Kube, pods: Pods, idle: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sidecar runs the same spec.timeoutSeconds; when it reports its workers failed by it
+    before the operator's own check comes round, the session still fails as Timeout."""
+    monkeypatch.setenv("STEPSCOPE_POLL_INTERVAL_S", "2.5")  # the operator looks after the sidecar gave up
+    operator = OperatorHarness(cluster)
+    operator.start()
+    try:
+        pods.create("idle", {"job": "idle"}, port=port_of(idle))
+        operator.create_session("raced", session_spec({"job": "idle"}, s3_endpoint, timeoutSeconds=3, hangTimeoutSeconds=2))
+        status = operator.wait_phase("raced", ("Failed",), timeout=30)
+    finally:
+        operator.stop()
+    assert _condition(status, "Ready")["reason"] == "Timeout", status["message"]
+    assert status["message"].startswith("capture did not finish within spec.timeoutSeconds=3s; 0 of 1 worker(s) uploaded")
+
+
 def test_selection_too_large_for_the_pod_record_fails_before_any_trigger(operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pod_record, "MAX_BYTES", 64)  # three names fill it here, as ~300,000 fill the real 1 MiB
