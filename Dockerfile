@@ -1,3 +1,8 @@
+# The NVML sampler's native fast tier, built where a compiler is (the slim image has none).
+FROM python:3.11 AS native
+COPY sidecar/fast_sampler.c /src/
+RUN cc -O2 -Wall -shared -fPIC -o /src/_fast_sampler.so /src/fast_sampler.c -lpthread
+
 # One image for the operator, the injected sidecar and the analysis Job (torch is not needed:
 # the training image brings its own; the agent code is copied into the pod's shared volume).
 FROM python:3.11-slim
@@ -8,6 +13,7 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY stepscope/ stepscope/
 COPY operator/ operator/
 COPY sidecar/ sidecar/
+COPY --from=native /src/_fast_sampler.so sidecar/
 COPY analysis/ analysis/
 RUN pip install -c constraints.txt ".[sidecar,operator,webhook]" \
  && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin stepscope \

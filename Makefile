@@ -5,6 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+CC ?= cc
+# The NVML sampler's native fast tier; without a C compiler the sampler runs in Python.
+NATIVE := sidecar/_fast_sampler.so
 
 .PHONY: demo test install bench clean
 
@@ -16,14 +19,17 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
-demo: $(STAMP)
+$(NATIVE): sidecar/fast_sampler.c
+	@$(CC) -O2 -Wall -shared -fPIC -o $@ $< -lpthread || echo "no working C compiler ($(CC)): the NVML sampler will run without its native fast tier"
+
+demo: $(STAMP) $(NATIVE)
 	$(BIN)/stepscope demo
 
-test: $(STAMP)
+test: $(STAMP) $(NATIVE)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(STAMP) $(NATIVE)
 	$(BIN)/python benchmarks/agent_overhead.py
 
 clean:
-	rm -rf $(VENV) demo-output .pytest_cache
+	rm -rf $(VENV) demo-output .pytest_cache $(NATIVE)

@@ -13,7 +13,9 @@ import threading
 from types import TracebackType
 from typing import Any, Callable, Mapping, Sequence
 
+from stepscope.sidecar import nvml_native
 from stepscope.sidecar.nvml_api import BackendError, DeviceInfo, UtilizationKind
+from stepscope.sidecar.nvml_native import NativeReads
 
 FI_NVLINK_LINK_COUNT = 91
 _HIDDEN = {"", "none", "void", "nodevfiles", "-1"}
@@ -191,6 +193,23 @@ class PynvmlBackend:
             if result != nv.NVML_SUCCESS:
                 raise nv.NVMLError(result)
             return reader.values()
+
+    def native_reads(self) -> NativeReads | None:
+        """The driver's own C functions and device handles for the native fast tier, only with
+        STEPSCOPE_NATIVE_SAMPLER=1 until a run on a real GPU has checked that path (benchmarks/
+        gpu_check.py --native); None as well where the library under pynvml is not a C one."""
+        if os.environ.get("STEPSCOPE_NATIVE_SAMPLER") != "1" or nvml_native.library() is None:
+            return None
+        sm, _, reasons = self._clock_calls[0] if self._clock_calls else (None, None, None)
+        try:
+            functions = [ctypes.cast(f, ctypes.c_void_p).value for f in (sm._function, reasons._function,
+                                                                       self._nvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues"))]
+            devices = [ctypes.cast(handle, ctypes.c_void_p).value for handle in self._handles]
+        except (AttributeError, TypeError, ctypes.ArgumentError, self._nvml.NVMLError):
+            return None  # e.g. the tests' stand-in library, whose functions are Python's
+        if not all(functions) or not all(devices):
+            return None
+        return NativeReads(*functions, devices=devices, keep_alive=self._handles)
 
     def xid_events(self) -> list[tuple[int, int]]:
         nv = self._nvml

@@ -12,6 +12,10 @@ torch 2.13's profiler: a record_function's ts + base lands within ~0.1 ms of tim
 next to it). Like Kineto, the sampler reads the wall clock once at start and advances it with the
 monotonic counter, so a wall-clock step during the capture cannot reorder samples.
 
+Native fast tier: where sidecar/fast_sampler.c is built and the backend offers its every-round
+reads as C functions (nvml_native), a C thread takes the first tier below, on the same schedule,
+into a ring of its own; this thread then runs every SLOW_PERIOD_US for the other two.
+
 Three tiers, so that the work of a round stays what must be fresh at that rate:
 - every round: SM and memory clock, clock-event reasons and one nvmlDeviceGetFieldValues call with
   the PCIe, NVLink and ECC counters (the counters are cumulative: the analysis needs them paired
@@ -31,11 +35,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 import numpy as np
 import pandas as pd
 
+from stepscope.sidecar import nvml_native
 from stepscope.sidecar.nvml_api import BASE_COLUMNS, BackendError, DeviceInfo, NvmlBackend, UtilizationKind, nvlink_columns, round_fields
 
 log = logging.getLogger(__name__)
@@ -65,8 +70,9 @@ class RecorderStats:
     rows: int = 0
     overwritten_rows: int = 0  # oldest rows given up when the ring buffer came round
     wall_s: float = 0.0
-    cpu_s: float = 0.0  # CPU time of the sampler thread
+    cpu_s: float = 0.0  # CPU time of the sampler threads
     errors: dict[str, int] = field(default_factory=dict)
+    native: bool = False  # the per-round reads ran in the native fast tier (nvml_native)
 
     @property
     def asked_hz(self) -> float:
@@ -84,7 +90,8 @@ class RecorderStats:
         errors = ", ".join(f"{k}: {v}" for k, v in sorted(self.errors.items())) or "none"
         return (f"{self.rounds} rounds over {self.gpus} GPU(s) in {self.wall_s:.2f} s: {self.achieved_hz:.0f}/s of "
                 f"{self.asked_hz:.0f}/s asked ({100 * self.achieved_ratio:.0f} %), {self.dropped} dropped, "
-                f"sampler CPU {100 * self.cpu_s / self.wall_s if self.wall_s else 0:.1f} % of a core, errors: {errors}")
+                f"sampler CPU {100 * self.cpu_s / self.wall_s if self.wall_s else 0:.1f} % of a core "
+                f"({'native fast tier' if self.native else 'Python'}), errors: {errors}")
 
 
 class MetricsRecorder:
@@ -99,10 +106,13 @@ class MetricsRecorder:
     allocated at start(): when a long wait fills it, the oldest rows are given up (counted and
     logged), so a sidecar's memory stays fixed; 128 MiB hold about 90 s of 8 GPUs at 1 ms, 9 s at
     100 µs. Backend errors are counted and logged once per metric, never raised from the sampler
-    thread; `stats` says what was achieved.
+    thread; `stats` says what was achieved. With `native` (the default), a backend that offers its
+    per-round reads as C functions (`native_reads()`, see nvml_native) and the library built, the
+    every-round tier runs in a C thread into a ring of its own, and this one keeps the others.
     """
 
-    def __init__(self, backend: NvmlBackend, interval_us: int, margin_s: float = 1.0, *, buffer_mib: float = 128.0) -> None:
+    def __init__(self, backend: NvmlBackend, interval_us: int, margin_s: float = 1.0, *, buffer_mib: float = 128.0,
+                 native: bool = True) -> None:
         if interval_us < MIN_INTERVAL_US:
             raise ValueError(f"interval_us must be >= {MIN_INTERVAL_US}, got {interval_us}")
         if margin_s < 0:
@@ -111,6 +121,7 @@ class MetricsRecorder:
         self.interval_us = int(interval_us)
         self.margin_s = float(margin_s)
         self.buffer_bytes = int(buffer_mib * (1 << 20))
+        self.native = native
         self.stats = RecorderStats(self.interval_us)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -142,7 +153,10 @@ class MetricsRecorder:
         # ranks wait for their steps, and what it gives up when full is the oldest, pre-capture part.
         packer = struct.Struct(f"{len(self._columns)}d")
         self._pack_into, self._row_bytes = packer.pack_into, packer.size
-        self._capacity = max(1, self.buffer_bytes // packer.size)
+        rows = max(2, self.buffer_bytes // packer.size)
+        # With the native fast tier, Python writes only the slow tiers' rows (a tenth as many at 1 ms).
+        lib, reads = self._native_reads()
+        self._capacity = max(1, rows // 8) if reads is not None else rows
         # np.zeros takes fresh zero pages from the OS: memory is touched only as rows arrive.
         self._ring = np.zeros((self._capacity, len(self._columns)))
         self._view = memoryview(self._ring).cast("B")
@@ -151,6 +165,14 @@ class MetricsRecorder:
         self._util_polled: set[tuple[int, UtilizationKind]] = set()
         # Wall clock read once, advanced by the monotonic counter (see the module docstring).
         self._epoch_offset_ns = _epoch_offset_ns()
+        self._native: nvml_native.FastTier | None = None
+        self._native_ring = np.empty((0, len(self._columns)))
+        if lib is not None and reads is not None:
+            self._native_ring = np.zeros((rows - self._capacity, len(self._columns)))
+            self._native = nvml_native.FastTier(lib, reads, [d.index for d in self._devices], self._fields, self.interval_us,
+                                                self._epoch_offset_ns, self._native_ring, self._slot["sm_clock_mhz"], self._slot["pcie_tx_bytes"])
+            self._native.start()
+        self.stats.native = self._native is not None
         self._stopping.clear()
         self._thread = threading.Thread(target=self._run, name="stepscope-nvml", daemon=True)
         self._thread.start()
@@ -162,26 +184,61 @@ class MetricsRecorder:
         self._stopping.set()
         self._thread.join()
         self._thread = None
-        frame = self._frame(window_us, gpus)
+        native_rows = self._stop_native()
+        frame = self._frame(window_us, gpus, native_rows)
         self.stats.rows = len(frame)
         out_path = Path(out_path)
         out_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = out_path.with_name(out_path.name + ".tmp")
         frame.to_csv(tmp, index=False, compression={"method": "gzip", "compresslevel": 1})
         tmp.replace(out_path)
-        # The session keeps its recorder for status; the ring's memory goes back now.
+        # The session keeps its recorder for status; the rings' memory goes back now.
         self._view.release()
-        self._ring = np.empty((0, len(self._columns)))
+        self._ring = self._native_ring = np.empty((0, len(self._columns)))
         log.info("GPU metrics: %s -> %s", self.stats.describe(), out_path)
         return out_path
+
+    def _native_reads(self) -> tuple[Any, nvml_native.NativeReads | None]:
+        """The native library and the backend's reads for it, or (None, None): not built, switched
+        off, or a backend that offers no C functions (see nvml_native)."""
+        offer = getattr(self.backend, "native_reads", None)
+        lib = nvml_native.library() if self.native and offer is not None and self._devices else None
+        if lib is None:
+            return None, None
+        try:
+            return lib, offer()
+        except Exception as error:  # noqa: BLE001 - sampling goes on in Python
+            self._log_once("native", "NVML sampler: the backend's native reads failed (%s); sampling in Python", error)
+            return None, None
+
+    def _stop_native(self) -> int:
+        """Joins the native thread (after the Python one: both cover the margin) and takes its
+        figures into the stats; the rows it wrote."""
+        native = self._native
+        if native is None:
+            return 0
+        rows = native.stop()
+        stats = self.stats
+        stats.rounds, stats.dropped, stats.wall_s, cpu_s = native.figures()
+        stats.cpu_s += cpu_s
+        for name, count in native.errors().items():
+            stats.errors[name] = stats.errors.get(name, 0) + count
+            self._log_once(f"error:{name}", "NVML %s failed %d time(s) in the native fast tier", name, count)
+        for gpu, name in native.unsupported():
+            self._log_once(f"{name}:{gpu:g}", "GPU %d does not support %s; not sampled", int(gpu), name)
+        self._native = None
+        return rows
 
     # -- sampling --------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        interval_ns = self.interval_us * 1000
+        # With the native fast tier this thread keeps only the slow tier and the buffers.
+        interval_us = SLOW_PERIOD_US if self._native is not None else self.interval_us
+        interval_ns = interval_us * 1000
         slow_period_ns = SLOW_PERIOD_US * 1000
-        sleep_only = self.interval_us >= SLEEP_ONLY_FROM_US
-        stopping, clock, sleep, sample_round = self._stopping, time.perf_counter_ns, time.sleep, self._sample_round
+        sleep_only = interval_us >= SLEEP_ONLY_FROM_US
+        sample_round = self._slow_round if self._native is not None else self._sample_round
+        stopping, clock, sleep = self._stopping, time.perf_counter_ns, time.sleep
         cpu0, wall0 = time.thread_time(), clock()
         buffer_period_ns = BUFFER_PERIOD_US * 1000
         deadline = next_slow = next_buffers = wall0
@@ -250,6 +307,15 @@ class MetricsRecorder:
             pack_into(view, (rows % capacity) * row_bytes, ts_us, gpu, sm, mem, reasons, *slow_values, *values, NAN)
             rows += 1
         self._rows = rows
+
+    def _slow_round(self, slow: bool) -> None:
+        """With the native fast tier: the slow tier's values, in rows of their own."""
+        clock, offset, no_fields = time.perf_counter_ns, self._epoch_offset_ns, self._no_fields
+        for gpu, calls in self._calls:
+            slow_values = self._slow_values(gpu, calls)
+            self._pack_into(self._view, (self._rows % self._capacity) * self._row_bytes,
+                            (clock() + offset) // 1000, gpu, NAN, NAN, NAN, *slow_values, *no_fields, NAN)
+            self._rows += 1
 
     def _slow_values(self, gpu: int, calls: list[Callable[..., object]]) -> tuple[float, ...]:
         """Power, temperature, memory used (MiB), GPU and memory utilization where polled."""
@@ -351,14 +417,11 @@ class MetricsRecorder:
         self._no_fields = [NAN] * len(spec)
         return [(fid, scope) for _, fid, scope in spec]
 
-    def _frame(self, window_us: tuple[float, float] | None, gpus: Mapping[str, int] | None) -> pd.DataFrame:
-        ring = self._ring
-        kept = min(self._rows, self._capacity)
-        self.stats.overwritten_rows = self._rows - kept
-        if self._rows > self._capacity:
+    def _frame(self, window_us: tuple[float, float] | None, gpus: Mapping[str, int] | None, native_rows: int) -> pd.DataFrame:
+        values = np.concatenate([self._kept(self._ring, self._rows), self._kept(self._native_ring, native_rows)])
+        if self.stats.overwritten_rows:
             log.warning("GPU metrics ring buffer (%d MiB) came round: the oldest %d rows were given up",
                         self.buffer_bytes >> 20, self.stats.overwritten_rows)
-        values = np.roll(ring, -(self._rows % self._capacity), axis=0) if self._rows > self._capacity else ring[:kept]
         frame = pd.DataFrame(values, columns=list(self._ring_columns))[list(self._columns)]
         if window_us is not None:
             margin = self.margin_s * 1e6
@@ -370,6 +433,14 @@ class MetricsRecorder:
             if column not in FLOAT_COLUMNS:
                 frame[column] = frame[column].round().astype("Int64")
         return frame.reset_index(drop=True)
+
+    def _kept(self, ring: np.ndarray, rows: int) -> np.ndarray:
+        """The rows a ring still holds, oldest first; what it gave up is counted in the stats."""
+        capacity = len(ring)
+        if rows <= capacity:
+            return ring[:rows]
+        self.stats.overwritten_rows += rows - capacity
+        return np.roll(ring, -(rows % capacity), axis=0)
 
     def _as_ranks_see_them(self, frame: pd.DataFrame, gpus: Mapping[str, int]) -> pd.DataFrame:
         """Only the rows of the GPUs in `gpus` (UUID -> CUDA index in the training process), labelled

@@ -9,12 +9,15 @@ errors that appear `event_after_us` into the run.
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import operator
 import threading
 import time
 from typing import Callable, Literal, Mapping, Sequence, TypeVar
 
+from stepscope.sidecar import nvml_native
+from stepscope.sidecar.nvml_native import NativeReads
 from stepscope.sidecar.nvml_api import (
     FI_ECC_DBE_VOL_TOTAL,
     FI_ECC_SBE_VOL_TOTAL,
@@ -183,6 +186,22 @@ class SimulatedBackend:
             return operator.itemgetter(*picks)
         # itemgetter of one index returns a bare value, not a tuple.
         return lambda choices: tuple(choices[i] for i in picks)
+
+    def native_reads(self) -> NativeReads | None:
+        """The fast reads as the C simulation of nvml_native (the same values, from the same
+        configuration), so that the native fast tier samples this node too; None where it is not
+        built, or where a subclass, error_every or another clock than the system's changes the reads
+        in ways the C simulation does not."""
+        lib = nvml_native.library()
+        own = all(getattr(type(self), name) is getattr(SimulatedBackend, name) for name in ("clocks_mhz", "clock_event_reasons", "field_values"))
+        if lib is None or not own or self._error_every or self._clock_ns is not time.time_ns:
+            return None
+        gpus = [nvml_native.SimGpu(
+            sm_mhz=self._clocks[g][0], mem_mhz=self._clocks[g][1], reasons=self._reasons[g], nvlink_kib_per_us=self._rates[g][0],
+            pcie_bytes_per_us=self._rates[g][1], ecc_sbe=self._rates[g][2], ecc_dbe=self._rates[g][3], nvlinks=self._nvlinks,
+            origin_us=self.origin_us, step_us=self.step_us, event_us=self._event_us, comm_us=self._comm_us) for g in range(self._gpus)]
+        return NativeReads(nvml_native.function_address(lib, "ss_sim_clock_info"), nvml_native.function_address(lib, "ss_sim_reasons"),
+                           nvml_native.function_address(lib, "ss_sim_field_values"), [ctypes.addressof(g) for g in gpus], keep_alive=gpus)
 
     def xid_events(self) -> list[tuple[int, int]]:
         if self._now_us() < self._event_us:

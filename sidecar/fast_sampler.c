@@ -1,0 +1,217 @@
+/* The NVML sampler's native fast tier (stepscope.sidecar.nvml_native loads it with ctypes).
+
+   Why native: at 1 ms on a node of 8 GPUs the Python round costs 3-7 us per GPU on cold caches,
+   on top of the wake-up, which puts the sampler at 6-9 % of a core on a VM; this loop costs the
+   wake-up and well under a microsecond per GPU. It knows nothing of Python: it calls the NVML
+   functions it is given (the real libnvidia-ml's, or the simulation's below) for every GPU at
+   every deadline, and writes one row of doubles per GPU into a ring that Python allocated and
+   reads once the thread has stopped. Python keeps the slower tiers (power, temperature, memory,
+   utilization buffers, XID events). Nothing here allocates, and one thread owns the ring until
+   ss_stop() returns.
+
+   Build: cc -O2 -shared -fPIC -o sidecar/_fast_sampler.so sidecar/fast_sampler.c -lpthread
+   (the Makefile and the Dockerfile do it; without the library the sampler runs in Python). */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <time.h>
+
+enum { NVML_SUCCESS = 0, NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_FUNCTION_NOT_FOUND = 13 };
+enum { NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2 };
+enum { READ_CLOCKS = 0, READ_REASONS = 1, READ_FIELDS = 2, READS = 3 };
+enum { MAX_LATE_WAKE_NS = 150000 };
+
+/* nvmlFieldValue_t (nvml.h). */
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    unsigned int valueType, nvmlReturn;
+    union { double d; unsigned int ui; unsigned long ul; unsigned long long ull; long long sll; int si; unsigned short us; } value;
+} field_value_t;
+
+typedef int (*clock_info_fn)(void *device, unsigned int type, unsigned int *mhz);
+typedef int (*reasons_fn)(void *device, unsigned long long *reasons);
+typedef int (*field_values_fn)(void *device, int count, field_value_t *values);
+
+typedef struct {
+    void *device;            /* nvmlDevice_t */
+    double label;            /* the row's gpu column */
+    field_value_t *fields;   /* n_fields entries, ids and scopes set by Python, filled here */
+    int unsupported;         /* bit per READ_*: the device refused it for good, it is not asked again */
+} gpu_t;
+
+typedef struct {
+    clock_info_fn clock_info;
+    reasons_fn reasons;
+    field_values_fn field_values;
+    gpu_t *gpus;
+    int n_gpus, n_fields;
+    int64_t interval_ns;
+    int64_t epoch_offset_ns; /* Unix ns - CLOCK_MONOTONIC ns, measured by Python */
+    int64_t spin_below_ns;   /* shorter intervals spin the last stretch before each deadline */
+    double *ring;
+    int64_t row_doubles, capacity;
+    int col_clocks;          /* SM clock, memory clock, clock-event reasons in three columns from here */
+    int col_fields;          /* the field values in n_fields columns from here */
+    volatile int stop;
+    int64_t rows, rounds, dropped;
+    double cpu_s, wall_s;
+    int64_t errors[READS];
+    pthread_t thread;
+} sampler_t;
+
+static int64_t now_ns(clockid_t clock) {
+    struct timespec t;
+    clock_gettime(clock, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void sleep_until(int64_t deadline_ns) {
+    struct timespec t = {deadline_ns / 1000000000, deadline_ns % 1000000000};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &t, NULL) != 0) {
+    }
+}
+
+static double field_as_double(const field_value_t *v) {
+    switch (v->valueType) { /* nvmlValueType_t */
+    case 0: return v->value.d;
+    case 1: return v->value.ui;
+    case 2: return (double)v->value.ul;
+    case 3: return (double)v->value.ull;
+    case 4: return (double)v->value.sll;
+    case 5: return v->value.si;
+    case 6: return v->value.us;
+    default: return v->value.ui;
+    }
+}
+
+/* 1 when the read failed: counted, or never asked again when the device does not support it. */
+static int failed(sampler_t *s, gpu_t *g, int result, int read) {
+    if (result == NVML_SUCCESS)
+        return 0;
+    if (result == NVML_ERROR_NOT_SUPPORTED || result == NVML_ERROR_FUNCTION_NOT_FOUND)
+        g->unsupported |= 1 << read;
+    else
+        s->errors[read]++;
+    return 1;
+}
+
+static void sample_round(sampler_t *s) {
+    for (int i = 0; i < s->n_gpus; i++) {
+        gpu_t *g = &s->gpus[i];
+        double *row = s->ring + (s->rows % s->capacity) * s->row_doubles;
+        for (int64_t c = 0; c < s->row_doubles; c++)
+            row[c] = NAN;
+        /* Each GPU's own time, right before its counters: throughput comes from counter deltas. */
+        row[0] = (double)((now_ns(CLOCK_MONOTONIC) + s->epoch_offset_ns) / 1000);
+        row[1] = g->label;
+        unsigned int sm = 0, mem = 0;
+        unsigned long long reasons = 0;
+        if (!(g->unsupported & 1 << READ_CLOCKS) && !failed(s, g, s->clock_info(g->device, NVML_CLOCK_SM, &sm), READ_CLOCKS) &&
+            !failed(s, g, s->clock_info(g->device, NVML_CLOCK_MEM, &mem), READ_CLOCKS)) {
+            row[s->col_clocks] = sm;
+            row[s->col_clocks + 1] = mem;
+        }
+        if (!(g->unsupported & 1 << READ_REASONS) && !failed(s, g, s->reasons(g->device, &reasons), READ_REASONS))
+            row[s->col_clocks + 2] = (double)reasons;
+        if (s->n_fields > 0 && !(g->unsupported & 1 << READ_FIELDS) &&
+            !failed(s, g, s->field_values(g->device, s->n_fields, g->fields), READ_FIELDS)) {
+            for (int f = 0; f < s->n_fields; f++)
+                if (g->fields[f].nvmlReturn == NVML_SUCCESS)
+                    row[s->col_fields + f] = field_as_double(&g->fields[f]);
+        }
+        s->rows++;
+    }
+}
+
+/* The schedule of nvml_recorder._run: absolute deadlines; from spin_below_ns on only sleeps, below
+   it sleeps to an estimate of the oversleep before the deadline and spins the rest; an overrun
+   skips the deadlines it can no longer meet and counts them as dropped. */
+static void *run(void *arg) {
+    sampler_t *s = arg;
+    int64_t start = now_ns(CLOCK_MONOTONIC), deadline = start, late_wake_ns = 60000;
+    int64_t cpu0 = now_ns(CLOCK_THREAD_CPUTIME_ID);
+    while (!s->stop) {
+        if (s->interval_ns >= s->spin_below_ns) {
+            sleep_until(deadline);
+        } else {
+            int64_t lead = late_wake_ns < s->interval_ns ? late_wake_ns : s->interval_ns;
+            if (deadline - now_ns(CLOCK_MONOTONIC) > lead) {
+                int64_t asked = deadline - lead;
+                sleep_until(asked);
+                int64_t late = now_ns(CLOCK_MONOTONIC) - asked;
+                late = late < 0 ? 0 : late > MAX_LATE_WAKE_NS ? MAX_LATE_WAKE_NS : late;
+                late_wake_ns += (late - late_wake_ns) / 10;
+            }
+            while (now_ns(CLOCK_MONOTONIC) < deadline) {
+            }
+        }
+        sample_round(s);
+        s->rounds++;
+        deadline += s->interval_ns;
+        int64_t late = now_ns(CLOCK_MONOTONIC) - deadline;
+        if (late >= s->interval_ns) {
+            int64_t skipped = late / s->interval_ns;
+            s->dropped += skipped;
+            deadline += skipped * s->interval_ns;
+        }
+    }
+    s->wall_s = (now_ns(CLOCK_MONOTONIC) - start) / 1e9;
+    s->cpu_s = (now_ns(CLOCK_THREAD_CPUTIME_ID) - cpu0) / 1e9;
+    return NULL;
+}
+
+int ss_sampler_size(void) { return (int)sizeof(sampler_t); }
+int ss_start(sampler_t *s) { s->stop = 0; return pthread_create(&s->thread, NULL, run, s); }
+int ss_stop(sampler_t *s) { s->stop = 1; return pthread_join(s->thread, NULL); }
+
+/* ---- The simulation: nvml_sim.SimulatedBackend's fast reads, as NVML functions over a
+   sim_gpu_t "device", so that the benchmark measures this loop on the same simulated node. ---- */
+
+typedef struct {
+    double sm_mhz, mem_mhz;
+    unsigned long long reasons;
+    double nvlink_kib_per_us, pcie_bytes_per_us, ecc_sbe, ecc_dbe;
+    int nvlinks;
+    int64_t origin_us, step_us, event_us;
+    double comm_us;
+} sim_gpu_t;
+
+int ss_sim_clock_info(void *device, unsigned int type, unsigned int *mhz) {
+    const sim_gpu_t *g = device;
+    *mhz = (unsigned int)(type == NVML_CLOCK_SM ? g->sm_mhz : g->mem_mhz);
+    return NVML_SUCCESS;
+}
+
+int ss_sim_reasons(void *device, unsigned long long *reasons) {
+    *reasons = ((const sim_gpu_t *)device)->reasons;
+    return NVML_SUCCESS;
+}
+
+int ss_sim_field_values(void *device, int count, field_value_t *values) {
+    const sim_gpu_t *g = device;
+    int64_t now = now_ns(CLOCK_REALTIME) / 1000, since = now > g->origin_us ? now - g->origin_us : 0;
+    /* Time spent communicating since the origin: the last comm_us of every step. */
+    double compute_us = g->step_us - g->comm_us, within = (double)(since % g->step_us);
+    double comm = (double)(since / g->step_us) * g->comm_us + (within > compute_us ? within - compute_us : 0.0);
+    int due = now >= g->event_us;
+    for (int i = 0; i < count; i++) {
+        field_value_t *v = &values[i];
+        v->nvmlReturn = NVML_SUCCESS;
+        v->valueType = 3; /* unsigned long long */
+        switch (v->fieldId) {
+        case 197: case 198: v->value.ull = (unsigned long long)(comm * g->pcie_bytes_per_us); break; /* PCIe tx, rx */
+        case 3: v->value.ull = due ? (unsigned long long)g->ecc_sbe : 0; break;
+        case 4: v->value.ull = due ? (unsigned long long)g->ecc_dbe : 0; break;
+        case 138: case 139: /* NVLink tx, rx of link scopeId */
+            if ((int)v->scopeId < g->nvlinks) {
+                v->value.ull = (unsigned long long)(comm * g->nvlink_kib_per_us);
+                break;
+            }
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            break;
+        default: v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        }
+    }
+    return NVML_SUCCESS;
+}

@@ -1,0 +1,79 @@
+"""The native fast tier (sidecar/fast_sampler.c) against the Python one, on the same simulated node."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from stepscope.analysis.hardware import read_metrics
+from stepscope.sidecar import nvml_native
+from stepscope.sidecar.nvml import MetricsRecorder, SimulatedBackend
+
+pytestmark = pytest.mark.skipif(nvml_native.library() is None,
+                                reason=f"{nvml_native.LIBRARY.name} is not built (make builds it with the machine's C compiler)")
+
+
+def node() -> SimulatedBackend:
+    # Throttling, a slow link and ECC errors that appear 80 ms in: every value the fast tier reads.
+    return SimulatedBackend(3, throttle={1: "thermal"}, slow_link={2: "nvlink"}, ecc={0: (5, 2)}, event_after_us=80_000,
+                            step_us=20_000)
+
+
+def record(tmp_path: Path, native: bool, seconds: float = 0.3, **options: float) -> tuple[MetricsRecorder, pd.DataFrame]:
+    recorder = MetricsRecorder(node(), 1000, margin_s=0, native=native, **options)
+    recorder.start()
+    time.sleep(seconds)
+    frame = read_metrics(recorder.stop(tmp_path / f"{'native' if native else 'python'}.csv.gz"))
+    return recorder, frame
+
+
+def per_gpu(frame: pd.DataFrame) -> pd.DataFrame:
+    fast = frame.dropna(subset=["sm_clock_mhz"])
+    last = fast.groupby("gpu").last()
+    rate = fast.groupby("gpu").apply(lambda g: (g["nvlink0_tx_kib"].iloc[-1] - g["nvlink0_tx_kib"].iloc[0]) /
+                                     (g["ts_us"].iloc[-1] - g["ts_us"].iloc[0]), include_groups=False)
+    return pd.DataFrame({"sm": fast.groupby("gpu")["sm_clock_mhz"].max(), "reasons": fast.groupby("gpu")["clock_reasons"].max(),
+                         "ecc_sbe": last["ecc_sbe"], "ecc_dbe": last["ecc_dbe"], "nvlink_rate": rate,
+                         "power": frame.dropna(subset=["power_w"]).groupby("gpu")["power_w"].first()})
+
+
+def test_the_native_tier_reads_what_the_python_one_reads(tmp_path: Path) -> None:
+    python, python_frame = record(tmp_path, native=False)
+    native, native_frame = record(tmp_path, native=True)
+    assert not python.stats.native and native.stats.native and "native fast tier" in native.stats.describe()
+    assert list(native_frame.columns) == list(python_frame.columns)
+    expected, got = per_gpu(python_frame), per_gpu(native_frame)
+    assert got[["sm", "reasons", "ecc_sbe", "ecc_dbe", "power"]].equals(expected[["sm", "reasons", "ecc_sbe", "ecc_dbe", "power"]])
+    assert got.loc[1, "sm"] == 1100 and got.loc[0, ["ecc_sbe", "ecc_dbe"]].tolist() == [5, 2]
+    # The link counters grow at the same rate (KiB per µs, averaged over the recording), the slow link a fifth of it.
+    assert got["nvlink_rate"].tolist() == pytest.approx(expected["nvlink_rate"].tolist(), rel=0.25)
+    assert got.loc[2, "nvlink_rate"] == pytest.approx(0.2 * got.loc[0, "nvlink_rate"], rel=0.05)
+    # Every round and GPU is a row with its own time; the slow tier's rows come from the Python thread.
+    fast = native_frame.dropna(subset=["sm_clock_mhz"])
+    assert len(fast) == 3 * native.stats.rounds and native.stats.rounds >= 0.3 * 300
+    assert native_frame["ts_us"].is_monotonic_increasing and fast.groupby("gpu")["ts_us"].diff().dropna().gt(0).all()
+    assert native_frame.dropna(subset=["power_w"])["sm_clock_mhz"].isna().all()
+    assert native.stats.errors == {} and native.stats.cpu_s > 0
+
+
+def test_the_native_ring_gives_up_its_oldest_rows(tmp_path: Path) -> None:
+    recorder, frame = record(tmp_path, native=True, buffer_mib=0.05)
+    fast = frame.dropna(subset=["sm_clock_mhz"])
+    assert recorder.stats.overwritten_rows > 0
+    assert len(fast) < 3 * recorder.stats.rounds and fast["ts_us"].max() >= time.time_ns() / 1000 - 200_000
+
+
+def test_switched_off_or_not_offered_it_samples_in_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STEPSCOPE_NATIVE_SAMPLER", "0")
+    nvml_native.library.cache_clear()
+    try:
+        recorder, frame = record(tmp_path, native=True, seconds=0.1)
+    finally:
+        monkeypatch.undo()
+        nvml_native.library.cache_clear()
+    assert not recorder.stats.native and frame["sm_clock_mhz"].notna().any()
+    # A simulation whose reads a test changed is not one the C simulation reproduces.
+    assert SimulatedBackend(1, error_every=3).native_reads() is None
+    assert SimulatedBackend(1, clock_ns=lambda: 0).native_reads() is None
