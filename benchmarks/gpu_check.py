@@ -1,6 +1,6 @@
 """The real-GPU check of the hardware metrics, in one command on a machine with an NVIDIA GPU:
 
-    python benchmarks/gpu_check.py [--interval-us 100] [--steps 5] [--out DIR]
+    python benchmarks/gpu_check.py [--interval-us 100] [--steps 5] [--out DIR] [--native]
     python benchmarks/gpu_check.py --simulate      # the same path on the CPU and a simulated GPU
 
 A CUDA training loop that knows nothing of stepscope runs with the agent (through the bootstrap),
@@ -10,7 +10,9 @@ hardware-metrics issue asks to record: the sampler's achieved rate at that inter
 NVML returned values for, the counter tracks of the merged Perfetto trace, and the hardware
 findings, and writes them to DIR/gpu-check.json (the captured session stays in DIR/session).
 Without CUDA or NVML it says so and exits 2; --simulate runs the same path with a CPU loop and
-the simulated backend, to check the script where no GPU is lent.
+the simulated backend, to check the script where no GPU is lent. --native samples real NVML
+through the native fast tier (STEPSCOPE_NATIVE_SAMPLER=1; it is off for real NVML until such a
+run has checked it): run it once with and once without, and compare.
 """
 from __future__ import annotations
 
@@ -105,6 +107,8 @@ def _rates(metrics: Any, interval_us: int) -> dict[str, dict[str, float]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.native:
+        os.environ["STEPSCOPE_NATIVE_SAMPLER"] = "1"
     if args.simulate:
         backend, device = SimulatedBackend(1), "cpu"
     else:
@@ -169,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="steps to capture (default %(default)s)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: a new temporary one)")
     parser.add_argument("--simulate", action="store_true", help="CPU loop and simulated GPU: check the script without a GPU")
+    parser.add_argument("--native", action="store_true", help="real NVML through the native fast tier (STEPSCOPE_NATIVE_SAMPLER=1)")
     return run(parser.parse_args(argv))
 
 
