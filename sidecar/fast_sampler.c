@@ -4,10 +4,10 @@
    on top of the wake-up, which puts the sampler at 6-9 % of a core on a VM; this loop costs the
    wake-up and well under a microsecond per GPU. It knows nothing of Python: it calls the NVML
    functions it is given (the real libnvidia-ml's, or the simulation's below) for every GPU at
-   every deadline, and writes one row of doubles per GPU into a ring that Python allocated and
-   reads once the thread has stopped. Python keeps the slower tiers (power, temperature, memory,
-   utilization buffers, XID events). Nothing here allocates, and one thread owns the ring until
-   ss_stop() returns.
+   every deadline, adds power, temperature and memory used every slow_period_ns, and writes one
+   row of doubles per GPU into a ring that Python allocated and reads once the thread has
+   stopped. Python keeps what queues up in the driver (utilization buffers, XID events) and
+   polled utilization. Nothing here allocates, and one thread owns the ring until ss_stop().
 
    Build: cc -O2 -shared -fPIC -o sidecar/_fast_sampler.so sidecar/fast_sampler.c -lpthread
    (the Makefile and the Dockerfile do it; without the library the sampler runs in Python). */
@@ -18,7 +18,8 @@
 
 enum { NVML_SUCCESS = 0, NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_FUNCTION_NOT_FOUND = 13 };
 enum { NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2 };
-enum { READ_CLOCKS = 0, READ_REASONS = 1, READ_FIELDS = 2, READS = 3 };
+enum { READ_CLOCKS, READ_REASONS, READ_FIELDS, READ_POWER, READ_TEMPERATURE, READ_MEMORY, READS };
+enum { NVML_TEMPERATURE_GPU = 0 };
 enum { MAX_LATE_WAKE_NS = 150000 };
 
 /* nvmlFieldValue_t (nvml.h). */
@@ -32,6 +33,10 @@ typedef struct {
 typedef int (*clock_info_fn)(void *device, unsigned int type, unsigned int *mhz);
 typedef int (*reasons_fn)(void *device, unsigned long long *reasons);
 typedef int (*field_values_fn)(void *device, int count, field_value_t *values);
+typedef int (*power_fn)(void *device, unsigned int *milliwatts);
+typedef int (*temperature_fn)(void *device, unsigned int sensor, unsigned int *celsius);
+typedef struct { unsigned long long total, free, used; } memory_t; /* nvmlMemory_t */
+typedef int (*memory_fn)(void *device, memory_t *memory);
 
 typedef struct {
     void *device;            /* nvmlDevice_t */
@@ -44,15 +49,20 @@ typedef struct {
     clock_info_fn clock_info;
     reasons_fn reasons;
     field_values_fn field_values;
+    power_fn power;
+    temperature_fn temperature;
+    memory_fn memory;
     gpu_t *gpus;
     int n_gpus, n_fields;
     int64_t interval_ns;
     int64_t epoch_offset_ns; /* Unix ns - CLOCK_MONOTONIC ns, measured by Python */
     int64_t spin_below_ns;   /* shorter intervals spin the last stretch before each deadline */
+    int64_t slow_period_ns;  /* power, temperature and memory used, in the round of every such period */
     double *ring;
     int64_t row_doubles, capacity;
     int col_clocks;          /* SM clock, memory clock, clock-event reasons in three columns from here */
     int col_fields;          /* the field values in n_fields columns from here */
+    int col_slow;            /* power (W), temperature (C), memory used (MiB) in three columns from here */
     volatile int stop;
     int64_t rows, rounds, dropped;
     double cpu_s, wall_s;
@@ -96,7 +106,20 @@ static int failed(sampler_t *s, gpu_t *g, int result, int read) {
     return 1;
 }
 
-static void sample_round(sampler_t *s) {
+static int readable(const gpu_t *g, int read) { return !(g->unsupported & 1 << read); }
+
+static void slow_reads(sampler_t *s, gpu_t *g, double *row) {
+    unsigned int milliwatts = 0, celsius = 0;
+    memory_t memory = {0, 0, 0};
+    if (readable(g, READ_POWER) && !failed(s, g, s->power(g->device, &milliwatts), READ_POWER))
+        row[s->col_slow] = milliwatts / 1000.0;
+    if (readable(g, READ_TEMPERATURE) && !failed(s, g, s->temperature(g->device, NVML_TEMPERATURE_GPU, &celsius), READ_TEMPERATURE))
+        row[s->col_slow + 1] = celsius;
+    if (readable(g, READ_MEMORY) && !failed(s, g, s->memory(g->device, &memory), READ_MEMORY))
+        row[s->col_slow + 2] = (double)(memory.used >> 20);
+}
+
+static void sample_round(sampler_t *s, int slow) {
     for (int i = 0; i < s->n_gpus; i++) {
         gpu_t *g = &s->gpus[i];
         double *row = s->ring + (s->rows % s->capacity) * s->row_doubles;
@@ -107,19 +130,21 @@ static void sample_round(sampler_t *s) {
         row[1] = g->label;
         unsigned int sm = 0, mem = 0;
         unsigned long long reasons = 0;
-        if (!(g->unsupported & 1 << READ_CLOCKS) && !failed(s, g, s->clock_info(g->device, NVML_CLOCK_SM, &sm), READ_CLOCKS) &&
+        if (readable(g, READ_CLOCKS) && !failed(s, g, s->clock_info(g->device, NVML_CLOCK_SM, &sm), READ_CLOCKS) &&
             !failed(s, g, s->clock_info(g->device, NVML_CLOCK_MEM, &mem), READ_CLOCKS)) {
             row[s->col_clocks] = sm;
             row[s->col_clocks + 1] = mem;
         }
-        if (!(g->unsupported & 1 << READ_REASONS) && !failed(s, g, s->reasons(g->device, &reasons), READ_REASONS))
+        if (readable(g, READ_REASONS) && !failed(s, g, s->reasons(g->device, &reasons), READ_REASONS))
             row[s->col_clocks + 2] = (double)reasons;
-        if (s->n_fields > 0 && !(g->unsupported & 1 << READ_FIELDS) &&
+        if (s->n_fields > 0 && readable(g, READ_FIELDS) &&
             !failed(s, g, s->field_values(g->device, s->n_fields, g->fields), READ_FIELDS)) {
             for (int f = 0; f < s->n_fields; f++)
                 if (g->fields[f].nvmlReturn == NVML_SUCCESS)
                     row[s->col_fields + f] = field_as_double(&g->fields[f]);
         }
+        if (slow)
+            slow_reads(s, g, row);
         s->rows++;
     }
 }
@@ -129,7 +154,7 @@ static void sample_round(sampler_t *s) {
    skips the deadlines it can no longer meet and counts them as dropped. */
 static void *run(void *arg) {
     sampler_t *s = arg;
-    int64_t start = now_ns(CLOCK_MONOTONIC), deadline = start, late_wake_ns = 60000;
+    int64_t start = now_ns(CLOCK_MONOTONIC), deadline = start, next_slow = start, late_wake_ns = 60000;
     int64_t cpu0 = now_ns(CLOCK_THREAD_CPUTIME_ID);
     while (!s->stop) {
         if (s->interval_ns >= s->spin_below_ns) {
@@ -146,7 +171,10 @@ static void *run(void *arg) {
             while (now_ns(CLOCK_MONOTONIC) < deadline) {
             }
         }
-        sample_round(s);
+        int slow = deadline >= next_slow;
+        if (slow)
+            next_slow = (next_slow + s->slow_period_ns > deadline) ? next_slow + s->slow_period_ns : deadline;
+        sample_round(s, slow);
         s->rounds++;
         deadline += s->interval_ns;
         int64_t late = now_ns(CLOCK_MONOTONIC) - deadline;
@@ -175,7 +203,27 @@ typedef struct {
     int nvlinks;
     int64_t origin_us, step_us, event_us;
     double comm_us;
+    double power_w, temperature_c;
+    unsigned long long memory_used_bytes;
 } sim_gpu_t;
+
+int ss_sim_power(void *device, unsigned int *milliwatts) {
+    *milliwatts = (unsigned int)(((const sim_gpu_t *)device)->power_w * 1000.0 + 0.5);
+    return NVML_SUCCESS;
+}
+
+int ss_sim_temperature(void *device, unsigned int sensor, unsigned int *celsius) {
+    (void)sensor;
+    *celsius = (unsigned int)((const sim_gpu_t *)device)->temperature_c;
+    return NVML_SUCCESS;
+}
+
+int ss_sim_memory_info(void *device, memory_t *memory) {
+    memory->used = ((const sim_gpu_t *)device)->memory_used_bytes;
+    memory->total = memory->used * 2;
+    memory->free = memory->total - memory->used;
+    return NVML_SUCCESS;
+}
 
 int ss_sim_clock_info(void *device, unsigned int type, unsigned int *mhz) {
     const sim_gpu_t *g = device;

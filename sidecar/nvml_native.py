@@ -1,8 +1,10 @@
 """The NVML sampler's native fast tier (sidecar/fast_sampler.c), loaded with ctypes.
 
 MetricsRecorder hands the per-round reads (SM and memory clock, clock-event reasons, the batched
-field values) of every GPU to a C thread when the backend offers them as C functions
-(`NvmlBackend.native_reads()`) and the library is built; Python keeps the 10 ms and 100 ms tiers.
+field values) and the 10 ms ones (power, temperature, memory used) of every GPU to a C thread
+when the backend offers them as C functions (`NvmlBackend.native_reads()`) and the library is
+built; Python keeps what queues up in the driver (utilization buffers, XID events) and polled
+utilization.
 The library is built by `make` (or the Dockerfile) from sidecar/fast_sampler.c with the machine's
 C compiler; without it, or with STEPSCOPE_NATIVE_SAMPLER=0, everything runs in Python.
 """
@@ -21,7 +23,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 LIBRARY = Path(__file__).with_name("_fast_sampler.so")
-READS = ("clocks", "clock_reasons", "field_values")  # fast_sampler.c's READ_* order
+READS = ("clocks", "clock_reasons", "field_values", "power", "temperature", "memory_used")  # fast_sampler.c's READ_* order
 SPIN_BELOW_US = 1000
 
 
@@ -39,10 +41,12 @@ class _Gpu(ctypes.Structure):
 
 class _Sampler(ctypes.Structure):
     _fields_ = [("clock_info", ctypes.c_void_p), ("reasons", ctypes.c_void_p), ("field_values", ctypes.c_void_p),
+                ("power", ctypes.c_void_p), ("temperature", ctypes.c_void_p), ("memory", ctypes.c_void_p),
                 ("gpus", ctypes.POINTER(_Gpu)), ("n_gpus", ctypes.c_int), ("n_fields", ctypes.c_int),
                 ("interval_ns", ctypes.c_int64), ("epoch_offset_ns", ctypes.c_int64), ("spin_below_ns", ctypes.c_int64),
+                ("slow_period_ns", ctypes.c_int64),
                 ("ring", ctypes.POINTER(ctypes.c_double)), ("row_doubles", ctypes.c_int64), ("capacity", ctypes.c_int64),
-                ("col_clocks", ctypes.c_int), ("col_fields", ctypes.c_int), ("stop", ctypes.c_int),
+                ("col_clocks", ctypes.c_int), ("col_fields", ctypes.c_int), ("col_slow", ctypes.c_int), ("stop", ctypes.c_int),
                 ("rows", ctypes.c_int64), ("rounds", ctypes.c_int64), ("dropped", ctypes.c_int64),
                 ("cpu_s", ctypes.c_double), ("wall_s", ctypes.c_double), ("errors", ctypes.c_int64 * len(READS)),
                 ("thread", ctypes.c_ulong)]
@@ -53,18 +57,23 @@ class SimGpu(ctypes.Structure):
     _fields_ = [("sm_mhz", ctypes.c_double), ("mem_mhz", ctypes.c_double), ("reasons", ctypes.c_ulonglong),
                 ("nvlink_kib_per_us", ctypes.c_double), ("pcie_bytes_per_us", ctypes.c_double), ("ecc_sbe", ctypes.c_double),
                 ("ecc_dbe", ctypes.c_double), ("nvlinks", ctypes.c_int), ("origin_us", ctypes.c_int64), ("step_us", ctypes.c_int64),
-                ("event_us", ctypes.c_int64), ("comm_us", ctypes.c_double)]
+                ("event_us", ctypes.c_int64), ("comm_us", ctypes.c_double), ("power_w", ctypes.c_double),
+                ("temperature_c", ctypes.c_double), ("memory_used_bytes", ctypes.c_ulonglong)]
 
 
 @dataclass
 class NativeReads:
-    """What a backend offers the C loop: the addresses of three NVML-shaped C functions
-    (nvmlDeviceGetClockInfo, nvmlDeviceGetCurrentClocksEventReasons, nvmlDeviceGetFieldValues),
-    one device handle per GPU (DeviceInfo.index order), and objects the handles point into,
-    which must live as long as the sampling does."""
+    """What a backend offers the C loop: the addresses of six NVML-shaped C functions
+    (nvmlDeviceGetClockInfo, nvmlDeviceGetCurrentClocksEventReasons, nvmlDeviceGetFieldValues,
+    nvmlDeviceGetPowerUsage, nvmlDeviceGetTemperature, nvmlDeviceGetMemoryInfo), one device handle
+    per GPU (DeviceInfo.index order), and objects the handles point into, which must live as long
+    as the sampling does."""
     clock_info: int
     reasons: int
     field_values: int
+    power: int
+    temperature: int
+    memory_info: int
     devices: Sequence[int]
     keep_alive: Any = None
 
@@ -99,7 +108,7 @@ class FastTier:
     number of rows written (the ring keeps the newest `len(ring)`)."""
 
     def __init__(self, lib: ctypes.CDLL, reads: NativeReads, labels: Sequence[int], fields: Sequence[tuple[int, int]],
-                 interval_us: int, epoch_offset_ns: int, ring: np.ndarray, col_clocks: int, col_fields: int) -> None:
+                 interval_us: int, slow_period_us: int, epoch_offset_ns: int, ring: np.ndarray, columns: dict[str, int]) -> None:
         self._lib = lib
         self._reads = reads
         self._ring = ring
@@ -114,11 +123,14 @@ class FastTier:
         self._gpus = gpus
         s = self._state = _Sampler()
         s.clock_info, s.reasons, s.field_values = reads.clock_info, reads.reasons, reads.field_values
+        s.power, s.temperature, s.memory = reads.power, reads.temperature, reads.memory_info
         s.gpus, s.n_gpus, s.n_fields = gpus, len(labels), len(fields)
         s.interval_ns, s.epoch_offset_ns, s.spin_below_ns = interval_us * 1000, epoch_offset_ns, SPIN_BELOW_US * 1000
+        s.slow_period_ns = slow_period_us * 1000
         s.ring = ring.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
         s.row_doubles, s.capacity = ring.shape[1], ring.shape[0]
-        s.col_clocks, s.col_fields = col_clocks, col_fields
+        # The C loop writes runs of columns: clocks and reasons, the fields, power to memory used.
+        s.col_clocks, s.col_fields, s.col_slow = columns["sm_clock_mhz"], columns["pcie_tx_bytes"], columns["power_w"]
 
     def start(self) -> None:
         if self._lib.ss_start(ctypes.byref(self._state)) != 0:

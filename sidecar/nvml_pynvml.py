@@ -200,10 +200,14 @@ class PynvmlBackend:
         gpu_check.py --native); None as well where the library under pynvml is not a C one."""
         if os.environ.get("STEPSCOPE_NATIVE_SAMPLER") != "1" or nvml_native.library() is None:
             return None
-        sm, _, reasons = self._clock_calls[0] if self._clock_calls else (None, None, None)
+        if not self._clock_calls:
+            return None
+        _, _, reasons = self._clock_calls[0]
+        lookup = self._nvml._nvmlGetFunctionPointer
         try:
-            functions = [ctypes.cast(f, ctypes.c_void_p).value for f in (sm._function, reasons._function,
-                                                                       self._nvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues"))]
+            functions = [ctypes.cast(f, ctypes.c_void_p).value for f in (
+                lookup("nvmlDeviceGetClockInfo"), reasons._function, lookup("nvmlDeviceGetFieldValues"),
+                lookup("nvmlDeviceGetPowerUsage"), lookup("nvmlDeviceGetTemperature"), lookup("nvmlDeviceGetMemoryInfo"))]
             devices = [ctypes.cast(handle, ctypes.c_void_p).value for handle in self._handles]
         except (AttributeError, TypeError, ctypes.ArgumentError, self._nvml.NVMLError):
             return None  # e.g. the tests' stand-in library, whose functions are Python's

@@ -170,7 +170,7 @@ class MetricsRecorder:
         if lib is not None and reads is not None:
             self._native_ring = np.zeros((rows - self._capacity, len(self._columns)))
             self._native = nvml_native.FastTier(lib, reads, [d.index for d in self._devices], self._fields, self.interval_us,
-                                                self._epoch_offset_ns, self._native_ring, self._slot["sm_clock_mhz"], self._slot["pcie_tx_bytes"])
+                                                SLOW_PERIOD_US, self._epoch_offset_ns, self._native_ring, self._slot)
             self._native.start()
         self.stats.native = self._native is not None
         self._stopping.clear()
@@ -232,8 +232,9 @@ class MetricsRecorder:
     # -- sampling --------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        # With the native fast tier this thread keeps only the slow tier and the buffers.
-        interval_us = SLOW_PERIOD_US if self._native is not None else self.interval_us
+        # With the native fast tier this thread keeps the buffers (and polled utilization, where a
+        # driver keeps no buffer): it wakes up every BUFFER_PERIOD_US, or SLOW_PERIOD_US for that.
+        interval_us = BUFFER_PERIOD_US if self._native is not None else self.interval_us
         interval_ns = interval_us * 1000
         slow_period_ns = SLOW_PERIOD_US * 1000
         sleep_only = interval_us >= SLEEP_ONLY_FROM_US
@@ -270,6 +271,8 @@ class MetricsRecorder:
                 if deadline >= next_buffers:
                     self._read_buffers()
                     next_buffers = max(next_buffers + buffer_period_ns, deadline)
+            if self._native is not None and self._util_polled:
+                interval_ns = slow_period_ns  # a driver without utilization buffers: poll every SLOW_PERIOD_US
             deadline += interval_ns
             late = clock() - deadline
             if late >= interval_ns:
@@ -309,24 +312,30 @@ class MetricsRecorder:
         self._rows = rows
 
     def _slow_round(self, slow: bool) -> None:
-        """With the native fast tier: the slow tier's values, in rows of their own."""
+        """With the native fast tier: utilization where the driver keeps no buffer, in rows of its own."""
         clock, offset, no_fields = time.perf_counter_ns, self._epoch_offset_ns, self._no_fields
         for gpu, calls in self._calls:
-            slow_values = self._slow_values(gpu, calls)
-            self._pack_into(self._view, (self._rows % self._capacity) * self._row_bytes,
-                            (clock() + offset) // 1000, gpu, NAN, NAN, NAN, *slow_values, *no_fields, NAN)
-            self._rows += 1
+            utilization = self._polled_utilization(gpu, calls)
+            if utilization is not None:
+                self._pack_into(self._view, (self._rows % self._capacity) * self._row_bytes,
+                                (clock() + offset) // 1000, gpu, NAN, NAN, NAN, NAN, NAN, NAN, *utilization, *no_fields, NAN)
+                self._rows += 1
 
     def _slow_values(self, gpu: int, calls: list[Callable[..., object]]) -> tuple[float, ...]:
         """Power, temperature, memory used (MiB), GPU and memory utilization where polled."""
         power = self._read(calls, _POWER, "power", gpu, NAN)
         temperature = self._read(calls, _TEMPERATURE, "temperature", gpu, NAN)
         used_mib = self._read(calls, _MEMORY, "memory_used", gpu, NAN) // (1 << 20)
+        return power, temperature, used_mib, *(self._polled_utilization(gpu, calls) or _NO_PAIR)
+
+    def _polled_utilization(self, gpu: int, calls: list[Callable[..., object]]) -> tuple[float, float] | None:
+        """GPU and memory utilization where the driver keeps no sample buffer (NaN for a kind it
+        buffers); None where it buffers both."""
         polled = (gpu, "gpu") in self._util_polled, (gpu, "memory") in self._util_polled
         if not any(polled):
-            return power, temperature, used_mib, NAN, NAN
+            return None
         utilization = self._read(calls, _UTILIZATION, "utilization", gpu, _NO_PAIR)
-        return power, temperature, used_mib, *(value if is_polled else NAN for value, is_polled in zip(utilization, polled))
+        return tuple(value if is_polled else NAN for value, is_polled in zip(utilization, polled))  # type: ignore[return-value]
 
     def _read_buffers(self) -> None:
         """The driver's utilization samples (where it keeps them) and XID events since the last read."""

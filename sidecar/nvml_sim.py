@@ -193,15 +193,18 @@ class SimulatedBackend:
         built, or where a subclass, error_every or another clock than the system's changes the reads
         in ways the C simulation does not."""
         lib = nvml_native.library()
-        own = all(getattr(type(self), name) is getattr(SimulatedBackend, name) for name in ("clocks_mhz", "clock_event_reasons", "field_values"))
+        reads = ("clocks_mhz", "clock_event_reasons", "field_values", "power_w", "temperature_c", "memory_used_bytes")
+        own = all(getattr(type(self), name) is getattr(SimulatedBackend, name) for name in reads)
         if lib is None or not own or self._error_every or self._clock_ns is not time.time_ns:
             return None
         gpus = [nvml_native.SimGpu(
             sm_mhz=self._clocks[g][0], mem_mhz=self._clocks[g][1], reasons=self._reasons[g], nvlink_kib_per_us=self._rates[g][0],
             pcie_bytes_per_us=self._rates[g][1], ecc_sbe=self._rates[g][2], ecc_dbe=self._rates[g][3], nvlinks=self._nvlinks,
-            origin_us=self.origin_us, step_us=self.step_us, event_us=self._event_us, comm_us=self._comm_us) for g in range(self._gpus)]
-        return NativeReads(nvml_native.function_address(lib, "ss_sim_clock_info"), nvml_native.function_address(lib, "ss_sim_reasons"),
-                           nvml_native.function_address(lib, "ss_sim_field_values"), [ctypes.addressof(g) for g in gpus], keep_alive=gpus)
+            origin_us=self.origin_us, step_us=self.step_us, event_us=self._event_us, comm_us=self._comm_us, power_w=self._power[g],
+            temperature_c=self._temperature[g], memory_used_bytes=MEMORY_USED_BYTES) for g in range(self._gpus)]
+        functions = [nvml_native.function_address(lib, f"ss_sim_{name}")
+                     for name in ("clock_info", "reasons", "field_values", "power", "temperature", "memory_info")]
+        return NativeReads(*functions, devices=[ctypes.addressof(g) for g in gpus], keep_alive=gpus)
 
     def xid_events(self) -> list[tuple[int, int]]:
         if self._now_us() < self._event_us:

@@ -9,7 +9,7 @@ import pytest
 
 from stepscope.analysis.hardware import read_metrics
 from stepscope.sidecar import nvml_native
-from stepscope.sidecar.nvml import MetricsRecorder, SimulatedBackend
+from stepscope.sidecar.nvml import BackendError, MetricsRecorder, SimulatedBackend
 
 pytestmark = pytest.mark.skipif(nvml_native.library() is None,
                                 reason=f"{nvml_native.LIBRARY.name} is not built (make builds it with the machine's C compiler)")
@@ -50,12 +50,35 @@ def test_the_native_tier_reads_what_the_python_one_reads(tmp_path: Path) -> None
     # The link counters grow at the same rate (KiB per µs, averaged over the recording), the slow link a fifth of it.
     assert got["nvlink_rate"].tolist() == pytest.approx(expected["nvlink_rate"].tolist(), rel=0.25)
     assert got.loc[2, "nvlink_rate"] == pytest.approx(0.2 * got.loc[0, "nvlink_rate"], rel=0.05)
-    # Every round and GPU is a row with its own time; the slow tier's rows come from the Python thread.
+    # Every round and GPU is a row with its own time; power, temperature and memory used ride in
+    # the round of every SLOW_PERIOD_US, as in the Python tier.
     fast = native_frame.dropna(subset=["sm_clock_mhz"])
     assert len(fast) == 3 * native.stats.rounds and native.stats.rounds >= 0.3 * 300
     assert native_frame["ts_us"].is_monotonic_increasing and fast.groupby("gpu")["ts_us"].diff().dropna().gt(0).all()
-    assert native_frame.dropna(subset=["power_w"])["sm_clock_mhz"].isna().all()
+    for frame, recorder in ((native_frame, native), (python_frame, python)):
+        slow = frame.dropna(subset=["power_w"])
+        assert slow["sm_clock_mhz"].notna().all() and slow[["temperature_c", "memory_used_mib"]].notna().all().all()
+        assert 3 * recorder.stats.rounds / 12 <= len(slow) <= 3 * recorder.stats.rounds / 8
+    assert got.join(native_frame.groupby("gpu")[["temperature_c", "memory_used_mib"]].first()).loc[2, "temperature_c"] == 64
     assert native.stats.errors == {} and native.stats.cpu_s > 0
+
+
+class NoUtilizationBuffers(SimulatedBackend):
+    """A driver that keeps no utilization sample buffer: the recorder polls utilization instead."""
+
+    def utilization_samples(self, gpu: int, kind: str, since_us: int) -> list[tuple[int, float]]:
+        raise BackendError("no sample buffer", not_supported=True)
+
+
+def test_utilization_is_polled_beside_the_native_tier_where_the_driver_keeps_no_buffer(tmp_path: Path) -> None:
+    recorder = MetricsRecorder(NoUtilizationBuffers(2, low_util={1: 40.0}), 1000, margin_s=0)
+    recorder.start()
+    time.sleep(0.3)
+    frame = read_metrics(recorder.stop(tmp_path / "m.csv.gz"))
+    assert recorder.stats.native
+    polled = frame.dropna(subset=["gpu_util_pct"])
+    assert polled["sm_clock_mhz"].isna().all() and polled.groupby("gpu")["gpu_util_pct"].first().tolist() == [97, 40]
+    assert polled.groupby("gpu")["ts_us"].diff().dropna().median() == pytest.approx(10_000, rel=0.2)  # SLOW_PERIOD_US
 
 
 def test_the_native_ring_gives_up_its_oldest_rows(tmp_path: Path) -> None:
