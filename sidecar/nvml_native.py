@@ -130,6 +130,9 @@ class FastTier:
         s.ring = ring.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
         s.row_doubles, s.capacity = ring.shape[1], ring.shape[0]
         # The C loop writes runs of columns: clocks and reasons, the fields, power to memory used.
+        runs = (("sm_clock_mhz", "mem_clock_mhz", "clock_reasons"), ("power_w", "temperature_c", "memory_used_mib"))
+        if any([columns[c] - columns[run[0]] for c in run] != [0, 1, 2] for run in runs):
+            raise ValueError(f"the ring's columns are not laid out as fast_sampler.c writes them: {columns}")
         s.col_clocks, s.col_fields, s.col_slow = columns["sm_clock_mhz"], columns["pcie_tx_bytes"], columns["power_w"]
 
     def start(self) -> None:

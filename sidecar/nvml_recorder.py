@@ -154,24 +154,17 @@ class MetricsRecorder:
         packer = struct.Struct(f"{len(self._columns)}d")
         self._pack_into, self._row_bytes = packer.pack_into, packer.size
         rows = max(2, self.buffer_bytes // packer.size)
-        # With the native fast tier, Python writes only the slow tiers' rows (a tenth as many at 1 ms).
-        lib, reads = self._native_reads()
-        self._capacity = max(1, rows // 8) if reads is not None else rows
-        # np.zeros takes fresh zero pages from the OS: memory is touched only as rows arrive.
-        self._ring = np.zeros((self._capacity, len(self._columns)))
-        self._view = memoryview(self._ring).cast("B")
-        self._rows = 0
         self._util_seen: dict[tuple[int, UtilizationKind], int] = {}
         self._util_polled: set[tuple[int, UtilizationKind]] = set()
         # Wall clock read once, advanced by the monotonic counter (see the module docstring).
         self._epoch_offset_ns = _epoch_offset_ns()
-        self._native: nvml_native.FastTier | None = None
-        self._native_ring = np.empty((0, len(self._columns)))
-        if lib is not None and reads is not None:
-            self._native_ring = np.zeros((rows - self._capacity, len(self._columns)))
-            self._native = nvml_native.FastTier(lib, reads, [d.index for d in self._devices], self._fields, self.interval_us,
-                                                SLOW_PERIOD_US, self._epoch_offset_ns, self._native_ring, self._slot)
-            self._native.start()
+        # With the native fast tier, Python writes only the slow tiers' rows (a tenth as many at 1 ms).
+        self._native = self._start_native(rows - rows // 8)
+        self._capacity = max(1, rows // 8) if self._native is not None else rows
+        # np.zeros takes fresh zero pages from the OS: memory is touched only as rows arrive.
+        self._ring = np.zeros((self._capacity, len(self._columns)))
+        self._view = memoryview(self._ring).cast("B")
+        self._rows = 0
         self.stats.native = self._native is not None
         self._stopping.clear()
         self._thread = threading.Thread(target=self._run, name="stepscope-nvml", daemon=True)
@@ -198,18 +191,27 @@ class MetricsRecorder:
         log.info("GPU metrics: %s -> %s", self.stats.describe(), out_path)
         return out_path
 
-    def _native_reads(self) -> tuple[Any, nvml_native.NativeReads | None]:
-        """The native library and the backend's reads for it, or (None, None): not built, switched
-        off, or a backend that offers no C functions (see nvml_native)."""
+    def _start_native(self, rows: int) -> nvml_native.FastTier | None:
+        """The native fast tier, sampling into a ring of `rows`, or None (sampling in Python): not
+        built, switched off, a backend that offers no C functions (see nvml_native), or a failure."""
+        self._native_ring = np.empty((0, len(self._columns)))
         offer = getattr(self.backend, "native_reads", None)
         lib = nvml_native.library() if self.native and offer is not None and self._devices else None
         if lib is None:
-            return None, None
+            return None
         try:
-            return lib, offer()
+            reads = offer()
+            if reads is None:
+                return None
+            ring = np.zeros((rows, len(self._columns)))
+            tier = nvml_native.FastTier(lib, reads, [d.index for d in self._devices], self._fields, self.interval_us,
+                                        SLOW_PERIOD_US, self._epoch_offset_ns, ring, self._slot)
+            tier.start()
         except Exception as error:  # noqa: BLE001 - sampling goes on in Python
-            self._log_once("native", "NVML sampler: the backend's native reads failed (%s); sampling in Python", error)
-            return None, None
+            self._log_once("native", "NVML sampler: the native fast tier did not start (%s); sampling in Python", error)
+            return None
+        self._native_ring = ring
+        return tier
 
     def _stop_native(self) -> int:
         """Joins the native thread (after the Python one: both cover the margin) and takes its

@@ -1,6 +1,7 @@
 """The native fast tier (sidecar/fast_sampler.c) against the Python one, on the same simulated node."""
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -88,7 +89,8 @@ def test_the_native_ring_gives_up_its_oldest_rows(tmp_path: Path) -> None:
     assert len(fast) < 3 * recorder.stats.rounds and fast["ts_us"].max() >= time.time_ns() / 1000 - 200_000
 
 
-def test_switched_off_or_not_offered_it_samples_in_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_switched_off_failing_or_not_offered_it_samples_in_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("STEPSCOPE_NATIVE_SAMPLER", "0")
     nvml_native.library.cache_clear()
     try:
@@ -97,6 +99,19 @@ def test_switched_off_or_not_offered_it_samples_in_python(tmp_path: Path, monkey
         monkeypatch.undo()
         nvml_native.library.cache_clear()
     assert not recorder.stats.native and frame["sm_clock_mhz"].notna().any()
+    # A backend whose native reads fail leaves the sampling to Python, and says so once.
+    class Failing(SimulatedBackend):
+        def native_reads(self) -> None:
+            raise RuntimeError("no such symbol")
+
+    recorder = MetricsRecorder(Failing(1), 1000, margin_s=0)
+    with caplog.at_level(logging.WARNING, logger="stepscope.sidecar.nvml_recorder"):
+        recorder.start()
+        time.sleep(0.05)
+        frame = read_metrics(recorder.stop(tmp_path / "failing.csv.gz"))
+    assert not recorder.stats.native and frame["sm_clock_mhz"].notna().any()
+    assert [r.message for r in caplog.records if "native" in r.message] == [
+        "NVML sampler: the native fast tier did not start (no such symbol); sampling in Python"]
     # A simulation whose reads a test changed is not one the C simulation reproduces.
     assert SimulatedBackend(1, error_every=3).native_reads() is None
     assert SimulatedBackend(1, clock_ns=lambda: 0).native_reads() is None
