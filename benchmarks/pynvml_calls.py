@@ -24,12 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pynvml as nv  # noqa: E402
 
 from stepscope.sidecar.nvml_api import round_fields  # noqa: E402
-from stepscope.sidecar.nvml_pynvml import PynvmlBackend  # noqa: E402
+from stepscope.sidecar.nvml_pynvml import UNION_MEMBER, PynvmlBackend  # noqa: E402
 from tests.nvml.fake_libnvml import FakeGpu, FakeNvmlLib  # noqa: E402
 
 ROUND_CALLS = ("nvmlDeviceGetFieldValues", "nvmlDeviceGetClockInfo", "nvmlDeviceGetCurrentClocksEventReasons")
-UNION_MEMBER = {nv.NVML_VALUE_TYPE_DOUBLE: "dVal", nv.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal", nv.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-                nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal", nv.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal"}
 
 
 def succeed(*_: Any) -> int:

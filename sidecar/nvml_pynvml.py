@@ -23,6 +23,8 @@ _HIDDEN = {"", "none", "void", "nodevfiles", "-1"}
 # valueType and nvmlReturn, then the 8-byte value union, read as its nvmlValueType_t says.
 _FIELD_HEAD = "24xII"
 _VALUE_FORMATS = {0: "d", 1: "I4x", 2: "Q", 3: "Q", 4: "q", 5: "i4x", 6: "H6x"}
+# The member of nvmlValue_t each nvmlValueType_t (0..6, NVML's ABI numbers) is read from.
+UNION_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
 def visible_device_ids(env: Mapping[str, str]) -> list[str] | None:
@@ -181,7 +183,7 @@ class PynvmlBackend:
                 return []
             with self._errors:
                 raise
-        return [(int(s.timeStamp), float(_value(nv, value_type, s.sampleValue))) for s in samples]
+        return [(int(s.timeStamp), float(_value(value_type, s.sampleValue))) for s in samples]
 
     def field_values(self, gpu: int, fields: Sequence[tuple[int, int]]) -> Sequence[float]:
         nv = self._nvml
@@ -311,12 +313,5 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _value(nv: Any, value_type: int, value: Any) -> float:
-    attribute = {
-        nv.NVML_VALUE_TYPE_DOUBLE: "dVal",
-        nv.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-        nv.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-        nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-        nv.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-    }.get(value_type, "uiVal")
-    return getattr(value, attribute)
+def _value(value_type: int, value: Any) -> float:
+    return getattr(value, UNION_MEMBER.get(value_type, "uiVal"))

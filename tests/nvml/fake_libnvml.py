@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import pynvml as nv
 
+from stepscope.sidecar.nvml_pynvml import UNION_MEMBER
+
 
 @dataclass
 class FakeGpu:
@@ -34,13 +36,6 @@ class FakeGpu:
     refused_fields: set[int] = field(default_factory=set)
     # nvmlValueType_t the driver reports per field id (unsigned long long where not given).
     value_types: dict[int, int] = field(default_factory=dict)
-
-
-_UNION_MEMBER = {
-    nv.NVML_VALUE_TYPE_DOUBLE: "dVal", nv.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal", nv.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-    nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal", nv.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-    nv.NVML_VALUE_TYPE_SIGNED_INT: "siVal", nv.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
-}
 
 
 def _address(pointer: object) -> int:
@@ -161,7 +156,7 @@ class FakeNvmlLib:
                 kind = gpu.value_types.get(value.fieldId, nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
                 value.nvmlReturn, value.valueType = nv.NVML_SUCCESS, kind
                 number = known[value.fieldId]
-                setattr(value.value, _UNION_MEMBER[kind], float(number) if kind == nv.NVML_VALUE_TYPE_DOUBLE else number)
+                setattr(value.value, UNION_MEMBER[kind], float(number) if kind == nv.NVML_VALUE_TYPE_DOUBLE else number)
             else:
                 value.nvmlReturn = nv.NVML_ERROR_NOT_SUPPORTED
         return nv.NVML_SUCCESS
