@@ -315,13 +315,10 @@ class MetricsRecorder:
 
     def _slow_round(self, slow: bool) -> None:
         """With the native fast tier: utilization where the driver keeps no buffer, in rows of its own."""
-        clock, offset, no_fields = time.perf_counter_ns, self._epoch_offset_ns, self._no_fields
         for gpu, calls in self._calls:
             utilization = self._polled_utilization(gpu, calls)
             if utilization is not None:
-                self._pack_into(self._view, (self._rows % self._capacity) * self._row_bytes,
-                                (clock() + offset) // 1000, gpu, NAN, NAN, NAN, NAN, NAN, NAN, *utilization, *no_fields, NAN)
-                self._rows += 1
+                self._append({"ts_us": self._now_us(), "gpu": gpu, "gpu_util_pct": utilization[0], "mem_util_pct": utilization[1]})
 
     def _slow_values(self, gpu: int, calls: list[Callable[..., object]]) -> tuple[float, ...]:
         """Power, temperature, memory used (MiB), GPU and memory utilization where polled."""
