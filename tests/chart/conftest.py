@@ -1,0 +1,41 @@
+"""The Helm chart, rendered by a real helm (helm/install_helm.py puts one in .venv/bin; `make
+install` runs it). Without helm these tests skip and say so; tests/operator/test_manifests.py
+keeps the renderer-free checks of the templates."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.kube.fixtures import kube  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "stepscope"
+RELEASE_NAMESPACE = "stepscope"
+
+
+def helm_binary() -> str | None:
+    local = Path(sys.executable).parent / "helm"
+    return str(local) if local.exists() else shutil.which("helm")
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    found = helm_binary()
+    if found is None:
+        pytest.skip("no helm binary: run `python helm/install_helm.py .venv/bin/helm` (make install does)")
+    return found
+
+
+def render(helm: str, *sets: str) -> list[dict[str, Any]]:
+    """`helm template` of the chart with `--set` values; raises CalledProcessError with helm's error."""
+    args = [helm, "template", "stepscope", str(CHART), "--namespace", RELEASE_NAMESPACE, "--kube-version", "1.33"]
+    for value in sets:
+        args += ["--set", value]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]

@@ -1,0 +1,44 @@
+"""What ships: `helm package` carries the CRD as a real file, identical to crds/; the rendered
+chart is valid Kubernetes objects; helm lint passes."""
+from __future__ import annotations
+
+import subprocess
+import tarfile
+from pathlib import Path
+
+import kubernetes_validate
+
+from tests.chart.conftest import CHART, REPO, render
+
+CRD = "profilesession.yaml"
+
+
+def test_the_chart_holds_the_crd_as_a_real_file() -> None:
+    """Renderer-free: a symlink in the chart would be lost by tools that copy the chart directory
+    without following links; crds/ links to the chart's file instead."""
+    assert not (CHART / "crds" / CRD).is_symlink()
+    assert (REPO / "crds" / CRD).resolve() == (CHART / "crds" / CRD).resolve()
+
+
+def test_helm_package_carries_the_crd(helm: str, tmp_path: Path) -> None:
+    subprocess.run([helm, "package", str(CHART), "--destination", str(tmp_path)], check=True, capture_output=True)
+    [package] = tmp_path.glob("stepscope-*.tgz")
+    with tarfile.open(package) as tar:
+        member = tar.getmember(f"stepscope/crds/{CRD}")
+        assert member.isfile()
+        assert tar.extractfile(member).read() == (REPO / "crds" / CRD).read_bytes()
+
+
+def test_helm_lint(helm: str) -> None:
+    result = subprocess.run([helm, "lint", str(CHART), "--strict"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_rendered_chart_is_valid_kubernetes_objects(helm: str) -> None:
+    docs = render(helm, "operator.namespaces={team-a,team-b}")
+    assert {d["kind"] for d in docs} >= {"Deployment", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "Secret", "Service"}
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.33", strict=True)
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--namespace=team-a" in command and "--namespace=team-b" in command
