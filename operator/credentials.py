@@ -28,12 +28,16 @@ class CredentialsError(Exception):
     """The Secret is missing or holds no usable keys; the message says what to change."""
 
 
+class SecretNotFound(CredentialsError):
+    """No such Secret (yet: one applied in the same `kubectl apply` may land a moment later)."""
+
+
 def read_secret_data(namespace: str, secret: str) -> dict[str, str]:
     try:
         obj = kube.core().read_namespaced_secret(secret, namespace)
     except ApiException as exc:
         if exc.status == 404:
-            raise CredentialsError(f"Secret {secret} not found in namespace {namespace}") from None
+            raise SecretNotFound(f"Secret {secret} not found in namespace {namespace}") from None
         raise CredentialsError(f"Secret {secret} in namespace {namespace} could not be read: HTTP {exc.status} {exc.reason}") from None
     # Only the keys stepscope reads are decoded: the same Secret may hold binary values (a CA
     # bundle, a keytab) that are none of its business; the others keep just their names.

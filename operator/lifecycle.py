@@ -6,22 +6,38 @@ restart between the PUT and the record's write)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
+from kubernetes.client.rest import ApiException
 
 from stepscope.operator import cancellation, credentials, fanout, jobs, kube, metrics, pod_record
 from stepscope.operator.pod_record import PodRecord
 from stepscope.operator.record import SessionRecord, destination, open_destination
 from stepscope.operator.selection import Target, label_selector, select_targets, target_of
 from stepscope.operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
-from stepscope.operator.status import MAX_FAILED_WORKERS, MAX_MESSAGE, PodProgress, failed_worker, StatusWriter, aggregate, now_iso, parse_iso, pod_counts, set_condition
+from stepscope.operator.status import (MAX_FAILED_WORKERS, MAX_MESSAGE, PodProgress, StatusWriter, aggregate, failed_worker, now_iso, parse_iso,
+                                       pod_counts, set_condition, unregistered, unregistered_reason)
 from stepscope.session import SessionSpec, SpecError
 
 TERMINAL = ("Succeeded", "Failed")
+# What a refused pod list means for the user: the answer is final, retrying cannot help.
+LIST_REFUSALS = {
+    400: "fix spec.selector",
+    403: "the operator's ServiceAccount may not list pods here: add the namespace to the chart's operator.namespaces (docs/security.md)",
+    422: "fix spec.selector",
+}
+
+
+def _api_message(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except (ValueError, AttributeError):
+        return str(exc.reason)
 
 
 @dataclass
@@ -56,6 +72,7 @@ class SessionRunner:
         self.record: SessionRecord | None = None
         self.pods: PodRecord | None = None
         self.dest = ""
+        self.unregistered: list[str] = []  # pods lost for want of a registered training process
 
     @property
     def phase(self) -> str:
@@ -97,10 +114,18 @@ class SessionRunner:
     async def _credentials(self, spec: SessionSpec) -> dict[str, Any] | None:
         if not spec.storage.credentialsSecret:
             return None
-        try:
-            return await asyncio.to_thread(credentials.from_secret, self.ns, spec.storage.credentialsSecret)
-        except credentials.CredentialsError as exc:
-            raise Fail("SecretNotFound" if "not found" in str(exc) else "InvalidSecret", str(exc)) from None
+        # A Secret applied together with the session may be created just after it: wait for it
+        # as long as for the pods (the selection grace), counted from the session's creation.
+        created = parse_iso(self.obj["metadata"].get("creationTimestamp") or now_iso())
+        while True:
+            try:
+                return await asyncio.to_thread(credentials.from_secret, self.ns, spec.storage.credentialsSecret)
+            except credentials.SecretNotFound as exc:
+                if time.time() - created >= self.settings.selection_grace_s:
+                    raise Fail("SecretNotFound", str(exc)) from None
+            except credentials.CredentialsError as exc:
+                raise Fail("InvalidSecret", str(exc)) from None
+            await self._sleep(min(1.0, self.settings.selection_grace_s))
 
     async def _open_record(self, spec: SessionSpec, creds: dict[str, Any] | None) -> None:
         snapshot = {"session": self.uid, "namespace": self.ns, "name": self.name, "destination": self.dest, "spec": spec.to_dict()}
@@ -168,6 +193,7 @@ class SessionRunner:
         s = self.settings
         while True:
             await self._poll(selector, progress)
+            await self._give_up_unregistered(spec, progress)
             agg = aggregate(progress)
             await self._progress(agg.workers, agg.failed_workers)
             if agg.done:
@@ -181,6 +207,9 @@ class SessionRunner:
             # the session's timeout too, not a capture failure of its own.
             if self._timed_out():
                 raise self._capture_timeout(spec, agg.workers)
+            if self.unregistered:
+                more = f" (and {len(self.unregistered) - 1} more pod(s))" if len(self.unregistered) > 1 else ""
+                raise Fail("NoTrainingProcess", f"pod {self.unregistered[0]}{more}: {unregistered_reason(spec.registrationTimeoutSeconds)}")
             raise Fail("CaptureFailed", f"no worker uploaded a capture ({agg.workers['failed']} of {total} failed); first: {agg.failed_workers[0]['reason'] if agg.failed_workers else 'unknown'}")
         message = f"{uploaded} of {total} worker(s) captured and uploaded"
         conditions = set_condition(self.status.get("conditions") or [], "Captured", True, "Captured", message, self.generation)
@@ -213,6 +242,19 @@ class SessionRunner:
             # 404: the sidecar restarted and forgot the session; the rank's capture is gone.
             if p.misses >= s.unreachable_polls or o.status == 404:
                 p.lost = f"sidecar lost the session: {o.error}"[:200]
+
+    async def _give_up_unregistered(self, spec: SessionSpec, progress: dict[str, PodProgress]) -> None:
+        """A pod whose training never registered with its sidecar is lost with the reason (and
+        cancelled there), rather than keeping the session Capturing until spec.timeoutSeconds."""
+        triggered = next((c.get("lastTransitionTime") for c in self.status.get("conditions") or [] if c.get("type") == "Triggered"), None)
+        since = parse_iso(triggered or self.status.get("startTime") or now_iso())
+        pods = unregistered(progress, time.time() - since, spec.registrationTimeoutSeconds)
+        if not pods:
+            return
+        for pod in pods:
+            progress[pod].lost = unregistered_reason(spec.registrationTimeoutSeconds)
+        self.unregistered += pods
+        await asyncio.to_thread(cancellation.cancel, self.ns, self.obj.get("spec") or {}, self.uid, frozenset(pods), self.settings, self.ctx.key)
 
     async def _secret_keys(self, spec: SessionSpec) -> dict[str, str]:
         if not spec.storage.credentialsSecret:
@@ -305,7 +347,21 @@ class SessionRunner:
             await asyncio.to_thread(cancellation.cancel, self.ns, self.obj.get("spec") or {}, self.uid, pods.triggered, self.settings, self.ctx.key)
 
     async def _list_pods(self, selector: str) -> list[Any]:
-        result = await asyncio.to_thread(kube.core().list_namespaced_pod, self.ns, label_selector=selector)
+        """The selected pods. A refusal the user must fix fails the session at once; any other
+        error is retried (by kopf) until spec.timeoutSeconds, then fails it with that error."""
+        try:
+            result = await asyncio.to_thread(kube.core().list_namespaced_pod, self.ns, label_selector=selector)
+        except ApiException as exc:
+            if exc.status in LIST_REFUSALS:
+                raise Fail("PodsUnlistable", f"listing pods in namespace {self.ns} with spec.selector ({selector}) was refused: "
+                                             f"HTTP {exc.status} {_api_message(exc)}; {LIST_REFUSALS[exc.status]}") from None
+            if self._timed_out():
+                raise Fail("PodsUnlistable", f"pods in namespace {self.ns} could not be listed within spec.timeoutSeconds: HTTP {exc.status} {_api_message(exc)}") from None
+            raise
+        except Exception as exc:
+            if self._timed_out():
+                raise Fail("PodsUnlistable", f"pods in namespace {self.ns} could not be listed within spec.timeoutSeconds: {exc}") from None
+            raise
         return list(result.items)
 
     def _capture_timeout(self, spec: SessionSpec, workers: dict[str, int]) -> Fail:

@@ -2,6 +2,7 @@
 sidecar, i.e. declare a container port named `stepscope` (the port tells us where it listens)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,13 +24,43 @@ class Target:
 
 
 _SET_OPERATORS = {"In": "in", "NotIn": "notin"}
+# Kubernetes' label syntax (apimachinery validation.IsQualifiedName / IsValidLabelValue): the API
+# server answers 400 to a list whose selector breaks it, so a session says so instead of retrying.
+_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
+_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _label_key_problem(key: Any) -> str | None:
+    if not isinstance(key, str) or not key:
+        return "is empty"
+    prefix, _, name = key.rpartition("/")
+    if "/" in prefix or (key.count("/") == 1 and (not prefix or len(prefix) > 253 or not _PREFIX.match(prefix))):
+        return "has an invalid prefix (a DNS subdomain, then '/')"
+    if len(name) > 63 or not _NAME.match(name):
+        return "must be at most 63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+    return None
+
+
+def _check_label(key: Any, values: list[Any], field: str) -> None:
+    problem = _label_key_problem(key)
+    if problem:
+        raise SpecError(f"{field}: label key {key!r} {problem}")
+    for value in values:
+        if not isinstance(value, str) or len(value) > 63 or (value and not _NAME.match(value)):
+            raise SpecError(f"{field}: label value {value!r} of {key!r} must be at most 63 characters of letters, digits, "
+                            "'-', '_' or '.', starting and ending with a letter or digit (or empty)")
 
 
 def label_selector(selector: dict[str, Any]) -> str:
-    """A LabelSelector (matchLabels + matchExpressions) as the string the list API takes."""
-    parts = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
-    for expr in selector.get("matchExpressions") or []:
+    """A LabelSelector (matchLabels + matchExpressions) as the string the list API takes; a key
+    or value the API server would refuse is a SpecError naming the field."""
+    labels = sorted((selector.get("matchLabels") or {}).items())
+    for key, value in labels:
+        _check_label(key, [value], "spec.selector.matchLabels")
+    parts = [f"{k}={v}" for k, v in labels]
+    for n, expr in enumerate(selector.get("matchExpressions") or []):
         key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        _check_label(key, values, f"spec.selector.matchExpressions[{n}]")
         if op in _SET_OPERATORS:
             if not values:
                 raise SpecError(f"spec.selector.matchExpressions: operator {op} on {key!r} needs values")

@@ -13,6 +13,7 @@ from typing import Any
 
 from stepscope.operator import kube, metrics
 from stepscope.operator.pod_record import PodRecord
+from stepscope.operator.settings import INJECT_LABEL
 
 STATUS_BUDGET = 32 * 1024  # ARCHITECTURE.md: the whole status, as JSON
 MAX_MESSAGE = 1024  # status.message and each condition's message
@@ -95,6 +96,20 @@ def aggregate(progress: dict[str, PodProgress]) -> Aggregate:
             failed.append(failed_worker(pod, _rank_of(p.answer), str(p.answer.get("message") or "sidecar failed")))
     done = bool(progress) and all(p.done for p in progress.values())
     return Aggregate(workers, failed[:MAX_FAILED_WORKERS], done)
+
+
+def unregistered(progress: dict[str, PodProgress], waited_s: float, timeout_s: float) -> list[str]:
+    """Pods whose sidecar answers but has no training process registered, once the session has
+    waited spec.registrationTimeoutSeconds since the trigger."""
+    if waited_s < timeout_s:
+        return []
+    return sorted(pod for pod, p in progress.items() if not p.done and p.answer and not p.answer.get("ranks"))
+
+
+def unregistered_reason(timeout_s: float) -> str:
+    """What to change when a pod's training never registered (fits a failedWorkers reason)."""
+    return (f"no training process registered with the sidecar within {timeout_s:g}s: is PYTHONPATH set to the "
+            f"bootstrap dir? does the pod carry the label {INJECT_LABEL}=\"true\"?")
 
 
 def set_condition(conditions: list[dict[str, Any]], type_: str, status: bool, reason: str, message: str, generation: int | None) -> list[dict[str, Any]]:

@@ -57,6 +57,8 @@ class SessionSpec:
     analysisEnabled: bool = True
     hangTimeoutSeconds: int = 300
     timeoutSeconds: int = 1800
+    # A sidecar with no training process registered this long after the trigger fails its pod.
+    registrationTimeoutSeconds: int = 120
     ttlSecondsAfterFinished: int | None = None
     selector: dict[str, Any] = field(default_factory=dict)
 
@@ -81,6 +83,7 @@ class SessionSpec:
             analysisEnabled=bool((spec.get("analysis") or {}).get("enabled", True)),
             hangTimeoutSeconds=int(spec.get("hangTimeoutSeconds", 300)),
             timeoutSeconds=int(spec.get("timeoutSeconds", 1800)),
+            registrationTimeoutSeconds=int(spec.get("registrationTimeoutSeconds", 120)),
             ttlSecondsAfterFinished=spec.get("ttlSecondsAfterFinished"),
             selector=dict(spec.get("selector") or {}),
         )
@@ -112,6 +115,8 @@ class SessionSpec:
             raise SpecError("spec.hangTimeoutSeconds must be >= 1")
         if self.timeoutSeconds < 1:
             raise SpecError("spec.timeoutSeconds must be >= 1")
+        if self.registrationTimeoutSeconds < 1:
+            raise SpecError("spec.registrationTimeoutSeconds must be >= 1")
 
     def to_dict(self) -> dict[str, Any]:
         """The spec back in its stored camelCase form, every default filled in."""

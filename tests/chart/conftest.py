@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import kubernetes
 import pytest
 import yaml
 
@@ -39,3 +40,18 @@ def render(helm: str, *sets: str) -> list[dict[str, Any]]:
         args += ["--set", value]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+def apply_rbac(api_client: kubernetes.client.ApiClient, docs: list[dict[str, Any]]) -> None:
+    """Create the rendered (Cluster)Roles and bindings in an API server (as an admin would)."""
+    rbac = kubernetes.client.RbacAuthorizationV1Api(api_client)
+    for doc in docs:
+        ns = doc["metadata"].get("namespace")
+        if doc["kind"] == "ClusterRole":
+            rbac.create_cluster_role(doc)
+        elif doc["kind"] == "ClusterRoleBinding":
+            rbac.create_cluster_role_binding(doc)
+        elif doc["kind"] == "Role":
+            rbac.create_namespaced_role(ns, doc)
+        elif doc["kind"] == "RoleBinding":
+            rbac.create_namespaced_role_binding(ns, doc)

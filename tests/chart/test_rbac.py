@@ -11,7 +11,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from tests.chart.conftest import RELEASE_NAMESPACE, REPO, render
+from tests.chart.conftest import RELEASE_NAMESPACE, REPO, apply_rbac, render
 from tests.kube.helpers import refused
 
 NAMESPACES = ("team-a", "team-b")
@@ -151,16 +151,10 @@ def test_helm_refuses_a_cluster_wide_or_system_install(helm, namespaces, refusal
 def test_the_api_server_enforces_the_rendered_rbac(kube, rendered):
     """The rendered RBAC in the test API server: the operator reads a named Secret in its
     namespaces, and cannot reach the issue's escalation path (a token Secret in kube-system)."""
-    rbac = kubernetes.client.RbacAuthorizationV1Api(kube.api_client)
     core = kubernetes.client.CoreV1Api(kube.api_client)
     for ns in (RELEASE_NAMESPACE, *NAMESPACES):
         kube.create_namespace(ns)
-    for doc in rendered:
-        ns = doc["metadata"].get("namespace")
-        create = {"ClusterRole": lambda d: rbac.create_cluster_role(d), "ClusterRoleBinding": lambda d: rbac.create_cluster_role_binding(d),
-                  "Role": lambda d: rbac.create_namespaced_role(ns, d), "RoleBinding": lambda d: rbac.create_namespaced_role_binding(ns, d)}.get(doc["kind"])
-        if create:
-            create(doc)
+    apply_rbac(kube.api_client, rendered)
     for ns in ("team-a", "kube-system"):
         core.create_namespaced_secret(ns, {"metadata": {"name": "store"}, "stringData": {"accessKeyId": "a"}})
     operator = kubernetes.client.CoreV1Api(kube.service_account_client(RELEASE_NAMESPACE, "stepscope-operator"))

@@ -48,6 +48,9 @@ SCHEMA_CASES = [
      'Unsupported value: "some": supported values: "none", "master", "all"'),
     ("no-uri", {"storage": {"endpoint": "https://oss-cn-hangzhou.aliyuncs.com"}}, "spec.storage.uri", "Required value"),
     ("steps-as-text", {"capture": {"steps": "two"}}, "spec.capture.steps", "must be of type integer"),
+    ("bad-label-value", {"selector": {"matchLabels": {"app": "a b"}}}, "spec.selector.matchLabels.app", "should match"),
+    ("bad-expression-key", {"selector": {"matchExpressions": [{"key": "a b", "operator": "Exists"}]}},
+     "spec.selector.matchExpressions[0].key", "should match"),
     ("bad-operator", {"selector": {"matchExpressions": [{"key": "a", "operator": "Maybe"}]}},
      "spec.selector.matchExpressions[0].operator", 'Unsupported value: "Maybe"'),
 ]

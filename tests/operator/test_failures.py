@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import kubernetes
 import pytest
@@ -156,3 +157,41 @@ def test_secret_with_other_binary_data_still_gives_its_credentials(cluster: Kube
         "accessKeyId": "QUtJRA==", "secretAccessKey": "/w=="}})
     with pytest.raises(credentials.CredentialsError, match="^Secret binary-key in namespace default: key secretAccessKey is not UTF-8 text$"):
         credentials.from_secret(NAMESPACE, "binary-key")
+
+
+def test_invalid_selector_fails_at_once_naming_the_label(operator: OperatorHarness, s3_endpoint: str) -> None:
+    """`a b` passes the schema (matchLabels keys cannot be checked there) but the API server
+    answers 400 to a pod list with it: the session says so instead of retrying for ever."""
+    operator.create_session("bad-label", session_spec({"a b": "x"}, s3_endpoint))
+    status = operator.wait_phase("bad-label", ("Failed",), timeout=15)
+    assert _condition(status, "Ready")["reason"] == "InvalidSpec"
+    assert status["message"].startswith("spec.selector.matchLabels: label key 'a b' must be at most 63 characters")
+
+
+def test_no_registered_training_process_fails_the_pod_after_the_registration_timeout(
+        operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str) -> None:
+    pods.create("idle", {"job": "idle"}, port=port_of(idle))
+    operator.create_session("no-training", session_spec({"job": "idle"}, s3_endpoint, registrationTimeoutSeconds=2))
+    status = operator.wait_phase("no-training", ("Failed",), timeout=20)
+    assert _condition(status, "Ready")["reason"] == "NoTrainingProcess"
+    assert status["message"] == ("pod idle: no training process registered with the sidecar within 2s: is PYTHONPATH set to the "
+                                 'bootstrap dir? does the pod carry the label stepscope.io/inject="true"?')
+    assert status["failedWorkers"] == [{"pod": "idle", "reason": status["message"].removeprefix("pod idle: ")}]
+    # cancelled on the sidecar, which ends the session there rather than at spec.timeoutSeconds
+    assert wait_for(lambda: (idle.manager.get(operator.get("no-training")["metadata"]["uid"]) or {}).get("phase") == "Cancelled", 10, "the sidecar's cancel")
+
+
+def test_a_secret_created_just_after_the_session_is_waited_for(operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str) -> None:
+    """`kubectl apply` of a file with the session before its Secret: the operator retries the
+    read within the selection grace instead of failing at once (issue 9: 1 apply in 5 failed)."""
+    pods.create("idle", {"job": "idle"}, port=port_of(idle))
+    spec = session_spec({"job": "idle"}, s3_endpoint, registrationTimeoutSeconds=1)
+    spec["storage"]["credentialsSecret"] = "late"
+    operator.create_session("late-secret", spec)
+    core = kubernetes.client.CoreV1Api(operator.kube.api_client)
+    secret = core.read_namespaced_secret("s3-credentials", NAMESPACE)
+    time.sleep(0.5)
+    core.create_namespaced_secret(NAMESPACE, {"metadata": {"name": "late"}, "data": secret.data})
+    status = operator.wait_phase("late-secret", ("Failed",), timeout=20)
+    assert _condition(status, "Ready")["reason"] == "NoTrainingProcess"  # it got as far as the sidecar
+    assert _condition(status, "Triggered")["status"] == "True"

@@ -76,3 +76,15 @@ def test_chart_templates_read_only_values_that_exist() -> None:
             for part in path.split("."):
                 assert isinstance(node, dict) and part in node, f"{template.name} reads .Values.{path}, which values.yaml lacks"
                 node = node[part]
+
+
+def test_examples_create_a_secret_before_the_session_that_names_it() -> None:
+    """`kubectl apply -f` creates in file order: a Secret after its session raced the operator (issue 9)."""
+    for path in sorted((REPO / "examples").glob("*.yaml")):
+        seen: set[str] = set()
+        for doc in _documents(path):
+            if doc["kind"] == "Secret":
+                seen.add(doc["metadata"]["name"])
+            named = (doc.get("spec") or {}).get("storage", {}).get("credentialsSecret") if doc["kind"] == "ProfileSession" else None
+            defined_here = any(d["kind"] == "Secret" and d["metadata"]["name"] == named for d in _documents(path))
+            assert not named or not defined_here or named in seen, f"{path.name}: Secret {named} comes after the session"
