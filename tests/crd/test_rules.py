@@ -35,7 +35,7 @@ RULE_CASES = [
 ]
 # The API server shows the type of the node that holds the rule (not the value): "object" unless here.
 RULE_NODE_TYPE = {"metrics-too-fast": "integer"}
-IMMUTABLE = "spec is immutable once the session has triggered; create a new ProfileSession instead"
+IMMUTABLE = "spec is immutable once the session has triggered (only ttlSecondsAfterFinished may change); create a new ProfileSession instead"
 # (case, spec overrides, field, the schema's complaint)
 SCHEMA_CASES = [
     ("too-many-steps", {"capture": {"steps": 51}}, "spec.capture.steps", "should be less than or equal to 50"),
@@ -148,9 +148,13 @@ def test_spec_is_mutable_while_pending_and_frozen_once_triggered(api):
     assert patch({"spec": {"capture": {"steps": 4}}})["spec"]["capture"]["steps"] == 4
     set_phase("Capturing")
     status = _refusal(lambda: patch({"spec": {"capture": {"steps": 5}}}))
-    assert status["message"] == f'ProfileSession.stepscope.io "s" is invalid: <nil>: Forbidden: {IMMUTABLE}'
+    assert status["message"] == f'ProfileSession.stepscope.io "s" is invalid: spec: Forbidden: {IMMUTABLE}'
+    assert status["details"]["causes"][0]["field"] == "spec"
     assert patch({"metadata": {"labels": {"team": "a"}}})["metadata"]["labels"] == {"team": "a"}
+    for change in ({"timeoutSeconds": 3600}, {"registrationTimeoutSeconds": 30}, {"storage": {"region": "eu-west-1"}}):
+        assert _refusal(lambda: patch({"spec": change}))["details"]["causes"][0]["field"] == "spec"
     set_phase("Succeeded")
+    assert patch({"spec": {"ttlSecondsAfterFinished": 86400}})["spec"]["ttlSecondsAfterFinished"] == 86400
     assert api.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s")["spec"]["capture"]["steps"] == 4
 
 

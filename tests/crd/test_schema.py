@@ -100,3 +100,22 @@ def test_the_api_server_accepts_the_crd(kube, crd):
     created = kube.apply_crd()
     assert created["metadata"]["name"] == crd["metadata"]["name"]
     assert structural_errors(_schema(crd), "spec.validation.openAPIV3Schema") == []
+
+
+def _undescribed(node: dict, path: str) -> list[str]:
+    found = [] if node.get("description") else [path]
+    for key, sub in (node.get("properties") or {}).items():
+        if not (path == "" and key == "metadata"):  # the API server allows nothing but its type there
+            found += _undescribed(sub, f"{path}.{key}")
+    if isinstance(node.get("items"), dict) and node["items"].get("properties"):
+        found += _undescribed(node["items"], f"{path}[]")
+    return found
+
+
+def test_every_field_has_a_description_for_kubectl_explain(crd):
+    assert _undescribed(_schema(crd), "") == []
+
+
+def test_the_report_location_is_documented_where_users_look(crd):
+    storage = _schema(crd)["properties"]["spec"]["properties"]["storage"]["description"]
+    assert "<uri>/<namespace>/<name>-<first 8 characters of metadata.uid>/" in storage and "report/" in storage
