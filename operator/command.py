@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import kopf
 
 from stepscope.operator import metrics, registry
+from stepscope.signing import KEY_FILE_ENV, KeyLoadError, load_key
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,10 +16,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL (default %(default)s)")
     parser.add_argument("--metrics-address", default="0.0.0.0", help="address of the Prometheus /metrics endpoint")
     parser.add_argument("--metrics-port", type=int, default=9090, help="port of /metrics; 0 disables it (default %(default)s)")
+    parser.add_argument("--key-file", default=None, help=f"the sidecars' HMAC key file, when ${{STEPSCOPE_HMAC_KEY}} is not set (env {KEY_FILE_ENV})")
     parser.add_argument("--webhook", action="store_true", help="also serve the sidecar injection webhook (STEPSCOPE_WEBHOOK_* env tune it)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.key_file:
+        os.environ[KEY_FILE_ENV] = args.key_file  # what the startup handler reads (handlers.configure)
+    try:
+        load_key(os.environ.get(KEY_FILE_ENV))  # fail here in one line, not in a kopf startup handler retried for ever
+    except KeyLoadError as exc:
+        print(f"stepscope operator: {exc}", file=sys.stderr)
+        return 2
     if args.metrics_port:
         metrics.serve(args.metrics_address, args.metrics_port)
     kopf.run(registry=registry.build(with_webhook=args.webhook), standalone=True, clusterwide=not args.namespace, namespaces=args.namespace, liveness_endpoint=args.liveness)

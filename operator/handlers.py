@@ -14,7 +14,7 @@ from stepscope.operator import cancellation, fanout, kube, metrics, pod_record
 from stepscope.operator.lifecycle import TERMINAL, Context, SessionRunner
 from stepscope.operator.settings import FINALIZER, GROUP, PLURAL, VERSION, OperatorSettings
 from stepscope.session import SessionSpec
-from stepscope.signing import load_key
+from stepscope.signing import KEY_FILE_ENV, load_key
 
 
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -25,7 +25,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kopf.stepscope.io")
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = int(os.environ.get("STEPSCOPE_WATCH_TIMEOUT_S", 300))
-    memo.ctx = Context(OperatorSettings(), load_key(os.environ.get("STEPSCOPE_HMAC_KEY_FILE")))
+    memo.ctx = Context(OperatorSettings(), load_key(os.environ.get(KEY_FILE_ENV)))
 
 
 def login(**_: Any) -> kopf.ConnectionInfo:

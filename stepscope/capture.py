@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -32,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", type=Path, default=None, metavar="DIR", help="where the artifacts go (default ./stepscope-<time>)")
     parser.add_argument("--save-raw-trace", choices=("none", "master", "all"), default="all", help="raw traces to keep (summaries always)")
     parser.add_argument("--analyze", action="store_true", help="diagnose the capture and write the report into DIR/report")
-    parser.add_argument("--sidecar", default=os.environ.get("STEPSCOPE_SIDECAR", "http://127.0.0.1:7470"), metavar="URL",
+    parser.add_argument("--sidecar", type=_sidecar_url, default=os.environ.get("STEPSCOPE_SIDECAR", "http://127.0.0.1:7470"), metavar="URL",
                         help="the sidecar's control endpoint (env STEPSCOPE_SIDECAR, default %(default)s)")
     parser.add_argument("--key-file", default=None, help=f"HMAC key file (default $STEPSCOPE_HMAC_KEY, else {DEFAULT_KEY_FILE})")
     parser.add_argument("--timeout", type=int, default=1800, metavar="S", help="give up after S seconds (default %(default)s)")
@@ -41,6 +42,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-interval-us", type=_metrics_interval, default=HardwareMetricsSpec.intervalMicroseconds, metavar="US",
                         help="NVML sampling interval in microseconds, >= 100 (default %(default)s; below 1000 the sampler "
                              "spins between rounds and takes most of a core)")
+
+
+# The spec fields this command sets, by the option that sets them: SessionSpec's errors name the
+# field (one home for the bounds), the user typed the option.
+OPTION_OF_FIELD = {
+    "spec.capture.steps": "--steps", "spec.capture.durationSeconds": "--duration", "spec.capture.waitSteps": "--wait",
+    "spec.capture": "--steps/--duration", "spec.hardwareMetrics.intervalMicroseconds": "--metrics-interval-us",
+    "spec.saveRawTrace": "--save-raw-trace", "spec.timeoutSeconds": "--timeout", "spec.hangTimeoutSeconds": "--hang-timeout",
+}
+
+
+def _in_options(message: str) -> str:
+    """A SpecError message with the spec fields it names replaced by this command's options."""
+    for field in sorted(OPTION_OF_FIELD, key=len, reverse=True):
+        message = re.sub(rf"{re.escape(field)}\b(?![.\w])", OPTION_OF_FIELD[field], message)
+    return message
+
+
+def _sidecar_url(text: str) -> str:
+    if not re.match(r"^https?://", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// URL: use --sidecar http://{text.split('://')[-1]}")
+    return text
 
 
 def _metrics_interval(text: str) -> int:
@@ -176,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         spec = _spec(args, out_dir.as_uri())
         out_dir.mkdir(parents=True, exist_ok=True)
     except SpecError as exc:
-        return _fail(str(exc), EXIT_USAGE)
+        return _fail(_in_options(str(exc)), EXIT_USAGE)
     except OSError as exc:
         return _fail(f"cannot create {out_dir}: {exc.strerror}", EXIT_USAGE)
 

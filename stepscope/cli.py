@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+
+from stepscope import __version__
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("stepscope.demo", "run a 4-rank CPU training, capture 3 steps through a real sidecar, diagnose it"),
@@ -23,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def _build_parser(command: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stepscope", description="On-demand profiling and diagnosis of distributed PyTorch training.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("--version", action="version", version=f"stepscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -35,7 +39,19 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        try:
+            return _main(sys.argv[1:] if argv is None else argv)
+        finally:
+            sys.stdout.flush()  # here, where a closed pipe can still be caught (also after --help)
+    except BrokenPipeError:
+        # The reader went away (`stepscope analyze ... | head`): nothing to report. stdout goes to
+        # /dev/null so that the interpreter's own flush at exit does not fail again (Python docs, signal).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str]) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = _build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)

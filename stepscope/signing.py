@@ -19,6 +19,7 @@ HEADER_TIMESTAMP = "X-Stepscope-Timestamp"
 HEADER_NONCE = "X-Stepscope-Nonce"
 HEADER_SIGNATURE = "X-Stepscope-Signature"
 KEY_ENV = "STEPSCOPE_HMAC_KEY"
+KEY_FILE_ENV = "STEPSCOPE_HMAC_KEY_FILE"  # the operator's key file when KEY_ENV is unset
 DEFAULT_KEY_FILE = "/etc/stepscope/hmac/key"
 # A nonce store this size holds more than a sidecar sees in a 300 s window by orders of magnitude;
 # only correctly signed requests enter it, so filling it needs the key.

@@ -2,11 +2,14 @@
 chart is valid Kubernetes objects; helm lint passes."""
 from __future__ import annotations
 
+import re
+import shlex
 import subprocess
 import tarfile
 from pathlib import Path
 
 import kubernetes_validate
+import yaml
 
 from tests.chart.conftest import CHART, REPO, render
 
@@ -42,3 +45,25 @@ def test_rendered_chart_is_valid_kubernetes_objects(helm: str) -> None:
     [deployment] = [d for d in docs if d["kind"] == "Deployment"]
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--namespace=team-a" in command and "--namespace=team-b" in command
+
+
+def _readme_helm_install() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    command = re.search(r"^helm install stepscope helm/stepscope .*?(?<!\\)$", text, re.S | re.M)
+    assert command, "README has no `helm install` command"
+    return shlex.split(command.group(0).replace("\\\n", " "))
+
+
+def test_the_readme_install_command_renders(helm: str) -> None:
+    args = _readme_helm_install()
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    docs = render(helm, *sets)
+    assert any(d["kind"] == "Role" and d["metadata"]["namespace"] == "training" for d in docs)
+
+
+def test_the_readme_table_has_the_crd_columns() -> None:
+    """kubectl prints printer column names upper-cased, after NAME."""
+    crd = yaml.safe_load((REPO / "crds" / CRD).read_text())
+    columns = ["NAME"] + [c["name"].upper() for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+    header = next(line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("# NAME "))
+    assert re.split(r"\s{2,}", header.removeprefix("# ").strip()) == columns

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import kubernetes
 import pytest
-import yaml
 
 from stepscope.analysis import diagnose
 from stepscope.analysis.model import Diagnosis, Finding, SlowWorker, StepTime
@@ -18,10 +16,10 @@ from stepscope.operator import pod_record
 from stepscope.operator.analysis_job import diagnosed_status
 from stepscope.operator.pod_record import PodRecord
 from stepscope.operator.status import MAX_MESSAGE, STATUS_BUDGET, PodProgress, aggregate, now_iso, pod_counts, set_condition
+from tests.chart.conftest import RELEASE_NAMESPACE, apply_rbac, helm, render  # noqa: F401 (helm is a fixture)
 from tests.kube.fixtures import Kube
 
 PODS = 3000
-CHART_RBAC = Path(__file__).resolve().parents[2] / "helm" / "stepscope" / "templates" / "rbac.yaml"
 UID = "0123456789abcdef-0123-4567-89ab"
 
 
@@ -89,20 +87,10 @@ def test_pod_record_of_3000_pods_through_the_api_server(cluster: Kube) -> None:
     assert len(json.dumps(stored).encode()) < STATUS_BUDGET
 
 
-def chart_operator_rules() -> list[dict[str, Any]]:
-    """The rules of the chart's operator ClusterRole, template lines dropped (all rules kept)."""
-    plain = "\n".join(line for line in CHART_RBAC.read_text().splitlines() if "{{" not in line and "}}" not in line)
-    role = next(d for d in yaml.safe_load_all(plain) if d and d["kind"] == "ClusterRole")
-    return role["rules"]
-
-
-def test_pod_record_works_with_exactly_the_charts_operator_rbac(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
-    rbac = kubernetes.client.RbacAuthorizationV1Api(cluster.api_client)
-    rbac.create_cluster_role({"metadata": {"name": "stepscope-operator"}, "rules": chart_operator_rules()})
-    rbac.create_cluster_role_binding({"metadata": {"name": "stepscope-operator"},
-                                      "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "stepscope-operator"},
-                                      "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": "stepscope"}]})
-    monkeypatch.setenv("KUBECONFIG", str(cluster.service_account_kubeconfig("stepscope", "operator")))
+def test_pod_record_works_with_exactly_the_charts_operator_rbac(cluster: Kube, helm: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    cluster.create_namespace(RELEASE_NAMESPACE)
+    apply_rbac(cluster.api_client, render(helm, "operator.namespaces={default}"))
+    monkeypatch.setenv("KUBECONFIG", str(cluster.service_account_kubeconfig(RELEASE_NAMESPACE, "stepscope-operator")))
     operator_kube.reset()
     try:
         record = PodRecord(frozenset({"train-0"}), frozenset())
@@ -114,7 +102,6 @@ def test_pod_record_works_with_exactly_the_charts_operator_rbac(cluster: Kube, m
         assert denied.value.status == 403, "configmaps: get, create and patch only"
     finally:
         operator_kube.reset()
-
 
 
 def job_names(n: int, seed: int) -> list[str]:
