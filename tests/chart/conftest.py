@@ -33,9 +33,9 @@ def helm() -> str:
     return found
 
 
-def render(helm: str, *sets: str) -> list[dict[str, Any]]:
+def render(helm: str, *sets: str, namespace: str = RELEASE_NAMESPACE) -> list[dict[str, Any]]:
     """`helm template` of the chart with `--set` values; raises CalledProcessError with helm's error."""
-    args = [helm, "template", "stepscope", str(CHART), "--namespace", RELEASE_NAMESPACE, "--kube-version", "1.33"]
+    args = [helm, "template", "stepscope", str(CHART), "--namespace", namespace, "--kube-version", "1.33"]
     for value in sets:
         args += ["--set", value]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
@@ -43,11 +43,13 @@ def render(helm: str, *sets: str) -> list[dict[str, Any]]:
 
 
 def apply_rbac(api_client: kubernetes.client.ApiClient, docs: list[dict[str, Any]]) -> None:
-    """Create the rendered (Cluster)Roles and bindings in an API server (as an admin would)."""
+    """Create the rendered ServiceAccount, (Cluster)Roles and bindings in an API server (as an admin would)."""
     rbac = kubernetes.client.RbacAuthorizationV1Api(api_client)
     for doc in docs:
         ns = doc["metadata"].get("namespace")
-        if doc["kind"] == "ClusterRole":
+        if doc["kind"] == "ServiceAccount":
+            kubernetes.client.CoreV1Api(api_client).create_namespaced_service_account(ns, doc)
+        elif doc["kind"] == "ClusterRole":
             rbac.create_cluster_role(doc)
         elif doc["kind"] == "ClusterRoleBinding":
             rbac.create_cluster_role_binding(doc)

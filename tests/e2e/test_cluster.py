@@ -1,16 +1,24 @@
-"""The operator scenarios of tests/operator on a real cluster: the webhook injects the sidecar into
-a real 2-rank training Job, a session captures and is diagnosed by a real analysis Job; bad
-sessions fail with their reason; deleting a session cancels it."""
+"""The checks a real API server makes and the test API server may not (tests/e2e/README.md lists
+them): the CRD's creation, schema, CEL rules and printer columns; the chart's RBAC being enough for
+the operator and the analysis Job (real authorization, the real RBAC escalation check when the
+operator creates the analysis Role); the real garbage collector; the failures that must say why."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import kubernetes
 import pytest
 
-from tests.e2e.conftest import Cluster
+from stepscope.operator.jobs import account_name
+from stepscope.sidecar.daemon import Sidecar
+from tests.crd.test_rules import RULE_CASES, RULE_NODE_TYPE
+from tests.e2e.conftest import Cluster, running_pod, session_body
+from tests.operator.harness import port_of
 
 GROUP, VERSION, PLURAL = "stepscope.io", "v1alpha1", "profilesessions"
 
@@ -20,89 +28,127 @@ def _wait(predicate: Any, timeout: float, what: str) -> Any:
     while time.monotonic() < deadline:
         if value := predicate():
             return value
-        time.sleep(2)
+        time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-CREATED: list[str] = []
+def _api(cluster: Cluster) -> kubernetes.client.CustomObjectsApi:
+    return kubernetes.client.CustomObjectsApi(cluster.api_client)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def delete_sessions(cluster: Cluster) -> Iterator[None]:
-    yield
-    api = kubernetes.client.CustomObjectsApi(cluster.api_client)
-    for name in CREATED:
+def _create(cluster: Cluster, body: dict[str, Any]) -> dict[str, Any]:
+    return _api(cluster).create_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, body)
+
+
+def _get(cluster: Cluster, name: str) -> dict[str, Any]:
+    return _api(cluster).get_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, name)
+
+
+def _phase(cluster: Cluster, name: str, phases: tuple[str, ...], timeout: float = 60) -> dict[str, Any]:
+    return _wait(lambda: (s := _get(cluster, name).get("status") or {}).get("phase") in phases and s, timeout, f"{name} in {phases}")
+
+
+def _reason(status: dict[str, Any]) -> str:
+    return next(c["reason"] for c in status["conditions"] if c["type"] == "Ready")
+
+
+def _refused(call: Any) -> dict[str, Any]:
+    with pytest.raises(kubernetes.client.ApiException) as e:
+        call()
+    assert e.value.status == 422, e.value.body
+    return json.loads(e.value.body)
+
+
+# -- the CRD on the real API server ----------------------------------------------------------
+
+@pytest.mark.parametrize("case, spec, field, message", RULE_CASES, ids=[c[0] for c in RULE_CASES])
+def test_the_crd_rules_refuse_bad_specs(cluster: Cluster, case: str, spec: dict, field: str, message: str) -> None:
+    body = session_body(cluster, f"rule-{case}", {"app": "x"})
+    for key in ("hangTimeoutSeconds", "timeoutSeconds"):  # the schema's defaults, as tests/crd has them
+        del body["spec"][key]
+    body["spec"].update(spec)
+    status = _refused(lambda: _create(cluster, body))
+    assert {"field": field, "message": f'Invalid value: "{RULE_NODE_TYPE.get(case, "object")}": {message}'} in [
+        {k: c[k] for k in ("field", "message")} for c in status["details"]["causes"]], status
+
+
+def test_defaults_and_printer_columns(cluster: Cluster) -> None:
+    stored = _create(cluster, session_body(cluster, "defaults", {"app": "none"}, capture={}))
+    spec = stored["spec"]
+    assert spec["capture"]["waitSteps"] == 5 and spec["hardwareMetrics"]["intervalMicroseconds"] == 1000
+    assert spec["registrationTimeoutSeconds"] == 120
+    table = _api(cluster).list_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL,
+                                                        _headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})
+    assert [c["name"] for c in table["columnDefinitions"]][:6] == ["Name", "Phase", "Workers", "Slowest Rank", "Summary", "Age"]
+
+
+# -- sessions through the real operator ------------------------------------------------------
+
+def _run_analysis_as_its_service_account(cluster: Cluster, name: str, uid: str) -> subprocess.CompletedProcess[str]:
+    """What the Job's pod would run, with the Job's own identity (no kubelet runs the Job here)."""
+    kubeconfig = cluster.token_kubeconfig(cluster.namespace, account_name(name, uid))
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    return subprocess.run([sys.executable, "-m", "stepscope.cli", "analyze", "--session", f"{cluster.namespace}/{name}"],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_session_captures_is_analysed_and_deleted(cluster: Cluster, operator: None, sidecar_a: Sidecar) -> None:
+    running_pod(cluster, "train-a", {"e2e": "train"}, port_of(sidecar_a))
+    created = _create(cluster, session_body(cluster, "ok", {"e2e": "train"}))
+    uid = created["metadata"]["uid"]
+    status = _phase(cluster, "ok", ("Analyzing", "Failed"), timeout=120)
+    assert status["phase"] == "Analyzing", status
+    assert status["workers"]["uploaded"] == 2
+    # The operator created the analysis identity and Job as its ServiceAccount (RBAC escalation check).
+    rbac, batch = kubernetes.client.RbacAuthorizationV1Api(cluster.api_client), kubernetes.client.BatchV1Api(cluster.api_client)
+    role = rbac.read_namespaced_role(account_name("ok", uid), cluster.namespace)
+    assert role.metadata.owner_references[0].uid == uid
+    job = batch.read_namespaced_job(status["analysisJob"], cluster.namespace)
+    assert job.metadata.owner_references[0].block_owner_deletion is True
+    result = _run_analysis_as_its_service_account(cluster, "ok", uid)
+    assert result.returncode == 0, result.stderr[-2000:]
+    status = _get(cluster, "ok")["status"]
+    assert status["diagnosis"]["summary"] and status["artifacts"]["report"].endswith("report/index.html")
+    assert next(c for c in status["conditions"] if c["type"] == "Analyzed")["status"] == "True"
+    # Spec frozen, the TTL not.
+    patch = lambda spec: _api(cluster).patch_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, "ok", {"spec": spec})  # noqa: E731
+    assert _refused(lambda: patch({"timeoutSeconds": 600}))["details"]["causes"][0]["field"] == "spec"
+    assert patch({"ttlSecondsAfterFinished": 3600})["spec"]["ttlSecondsAfterFinished"] == 3600
+    # Deleting it releases the finalizer; the real garbage collector removes what it owns.
+    _api(cluster).delete_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, "ok")
+
+    def gone(read: Any) -> bool:
         try:
-            api.delete_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, name)
-        except kubernetes.client.ApiException as exc:
-            if exc.status != 404:
-                raise
-
-
-def _session(cluster: Cluster, name: str, selector: dict[str, str], **spec: Any) -> str:
-    CREATED.append(name)
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileSession", "metadata": {"name": name},
-            "spec": {"selector": {"matchLabels": selector}, "capture": {"waitSteps": 5, "steps": 2}, "storage": dict(cluster.storage), **spec}}
-    kubernetes.client.CustomObjectsApi(cluster.api_client).create_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, body)
-    return name
-
-
-def _status(cluster: Cluster, name: str) -> dict[str, Any]:
-    obj = kubernetes.client.CustomObjectsApi(cluster.api_client).get_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, name)
-    return obj.get("status") or {}
-
-
-def _finished(cluster: Cluster, name: str, timeout: float = 600) -> dict[str, Any]:
-    return _wait(lambda: (s := _status(cluster, name)).get("phase") in ("Succeeded", "Failed") and s, timeout, f"{name} to finish")
-
-
-@pytest.fixture(scope="module")
-def training(cluster: Cluster) -> Iterator[dict[str, str]]:
-    """A 2-rank gloo training Job whose pod opts in to injection; yields its pod labels."""
-    name = f"stepscope-e2e-{cluster.run_id}"
-    labels = {"stepscope.io/inject": "true", "stepscope-e2e": cluster.run_id}
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name}, "spec": {"backoffLimit": 0, "template": {
-        "metadata": {"labels": labels},
-        "spec": {"restartPolicy": "Never", "containers": [{"name": "train", "image": cluster.training_image,
-                 "command": ["torchrun", "--nproc-per-node=2", "-m", "stepscope.workload", "--steps", "0", "--step-sleep-ms", "20"]}]}}}}
-    batch, core = kubernetes.client.BatchV1Api(cluster.api_client), kubernetes.client.CoreV1Api(cluster.api_client)
-    batch.create_namespaced_job(cluster.namespace, job)
-    selector = f"stepscope-e2e={cluster.run_id}"
-    _wait(lambda: [p for p in core.list_namespaced_pod(cluster.namespace, label_selector=selector).items if p.status.phase == "Running"], 300, "the training pod to run")
-    yield {"stepscope-e2e": cluster.run_id}
-    batch.delete_namespaced_job(name, cluster.namespace, propagation_policy="Foreground")
-
-
-def test_session_succeeds_with_a_diagnosis(cluster: Cluster, training: dict[str, str]) -> None:
-    name = _session(cluster, f"e2e-ok-{cluster.run_id}", training)
-    status = _finished(cluster, name)
-    assert status["phase"] == "Succeeded", status
-    assert status["workers"]["uploaded"] == 2 and status["diagnosis"]["summary"]
-    assert status["artifacts"]["report"].endswith("report/index.html")
-
-
-def test_bad_selector_fails(cluster: Cluster) -> None:
-    status = _finished(cluster, _session(cluster, f"e2e-nopods-{cluster.run_id}", {"no-such-label": cluster.run_id}), timeout=120)
-    assert status["phase"] == "Failed" and "selects no Running pod" in status["message"]
-
-
-def test_missing_secret_fails(cluster: Cluster, training: dict[str, str]) -> None:
-    name = f"e2e-nosecret-{cluster.run_id}"
-    _session(cluster, name, training, storage={**cluster.storage, "credentialsSecret": f"absent-{cluster.run_id}"})
-    status = _finished(cluster, name, timeout=120)
-    assert status["message"] == f"Secret absent-{cluster.run_id} not found in namespace {cluster.namespace}"
-
-
-def test_deleting_a_session_cancels_it(cluster: Cluster, training: dict[str, str]) -> None:
-    name = _session(cluster, f"e2e-cancel-{cluster.run_id}", training, capture={"waitSteps": 100000, "steps": 2})
-    _wait(lambda: _status(cluster, name).get("phase") == "Capturing", 120, "capturing")
-    api = kubernetes.client.CustomObjectsApi(cluster.api_client)
-    api.delete_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, name)
-
-    def gone() -> bool:
-        try:
-            api.get_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, name)
+            read()
         except kubernetes.client.ApiException as exc:
             return exc.status == 404
         return False
-    _wait(gone, 120, "the finalizer (cancel on every sidecar) to be released")
+    _wait(lambda: gone(lambda: _get(cluster, "ok")), 60, "the session to be deleted")
+    _wait(lambda: gone(lambda: batch.read_namespaced_job(status["analysisJob"], cluster.namespace)), 120, "the garbage collector to delete the Job")
+
+
+def test_no_running_pod_fails(cluster: Cluster, operator: None) -> None:
+    _create(cluster, session_body(cluster, "nopods", {"e2e": "nothing-has-this"}))
+    status = _phase(cluster, "nopods", ("Failed",))
+    assert _reason(status) == "NoPodsSelected" and "selects no Running pod" in status["message"]
+
+
+def test_invalid_selector_fails(cluster: Cluster, operator: None) -> None:
+    _create(cluster, session_body(cluster, "badlabel", {"a b": "x"}))
+    status = _phase(cluster, "badlabel", ("Failed",))
+    assert _reason(status) == "InvalidSpec" and "label key 'a b'" in status["message"]
+
+
+def test_missing_secret_fails_naming_it(cluster: Cluster, operator: None) -> None:
+    body = session_body(cluster, "nosecret", {"e2e": "train"})
+    body["spec"]["storage"]["credentialsSecret"] = "absent"
+    _create(cluster, body)
+    status = _phase(cluster, "nosecret", ("Failed",))
+    assert status["message"] == f"Secret absent not found in namespace {cluster.namespace}"
+
+
+def test_no_registered_training_process_fails(cluster: Cluster, operator: None, idle: Sidecar) -> None:
+    running_pod(cluster, "idle", {"e2e": "idle"}, port_of(idle))
+    _create(cluster, session_body(cluster, "noreg", {"e2e": "idle"}, registrationTimeoutSeconds=2))
+    status = _phase(cluster, "noreg", ("Failed",))
+    assert _reason(status) == "NoTrainingProcess" and "is PYTHONPATH set to the bootstrap dir?" in status["message"]

@@ -49,7 +49,7 @@ def builtin_types() -> list[ResourceType]:
         ResourceType("", "v1", "services", "Service", short_names=["svc"], subresources=("status",)),
         ResourceType("", "v1", "secrets", "Secret"),
         ResourceType("", "v1", "configmaps", "ConfigMap", short_names=["cm"]),
-        ResourceType("", "v1", "serviceaccounts", "ServiceAccount", short_names=["sa"]),
+        ResourceType("", "v1", "serviceaccounts", "ServiceAccount", short_names=["sa"], subresources=("token",)),
         ResourceType("", "v1", "events", "Event", short_names=["ev"]),
         ResourceType("events.k8s.io", "v1", "events", "Event", short_names=["ev"]),
         ResourceType("batch", "v1", "jobs", "Job", subresources=("status",)),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime as dt
 import json
 import logging
 import re
@@ -111,7 +112,7 @@ class Api:
             selected = re.fullmatch(r"metadata\.name==?([^,]+)", request.query.get("fieldSelector", ""))
             name = selected.group(1) if selected and verb in ("list", "watch") else None
         else:
-            verb = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(request.method, request.method.lower())
+            verb = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete", "POST": "create"}.get(request.method, request.method.lower())
         attrs = rbac.Attributes(verb, t.group, t.plural, subresource, namespace, name)
         objects = {kind: self.store.stored(rbac.RBAC, plural) for kind, plural in
                    (("Role", "roles"), ("RoleBinding", "rolebindings"), ("ClusterRole", "clusterroles"),
@@ -149,6 +150,8 @@ class Api:
                 for item in items:
                     self.store.delete(t, namespace, item["metadata"]["name"])
                 return _json({"kind": f"{t.kind}List", "apiVersion": t.api_version, "metadata": {}, "items": items})
+        elif method == "POST" and t.plural == "serviceaccounts" and subresource == "token":
+            return _json(self._token_request(namespace, name, await self._body(request)), 201)
         elif method == "GET":
             obj = self.store.get(t, namespace, name)
             if wants_table(request.headers.get("Accept", "")):
@@ -170,6 +173,16 @@ class Api:
                               "details": {"name": name, "group": t.group, "kind": t.plural, "uid": obj["metadata"]["uid"]}})
             return _json(obj)
         raise errors.ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+
+    def _token_request(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """TokenRequest (what `kubectl create token` calls): a bearer token for the ServiceAccount,
+        authorized with RBAC like every ServiceAccount token here. It never expires."""
+        self.store.get(self.store.type_of("", "v1", "serviceaccounts"), namespace, name)  # 404 when absent
+        token = secrets.token_hex(16)
+        self.users[token] = rbac.User.service_account(namespace, name)
+        expires = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=(body.get("spec") or {}).get("expirationSeconds") or 3600))
+        return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "metadata": {"name": name, "namespace": namespace},
+                "spec": body.get("spec") or {}, "status": {"token": token, "expirationTimestamp": expires.replace(microsecond=0).isoformat().replace("+00:00", "Z")}}
 
     @staticmethod
     async def _body(request: web.Request, optional: bool = False) -> Any:

@@ -57,3 +57,13 @@ def test_cluster_role_binding_grants_every_namespace(kube):
     _forbidden(lambda: core.patch_namespaced_pod_status("p", "team", {"status": {"phase": "Running"}}))
     other = kubernetes.client.CoreV1Api(kube.service_account_client("stepscope", "someone-else"))
     _forbidden(lambda: other.read_namespaced_pod("p", "team"))
+
+
+def test_token_request_gives_a_service_account_token(kube):
+    core = kubernetes.client.CoreV1Api(kube.api_client)
+    core.create_namespaced_service_account("default", {"metadata": {"name": "reader"}})
+    token = core.create_namespaced_service_account_token("reader", "default", {"spec": {"expirationSeconds": 600}}).status.token
+    config = kubernetes.client.Configuration(host=kube.url, api_key={"authorization": f"Bearer {token}"})
+    as_reader = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
+    assert 'User "system:serviceaccount:default:reader" cannot list resource "pods"' in _forbidden(lambda: as_reader.list_namespaced_pod("default"))
+    assert refused(lambda: core.create_namespaced_service_account_token("absent", "default", {"spec": {}}), 404)
