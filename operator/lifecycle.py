@@ -21,7 +21,7 @@ from stepscope.operator.record import SessionRecord, destination, open_destinati
 from stepscope.operator.selection import Target, label_selector, select_targets, target_of
 from stepscope.operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
 from stepscope.operator.status import (MAX_FAILED_WORKERS, MAX_MESSAGE, PodProgress, StatusWriter, aggregate, failed_worker, now_iso, parse_iso,
-                                       pod_counts, set_condition, unregistered, unregistered_reason)
+                                       WAITING, pod_counts, registration_wait, set_condition, unregistered, unregistered_reason)
 from stepscope.session import SessionSpec, SpecError
 
 TERMINAL = ("Succeeded", "Failed")
@@ -195,7 +195,7 @@ class SessionRunner:
             await self._poll(selector, progress)
             await self._give_up_unregistered(spec, progress)
             agg = aggregate(progress)
-            await self._progress(agg.workers, agg.failed_workers)
+            await self._progress(agg.workers, agg.failed_workers, registration_wait(progress, spec.registrationTimeoutSeconds))
             if agg.done:
                 break
             if self._timed_out():  # run() cancels it on the sidecars
@@ -289,10 +289,14 @@ class SessionRunner:
 
     # -- status, events, timeline ----------------------------------------------------------
 
-    async def _progress(self, workers: dict[str, int], failed: list[dict[str, Any]]) -> None:
-        if workers == self.status.get("workers") and failed == self.status.get("failedWorkers"):
+    async def _progress(self, workers: dict[str, int], failed: list[dict[str, Any]], waiting: str | None) -> None:
+        message = self.status.get("message") or ""
+        if waiting is None and message.startswith(WAITING):
+            waiting = "every selected pod's training processes registered; capturing"
+        if workers == self.status.get("workers") and failed == self.status.get("failedWorkers") and waiting in (None, message):
             return
-        await self._write({"workers": workers, "failedWorkers": failed, "workersReady": f"{workers['captured']}/{workers['total']}"})
+        patch = {"workers": workers, "failedWorkers": failed, "workersReady": f"{workers['captured']}/{workers['total']}"}
+        await self._write({**patch, "message": waiting[:MAX_MESSAGE]} if waiting else patch)
 
     async def _write(self, patch: dict[str, Any]) -> None:
         patch = {**patch, "observedGeneration": self.generation}

@@ -106,6 +106,19 @@ def unregistered(progress: dict[str, PodProgress], waited_s: float, timeout_s: f
     return sorted(pod for pod, p in progress.items() if not p.done and p.answer and not p.answer.get("ranks"))
 
 
+WAITING = "waiting for the training processes of"
+
+
+def registration_wait(progress: dict[str, PodProgress], timeout_s: float) -> str | None:
+    """status.message while some sidecars have no training process registered yet (the session's
+    `Capturing 0/N` says nothing about why otherwise), or None when none waits."""
+    waiting = sorted(pod for pod, p in progress.items() if not p.done and p.answer and not p.answer.get("ranks"))
+    if not waiting:
+        return None
+    return (f"{WAITING} {len(waiting)} pod(s) to register with their sidecar (first: {waiting[0]}); "
+            f"a pod without any fails after spec.registrationTimeoutSeconds={timeout_s:g}s")
+
+
 def unregistered_reason(timeout_s: float) -> str:
     """What to change when a pod's training never registered (fits a failedWorkers reason)."""
     return (f"no training process registered with the sidecar within {timeout_s:g}s: is PYTHONPATH set to the "

@@ -171,10 +171,14 @@ def test_invalid_selector_fails_at_once_naming_the_label(operator: OperatorHarne
 def test_no_registered_training_process_fails_the_pod_after_the_registration_timeout(
         operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str) -> None:
     pods.create("idle", {"job": "idle"}, port=port_of(idle))
-    operator.create_session("no-training", session_spec({"job": "idle"}, s3_endpoint, registrationTimeoutSeconds=2))
+    operator.create_session("no-training", session_spec({"job": "idle"}, s3_endpoint, registrationTimeoutSeconds=4))
+    operator.wait_phase("no-training", ("Capturing",))
+    waiting = wait_for(lambda: (s := operator.status("no-training"))["message"].startswith("waiting") and s, 4, "the waiting message")
+    assert waiting["message"] == ("waiting for the training processes of 1 pod(s) to register with their sidecar (first: idle); "
+                                  "a pod without any fails after spec.registrationTimeoutSeconds=4s")
     status = operator.wait_phase("no-training", ("Failed",), timeout=20)
     assert _condition(status, "Ready")["reason"] == "NoTrainingProcess"
-    assert status["message"] == ("pod idle: no training process registered with the sidecar within 2s: is PYTHONPATH set to the "
+    assert status["message"] == ("pod idle: no training process registered with the sidecar within 4s: is PYTHONPATH set to the "
                                  'bootstrap dir? does the pod carry the label stepscope.io/inject="true"?')
     assert status["failedWorkers"] == [{"pod": "idle", "reason": status["message"].removeprefix("pod idle: ")}]
     # cancelled on the sidecar, which ends the session there rather than at spec.timeoutSeconds
