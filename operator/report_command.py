@@ -20,7 +20,7 @@ from stepscope.operator.record import destination, open_destination
 from stepscope.operator.settings import GROUP, PLURAL, VERSION
 from stepscope.session import SessionSpec
 
-COLUMNS = ("NAME", "PHASE", "WORKERS", "SLOWEST", "SUMMARY", "AGE")
+COLUMNS = ("NAME", "PHASE", "WORKERS", "SLOWEST RANK", "SUMMARY", "AGE")  # kubectl get's header for the CRD
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 

@@ -110,7 +110,7 @@ def test_get_table_reads_like_kubectl() -> None:
            "status": {"phase": "Succeeded", "workersReady": "4/4", "diagnosis": {"summary": "rank 1 is slow", "slowWorkers": [{"rank": 1}]}}}
     pending = {"metadata": {"name": "new-one", "creationTimestamp": "2026-01-02T03:04:00Z"}}
     table = format_table([row(obj, now), row(pending, now)]).splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "WORKERS", "SLOWEST", "SUMMARY", "AGE"]
+    assert table[0].split() == ["NAME", "PHASE", "WORKERS", "SLOWEST", "RANK", "SUMMARY", "AGE"]
     assert table[1].split() == ["s", "Succeeded", "4/4", "1", "rank", "1", "is", "slow", "2h"]
     assert table[2].split() == ["new-one", "Pending", "-", "-", "5s"]
     assert age("2025-12-30T03:04:05Z", now) == "3d"

@@ -103,7 +103,7 @@ def test_session_captures_analyses_and_succeeds(operator: OperatorHarness, pods:
     assert json.loads((tmp_path / "report" / "diagnosis.json").read_text()) == json.loads(objects["report/diagnosis.json"])
     assert main(["get"]) == 0
     header, line = capsys.readouterr().out.splitlines()
-    assert header.split() == ["NAME", "PHASE", "WORKERS", "SLOWEST", "SUMMARY", "AGE"]
+    assert header.split() == ["NAME", "PHASE", "WORKERS", "SLOWEST", "RANK", "SUMMARY", "AGE"]
     assert line.split()[:3] == ["happy", "Succeeded", "2/2"]
 
     events = wait_for(lambda: (e := session_events(operator, "happy")) and len(e) >= 4 and e, 10, "the transition events")
