@@ -21,6 +21,11 @@ from stepscope.operator.status import MAX_FAILED_WORKERS, PodProgress, StatusWri
 from stepscope.session import SpecError
 
 
+def test_label_selector_takes_every_valid_label() -> None:
+    selector = {"matchLabels": {"stepscope.io/inject": "true", "app.kubernetes.io/name": "", "A_b.c-9": "Z_9.x-y"}}
+    assert label_selector(selector) == "A_b.c-9=Z_9.x-y,app.kubernetes.io/name=,stepscope.io/inject=true"
+
+
 def test_label_selector_translates_every_operator() -> None:
     selector = {"matchLabels": {"b": "2", "a": "1"}, "matchExpressions": [
         {"key": "tier", "operator": "In", "values": ["x", "y"]}, {"key": "env", "operator": "NotIn", "values": ["dev"]},
@@ -32,6 +37,15 @@ def test_label_selector_translates_every_operator() -> None:
     ({}, "spec.selector is empty"),
     ({"matchExpressions": [{"key": "k", "operator": "Near"}]}, "unknown operator 'Near'"),
     ({"matchExpressions": [{"key": "k", "operator": "In", "values": []}]}, "needs values"),
+    # What the API server answers 400 to (apimachinery's IsQualifiedName / IsValidLabelValue):
+    ({"matchLabels": {"a b": "x"}}, r"spec.selector.matchLabels: label key 'a b' must be at most 63"),
+    ({"matchLabels": {"-a": "x"}}, "label key '-a' must be"),
+    ({"matchLabels": {"x" * 64: "x"}}, "must be at most 63"),
+    ({"matchLabels": {"Example.com/a": "x"}}, "invalid prefix"),
+    ({"matchLabels": {"a/b/c": "x"}}, "invalid prefix"),
+    ({"matchLabels": {"/a": "x"}}, "invalid prefix"),
+    ({"matchLabels": {"app": "x y"}}, "label value 'x y' of 'app'"),
+    ({"matchExpressions": [{"key": "a", "operator": "In", "values": ["ok", "not ok"]}]}, r"matchExpressions\[0\]: label value 'not ok'"),
 ])
 def test_label_selector_refuses_what_would_select_wrongly(selector: dict, message: str) -> None:
     with pytest.raises(SpecError, match=message):
