@@ -335,7 +335,31 @@ def _field_path_valid(schema: Schema, field_path: str) -> bool:
     return True
 
 
-def _rule_errors(schema: Schema, path: str) -> list[str]:
+_FIELD_CHAIN = re.compile(r"\b(?:self|oldSelf)((?:\.[A-Za-z_][A-Za-z0-9_]*)+)(\s*\()?")
+
+
+def _undefined_fields(expr: str, schema: Schema, root: bool) -> list[str]:
+    """Fields a rule selects (`self.a.b`, `has(self.a)`) that its schema does not declare: the API
+    server type-checks rules against the schema when the CRD is created. A map's keys
+    (additionalProperties) and whatever follows a method call are not checked."""
+    undefined = []
+    for chain, call in _FIELD_CHAIN.findall(expr):
+        steps = chain.lstrip(".").split(".")
+        if call:
+            steps = steps[:-1]  # the last one is a method: self.x.matches(...)
+        node, at_root = schema, root
+        for step in steps:
+            if isinstance(node.get("additionalProperties"), dict) or _preserves(node):
+                break
+            props = node.get("properties") or {}
+            if step not in props and not (at_root and step in ROOT_FIELDS):
+                undefined.append(step)
+                break
+            node, at_root = props.get(step, {"x-kubernetes-preserve-unknown-fields": True}), False
+    return undefined
+
+
+def _rule_errors(schema: Schema, path: str, root: bool = False) -> list[str]:
     """What the API server checks on each x-kubernetes-validations entry: the expressions
     compile, the message is one line, the reason is known, the fieldPath exists."""
     problems = []
@@ -349,6 +373,9 @@ def _rule_errors(schema: Schema, path: str) -> list[str]:
                     compile_rule(rule[key])
                 except celpy.CELParseError as e:
                     problems.append(f"{at}.{key}: Invalid value: compilation failed: {e}")
+                    continue
+                for field in _undefined_fields(rule[key], schema, root):
+                    problems.append(f"{at}.{key}: Invalid value: compilation failed: undefined field '{field}'")
         message = rule.get("message")
         if message is not None and not message.strip():
             problems.append(f"{at}.message: Invalid value: \"{message}\": message must be non-empty if specified")
@@ -402,7 +429,7 @@ def structural_errors(schema: Schema, path: str = "openAPIV3Schema", root: bool 
         problems.append(f"{path}.additionalProperties: Forbidden: additionalProperties and properties are mutual exclusive")
     if root and schema.get("type") != "object":
         problems.append(f"{path}.type: Invalid value: must be object at the root")
-    problems += _rule_errors(schema, path) + _list_type_errors(schema, path) + _default_errors(schema, path)
+    problems += _rule_errors(schema, path, root) + _list_type_errors(schema, path) + _default_errors(schema, path)
     for key, sub in (schema.get("properties") or {}).items():
         if root and key == "metadata" and set(sub) - {"type", "description"}:
             problems.append(f"{path}.properties[{key}]: Forbidden: must not specify anything other than name and generateName")

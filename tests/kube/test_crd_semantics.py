@@ -143,6 +143,13 @@ def test_defaults_are_checked_against_their_schema_and_pruning(kube):
     assert 'properties[nested].default: Invalid value: "object": must not have unknown fields' in message
 
 
+def test_rules_on_maps_methods_and_preserved_fields_are_not_flagged():
+    from tests.kube.schema import _undefined_fields
+    spec = WIDGET_SCHEMA["properties"]["spec"]
+    assert _undefined_fields("self.label.startsWith('w-') && self.free.anything.goes && self.nested.inner.size() > 0", spec, False) == []
+    assert _undefined_fields("self.metadata.name == 'x' && self.spec.size > 0", WIDGET_SCHEMA, True) == []
+
+
 def test_a_default_that_passes_its_rules_is_accepted(kube):
     crd = copy.deepcopy(WIDGET_CRD)
     _rule_on("nested", {"rule": "!has(self.inner) || self.inner == 'x'"})(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"])
@@ -154,6 +161,8 @@ def test_a_default_that_passes_its_rules_is_accepted(kube):
     ({"rule": "true", "reason": "Nope"}, 'reason: Unsupported value: "Nope"'),
     ({"rule": "true", "message": "two\nlines"}, "message must not contain line breaks"),
     ({"rule": " "}, "rule: Required value: rule is not specified"),
+    ({"rule": "self.size <= self.limt"}, "rule: Invalid value: compilation failed: undefined field 'limt'"),
+    ({"rule": "has(self.nested.innr)"}, "compilation failed: undefined field 'innr'"),
 ])
 def test_rule_entries_are_checked(kube, rule, refusal):
     assert refusal in _crd_refusal(kube, _rule_on("spec", rule))
