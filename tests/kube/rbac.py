@@ -72,6 +72,22 @@ def allowed(rbac_objects: dict[str, list[dict[str, Any]]], user: User, a: Attrib
     return False
 
 
+def not_held(rbac_objects: dict[str, list[dict[str, Any]]], user: User, rules: list[dict[str, Any]], namespace: str | None) -> list[str]:
+    """The rules (one line per group/resource/verb/name, the API server's wording) that `user` does
+    not hold itself in `namespace`: what the RBAC escalation check refuses to let it grant."""
+    missing = []
+    for rule in rules:
+        for group in rule.get("apiGroups") or []:
+            for resource in rule.get("resources") or []:
+                plural, _, sub = resource.partition("/")
+                for verb in rule.get("verbs") or []:
+                    for name in rule.get("resourceNames") or [None]:
+                        if not allowed(rbac_objects, user, Attributes(verb, group, plural, sub, namespace, name)):
+                            names = f', ResourceNames:["{name}"]' if name else ""
+                            missing.append(f'{{APIGroups:["{group}"], Resources:["{resource}"]{names}, Verbs:["{verb}"]}}')
+    return missing
+
+
 def forbidden(user: User, a: Attributes) -> errors.ApiError:
     qualified = f"{a.resource}.{a.group}" if a.group else a.resource
     target = f'{qualified} "{a.name}"' if a.name else qualified

@@ -114,11 +114,49 @@ class Api:
         else:
             verb = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete", "POST": "create"}.get(request.method, request.method.lower())
         attrs = rbac.Attributes(verb, t.group, t.plural, subresource, namespace, name)
-        objects = {kind: self.store.stored(rbac.RBAC, plural) for kind, plural in
-                   (("Role", "roles"), ("RoleBinding", "rolebindings"), ("ClusterRole", "clusterroles"),
-                    ("ClusterRoleBinding", "clusterrolebindings"))}
-        if not rbac.allowed(objects, user, attrs):
+        if not rbac.allowed(self._rbac_objects(), user, attrs):
             raise rbac.forbidden(user, attrs)
+
+    def _rbac_objects(self) -> dict[str, list[dict[str, Any]]]:
+        return {kind: self.store.stored(rbac.RBAC, plural) for kind, plural in
+                (("Role", "roles"), ("RoleBinding", "rolebindings"), ("ClusterRole", "clusterroles"),
+                 ("ClusterRoleBinding", "clusterrolebindings"))}
+
+    def _admit(self, user: rbac.User, t: resources.ResourceType, namespace: str | None, body: dict[str, Any]) -> None:
+        """What kube-apiserver checks on a create beyond authorization: the RBAC escalation check
+        (a Role or binding may grant only what its creator holds) and the admission plugin
+        OwnerReferencesPermissionEnforcement (blockOwnerDeletion needs `update` on the owner's
+        finalizers)."""
+        if user.is_admin:
+            return
+        objects = self._rbac_objects()
+        for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+            if not ref.get("blockOwnerDeletion"):
+                continue
+            group = ref.get("apiVersion", "").rpartition("/")[0]
+            owner = next((o for o in self.store.types.values() if o.group == group and o.kind == ref.get("kind")), None)
+            attrs = rbac.Attributes("update", group, owner.plural if owner else ref.get("kind", "").lower(), "finalizers", namespace, ref.get("name"))
+            if not rbac.allowed(objects, user, attrs):
+                denied = rbac.forbidden(user, attrs).message.partition(" is forbidden: ")[2]
+                raise errors.ApiError(403, "Forbidden", f'{t.plural} "{(body.get("metadata") or {}).get("name", "")}" is forbidden: cannot set '
+                                      f"blockOwnerDeletion if an ownerReference refers to a resource you can't set finalizers on: {denied}")
+        if t.group != rbac.RBAC or t.plural not in ("roles", "clusterroles", "rolebindings", "clusterrolebindings"):
+            return
+        if t.plural.endswith("bindings"):
+            ref = body.get("roleRef") or {}
+            if rbac.allowed(objects, user, rbac.Attributes("bind", rbac.RBAC, ref.get("kind", "").lower() + "s", "", namespace, ref.get("name"))):
+                return
+            role = next((r for r in objects.get(ref.get("kind", ""), []) if r["metadata"]["name"] == ref.get("name")
+                         and r["metadata"].get("namespace") == (namespace if ref.get("kind") == "Role" else None)), None)
+            rules = (role or {}).get("rules") or []
+        else:
+            if rbac.allowed(objects, user, rbac.Attributes("escalate", rbac.RBAC, t.plural, "", namespace, None)):
+                return
+            rules = body.get("rules") or []
+        missing = rbac.not_held(objects, user, rules, namespace)
+        if missing:
+            raise errors.ApiError(403, "Forbidden", f'{t.plural}.{rbac.RBAC} "{(body.get("metadata") or {}).get("name", "")}" is forbidden: '
+                                  f'user "{user.name}" is attempting to grant RBAC permissions not currently held:\n' + "\n".join(missing))
 
     async def _resource(self, request: web.Request, user: rbac.User, group: str, version: str, rest: list[str]) -> web.StreamResponse:
         namespace = None
@@ -144,7 +182,9 @@ class Api:
                     return await self._watch(request, t, namespace)
                 return self._list(request, t, namespace)
             if method == "POST":
-                return _json(self.store.create(t, namespace, await self._body(request)), 201)
+                body = await self._body(request)
+                self._admit(user, t, namespace, body)
+                return _json(self.store.create(t, namespace, body), 201)
             if method == "DELETE":
                 items, _ = self.store.list(t, namespace, self._matcher(request, t))
                 for item in items:

@@ -67,3 +67,49 @@ def test_token_request_gives_a_service_account_token(kube):
     as_reader = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
     assert 'User "system:serviceaccount:default:reader" cannot list resource "pods"' in _forbidden(lambda: as_reader.list_namespaced_pod("default"))
     assert refused(lambda: core.create_namespaced_service_account_token("absent", "default", {"spec": {}}), 404)
+
+
+def _operator_with(kube, rules: list[dict]) -> kubernetes.client.ApiClient:
+    rbac = kubernetes.client.RbacAuthorizationV1Api(kube.api_client)
+    rbac.create_namespaced_role("default", {"metadata": {"name": "op"}, "rules": rules})
+    rbac.create_namespaced_role_binding("default", {"metadata": {"name": "op"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "op"},
+                                                    "subjects": [{"kind": "ServiceAccount", "name": "op", "namespace": "default"}]})
+    return kube.service_account_client("default", "op")
+
+
+CAN_CREATE_ROLES = {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["create"]}
+
+
+def test_a_role_may_grant_only_what_its_creator_holds(kube):
+    """kube-apiserver's RBAC escalation check (no `escalate` or `bind` verb held)."""
+    client = _operator_with(kube, [CAN_CREATE_ROLES, {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}])
+    rbac = kubernetes.client.RbacAuthorizationV1Api(client)
+    rbac.create_namespaced_role("default", {"metadata": {"name": "narrow"}, "rules": [
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["one"], "verbs": ["get"]}]})
+    message = _forbidden(lambda: rbac.create_namespaced_role("default", {"metadata": {"name": "wide"}, "rules": [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]}))
+    assert message == ('roles.rbac.authorization.k8s.io "wide" is forbidden: user "system:serviceaccount:default:op" is attempting to grant '
+                       'RBAC permissions not currently held:\n{APIGroups:[""], Resources:["secrets"], Verbs:["get"]}')
+    admin = kubernetes.client.RbacAuthorizationV1Api(kube.api_client)
+    admin.create_namespaced_role("default", {"metadata": {"name": "secret-reader"}, "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]})
+    binding = lambda role: {"metadata": {"name": f"to-{role}"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},  # noqa: E731
+                            "subjects": [{"kind": "ServiceAccount", "name": "x", "namespace": "default"}]}
+    rbac.create_namespaced_role_binding("default", binding("narrow"))
+    assert "not currently held" in _forbidden(lambda: rbac.create_namespaced_role_binding("default", binding("secret-reader")))
+
+
+def test_block_owner_deletion_needs_update_on_the_owners_finalizers(kube):
+    """The admission plugin OwnerReferencesPermissionEnforcement, on here."""
+    kube.apply_crd()
+    owner = kubernetes.client.CustomObjectsApi(kube.api_client).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, session("s"))
+    ref = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileSession", "name": "s", "uid": owner["metadata"]["uid"], "blockOwnerDeletion": True}
+    client = _operator_with(kube, [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}])
+    core = kubernetes.client.CoreV1Api(client)
+    message = _forbidden(lambda: core.create_namespaced_config_map("default", {"metadata": {"name": "a", "ownerReferences": [ref]}}))
+    assert "cannot set blockOwnerDeletion if an ownerReference refers to a resource you can't set finalizers on" in message
+    assert 'cannot update resource "profilesessions" in subresource "finalizers"' in message
+    core.create_namespaced_config_map("default", {"metadata": {"name": "b", "ownerReferences": [{**ref, "blockOwnerDeletion": False}]}})
+    kubernetes.client.RbacAuthorizationV1Api(kube.api_client).patch_namespaced_role("op", "default", {"rules": [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        {"apiGroups": [GROUP], "resources": [f"{PLURAL}/finalizers"], "verbs": ["update"]}]})
+    core.create_namespaced_config_map("default", {"metadata": {"name": "c", "ownerReferences": [ref]}})
