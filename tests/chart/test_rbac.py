@@ -3,7 +3,6 @@ rendered by helm: the grants its operator ServiceAccount ends up with open no pa
 (docs/security.md, "What the RBAC test refuses"), and they are exactly docs/security.md's tables."""
 from __future__ import annotations
 
-import re
 import subprocess
 from dataclasses import dataclass
 from typing import Any
