@@ -98,12 +98,14 @@ def aggregate(progress: dict[str, PodProgress]) -> Aggregate:
     return Aggregate(workers, failed[:MAX_FAILED_WORKERS], done)
 
 
-def unregistered(progress: dict[str, PodProgress], waited_s: float, timeout_s: float) -> list[str]:
-    """Pods whose sidecar answers but has no training process registered, once the session has
-    waited spec.registrationTimeoutSeconds since the trigger."""
-    if waited_s < timeout_s:
-        return []
+def _unregistered_now(progress: dict[str, PodProgress]) -> list[str]:
+    """Pods whose sidecar answers but has no training process registered with it."""
     return sorted(pod for pod, p in progress.items() if not p.done and p.answer and not p.answer.get("ranks"))
+
+
+def unregistered(progress: dict[str, PodProgress], waited_s: float, timeout_s: float) -> list[str]:
+    """Those pods, once the session has waited spec.registrationTimeoutSeconds since the trigger."""
+    return _unregistered_now(progress) if waited_s >= timeout_s else []
 
 
 WAITING = "waiting for the training processes of"
@@ -112,7 +114,7 @@ WAITING = "waiting for the training processes of"
 def registration_wait(progress: dict[str, PodProgress], timeout_s: float) -> str | None:
     """status.message while some sidecars have no training process registered yet (the session's
     `Capturing 0/N` says nothing about why otherwise), or None when none waits."""
-    waiting = sorted(pod for pod, p in progress.items() if not p.done and p.answer and not p.answer.get("ranks"))
+    waiting = _unregistered_now(progress)
     if not waiting:
         return None
     return (f"{WAITING} {len(waiting)} pod(s) to register with their sidecar (first: {waiting[0]}); "
