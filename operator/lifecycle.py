@@ -25,6 +25,7 @@ from stepscope.operator.status import (MAX_FAILED_WORKERS, MAX_MESSAGE, PodProgr
 from stepscope.session import SessionSpec, SpecError
 
 TERMINAL = ("Succeeded", "Failed")
+TTL_RECHECK_S = 30.0  # how stale a changed ttlSecondsAfterFinished may be while a finished session waits
 # What a refused pod list means for the user: the answer is final, retrying cannot help.
 LIST_REFUSALS = {
     400: "fix spec.selector",
@@ -383,16 +384,28 @@ class SessionRunner:
             raise Stopped()
 
     async def _expire(self) -> None:
-        """Delete the session ttlSecondsAfterFinished after it finished (its children go with it)."""
-        ttl = (self.obj.get("spec") or {}).get("ttlSecondsAfterFinished")
+        """Delete the session ttlSecondsAfterFinished after it finished (its children go with it).
+        The TTL may change after the trigger (the one mutable spec field): it is read again before
+        the deletion and at least every TTL_RECHECK_S while waiting."""
         done = self.status.get("completionTime")
-        if ttl is None or not done:
-            return
-        wait = parse_iso(done) + float(ttl) - time.time()
-        if wait > 0:
-            await self.stopped.wait(wait)
+        ttl = (self.obj.get("spec") or {}).get("ttlSecondsAfterFinished")
+        while done and ttl is not None:
+            wait = parse_iso(done) + float(ttl) - time.time()
+            await self.stopped.wait(max(0.0, min(wait, TTL_RECHECK_S)))
             if self.stopped:
                 return
+            try:
+                fresh = await asyncio.to_thread(kube.get_session, self.ns, self.name)
+            except Exception as exc:
+                if kube.is_not_found(exc):
+                    return
+                raise
+            latest = (fresh.get("spec") or {}).get("ttlSecondsAfterFinished")
+            if latest == ttl and wait <= TTL_RECHECK_S:
+                break
+            ttl = latest
+        else:
+            return
         self.log.info("%s/%s finished %ss ago: deleting it (ttlSecondsAfterFinished)", self.ns, self.name, ttl)
         try:
             await asyncio.to_thread(kube.custom().delete_namespaced_custom_object, GROUP, VERSION, self.ns, PLURAL, self.name)

@@ -199,3 +199,17 @@ def test_a_secret_created_just_after_the_session_is_waited_for(operator: Operato
     status = operator.wait_phase("late-secret", ("Failed",), timeout=20)
     assert _condition(status, "Ready")["reason"] == "NoTrainingProcess"  # it got as far as the sidecar
     assert _condition(status, "Triggered")["status"] == "True"
+
+
+def test_a_finished_sessions_ttl_can_be_extended(operator: OperatorHarness, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ttlSecondsAfterFinished is the one spec field that may change after the trigger (issue 9):
+    the operator reads it again before deleting."""
+    from stepscope.operator import lifecycle
+    monkeypatch.setattr(lifecycle, "TTL_RECHECK_S", 0.5)
+    operator.create_session("extended", session_spec({"job": "none"}, s3_endpoint, ttlSecondsAfterFinished=3))
+    operator.wait_phase("extended", ("Failed",))
+    operator.custom.patch_namespaced_custom_object("stepscope.io", "v1alpha1", NAMESPACE, "profilesessions", "extended", {"spec": {"ttlSecondsAfterFinished": 3600}})
+    time.sleep(5)
+    assert not operator.gone("extended")
+    operator.custom.patch_namespaced_custom_object("stepscope.io", "v1alpha1", NAMESPACE, "profilesessions", "extended", {"spec": {"ttlSecondsAfterFinished": 0}})
+    wait_for(lambda: operator.gone("extended"), 10, "the shortened TTL to delete the session")
