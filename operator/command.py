@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import kopf
 
@@ -17,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Injection covers the watched namespaces (stepscope.operator.settings reads it from here).
+    os.environ.setdefault("STEPSCOPE_NAMESPACES", ",".join(args.namespace))
     if args.metrics_port:
         metrics.serve(args.metrics_address, args.metrics_port)
     kopf.run(registry=registry.build(with_webhook=args.webhook), standalone=True, clusterwide=not args.namespace, namespaces=args.namespace, liveness_endpoint=args.liveness)

@@ -62,6 +62,10 @@ def rbac() -> kubernetes.client.RbacAuthorizationV1Api:
     return kubernetes.client.RbacAuthorizationV1Api(api_client())
 
 
+def admission() -> kubernetes.client.AdmissionregistrationV1Api:
+    return kubernetes.client.AdmissionregistrationV1Api(api_client())
+
+
 def custom() -> kubernetes.client.CustomObjectsApi:
     return kubernetes.client.CustomObjectsApi(api_client())
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stepscope.operator.settings import SIDECAR_PORT_NAME
+from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION, SIDECAR_PORT_NAME
 from stepscope.session import SpecError
 
 
@@ -53,6 +53,17 @@ def sidecar_port(pod: Any) -> int | None:
             if port.name == SIDECAR_PORT_NAME:
                 return int(port.container_port)
     return None
+
+
+def has_sidecar(pod: Any) -> bool:
+    return sidecar_port(pod) is not None
+
+
+def not_injected(pods: list[Any]) -> list[str]:
+    """Names of pods that asked for the sidecar (the inject label) and were admitted without it."""
+    return sorted(p.metadata.name for p in pods
+                  if (p.metadata.labels or {}).get(INJECT_LABEL) == "true" and not (p.metadata.annotations or {}).get(INJECTED_ANNOTATION)
+                  and not has_sidecar(p))
 
 
 def target_of(pod: Any) -> Target | None:
