@@ -283,3 +283,14 @@ def test_point8_pythonpath_from_valuefrom_is_named_in_a_warning(injecting: Chart
     assert _sidecar(pod) is not None
     (warning,) = warnings
     assert "container pytorch sets PYTHONPATH from valueFrom" in warning and BOOTSTRAP_DIR in warning
+
+
+def test_an_operator_outside_the_cluster_is_reached_by_url(chart: Chart, monkeypatch: pytest.MonkeyPatch) -> None:
+    """STEPSCOPE_WEBHOOK_URL (a local run, the e2e tests): the operator points its webhook there."""
+    monkeypatch.delenv("STEPSCOPE_WEBHOOK_SERVICE")
+    monkeypatch.setenv("STEPSCOPE_WEBHOOK_URL", f"https://127.0.0.1:{chart.port}")
+    with _operator():
+        _ready(chart, "default")
+        (hook,) = chart.stored_hooks()
+        assert hook["clientConfig"]["url"] == f"https://127.0.0.1:{chart.port}/inject-sidecar" and "service" not in hook["clientConfig"]
+        assert _sidecar(chart.create_pod("default", "trainer-0")[0]) is not None

@@ -1,0 +1,63 @@
+"""The chart's webhook configuration and RBAC (rendered by tests/chart.py) against the code that
+relies on them: valid objects, least privilege, and one idea of which namespaces are injected."""
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from stepscope.operator.settings import SYSTEM_NAMESPACES, OperatorSettings
+from stepscope.operator.webhook import HANDLER_ID
+from tests.chart import render
+from tests.kube.admission import _matches
+from tests.operator.test_manifests import K8S_VERSION
+
+TEMPLATES = ("rbac-webhook.yaml", "webhook.yaml", "deployment.yaml")
+
+
+def _by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+@pytest.mark.parametrize("namespaces", [[], ["team-a", "kube-system", "stepscope"]])
+def test_webhook_templates_render_valid_objects(namespaces: list[str]) -> None:
+    for doc in render(*TEMPLATES, operator={"namespaces": namespaces}):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("namespaces", [[], ["team-a", "team-b"]])
+def test_the_namespace_selector_and_the_operator_agree_on_what_is_injected(namespaces: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    (config,) = _by_kind(render("webhook.yaml", operator={"namespaces": namespaces}), "MutatingWebhookConfiguration")
+    (hook,) = config["webhooks"]
+    assert hook["name"] == f"{HANDLER_ID}.{config['metadata']['name']}" and hook["clientConfig"]["service"]["path"] == f"/{HANDLER_ID}"
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    monkeypatch.setenv("STEPSCOPE_NAMESPACES", ",".join(namespaces))
+    monkeypatch.setenv("POD_NAMESPACE", "stepscope")
+    settings = OperatorSettings()
+    for ns in ["default", "team-a", "team-b", "team-c", "stepscope", *SYSTEM_NAMESPACES]:
+        selected = _matches(hook["namespaceSelector"], {"kubernetes.io/metadata.name": ns})
+        assert selected == settings.injects_into(ns), ns
+    assert not settings.injects_into("kube-system") and not settings.injects_into("stepscope")
+
+
+def test_webhook_rbac_is_least_privilege() -> None:
+    """Its own webhook configuration by name; Secrets: create, and patch by name, never read;
+    namespaced grants wherever operator.namespaces names the namespaces."""
+    for namespaces in ([], ["team-a"]):
+        docs = render("rbac-webhook.yaml", operator={"namespaces": namespaces})
+        rules = [r for role in _by_kind(docs, "ClusterRole") for r in role["rules"]]
+        assert all(set(r["verbs"]) <= {"get", "list", "watch", "create", "patch"} and "*" not in str(r) for r in rules)
+        for rule in rules:
+            if "mutatingwebhookconfigurations" in rule["resources"]:
+                assert rule["resourceNames"] == ["stepscope-injector.stepscope.io"] and rule["verbs"] == ["get", "patch"]
+            if "secrets" in rule["resources"]:
+                assert set(rule["verbs"]) <= {"create", "patch"}
+                assert "patch" not in rule["verbs"] or rule["resourceNames"] == ["stepscope-hmac"]
+        injection_cluster_wide = [b for b in _by_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"] == "stepscope-injection"]
+        role_bindings = _by_kind(docs, "RoleBinding")
+        if namespaces:
+            assert not injection_cluster_wide and [b["metadata"]["namespace"] for b in role_bindings] == namespaces
+            assert not [r for r in rules if "namespaces" in r["resources"]]
+        else:
+            assert len(injection_cluster_wide) == 1 and not role_bindings
