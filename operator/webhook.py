@@ -158,6 +158,7 @@ class Injector:
 
     # -- the namespaces' keys ---------------------------------------------------------------
     def list_namespaces(self) -> None:
+        """Every namespace, for an operator run without --namespace (the chart always names them)."""
         if self.settings.namespaces:
             return
         names = {ns.metadata.name for ns in kube.core().list_namespace().items if (ns.status and ns.status.phase) != "Terminating"}
@@ -226,23 +227,8 @@ async def stop_upkeep(memo: kopf.Memo, **_: Any) -> None:
         task.cancel()
 
 
-async def namespace_changed(type: str | None, name: str, status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
-    """A namespace injection covers gets its key Secret as soon as it appears (the upkeep retries)."""
-    injector: Injector = memo.injector
-    if not injector.settings.injects_into(name) or (injector.settings.namespaces and name not in injector.settings.namespaces):
-        return
-    if type == "DELETED" or status.get("phase") == "Terminating":
-        injector.namespaces.discard(name)
-        injector.keys.forget(name)
-        return
-    injector.namespaces.add(name)
-    if injector.keys.problem(name):
-        await asyncio.to_thread(injector.keys.reconcile, name)
-
-
 def register(registry: kopf.OperatorRegistry) -> None:
     """Put the injection webhook and its upkeep into `registry`, beside the session handlers."""
     kopf.on.mutate("v1", "pods", labels={INJECT_LABEL: "true"}, operations=["CREATE"], id=HANDLER_ID, registry=registry)(inject_sidecar)
     kopf.on.startup(registry=registry)(configure_webhook)
     kopf.on.cleanup(registry=registry)(stop_upkeep)
-    kopf.on.event("", "v1", "namespaces", registry=registry)(namespace_changed)

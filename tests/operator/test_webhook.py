@@ -41,14 +41,16 @@ class Chart:
     """The chart's objects in the test API server, and the operator's environment as the
     Deployment sets it, with the operator's ServiceAccount as its identity."""
 
-    def __init__(self, kube: Kube, monkeypatch: pytest.MonkeyPatch, namespaces: list[str]) -> None:
+    def __init__(self, kube: Kube, monkeypatch: pytest.MonkeyPatch, namespaces: list[str],
+                 labels: dict[str, dict[str, str]] | None = None) -> None:
         self.kube, self.monkeypatch = kube, monkeypatch
         self.core = kubernetes.client.CoreV1Api(kube.api_client)
         self.admission = kubernetes.client.AdmissionregistrationV1Api(kube.api_client)
+        self.namespaces = namespaces
         self.docs = render(*CHART_TEMPLATES, namespace=RELEASE_NS, operator={"namespaces": namespaces})
         for ns in [RELEASE_NS, *namespaces]:
             if ns != "default":
-                kube.create_namespace(ns)
+                self.core.create_namespace({"metadata": {"name": ns, "labels": (labels or {}).get(ns) or {}}})
         for doc in self.docs:
             kubernetes.utils.create_from_dict(kube.api_client, doc)
         self.port = free_port()
@@ -62,6 +64,11 @@ class Chart:
         for name, value in self.env.items():
             monkeypatch.setenv(name, value)
         operator_kube.reset()
+
+    def operator(self) -> KopfRunner:
+        """The operator as the chart's Deployment runs it: webhook on, one --namespace per operator.namespaces."""
+        args = [f"--namespace={ns}" for ns in self.namespaces]
+        return KopfRunner(["run", "--standalone", *args], registry=registry.build(with_webhook=True), timeout=60)
 
     def chart_hook(self) -> dict[str, Any]:
         (config,) = [d for d in self.docs if d["kind"] == "MutatingWebhookConfiguration"]
@@ -93,10 +100,6 @@ class Chart:
         return [e.to_dict() for e in self.core.list_namespaced_event(namespace).items if e.involved_object.name == pod]
 
 
-def _operator() -> KopfRunner:
-    return KopfRunner(["run", "--standalone", "--all-namespaces"], registry=registry.build(with_webhook=True), timeout=60)
-
-
 def _listening(port: int) -> bool:
     """What the Deployment's readinessProbe (tcpSocket) checks before the Service sends requests."""
     try:
@@ -115,12 +118,12 @@ def _ready(chart: Chart, *namespaces: str) -> None:
 
 @pytest.fixture
 def chart(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> Chart:
-    return Chart(cluster, monkeypatch, [])
+    return Chart(cluster, monkeypatch, ["default", "secure"], labels={"secure": {"pod-security.kubernetes.io/enforce": "restricted"}})
 
 
 @pytest.fixture
 def injecting(chart: Chart) -> Iterator[Chart]:
-    with _operator():
+    with chart.operator():
         _ready(chart, "default")
         yield chart
 
@@ -186,7 +189,7 @@ def test_point2_a_failure_beside_admission_admits_the_pod_as_is_with_a_warning_a
     rbac.delete_namespaced_role_binding("stepscope-injection", "team-b")
     chart.core.create_namespaced_secret("team-b", {"metadata": {"name": "stepscope-hmac"}, "stringData": {"key": "stale"}})
     before = metrics.PODS_NOT_INJECTED.value
-    with _operator():
+    with chart.operator():
         _ready(chart, "default")
         pod, warnings = chart.create_pod("team-b", "trainer-0")
         assert _sidecar(pod) is None and "stepscope.io/injected" not in (pod["metadata"].get("annotations") or {})
@@ -206,9 +209,7 @@ def test_point2_a_failure_beside_admission_admits_the_pod_as_is_with_a_warning_a
 
 
 def test_point3_an_injected_pod_is_admitted_under_pod_security_restricted(injecting: Chart) -> None:
-    injecting.kube.create_namespace("secure")
-    injecting.core.patch_namespace("secure", {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
-    wait_for(lambda: injecting.key_secret("secure"), 30, "the key Secret in the new namespace")
+    wait_for(lambda: injecting.key_secret("secure"), 30, "the key Secret in the restricted namespace")
     restricted = {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
                   "seccompProfile": {"type": "RuntimeDefault"}}
     pod, _ = injecting.create_pod("secure", "trainer-0", containers=[{"name": "pytorch", "image": "pytorch/pytorch", "securityContext": restricted}])
@@ -229,7 +230,7 @@ def test_point4_a_graceful_stop_keeps_the_webhook_and_pods_let_through_meanwhile
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     env = {**os.environ, **chart.env, "STEPSCOPE_HMAC_KEY": OPERATOR_KEY.decode(), "TMPDIR": str(scratch)}
-    command = [sys.executable, "-m", "stepscope.cli", "operator", "--webhook", "--metrics-port", "0",
+    command = [sys.executable, "-m", "stepscope.cli", "operator", "--webhook", "--metrics-port", "0", "-n", "default", "-n", "secure",
                f"--liveness=http://127.0.0.1:{free_port()}/healthz"]
     log = tmp_path / "operator.log"
     with log.open("wb") as out:
@@ -249,7 +250,7 @@ def test_point4_a_graceful_stop_keeps_the_webhook_and_pods_let_through_meanwhile
     pod, _ = chart.create_pod("default", "trainer-1")
     assert _sidecar(pod) is None
     # ... and the operator, once back, says so on the pod.
-    with _operator():
+    with chart.operator():
         (event,) = wait_for(lambda: chart.events("default", "trainer-1"), 30, "the SidecarNotInjected event")
     assert event["reason"] == "SidecarNotInjected" and "not reached" in event["message"]
     assert chart.events("default", "trainer-0") == []
@@ -258,7 +259,7 @@ def test_point4_a_graceful_stop_keeps_the_webhook_and_pods_let_through_meanwhile
 def test_point6_kube_system_the_release_namespace_and_unlisted_namespaces_are_never_injected(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
     chart = Chart(cluster, monkeypatch, ["team-a"])
     cluster.create_namespace("team-c")
-    with _operator():
+    with chart.operator():
         _ready(chart, "team-a")
         assert _sidecar(chart.create_pod("team-a", "trainer-0")[0]) is not None
         for ns in ("kube-system", RELEASE_NS, "team-c", "default"):
@@ -269,7 +270,7 @@ def test_point6_kube_system_the_release_namespace_and_unlisted_namespaces_are_ne
 
 def test_point7_each_namespace_has_its_own_key_and_the_operator_signs_with_it(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
     chart = Chart(cluster, monkeypatch, ["default", "team-a"])
-    with _operator():
+    with chart.operator():
         _ready(chart, "default", "team-a")
     default_key, team_key = chart.key_secret("default"), chart.key_secret("team-a")
     assert default_key == KEY == namespace_key(OPERATOR_KEY, "default")  # the sessions' tests sign with it
@@ -289,7 +290,7 @@ def test_an_operator_outside_the_cluster_is_reached_by_url(chart: Chart, monkeyp
     """STEPSCOPE_WEBHOOK_URL (a local run, the e2e tests): the operator points its webhook there."""
     monkeypatch.delenv("STEPSCOPE_WEBHOOK_SERVICE")
     monkeypatch.setenv("STEPSCOPE_WEBHOOK_URL", f"https://127.0.0.1:{chart.port}")
-    with _operator():
+    with chart.operator():
         _ready(chart, "default")
         (hook,) = chart.stored_hooks()
         assert hook["clientConfig"]["url"] == f"https://127.0.0.1:{chart.port}/inject-sidecar" and "service" not in hook["clientConfig"]

@@ -42,22 +42,20 @@ def test_the_namespace_selector_and_the_operator_agree_on_what_is_injected(names
 
 
 def test_webhook_rbac_is_least_privilege() -> None:
-    """Its own webhook configuration by name; Secrets: create, and patch by name, never read;
-    namespaced grants wherever operator.namespaces names the namespaces."""
-    for namespaces in ([], ["team-a"]):
-        docs = render("rbac-webhook.yaml", operator={"namespaces": namespaces})
-        rules = [r for role in _by_kind(docs, "ClusterRole") for r in role["rules"]]
-        assert all(set(r["verbs"]) <= {"get", "list", "watch", "create", "patch"} and "*" not in str(r) for r in rules)
-        for rule in rules:
-            if "mutatingwebhookconfigurations" in rule["resources"]:
-                assert rule["resourceNames"] == ["stepscope-injector.stepscope.io"] and rule["verbs"] == ["get", "patch"]
-            if "secrets" in rule["resources"]:
-                assert set(rule["verbs"]) <= {"create", "patch"}
-                assert "patch" not in rule["verbs"] or rule["resourceNames"] == ["stepscope-hmac"]
-        injection_cluster_wide = [b for b in _by_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"] == "stepscope-injection"]
-        role_bindings = _by_kind(docs, "RoleBinding")
-        if namespaces:
-            assert not injection_cluster_wide and [b["metadata"]["namespace"] for b in role_bindings] == namespaces
-            assert not [r for r in rules if "namespaces" in r["resources"]]
-        else:
-            assert len(injection_cluster_wide) == 1 and not role_bindings
+    """Its own webhook configuration by name; Secrets: create, and patch by name, never read; the
+    rest only in the namespaces of operator.namespaces (none of the system ones, nor the release's)."""
+    docs = render("rbac-webhook.yaml", operator={"namespaces": ["team-a", "kube-system", "stepscope", "team-b"]})
+    rules = [r for role in _by_kind(docs, "ClusterRole") for r in role["rules"]]
+    assert all(set(r["verbs"]) <= {"get", "list", "create", "patch"} and "*" not in str(r) for r in rules)
+    for rule in rules:
+        if "mutatingwebhookconfigurations" in rule["resources"]:
+            assert rule["resourceNames"] == ["stepscope-injector.stepscope.io"] and rule["verbs"] == ["get", "patch"]
+        if "secrets" in rule["resources"]:
+            assert set(rule["verbs"]) <= {"create", "patch"}
+            assert "patch" not in rule["verbs"] or rule["resourceNames"] == ["stepscope-hmac"]
+    (cluster_wide,) = _by_kind(docs, "ClusterRoleBinding")
+    assert cluster_wide["roleRef"]["name"] == "stepscope-webhook"  # the one rule on a cluster-scoped resource
+    (webhook_role,) = [r for r in _by_kind(docs, "ClusterRole") if r["metadata"]["name"] == "stepscope-webhook"]
+    assert [r["resources"] for r in webhook_role["rules"]] == [["mutatingwebhookconfigurations"]]
+    assert [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in _by_kind(docs, "RoleBinding")] == [
+        ("team-a", "stepscope-injection"), ("team-b", "stepscope-injection")]
