@@ -1,10 +1,12 @@
-"""A self-signed CA and a serving certificate for the injection webhook, generated at start.
+"""A self-signed CA and a serving certificate for the injection webhook.
 
 The operator owns its webhook's trust: the CA goes into the webhook configuration's caBundle
-(stepscope.operator.webhook keeps it there), so no cert-manager is needed and nothing long-lived
-is stored: the private key lives in memory and on disk only while the TLS context loads it."""
+(stepscope.operator.webhook keeps it there and shares the certificate between replicas through a
+Secret), so no cert-manager is needed. On disk the private key exists only while the TLS context
+loads it."""
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import ipaddress
 import ssl
@@ -24,6 +26,14 @@ class ServingCert:
     cert_pem: bytes
     key_pem: bytes
 
+    def secret_data(self) -> dict[str, str]:
+        """As a kubernetes.io/tls Secret's data (base64), with the CA beside it."""
+        return {"tls.crt": _b64(self.cert_pem), "tls.key": _b64(self.key_pem), "ca.crt": _b64(self.ca_pem)}
+
+    @classmethod
+    def from_secret_data(cls, data: dict[str, str]) -> "ServingCert":
+        return cls(*(base64.b64decode(data[k]) for k in ("ca.crt", "tls.crt", "tls.key")))
+
     def server_context(self) -> ssl.SSLContext:
         """A TLS server context with this certificate (ssl loads keys from files only: a private
         temporary directory, removed before this returns)."""
@@ -36,6 +46,10 @@ class ServingCert:
         return context
 
 
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
 def _san(name: str) -> x509.GeneralName:
     try:
         return x509.IPAddress(ipaddress.ip_address(name))
@@ -43,7 +57,12 @@ def _san(name: str) -> x509.GeneralName:
         return x509.DNSName(name)
 
 
-def generate(names: list[str], days: int = 365) -> ServingCert:
+# Long-lived like other self-signed webhook certificates: rotate by deleting its Secret and
+# restarting the operator (docs/security.md).
+DAYS = 3650
+
+
+def generate(names: list[str], days: int = DAYS) -> ServingCert:
     """A certificate for `names` (DNS names or IPs) signed by a fresh CA."""
     now = dt.datetime.now(dt.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())

@@ -27,7 +27,7 @@ from kubernetes.client.rest import ApiException
 
 from stepscope.operator import certs, injection, kube, metrics
 from stepscope.operator.injection import InjectionSettings, inject
-from stepscope.operator.namespace_keys import NamespaceKeys
+from stepscope.operator.namespace_keys import MANAGED_LABEL, NamespaceKeys
 from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION, OperatorSettings
 from stepscope.operator.selection import has_sidecar
 
@@ -82,6 +82,7 @@ class InjectionServer(kopf.WebhookServer):
 class Endpoint:
     """Where the API server reaches the webhook: the chart's Service, or a URL (a local operator)."""
     config: str
+    tls_secret: str
     service: str | None
     namespace: str
     url: str | None
@@ -92,6 +93,7 @@ class Endpoint:
     def from_env(cls) -> "Endpoint":
         service = os.environ.get("STEPSCOPE_WEBHOOK_SERVICE") or None
         return cls(config=os.environ.get("STEPSCOPE_WEBHOOK_CONFIG", "stepscope-injector.stepscope.io"),
+                   tls_secret=os.environ.get("STEPSCOPE_WEBHOOK_TLS_SECRET", "stepscope-webhook-tls"),
                    service=service, namespace=os.environ.get("STEPSCOPE_WEBHOOK_NAMESPACE") or os.environ.get("POD_NAMESPACE", "stepscope"),
                    url=os.environ.get("STEPSCOPE_WEBHOOK_URL") or None,
                    addr=os.environ.get("STEPSCOPE_WEBHOOK_ADDR", "0.0.0.0"), port=int(os.environ.get("STEPSCOPE_WEBHOOK_PORT", 9443)))
@@ -209,9 +211,25 @@ class Injector:
             await asyncio.sleep(self.interval_s)
 
 
+def serving_cert(endpoint: Endpoint) -> certs.ServingCert:
+    """The certificate every replica serves with, so that one caBundle fits them all: the first
+    one to start writes it into a Secret of its namespace, the others read it."""
+    fresh = certs.generate(endpoint.names())
+    core = kube.core()
+    body = {"metadata": {"name": endpoint.tls_secret, "labels": MANAGED_LABEL}, "type": "kubernetes.io/tls", "data": fresh.secret_data()}
+    try:
+        stored = kube.create_or_get(core.create_namespaced_secret, core.read_namespaced_secret, endpoint.namespace, body)
+        return certs.ServingCert.from_secret_data(stored.data)
+    except (ApiException, KeyError, ValueError) as exc:  # e.g. a local run without that namespace
+        error = f"the API server answered {exc.status} {exc.reason}" if isinstance(exc, ApiException) else f"{exc.__class__.__name__}"
+        log.warning("webhook certificate not shared through Secret %s/%s (%s): this process serves its own; "
+                    "more than one replica would fight over caBundle", endpoint.namespace, endpoint.tls_secret, error)
+        return fresh
+
+
 async def configure_webhook(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     endpoint = Endpoint.from_env()
-    cert = certs.generate(endpoint.names())
+    cert = await asyncio.to_thread(serving_cert, endpoint)
     settings.admission.server = InjectionServer(cert, addr=endpoint.addr, port=endpoint.port, host=endpoint.names()[0])
     settings.admission.managed = None  # the chart owns the configuration (see the module's doc)
     injector = Injector(memo.ctx.settings, memo.ctx.key, endpoint, cert.ca_pem)

@@ -249,9 +249,11 @@ def test_point4_a_graceful_stop_keeps_the_webhook_and_pods_let_through_meanwhile
     # With the operator stopped, failurePolicy Ignore lets a labelled pod through without a sidecar ...
     pod, _ = chart.create_pod("default", "trainer-1")
     assert _sidecar(pod) is None
-    # ... and the operator, once back, says so on the pod.
+    # ... and the operator, once back, says so on the pod. It serves the same certificate as
+    # before (a Secret shares it between processes), so the caBundle never goes stale.
     with chart.operator():
         (event,) = wait_for(lambda: chart.events("default", "trainer-1"), 30, "the SidecarNotInjected event")
+        assert chart.stored_hooks() == hooks
     assert event["reason"] == "SidecarNotInjected" and "not reached" in event["message"]
     assert chart.events("default", "trainer-0") == []
 

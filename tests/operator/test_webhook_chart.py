@@ -58,4 +58,8 @@ def test_webhook_rbac_is_least_privilege() -> None:
     (webhook_role,) = [r for r in _by_kind(docs, "ClusterRole") if r["metadata"]["name"] == "stepscope-webhook"]
     assert [r["resources"] for r in webhook_role["rules"]] == [["mutatingwebhookconfigurations"]]
     assert [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in _by_kind(docs, "RoleBinding")] == [
-        ("team-a", "stepscope-injection"), ("team-b", "stepscope-injection")]
+        ("stepscope", "stepscope-webhook-tls"), ("team-a", "stepscope-injection"), ("team-b", "stepscope-injection")]
+    (tls_role,) = _by_kind(docs, "Role")
+    assert tls_role["metadata"]["namespace"] == "stepscope" and tls_role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["stepscope-webhook-tls"], "verbs": ["get"]}]
