@@ -56,14 +56,27 @@ def inject_sidecar(spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, memo: ko
         warnings.append(f"stepscope: pod admitted WITHOUT the profiling sidecar: the webhook failed ({exc.__class__.__name__})")
 
 
-def post_warning(pod: Any, reason: str, message: str) -> None:
-    """A Warning Event on a pod, from the upkeep's thread (kopf's posting needs a handler's context)."""
+def post_warning(pod: Any, reason: str, message: str) -> bool:
+    """A Warning Event on a pod, once per pod and reason whichever replica posts it (the name says
+    which); False when it was there already. From the upkeep's thread: kopf's posting needs a
+    handler's context."""
     now = dt.datetime.now(dt.timezone.utc)
-    kube.core().create_namespaced_event(pod.metadata.namespace, {
-        "metadata": {"generateName": f"{pod.metadata.name}.", "namespace": pod.metadata.namespace},
+    name = f"{pod.metadata.name}.{reason.lower()}.{pod.metadata.uid[:8]}"
+    try:
+        kube.core().create_namespaced_event(pod.metadata.namespace, _event(pod, name, reason, message, now))
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        return False
+    return True
+
+
+def _event(pod: Any, name: str, reason: str, message: str, now: dt.datetime) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": pod.metadata.namespace},
         "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "namespace": pod.metadata.namespace, "uid": pod.metadata.uid},
         "type": "Warning", "reason": reason, "message": message[:1024], "count": 1,
-        "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "stepscope-operator"}, "reportingComponent": "stepscope-operator"})
+        "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "stepscope-operator"}, "reportingComponent": "stepscope-operator"}
 
 
 class InjectionServer(kopf.WebhookServer):
@@ -189,9 +202,9 @@ class Injector:
             if pod.metadata.uid in self.reported or (pod.metadata.annotations or {}).get(INJECTED_ANNOTATION) or has_sidecar(pod):
                 continue
             why = self.keys.problem(pod.metadata.namespace) or "the injection webhook was not reached when it was created (operator stopped, starting or too slow; failurePolicy Ignore let it through)"
-            post_warning(pod, "SidecarNotInjected", f"labelled {INJECT_LABEL}=true but started without the stepscope sidecar: {why}; recreate the pod to profile it")
+            if post_warning(pod, "SidecarNotInjected", f"labelled {INJECT_LABEL}=true but started without the stepscope sidecar: {why}; recreate the pod to profile it"):
+                metrics.PODS_NOT_INJECTED.inc()
             self.reported.add(pod.metadata.uid)
-            metrics.PODS_NOT_INJECTED.inc()
         self.reported &= live
 
     def resync(self, rounds: int) -> None:

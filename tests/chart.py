@@ -47,6 +47,8 @@ FUNCTIONS: dict[str, Any] = {
     "or": lambda *vs: next((v for v in vs if _truthy(v)), vs[-1]),
     "eq": lambda a, *bs: any(a == b for b in bs),
     "ne": lambda a, b: a != b,
+    "gt": lambda a, b: a > b,
+    "int": int,
     "list": lambda *vs: list(vs),
     "lookup": lambda *_: {},
     "b64enc": lambda s: __import__("base64").b64encode(str(s).encode()).decode(),

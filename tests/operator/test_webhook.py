@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import signal
 import socket
@@ -25,15 +26,15 @@ from stepscope.operator import kube as operator_kube
 from stepscope.operator import metrics, registry
 from stepscope.operator.injection import BOOTSTRAP_DIR, SIDECAR_NAME
 from stepscope.operator.namespace_keys import namespace_key
-from tests.chart import render
+from tests.chart import CHART, render
 from tests.kube.fixtures import Kube
 from tests.kube.helpers import wait_for
-from tests.operator.harness import KEY, OPERATOR_KEY
+from tests.operator.harness import KEY, OPERATOR_KEY, OperatorHarness, session_spec
 
 RELEASE_NS = "stepscope"
 CONFIG = "stepscope-injector.stepscope.io"
 HOOK = f"inject-sidecar.{CONFIG}"
-CHART_TEMPLATES = ("serviceaccount.yaml", "rbac.yaml", "rbac-webhook.yaml", "webhook.yaml")
+CHART_TEMPLATES = ("serviceaccount.yaml", "rbac.yaml", "rbac-webhook.yaml", "webhook.yaml", "peering.yaml")
 INJECT = {"stepscope.io/inject": "true"}
 
 
@@ -47,12 +48,17 @@ class Chart:
         self.core = kubernetes.client.CoreV1Api(kube.api_client)
         self.admission = kubernetes.client.AdmissionregistrationV1Api(kube.api_client)
         self.namespaces = namespaces
+        kube.apply_crd(CHART / "crds" / "kopfpeering.yaml")
         self.docs = render(*CHART_TEMPLATES, namespace=RELEASE_NS, operator={"namespaces": namespaces})
         for ns in [RELEASE_NS, *namespaces]:
             if ns != "default":
                 self.core.create_namespace({"metadata": {"name": ns, "labels": (labels or {}).get(ns) or {}}})
         for doc in self.docs:
-            kubernetes.utils.create_from_dict(kube.api_client, doc)
+            if doc["apiVersion"] == "kopf.dev/v1":
+                kubernetes.client.CustomObjectsApi(kube.api_client).create_namespaced_custom_object(
+                    "kopf.dev", "v1", doc["metadata"]["namespace"], "kopfpeerings", doc)
+            else:
+                kubernetes.utils.create_from_dict(kube.api_client, doc)
         self.port = free_port()
         kube.server.api.service_endpoints[(RELEASE_NS, "stepscope-webhook")] = ("127.0.0.1", self.port)
         self.kubeconfig = kube.service_account_kubeconfig(RELEASE_NS, "stepscope-operator")
@@ -65,10 +71,11 @@ class Chart:
             monkeypatch.setenv(name, value)
         operator_kube.reset()
 
-    def operator(self) -> KopfRunner:
-        """The operator as the chart's Deployment runs it: webhook on, one --namespace per operator.namespaces."""
-        args = [f"--namespace={ns}" for ns in self.namespaces]
-        return KopfRunner(["run", "--standalone", *args], registry=registry.build(with_webhook=True), timeout=60)
+    def operator(self, *peering: str) -> KopfRunner:
+        """The operator as the chart's Deployment runs it: webhook on, one --namespace per
+        operator.namespaces; standalone unless `peering` options are given."""
+        args = [*(peering or ["--standalone"]), *(f"--namespace={ns}" for ns in self.namespaces)]
+        return KopfRunner(["run", *args], registry=registry.build(with_webhook=True), timeout=60)
 
     def chart_hook(self) -> dict[str, Any]:
         (config,) = [d for d in self.docs if d["kind"] == "MutatingWebhookConfiguration"]
@@ -297,3 +304,32 @@ def test_an_operator_outside_the_cluster_is_reached_by_url(chart: Chart, monkeyp
         (hook,) = chart.stored_hooks()
         assert hook["clientConfig"]["url"] == f"https://127.0.0.1:{chart.port}/inject-sidecar" and "service" not in hook["clientConfig"]
         assert _sidecar(chart.create_pod("default", "trainer-0")[0]) is not None
+
+
+def test_two_replicas_elect_one_to_handle_sessions_and_both_serve_the_webhook(chart: Chart, monkeypatch: pytest.MonkeyPatch,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """operator.replicas: 2 (the chart's default): kopf's peering keeps the lower priority replica
+    paused (a peering replica starts paused and resumes only when no higher one is alive), which
+    still answers admission; when the other stops, it takes over the sessions."""
+    caplog.set_level(logging.INFO, logger="kopf")
+
+    def resumed() -> int:  # kopf logs one per served namespace when a replica starts handling it
+        return sum("Resuming operations after the pause" in r.getMessage() for r in caplog.records)
+
+    with chart.operator("--peering=stepscope", "--priority=20") as first:
+        _ready(chart, "default")
+        wait_for(lambda: resumed() == len(chart.namespaces), 30, "the first replica to handle its namespaces")
+        monkeypatch.setenv("STEPSCOPE_WEBHOOK_PORT", str(second_port := free_port()))
+        with chart.operator("--peering=stepscope", "--priority=10"):
+            wait_for(lambda: _listening(second_port), 30, "the second replica's webhook")
+            chart.kube.server.api.service_endpoints[(RELEASE_NS, "stepscope-webhook")] = ("127.0.0.1", second_port)
+            pod, warnings = chart.create_pod("default", "trainer-0")
+            assert _sidecar(pod) is not None and warnings == [], "the paused replica serves admission"
+            peers = kubernetes.client.CustomObjectsApi(chart.kube.api_client).get_namespaced_custom_object("kopf.dev", "v1", "default", "kopfpeerings", "stepscope")
+            assert sorted(p["priority"] for p in peers["status"].values()) == [10, 20]
+            assert resumed() == len(chart.namespaces), "the second replica stays paused"
+            first.__exit__(None, None, None)  # the leader goes (a rollout, a drain)
+            wait_for(lambda: resumed() == 2 * len(chart.namespaces), 60, "the second replica to take over")
+            harness = OperatorHarness(chart.kube)
+            harness.create_session("after-failover", session_spec({"app": "none"}, "http://127.0.0.1:1"))
+            harness.wait_phase("after-failover", ("Failed",), timeout=60)  # (the store is unreachable): it was handled

@@ -46,7 +46,8 @@ def test_webhook_rbac_is_least_privilege() -> None:
     rest only in the namespaces of operator.namespaces (none of the system ones, nor the release's)."""
     docs = render("rbac-webhook.yaml", operator={"namespaces": ["team-a", "kube-system", "stepscope", "team-b"]})
     rules = [r for role in _by_kind(docs, "ClusterRole") for r in role["rules"]]
-    assert all(set(r["verbs"]) <= {"get", "list", "create", "patch"} and "*" not in str(r) for r in rules)
+    assert all(set(r["verbs"]) <= {"get", "list", "create", "patch"} | ({"watch"} if r["resources"] == ["kopfpeerings"] else set())
+               and "*" not in str(r) for r in rules)
     for rule in rules:
         if "mutatingwebhookconfigurations" in rule["resources"]:
             assert rule["resourceNames"] == ["stepscope-injector.stepscope.io"] and rule["verbs"] == ["get", "patch"]
@@ -63,3 +64,13 @@ def test_webhook_rbac_is_least_privilege() -> None:
     assert tls_role["metadata"]["namespace"] == "stepscope" and tls_role["rules"] == [
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["stepscope-webhook-tls"], "verbs": ["get"]}]
+
+
+def test_more_than_one_replica_runs_kopf_peering_and_rolls_without_a_gap() -> None:
+    for replicas, peering in ((1, False), (2, True)):
+        docs = render("deployment.yaml", "peering.yaml", operator={"replicas": replicas, "namespaces": ["team-a", "team-b"]})
+        (deployment,) = _by_kind(docs, "Deployment")
+        command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert ("--peering=stepscope" in command) is peering
+        assert deployment["spec"]["strategy"]["type"] == ("RollingUpdate" if peering else "Recreate")
+        assert [p["metadata"]["namespace"] for p in _by_kind(docs, "KopfPeering")] == (["team-a", "team-b"] if peering else [])
