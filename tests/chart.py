@@ -23,6 +23,10 @@ class Unsupported(Exception):
     pass
 
 
+class Failed(Exception):
+    """A template's `fail` or `required`: what `helm install` would refuse with."""
+
+
 def _yaml(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=False, sort_keys=True).rstrip("\n") if value not in (None, {}, []) else ("{}" if value == {} else "[]" if value == [] else "null")
 
@@ -51,6 +55,12 @@ FUNCTIONS: dict[str, Any] = {
     "int": int,
     "list": lambda *vs: list(vs),
     "lookup": lambda *_: {},
+    "fail": lambda message: (_ for _ in ()).throw(Failed(message)),
+    "required": lambda message, value=None: value if _truthy(value) else (_ for _ in ()).throw(Failed(message)),
+    "toJson": lambda v: json.dumps(v, separators=(",", ":")),
+    "empty": lambda v: not _truthy(v),
+    "len": len,
+    "lower": lambda s: str(s).lower(),
     "b64enc": lambda s: __import__("base64").b64encode(str(s).encode()).decode(),
     "randAlphaNum": lambda n: "x" * int(n),
 }

@@ -20,7 +20,7 @@ def _by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] == kind]
 
 
-@pytest.mark.parametrize("namespaces", [[], ["team-a", "kube-system", "stepscope"]])
+@pytest.mark.parametrize("namespaces", [["default"], ["team-a", "kube-system", "stepscope"]])
 def test_webhook_templates_render_valid_objects(namespaces: list[str]) -> None:
     for doc in render(*TEMPLATES, operator={"namespaces": namespaces}):
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
