@@ -333,3 +333,14 @@ def test_two_replicas_elect_one_to_handle_sessions_and_both_serve_the_webhook(ch
             harness = OperatorHarness(chart.kube)
             harness.create_session("after-failover", session_spec({"app": "none"}, "http://127.0.0.1:1"))
             harness.wait_phase("after-failover", ("Failed",), timeout=60)  # (the store is unreachable): it was handled
+
+
+def test_a_session_that_selects_pods_started_without_the_sidecar_says_so(chart: Chart, s3_endpoint: str) -> None:
+    pod, _ = chart.create_pod("default", "trainer-0", labels={**INJECT, "job": "resnet"})  # no operator: failurePolicy Ignore
+    assert _sidecar(pod) is None
+    chart.core.patch_namespaced_pod_status("trainer-0", "default", {"status": {"phase": "Running", "podIP": "127.0.0.1"}})
+    with chart.operator():
+        harness = OperatorHarness(chart.kube)
+        harness.create_session("resnet", session_spec({"job": "resnet"}, s3_endpoint))
+        status = harness.wait_phase("resnet", ("Failed",), timeout=30)
+    assert "not profiled: pod(s) trainer-0 asked for the sidecar (stepscope.io/inject=true) but started without it" in status["message"], status
