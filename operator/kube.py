@@ -79,6 +79,13 @@ def patch_session_status(namespace: str, name: str, status: dict[str, Any]) -> d
     return custom().patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, {"status": status})
 
 
+def describe(exc: BaseException) -> str:
+    """One line for a failed call: never an ApiException's body or headers (they dump the request)."""
+    if isinstance(exc, ApiException):
+        return f"the API server answered {exc.status} {exc.reason}"
+    return f"{exc.__class__.__name__}: {exc}"
+
+
 def is_not_found(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status == 404
 

@@ -26,13 +26,6 @@ def namespace_key(master: bytes, namespace: str) -> bytes:
     return hmac.new(master, _CONTEXT + namespace.encode(), hashlib.sha256).hexdigest().encode()
 
 
-def _api_error(exc: Exception) -> str:
-    # Never the response body or headers: one line a user can act on.
-    if isinstance(exc, ApiException):
-        return f"the API server answered {exc.status} {exc.reason}"
-    return f"{exc.__class__.__name__}: {exc}"
-
-
 class NamespaceKeys:
     """Which namespaces hold their key Secret; the reconciler writes, the webhook reads."""
 
@@ -73,7 +66,7 @@ class NamespaceKeys:
         except Exception as exc:  # any failure leaves the namespace un-injected, never a pod refused
             with self._lock:
                 self._ready.discard(namespace)
-                self._problems[namespace] = _api_error(exc)
+                self._problems[namespace] = kube.describe(exc)
             return False
         with self._lock:
             self._ready.add(namespace)

@@ -59,11 +59,14 @@ def has_sidecar(pod: Any) -> bool:
     return sidecar_port(pod) is not None
 
 
+def started_without_sidecar(pod: Any) -> bool:
+    """Whether a pod asked for the sidecar (the inject label) and was admitted without it."""
+    meta = pod.metadata
+    return (meta.labels or {}).get(INJECT_LABEL) == "true" and not (meta.annotations or {}).get(INJECTED_ANNOTATION) and not has_sidecar(pod)
+
+
 def not_injected(pods: list[Any]) -> list[str]:
-    """Names of pods that asked for the sidecar (the inject label) and were admitted without it."""
-    return sorted(p.metadata.name for p in pods
-                  if (p.metadata.labels or {}).get(INJECT_LABEL) == "true" and not (p.metadata.annotations or {}).get(INJECTED_ANNOTATION)
-                  and not has_sidecar(p))
+    return sorted(p.metadata.name for p in pods if started_without_sidecar(p))
 
 
 def target_of(pod: Any) -> Target | None:

@@ -29,7 +29,7 @@ from stepscope.operator import certs, injection, kube, metrics
 from stepscope.operator.injection import InjectionSettings, inject
 from stepscope.operator.namespace_keys import MANAGED_LABEL, NamespaceKeys
 from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION, OperatorSettings
-from stepscope.operator.selection import has_sidecar
+from stepscope.operator.selection import started_without_sidecar
 
 HANDLER_ID = "inject-sidecar"
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class Injector:
                 state = "current"
         except ApiException as exc:
             state = (f"MutatingWebhookConfiguration {self.endpoint.config} not found: install the chart's webhook.yaml" if exc.status == 404
-                     else f"cannot update MutatingWebhookConfiguration {self.endpoint.config}: the API server answered {exc.status} {exc.reason}")
+                     else f"cannot update MutatingWebhookConfiguration {self.endpoint.config}: {kube.describe(exc)}")
         if state != self._config_state:
             (log.info if state == "current" else log.warning)("webhook configuration: %s", "caBundle current" if state == "current" else state)
             self._config_state = state
@@ -190,16 +190,18 @@ class Injector:
 
     # -- labelled pods without a sidecar ----------------------------------------------------
     def report_uninjected(self) -> None:
+        # Labelled pods only, from the API server's cache (resourceVersion 0): at thousands of
+        # training pods this list is the upkeep's biggest read, hence every fourth round only.
         selector = f"{INJECT_LABEL}=true"
         core = kube.core()
         if self.settings.namespaces:
-            pods = [p for ns in self.settings.namespaces for p in core.list_namespaced_pod(ns, label_selector=selector).items]
+            pods = [p for ns in self.settings.namespaces for p in core.list_namespaced_pod(ns, label_selector=selector, resource_version="0").items]
         else:
-            pods = core.list_pod_for_all_namespaces(label_selector=selector).items
+            pods = core.list_pod_for_all_namespaces(label_selector=selector, resource_version="0").items
         live = set()
         for pod in pods:
             live.add(pod.metadata.uid)
-            if pod.metadata.uid in self.reported or (pod.metadata.annotations or {}).get(INJECTED_ANNOTATION) or has_sidecar(pod):
+            if pod.metadata.uid in self.reported or not started_without_sidecar(pod):
                 continue
             why = self.keys.problem(pod.metadata.namespace) or "the injection webhook was not reached when it was created (operator stopped, starting or too slow; failurePolicy Ignore let it through)"
             if post_warning(pod, "SidecarNotInjected", f"labelled {INJECT_LABEL}=true but started without the stepscope sidecar: {why}; recreate the pod to profile it"):
@@ -209,12 +211,13 @@ class Injector:
 
     def resync(self, rounds: int) -> None:
         """One round of everything, each part on its own: one failing does not stop the others."""
-        for part in (self.keep_ca_bundle, self.list_namespaces, lambda: self.reconcile_keys(everything=rounds % 4 == 0), self.report_uninjected):
+        full = rounds % 4 == 0  # the costly parts: every Secret rewritten, every labelled pod read
+        parts = [self.keep_ca_bundle, self.list_namespaces, lambda: self.reconcile_keys(everything=full)]
+        for part in parts + ([self.report_uninjected] if full else []):
             try:
                 part()
             except Exception as exc:
-                error = f"the API server answered {exc.status} {exc.reason}" if isinstance(exc, ApiException) else f"{exc.__class__.__name__}: {exc}"
-                log.warning("injection upkeep: %s", error)
+                log.warning("injection upkeep: %s", kube.describe(exc))
 
     async def run(self) -> None:
         rounds = 0
@@ -234,9 +237,8 @@ def serving_cert(endpoint: Endpoint) -> certs.ServingCert:
         stored = kube.create_or_get(core.create_namespaced_secret, core.read_namespaced_secret, endpoint.namespace, body)
         return certs.ServingCert.from_secret_data(stored.data)
     except (ApiException, KeyError, ValueError) as exc:  # e.g. a local run without that namespace
-        error = f"the API server answered {exc.status} {exc.reason}" if isinstance(exc, ApiException) else f"{exc.__class__.__name__}"
         log.warning("webhook certificate not shared through Secret %s/%s (%s): this process serves its own; "
-                    "more than one replica would fight over caBundle", endpoint.namespace, endpoint.tls_secret, error)
+                    "more than one replica would fight over caBundle", endpoint.namespace, endpoint.tls_secret, kube.describe(exc))
         return fresh
 
 
