@@ -9,7 +9,7 @@ import pytest
 
 from stepscope.operator.settings import SYSTEM_NAMESPACES, OperatorSettings
 from stepscope.operator.webhook import HANDLER_ID
-from tests.chart import render
+from tests.chart import Failed, render
 from tests.kube.admission import _matches
 from tests.operator.test_manifests import K8S_VERSION
 
@@ -74,3 +74,9 @@ def test_more_than_one_replica_runs_kopf_peering_and_rolls_without_a_gap() -> No
         assert ("--peering=stepscope" in command) is peering
         assert deployment["spec"]["strategy"]["type"] == ("RollingUpdate" if peering else "Recreate")
         assert [p["metadata"]["namespace"] for p in _by_kind(docs, "KopfPeering")] == (["team-a", "team-b"] if peering else [])
+
+
+def test_more_than_one_replica_needs_the_namespaces_it_elects_in() -> None:
+    with pytest.raises(Failed, match="operator.replicas > 1 needs operator.namespaces"):
+        render("deployment.yaml", operator={"replicas": 2, "namespaces": []})
+    assert render("deployment.yaml", operator={"replicas": 1, "namespaces": []})[0]["spec"]["replicas"] == 1
