@@ -11,6 +11,7 @@ import base64
 import hashlib
 import hmac
 import threading
+from typing import Any
 
 from kubernetes.client.rest import ApiException
 
@@ -50,19 +51,20 @@ class NamespaceKeys:
             self._ready.discard(namespace)
             self._problems.pop(namespace, None)
 
-    def reconcile(self, namespace: str) -> bool:
+    def reconcile(self, namespace: str, owner: dict[str, Any] | None = None) -> bool:
         """Write the namespace's key Secret (create, or patch it back to the key when it exists);
-        True when the namespace is ready. Needs `secrets: create` and `patch` on that one name."""
+        True when the namespace is ready. Needs `secrets: create` and `patch` on that one name.
+        `owner` (the chart's webhook configuration) makes the Secret go with it on uninstall."""
         s = self.settings
         data = {s.hmac_secret_key: base64.b64encode(namespace_key(self._master, namespace)).decode()}
+        meta: dict[str, Any] = {"labels": MANAGED_LABEL, **({"ownerReferences": [owner]} if owner else {})}
         try:
             try:
-                kube.core().create_namespaced_secret(namespace, {
-                    "metadata": {"name": s.hmac_secret, "labels": MANAGED_LABEL}, "type": "Opaque", "data": data})
+                kube.core().create_namespaced_secret(namespace, {"metadata": {"name": s.hmac_secret, **meta}, "type": "Opaque", "data": data})
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-                kube.core().patch_namespaced_secret(s.hmac_secret, namespace, {"metadata": {"labels": MANAGED_LABEL}, "data": data})
+                kube.core().patch_namespaced_secret(s.hmac_secret, namespace, {"metadata": meta, "data": data})
         except Exception as exc:  # any failure leaves the namespace un-injected, never a pod refused
             with self._lock:
                 self._ready.discard(namespace)

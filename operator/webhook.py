@@ -151,12 +151,17 @@ class Injector:
         self.reported: set[str] = set()  # pod uids already given a SidecarNotInjected Event
         self._config_state = ""
         self._logged: dict[str, str | None] = {}
+        self.owner: dict[str, Any] | None = None  # the webhook configuration, once read
 
     # -- the webhook configuration ----------------------------------------------------------
     def keep_ca_bundle(self) -> None:
         admission = kube.admission()
         try:
             config = kube.api_client().sanitize_for_serialization(admission.read_mutating_webhook_configuration(self.endpoint.config))
+            # Cluster-scoped, so it may own the key Secrets in every namespace: `helm uninstall`
+            # deletes it and the garbage collector the Secrets (no blockOwnerDeletion: no finalizer rights needed).
+            self.owner = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                          "name": config["metadata"]["name"], "uid": config["metadata"]["uid"]}
             ops = self.endpoint.client_config_ops(config, self.ca_bundle)
             if ops is None:
                 state = f"MutatingWebhookConfiguration {self.endpoint.config} has no webhook {self.endpoint.hook_name}: install the chart's webhook.yaml"
@@ -165,6 +170,8 @@ class Injector:
                     admission.patch_mutating_webhook_configuration(self.endpoint.config, ops)
                 state = "current"
         except ApiException as exc:
+            if exc.status == 404:
+                self.owner = None
             state = (f"MutatingWebhookConfiguration {self.endpoint.config} not found: install the chart's webhook.yaml" if exc.status == 404
                      else f"cannot update MutatingWebhookConfiguration {self.endpoint.config}: {kube.describe(exc)}")
         if state != self._config_state:
@@ -182,7 +189,7 @@ class Injector:
     def reconcile_keys(self, everything: bool) -> None:
         for namespace in sorted(self.namespaces):
             if everything or self.keys.problem(namespace):
-                self.keys.reconcile(namespace)
+                self.keys.reconcile(namespace, self.owner)
             problem = self.keys.problem(namespace)
             if problem != self._logged.get(namespace):  # once per change, not every round
                 (log.warning if problem else log.info)("%s", problem or f"namespace {namespace}: key Secret ready")

@@ -344,3 +344,10 @@ def test_a_session_that_selects_pods_started_without_the_sidecar_says_so(chart: 
         harness.create_session("resnet", session_spec({"job": "resnet"}, s3_endpoint))
         status = harness.wait_phase("resnet", ("Failed",), timeout=30)
     assert "not profiled: pod(s) trainer-0 asked for the sidecar (stepscope.io/inject=true) but started without it" in status["message"], status
+
+
+def test_point8_uninstalling_the_webhook_configuration_takes_the_key_secrets_along(injecting: Chart) -> None:
+    owner = injecting.core.read_namespaced_secret("stepscope-hmac", "default").metadata.owner_references
+    assert [(o.kind, o.name) for o in owner or []] == [("MutatingWebhookConfiguration", CONFIG)]
+    injecting.admission.delete_mutating_webhook_configuration(CONFIG)  # what `helm uninstall` does
+    wait_for(lambda: injecting.key_secret("default") is None and injecting.key_secret("secure") is None, 10, "the garbage collector")
