@@ -16,6 +16,8 @@ INJECT_LABEL = "stepscope.io/inject"
 SESSION_LABEL = "stepscope.io/session"
 # Set by the webhook on every pod it gave a sidecar: a labelled pod without it was admitted without one.
 INJECTED_ANNOTATION = "stepscope.io/injected"
+# What the webhook warned about when it injected a pod (its client may be a controller nobody reads).
+INJECTION_WARNING_ANNOTATION = "stepscope.io/injection-warning"
 # Never injected, whatever operator.namespaces says (the operator's own namespace is excluded too).
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 

@@ -28,7 +28,7 @@ from kubernetes.client.rest import ApiException
 from stepscope.operator import certs, injection, kube, metrics
 from stepscope.operator.injection import InjectionSettings, inject
 from stepscope.operator.namespace_keys import MANAGED_LABEL, NamespaceKeys
-from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION, OperatorSettings
+from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION, INJECTION_WARNING_ANNOTATION, OperatorSettings
 from stepscope.operator.selection import started_without_sidecar
 
 HANDLER_ID = "inject-sidecar"
@@ -46,10 +46,13 @@ def inject_sidecar(spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, memo: ko
         fields = inject(dict(spec), InjectionSettings.from_operator(memo.ctx.settings))
         if fields is None:
             return
-        warnings.extend(injection.warnings(dict(spec)))
+        problems = injection.warnings(dict(spec))
+        warnings.extend(problems)
         for name, value in fields.items():
             patch.spec[name] = value
         patch.metadata.annotations[INJECTED_ANNOTATION] = "true"
+        if problems:
+            patch.metadata.annotations[INJECTION_WARNING_ANNOTATION] = "; ".join(problems)[:1024]
     except Exception as exc:  # never deny: failurePolicy covers an unreachable webhook only
         log.exception("injection failed for a pod in namespace %s", namespace)
         patch.clear()
@@ -148,7 +151,7 @@ class Injector:
         self.ca_bundle = base64.b64encode(ca_pem).decode()
         self.interval_s = float(os.environ.get("STEPSCOPE_INJECTION_RESYNC_S", 15))
         self.namespaces: set[str] = set(n for n in settings.namespaces if settings.injects_into(n))
-        self.reported: set[str] = set()  # pod uids already given a SidecarNotInjected Event
+        self.reported: set[str] = set()  # uids of labelled pods already looked at (and given their Event)
         self._config_state = ""
         self._logged: dict[str, str | None] = {}
         self.owner: dict[str, Any] | None = None  # the webhook configuration, once read
@@ -208,11 +211,14 @@ class Injector:
         live = set()
         for pod in pods:
             live.add(pod.metadata.uid)
-            if pod.metadata.uid in self.reported or not started_without_sidecar(pod):
+            if pod.metadata.uid in self.reported:
                 continue
-            why = self.keys.problem(pod.metadata.namespace) or "the injection webhook was not reached when it was created (operator stopped, starting or too slow; failurePolicy Ignore let it through)"
-            if post_warning(pod, "SidecarNotInjected", f"labelled {INJECT_LABEL}=true but started without the stepscope sidecar: {why}; recreate the pod to profile it"):
-                metrics.PODS_NOT_INJECTED.inc()
+            if started_without_sidecar(pod):
+                why = self.keys.problem(pod.metadata.namespace) or "the injection webhook was not reached when it was created (operator stopped, starting or too slow; failurePolicy Ignore let it through)"
+                if post_warning(pod, "SidecarNotInjected", f"labelled {INJECT_LABEL}=true but started without the stepscope sidecar: {why}; recreate the pod to profile it"):
+                    metrics.PODS_NOT_INJECTED.inc()
+            elif warning := (pod.metadata.annotations or {}).get(INJECTION_WARNING_ANNOTATION):
+                post_warning(pod, "SidecarInjectionWarning", warning)
             self.reported.add(pod.metadata.uid)
         self.reported &= live
 

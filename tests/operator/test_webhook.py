@@ -293,6 +293,10 @@ def test_point8_pythonpath_from_valuefrom_is_named_in_a_warning(injecting: Chart
     assert _sidecar(pod) is not None
     (warning,) = warnings
     assert "container pytorch sets PYTHONPATH from valueFrom" in warning and BOOTSTRAP_DIR in warning
+    # A Job's pods are created by its controller, which shows nobody the warning: the pod keeps it.
+    assert pod["metadata"]["annotations"]["stepscope.io/injection-warning"] == warning
+    (event,) = wait_for(lambda: injecting.events("default", "trainer-0"), 30, "the SidecarInjectionWarning event")
+    assert event["reason"] == "SidecarInjectionWarning" and event["message"] == warning
 
 
 def test_an_operator_outside_the_cluster_is_reached_by_url(chart: Chart, monkeypatch: pytest.MonkeyPatch) -> None:
