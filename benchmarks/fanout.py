@@ -34,9 +34,10 @@ def simulated_sidecars(port: int, ready: multiprocessing.Event) -> None:
     """One aiohttp server for every pod (it tells pods apart by the address they dialled)."""
     from aiohttp import web
 
+    from stepscope.operator.namespace_keys import namespace_key
     from stepscope.signing import SignatureError, Verifier
 
-    verifier = Verifier(KEY)
+    verifier = Verifier(namespace_key(KEY, "default"))  # the key of the pods' namespace, as injected
     accepted: dict[tuple[str, str], float] = {}
     puts: dict[str, int] = {}  # "pod session" -> PUTs received
 

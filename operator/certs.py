@@ -1,11 +1,16 @@
-"""A self-signed CA and a serving certificate for the injection webhook, generated at start.
+"""A self-signed CA and a serving certificate for the injection webhook.
 
 The operator owns its webhook's trust: the CA goes into the webhook configuration's caBundle
-(kopf writes it there), so no cert-manager is needed and nothing long-lived is stored."""
+(stepscope.operator.webhook keeps it there and shares the certificate between replicas through a
+Secret), so no cert-manager is needed. On disk the private key exists only while the TLS context
+loads it."""
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import ipaddress
+import ssl
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +23,31 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 @dataclass(frozen=True)
 class ServingCert:
     ca_pem: bytes
-    cert_file: Path
-    key_file: Path
+    cert_pem: bytes
+    key_pem: bytes
+
+    def secret_data(self) -> dict[str, str]:
+        """As a kubernetes.io/tls Secret's data (base64), with the CA beside it."""
+        return {"tls.crt": _b64(self.cert_pem), "tls.key": _b64(self.key_pem), "ca.crt": _b64(self.ca_pem)}
+
+    @classmethod
+    def from_secret_data(cls, data: dict[str, str]) -> "ServingCert":
+        return cls(*(base64.b64decode(data[k]) for k in ("ca.crt", "tls.crt", "tls.key")))
+
+    def server_context(self) -> ssl.SSLContext:
+        """A TLS server context with this certificate (ssl loads keys from files only: a private
+        temporary directory, removed before this returns)."""
+        context = ssl.create_default_context(purpose=ssl.Purpose.CLIENT_AUTH)
+        with tempfile.TemporaryDirectory(prefix="stepscope-webhook-") as folder:
+            cert_file, key_file = Path(folder) / "cert.pem", Path(folder) / "key.pem"
+            cert_file.write_bytes(self.cert_pem)
+            key_file.write_bytes(self.key_pem)  # the directory is 0700
+            context.load_cert_chain(cert_file, key_file)
+        return context
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 def _san(name: str) -> x509.GeneralName:
@@ -29,8 +57,13 @@ def _san(name: str) -> x509.GeneralName:
         return x509.DNSName(name)
 
 
-def generate(names: list[str], folder: Path, days: int = 365) -> ServingCert:
-    """Write cert.pem/key.pem for `names` (DNS names or IPs) signed by a fresh CA into `folder`."""
+# Long-lived like other self-signed webhook certificates: rotate by deleting its Secret and
+# restarting the operator (docs/security.md).
+DAYS = 3650
+
+
+def generate(names: list[str], days: int = DAYS) -> ServingCert:
+    """A certificate for `names` (DNS names or IPs) signed by a fresh CA."""
     now = dt.datetime.now(dt.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "stepscope-webhook-ca")])
@@ -49,9 +82,5 @@ def generate(names: list[str], folder: Path, days: int = 365) -> ServingCert:
             .add_extension(x509.SubjectAlternativeName([_san(n) for n in names]), critical=False)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .sign(ca_key, hashes.SHA256()))
-    folder.mkdir(parents=True, exist_ok=True)
-    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.touch(mode=0o600)
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    return ServingCert(ca.public_bytes(serialization.Encoding.PEM), cert_file, key_file)
+    return ServingCert(ca.public_bytes(serialization.Encoding.PEM), cert.public_bytes(serialization.Encoding.PEM),
+                       key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))

@@ -1,8 +1,11 @@
-"""`stepscope operator`: run the kopf operator (standalone: one replica, no peering objects)."""
+"""`stepscope operator`: run the kopf operator: standalone (one replica), or with `--peering`
+several replicas of which one handles sessions (kopf's peering: the highest priority runs, the
+others pause) while all of them serve the injection webhook."""
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 
 import kopf
@@ -18,6 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=9090, help="port of /metrics; 0 disables it (default %(default)s)")
     parser.add_argument("--key-file", default=None, help=f"the sidecars' HMAC key file, when ${{STEPSCOPE_HMAC_KEY}} is not set (env {KEY_FILE_ENV})")
     parser.add_argument("--webhook", action="store_true", help="also serve the sidecar injection webhook (STEPSCOPE_WEBHOOK_* env tune it)")
+    parser.add_argument("--peering", default=os.environ.get("STEPSCOPE_PEERING") or None,
+                        help="name of the KopfPeering objects that elect one replica to handle sessions (default: standalone, one replica)")
+    parser.add_argument("--priority", type=int, default=None,
+                        help="this replica's peering priority (default: random, so that replicas never tie; the highest handles sessions)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +35,13 @@ def run(args: argparse.Namespace) -> int:
     except KeyLoadError as exc:
         print(f"stepscope operator: {exc}", file=sys.stderr)
         return 2
+    # Injection covers the watched namespaces (stepscope.operator.settings reads it from here).
+    os.environ.setdefault("STEPSCOPE_NAMESPACES", ",".join(args.namespace))
     if args.metrics_port:
         metrics.serve(args.metrics_address, args.metrics_port)
-    kopf.run(registry=registry.build(with_webhook=args.webhook), standalone=True, clusterwide=not args.namespace, namespaces=args.namespace, liveness_endpoint=args.liveness)
+    # Replicas of the same priority would all pause; random ones elect whichever is highest.
+    priority = args.priority if args.priority is not None else secrets.randbelow(2**31 - 1) + 1
+    kopf.run(registry=registry.build(with_webhook=args.webhook), standalone=args.peering is None, peering_name=args.peering,
+             priority=priority if args.peering else None, clusterwide=not args.namespace, namespaces=args.namespace,
+             liveness_endpoint=args.liveness)
     return 0

@@ -17,6 +17,16 @@ SIDECAR_NAME = "stepscope-sidecar"
 VOLUME_NAME = "stepscope-run"
 SHARED_DIR = "/var/run/stepscope"
 BOOTSTRAP_DIR = f"{SHARED_DIR}/bootstrap"
+# The sidecar's own scratch space: its root filesystem is read-only.
+TMP_VOLUME_NAME = "stepscope-tmp"
+# The image's USER (Dockerfile); named here so that runAsNonRoot can be checked before the image is pulled.
+SIDECAR_UID = 10001
+# Pod Security "restricted" for the sidecar, whatever the pod's own securityContext says.
+SIDECAR_SECURITY_CONTEXT = {
+    "runAsNonRoot": True, "runAsUser": SIDECAR_UID, "runAsGroup": SIDECAR_UID,
+    "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 @dataclass(frozen=True)
@@ -52,8 +62,8 @@ def sidecar_container(cfg: InjectionSettings) -> dict[str, Any]:
         "startupProbe": {**probe, "failureThreshold": 30},
         "readinessProbe": probe,
         "resources": copy.deepcopy(cfg.resources),
-        "volumeMounts": [{"name": VOLUME_NAME, "mountPath": SHARED_DIR}],
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": VOLUME_NAME, "mountPath": SHARED_DIR}, {"name": TMP_VOLUME_NAME, "mountPath": "/tmp"}],
+        "securityContext": copy.deepcopy(SIDECAR_SECURITY_CONTEXT),
     }
 
 
@@ -78,9 +88,17 @@ def inject(spec: dict[str, Any], cfg: InjectionSettings) -> dict[str, Any] | Non
     init = list(spec.get("initContainers") or [])
     if any(c.get("name") == SIDECAR_NAME for c in init + list(spec.get("containers") or [])):
         return None
-    volumes = [v for v in spec.get("volumes") or [] if v.get("name") != VOLUME_NAME]
+    volumes = [v for v in spec.get("volumes") or [] if v.get("name") not in (VOLUME_NAME, TMP_VOLUME_NAME)]
     return {
-        "volumes": volumes + [{"name": VOLUME_NAME, "emptyDir": {}}],
+        "volumes": volumes + [{"name": VOLUME_NAME, "emptyDir": {}}, {"name": TMP_VOLUME_NAME, "emptyDir": {}}],
         "initContainers": [_with_mount(c) for c in init] + [sidecar_container(cfg)],
         "containers": [_with_mount(_with_training_env(c)) for c in spec.get("containers") or []],
     }
+
+
+def warnings(spec: dict[str, Any]) -> list[str]:
+    """What keeps the agent from starting in an injected pod, for the client that creates it."""
+    return [f"stepscope: container {c.get('name')} sets PYTHONPATH from valueFrom, so the agent's bootstrap ({BOOTSTRAP_DIR}) "
+            f"cannot be put on it and no capture will run there; set PYTHONPATH as a value, or include {BOOTSTRAP_DIR} in it"
+            for c in spec.get("containers") or []
+            for e in c.get("env") or [] if e.get("name") == "PYTHONPATH" and "valueFrom" in e]

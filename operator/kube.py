@@ -62,6 +62,10 @@ def rbac() -> kubernetes.client.RbacAuthorizationV1Api:
     return kubernetes.client.RbacAuthorizationV1Api(api_client())
 
 
+def admission() -> kubernetes.client.AdmissionregistrationV1Api:
+    return kubernetes.client.AdmissionregistrationV1Api(api_client())
+
+
 def custom() -> kubernetes.client.CustomObjectsApi:
     return kubernetes.client.CustomObjectsApi(api_client())
 
@@ -73,6 +77,13 @@ def get_session(namespace: str, name: str) -> dict[str, Any]:
 def patch_session_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
     """Merge-patch the status subresource (a JSON merge patch: None deletes a field)."""
     return custom().patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, {"status": status})
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a failed call: never an ApiException's body or headers (they dump the request)."""
+    if isinstance(exc, ApiException):
+        return f"the API server answered {exc.status} {exc.reason}"
+    return f"{exc.__class__.__name__}: {exc}"
 
 
 def is_not_found(exc: BaseException) -> bool:

@@ -18,8 +18,9 @@ from kubernetes.client.rest import ApiException
 from stepscope.operator import cancellation, credentials, fanout, jobs, kube, metrics, pod_record
 from stepscope.operator.pod_record import PodRecord
 from stepscope.operator.record import SessionRecord, destination, open_destination
-from stepscope.operator.selection import Target, label_selector, select_targets, target_of
-from stepscope.operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
+from stepscope.operator.namespace_keys import namespace_key
+from stepscope.operator.selection import Target, label_selector, not_injected, select_targets, target_of
+from stepscope.operator.settings import GROUP, INJECT_LABEL, PLURAL, VERSION, OperatorSettings
 from stepscope.operator.status import (MAX_FAILED_WORKERS, MAX_MESSAGE, PodProgress, StatusWriter, aggregate, failed_worker, now_iso, parse_iso,
                                        WAITING, pod_counts, registration_wait, set_condition, unregistered, unregistered_reason)
 from stepscope.session import SessionSpec, SpecError
@@ -43,9 +44,19 @@ def _api_message(exc: ApiException) -> str:
 
 @dataclass
 class Context:
-    """What every session's daemon shares: settings and the sidecars' HMAC key (never logged)."""
+    """What every session's daemon shares: settings and the operator's HMAC key (never logged)."""
     settings: OperatorSettings
     key: bytes
+
+    def key_for(self, namespace: str) -> bytes:
+        """What the sidecars of `namespace` verify with (stepscope.operator.namespace_keys)."""
+        return namespace_key(self.key, namespace)
+
+
+def _uninjected(pods: list[str]) -> str:
+    more = f" and {len(pods) - 3} more" if len(pods) > 3 else ""
+    return (f"not profiled: pod(s) {', '.join(pods[:3])}{more} asked for the sidecar ({INJECT_LABEL}=true) but started without it "
+            "(see their SidecarNotInjected events); recreate them to profile them")
 
 
 class Fail(Exception):
@@ -74,6 +85,7 @@ class SessionRunner:
         self.pods: PodRecord | None = None
         self.dest = ""
         self.unregistered: list[str] = []  # pods lost for want of a registered training process
+        self.uninjected: list[str] = []  # selected pods that asked for the sidecar and started without it
 
     @property
     def phase(self) -> str:
@@ -148,10 +160,13 @@ class SessionRunner:
         while True:
             pods = await self._list_pods(selector)
             targets = select_targets(pods)
+            self.uninjected = not_injected(pods)
             if targets:
                 return targets
             if time.time() - since >= self.settings.selection_grace_s:
                 seen = f"{len(pods)} pod(s) match but none is Running with a container port named 'stepscope'" if pods else "no pod matches"
+                if self.uninjected:
+                    seen += f"; {_uninjected(self.uninjected)}"
                 raise Fail("NoPodsSelected", f"spec.selector ({selector}) selects no Running pod with a stepscope sidecar in namespace {self.ns}: {seen}; label the training pods with stepscope.io/inject=\"true\" or fix spec.selector")
             await self._sleep(min(1.0, self.settings.selection_grace_s))
 
@@ -167,7 +182,7 @@ class SessionRunner:
         except pod_record.PodRecordTooLarge as exc:
             raise Fail("PodRecordTooLarge", f"{exc}; no sidecar was triggered") from None
         s = self.settings
-        outcomes = await asyncio.to_thread(fanout.trigger, todo, self.uid, body, self.ctx.key, concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
+        outcomes = await asyncio.to_thread(fanout.trigger, todo, self.uid, body, self.ctx.key_for(self.ns), concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
         accepted = already | {o.target.pod for o in outcomes if o.ok}
         refused = {o.target.pod: f"trigger refused: {o.error}" for o in outcomes if not o.ok}
         if not accepted:
@@ -178,7 +193,7 @@ class SessionRunner:
             record = await asyncio.to_thread(pod_record.write, self.ns, self.name, self.uid, self.pods)
         except pod_record.PodRecordTooLarge as exc:  # the split outgrew the room checked above: undo the fan-out
             raise Fail("PodRecordTooLarge", f"{exc}; the {len(accepted)} triggered sidecar(s) are cancelled") from None
-        message = f"{len(accepted)} sidecar(s) triggered" + (f", {len(refused)} refused" if refused else "")
+        message = f"{len(accepted)} sidecar(s) triggered" + (f", {len(refused)} refused" if refused else "") + (f"; {_uninjected(self.uninjected)}" if self.uninjected else "")
         failed = [failed_worker(pod, None, reason) for pod, reason in sorted(refused.items())][:MAX_FAILED_WORKERS]
         conditions = set_condition(self.status.get("conditions") or [], "Triggered", True, "Triggered", message, self.generation)
         await self._transition("Capturing", "Triggered", message, pods=pod_counts(record, self.pods), failedWorkers=failed, conditions=conditions)
@@ -234,7 +249,7 @@ class SessionRunner:
                 p.lost = "pod deleted during capture" if pod not in pods else f"pod left Running ({pods[pod].status.phase}) during capture"
             else:
                 live.append(target)
-        for o in await asyncio.to_thread(fanout.poll, live, self.uid, self.ctx.key, concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s):
+        for o in await asyncio.to_thread(fanout.poll, live, self.uid, self.ctx.key_for(self.ns), concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s):
             p = progress[o.target.pod]
             if o.ok:
                 p.answer, p.misses = o.answer, 0
@@ -349,7 +364,7 @@ class SessionRunner:
         except pod_record.PodRecordUnreadable:
             return  # the failure says so; the sidecars stop on their own after spec.timeoutSeconds
         if pods is not None:
-            await asyncio.to_thread(cancellation.cancel, self.ns, self.obj.get("spec") or {}, self.uid, pods.triggered, self.settings, self.ctx.key)
+            await asyncio.to_thread(cancellation.cancel, self.ns, self.obj.get("spec") or {}, self.uid, pods.triggered, self.settings, self.ctx.key_for(self.ns))
 
     async def _list_pods(self, selector: str) -> list[Any]:
         """The selected pods. A refusal the user must fix fails the session at once; any other

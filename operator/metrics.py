@@ -57,7 +57,8 @@ TRIGGERS = Counter("stepscope_sidecar_triggers_total", "sidecars that accepted a
 SIDECAR_ERRORS = Counter("stepscope_sidecar_errors_total", "failed requests to sidecars (each attempt)")
 STATUS_WRITES = Counter("stepscope_status_writes_total", "ProfileSession status patches written")
 ANALYSIS_JOBS = Counter("stepscope_analysis_jobs_total", "analysis Jobs created")
-REGISTRY = (SESSIONS, TRIGGERS, SIDECAR_ERRORS, STATUS_WRITES, ANALYSIS_JOBS)
+PODS_NOT_INJECTED = Counter("stepscope_pods_not_injected_total", "pods labelled stepscope.io/inject=true that started without the sidecar")
+REGISTRY = (SESSIONS, TRIGGERS, SIDECAR_ERRORS, STATUS_WRITES, ANALYSIS_JOBS, PODS_NOT_INJECTED)
 
 
 def render() -> str:

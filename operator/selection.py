@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from stepscope.operator.settings import SIDECAR_PORT_NAME
+from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION, SIDECAR_PORT_NAME
 from stepscope.session import SpecError
 
 
@@ -84,6 +84,20 @@ def sidecar_port(pod: Any) -> int | None:
             if port.name == SIDECAR_PORT_NAME:
                 return int(port.container_port)
     return None
+
+
+def has_sidecar(pod: Any) -> bool:
+    return sidecar_port(pod) is not None
+
+
+def started_without_sidecar(pod: Any) -> bool:
+    """Whether a pod asked for the sidecar (the inject label) and was admitted without it."""
+    meta = pod.metadata
+    return (meta.labels or {}).get(INJECT_LABEL) == "true" and not (meta.annotations or {}).get(INJECTED_ANNOTATION) and not has_sidecar(pod)
+
+
+def not_injected(pods: list[Any]) -> list[str]:
+    return sorted(p.metadata.name for p in pods if started_without_sidecar(p))
 
 
 def target_of(pod: Any) -> Target | None:

@@ -14,6 +14,12 @@ SIDECAR_PORT_NAME = "stepscope"
 SIDECAR_PORT = 7470
 INJECT_LABEL = "stepscope.io/inject"
 SESSION_LABEL = "stepscope.io/session"
+# Set by the webhook on every pod it gave a sidecar: a labelled pod without it was admitted without one.
+INJECTED_ANNOTATION = "stepscope.io/injected"
+# What the webhook warned about when it injected a pod (its client may be a controller nobody reads).
+INJECTION_WARNING_ANNOTATION = "stepscope.io/injection-warning"
+# Never injected, whatever operator.namespaces says (the operator's own namespace is excluded too).
+SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 
 
 def _float(name: str, default: float) -> float:
@@ -22,6 +28,10 @@ def _float(name: str, default: float) -> float:
 
 def _int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
+
+
+def _names(name: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in os.environ.get(name, "").split(",") if n.strip())
 
 
 @dataclass(frozen=True)
@@ -43,3 +53,13 @@ class OperatorSettings:
     hmac_secret_key: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_HMAC_SECRET_KEY", "key"))
     analysis_cpu: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_ANALYSIS_CPU", "1"))
     analysis_memory: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_ANALYSIS_MEMORY", "2Gi"))
+    # Where injection applies (the chart passes operator.namespaces; empty: every namespace) and
+    # the operator's own namespace, which never gets a sidecar.
+    namespaces: tuple[str, ...] = field(default_factory=lambda: _names("STEPSCOPE_NAMESPACES"))
+    own_namespace: str = field(default_factory=lambda: os.environ.get("POD_NAMESPACE", ""))
+
+    def injects_into(self, namespace: str) -> bool:
+        """Whether pods of `namespace` get the sidecar: the chart's webhook namespaceSelector, in code."""
+        if namespace in SYSTEM_NAMESPACES or namespace == self.own_namespace:
+            return False
+        return not self.namespaces or namespace in self.namespaces

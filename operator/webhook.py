@@ -1,82 +1,280 @@
 """The mutating webhook that adds the sidecar (stepscope.operator.injection says what) to pods
 labelled `stepscope.io/inject: "true"`, served by kopf over HTTPS with the operator's own
-certificate. Importing this module registers it, so only `stepscope operator --webhook` does."""
+certificate. Importing this module registers nothing; `stepscope operator --webhook` does.
+
+The Helm chart owns the MutatingWebhookConfiguration, every field of it (failurePolicy Ignore,
+timeout, selectors, the Service); the operator only keeps `clientConfig.caBundle` current (and
+the URL, when it is reached by one), by name, and never creates or deletes it. So a stop, a crash
+or a `helm upgrade` never removes or reshapes injection, and kopf's managed mode (which also
+wants a validating configuration and empties the webhook list on exit) stays off.
+
+Admission only computes a patch: nothing there calls the API server, so nothing there can fail a
+pod. The namespaces' key Secrets are written beside it (stepscope.operator.namespace_keys), and a
+labelled pod that got no sidecar is found by a periodic scan that posts an Event on it."""
 from __future__ import annotations
 
+import asyncio
 import base64
+import datetime as dt
+import logging
 import os
-import tempfile
-from collections.abc import AsyncIterator
-from pathlib import Path
+import ssl
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
+from kubernetes.client.rest import ApiException
 
-from stepscope.operator import certs, kube
+from stepscope.operator import certs, injection, kube, metrics
 from stepscope.operator.injection import InjectionSettings, inject
-from stepscope.operator.settings import INJECT_LABEL
+from stepscope.operator.namespace_keys import MANAGED_LABEL, NamespaceKeys
+from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION, INJECTION_WARNING_ANNOTATION, OperatorSettings
+from stepscope.operator.selection import started_without_sidecar
+
+HANDLER_ID = "inject-sidecar"
+log = logging.getLogger(__name__)
 
 
-def ensure_hmac_secret(namespace: str, cfg: InjectionSettings, key: bytes) -> None:
-    """Copy the operator's HMAC key into the pod's namespace: a secretKeyRef cannot cross namespaces."""
-    core = kube.core()
-    body = {"metadata": {"name": cfg.hmac_secret, "labels": {"app.kubernetes.io/managed-by": "stepscope"}},
-            "type": "Opaque", "data": {cfg.hmac_key: base64.b64encode(key).decode()}}
-    kube.create_or_get(core.create_namespaced_secret, core.read_namespaced_secret, namespace, body)
+def inject_sidecar(spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, warnings: list[str], **_: Any) -> None:
+    """Admit every pod: with the sidecar where its namespace is ready, else as it is, saying why."""
+    namespace = meta.get("namespace") or ""
+    try:
+        skipped = memo.injector.keys.problem(namespace) if namespace else "the pod's namespace is unknown at admission"
+        if skipped:
+            warnings.append(f"stepscope: pod admitted WITHOUT the profiling sidecar: {skipped}")
+            return
+        fields = inject(dict(spec), InjectionSettings.from_operator(memo.ctx.settings))
+        if fields is None:
+            return
+        problems = injection.warnings(dict(spec))
+        warnings.extend(problems)
+        for name, value in fields.items():
+            patch.spec[name] = value
+        patch.metadata.annotations[INJECTED_ANNOTATION] = "true"
+        if problems:
+            patch.metadata.annotations[INJECTION_WARNING_ANNOTATION] = "; ".join(problems)[:1024]
+    except Exception as exc:  # never deny: failurePolicy covers an unreachable webhook only
+        log.exception("injection failed for a pod in namespace %s", namespace)
+        patch.clear()
+        warnings.append(f"stepscope: pod admitted WITHOUT the profiling sidecar: the webhook failed ({exc.__class__.__name__})")
 
 
-def inject_sidecar(spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, dryrun: bool, warnings: list[str], **_: Any) -> None:
-    cfg = InjectionSettings.from_operator(memo.ctx.settings)
-    fields = inject(dict(spec), cfg)
-    if fields is None:
-        return
-    namespace = meta.get("namespace")
-    if namespace and not dryrun:
-        ensure_hmac_secret(namespace, cfg, memo.ctx.key)
-    elif not namespace:
-        warnings.append(f"stepscope: namespace unknown at admission; Secret {cfg.hmac_secret} must exist in the pod's namespace")
-    for name, value in fields.items():
-        patch.spec[name] = value
+def post_warning(pod: Any, reason: str, message: str) -> bool:
+    """A Warning Event on a pod, once per pod and reason whichever replica posts it (the name says
+    which); False when it was there already. From the upkeep's thread: kopf's posting needs a
+    handler's context."""
+    now = dt.datetime.now(dt.timezone.utc)
+    name = f"{pod.metadata.name}.{reason.lower()}.{pod.metadata.uid[:8]}"
+    try:
+        kube.core().create_namespaced_event(pod.metadata.namespace, _event(pod, name, reason, message, now))
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        return False
+    return True
 
 
-class ServiceWebhookServer(kopf.WebhookServer):
-    """kopf's HTTPS server whose client config names a Service, as in a cluster the API server
-    reaches the operator through one; without a Service it falls back to kopf's URL form."""
+def _event(pod: Any, name: str, reason: str, message: str, now: dt.datetime) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": pod.metadata.namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "namespace": pod.metadata.namespace, "uid": pod.metadata.uid},
+        "type": "Warning", "reason": reason, "message": message[:1024], "count": 1,
+        "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "stepscope-operator"}, "reportingComponent": "stepscope-operator"}
 
-    def __init__(self, *, service: str | None, namespace: str | None, service_port: int = 443, **kwargs: Any) -> None:
+
+class InjectionServer(kopf.WebhookServer):
+    """kopf's HTTPS server with a TLS context built here, from a certificate kept in memory
+    (kopf's own would want certificate files, or generate a certificate of its own)."""
+
+    def __init__(self, cert: certs.ServingCert, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.service, self.service_namespace, self.service_port = service, namespace, service_port
+        self.cert = cert
 
-    async def __call__(self, fn: Any) -> AsyncIterator[Any]:
-        async for config in super().__call__(fn):
-            if self.service:
-                config = {"service": {"name": self.service, "namespace": self.service_namespace, "port": self.service_port},
-                          **({"caBundle": config["caBundle"]} if config.get("caBundle") else {})}
-            yield config
+    def _build_ssl(self) -> tuple[bytes | None, ssl.SSLContext | None]:
+        return self.cert.ca_pem, self.cert.server_context()
 
 
-def webhook_server(folder: Path | None = None) -> ServiceWebhookServer:
-    """From STEPSCOPE_WEBHOOK_* env: the listening address/port, the Service in front of it, and
-    the host name the certificate is for."""
-    service = os.environ.get("STEPSCOPE_WEBHOOK_SERVICE") or None
-    namespace = os.environ.get("STEPSCOPE_WEBHOOK_NAMESPACE") or os.environ.get("POD_NAMESPACE", "stepscope")
-    host = os.environ.get("STEPSCOPE_WEBHOOK_HOST") or (f"{service}.{namespace}.svc" if service else "localhost")
-    addr = os.environ.get("STEPSCOPE_WEBHOOK_ADDR", "0.0.0.0")
-    names = [host, addr] + ([f"{service}.{namespace}.svc.cluster.local", service] if service else []) + ["127.0.0.1"]
-    cert = certs.generate(list(dict.fromkeys(names)), folder or Path(tempfile.mkdtemp(prefix="stepscope-webhook-")))
-    return ServiceWebhookServer(service=service, namespace=namespace, service_port=int(os.environ.get("STEPSCOPE_WEBHOOK_SERVICE_PORT", 443)),
-                                addr=addr, port=int(os.environ.get("STEPSCOPE_WEBHOOK_PORT", 9443)), host=host,
-                                certfile=cert.cert_file, pkeyfile=cert.key_file, cadata=cert.ca_pem)
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the API server reaches the webhook: the chart's Service, or a URL (a local operator)."""
+    config: str
+    tls_secret: str
+    service: str | None
+    namespace: str
+    url: str | None
+    addr: str
+    port: int
+
+    @classmethod
+    def from_env(cls) -> "Endpoint":
+        service = os.environ.get("STEPSCOPE_WEBHOOK_SERVICE") or None
+        return cls(config=os.environ.get("STEPSCOPE_WEBHOOK_CONFIG", "stepscope-injector.stepscope.io"),
+                   tls_secret=os.environ.get("STEPSCOPE_WEBHOOK_TLS_SECRET", "stepscope-webhook-tls"),
+                   service=service, namespace=os.environ.get("STEPSCOPE_WEBHOOK_NAMESPACE") or os.environ.get("POD_NAMESPACE", "stepscope"),
+                   url=os.environ.get("STEPSCOPE_WEBHOOK_URL") or None,
+                   addr=os.environ.get("STEPSCOPE_WEBHOOK_ADDR", "0.0.0.0"), port=int(os.environ.get("STEPSCOPE_WEBHOOK_PORT", 9443)))
+
+    @property
+    def hook_name(self) -> str:
+        return f"{HANDLER_ID}.{self.config}"
+
+    def names(self) -> list[str]:
+        """The names the serving certificate is for: the Service's DNS names, the URL's host, the address."""
+        names = [f"{self.service}.{self.namespace}.svc", f"{self.service}.{self.namespace}.svc.cluster.local", self.service] if self.service else []
+        if self.url:
+            names.append(self.url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]"))
+        names += [self.addr, "localhost", "127.0.0.1"]
+        return list(dict.fromkeys(n for n in names if n and n not in ("0.0.0.0", "::")))
+
+    def client_config_ops(self, config: dict[str, Any], ca_bundle: str) -> list[dict[str, Any]] | None:
+        """JSON patch operations that put our CA (and URL) into our webhook; [] when current, None
+        when the configuration has no webhook of ours."""
+        for i, hook in enumerate(config.get("webhooks") or []):
+            if hook.get("name") != self.hook_name:
+                continue
+            client = hook.get("clientConfig") or {}
+            guard = {"op": "test", "path": f"/webhooks/{i}/name", "value": self.hook_name}
+            if self.url:
+                wanted = {"url": f"{self.url.rstrip('/')}/{HANDLER_ID}", "caBundle": ca_bundle}
+                return [] if client == wanted else [guard, {"op": "add", "path": f"/webhooks/{i}/clientConfig", "value": wanted}]
+            return [] if client.get("caBundle") == ca_bundle else [guard, {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": ca_bundle}]
+        return None
 
 
-def configure_webhook(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.admission.server = webhook_server()
-    # kopf keeps this MutatingWebhookConfiguration's webhooks and caBundle in step with the server.
-    settings.admission.managed = os.environ.get("STEPSCOPE_WEBHOOK_CONFIG", "stepscope-injector.stepscope.io") or None
+class Injector:
+    """What runs beside admission: the CA in the webhook configuration, the namespaces' key
+    Secrets, and the scan for labelled pods admitted without the sidecar."""
+
+    def __init__(self, settings: OperatorSettings, key: bytes, endpoint: Endpoint, ca_pem: bytes) -> None:
+        self.settings, self.endpoint = settings, endpoint
+        self.keys = NamespaceKeys(settings, key)
+        self.ca_bundle = base64.b64encode(ca_pem).decode()
+        self.interval_s = float(os.environ.get("STEPSCOPE_INJECTION_RESYNC_S", 15))
+        self.namespaces: set[str] = set(n for n in settings.namespaces if settings.injects_into(n))
+        self.reported: set[str] = set()  # uids of labelled pods already looked at (and given their Event)
+        self._config_state = ""
+        self._logged: dict[str, str | None] = {}
+        self.owner: dict[str, Any] | None = None  # the webhook configuration, once read
+
+    # -- the webhook configuration ----------------------------------------------------------
+    def keep_ca_bundle(self) -> None:
+        admission = kube.admission()
+        try:
+            config = kube.api_client().sanitize_for_serialization(admission.read_mutating_webhook_configuration(self.endpoint.config))
+            # Cluster-scoped, so it may own the key Secrets in every namespace: `helm uninstall`
+            # deletes it and the garbage collector the Secrets (no blockOwnerDeletion: no finalizer rights needed).
+            self.owner = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                          "name": config["metadata"]["name"], "uid": config["metadata"]["uid"]}
+            ops = self.endpoint.client_config_ops(config, self.ca_bundle)
+            if ops is None:
+                state = f"MutatingWebhookConfiguration {self.endpoint.config} has no webhook {self.endpoint.hook_name}: install the chart's webhook.yaml"
+            else:
+                if ops:
+                    admission.patch_mutating_webhook_configuration(self.endpoint.config, ops)
+                state = "current"
+        except ApiException as exc:
+            if exc.status == 404:
+                self.owner = None
+            state = (f"MutatingWebhookConfiguration {self.endpoint.config} not found: install the chart's webhook.yaml" if exc.status == 404
+                     else f"cannot update MutatingWebhookConfiguration {self.endpoint.config}: {kube.describe(exc)}")
+        if state != self._config_state:
+            (log.info if state == "current" else log.warning)("webhook configuration: %s", "caBundle current" if state == "current" else state)
+            self._config_state = state
+
+    # -- the namespaces' keys ---------------------------------------------------------------
+    def list_namespaces(self) -> None:
+        """Every namespace, for an operator run without --namespace (the chart always names them)."""
+        if self.settings.namespaces:
+            return
+        names = {ns.metadata.name for ns in kube.core().list_namespace().items if (ns.status and ns.status.phase) != "Terminating"}
+        self.namespaces = {n for n in names if self.settings.injects_into(n)}
+
+    def reconcile_keys(self, everything: bool) -> None:
+        for namespace in sorted(self.namespaces):
+            if everything or self.keys.problem(namespace):
+                self.keys.reconcile(namespace, self.owner)
+            problem = self.keys.problem(namespace)
+            if problem != self._logged.get(namespace):  # once per change, not every round
+                (log.warning if problem else log.info)("%s", problem or f"namespace {namespace}: key Secret ready")
+                self._logged[namespace] = problem
+
+    # -- labelled pods without a sidecar ----------------------------------------------------
+    def report_uninjected(self) -> None:
+        # Labelled pods only, from the API server's cache (resourceVersion 0): at thousands of
+        # training pods this list is the upkeep's biggest read, hence every fourth round only.
+        selector = f"{INJECT_LABEL}=true"
+        core = kube.core()
+        if self.settings.namespaces:
+            pods = [p for ns in self.settings.namespaces for p in core.list_namespaced_pod(ns, label_selector=selector, resource_version="0").items]
+        else:
+            pods = core.list_pod_for_all_namespaces(label_selector=selector, resource_version="0").items
+        live = set()
+        for pod in pods:
+            live.add(pod.metadata.uid)
+            if pod.metadata.uid in self.reported:
+                continue
+            if started_without_sidecar(pod):
+                why = self.keys.problem(pod.metadata.namespace) or "the injection webhook was not reached when it was created (operator stopped, starting or too slow; failurePolicy Ignore let it through)"
+                if post_warning(pod, "SidecarNotInjected", f"labelled {INJECT_LABEL}=true but started without the stepscope sidecar: {why}; recreate the pod to profile it"):
+                    metrics.PODS_NOT_INJECTED.inc()
+            elif warning := (pod.metadata.annotations or {}).get(INJECTION_WARNING_ANNOTATION):
+                post_warning(pod, "SidecarInjectionWarning", warning)
+            self.reported.add(pod.metadata.uid)
+        self.reported &= live
+
+    def resync(self, rounds: int) -> None:
+        """One round of everything, each part on its own: one failing does not stop the others."""
+        full = rounds % 4 == 0  # the costly parts: every Secret rewritten, every labelled pod read
+        parts = [self.keep_ca_bundle, self.list_namespaces, lambda: self.reconcile_keys(everything=full)]
+        for part in parts + ([self.report_uninjected] if full else []):
+            try:
+                part()
+            except Exception as exc:
+                log.warning("injection upkeep: %s", kube.describe(exc))
+
+    async def run(self) -> None:
+        rounds = 0
+        while True:
+            await asyncio.to_thread(self.resync, rounds)
+            rounds += 1
+            await asyncio.sleep(self.interval_s)
+
+
+def serving_cert(endpoint: Endpoint) -> certs.ServingCert:
+    """The certificate every replica serves with, so that one caBundle fits them all: the first
+    one to start writes it into a Secret of its namespace, the others read it."""
+    fresh = certs.generate(endpoint.names())
+    core = kube.core()
+    body = {"metadata": {"name": endpoint.tls_secret, "labels": MANAGED_LABEL}, "type": "kubernetes.io/tls", "data": fresh.secret_data()}
+    try:
+        stored = kube.create_or_get(core.create_namespaced_secret, core.read_namespaced_secret, endpoint.namespace, body)
+        return certs.ServingCert.from_secret_data(stored.data)
+    except (ApiException, KeyError, ValueError) as exc:  # e.g. a local run without that namespace
+        log.warning("webhook certificate not shared through Secret %s/%s (%s): this process serves its own; "
+                    "more than one replica would fight over caBundle", endpoint.namespace, endpoint.tls_secret, kube.describe(exc))
+        return fresh
+
+
+async def configure_webhook(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    endpoint = Endpoint.from_env()
+    cert = await asyncio.to_thread(serving_cert, endpoint)
+    settings.admission.server = InjectionServer(cert, addr=endpoint.addr, port=endpoint.port, host=endpoint.names()[0])
+    settings.admission.managed = None  # the chart owns the configuration (see the module's doc)
+    injector = Injector(memo.ctx.settings, memo.ctx.key, endpoint, cert.ca_pem)
+    memo.injector = injector
+    # The first round before the server starts: namespaces that are ready get sidecars at once.
+    await asyncio.to_thread(injector.resync, 0)
+    memo.injector_task = asyncio.create_task(injector.run())
+
+
+async def stop_upkeep(memo: kopf.Memo, **_: Any) -> None:
+    task = getattr(memo, "injector_task", None)
+    if task is not None:
+        task.cancel()
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    """Put the injection webhook into `registry`, beside the session handlers."""
-    kopf.on.mutate("v1", "pods", labels={INJECT_LABEL: "true"}, operations=["CREATE"], id="inject-sidecar",
-                   side_effects=True, ignore_failures=True, registry=registry)(inject_sidecar)
+    """Put the injection webhook and its upkeep into `registry`, beside the session handlers."""
+    kopf.on.mutate("v1", "pods", labels={INJECT_LABEL: "true"}, operations=["CREATE"], id=HANDLER_ID, registry=registry)(inject_sidecar)
     kopf.on.startup(registry=registry)(configure_webhook)
+    kopf.on.cleanup(registry=registry)(stop_upkeep)

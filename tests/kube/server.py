@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import errors, rbac, resources
+from . import admission, errors, rbac, resources
 from .patches import apply_patch
 from .schema import validate_object
 from .selectors import field_selector, label_selector
@@ -47,6 +47,8 @@ class Api:
         self.bookmark_interval_s = bookmark_interval_s
         self.requests: list[tuple[str, str]] = []  # (method, path?query), for tests that check what a client asked
         self.users: dict[str, rbac.User] = {}
+        # (namespace, service) -> (host, port): where a webhook's clientConfig.service is reached.
+        self.service_endpoints: dict[tuple[str, str], tuple[str, int]] = {}
         if token:
             self.users[token] = ADMIN
         self.closing = asyncio.Event()
@@ -182,9 +184,15 @@ class Api:
                     return await self._watch(request, t, namespace)
                 return self._list(request, t, namespace)
             if method == "POST":
-                body = await self._body(request)
+                body, warnings = await self._body(request), []
                 self._admit(user, t, namespace, body)
-                return _json(self.store.create(t, namespace, body), 201)
+                if t.group == "" and t.plural == "pods" and namespace is not None:
+                    self.store.get(self.store.type_of("", "v1", "namespaces"), None, namespace)  # 404 before admission
+                    body, warnings = await admission.admit_pod(self.store, namespace, body, self.service_endpoints, user.name)
+                response = _json(self.store.create(t, namespace, body), 201)
+                for warning in warnings:
+                    response.headers.add("Warning", f'299 - "{warning}"')
+                return response
             if method == "DELETE":
                 items, _ = self.store.list(t, namespace, self._matcher(request, t))
                 for item in items:

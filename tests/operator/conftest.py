@@ -15,7 +15,7 @@ from stepscope.launch import free_port, launch_ranks
 from stepscope.operator import kube as operator_kube
 from stepscope.sidecar.daemon import Sidecar
 from tests.kube.fixtures import Kube, kube  # noqa: F401
-from tests.operator.harness import BUCKET, KEY, OperatorHarness, Pods
+from tests.operator.harness import BUCKET, KEY, OPERATOR_KEY, OperatorHarness, Pods
 
 CREDENTIALS = {"accessKeyId": "testing-key-id", "secretAccessKey": "testing-secret"}
 
@@ -59,9 +59,9 @@ def idle(tmp_path: Path) -> Iterator[Sidecar]:
 
 @pytest.fixture
 def cluster(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> Kube:  # noqa: F811 (the imported fixture)
-    """The API server with the CRD, the sidecars' key in the env, quick operator timings."""
+    """The API server with the CRD, the operator's key in the env, quick operator timings."""
     kube.apply_crd()
-    monkeypatch.setenv("STEPSCOPE_HMAC_KEY", KEY.decode())
+    monkeypatch.setenv("STEPSCOPE_HMAC_KEY", OPERATOR_KEY.decode())
     monkeypatch.setenv("STEPSCOPE_SELECTION_GRACE_S", "1.5")
     monkeypatch.setenv("STEPSCOPE_POLL_INTERVAL_S", "0.3")
     monkeypatch.setenv("STEPSCOPE_UNREACHABLE_POLLS", "3")

@@ -13,12 +13,15 @@ from kopf.testing import KopfRunner
 
 from stepscope.operator import registry
 from stepscope.operator.lifecycle import SessionRunner, Stopped
+from stepscope.operator.namespace_keys import namespace_key
 from stepscope.operator.settings import GROUP, PLURAL, SIDECAR_PORT_NAME, VERSION
 from tests.kube.helpers import wait_for
 
-KEY = b"operator-test-hmac-key-0123456789"
-BUCKET = "stepscope-test"
 NAMESPACE = "default"
+OPERATOR_KEY = b"operator-test-hmac-key-0123456789"
+# What the sidecars of NAMESPACE hold: the operator signs with its namespace's key.
+KEY = namespace_key(OPERATOR_KEY, NAMESPACE)
+BUCKET = "stepscope-test"
 
 
 class OperatorHarness:

@@ -11,7 +11,7 @@ import urllib.request
 from stepscope.launch import free_port
 from tests.kube.fixtures import Kube
 from tests.kube.helpers import wait_for
-from tests.operator.harness import KEY, OperatorHarness, session_spec
+from tests.operator.harness import OPERATOR_KEY, OperatorHarness, session_spec
 
 
 
@@ -25,7 +25,7 @@ def _get(url: str) -> str:
 
 def test_operator_process_serves_liveness_and_metrics(cluster: Kube, s3_endpoint: str) -> None:
     live, prom = free_port(), free_port()
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "STEPSCOPE_HMAC_KEY": KEY.decode(), "STEPSCOPE_SELECTION_GRACE_S": "1"}
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "STEPSCOPE_HMAC_KEY": OPERATOR_KEY.decode(), "STEPSCOPE_SELECTION_GRACE_S": "1"}
     process = subprocess.Popen([sys.executable, "-m", "stepscope.cli", "operator", "-n", "default", f"--liveness=http://127.0.0.1:{live}/healthz",
                                 "--metrics-address=127.0.0.1", f"--metrics-port={prom}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

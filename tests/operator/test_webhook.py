@@ -1,117 +1,357 @@
-"""The injection webhook over real HTTPS: kopf serves it with the operator's own certificate and
-registers it in a MutatingWebhookConfiguration; AdmissionReviews are POSTed to it as an API
-server would, and the JSON patch it answers is applied to the pod."""
+"""The injection webhook on the test API server, as a cluster runs it: the chart's own
+MutatingWebhookConfiguration, RBAC and ServiceAccount are applied, the operator runs as that
+ServiceAccount (not as admin), and pods are created through the API server, which calls the
+webhook over HTTPS through the chart's Service (tests/kube/admission.py) and applies Pod Security
+admission after it."""
 from __future__ import annotations
 
 import base64
 import json
-import ssl
-import urllib.request
-import uuid
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-import jsonpatch
 import kubernetes
 import pytest
-from cryptography import x509
 from kopf.testing import KopfRunner
 
 from stepscope.launch import free_port
-from stepscope.operator import registry
+from stepscope.operator import kube as operator_kube
+from stepscope.operator import metrics, registry
+from stepscope.operator.injection import BOOTSTRAP_DIR, SIDECAR_NAME
+from stepscope.operator.namespace_keys import namespace_key
+from tests.chart import CHART, render
 from tests.kube.fixtures import Kube
 from tests.kube.helpers import wait_for
-from tests.operator.harness import KEY
+from tests.operator.harness import KEY, OPERATOR_KEY, OperatorHarness, session_spec
 
+RELEASE_NS = "stepscope"
 CONFIG = "stepscope-injector.stepscope.io"
+HOOK = f"inject-sidecar.{CONFIG}"
+CHART_TEMPLATES = ("serviceaccount.yaml", "rbac.yaml", "rbac-webhook.yaml", "webhook.yaml", "peering.yaml")
+INJECT = {"stepscope.io/inject": "true"}
 
+
+class Chart:
+    """The chart's objects in the test API server, and the operator's environment as the
+    Deployment sets it, with the operator's ServiceAccount as its identity."""
+
+    def __init__(self, kube: Kube, monkeypatch: pytest.MonkeyPatch, namespaces: list[str],
+                 labels: dict[str, dict[str, str]] | None = None) -> None:
+        self.kube, self.monkeypatch = kube, monkeypatch
+        self.core = kubernetes.client.CoreV1Api(kube.api_client)
+        self.admission = kubernetes.client.AdmissionregistrationV1Api(kube.api_client)
+        self.namespaces = namespaces
+        kube.apply_crd(CHART / "crds" / "kopfpeering.yaml")
+        self.docs = render(*CHART_TEMPLATES, namespace=RELEASE_NS, operator={"namespaces": namespaces})
+        for ns in [RELEASE_NS, *namespaces]:
+            if ns != "default":
+                self.core.create_namespace({"metadata": {"name": ns, "labels": (labels or {}).get(ns) or {}}})
+        for doc in self.docs:
+            if doc["apiVersion"] == "kopf.dev/v1":
+                kubernetes.client.CustomObjectsApi(kube.api_client).create_namespaced_custom_object(
+                    "kopf.dev", "v1", doc["metadata"]["namespace"], "kopfpeerings", doc)
+            else:
+                kubernetes.utils.create_from_dict(kube.api_client, doc)
+        self.port = free_port()
+        kube.server.api.service_endpoints[(RELEASE_NS, "stepscope-webhook")] = ("127.0.0.1", self.port)
+        self.kubeconfig = kube.service_account_kubeconfig(RELEASE_NS, "stepscope-operator")
+        self.env = {"KUBECONFIG": str(self.kubeconfig), "POD_NAMESPACE": RELEASE_NS, "STEPSCOPE_NAMESPACES": ",".join(namespaces),
+                    "STEPSCOPE_WEBHOOK_PORT": str(self.port), "STEPSCOPE_WEBHOOK_ADDR": "127.0.0.1",
+                    "STEPSCOPE_WEBHOOK_SERVICE": "stepscope-webhook", "STEPSCOPE_WEBHOOK_NAMESPACE": RELEASE_NS,
+                    "STEPSCOPE_WEBHOOK_CONFIG": CONFIG, "STEPSCOPE_IMAGE": "registry.example/stepscope:test",
+                    "STEPSCOPE_INJECTION_RESYNC_S": "0.5"}
+        for name, value in self.env.items():
+            monkeypatch.setenv(name, value)
+        operator_kube.reset()
+
+    def operator(self, *peering: str) -> KopfRunner:
+        """The operator as the chart's Deployment runs it: webhook on, one --namespace per
+        operator.namespaces; standalone unless `peering` options are given."""
+        args = [*(peering or ["--standalone"]), *(f"--namespace={ns}" for ns in self.namespaces)]
+        return KopfRunner(["run", *args], registry=registry.build(with_webhook=True), timeout=60)
+
+    def chart_hook(self) -> dict[str, Any]:
+        (config,) = [d for d in self.docs if d["kind"] == "MutatingWebhookConfiguration"]
+        return config["webhooks"][0]
+
+    def stored_hooks(self) -> list[dict[str, Any]]:
+        return self.kube.server.call(lambda store: [dict(h) for h in next(
+            c for c in store.stored("admissionregistration.k8s.io", "mutatingwebhookconfigurations") if c["metadata"]["name"] == CONFIG)["webhooks"]])
+
+    def ca_bundle(self) -> str | None:
+        hooks = self.stored_hooks()
+        return hooks[0]["clientConfig"].get("caBundle") if hooks else None
+
+    def create_pod(self, namespace: str, name: str, labels: dict[str, str] | None = None, **spec: Any) -> tuple[dict[str, Any], list[str]]:
+        """Create a pod as a user would; the stored pod and the warnings the API server returned."""
+        body = {"metadata": {"name": name, "labels": labels if labels is not None else INJECT},
+                "spec": {"containers": [{"name": "pytorch", "image": "pytorch/pytorch"}], **spec}}
+        response = self.core.create_namespaced_pod(namespace, body, _preload_content=False)
+        warnings = [w.split('"', 1)[1].rsplit('"', 1)[0] for w in response.headers.get_all("Warning") or []]
+        return self.kube.api_client.sanitize_for_serialization(self.core.read_namespaced_pod(name, namespace)), warnings
+
+    def key_secret(self, namespace: str) -> bytes | None:
+        try:
+            return base64.b64decode(self.core.read_namespaced_secret("stepscope-hmac", namespace).data["key"])
+        except kubernetes.client.ApiException:
+            return None
+
+    def events(self, namespace: str, pod: str) -> list[dict[str, Any]]:
+        return [e.to_dict() for e in self.core.list_namespaced_event(namespace).items if e.involved_object.name == pod]
+
+
+def _listening(port: int) -> bool:
+    """What the Deployment's readinessProbe (tcpSocket) checks before the Service sends requests."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _ready(chart: Chart, *namespaces: str) -> None:
+    wait_for(lambda: chart.ca_bundle(), 30, "the operator to put its CA into the chart's webhook configuration")
+    wait_for(lambda: _listening(chart.port), 30, "the webhook to listen")
+    for ns in namespaces:
+        wait_for(lambda: chart.key_secret(ns), 30, f"the key Secret in namespace {ns}")
 
 
 @pytest.fixture
-def webhook(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    """The operator with its webhook; yields the webhook entry kopf registered."""
-    yield from _running_webhook(cluster, monkeypatch)
+def chart(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> Chart:
+    return Chart(cluster, monkeypatch, ["default", "secure"], labels={"secure": {"pod-security.kubernetes.io/enforce": "restricted"}})
 
 
-def _running_webhook(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    monkeypatch.setenv("STEPSCOPE_WEBHOOK_PORT", str(free_port()))
-    monkeypatch.setenv("STEPSCOPE_WEBHOOK_ADDR", "127.0.0.1")
-    monkeypatch.setenv("STEPSCOPE_WEBHOOK_CONFIG", CONFIG)
-    monkeypatch.setenv("STEPSCOPE_IMAGE", "registry.example/stepscope:test")
-    admission = kubernetes.client.AdmissionregistrationV1Api(cluster.api_client)
-    with KopfRunner(["run", "--standalone", "--all-namespaces"], registry=registry.build(with_webhook=True), timeout=60):
-        def registered() -> Any:
-            try:
-                hooks = admission.read_mutating_webhook_configuration(CONFIG).to_dict()["webhooks"] or []
-            except kubernetes.client.ApiException:
-                return None
-            return hooks[0] if hooks and hooks[0]["client_config"].get("ca_bundle") else None
-        yield wait_for(registered, 30, "kopf to register the webhook")
+@pytest.fixture
+def injecting(chart: Chart) -> Iterator[Chart]:
+    with chart.operator():
+        _ready(chart, "default")
+        yield chart
 
 
-def _review(config: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
-    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-              "request": {"uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                          "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
-                          "namespace": "default", "userInfo": {"username": "system:serviceaccount:kube-system:job-controller"},
-                          "object": pod, "dryRun": False}}
-    client = config["client_config"]
-    context = ssl.create_default_context(cadata=base64.b64decode(client["ca_bundle"]).decode())
-    request = urllib.request.Request(client["url"], data=json.dumps(review).encode(), method="POST", headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, context=context, timeout=10) as response:
-        return json.loads(response.read())["response"]
-
-
-def _pod(labels: dict[str, str], env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer-0", "namespace": "default", "labels": labels},
-            "spec": {"containers": [{"name": "pytorch", "image": "pytorch/pytorch", "env": env or []},
-                                    {"name": "logger", "image": "busybox"}]}}
+def _sidecar(pod: dict[str, Any]) -> dict[str, Any] | None:
+    return next((c for c in pod["spec"].get("initContainers") or [] if c["name"] == SIDECAR_NAME), None)
 
 
 def _env(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env") or []}
 
 
-def test_labelled_pod_gets_sidecar_volume_and_bootstrap(webhook: dict[str, Any], cluster: Kube) -> None:
-    assert webhook["failure_policy"] == "Ignore" and webhook["rules"][0]["operations"] == ["CREATE"]
-    pod = _pod({"stepscope.io/inject": "true"}, env=[{"name": "PYTHONPATH", "value": "/app/lib"}])
-    answer = _review(webhook, pod)
-    assert answer["allowed"] is True and answer["patchType"] == "JSONPatch"
-    patched = jsonpatch.apply_patch(pod, json.loads(base64.b64decode(answer["patch"])))
-    spec = patched["spec"]
-    (sidecar,) = spec["initContainers"]
-    assert sidecar["name"] == "stepscope-sidecar" and sidecar["image"] == "registry.example/stepscope:test"
-    assert sidecar["command"] == ["stepscope", "sidecar"] and sidecar["restartPolicy"] == "Always"
-    assert sidecar["ports"] == [{"name": "stepscope", "containerPort": 7470, "protocol": "TCP"}]
-    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "stepscope"}
-    env = _env(sidecar)
-    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}} and env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    assert env["STEPSCOPE_HMAC_KEY"] == {"secretKeyRef": {"name": "stepscope-hmac", "key": "key"}}
-    assert spec["volumes"] == [{"name": "stepscope-run", "emptyDir": {}}]
-    for container in spec["containers"] + spec["initContainers"]:
-        assert {"name": "stepscope-run", "mountPath": "/var/run/stepscope"} in container["volumeMounts"]
-    training, logger = spec["containers"]
-    assert _env(training)["PYTHONPATH"] == "/var/run/stepscope/bootstrap:/app/lib"
-    assert _env(logger)["PYTHONPATH"] == "/var/run/stepscope/bootstrap" and _env(logger)["STEPSCOPE_DIR"] == "/var/run/stepscope"
-    secret = kubernetes.client.CoreV1Api(cluster.api_client).read_namespaced_secret("stepscope-hmac", "default")
-    assert base64.b64decode(secret.data["key"]) == KEY
-
-    again = _review(webhook, patched)
-    assert again["allowed"] is True and "patch" not in again, "a pod that has the sidecar is left alone"
+def test_a_labelled_pod_gets_the_sidecar_through_the_api_server(injecting: Chart) -> None:
+    containers = [{"name": "pytorch", "image": "pytorch/pytorch", "env": [{"name": "PYTHONPATH", "value": "/app/lib"}]},
+                  {"name": "logger", "image": "busybox"}]
+    pod, warnings = injecting.create_pod("default", "trainer-0", containers=containers)
+    assert warnings == []
+    sidecar = _sidecar(pod)
+    assert sidecar is not None and sidecar["image"] == "registry.example/stepscope:test" and sidecar["restartPolicy"] == "Always"
+    assert pod["metadata"]["annotations"]["stepscope.io/injected"] == "true"
+    assert _env(sidecar)["STEPSCOPE_HMAC_KEY"] == {"secretKeyRef": {"name": "stepscope-hmac", "key": "key"}}
+    training, logger = pod["spec"]["containers"]
+    assert _env(training)["PYTHONPATH"] == f"{BOOTSTRAP_DIR}:/app/lib" and _env(logger)["PYTHONPATH"] == BOOTSTRAP_DIR
+    unlabelled, warnings = injecting.create_pod("default", "web-0", labels={"app": "web"})
+    assert _sidecar(unlabelled) is None and "annotations" not in unlabelled["metadata"] and warnings == []
 
 
-def test_unlabelled_pod_is_not_touched(webhook: dict[str, Any]) -> None:
-    answer = _review(webhook, _pod({"app": "web"}))
-    assert answer["allowed"] is True and "patch" not in answer
+def test_point1_5_the_operator_runs_under_the_chart_rbac_and_leaves_the_chart_fields_alone(injecting: Chart) -> None:
+    """kopf's managed mode needed validating configurations (Forbidden under the chart's RBAC,
+    then a crash) and rewrote timeoutSeconds, review versions and selectors."""
+    (hook,) = injecting.stored_hooks()
+    wanted = injecting.chart_hook()
+    assert {k: v for k, v in hook.items() if k != "clientConfig"} == {k: v for k, v in wanted.items() if k != "clientConfig"}
+    assert hook["clientConfig"] == {**wanted["clientConfig"], "caBundle": hook["clientConfig"]["caBundle"]}
+    paths = [path for _, path in injecting.kube.server.requests()]
+    assert not [p for p in paths if "validatingwebhookconfigurations" in p]
+    # A second round of upkeep changes nothing more (no write fights with the chart).
+    writes = [r for r in injecting.kube.server.requests() if r[0] in ("PATCH", "PUT") and "mutatingwebhookconfigurations" in r[1]]
+    wait_for(lambda: len([p for p in injecting.kube.server.requests() if "mutatingwebhookconfigurations" in p[1]]) > len(writes) + 2, 10, "more upkeep rounds")
+    assert [r for r in injecting.kube.server.requests() if r[0] in ("PATCH", "PUT") and "mutatingwebhookconfigurations" in r[1]] == writes
 
 
-def test_in_a_cluster_the_webhook_is_reached_through_its_service(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("STEPSCOPE_WEBHOOK_SERVICE", "stepscope-webhook")
-    monkeypatch.setenv("STEPSCOPE_WEBHOOK_NAMESPACE", "stepscope")
-    for hook in _running_webhook(cluster, monkeypatch):
-        assert hook["name"] == "inject-sidecar.stepscope-injector.stepscope.io"
-        client = hook["client_config"]
-        assert client["url"] is None
-        assert client["service"] == {"name": "stepscope-webhook", "namespace": "stepscope", "port": 443, "path": "/inject-sidecar"}
-        ca = x509.load_pem_x509_certificate(base64.b64decode(client["ca_bundle"]))
-        assert ca.subject.rfc4514_string() == "CN=stepscope-webhook-ca"
+def test_point1_the_operator_may_touch_its_own_webhook_configuration_only(chart: Chart) -> None:
+    other = {"metadata": {"name": "someone-elses.example.com"}, "webhooks": []}
+    chart.admission.create_mutating_webhook_configuration(other)
+    as_operator = kubernetes.client.AdmissionregistrationV1Api(kubernetes.config.new_client_from_config(config_file=str(chart.kubeconfig)))
+    as_operator.patch_mutating_webhook_configuration(CONFIG, {"metadata": {"labels": {"checked": "yes"}}})
+    for call in (lambda: as_operator.read_mutating_webhook_configuration(other["metadata"]["name"]),
+                 lambda: as_operator.patch_mutating_webhook_configuration(other["metadata"]["name"], {"metadata": {"labels": {"x": "y"}}}),
+                 lambda: as_operator.create_mutating_webhook_configuration({"metadata": {"name": "new.example.com"}, "webhooks": []}),
+                 lambda: as_operator.delete_mutating_webhook_configuration(CONFIG)):
+        with pytest.raises(kubernetes.client.ApiException) as refused:
+            call()
+        assert refused.value.status == 403
+
+
+def test_point2_a_failure_beside_admission_admits_the_pod_as_is_with_a_warning_and_an_event(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key Secret cannot be written in team-b: a stale one is there and the operator may not
+    patch it (an RBAC gap: its RoleBinding there is missing). Before, the webhook copied the
+    Secret during admission and denied the pod with a raw 403 dump."""
+    chart = Chart(cluster, monkeypatch, ["default", "team-b"])
+    rbac = kubernetes.client.RbacAuthorizationV1Api(cluster.api_client)
+    rbac.delete_namespaced_role_binding("stepscope-injection", "team-b")
+    chart.core.create_namespaced_secret("team-b", {"metadata": {"name": "stepscope-hmac"}, "stringData": {"key": "stale"}})
+    before = metrics.PODS_NOT_INJECTED.value
+    with chart.operator():
+        _ready(chart, "default")
+        pod, warnings = chart.create_pod("team-b", "trainer-0")
+        assert _sidecar(pod) is None and "stepscope.io/injected" not in (pod["metadata"].get("annotations") or {})
+        (warning,) = warnings
+        assert warning.startswith("stepscope: pod admitted WITHOUT the profiling sidecar: the key Secret stepscope-hmac of namespace team-b is not ready")
+        assert "403 Forbidden" in warning and "HTTPHeaderDict" not in warning
+        (event,) = wait_for(lambda: chart.events("team-b", "trainer-0"), 30, "the SidecarNotInjected event")
+        assert event["reason"] == "SidecarNotInjected" and event["type"] == "Warning" and "403 Forbidden" in event["message"]
+        wait_for(lambda: metrics.PODS_NOT_INJECTED.value == before + 1, 10, "the metric to count the pod")
+        # Once the gap is fixed the namespace gets its key and the next pods their sidecar.
+        for doc in chart.docs:
+            if doc["kind"] == "RoleBinding" and doc["metadata"]["namespace"] == "team-b":
+                rbac.create_namespaced_role_binding("team-b", doc)
+        wait_for(lambda: chart.key_secret("team-b") == namespace_key(OPERATOR_KEY, "team-b"), 30, "the key in team-b once the RoleBinding is back")
+        pod, warnings = chart.create_pod("team-b", "trainer-1")
+        assert _sidecar(pod) is not None and warnings == [], warnings
+
+
+def test_point3_an_injected_pod_is_admitted_under_pod_security_restricted(injecting: Chart) -> None:
+    wait_for(lambda: injecting.key_secret("secure"), 30, "the key Secret in the restricted namespace")
+    restricted = {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+                  "seccompProfile": {"type": "RuntimeDefault"}}
+    pod, _ = injecting.create_pod("secure", "trainer-0", containers=[{"name": "pytorch", "image": "pytorch/pytorch", "securityContext": restricted}])
+    sidecar = _sidecar(pod)
+    assert sidecar is not None and sidecar["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {m["mountPath"] for m in sidecar["volumeMounts"]} == {"/var/run/stepscope", "/tmp"}
+    # The check is real: a container without the restricted settings is refused in that namespace.
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        injecting.create_pod("secure", "loose-0")
+    message = json.loads(refused.value.body)["message"]
+    assert refused.value.status == 403 and message.startswith('pods "loose-0" is forbidden: violates PodSecurity "restricted:latest": ')
+    assert 'container "pytorch"' in message and SIDECAR_NAME not in message
+
+
+def test_point4_a_graceful_stop_keeps_the_webhook_and_pods_let_through_meanwhile_are_reported(chart: Chart, tmp_path: Path) -> None:
+    """SIGTERM to `stepscope operator --webhook` (every rollout, drain, eviction). Before, kopf's
+    cleanup emptied the webhook list and the next labelled pods started without a sidecar, silently."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, **chart.env, "STEPSCOPE_HMAC_KEY": OPERATOR_KEY.decode(), "TMPDIR": str(scratch)}
+    command = [sys.executable, "-m", "stepscope.cli", "operator", "--webhook", "--metrics-port", "0", "-n", "default", "-n", "secure",
+               f"--liveness=http://127.0.0.1:{free_port()}/healthz"]
+    log = tmp_path / "operator.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            _ready(chart, "default")
+            hooks = chart.stored_hooks()
+            pod, _ = chart.create_pod("default", "trainer-0")
+            assert _sidecar(pod) is not None
+        finally:
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(timeout=30)
+    assert code == 0, log.read_text()[-3000:]
+    assert chart.stored_hooks() == hooks, "a stop leaves the webhook configuration as it was"
+    assert list(scratch.iterdir()) == [], "no certificate or private key left on disk"
+    # With the operator stopped, failurePolicy Ignore lets a labelled pod through without a sidecar ...
+    pod, _ = chart.create_pod("default", "trainer-1")
+    assert _sidecar(pod) is None
+    # ... and the operator, once back, says so on the pod. It serves the same certificate as
+    # before (a Secret shares it between processes), so the caBundle never goes stale.
+    with chart.operator():
+        (event,) = wait_for(lambda: chart.events("default", "trainer-1"), 30, "the SidecarNotInjected event")
+        assert chart.stored_hooks() == hooks
+    assert event["reason"] == "SidecarNotInjected" and "not reached" in event["message"]
+    assert chart.events("default", "trainer-0") == []
+
+
+def test_point6_kube_system_the_release_namespace_and_unlisted_namespaces_are_never_injected(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
+    chart = Chart(cluster, monkeypatch, ["team-a"])
+    cluster.create_namespace("team-c")
+    with chart.operator():
+        _ready(chart, "team-a")
+        assert _sidecar(chart.create_pod("team-a", "trainer-0")[0]) is not None
+        for ns in ("kube-system", RELEASE_NS, "team-c", "default"):
+            pod, warnings = chart.create_pod(ns, "trainer-0")
+            assert _sidecar(pod) is None and warnings == [], f"{ns}: the namespaceSelector keeps the webhook out"
+            assert chart.key_secret(ns) is None, f"no key Secret in {ns}"
+
+
+def test_point7_each_namespace_has_its_own_key_and_the_operator_signs_with_it(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
+    chart = Chart(cluster, monkeypatch, ["default", "team-a"])
+    with chart.operator():
+        _ready(chart, "default", "team-a")
+    default_key, team_key = chart.key_secret("default"), chart.key_secret("team-a")
+    assert default_key == KEY == namespace_key(OPERATOR_KEY, "default")  # the sessions' tests sign with it
+    assert team_key == namespace_key(OPERATOR_KEY, "team-a") and team_key != default_key and OPERATOR_KEY not in (default_key, team_key)
+    assert chart.key_secret(RELEASE_NS) is None or chart.key_secret(RELEASE_NS) != default_key
+
+
+def test_point8_pythonpath_from_valuefrom_is_named_in_a_warning(injecting: Chart) -> None:
+    env = [{"name": "PYTHONPATH", "valueFrom": {"configMapKeyRef": {"name": "paths", "key": "python"}}}]
+    pod, warnings = injecting.create_pod("default", "trainer-0", containers=[{"name": "pytorch", "image": "pytorch/pytorch", "env": env}])
+    assert _sidecar(pod) is not None
+    (warning,) = warnings
+    assert "container pytorch sets PYTHONPATH from valueFrom" in warning and BOOTSTRAP_DIR in warning
+    # A Job's pods are created by its controller, which shows nobody the warning: the pod keeps it.
+    assert pod["metadata"]["annotations"]["stepscope.io/injection-warning"] == warning
+    (event,) = wait_for(lambda: injecting.events("default", "trainer-0"), 30, "the SidecarInjectionWarning event")
+    assert event["reason"] == "SidecarInjectionWarning" and event["message"] == warning
+
+
+def test_an_operator_outside_the_cluster_is_reached_by_url(chart: Chart, monkeypatch: pytest.MonkeyPatch) -> None:
+    """STEPSCOPE_WEBHOOK_URL (a local run, the e2e tests): the operator points its webhook there."""
+    monkeypatch.delenv("STEPSCOPE_WEBHOOK_SERVICE")
+    monkeypatch.setenv("STEPSCOPE_WEBHOOK_URL", f"https://127.0.0.1:{chart.port}")
+    with chart.operator():
+        _ready(chart, "default")
+        (hook,) = chart.stored_hooks()
+        assert hook["clientConfig"]["url"] == f"https://127.0.0.1:{chart.port}/inject-sidecar" and "service" not in hook["clientConfig"]
+        assert _sidecar(chart.create_pod("default", "trainer-0")[0]) is not None
+
+
+def test_two_replicas_elect_one_to_handle_sessions_and_both_serve_the_webhook(chart: Chart, monkeypatch: pytest.MonkeyPatch,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """operator.replicas: 2 (the chart's default): kopf's peering keeps the lower priority replica
+    paused (a peering replica starts paused and resumes only when no higher one is alive), which
+    still answers admission; when the other stops, it takes over the sessions."""
+    caplog.set_level(logging.INFO, logger="kopf")
+
+    def resumed() -> int:  # kopf logs one per served namespace when a replica starts handling it
+        return sum("Resuming operations after the pause" in r.getMessage() for r in caplog.records)
+
+    with chart.operator("--peering=stepscope", "--priority=20") as first:
+        _ready(chart, "default")
+        wait_for(lambda: resumed() == len(chart.namespaces), 30, "the first replica to handle its namespaces")
+        monkeypatch.setenv("STEPSCOPE_WEBHOOK_PORT", str(second_port := free_port()))
+        with chart.operator("--peering=stepscope", "--priority=10"):
+            wait_for(lambda: _listening(second_port), 30, "the second replica's webhook")
+            chart.kube.server.api.service_endpoints[(RELEASE_NS, "stepscope-webhook")] = ("127.0.0.1", second_port)
+            pod, warnings = chart.create_pod("default", "trainer-0")
+            assert _sidecar(pod) is not None and warnings == [], "the paused replica serves admission"
+            peers = kubernetes.client.CustomObjectsApi(chart.kube.api_client).get_namespaced_custom_object("kopf.dev", "v1", "default", "kopfpeerings", "stepscope")
+            assert sorted(p["priority"] for p in peers["status"].values()) == [10, 20]
+            assert resumed() == len(chart.namespaces), "the second replica stays paused"
+            first.__exit__(None, None, None)  # the leader goes (a rollout, a drain)
+            wait_for(lambda: resumed() == 2 * len(chart.namespaces), 60, "the second replica to take over")
+            harness = OperatorHarness(chart.kube)
+            harness.create_session("after-failover", session_spec({"app": "none"}, "http://127.0.0.1:1"))
+            harness.wait_phase("after-failover", ("Failed",), timeout=60)  # (the store is unreachable): it was handled
+
+
+def test_a_session_that_selects_pods_started_without_the_sidecar_says_so(chart: Chart, s3_endpoint: str) -> None:
+    pod, _ = chart.create_pod("default", "trainer-0", labels={**INJECT, "job": "resnet"})  # no operator: failurePolicy Ignore
+    assert _sidecar(pod) is None
+    chart.core.patch_namespaced_pod_status("trainer-0", "default", {"status": {"phase": "Running", "podIP": "127.0.0.1"}})
+    with chart.operator():
+        harness = OperatorHarness(chart.kube)
+        harness.create_session("resnet", session_spec({"job": "resnet"}, s3_endpoint))
+        status = harness.wait_phase("resnet", ("Failed",), timeout=30)
+    assert "not profiled: pod(s) trainer-0 asked for the sidecar (stepscope.io/inject=true) but started without it" in status["message"], status
+
+
+def test_point8_uninstalling_the_webhook_configuration_takes_the_key_secrets_along(injecting: Chart) -> None:
+    owner = injecting.core.read_namespaced_secret("stepscope-hmac", "default").metadata.owner_references
+    assert [(o.kind, o.name) for o in owner or []] == [("MutatingWebhookConfiguration", CONFIG)]
+    injecting.admission.delete_mutating_webhook_configuration(CONFIG)  # what `helm uninstall` does
+    wait_for(lambda: injecting.key_secret("default") is None and injecting.key_secret("secure") is None, 10, "the garbage collector")
