@@ -3,9 +3,11 @@ install` runs it). Without helm these tests skip and say so; tests/operator/test
 keeps the renderer-free checks of the templates."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,34 @@ def render(helm: str, *sets: str, namespace: str = RELEASE_NAMESPACE) -> list[di
         args += ["--set", value]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+class Failed(Exception):
+    """helm refused to render (a template's `fail` or `required`); the message is helm's."""
+
+
+def render_templates(*templates: str, namespace: str = RELEASE_NAMESPACE, **overrides: Any) -> list[dict[str, Any]]:
+    """The documents of the chart's `templates` (file names under templates/), rendered by the real
+    helm with values.yaml plus `overrides` (nested dicts merge, as `-f` does), in the order asked.
+    Skips the calling test when there is no helm."""
+    found = helm_binary()
+    if found is None:
+        pytest.skip("no helm binary: run `python helm/install_helm.py .venv/bin/helm` (make install does)")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as values:
+        yaml.safe_dump(overrides, values)
+        values.flush()
+        done = subprocess.run([found, "template", "stepscope", str(CHART), "--namespace", namespace, "--kube-version", "1.33",
+                               "-f", values.name], capture_output=True, text=True)
+    if done.returncode:
+        raise Failed(done.stderr.strip())
+    # --show-only would refuse a template that renders nothing (peering.yaml with one replica).
+    by_template: dict[str, list[dict[str, Any]]] = {}
+    for text in done.stdout.split("\n---\n"):
+        source = re.search(r"^# Source: stepscope/templates/(\S+)$", text, re.M)
+        doc = yaml.safe_load(text)
+        if source and doc:
+            by_template.setdefault(source.group(1), []).append(doc)
+    return [doc for template in templates for doc in by_template.get(template, [])]
 
 
 def apply_rbac(api_client: kubernetes.client.ApiClient, docs: list[dict[str, Any]]) -> None:

@@ -98,7 +98,7 @@ def as_rows(found: set[Grant], namespaces: tuple[str, ...] = NAMESPACES) -> set[
     """Grants in the table's words: one row for a grant that every operator.namespaces has."""
     rows = set()
     for g in found:
-        scope = "cluster" if g.scope == "cluster" else "each operator.namespaces" if g.scope in namespaces else g.scope
+        scope = {"cluster": "cluster", RELEASE_NAMESPACE: "release namespace"}.get(g.scope) or ("each operator.namespaces" if g.scope in namespaces else g.scope)
         if scope == "each operator.namespaces" and not all(Grant(g.verb, g.group, g.plural, g.names, ns) in found for ns in namespaces):
             scope = g.scope
         rows.add((g.verb, g.resource, ", ".join(g.names), scope))

@@ -25,7 +25,7 @@ from stepscope.launch import free_port
 from stepscope.operator import kube as operator_kube
 from stepscope.operator import registry
 from stepscope.operator.injection import SIDECAR_NAME
-from tests.chart import render
+from tests.chart.conftest import render_templates as render
 from tests.polling import wait_for
 
 TEMPLATES = ("serviceaccount.yaml", "rbac.yaml", "rbac-webhook.yaml", "webhook.yaml")

@@ -1,4 +1,4 @@
-"""The chart's webhook configuration and RBAC (rendered by tests/chart.py) against the code that
+"""The chart's webhook configuration and RBAC (rendered by the real helm, tests/chart/conftest.py) against the code that
 relies on them: valid objects, least privilege, and one idea of which namespaces are injected."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from stepscope.operator.settings import SYSTEM_NAMESPACES, OperatorSettings
 from stepscope.operator.webhook import HANDLER_ID
-from tests.chart import Failed, render
+from tests.chart.conftest import Failed, render_templates as render
 from tests.kube.admission import _matches
 from tests.operator.test_manifests import K8S_VERSION
 
@@ -20,13 +20,13 @@ def _by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] == kind]
 
 
-@pytest.mark.parametrize("namespaces", [["default"], ["team-a", "kube-system", "stepscope"]])
+@pytest.mark.parametrize("namespaces", [["default"], ["team-a", "stepscope"]])
 def test_webhook_templates_render_valid_objects(namespaces: list[str]) -> None:
     for doc in render(*TEMPLATES, operator={"namespaces": namespaces}):
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
-@pytest.mark.parametrize("namespaces", [[], ["team-a", "team-b"]])
+@pytest.mark.parametrize("namespaces", [["default"], ["team-a", "team-b", "stepscope"]])
 def test_the_namespace_selector_and_the_operator_agree_on_what_is_injected(namespaces: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     (config,) = _by_kind(render("webhook.yaml", operator={"namespaces": namespaces}), "MutatingWebhookConfiguration")
     (hook,) = config["webhooks"]
@@ -44,7 +44,7 @@ def test_the_namespace_selector_and_the_operator_agree_on_what_is_injected(names
 def test_webhook_rbac_is_least_privilege() -> None:
     """Its own webhook configuration by name; Secrets: create, and patch by name, never read; the
     rest only in the namespaces of operator.namespaces (none of the system ones, nor the release's)."""
-    docs = render("rbac-webhook.yaml", operator={"namespaces": ["team-a", "kube-system", "stepscope", "team-b"]})
+    docs = render("rbac-webhook.yaml", operator={"namespaces": ["team-a", "stepscope", "team-b"]})
     rules = [r for role in _by_kind(docs, "ClusterRole") for r in role["rules"]]
     assert all(set(r["verbs"]) <= {"get", "list", "create", "patch"} | ({"watch"} if r["resources"] == ["kopfpeerings"] else set())
                and "*" not in str(r) for r in rules)
@@ -76,7 +76,10 @@ def test_more_than_one_replica_runs_kopf_peering_and_rolls_without_a_gap() -> No
         assert [p["metadata"]["namespace"] for p in _by_kind(docs, "KopfPeering")] == (["team-a", "team-b"] if peering else [])
 
 
-def test_more_than_one_replica_needs_the_namespaces_it_elects_in() -> None:
-    with pytest.raises(Failed, match="operator.replicas > 1 needs operator.namespaces"):
+def test_the_chart_names_its_namespaces_and_never_a_system_one() -> None:
+    """No cluster-wide mode (docs/security.md), so also no replica set without namespaces to elect in."""
+    with pytest.raises(Failed, match="operator.namespaces is empty"):
         render("deployment.yaml", operator={"replicas": 2, "namespaces": []})
-    assert render("deployment.yaml", operator={"replicas": 1, "namespaces": []})[0]["spec"]["replicas"] == 1
+    with pytest.raises(Failed, match="operator.namespaces lists kube-system"):
+        render("webhook.yaml", operator={"namespaces": ["team-a", "kube-system"]})
+    assert render("deployment.yaml", operator={"replicas": 1, "namespaces": ["team-a"]})[0]["spec"]["replicas"] == 1
