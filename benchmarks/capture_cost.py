@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stepscope import AGENT_MODULE
 from stepscope.launch import free_port
 from stepscope.session import SessionSpec
 from stepscope.sidecar import shared_dir
@@ -84,9 +85,11 @@ def rss_mb(pid: int) -> float:
 class Run:
     """WORLD ranks of the workload with the agent bootstrap, their logs and RSS samples."""
 
-    def __init__(self, directory: Path, calls: int) -> None:
+    def __init__(self, directory: Path, calls: int, agent: Path | None) -> None:
         self.directory = directory
-        install_bootstrap(directory)
+        folder = install_bootstrap(directory)
+        if agent is not None:
+            (folder / f"{AGENT_MODULE}.py").write_bytes(agent.read_bytes())
         env = dict(os.environ)
         env.update(training_env(directory, env))
         env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(WORLD),
@@ -154,12 +157,12 @@ def states(directory: Path, session: str) -> dict[int, dict[str, Any]]:
 FINAL = ("done", "failed", "cancelled", "refused", "hung")
 
 
-def measure(case: str, calls: int, timeout: float) -> list[dict[str, Any]]:
+def measure(case: str, calls: int, timeout: float, agent: Path | None) -> list[dict[str, Any]]:
     """One run: warm up, trigger `case` ("none", "steps=N" or "duration=S"), wait for every rank's
     final state, watch AFTER_STEPS more steps."""
     with tempfile.TemporaryDirectory(prefix="stepscope-cost-") as tmp:
         directory = Path(tmp)
-        run = Run(directory, calls)
+        run = Run(directory, calls, agent)
         try:
             run.wait_steps(WARMUP_STEPS, 120)
             triggered = time.time()
@@ -167,7 +170,7 @@ def measure(case: str, calls: int, timeout: float) -> list[dict[str, Any]]:
             if case != "none":
                 kind, value = case.split("=")
                 capture = {"steps": int(value)} if kind == "steps" else {"durationSeconds": float(value)}
-                spec = SessionSpec.from_dict({"capture": {"waitSteps": 1, **capture}})
+                spec = SessionSpec.from_dict({"capture": {"waitSteps": 1, **capture}, "storage": {"uri": "file:///unused"}})
                 shared_dir.write_request(directory, session, "capture", spec.to_dict()["capture"], spec.hangTimeoutSeconds)
                 deadline = time.monotonic() + timeout
                 while not (len(s := states(directory, session)) == WORLD and all(v.get("state") in FINAL for v in s.values())):
@@ -216,18 +219,19 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=100_000, help="helper calls per step (CPU-heavy Python)")
     p.add_argument("--cases", default="steps=2,steps=20,duration=2", help="comma-separated: steps=N or duration=S")
     p.add_argument("--timeout", type=float, default=400, help="seconds to wait for a capture to end")
+    p.add_argument("--agent", type=Path, help="agent file to install instead of this checkout's (to compare versions)")
     p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_worker:
         rank_main(args.calls)
         return
-    rows = measure("none", args.calls, args.timeout)
+    rows = measure("none", args.calls, args.timeout, args.agent)
     ref_step = max(r["max_step_during_s"] for r in rows)
     print(f"reference (no capture): longest step {ref_step:.3f} s, RSS {max(r['rss_peak_mb'] for r in rows):.0f} MB")
     header = f"{'case':<12}{'rank':>4} {'state':<9}{'max step during':>16}{'after':>8}{'x ref':>7}{'RSS before':>11}{'peak':>7}{'after':>7}{'trace MB':>9}{'events/step':>12}"
     print(header)
     for case in args.cases.split(","):
-        for r in measure(case, args.calls, args.timeout):
+        for r in measure(case, args.calls, args.timeout, args.agent):
             worst = max(r["max_step_during_s"], r["max_step_after_s"])
             print(f"{r['case']:<12}{r['rank']:>4} {r['state']:<9}{r['max_step_during_s']:>16.3f}{r['max_step_after_s']:>8.3f}"
                   f"{worst / ref_step:>7.1f}{r['rss_before_mb']:>11.0f}{r['rss_peak_mb']:>7.0f}{r['rss_after_mb']:>7.0f}"
