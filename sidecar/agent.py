@@ -367,9 +367,10 @@ class Agent:
         if self._cancel_unstarted(s):
             return
         if s.state == "waiting":
-            if self._probing(s):
+            start_at = s.trigger_step + s.wait_steps
+            if self._probing(s, start_at):
                 return
-            if self.step_count >= s.trigger_step + s.wait_steps:
+            if self.step_count >= start_at:
                 self._start_profiler(s)
             return
         if s.state != "capturing" or s.prof is None:
@@ -388,12 +389,13 @@ class Agent:
         else:
             s.prof.step()
 
-    def _probing(self, s: _Session) -> bool:
+    def _probing(self, s: _Session, start_at: int) -> bool:
         """The capture budget's first stage, before a withStack capture: count the Python calls of
-        one step (the last wait step, or one more), and drop the stacks when the capture would
-        record more than maxStackEvents of them: each costs the training thread time when the
-        profiler stops. True while the probe step runs."""
-        if not s.with_stack or s.probed:
+        one step (the last wait step; one more step where none is left, a request that came with
+        waitSteps 0 or that the watchdog read), and drop the stacks when the capture would record
+        more than maxStackEvents of them: each costs the training thread time when the profiler
+        stops. True while the probe step runs."""
+        if not s.with_stack or s.probed or (s.probe is None and self.step_count + 1 < start_at):
             return False
         if s.probe is None:
             if sys.getprofile() is not None:
@@ -402,7 +404,7 @@ class Agent:
                 return False
             s.probe = _CallCounter()
             sys.setprofile(s.probe)
-            if self.step_count >= s.trigger_step + s.wait_steps:
+            if self.step_count >= start_at:
                 s.notes.append("the capture started one step late: that step counted the Python calls for the capture budget")
             return True
         sys.setprofile(None)

@@ -15,6 +15,7 @@ from typing import Any
 
 from stepscope.sidecar.control import ControlServer
 from stepscope.sidecar.sessions import EXPORT_GRACE_S, LEFTOVER_TTL_S, MAX_LOCAL_MB, STALE_AFTER_S, SessionManager
+from stepscope.retry import RetryPolicy
 from stepscope.sidecar.uploads import Uploader
 from stepscope.wire import DEFAULT_DIR, DEFAULT_PORT, DIR_ENV
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, Verifier, load_key
@@ -30,8 +31,9 @@ class Sidecar:
                  upload_base_delay_s: float = 2.0, keep_local: bool = False, stale_after_s: float = STALE_AFTER_S,
                  export_grace_s: float = EXPORT_GRACE_S, leftover_ttl_s: float = LEFTOVER_TTL_S, max_local_mb: float = MAX_LOCAL_MB) -> None:
         self.dir = stepscope_dir
-        self.uploader = Uploader(attempts=upload_attempts, base_delay_s=upload_base_delay_s)
+        self.uploader = Uploader()
         self.manager = SessionManager(stepscope_dir, pod=pod or socket.gethostname(), node=node, uploader=self.uploader,
+                                      retry=RetryPolicy(attempts=upload_attempts, base_delay_s=upload_base_delay_s, max_delay_s=60.0),
                                       nvml_backend=nvml_backend, poll_interval_s=poll_interval_s, keep_local=keep_local,
                                       stale_after_s=stale_after_s, export_grace_s=export_grace_s, leftover_ttl_s=leftover_ttl_s,
                                       max_local_mb=max_local_mb)
@@ -69,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pod", default=os.environ.get("POD_NAME") or socket.gethostname(), help="this pod's name (env POD_NAME)")
     parser.add_argument("--node", default=os.environ.get("NODE_NAME", ""), help="this node's name (env NODE_NAME)")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between reads of the ranks' state files")
-    parser.add_argument("--upload-attempts", type=int, default=6, help="tries per artifact before it counts as failed")
+    parser.add_argument("--upload-attempts", type=int, default=6, help="tries per store request that failed for a transient reason (a permanent one fails at once)")
     parser.add_argument("--keep-local", action="store_true", help="keep traces in the shared directory after their upload")
     parser.add_argument("--leftover-ttl", type=float, default=LEFTOVER_TTL_S,
                         help="seconds after their last change that files no session needs are removed (default %(default)s)")

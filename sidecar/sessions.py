@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from stepscope import layout, wire
+from stepscope.retry import RetryPolicy
 from stepscope.session import SessionSpec, SpecError
 from stepscope.sidecar import shared_dir
 from stepscope.sidecar.uploads import Job, Uploader
@@ -152,13 +153,14 @@ class Session:
 class SessionManager:
     """Thread-safe: HTTP handler threads, the follower thread and the upload worker all call in."""
 
-    def __init__(self, stepscope_dir: Path, *, pod: str, node: str, uploader: Uploader, nvml_backend: Any = None,
+    def __init__(self, stepscope_dir: Path, *, pod: str, node: str, uploader: Uploader, retry: RetryPolicy | None = None, nvml_backend: Any = None,
                  poll_interval_s: float = 0.5, keep_local: bool = False, stale_after_s: float = STALE_AFTER_S,
                  export_grace_s: float = EXPORT_GRACE_S, leftover_ttl_s: float = LEFTOVER_TTL_S,
                  max_local_mb: float = MAX_LOCAL_MB) -> None:
         self.dir = stepscope_dir
         self.pod, self.node = pod, node
         self._uploader = uploader
+        self._retry = retry
         self._backend = nvml_backend
         self._poll_interval_s = poll_interval_s
         self._keep_local = keep_local
@@ -214,7 +216,7 @@ class SessionManager:
                 return 400, {"error": "body.destination (the session's folder in the store) is required"}
             try:
                 store = open_store(destination, endpoint=spec.storage.endpoint, region=spec.storage.region,
-                                   credentials=body.get("credentials") or None)
+                                   credentials=body.get("credentials") or None, retry=self._retry)
             except StoreError as exc:
                 return 400, {"error": str(exc)}
             # The session folder is the agents' to create: they may run as another user than the sidecar.
