@@ -207,7 +207,6 @@ def measure(case: str, calls: int, timeout: float, agent: Path | None) -> list[d
                     "max_step_after_s": max(after, default=0.0), "rss_before_mb": before[0], "rss_peak_mb": peak,
                     "rss_after_mb": last, "trace_mb": size / 1e6, "events_per_step": events / captured if events else 0,
                     "capture_s": ended - triggered,
-                    "leftovers": sorted(p.name for p in (directory / session).glob("*") if ".state." not in p.name) if case != "none" else [],
                 })
             return results
         finally:
@@ -237,8 +236,6 @@ def main() -> None:
                   f"{worst / ref_step:>7.1f}{r['rss_before_mb']:>11.0f}{r['rss_peak_mb']:>7.0f}{r['rss_after_mb']:>7.0f}"
                   f"{r['trace_mb']:>9.2f}{r['events_per_step']:>12.0f}")
             print(f"    capture took {r['capture_s']:.1f} s; message: {r['message']}")
-            if r["leftovers"]:
-                print(f"    left in the session folder: {', '.join(r['leftovers'])}")
             sys.stdout.flush()
 
 

@@ -463,8 +463,6 @@ class Agent:
         """Cancel a session whose profiler never started; any thread may, even while training hangs."""
         if not s.cancel or s.prof is not None or s.state not in ("waiting", "hung"):
             return False
-        if s.probe is not None and sys.getprofile() is s.probe:
-            sys.setprofile(None)
         self._finish(s, "cancelled", message=f"cancelled at step {self.step_count} before capture started")
         return True
 
@@ -577,6 +575,8 @@ class Agent:
         self._finish(s, "failed", message=s.error)
 
     def _finish(self, s: _Session, state: str, *, message: str) -> None:
+        if s.probe is not None:
+            s.probe.active = False  # it removes itself on the training thread's next call
         s.state = state
         if s.end_time is None:
             s.end_time = time.time()
@@ -749,7 +749,7 @@ class Agent:
                 s.error = f"process exited after {self.step_count - (s.start_step or 0)} captured step(s)"
                 # Export here: a thread started on the way out is not waited for.
                 self._stop_profiler(s, "failed", background=False)
-            elif s is not None and s.state in wire.ACTIVE_STATES:
+            elif s is not None and s.state in (wire.WAITING, wire.CAPTURING, wire.HUNG):  # a `writing` one finishes its export
                 s.error = f"process exited at step {self.step_count} before the capture finished"
                 self._finish(s, "failed", message=s.error)
             try:
@@ -765,10 +765,13 @@ class _CallCounter:
     def __init__(self) -> None:
         self.calls = 0
         self.started = _monotonic()
+        self.active = True
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
         if event == "call" or event == "c_call":
             self.calls += 1
+            if not self.active:  # the session ended on another thread; setprofile is per thread
+                sys.setprofile(None)
 
 
 def _rss_mb() -> float:

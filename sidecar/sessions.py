@@ -443,6 +443,9 @@ class SessionManager:
             phase, message = "Failed", "; ".join(failures[:5]) + (f" (+{len(failures) - 5} more)" if len(failures) > 5 else "")
         else:
             phase, message = "Succeeded", f"{len(ranks)} rank(s) captured and uploaded to {session.destination}"
+        degraded = [r for _, r in sorted(session.ranks.items()) if r.degraded]
+        if degraded and phase in FINISHED_PHASES:
+            message += f"; {len(degraded)} rank(s) degraded by the capture budget, rank {degraded[0].rank}: {'; '.join(degraded[0].degraded)}"
         session.message = message
         self._transition(session, phase)
 
