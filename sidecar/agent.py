@@ -138,7 +138,7 @@ class _Session:
         self.probe: _CallCounter | None = None  # counts one step's Python calls before a withStack capture
         self.probed = False
         self.rss_start_mb = 0.0
-        self.state = "waiting"
+        self.state = wire.WAITING
         self.trigger_step = trigger_step
         self.start_step: int | None = None
         self.end_step: int | None = None
@@ -294,23 +294,23 @@ class Agent:
                 active.cancel = True
             elif session_id not in self._handled and not self._already_final(folder):
                 self._handled.add(session_id)
-                self._answer_without_capture(session_id, folder, "cancelled", "cancelled before the capture request reached this rank")
+                self._answer_without_capture(session_id, folder, wire.CANCELLED, "cancelled before the capture request reached this rank")
             return
         if session_id in self._handled or (active is not None and active.id == session_id):
             return
         self._handled.add(session_id)
         if action != "capture" or request.get("version") != wire.WIRE_VERSION:
-            self._answer_without_capture(session_id, folder, "failed", f"unsupported request: version {request.get('version')!r}, action {action!r} (this agent speaks version {wire.WIRE_VERSION}, actions capture and cancel)")
+            self._answer_without_capture(session_id, folder, wire.FAILED, f"unsupported request: version {request.get('version')!r}, action {action!r} (this agent speaks version {wire.WIRE_VERSION}, actions capture and cancel)")
             return
         if active is not None:
-            self._answer_without_capture(session_id, folder, "refused", f"session {active.id} is still active on this rank ({active.state}); one session at a time")
+            self._answer_without_capture(session_id, folder, wire.REFUSED, f"session {active.id} is still active on this rank ({active.state}); one session at a time")
             return
         if self._already_final(folder):
             return
         try:
             session = _Session(request, self.step_count, folder)
         except (TypeError, ValueError, KeyError) as e:
-            self._answer_without_capture(session_id, folder, "failed", f"bad capture request: {e}")
+            self._answer_without_capture(session_id, folder, wire.FAILED, f"bad capture request: {e}")
             return
         self._session = session
         self._write_state(session, message=f"triggered at step {session.trigger_step}; waiting {session.wait_steps} steps")
@@ -327,7 +327,7 @@ class Agent:
         log.warning("stepscope agent: session %s %s: %s", session_id, state, reason)
         answer = _Session({"session": session_id}, self.step_count, folder)
         answer.state = state
-        answer.error = None if state == "cancelled" else reason
+        answer.error = None if state == wire.CANCELLED else reason
         self._write_state(answer, message=reason)
 
     # ---- the capture state machine ----------------------------------------------------------
@@ -362,30 +362,30 @@ class Agent:
             return
         if s.hung and self.step_count != s.hung_step:
             s.hung = False
-            s.state = "capturing" if s.prof is not None else "waiting"
+            s.state = wire.CAPTURING if s.prof is not None else wire.WAITING
             self._write_state(s, message=f"steps resumed at step {self.step_count} after a hang")
         if self._cancel_unstarted(s):
             return
-        if s.state == "waiting":
+        if s.state == wire.WAITING:
             start_at = s.trigger_step + s.wait_steps
             if self._probing(s, start_at):
                 return
             if self.step_count >= start_at:
                 self._start_profiler(s)
             return
-        if s.state != "capturing" or s.prof is None:
+        if s.state != wire.CAPTURING or s.prof is None:
             return
         if s.cancel:
-            self._stop_profiler(s, "cancelled")
+            self._stop_profiler(s, wire.CANCELLED)
         elif self._over_memory(s):
-            self._stop_profiler(s, "done")
+            self._stop_profiler(s, wire.DONE)
         elif s.on_watchdog:
             if _monotonic() - s.started_mono >= (s.duration or 0):
-                self._stop_profiler(s, "done")
+                self._stop_profiler(s, wire.DONE)
         elif s.steps is not None and self.step_count - s.start_step >= s.steps:
-            self._stop_profiler(s, "done")
+            self._stop_profiler(s, wire.DONE)
         elif s.duration is not None and _monotonic() - s.started_mono >= s.duration:
-            self._stop_profiler(s, "done")
+            self._stop_profiler(s, wire.DONE)
         else:
             s.prof.step()
 
@@ -430,8 +430,9 @@ class Agent:
         if grown <= s.max_memory_mb:
             return False
         captured = self.step_count - (s.start_step or 0)
-        planned = f"{s.steps}" if s.steps is not None else f"{s.duration:g} s of"
-        s.degraded.append(f"capture cut after {captured} of {planned} steps: the process grew {grown:,.0f} MB while profiling, "
+        cut = (f"{captured} of {s.steps} steps" if s.steps is not None
+               else f"{_monotonic() - s.started_mono:.1f} of {s.duration:g} s ({captured} steps)")
+        s.degraded.append(f"capture cut after {cut}: the process grew {grown:,.0f} MB while profiling, "
                           f"over capture.limits.maxMemoryMB={s.max_memory_mb:g}; capture fewer steps, set capture.withStack=false "
                           "or raise capture.limits.maxMemoryMB")
         log.warning("stepscope agent: session %s: %s", s.id, s.degraded[-1])
@@ -442,17 +443,17 @@ class Agent:
         over (or that was cancelled) while the loop makes no step: it blocks in data loading or sits
         between epochs. A loop that still steps gets STEPLESS_AFTER_SECONDS more to end it on a step
         boundary, so the sidecar sees the end at most that long after the duration."""
-        if s.state != "capturing" or s.prof is None or s.duration is None:
+        if s.state != wire.CAPTURING or s.prof is None or s.duration is None:
             return
         now = _monotonic()
         stalled = now - self.last_step_mono >= STEPLESS_AFTER_SECONDS
         late = now - s.started_mono - s.duration
         if s.cancel and stalled:
-            final = "cancelled"
+            final = wire.CANCELLED
         elif late >= 0 and (stalled or late >= STEPLESS_AFTER_SECONDS):
-            final = "done"
+            final = wire.DONE
         elif stalled and self._over_memory(s):
-            final = "done"
+            final = wire.DONE
         else:
             return
         s.notes.append(f"no step boundary came after step {self.step_count - 1}: the watchdog thread stopped the profiler, "
@@ -461,9 +462,9 @@ class Agent:
 
     def _cancel_unstarted(self, s: _Session) -> bool:
         """Cancel a session whose profiler never started; any thread may, even while training hangs."""
-        if not s.cancel or s.prof is not None or s.state not in ("waiting", "hung"):
+        if not s.cancel or s.prof is not None or s.state not in (wire.WAITING, wire.HUNG):
             return False
-        self._finish(s, "cancelled", message=f"cancelled at step {self.step_count} before capture started")
+        self._finish(s, wire.CANCELLED, message=f"cancelled at step {self.step_count} before capture started")
         return True
 
     def _start_profiler(self, s: _Session) -> None:
@@ -499,7 +500,7 @@ class Agent:
             return
         s.prof = prof
         s.all_threads = all_threads is not None
-        s.state = "capturing"
+        s.state = wire.CAPTURING
         s.start_step = self.step_count
         s.start_time = time.time()
         s.started_mono = _monotonic()
@@ -567,12 +568,12 @@ class Agent:
         if s.steps is None:
             captured = f"{s.end_time - s.start_time:.2f} s, {captured}"
         with self._lock:
-            self._finish(s, final, message=f"captured {captured}" + (", cancelled" if final == "cancelled" else ""))
+            self._finish(s, final, message=f"captured {captured}" + (", cancelled" if final == wire.CANCELLED else ""))
 
     def _fail(self, s: _Session, what: str, error: Exception) -> None:
         log.error("stepscope agent: %s failed in session %s; training goes on", what, s.id, exc_info=error)
         s.error = f"{what} failed: {type(error).__name__}: {error}"
-        self._finish(s, "failed", message=s.error)
+        self._finish(s, wire.FAILED, message=s.error)
 
     def _finish(self, s: _Session, state: str, *, message: str) -> None:
         if s.probe is not None:
@@ -703,7 +704,7 @@ class Agent:
             if s is None:
                 return HEARTBEAT_SECONDS
             stepless_after = STEPLESS_AFTER_SECONDS if self.step_count else FIRST_STEP_GRACE_SECONDS
-            if s.state == "waiting" and s.duration is not None and _monotonic() - max(self.last_step_mono, s.triggered_mono) >= stepless_after:
+            if s.state == wire.WAITING and s.duration is not None and _monotonic() - max(self.last_step_mono, s.triggered_mono) >= stepless_after:
                 s.on_watchdog = True
                 s.notes.append("no step boundary came: profiling started and stopped by the agent's watchdog thread")
                 if s.wait_steps:
@@ -725,10 +726,10 @@ class Agent:
             # A hang is counted from the trigger at the earliest: a request may reach a rank that was
             # already stuck, or one still starting up.
             stalled = _monotonic() - max(self.last_step_mono, s.triggered_mono)
-            if s.state in ("waiting", "capturing") and stalled >= s.hang_timeout and not s.hung:
+            if s.state in (wire.WAITING, wire.CAPTURING) and stalled >= s.hang_timeout and not s.hung:
                 s.hung = True
                 s.hung_step = self.step_count
-                s.state = "hung"
+                s.state = wire.HUNG
                 try:
                     self._write_stacks(s, since_step)
                 except Exception as e:
@@ -748,10 +749,10 @@ class Agent:
             if s is not None and s.prof is not None and (not s.on_watchdog or s.all_threads):
                 s.error = f"process exited after {self.step_count - (s.start_step or 0)} captured step(s)"
                 # Export here: a thread started on the way out is not waited for.
-                self._stop_profiler(s, "failed", background=False)
+                self._stop_profiler(s, wire.FAILED, background=False)
             elif s is not None and s.state in (wire.WAITING, wire.CAPTURING, wire.HUNG):  # a `writing` one finishes its export
                 s.error = f"process exited at step {self.step_count} before the capture finished"
-                self._finish(s, "failed", message=s.error)
+                self._finish(s, wire.FAILED, message=s.error)
             try:
                 os.unlink(os.path.join(self.directory, wire.AGENTS_FOLDER, wire.agent_file(self.identity()[0])))
             except OSError:

@@ -360,7 +360,7 @@ class SessionManager:
                 progress.error = f"{progress.state}: {state.get('error') or state.get('message') or 'no reason given'}"
         if cancelling and progress.state == "pending":
             # The agent never picked the capture up, so it has nothing to cancel or report.
-            progress.state = "cancelled"
+            progress.state = wire.CANCELLED
 
     def _check_alive(self, progress: RankProgress, now: float) -> None:
         silent = now - progress.last_sign_of_life
@@ -384,7 +384,7 @@ class SessionManager:
         for progress in session.ranks.values():
             if not progress.settled:
                 progress.error = f"failed: timed out after {session.spec.timeoutSeconds} s while {progress.state} at step {progress.step}"
-                progress.state = "failed"
+                progress.state = wire.FAILED
         log.warning("session %s timed out after %d s", session.id, session.spec.timeoutSeconds)
 
     def _start_recorder(self, session: Session) -> None:
