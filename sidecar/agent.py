@@ -133,8 +133,9 @@ class _Session:
         self.with_flops = bool(capture.get("withFlops", False))
         self.hang_timeout = float(request.get("hangTimeoutSeconds") or 300)
         limits = capture.get("limits") or {}
-        self.max_stack_events = int(limits.get("maxStackEvents") or wire.DEFAULT_MAX_STACK_EVENTS)
-        self.max_memory_mb = float(limits.get("maxMemoryMB") or wire.DEFAULT_MAX_MEMORY_MB)
+        # 0 is a budget too (no stacks at all); only a missing field takes the default.
+        self.max_stack_events = int(wire.DEFAULT_MAX_STACK_EVENTS if limits.get("maxStackEvents") is None else limits["maxStackEvents"])
+        self.max_memory_mb = float(wire.DEFAULT_MAX_MEMORY_MB if limits.get("maxMemoryMB") is None else limits["maxMemoryMB"])
         self.probe: _CallCounter | None = None  # counts one step's Python calls before a withStack capture
         self.probed = False
         self.rss_start_mb = 0.0

@@ -332,7 +332,7 @@ class SessionManager:
                     self._apply(progress, state, agents.get(rank), False)
                     if progress.state == wire.DONE:
                         session.message += f"; rank {rank} finished its capture after {verdict}: its trace is uploaded as well"
-                        progress.error = f"{verdict}: {error}" if verdict != wire.HUNG else error
+                        progress.error = error  # why the session ended without it (it names the state)
                     self._queue_rank(session, progress)
                 elif rank not in agents and now - max(progress.last_sign_of_life, _as_number(state.get("updatedAt"), 0.0, float)) > self._export_grace_s:
                     progress.agent_state = wire.FAILED  # its process is gone: nothing more will come
