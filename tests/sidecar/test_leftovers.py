@@ -18,12 +18,13 @@ from tests.sidecar.test_session_flow import real_traces, trigger  # noqa: F401 -
 def test_an_exporting_rank_is_not_called_dead_until_its_grace_runs_out(stepscope_dir: Path, ranks: SimulatedRanks, tmp_path: Path,
                                                                        real_traces: dict[int, Path]) -> None:
     sidecar = Sidecar(stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-a", poll_interval_s=0.05, stale_after_s=0.5,
-                      export_grace_s=3.0).start()
+                      export_grace_s=5.0).start()
     try:
         client = SidecarClient(sidecar.url, KEY, timeout=5)
         trigger(client, "s-w", tmp_path / "store")
         ranks.state("s-w", 0, "writing")
         ranks.state("s-w", 1, "writing")
+        wait_for(client, "s-w", lambda s: [r["state"] for r in s["ranks"]] == ["writing", "writing"])
         # Both stop beating, as a process whose GIL torch holds while it processes the events.
         ranks.kill(0)
         ranks.kill(1)
@@ -31,7 +32,7 @@ def test_an_exporting_rank_is_not_called_dead_until_its_grace_runs_out(stepscope
         status = client.get_session("s-w")
         assert status["phase"] == "Capturing" and status["workers"]["failed"] == 0, status
         ranks.state("s-w", 0, "done", trace_from=real_traces[0])
-        status = wait_for(client, "s-w", lambda s: s["phase"] == "Failed", timeout=10)
+        status = wait_for(client, "s-w", lambda s: s["phase"] == "Failed", timeout=15)
         rank1 = status["ranks"][1]
         assert rank1["state"] == "failed" and "writing its trace" in rank1["error"] and "heartbeat" in rank1["error"], rank1
         assert status["ranks"][0]["uploaded"]
