@@ -2,12 +2,13 @@
 (the signed client is blocking; a pool bounds sockets and threads whatever the pod count)."""
 from __future__ import annotations
 
-import time
+import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from stepscope import retry
 from stepscope.operator import metrics
 from stepscope.operator.selection import Target
 from stepscope.sidecar_client import SidecarClient, SidecarError
@@ -36,20 +37,26 @@ def _map(fn: Callable[[Target], Outcome], targets: Iterable[Target], concurrency
         return list(pool.map(fn, targets))
 
 
+def _transient(exc: Exception) -> bool:
+    return isinstance(exc, SidecarError) and exc.status not in _FINAL_STATUSES
+
+
 def _call(target: Target, op: Callable[[SidecarClient], dict[str, Any]], key: bytes, timeout: float, attempts: int, backoff_s: float) -> Outcome:
     client = SidecarClient(target.url, key, timeout=timeout)
-    error = SidecarError(0, "not attempted")
-    for attempt in range(max(1, attempts)):
-        if attempt:
-            time.sleep(backoff_s * 2 ** (attempt - 1))
+
+    def once() -> dict[str, Any]:
         try:
-            return Outcome(target, True, op(client))
-        except SidecarError as exc:
-            error = exc
+            return op(client)
+        except SidecarError:
             metrics.SIDECAR_ERRORS.inc()
-            if exc.status in _FINAL_STATUSES:
-                break
-    return Outcome(target, False, {}, error.message, error.status)
+            raise
+
+    policy = retry.RetryPolicy(attempts=max(1, attempts), base_delay_s=backoff_s, max_delay_s=max(backoff_s, 5.0))
+    try:
+        # Debug only: sidecars still starting are common, and the outcome reports what is left.
+        return Outcome(target, True, retry.call(once, policy, transient=_transient, what=f"request to {target.url}", log_level=logging.DEBUG))
+    except SidecarError as exc:
+        return Outcome(target, False, {}, exc.message, exc.status)
 
 
 def trigger(targets: Iterable[Target], session_id: str, body: dict[str, Any], key: bytes, *, concurrency: int, timeout: float, attempts: int, backoff_s: float = 0.2) -> list[Outcome]:

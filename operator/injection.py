@@ -11,12 +11,13 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepscope import wire
 from stepscope.operator.settings import SIDECAR_PORT, SIDECAR_PORT_NAME, OperatorSettings
 
 SIDECAR_NAME = "stepscope-sidecar"
 VOLUME_NAME = "stepscope-run"
-SHARED_DIR = "/var/run/stepscope"
-BOOTSTRAP_DIR = f"{SHARED_DIR}/bootstrap"
+SHARED_DIR = wire.DEFAULT_DIR
+BOOTSTRAP_DIR = f"{SHARED_DIR}/{wire.BOOTSTRAP_FOLDER}"
 # The sidecar's own scratch space: its root filesystem is read-only.
 TMP_VOLUME_NAME = "stepscope-tmp"
 # The image's USER (Dockerfile); named here so that runAsNonRoot can be checked before the image is pulled.

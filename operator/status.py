@@ -14,13 +14,14 @@ from typing import Any
 from stepscope.operator import kube, metrics
 from stepscope.operator.pod_record import PodRecord
 from stepscope.operator.settings import INJECT_LABEL
+from stepscope.wire import FAILED_STATES
 
 STATUS_BUDGET = 32 * 1024  # ARCHITECTURE.md: the whole status, as JSON
 MAX_MESSAGE = 1024  # status.message and each condition's message
 MAX_FAILED_WORKERS = 20
 WORKER_FIELDS = ("total", "triggered", "capturing", "captured", "uploaded", "failed")
 SIDECAR_DONE = {"Succeeded", "Failed", "Cancelled"}
-RANK_FAILED = {"failed", "hung", "refused"}
+RANK_FAILED = FAILED_STATES
 CONDITION_TYPES = ("Triggered", "Captured", "Analyzed", "Ready")
 
 

@@ -49,6 +49,11 @@ import threading
 import time
 import weakref
 
+if __package__:  # stepscope.sidecar.agent, imported from the stepscope package
+    from stepscope import wire
+else:  # the bootstrap's copy (stepscope_agent), beside the bootstrap's stepscope_wire
+    import stepscope_wire as wire  # type: ignore[no-redef]
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -67,16 +72,12 @@ class _LazyLogger:
 
 log = _LazyLogger()
 
-DEFAULT_DIR = "/var/run/stepscope"
-WIRE_VERSION = 1
 HEARTBEAT_SECONDS = 1.0
 # A loop that has not reached a step boundary for this long gets its requests read by the
 # watchdog thread instead, so durationSeconds captures work without steps. Before its first step
 # a process may still be starting (rendezvous, model setup), so it gets longer to show it steps.
 STEPLESS_AFTER_SECONDS = 1.0
 FIRST_STEP_GRACE_SECONDS = float(os.environ.get("STEPSCOPE_FIRST_STEP_GRACE_SECONDS", "10"))
-ACTIVE_STATES = ("waiting", "capturing", "hung")
-FINAL_STATES = ("done", "failed", "cancelled", "refused")
 
 _stat = os.stat
 _monotonic = time.monotonic
@@ -98,10 +99,6 @@ def _atomic_write(path: str, data: bytes) -> None:
 
 def _write_json(path: str, obj: dict[str, Any]) -> None:
     _atomic_write(path, json.dumps(obj, separators=(",", ":")).encode())
-
-
-def _safe_session_id(value: Any) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= 128 and value not in (".", "..") and "/" not in value and "\\" not in value and "\0" not in value
 
 
 def thread_stacks() -> list[dict[str, Any]]:
@@ -135,7 +132,14 @@ class _Session:
         self.profile_memory = bool(capture.get("profileMemory", False))
         self.with_flops = bool(capture.get("withFlops", False))
         self.hang_timeout = float(request.get("hangTimeoutSeconds") or 300)
-        self.state = "waiting"
+        limits = capture.get("limits") or {}
+        # 0 is a budget too (no stacks at all); only a missing field takes the default.
+        self.max_stack_events = int(wire.DEFAULT_MAX_STACK_EVENTS if limits.get("maxStackEvents") is None else limits["maxStackEvents"])
+        self.max_memory_mb = float(wire.DEFAULT_MAX_MEMORY_MB if limits.get("maxMemoryMB") is None else limits["maxMemoryMB"])
+        self.probe: _CallCounter | None = None  # counts one step's Python calls before a withStack capture
+        self.probed = False
+        self.rss_start_mb = 0.0
+        self.state = wire.WAITING
         self.trigger_step = trigger_step
         self.start_step: int | None = None
         self.end_step: int | None = None
@@ -153,6 +157,7 @@ class _Session:
         self.stacks: str | None = None
         self.error: str | None = None
         self.notes: list[str] = []
+        self.degraded: list[str] = []  # what the capture budget dropped or cut, and why
         self.gpu: tuple[int, str] = (-1, "")  # (CUDA index, UUID) once the program has initialised CUDA
 
 
@@ -161,7 +166,7 @@ class Agent:
 
     def __init__(self, directory: str, *, forked: bool = False) -> None:
         self.directory = directory
-        self.request_path = os.path.join(directory, "request.json")
+        self.request_path = os.path.join(directory, wire.REQUEST_FILE)
         self.step_count = 0
         self.last_step_mono = _monotonic()
         self.started_at = time.time()
@@ -279,7 +284,7 @@ class Agent:
             log.warning("stepscope agent: cannot read %s: %s", self.request_path, e)
             return
         session_id = request.get("session")
-        if not _safe_session_id(session_id):
+        if not wire.valid_session_id(session_id):
             log.warning("stepscope agent: request.json has no usable session id (%r); ignored", session_id)
             return
         action = request.get("action")
@@ -290,23 +295,23 @@ class Agent:
                 active.cancel = True
             elif session_id not in self._handled and not self._already_final(folder):
                 self._handled.add(session_id)
-                self._answer_without_capture(session_id, folder, "cancelled", "cancelled before the capture request reached this rank")
+                self._answer_without_capture(session_id, folder, wire.CANCELLED, "cancelled before the capture request reached this rank")
             return
         if session_id in self._handled or (active is not None and active.id == session_id):
             return
         self._handled.add(session_id)
-        if action != "capture" or request.get("version") != WIRE_VERSION:
-            self._answer_without_capture(session_id, folder, "failed", f"unsupported request: version {request.get('version')!r}, action {action!r} (this agent speaks version {WIRE_VERSION}, actions capture and cancel)")
+        if action != "capture" or request.get("version") != wire.WIRE_VERSION:
+            self._answer_without_capture(session_id, folder, wire.FAILED, f"unsupported request: version {request.get('version')!r}, action {action!r} (this agent speaks version {wire.WIRE_VERSION}, actions capture and cancel)")
             return
         if active is not None:
-            self._answer_without_capture(session_id, folder, "refused", f"session {active.id} is still active on this rank ({active.state}); one session at a time")
+            self._answer_without_capture(session_id, folder, wire.REFUSED, f"session {active.id} is still active on this rank ({active.state}); one session at a time")
             return
         if self._already_final(folder):
             return
         try:
             session = _Session(request, self.step_count, folder)
         except (TypeError, ValueError, KeyError) as e:
-            self._answer_without_capture(session_id, folder, "failed", f"bad capture request: {e}")
+            self._answer_without_capture(session_id, folder, wire.FAILED, f"bad capture request: {e}")
             return
         self._session = session
         self._write_state(session, message=f"triggered at step {session.trigger_step}; waiting {session.wait_steps} steps")
@@ -315,7 +320,7 @@ class Agent:
         """A state file already final for this rank means an earlier process of it answered (restart)."""
         try:
             with open(self._state_path(folder), "rb") as f:
-                return json.loads(f.read()).get("state") in FINAL_STATES
+                return json.loads(f.read()).get("state") in wire.FINAL_STATES
         except (OSError, ValueError, AttributeError):
             return False
 
@@ -323,7 +328,7 @@ class Agent:
         log.warning("stepscope agent: session %s %s: %s", session_id, state, reason)
         answer = _Session({"session": session_id}, self.step_count, folder)
         answer.state = state
-        answer.error = None if state == "cancelled" else reason
+        answer.error = None if state == wire.CANCELLED else reason
         self._write_state(answer, message=reason)
 
     # ---- the capture state machine ----------------------------------------------------------
@@ -358,42 +363,98 @@ class Agent:
             return
         if s.hung and self.step_count != s.hung_step:
             s.hung = False
-            s.state = "capturing" if s.prof is not None else "waiting"
+            s.state = wire.CAPTURING if s.prof is not None else wire.WAITING
             self._write_state(s, message=f"steps resumed at step {self.step_count} after a hang")
         if self._cancel_unstarted(s):
             return
-        if s.state == "waiting":
-            if self.step_count >= s.trigger_step + s.wait_steps:
+        if s.state == wire.WAITING:
+            start_at = s.trigger_step + s.wait_steps
+            if self._probing(s, start_at):
+                return
+            if self.step_count >= start_at:
                 self._start_profiler(s)
             return
-        if s.state != "capturing" or s.prof is None:
+        if s.state != wire.CAPTURING or s.prof is None:
             return
         if s.cancel:
-            self._stop_profiler(s, "cancelled")
+            self._stop_profiler(s, wire.CANCELLED)
+        elif self._over_memory(s):
+            self._stop_profiler(s, wire.DONE)
         elif s.on_watchdog:
             if _monotonic() - s.started_mono >= (s.duration or 0):
-                self._stop_profiler(s, "done")
+                self._stop_profiler(s, wire.DONE)
         elif s.steps is not None and self.step_count - s.start_step >= s.steps:
-            self._stop_profiler(s, "done")
+            self._stop_profiler(s, wire.DONE)
         elif s.duration is not None and _monotonic() - s.started_mono >= s.duration:
-            self._stop_profiler(s, "done")
+            self._stop_profiler(s, wire.DONE)
         else:
             s.prof.step()
+
+    def _probing(self, s: _Session, start_at: int) -> bool:
+        """The capture budget's first stage, before a withStack capture: count the Python calls of
+        one step (the last wait step; one more step where none is left, a request that came with
+        waitSteps 0 or that the watchdog read), and drop the stacks when the capture would record
+        more than maxStackEvents of them: each costs the training thread time when the profiler
+        stops. True while the probe step runs."""
+        if not s.with_stack or s.probed or (s.probe is None and self.step_count + 1 < start_at):
+            return False
+        if s.probe is None:
+            if sys.getprofile() is not None:
+                s.probed = True  # the program profiles itself; the memory bound still holds
+                s.notes.append("Python calls not counted before the capture: the program has its own sys.setprofile")
+                return False
+            s.probe = _CallCounter()
+            sys.setprofile(s.probe)
+            if self.step_count >= start_at:
+                s.notes.append("the capture started one step late: that step counted the Python calls for the capture budget")
+            return True
+        sys.setprofile(None)
+        s.probed = True
+        calls, seconds = s.probe.calls, max(1e-6, _monotonic() - s.probe.started)
+        s.probe = None
+        if s.steps is not None:
+            projected, over = calls * s.steps, f"{calls:,} Python calls per step x {s.steps} steps"
+        else:
+            projected = int(calls / seconds * (s.duration or 0))
+            over = f"{calls / seconds:,.0f} Python calls per second x {s.duration:g} s"
+        if projected > s.max_stack_events:
+            s.with_stack = False
+            s.degraded.append(f"Python stacks dropped: {over} = {projected:,} exceeds capture.limits.maxStackEvents={s.max_stack_events:,}; "
+                              "set capture.withStack=false or raise capture.limits.maxStackEvents")
+            log.warning("stepscope agent: session %s: %s", s.id, s.degraded[-1])
+        return False
+
+    def _over_memory(self, s: _Session) -> bool:
+        """The budget's second stage: cut the capture short once the process grew by more than
+        maxMemoryMB since the profiler started (the profiler's buffers, mostly)."""
+        grown = _rss_mb() - s.rss_start_mb
+        if grown <= s.max_memory_mb:
+            return False
+        captured = self.step_count - (s.start_step or 0)
+        cut = (f"{captured} of {s.steps} steps" if s.steps is not None
+               else f"{_monotonic() - s.started_mono:.1f} of {s.duration:g} s ({captured} steps)")
+        s.degraded.append(f"capture cut after {cut}: the process grew {grown:,.0f} MB while profiling, "
+                          f"over capture.limits.maxMemoryMB={s.max_memory_mb:g}; capture fewer steps, set capture.withStack=false "
+                          "or raise capture.limits.maxMemoryMB")
+        log.warning("stepscope agent: session %s: %s", s.id, s.degraded[-1])
+        return True
 
     def _end_without_a_step(self, s: _Session) -> None:
         """Stop, from the watchdog, an all-threads capture of the training thread whose duration is
         over (or that was cancelled) while the loop makes no step: it blocks in data loading or sits
         between epochs. A loop that still steps gets STEPLESS_AFTER_SECONDS more to end it on a step
         boundary, so the sidecar sees the end at most that long after the duration."""
-        if s.state != "capturing" or s.prof is None or s.duration is None:
+        if s.state != wire.CAPTURING or s.prof is None or s.duration is None:
             return
         now = _monotonic()
         stalled = now - self.last_step_mono >= STEPLESS_AFTER_SECONDS
         late = now - s.started_mono - s.duration
         if s.cancel and stalled:
-            final = "cancelled"
+            final = wire.CANCELLED
         elif late >= 0 and (stalled or late >= STEPLESS_AFTER_SECONDS):
-            final = "done"
+            final = wire.DONE
+        elif stalled and self._over_memory(s):
+            final = wire.DONE
         else:
             return
         s.notes.append(f"no step boundary came after step {self.step_count - 1}: the watchdog thread stopped the profiler, "
@@ -402,9 +463,9 @@ class Agent:
 
     def _cancel_unstarted(self, s: _Session) -> bool:
         """Cancel a session whose profiler never started; any thread may, even while training hangs."""
-        if not s.cancel or s.prof is not None or s.state not in ("waiting", "hung"):
+        if not s.cancel or s.prof is not None or s.state not in (wire.WAITING, wire.HUNG):
             return False
-        self._finish(s, "cancelled", message=f"cancelled at step {self.step_count} before capture started")
+        self._finish(s, wire.CANCELLED, message=f"cancelled at step {self.step_count} before capture started")
         return True
 
     def _start_profiler(self, s: _Session) -> None:
@@ -440,10 +501,11 @@ class Agent:
             return
         s.prof = prof
         s.all_threads = all_threads is not None
-        s.state = "capturing"
+        s.state = wire.CAPTURING
         s.start_step = self.step_count
         s.start_time = time.time()
         s.started_mono = _monotonic()
+        s.rss_start_mb = _rss_mb()
         what = f"{s.steps} steps" if s.steps is not None else f"{s.duration:g} s"
         self._write_state(s, message=f"capturing {what} from step {s.start_step}")
 
@@ -451,25 +513,40 @@ class Agent:
         prof, s.prof = s.prof, None
         s.end_step = self.step_count
         s.end_time = time.time()
+        # `writing` before the stop: torch processes every recorded event in it, holding the GIL,
+        # so no heartbeat comes until it returns and the sidecar must know the rank is exporting.
+        s.state = wire.WRITING
+        self._write_state(s, message=f"writing the trace of steps {s.start_step}..{s.end_step - 1}" if s.steps is not None else "writing the trace")
         try:
             prof.stop()
         except Exception as e:
             self._fail(s, "profiler stop", e)
             return
-        s.state = "writing"
-        self._write_state(s, message=f"writing the trace of steps {s.start_step}..{s.end_step - 1}" if s.steps is not None else "writing the trace")
+        # The only reference to the profiler and its results, so that they are freed once written.
+        held = [prof]
+        del prof
         if not background:
-            self._export(s, prof, final)
+            self._export(s, held, final)
             return
         # Exporting takes a while for a long capture; the training thread goes on meanwhile. Not a
         # daemon thread, so a process that ends right after its last step still writes its trace.
-        threading.Thread(target=self._export, args=(s, prof, final), name="stepscope-export", daemon=False).start()
+        threading.Thread(target=self._export, args=(s, held, final), name="stepscope-export", daemon=False).start()
 
-    def _export(self, s: _Session, prof: Any, final: str) -> None:
+    def _export(self, s: _Session, held: list[Any], final: str) -> None:
+        """Write the trace gzipped, then give the memory the capture took back to the system.
+        torch (Kineto) writes its JSON only to a path, through a temporary file it renames over
+        it (a FIFO there is replaced), so the raw JSON passes through the session folder."""
+        try:
+            self._write_trace(s, held.pop(), final)
+        finally:
+            held.clear()
+            _release_memory()
+
+    def _write_trace(self, s: _Session, prof: Any, final: str) -> None:
         import gzip
         import shutil
 
-        name = f"rank-{self.identity()[0]}.trace.json.gz"
+        name = wire.trace_file(self.identity()[0])
         raw = os.path.join(s.folder, f".{name}.{os.getpid()}.json")
         packed = os.path.join(s.folder, f".{name}.{os.getpid()}.tmp")
         try:
@@ -492,14 +569,16 @@ class Agent:
         if s.steps is None:
             captured = f"{s.end_time - s.start_time:.2f} s, {captured}"
         with self._lock:
-            self._finish(s, final, message=f"captured {captured}" + (", cancelled" if final == "cancelled" else ""))
+            self._finish(s, final, message=f"captured {captured}" + (", cancelled" if final == wire.CANCELLED else ""))
 
     def _fail(self, s: _Session, what: str, error: Exception) -> None:
         log.error("stepscope agent: %s failed in session %s; training goes on", what, s.id, exc_info=error)
         s.error = f"{what} failed: {type(error).__name__}: {error}"
-        self._finish(s, "failed", message=s.error)
+        self._finish(s, wire.FAILED, message=s.error)
 
     def _finish(self, s: _Session, state: str, *, message: str) -> None:
+        if s.probe is not None:
+            s.probe.active = False  # it removes itself on the training thread's next call
         s.state = state
         if s.end_time is None:
             s.end_time = time.time()
@@ -551,21 +630,21 @@ class Agent:
         return not self._spawned_child and not self._forked and (mp is None or mp.parent_process() is None)
 
     def _state_path(self, folder: str) -> str:
-        return os.path.join(folder, f"rank-{self.identity()[0]}.state.json")
+        return os.path.join(folder, wire.state_file(self.identity()[0]))
 
     def _write_state(self, s: _Session, *, message: str) -> None:
         rank, local_rank, world = self.identity()
         captured = (s.end_step if s.end_step is not None else self.step_count) - s.start_step if s.start_step is not None else 0
-        notes = "; ".join(s.notes)
+        notes = "; ".join([*s.degraded, *s.notes])
         if s.gpu[0] < 0:
             s.gpu = _cuda_device()
         state = {
-            "version": WIRE_VERSION, "session": s.id, "rank": rank, "localRank": local_rank, "worldSize": world,
+            "version": wire.WIRE_VERSION, "session": s.id, "rank": rank, "localRank": local_rank, "worldSize": world,
             "pid": os.getpid(), "host": self.host, "state": s.state, "step": self.step_count,
             "triggerStep": s.trigger_step, "startStep": s.start_step, "endStep": s.end_step, "capturedSteps": captured,
             "startTime": s.start_time, "endTime": s.end_time, "updatedAt": time.time(),
             "trace": s.trace, "stacks": s.stacks, "error": s.error, "message": f"{message}; {notes}" if notes else message,
-            "gpu": s.gpu[0], "gpuUuid": s.gpu[1],
+            "gpu": s.gpu[0], "gpuUuid": s.gpu[1], "degraded": s.degraded, "withStack": s.with_stack,
         }
         try:
             os.makedirs(s.folder, exist_ok=True)
@@ -575,19 +654,19 @@ class Agent:
 
     def _heartbeat(self) -> None:
         rank, local_rank, world = self.identity()
-        folder = os.path.join(self.directory, "agents")
+        folder = os.path.join(self.directory, wire.AGENTS_FOLDER)
         os.makedirs(folder, exist_ok=True)
-        _write_json(os.path.join(folder, f"rank-{rank}.json"), {
+        _write_json(os.path.join(folder, wire.agent_file(rank)), {
             "rank": rank, "localRank": local_rank, "worldSize": world, "pid": os.getpid(), "host": self.host,
             "step": self.step_count, "heartbeat": time.time(), "startedAt": self.started_at,
         })
 
     def _write_stacks(self, s: _Session, since_step: float) -> None:
         rank = self.identity()[0]
-        name = f"rank-{rank}.stacks.json"
+        name = wire.stacks_file(rank)
         os.makedirs(s.folder, exist_ok=True)
         _write_json(os.path.join(s.folder, name), {
-            "version": WIRE_VERSION, "rank": rank, "pid": os.getpid(), "host": self.host, "session": s.id,
+            "version": wire.WIRE_VERSION, "rank": rank, "pid": os.getpid(), "host": self.host, "session": s.id,
             "step": self.step_count, "secondsSinceStep": round(since_step, 3), "time": time.time(), "threads": thread_stacks(),
         })
         s.stacks = name
@@ -626,7 +705,7 @@ class Agent:
             if s is None:
                 return HEARTBEAT_SECONDS
             stepless_after = STEPLESS_AFTER_SECONDS if self.step_count else FIRST_STEP_GRACE_SECONDS
-            if s.state == "waiting" and s.duration is not None and _monotonic() - max(self.last_step_mono, s.triggered_mono) >= stepless_after:
+            if s.state == wire.WAITING and s.duration is not None and _monotonic() - max(self.last_step_mono, s.triggered_mono) >= stepless_after:
                 s.on_watchdog = True
                 s.notes.append("no step boundary came: profiling started and stopped by the agent's watchdog thread")
                 if s.wait_steps:
@@ -648,10 +727,10 @@ class Agent:
             # A hang is counted from the trigger at the earliest: a request may reach a rank that was
             # already stuck, or one still starting up.
             stalled = _monotonic() - max(self.last_step_mono, s.triggered_mono)
-            if s.state in ("waiting", "capturing") and stalled >= s.hang_timeout and not s.hung:
+            if s.state in (wire.WAITING, wire.CAPTURING) and stalled >= s.hang_timeout and not s.hung:
                 s.hung = True
                 s.hung_step = self.step_count
-                s.state = "hung"
+                s.state = wire.HUNG
                 try:
                     self._write_stacks(s, since_step)
                 except Exception as e:
@@ -671,14 +750,56 @@ class Agent:
             if s is not None and s.prof is not None and (not s.on_watchdog or s.all_threads):
                 s.error = f"process exited after {self.step_count - (s.start_step or 0)} captured step(s)"
                 # Export here: a thread started on the way out is not waited for.
-                self._stop_profiler(s, "failed", background=False)
-            elif s is not None and s.state in ACTIVE_STATES:
+                self._stop_profiler(s, wire.FAILED, background=False)
+            elif s is not None and s.state in (wire.WAITING, wire.CAPTURING, wire.HUNG):  # a `writing` one finishes its export
                 s.error = f"process exited at step {self.step_count} before the capture finished"
-                self._finish(s, "failed", message=s.error)
+                self._finish(s, wire.FAILED, message=s.error)
             try:
-                os.unlink(os.path.join(self.directory, "agents", f"rank-{self.identity()[0]}.json"))
+                os.unlink(os.path.join(self.directory, wire.AGENTS_FOLDER, wire.agent_file(self.identity()[0])))
             except OSError:
                 pass
+
+
+class _CallCounter:
+    """A sys.setprofile function that counts Python and built-in calls: the events torch's
+    Python tracer would record with withStack."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.started = _monotonic()
+        self.active = True
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call" or event == "c_call":
+            self.calls += 1
+            if not self.active:  # the session ended on another thread; setprofile is per thread
+                sys.setprofile(None)
+
+
+def _rss_mb() -> float:
+    """This process's resident memory (Linux); 0 where /proc is missing, which disables the memory bound."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_MB
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+_PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20 if hasattr(os, "sysconf") else 4096 / 2**20
+
+
+def _release_memory() -> None:
+    """Hand the profiler's freed memory back to the system: glibc keeps freed heap pages, so the
+    RSS a capture took would otherwise stay with the training process."""
+    import gc
+
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _cuda_device() -> tuple[int, str]:
@@ -761,7 +882,7 @@ def start(directory: str | None = None) -> Agent:
     global _AGENT
     if _AGENT is not None:
         return _AGENT
-    _AGENT = agent = Agent(directory or os.environ.get("STEPSCOPE_DIR") or DEFAULT_DIR)
+    _AGENT = agent = Agent(directory or os.environ.get(wire.DIR_ENV) or wire.DEFAULT_DIR)
     os.register_at_fork(after_in_child=_rearm_in_forked_child)
     if "torch" in sys.modules and hasattr(sys.modules["torch"], "optim"):
         agent.attach_torch()

@@ -1,6 +1,7 @@
 """Puts the zero-code-change bootstrap into a shared directory.
 
-`install_bootstrap` copies the agent (a single self-contained file) next to a `sitecustomize.py`;
+`install_bootstrap` copies the agent and the wire vocabulary it imports (two standard-library
+files) next to a `sitecustomize.py`;
 a training process whose PYTHONPATH starts with that folder (`training_env`) then runs the image's
 own `sitecustomize` first, if it has one, and starts the agent. The training image needs torch and
 nothing of stepscope.
@@ -12,11 +13,12 @@ import py_compile
 from collections.abc import Mapping
 from pathlib import Path
 
-from stepscope import AGENT_MODULE
+from stepscope import wire
 from stepscope.files import write_atomically
+from stepscope.wire import AGENT_MODULE, BOOTSTRAP_FOLDER, WIRE_MODULE
 
 AGENT_SOURCE = Path(__file__).with_name("agent.py")
-BOOTSTRAP_FOLDER = "bootstrap"
+WIRE_SOURCE = Path(wire.__file__)
 
 # site.py imports this in every interpreter; it must never stop one from starting.
 SITECUSTOMIZE = f'''"""stepscope bootstrap (written by the stepscope sidecar): chain-load the image's own
@@ -58,10 +60,12 @@ _stepscope_start()
 
 
 def install_bootstrap(stepscope_dir: Path) -> Path:
-    """Write `<dir>/bootstrap/{sitecustomize.py, stepscope_agent.py}`; returns the bootstrap folder."""
+    """Write `<dir>/bootstrap/{sitecustomize.py, stepscope_agent.py, stepscope_wire.py}`; returns the bootstrap folder."""
     folder = Path(stepscope_dir) / BOOTSTRAP_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    for name, source in ((f"{AGENT_MODULE}.py", AGENT_SOURCE.read_bytes()), ("sitecustomize.py", SITECUSTOMIZE.encode())):
+    # The vocabulary first: an agent written before it would import an older one.
+    for name, source in ((f"{WIRE_MODULE}.py", WIRE_SOURCE.read_bytes()), (f"{AGENT_MODULE}.py", AGENT_SOURCE.read_bytes()),
+                         ("sitecustomize.py", SITECUSTOMIZE.encode())):
         write_atomically(folder / name, lambda out, source=source: out.write(source))
         # Every Python process in the pod loads these at start. Images often set
         # PYTHONDONTWRITEBYTECODE, which would recompile the agent each time (~9 ms); a training
@@ -75,4 +79,4 @@ def training_env(stepscope_dir: Path, base: Mapping[str, str] | None = None) -> 
     base = os.environ if base is None else base
     folder = str(Path(stepscope_dir).resolve() / BOOTSTRAP_FOLDER)
     existing = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and p != folder]
-    return {"PYTHONPATH": os.pathsep.join([folder, *existing]), "STEPSCOPE_DIR": str(Path(stepscope_dir).resolve())}
+    return {"PYTHONPATH": os.pathsep.join([folder, *existing]), wire.DIR_ENV: str(Path(stepscope_dir).resolve())}

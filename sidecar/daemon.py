@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.sidecar.control import ControlServer
-from stepscope.sidecar.sessions import STALE_AFTER_S, SessionManager
+from stepscope.sidecar.sessions import EXPORT_GRACE_S, LEFTOVER_TTL_S, MAX_LOCAL_MB, STALE_AFTER_S, SessionManager
+from stepscope.retry import RetryPolicy
 from stepscope.sidecar.uploads import Uploader
+from stepscope.wire import DEFAULT_DIR, DEFAULT_PORT, DIR_ENV
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, Verifier, load_key
 
 log = logging.getLogger(__name__)
-DEFAULT_DIR = "/var/run/stepscope"
-DEFAULT_PORT = 7470
 
 
 class Sidecar:
@@ -28,12 +28,15 @@ class Sidecar:
 
     def __init__(self, stepscope_dir: Path, key: bytes, *, host: str = "0.0.0.0", port: int = DEFAULT_PORT, pod: str = "",
                  node: str = "", nvml_backend: Any = None, poll_interval_s: float = 0.5, upload_attempts: int = 6,
-                 upload_base_delay_s: float = 2.0, keep_local: bool = False, stale_after_s: float = STALE_AFTER_S) -> None:
+                 upload_base_delay_s: float = 2.0, keep_local: bool = False, stale_after_s: float = STALE_AFTER_S,
+                 export_grace_s: float = EXPORT_GRACE_S, leftover_ttl_s: float = LEFTOVER_TTL_S, max_local_mb: float = MAX_LOCAL_MB) -> None:
         self.dir = stepscope_dir
-        self.uploader = Uploader(attempts=upload_attempts, base_delay_s=upload_base_delay_s)
+        self.uploader = Uploader()
         self.manager = SessionManager(stepscope_dir, pod=pod or socket.gethostname(), node=node, uploader=self.uploader,
+                                      retry=RetryPolicy(attempts=upload_attempts, base_delay_s=upload_base_delay_s, max_delay_s=60.0),
                                       nvml_backend=nvml_backend, poll_interval_s=poll_interval_s, keep_local=keep_local,
-                                      stale_after_s=stale_after_s)
+                                      stale_after_s=stale_after_s, export_grace_s=export_grace_s, leftover_ttl_s=leftover_ttl_s,
+                                      max_local_mb=max_local_mb)
         self.server = ControlServer((host, port), self.manager, Verifier(key))
         self._serving = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, name="stepscope-control", daemon=True)
 
@@ -59,7 +62,7 @@ class Sidecar:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dir", type=Path, default=Path(os.environ.get("STEPSCOPE_DIR", DEFAULT_DIR)),
+    parser.add_argument("--dir", type=Path, default=Path(os.environ.get(DIR_ENV, DEFAULT_DIR)),
                         help="shared directory with the training processes (env STEPSCOPE_DIR, default %(default)s)")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default %(default)s)")
     parser.add_argument("--port", type=int, default=int(os.environ.get("STEPSCOPE_PORT", DEFAULT_PORT)),
@@ -68,8 +71,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pod", default=os.environ.get("POD_NAME") or socket.gethostname(), help="this pod's name (env POD_NAME)")
     parser.add_argument("--node", default=os.environ.get("NODE_NAME", ""), help="this node's name (env NODE_NAME)")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between reads of the ranks' state files")
-    parser.add_argument("--upload-attempts", type=int, default=6, help="tries per artifact before it counts as failed")
+    parser.add_argument("--upload-attempts", type=int, default=6, help="tries per store request that failed for a transient reason (a permanent one fails at once)")
     parser.add_argument("--keep-local", action="store_true", help="keep traces in the shared directory after their upload")
+    parser.add_argument("--leftover-ttl", type=float, default=LEFTOVER_TTL_S,
+                        help="seconds after their last change that files no session needs are removed (default %(default)s)")
+    parser.add_argument("--max-local-mb", type=float, default=MAX_LOCAL_MB,
+                        help="bound on sessions' files in the shared directory; the oldest unneeded go first (default %(default)s)")
     parser.add_argument("--shutdown-grace", type=float, default=20.0, help="seconds given to outstanding uploads on SIGTERM")
 
 
@@ -88,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         install_bootstrap(stepscope_dir)
         sidecar = Sidecar(stepscope_dir, key, host=args.host, port=args.port, pod=args.pod, node=args.node,
                           nvml_backend=default_backend(), poll_interval_s=args.poll_interval,
-                          upload_attempts=args.upload_attempts, keep_local=args.keep_local)
+                          upload_attempts=args.upload_attempts, keep_local=args.keep_local,
+                          leftover_ttl_s=args.leftover_ttl, max_local_mb=args.max_local_mb)
     except OSError as exc:
         print(f"stepscope sidecar: cannot start: {exc}", file=sys.stderr)
         return 1

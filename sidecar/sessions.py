@@ -2,13 +2,16 @@
 rank through the shared directory, records the node's GPU metrics during the window, and hands
 each finished rank's artifacts to the upload worker.
 
-Phases (docs/wire.md): Pending (no rank capturing yet), Capturing, Uploading (every rank finished,
-uploads outstanding), then Succeeded, Failed (a rank failed, hung, was refused, vanished, timed out
-or could not be uploaded) or Cancelled.
+Phases (docs/wire.md): Pending (no rank capturing yet), Capturing, Uploading (every rank finished
+or hung, uploads outstanding), then Succeeded, Failed (a rank failed, hung, was refused, vanished,
+timed out or could not be uploaded) or Cancelled. A rank that hung is not final: the session ends
+Failed with its stacks, and the follower keeps reading its state file, so that a trace it writes
+once its steps resume is still uploaded.
 """
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -16,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from stepscope import layout
+from stepscope import layout, wire
+from stepscope.retry import RetryPolicy
 from stepscope.session import SessionSpec, SpecError
 from stepscope.sidecar import shared_dir
 from stepscope.sidecar.uploads import Job, Uploader
@@ -25,15 +29,21 @@ from stepscope.storage import Store, StoreError, open_store
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-TERMINAL_STATES = {"done", "failed", "hung", "cancelled", "refused"}
-FAILED_STATES = {"failed", "hung", "refused"}
-STARTED_STATES = {"capturing", "writing", "done"}
 FINISHED_PHASES = {"Succeeded", "Failed", "Cancelled"}
 HISTORY = 32
 # The agent's watchdog rewrites its registry file every second and its state file on every
 # transition; neither for this long means the process is gone. Liveness goes by these files, as
 # the sidecar need not share the training container's pid namespace.
 STALE_AFTER_S = 15.0
+# A rank `writing` its trace sends no heartbeat while torch processes the recorded events (it holds
+# the GIL): the capture budget keeps that to seconds, a raised budget may take minutes.
+EXPORT_GRACE_S = 600.0
+# Files of sessions this sidecar does not follow (a failed upload, a sidecar restarted before its
+# uploads finished, a rank that finished after its session) are removed this long after their last
+# change, and the oldest first once all sessions' files take more than the disk bound.
+LEFTOVER_TTL_S = 24 * 3600.0
+MAX_LOCAL_MB = 10 * 1024
+SWEEP_INTERVAL_S = 60.0
 
 
 @dataclass
@@ -54,7 +64,10 @@ class RankProgress:
     error: str | None = None
     trace: str | None = None
     stacks: str | None = None
-    queued: bool = False
+    queued_state: str | None = None  # the state whose artifacts were last queued
+    sent: set[str] = field(default_factory=set)  # local files queued for upload
+    agent_state: str = "pending"  # as the agent last wrote it; `state` may be the sidecar's verdict
+    degraded: list[str] = field(default_factory=list)
     captured_trace: bool = False
     jobs_left: int = 0
     upload_errors: list[str] = field(default_factory=list)
@@ -63,11 +76,20 @@ class RankProgress:
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
+        return self.state in wire.FINAL_STATES
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more to wait for before the session may end: final, or hung (stacks taken)."""
+        return self.terminal or self.state == wire.HUNG
+
+    @property
+    def queued(self) -> bool:
+        return self.queued_state == self.state
 
     @property
     def failed(self) -> bool:
-        return self.state in FAILED_STATES or bool(self.upload_errors) or self.summary_error is not None
+        return self.state in wire.FAILED_STATES or bool(self.upload_errors) or self.summary_error is not None
 
     @property
     def uploaded(self) -> bool:
@@ -77,7 +99,8 @@ class RankProgress:
     def to_dict(self) -> dict[str, Any]:
         error = "; ".join(e for e in (self.error, self.summary_error, *self.upload_errors) if e) or None
         return {"rank": self.rank, "localRank": self.local_rank, "pid": self.pid, "state": self.state, "step": self.step,
-                "startStep": self.start_step, "endStep": self.end_step, "uploaded": self.uploaded, "error": error}
+                "startStep": self.start_step, "endStep": self.end_step, "uploaded": self.uploaded, "error": error,
+                "degraded": list(self.degraded)}
 
 
 @dataclass
@@ -114,8 +137,8 @@ class Session:
         return {
             "total": len(self.ranks),
             "triggered": sum(r.state != "pending" for r in ranks),
-            "capturing": sum(r.state in ("capturing", "writing") for r in ranks),
-            "captured": sum(r.state == "done" for r in ranks),
+            "capturing": sum(r.state in (wire.CAPTURING, wire.WRITING) for r in ranks),
+            "captured": sum(r.state == wire.DONE for r in ranks),
             "uploaded": sum(r.uploaded for r in ranks),
             "failed": sum(r.failed for r in ranks),
         }
@@ -130,21 +153,29 @@ class Session:
 class SessionManager:
     """Thread-safe: HTTP handler threads, the follower thread and the upload worker all call in."""
 
-    def __init__(self, stepscope_dir: Path, *, pod: str, node: str, uploader: Uploader, nvml_backend: Any = None,
-                 poll_interval_s: float = 0.5, keep_local: bool = False, stale_after_s: float = STALE_AFTER_S) -> None:
+    def __init__(self, stepscope_dir: Path, *, pod: str, node: str, uploader: Uploader, retry: RetryPolicy | None = None, nvml_backend: Any = None,
+                 poll_interval_s: float = 0.5, keep_local: bool = False, stale_after_s: float = STALE_AFTER_S,
+                 export_grace_s: float = EXPORT_GRACE_S, leftover_ttl_s: float = LEFTOVER_TTL_S,
+                 max_local_mb: float = MAX_LOCAL_MB) -> None:
         self.dir = stepscope_dir
         self.pod, self.node = pod, node
         self._uploader = uploader
+        self._retry = retry
         self._backend = nvml_backend
         self._poll_interval_s = poll_interval_s
         self._keep_local = keep_local
         self._stale_after_s = stale_after_s
+        self._export_grace_s = max(export_grace_s, stale_after_s)
+        self._leftover_ttl_s = leftover_ttl_s
+        self._max_local_bytes = max_local_mb * 2**20
+        self.local_bytes = 0  # what sessions' files took in the shared directory at the last sweep
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="stepscope-follower", daemon=True)
 
     def start(self) -> None:
+        self.sweep()
         self._thread.start()
 
     def stop(self) -> None:
@@ -163,7 +194,7 @@ class SessionManager:
     # -- control endpoint -------------------------------------------------------------------
 
     def put(self, session_id: str, body: Any) -> tuple[int, dict[str, Any]]:
-        if not shared_dir.valid_session_id(session_id):
+        if not wire.valid_session_id(session_id):
             return 400, {"error": f"invalid session id {session_id!r}: letters, digits, '.', '_', '-' only"}
         if not isinstance(body, dict):
             return 400, {"error": "the body must be a JSON object"}
@@ -185,7 +216,7 @@ class SessionManager:
                 return 400, {"error": "body.destination (the session's folder in the store) is required"}
             try:
                 store = open_store(destination, endpoint=spec.storage.endpoint, region=spec.storage.region,
-                                   credentials=body.get("credentials") or None)
+                                   credentials=body.get("credentials") or None, retry=self._retry)
             except StoreError as exc:
                 return 400, {"error": str(exc)}
             # The session folder is the agents' to create: they may run as another user than the sidecar.
@@ -200,7 +231,7 @@ class SessionManager:
     def get(self, session_id: str) -> dict[str, Any] | None:
         with self._lock:
             session = self._sessions.get(session_id)
-            return session.to_dict() if session else None
+            return {**session.to_dict(), "sharedDirBytes": self.local_bytes} if session else None
 
     def delete(self, session_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -217,14 +248,54 @@ class SessionManager:
     # -- following the ranks ----------------------------------------------------------------
 
     def _follow(self) -> None:
+        next_sweep = 0.0
         while not self._stop.wait(self._poll_interval_s):
             try:
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + SWEEP_INTERVAL_S
+                    self.sweep()
                 self.poll()
             except Exception:  # noqa: BLE001 - one bad poll must not end the follower
                 log.exception("following the shared directory failed")
 
+    def sweep(self, now: float | None = None) -> list[str]:
+        """Remove what no session of this sidecar still needs: files older than the leftover TTL,
+        then the oldest while all sessions' files exceed the disk bound. The files of a session
+        still capturing or uploading, or with a rank that may still write, are kept. Returns the
+        sessions whose files were removed."""
+        now = time.time() if now is None else now
+        found = shared_dir.leftovers(self.dir)
+        with self._lock:
+            busy = {sid for sid, s in self._sessions.items()
+                    if not s.finished or any(r.jobs_left or r.agent_state in wire.ACTIVE_STATES for r in s.ranks.values())}
+        total = sum(f.size for f in found)
+        removed = []
+        for leftover in found:
+            if leftover.session in busy:
+                continue
+            expired = now - leftover.newest > self._leftover_ttl_s
+            if not expired and total <= self._max_local_bytes:
+                continue
+            for path in leftover.paths:
+                shutil.rmtree(path, ignore_errors=True)
+            total -= leftover.size
+            removed.append(leftover.session)
+            log.warning("removed the %.1f MB left in %s by session %s (%s)", leftover.size / 2**20, self.dir, leftover.session,
+                        "older than the leftover TTL" if expired else "the shared directory was over its disk bound")
+        self.local_bytes = total
+        if total > self._max_local_bytes:
+            log.warning("sessions' files take %.0f MB in %s, over the bound of %.0f MB, and are all still needed",
+                        total / 2**20, self.dir, self._max_local_bytes / 2**20)
+        return removed
+
     def poll(self) -> None:
-        """Read the agents' files once and move the active session on."""
+        """Read the agents' files once and move the active session on, and the finished sessions
+        whose agents may still write a trace (a hung rank that resumes, a rank declared gone while
+        it was exporting)."""
+        with self._lock:
+            lingering = [s for s in self._sessions.values() if s.finished and any(r.agent_state in wire.ACTIVE_STATES for r in s.ranks.values())]
+        for session in lingering:
+            self._follow_late(session)
         session = self.active()
         if session is None:
             return
@@ -245,6 +316,27 @@ class SessionManager:
             self._queue_uploads(session)
             self._update_phase(session)
 
+    def _follow_late(self, session: Session) -> None:
+        """A finished session's rank whose agent was not done yet: once its state file is final,
+        upload what it wrote (its trace, a new summary); while its process lives, keep looking."""
+        states = shared_dir.rank_states(self.dir, session.id)
+        now = time.time()
+        agents = {r: a for r, a in shared_dir.agents(self.dir).items() if now - a.heartbeat <= self._stale_after_s}
+        with self._lock:
+            for rank, progress in session.ranks.items():
+                if progress.agent_state not in wire.ACTIVE_STATES:
+                    continue
+                state = states.get(rank) or {}
+                if state.get("state") in wire.FINAL_STATES:
+                    verdict, error = progress.state, progress.error
+                    self._apply(progress, state, agents.get(rank), False)
+                    if progress.state == wire.DONE:
+                        session.message += f"; rank {rank} finished its capture after {verdict}: its trace is uploaded as well"
+                        progress.error = error  # why the session ended without it (it names the state)
+                    self._queue_rank(session, progress)
+                elif rank not in agents and now - max(progress.last_sign_of_life, _as_number(state.get("updatedAt"), 0.0, float)) > self._export_grace_s:
+                    progress.agent_state = wire.FAILED  # its process is gone: nothing more will come
+
     @staticmethod
     def _apply(progress: RankProgress, state: dict[str, Any] | None, agent: shared_dir.Agent | None, cancelling: bool) -> None:
         if agent is not None:
@@ -252,7 +344,9 @@ class SessionManager:
             progress.last_sign_of_life = max(progress.last_sign_of_life, agent.heartbeat)
         if state is not None:
             progress.last_sign_of_life = max(progress.last_sign_of_life, _as_number(state.get("updatedAt"), 0.0, float))
-            progress.state = str(state.get("state", "waiting"))
+            progress.state = progress.agent_state = str(state.get("state", wire.WAITING))
+            if isinstance(state.get("degraded"), list):
+                progress.degraded = [str(d) for d in state["degraded"]]
             progress.local_rank = _as_number(state.get("localRank"), progress.local_rank, int)
             progress.world_size = _as_number(state.get("worldSize"), progress.world_size, int)
             progress.pid = _as_number(state.get("pid"), progress.pid, int)
@@ -262,30 +356,40 @@ class SessionManager:
             progress.step = state.get("step", progress.step)
             progress.start_step, progress.end_step = state.get("startStep"), state.get("endStep")
             progress.trace, progress.stacks = state.get("trace"), state.get("stacks")
-            if progress.state in FAILED_STATES:
+            if progress.state in wire.FAILED_STATES:
                 progress.error = f"{progress.state}: {state.get('error') or state.get('message') or 'no reason given'}"
         if cancelling and progress.state == "pending":
             # The agent never picked the capture up, so it has nothing to cancel or report.
-            progress.state = "cancelled"
+            progress.state = wire.CANCELLED
 
     def _check_alive(self, progress: RankProgress, now: float) -> None:
-        if not progress.terminal and now - progress.last_sign_of_life > self._stale_after_s:
-            progress.state = "failed"
+        silent = now - progress.last_sign_of_life
+        if progress.terminal:
+            return
+        if progress.state == wire.WRITING:
+            # Exporting holds the process's GIL: silence is expected, for a while.
+            if silent > self._export_grace_s:
+                progress.state = wire.FAILED
+                progress.error = (f"failed: the training process (pid {progress.pid}) was writing its trace and has sent no "
+                                  f"heartbeat for {silent:.0f} s: it died while exporting, or its export takes longer than "
+                                  f"{self._export_grace_s:.0f} s (lower spec.capture.limits or capture fewer steps)")
+        elif silent > self._stale_after_s:
+            was, progress.state = progress.state, wire.FAILED
             progress.error = (f"failed: the training process (pid {progress.pid}) stopped sending heartbeats "
-                              f"{now - progress.last_sign_of_life:.0f} s ago, before the capture finished")
+                              f"{silent:.0f} s ago while {was}, before the capture finished")
 
     def _time_out(self, session: Session) -> None:
         session.timed_out = True
         shared_dir.write_request(self.dir, session.id, "cancel", session.spec.to_dict()["capture"], session.spec.hangTimeoutSeconds)
         for progress in session.ranks.values():
-            if not progress.terminal:
+            if not progress.settled:
                 progress.error = f"failed: timed out after {session.spec.timeoutSeconds} s while {progress.state} at step {progress.step}"
-                progress.state = "failed"
+                progress.state = wire.FAILED
         log.warning("session %s timed out after %d s", session.id, session.spec.timeoutSeconds)
 
     def _start_recorder(self, session: Session) -> None:
         if (session.recorder is not None or self._backend is None or not session.spec.hardwareMetrics.enabled
-                or not any(r.state == "waiting" or r.state in STARTED_STATES for r in session.ranks.values())):
+                or not any(r.state == wire.WAITING or r.state in wire.STARTED_STATES for r in session.ranks.values())):
             return
         # Started once a rank has seen the trigger: its wait steps become the leading margin.
         from stepscope.sidecar.nvml import MetricsRecorder
@@ -295,24 +399,27 @@ class SessionManager:
         log.info("session %s: recording GPU metrics every %d us", session.id, session.spec.hardwareMetrics.intervalMicroseconds)
 
     def _queue_uploads(self, session: Session) -> None:
-        all_terminal = bool(session.ranks) and all(r.terminal for r in session.ranks.values())
+        all_settled = bool(session.ranks) and all(r.settled for r in session.ranks.values())
         if session.recorder is not None and not session.metrics_queued:
-            if not all_terminal:
+            if not all_settled:
                 return  # summaries wait for the node's metrics, which end with the last rank
             session.metrics_queued = session.metrics_pending = True
             self._uploader.submit(self._metrics_job(session))
         for progress in session.ranks.values():
-            if progress.terminal and not progress.queued:
-                progress.queued = True
-                for job in self._rank_jobs(session, progress):
-                    progress.jobs_left += 1
-                    self._uploader.submit(job)
+            if progress.settled and not progress.queued:
+                self._queue_rank(session, progress)
+
+    def _queue_rank(self, session: Session, progress: RankProgress) -> None:
+        progress.queued_state = progress.state
+        for job in self._rank_jobs(session, progress):
+            progress.jobs_left += 1
+            self._uploader.submit(job)
 
     def _update_phase(self, session: Session) -> None:
         if session.finished:
             return
         ranks = list(session.ranks.values())
-        all_terminal = bool(ranks) and all(r.terminal for r in ranks)
+        all_terminal = bool(ranks) and all(r.settled for r in ranks)
         uploading = session.metrics_pending or any(not r.queued or r.jobs_left for r in ranks)
         failures = [f"rank {r.rank} {r.to_dict()['error']}" for _, r in sorted(session.ranks.items()) if r.failed]
         settled = (not ranks or all_terminal) and not uploading
@@ -324,8 +431,8 @@ class SessionManager:
                                                                                 f"no training process registered in {self.dir / 'agents'}")
         elif not ranks:
             phase, message = "Pending", f"waiting for training processes to register in {self.dir / 'agents'}"
-        elif not any(r.state in STARTED_STATES or r.terminal for r in ranks):
-            waiting = sum(r.state == "waiting" for r in ranks)
+        elif not any(r.state in wire.STARTED_STATES or r.settled for r in ranks):
+            waiting = sum(r.state == wire.WAITING for r in ranks)
             phase, message = "Pending", f"{waiting}/{len(ranks)} rank(s) saw the request, waiting {session.spec.capture.waitSteps} step(s) before capturing"
         elif not all_terminal:
             w = session.workers()
@@ -336,6 +443,9 @@ class SessionManager:
             phase, message = "Failed", "; ".join(failures[:5]) + (f" (+{len(failures) - 5} more)" if len(failures) > 5 else "")
         else:
             phase, message = "Succeeded", f"{len(ranks)} rank(s) captured and uploaded to {session.destination}"
+        degraded = [r for _, r in sorted(session.ranks.items()) if r.degraded]
+        if degraded and phase in FINISHED_PHASES:
+            message += f"; {len(degraded)} rank(s) degraded by the capture budget, rank {degraded[0].rank}: {'; '.join(degraded[0].degraded)}"
         session.message = message
         self._transition(session, phase)
 
@@ -381,18 +491,24 @@ class SessionManager:
         return Job(f"session {session.id}: GPU metrics", run, done)
 
     def _rank_jobs(self, session: Session, progress: RankProgress) -> list[Job]:
+        """Jobs for what the rank wrote since its last queueing: each file once, and a summary the
+        first time and again once a trace came (a hung rank that resumed)."""
         trace = shared_dir.local_file(self.dir, session.id, progress.trace)
         stacks = shared_dir.local_file(self.dir, session.id, progress.stacks)
         rank = progress.rank
-        progress.captured_trace = trace is not None
+        first = not progress.sent
+        new_trace = trace is not None and trace.name not in progress.sent
+        progress.captured_trace = progress.captured_trace or trace is not None
         jobs: list[Job] = []
         policy = session.spec.saveRawTrace
-        if trace is not None and (policy == "all" or (policy == "master" and rank == 0)):
+        if new_trace and (policy == "all" or (policy == "master" and rank == 0)):
             jobs.append(self._file_job(session, progress, trace, layout.rank_trace(rank)))
-        if stacks is not None:
+        if stacks is not None and stacks.name not in progress.sent:
             jobs.append(self._file_job(session, progress, stacks, layout.rank_stacks(rank)))
-        if trace is not None or progress.state != "cancelled":
+        if new_trace or (first and progress.state != wire.CANCELLED):
             jobs.append(self._summary_job(session, progress, trace))
+        progress.sent.update(p.name for p in (trace, stacks) if p is not None)
+        progress.sent.add("summary")
         return jobs
 
     def _file_job(self, session: Session, progress: RankProgress, path: Path, key: str) -> Job:
@@ -416,11 +532,14 @@ class SessionManager:
         if trace is None:
             # The diagnosis still hears of this rank and why it has no trace.
             summary = RankSummary(version=SUMMARY_VERSION, rank=progress.rank, worldSize=progress.world_size, localRank=progress.local_rank,
-                                  pod=self.pod, node=self.node, error=progress.error or f"no trace ({progress.state})")
+                                  pod=self.pod, node=self.node, error=progress.error or f"no trace ({progress.state})",
+                                  warnings=list(progress.degraded))
             return encode(summary)
         from stepscope.analysis.summary import summarize_file
 
         summary = summarize_file(trace, rank=progress.rank, pod=self.pod, node=self.node)
+        # What the capture budget dropped or cut reaches the diagnosis and the report.
+        summary.warnings = [*progress.degraded, *summary.warnings]
         if summary.error:
             # The rank counts as failed: its capture is of no use to the diagnosis. The trace and
             # the summary (which carries the reason) are still uploaded.

@@ -3,22 +3,13 @@ request.json and reads the agents' registry and per-rank state files."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stepscope import wire
 from stepscope.files import write_atomically
-
-REQUEST_VERSION = 1
-_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def valid_session_id(session_id: str) -> bool:
-    """Session ids become folder names, so only plain names are allowed."""
-    return bool(_SESSION_ID.match(session_id))
 
 
 def write_json_atomic(path: Path, value: dict[str, Any]) -> None:
@@ -48,7 +39,7 @@ class Agent:
 def agents(stepscope_dir: Path) -> dict[int, Agent]:
     """Every registered training process of this pod by rank, live or not (see Agent.heartbeat)."""
     found: dict[int, Agent] = {}
-    for path in sorted((stepscope_dir / "agents").glob("rank-*.json")):
+    for path in sorted((stepscope_dir / wire.AGENTS_FOLDER).glob("rank-*.json")):
         entry = read_json(path)
         if not entry:
             continue
@@ -68,7 +59,7 @@ def session_dir(stepscope_dir: Path, session_id: str) -> Path:
 def metrics_file(stepscope_dir: Path, session_id: str) -> Path:
     """Where the node's GPU samples of a session wait for their upload: the sidecar's own folder,
     as the session folder belongs to the agents (possibly another user)."""
-    return stepscope_dir / "sidecar" / session_id / "gpu-metrics.csv.gz"
+    return stepscope_dir / wire.SIDECAR_FOLDER / session_id / "gpu-metrics.csv.gz"
 
 
 def rank_states(stepscope_dir: Path, session_id: str) -> dict[int, dict[str, Any]]:
@@ -83,14 +74,49 @@ def rank_states(stepscope_dir: Path, session_id: str) -> dict[int, dict[str, Any
 
 def local_file(stepscope_dir: Path, session_id: str, name: Any) -> Path | None:
     """A file the agent named in its state, if it is a plain name in the session folder and exists."""
-    if not isinstance(name, str) or not _PLAIN_NAME.match(name):
+    if not wire.valid_file_name(name):
         return None
     path = session_dir(stepscope_dir, session_id) / name
     return path if path.is_file() else None
 
 
 def write_request(stepscope_dir: Path, session_id: str, action: str, capture: dict[str, Any], hang_timeout_s: int) -> None:
-    write_json_atomic(stepscope_dir / "request.json", {
-        "version": REQUEST_VERSION, "session": session_id, "action": action, "capture": capture,
+    write_json_atomic(stepscope_dir / wire.REQUEST_FILE, {
+        "version": wire.WIRE_VERSION, "session": session_id, "action": action, "capture": capture,
         "hangTimeoutSeconds": hang_timeout_s, "issuedAt": time.time(),
     })
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A session's files in the shared directory: its folder (the agents') and the sidecar's own."""
+    session: str
+    paths: tuple[Path, ...]
+    size: int
+    newest: float  # mtime of its newest file
+
+
+def leftovers(stepscope_dir: Path) -> list[Leftover]:
+    """Every session's files in the shared directory, oldest first."""
+    found = []
+    for folder in (stepscope_dir, stepscope_dir / wire.SIDECAR_FOLDER):
+        for path in folder.iterdir() if folder.is_dir() else ():
+            if path.is_dir() and wire.valid_session_id(path.name) and path.name not in (wire.AGENTS_FOLDER, wire.BOOTSTRAP_FOLDER, wire.SIDECAR_FOLDER):
+                found.append(path)
+    by_session: dict[str, list[Path]] = {}
+    for path in found:
+        by_session.setdefault(path.name, []).append(path)
+    result = []
+    for session, paths in by_session.items():
+        size, newest = 0, 0.0
+        for path in paths:
+            for f in path.rglob("*"):
+                try:
+                    st = f.stat()
+                except OSError:
+                    continue
+                if f.is_file():
+                    size += st.st_size
+                newest = max(newest, st.st_mtime)
+        result.append(Leftover(session, tuple(paths), size, newest))
+    return sorted(result, key=lambda leftover: leftover.newest)

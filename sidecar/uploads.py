@@ -1,6 +1,7 @@
-"""The sidecar's upload worker: one background thread that runs upload jobs in order, retrying
-each with exponential backoff, so that a slow or failing store never blocks the control endpoint
-or the training processes."""
+"""The sidecar's upload worker: one background thread that runs upload jobs in order, so that a
+slow or failing store never blocks the control endpoint or the training processes. It does not
+retry: the store retries what it classifies as transient (stepscope.retry, one layer), and a job
+that still fails reports its reason at once."""
 from __future__ import annotations
 
 import logging
@@ -17,19 +18,15 @@ log = logging.getLogger(__name__)
 @dataclass
 class Job:
     """One unit of upload work. `run` does it (raising on failure); `done` hears the outcome
-    exactly once, with None on success or the last error's message."""
+    exactly once, with None on success or the error's message."""
     description: str
     run: Callable[[], None]
     done: Callable[[str | None], None]
 
 
 class Uploader:
-    def __init__(self, *, attempts: int = 6, base_delay_s: float = 2.0, max_delay_s: float = 60.0) -> None:
+    def __init__(self) -> None:
         self._queue: queue.Queue[Job | None] = queue.Queue()
-        self._attempts = attempts
-        self._base_delay_s = base_delay_s
-        self._max_delay_s = max_delay_s
-        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._work, name="stepscope-uploader", daemon=True)
         self._thread.start()
 
@@ -41,7 +38,6 @@ class Uploader:
         Unfinished jobs leave their local files in place for a later run to find."""
         self._queue.put(None)
         self._thread.join(timeout_s)
-        self._stopping.set()
         return not self._thread.is_alive()
 
     def _work(self) -> None:
@@ -56,19 +52,12 @@ class Uploader:
             finally:
                 self._queue.task_done()
 
-    def _attempt(self, job: Job) -> str | None:
-        delay, attempt = self._base_delay_s, 0
-        while True:
-            attempt += 1
-            try:
-                job.run()
-                return None
-            except Exception as exc:  # noqa: BLE001 - reported through job.done
-                error = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
-                if attempt >= self._attempts or self._stopping.is_set():
-                    log.error("%s failed after %d attempt(s): %s", job.description, attempt, error)
-                    return error
-                log.warning("%s failed (attempt %d/%d), retrying in %g s: %s", job.description, attempt, self._attempts, delay, error)
-                if self._stopping.wait(delay):
-                    return error
-                delay = min(delay * 2, self._max_delay_s)
+    @staticmethod
+    def _attempt(job: Job) -> str | None:
+        try:
+            job.run()
+            return None
+        except Exception as exc:  # noqa: BLE001 - reported through job.done
+            error = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+            log.error("%s failed: %s", job.description, error)
+            return error

@@ -17,8 +17,7 @@ _checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if os.path.isfile(os.path.join(_checkout, "pyproject.toml")) and _checkout not in __path__:
     __path__.append(_checkout)
 
-# The bootstrap loads the agent under this module name (see stepscope.sidecar.bootstrap).
-AGENT_MODULE = "stepscope_agent"
+from stepscope.wire import AGENT_MODULE  # noqa: E402 - the name the bootstrap loads the agent under
 
 
 def step() -> None:

@@ -18,6 +18,7 @@ from stepscope.session import HardwareMetricsSpec, SessionSpec, SpecError
 from stepscope.sidecar_client import SidecarClient, SidecarError
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, load_key
 from stepscope.storage import StoreError, open_store
+from stepscope.wire import DEFAULT_MAX_MEMORY_MB, DEFAULT_MAX_STACK_EVENTS, DEFAULT_PORT
 
 FINISHED = ("Succeeded", "Failed", "Cancelled")
 # Exit codes a script can tell apart.
@@ -33,12 +34,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", type=Path, default=None, metavar="DIR", help="where the artifacts go (default ./stepscope-<time>)")
     parser.add_argument("--save-raw-trace", choices=("none", "master", "all"), default="all", help="raw traces to keep (summaries always)")
     parser.add_argument("--analyze", action="store_true", help="diagnose the capture and write the report into DIR/report")
-    parser.add_argument("--sidecar", type=_sidecar_url, default=os.environ.get("STEPSCOPE_SIDECAR", "http://127.0.0.1:7470"), metavar="URL",
+    parser.add_argument("--sidecar", type=_sidecar_url, default=os.environ.get("STEPSCOPE_SIDECAR", f"http://127.0.0.1:{DEFAULT_PORT}"), metavar="URL",
                         help="the sidecar's control endpoint (env STEPSCOPE_SIDECAR, default %(default)s)")
     parser.add_argument("--key-file", default=None, help=f"HMAC key file (default $STEPSCOPE_HMAC_KEY, else {DEFAULT_KEY_FILE})")
     parser.add_argument("--timeout", type=int, default=1800, metavar="S", help="give up after S seconds (default %(default)s)")
     parser.add_argument("--hang-timeout", type=int, default=300, metavar="S", help="no step for S seconds counts as a hang (default %(default)s)")
     parser.add_argument("--no-hardware-metrics", action="store_true", help="do not sample NVML during the capture")
+    parser.add_argument("--no-stack", action="store_true", help="record no Python function events (capture.withStack=false)")
+    parser.add_argument("--max-stack-events", type=int, default=DEFAULT_MAX_STACK_EVENTS, metavar="N",
+                        help="capture budget: drop Python stacks when the capture would record more (default %(default)s)")
+    parser.add_argument("--max-memory-mb", type=int, default=DEFAULT_MAX_MEMORY_MB, metavar="MB",
+                        help="capture budget: cut the capture short once a process grew this much (default %(default)s)")
     parser.add_argument("--metrics-interval-us", type=_metrics_interval, default=HardwareMetricsSpec.intervalMicroseconds, metavar="US",
                         help="NVML sampling interval in microseconds, >= 100 (default %(default)s; below 1000 the sampler "
                              "spins between rounds and takes most of a core)")
@@ -77,7 +83,8 @@ def _metrics_interval(text: str) -> int:
 
 
 def _spec(args: argparse.Namespace, destination: str) -> SessionSpec:
-    capture: dict[str, Any] = {"waitSteps": args.wait}
+    capture: dict[str, Any] = {"waitSteps": args.wait, "withStack": not args.no_stack,
+                               "limits": {"maxStackEvents": args.max_stack_events, "maxMemoryMB": args.max_memory_mb}}
     if args.duration is not None:
         capture["durationSeconds"] = args.duration
     else:

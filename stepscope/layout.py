@@ -2,6 +2,8 @@
 its keys here so that writers and readers cannot drift apart."""
 from __future__ import annotations
 
+from stepscope import wire
+
 
 def session_prefix(namespace: str, name: str, uid: str) -> str:
     return f"{namespace}/{name}-{uid[:8]}"
@@ -12,7 +14,7 @@ def session_json() -> str:
 
 
 def rank_trace(rank: int) -> str:
-    return f"ranks/rank-{rank}.trace.json.gz"
+    return f"ranks/{wire.trace_file(rank)}"
 
 
 def rank_summary(rank: int) -> str:
@@ -20,7 +22,7 @@ def rank_summary(rank: int) -> str:
 
 
 def rank_stacks(rank: int) -> str:
-    return f"ranks/rank-{rank}.stacks.json"
+    return f"ranks/{wire.stacks_file(rank)}"
 
 
 def node_metrics(pod: str) -> str:

@@ -9,6 +9,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from stepscope.wire import DEFAULT_MAX_MEMORY_MB, DEFAULT_MAX_STACK_EVENTS
+
 ACTIVITIES = ("CPU", "CUDA")
 SAVE_RAW_TRACE = ("none", "master", "all")
 STORAGE_SCHEMES = ("s3", "oss", "file")
@@ -16,6 +18,15 @@ STORAGE_SCHEMES = ("s3", "oss", "file")
 
 class SpecError(ValueError):
     """A spec a user must change; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class CaptureLimits:
+    """The capture budget each agent enforces, in this order: Python stacks are dropped when one
+    step's Python calls times the steps (or the calls per second times the duration) exceed
+    maxStackEvents; the capture is cut short once the process grew by maxMemoryMB while profiling."""
+    maxStackEvents: int = DEFAULT_MAX_STACK_EVENTS
+    maxMemoryMB: int = DEFAULT_MAX_MEMORY_MB
 
 
 @dataclass(frozen=True)
@@ -28,6 +39,7 @@ class CaptureSpec:
     recordShapes: bool = False
     profileMemory: bool = False
     withFlops: bool = False
+    limits: CaptureLimits = field(default_factory=CaptureLimits)
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,11 @@ class SessionSpec:
             capture["steps"] = None
         if "activities" in capture:
             capture["activities"] = tuple(capture["activities"])
+        limits = dict(capture.get("limits") or {})
+        known_limits = {f.name for f in dataclasses.fields(CaptureLimits)}
+        if set(limits) - known_limits:
+            raise SpecError(f"spec.capture.limits has unknown field(s) {sorted(set(limits) - known_limits)}; known: {sorted(known_limits)}")
+        capture["limits"] = CaptureLimits(**limits)
         known_capture = {f.name for f in dataclasses.fields(CaptureSpec)}
         unknown = set(capture) - known_capture
         if unknown:
@@ -100,6 +117,8 @@ class SessionSpec:
             raise SpecError(f"spec.capture.steps must be within 1..50, got {c.steps}")
         if c.durationSeconds is not None and not 0 < c.durationSeconds <= 3600:
             raise SpecError(f"spec.capture.durationSeconds must be within (0, 3600], got {c.durationSeconds}")
+        if c.limits.maxStackEvents < 0 or c.limits.maxMemoryMB < 1:
+            raise SpecError(f"spec.capture.limits: maxStackEvents must be >= 0 and maxMemoryMB >= 1, got {c.limits}")
         if c.waitSteps < 0:
             raise SpecError(f"spec.capture.waitSteps must be >= 0, got {c.waitSteps}")
         bad = [a for a in c.activities if a not in ACTIVITIES]

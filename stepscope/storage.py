@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import shutil
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
+from stepscope import retry
 from stepscope.files import PARTIAL_SUFFIX, write_atomically
+from stepscope.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -38,7 +37,12 @@ ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "
 
 
 class StoreError(Exception):
-    """A store operation that failed for a reason a user can act on."""
+    """A store operation that failed for a reason a user can act on; `transient` when a retry may
+    help (a 5xx, throttling, a dropped connection), never for access, a missing bucket or key."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class ObjectNotFound(StoreError, FileNotFoundError):
@@ -55,16 +59,6 @@ class Store(Protocol):
     def list(self, prefix: str = "") -> list[str]: ...
     def exists(self, key: str) -> bool: ...
     def uri_for(self, key: str) -> str: ...
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Retries of a whole operation on top of botocore's per-request retries, for failures that
-    outlast those (a multipart upload whose part kept failing, a restarting endpoint)."""
-    attempts: int = 4
-    base_delay_s: float = 1.0
-    max_delay_s: float = 30.0
-    botocore_attempts: int = 5
 
 
 def _clean_key(key: str) -> str:
@@ -179,7 +173,9 @@ class S3Store:
         style = "virtual" if scheme == "oss" else ("path" if endpoint else "auto")
         config = Config(
             region_name=region or "us-east-1",
-            retries={"mode": "standard", "total_max_attempts": retry.botocore_attempts},
+            # One retry layer (stepscope.retry, in _call), driven by _classify: botocore's own
+            # retries would multiply its attempts and retry what _classify knows is permanent.
+            retries={"mode": "standard", "total_max_attempts": 1},
             s3={"addressing_style": style},
             connect_timeout=10, read_timeout=60,
             proxies=proxies,
@@ -250,55 +246,50 @@ class S3Store:
         return _join(self.uri, _clean_key(key)) if key else self.uri
 
     def _call(self, what: str, operation: Callable[[], T]) -> T:
-        delay = self._retry.base_delay_s
-        for attempt in range(1, self._retry.attempts + 1):
+        def classified() -> T:
             try:
                 return operation()
-            except Exception as exc:  # noqa: BLE001 - classified right below
-                error, transient = _classify(exc, what, self)
-                if not transient or attempt == self._retry.attempts:
-                    raise error from None
-                log.warning("%s failed (attempt %d/%d, retrying in %.1f s): %s", what, attempt, self._retry.attempts, delay, error)
-                time.sleep(delay * (0.5 + random.random() / 2))
-                delay = min(delay * 2, self._retry.max_delay_s)
-        raise AssertionError("unreachable")
+            except Exception as exc:  # noqa: BLE001 - classified right here
+                raise _classify(exc, what, self) from None
+
+        return retry.call(classified, self._retry, transient=lambda e: isinstance(e, StoreError) and e.transient, what=what)
 
 
 def _missing_bucket(what: str, store: S3Store) -> StoreError:
     return StoreError(f"cannot {what}: bucket {store.bucket!r} does not exist" + (f" at {store.endpoint}" if store.endpoint else ""))
 
 
-def _classify(exc: Exception, what: str, store: S3Store) -> tuple[StoreError, bool]:
-    """Turn a boto3 failure into a StoreError a user can act on, and whether a retry may help."""
+def _classify(exc: Exception, what: str, store: S3Store) -> StoreError:
+    """Turn a boto3 failure into a StoreError a user can act on, transient when a retry may help."""
     from boto3.exceptions import S3UploadFailedError
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
     if isinstance(exc, StoreError):
-        return exc, False
+        return exc
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
-        return StoreError(f"cannot {what}: no credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, {CREDENTIALS_DIR_ENV}, or spec.storage.credentialsSecret)"), False
+        return StoreError(f"cannot {what}: no credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, {CREDENTIALS_DIR_ENV}, or spec.storage.credentialsSecret)")
     if isinstance(exc, ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         if code in ("NoSuchKey", "404", "NotFound"):
-            return ObjectNotFound(f"{what}: the object does not exist"), False
+            return ObjectNotFound(f"{what}: the object does not exist")
         if code == "NoSuchBucket":
-            return _missing_bucket(what, store), False
+            return _missing_bucket(what, store)
         if code in ACCESS_CODES:
-            return StoreError(f"cannot {what}: access denied ({code}); check the credentials and the bucket policy"), False
+            return StoreError(f"cannot {what}: access denied ({code}); check the credentials and the bucket policy")
         if code in TRANSIENT_CODES or status >= 500:
-            return StoreError(f"cannot {what}: the service answered {code or status}"), True
-        return StoreError(f"cannot {what}: {code or status}: {exc.response.get('Error', {}).get('Message', '')}".rstrip(": ")), False
+            return StoreError(f"cannot {what}: the service answered {code or status}", transient=True)
+        return StoreError(f"cannot {what}: {code or status}: {exc.response.get('Error', {}).get('Message', '')}".rstrip(": "))
     if isinstance(exc, S3UploadFailedError):
         text = str(exc)
         if "NoSuchBucket" in text:
-            return _missing_bucket(what, store), False
+            return _missing_bucket(what, store)
         if any(code in text for code in ACCESS_CODES):
-            return StoreError(f"cannot {what}: access denied; check the credentials and the bucket policy"), False
-        return StoreError(f"cannot {what}: {text}"), True
+            return StoreError(f"cannot {what}: access denied; check the credentials and the bucket policy")
+        return StoreError(f"cannot {what}: {text}", transient=True)
     if isinstance(exc, (BotoCoreError, OSError)):
-        return StoreError(f"cannot {what}: {exc}"), True
-    return StoreError(f"cannot {what}: {type(exc).__name__}: {exc}"), False
+        return StoreError(f"cannot {what}: {exc}", transient=True)
+    return StoreError(f"cannot {what}: {type(exc).__name__}: {exc}")
 
 
 def open_store(uri: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None,

@@ -30,6 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--slow-rank", type=int, default=None, help="this rank does extra CPU work every step")
     p.add_argument("--slow-ms", type=float, default=0.0, help="extra milliseconds of CPU work on --slow-rank")
+    p.add_argument("--python-calls", type=int, default=0, help="call a small Python helper this many times in every step")
     p.add_argument("--hang-rank", type=int, default=None, help="this rank blocks forever at --hang-at-step")
     p.add_argument("--hang-at-step", type=int, default=None, help="zero-based step index where --hang-rank blocks")
     p.add_argument("--hang-seconds", type=float, default=0.0, help="block this long instead of forever (a hang that recovers)")
@@ -50,6 +51,16 @@ def augment_batch_slowly(batch: torch.Tensor, milliseconds: float) -> torch.Tens
         for i in range(200):
             acc = (acc * 31 + i) % 1_000_003
     return batch + (acc % 7) * 1e-6
+
+
+def small_helper(i: int) -> int:
+    return (i * 31) % 7
+
+
+def call_many_small_functions(count: int) -> int:
+    """Ordinary CPU-heavy Python: many calls of a small function (each one a Python event when
+    the profiler records stacks)."""
+    return sum(small_helper(i) for i in range(count))
 
 
 def block_forever(step: int, seconds: float = 0.0) -> None:
@@ -94,6 +105,8 @@ def train(args: argparse.Namespace) -> int:
         target = torch.randint(0, 10, (args.batch_size,), generator=generator)
         if rank == args.slow_rank and args.slow_ms > 0:
             batch = augment_batch_slowly(batch, args.slow_ms)
+        if args.python_calls > 0:
+            call_many_small_functions(args.python_calls)
         if args.step_sleep_ms > 0:
             time.sleep(args.step_sleep_ms / 1000.0)
         loss = loss_fn(model(batch), target)

@@ -8,8 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stepscope import AGENT_MODULE
+from stepscope import AGENT_MODULE, wire
+from stepscope.sidecar import agent as sidecar_agent
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
+from stepscope.sidecar.sessions import RankProgress
+from stepscope.wire import WIRE_MODULE
 
 
 def run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -19,15 +22,36 @@ def run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 def test_install_writes_the_agent_and_sitecustomize(tmp_path: Path) -> None:
     folder = install_bootstrap(tmp_path)
     assert folder == tmp_path / "bootstrap"
-    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == ["sitecustomize.py", f"{AGENT_MODULE}.py"]
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == ["sitecustomize.py", f"{AGENT_MODULE}.py", f"{WIRE_MODULE}.py"]
     # Byte-compiled by the installer, so that images with PYTHONDONTWRITEBYTECODE do not
     # recompile the agent in every process.
-    for name in ("sitecustomize.py", f"{AGENT_MODULE}.py"):
+    for name in ("sitecustomize.py", f"{AGENT_MODULE}.py", f"{WIRE_MODULE}.py"):
         assert Path(importlib.util.cache_from_source(str(folder / name))).is_file()
     assert (folder / f"{AGENT_MODULE}.py").read_bytes() == (Path(__file__).parents[2] / "sidecar" / "agent.py").read_bytes()
     env = training_env(tmp_path, {"PYTHONPATH": "/opt/a:/opt/b"})
     assert env == {"PYTHONPATH": f"{folder.resolve()}:/opt/a:/opt/b", "STEPSCOPE_DIR": str(tmp_path.resolve())}
     assert training_env(tmp_path, env)["PYTHONPATH"] == env["PYTHONPATH"]
+
+
+def test_the_bootstrap_agent_and_the_sidecar_speak_one_vocabulary(tmp_path: Path) -> None:
+    """The agent a training process loads from the bootstrap folder uses the copy of the wire module
+    written beside it; its states, sets, names and defaults are the sidecar's, and the sidecar's
+    idea of a finished rank is built from the same sets."""
+    install_bootstrap(tmp_path)
+    names = [n for n in dir(wire) if n.isupper()]
+    probe = (f"import json, {AGENT_MODULE} as a, {WIRE_MODULE} as w; "
+             f"print(json.dumps({{'same': a.wire is w, 'file': w.__file__, 'values': {{n: sorted(v) if isinstance(v, frozenset) else v for n, v in vars(w).items() if n.isupper()}}}}))")
+    result = run_python(probe, training_env(tmp_path, {}))
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["same"] and Path(seen["file"]).parent == tmp_path / "bootstrap"
+    ours = {n: sorted(v) if isinstance(v, frozenset) else v for n, v in vars(wire).items() if n.isupper()}
+    assert seen["values"] == ours and set(ours) == set(names)
+    assert sidecar_agent.wire is wire
+    assert wire.HUNG not in wire.FINAL_STATES and wire.HUNG in wire.ACTIVE_STATES, "a hung rank may resume"
+    assert wire.ACTIVE_STATES.isdisjoint(wire.FINAL_STATES) and wire.FAILED_STATES <= wire.STATES
+    for state in wire.STATES:
+        assert RankProgress(0, state=state).terminal == (state in wire.FINAL_STATES)
 
 
 def test_chain_loads_the_images_sitecustomize_and_never_imports_torch(tmp_path: Path) -> None:

@@ -28,7 +28,9 @@ def test_a_hang_that_recovers_resumes_the_capture(stepscope_dir: Path, start_job
     hung_and_check_stacks(stepscope_dir, job)
     for rank in (0, 1):
         state = wait_for_state(stepscope_dir, "s-hang", rank, ("done",), timeout=30)
-        assert state["triggerStep"] == 7 and state["startStep"] == 8 and state["capturedSteps"] == 3, state
+        # The last wait step counts the Python calls for the capture budget (a step the stuck ranks
+        # make only after the hang), so waitSteps=2 still starts exactly at trigger + 2.
+        assert state["triggerStep"] == 7 and state["startStep"] == 9 and state["capturedSteps"] == 3, state
         assert state["stacks"] == f"rank-{rank}.stacks.json" and state["error"] is None
     assert job.wait(30) == [0, 0], logs(job)
 
@@ -36,7 +38,7 @@ def test_a_hang_that_recovers_resumes_the_capture(stepscope_dir: Path, start_job
 def hung_and_check_stacks(stepscope_dir: Path, job: LocalJob) -> None:
     # The request reaches ranks that are already stuck, the way a user asks about a job that hangs.
     wait_for(lambda: all(heartbeat(stepscope_dir, rank).get("step") == 7 for rank in (0, 1)), 30, "both ranks stuck after step 7")
-    write_request(stepscope_dir, "s-hang", waitSteps=1, steps=3, hang_timeout=2)
+    write_request(stepscope_dir, "s-hang", waitSteps=2, steps=3, hang_timeout=2)
     states = [wait_for_state(stepscope_dir, "s-hang", rank, ("hung",), timeout=30) for rank in (0, 1)]
     for rank, state in enumerate(states):
         assert state["stacks"] == f"rank-{rank}.stacks.json"

@@ -57,7 +57,7 @@ class SimulatedRanks:
         (self.dir / "agents" / f"rank-{rank}.json").unlink(missing_ok=True)
 
     def state(self, session: str, rank: int, state: str, *, trace_from: Path | None = None, stacks: bool = False,
-              error: str | None = None, gpu: tuple[int, str] = (-1, "")) -> None:
+              error: str | None = None, gpu: tuple[int, str] = (-1, ""), degraded: list[str] | None = None) -> None:
         folder = self.dir / session
         folder.mkdir(exist_ok=True)  # the agent makes the session folder, not the sidecar
         trace = None
@@ -76,7 +76,8 @@ class SimulatedRanks:
             "version": 1, "session": session, "rank": rank, "localRank": rank, "worldSize": self.world_size, "pid": 1000 + rank,
             "host": "node-a", "state": state, "step": self.steps[rank], "triggerStep": 10, "startStep": 15, "endStep": 17,
             "capturedSteps": 2, "startTime": time.time() - 1, "endTime": time.time(), "updatedAt": time.time(),
-            "trace": trace, "stacks": stacks_name, "error": error, "message": f"simulated {state}", "gpu": gpu[0], "gpuUuid": gpu[1]})
+            "trace": trace, "stacks": stacks_name, "error": error, "message": f"simulated {state}", "gpu": gpu[0], "gpuUuid": gpu[1],
+            "degraded": degraded or []})
 
     def close(self) -> None:
         self._stop.set()

@@ -1,11 +1,7 @@
-"""The sidecar's upload worker: retries with growing delays, one outcome per job, bounded shutdown."""
+"""The sidecar's upload worker: one run and one outcome per job, bounded shutdown."""
 from __future__ import annotations
 
-import logging
-import re
 import threading
-
-import pytest
 
 from stepscope.sidecar.uploads import Job, Uploader
 from stepscope.storage import StoreError
@@ -22,35 +18,23 @@ def _flaky(failures: int) -> tuple[list[int], object]:
     return calls, run
 
 
-def test_a_job_is_retried_with_doubling_delays_until_it_succeeds(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="stepscope.sidecar.uploads")
-    uploader = Uploader(attempts=4, base_delay_s=0.01, max_delay_s=1.0)
-    calls, run = _flaky(3)
-    outcomes: list[str | None] = []
-    finished = threading.Event()
-    uploader.submit(Job("flaky", run, lambda error: (outcomes.append(error), finished.set())))
-    assert finished.wait(10)
-    assert uploader.close(5)
-    assert len(calls) == 4 and outcomes == [None]
-    delays = [float(d) for d in re.findall(r"retrying in ([0-9.]+) s", caplog.text)]
-    assert delays == [0.01, 0.02, 0.04]
-
-
-def test_a_job_that_keeps_failing_reports_its_last_error_once() -> None:
-    uploader = Uploader(attempts=3, base_delay_s=0.01)
+def test_a_failing_job_runs_once_and_reports_its_reason() -> None:
+    """The store retries what it knows to be transient; a permanent error (access denied) must not
+    be retried again here, nor anything else a job raises."""
+    uploader = Uploader()
     calls, run = _flaky(100)
     outcomes: list[str | None] = []
-    uploader.submit(Job("broken", run, outcomes.append))
+    uploader.submit(Job("denied", run, outcomes.append))
+    ok_calls, ok = _flaky(0)
+    uploader.submit(Job("fine", ok, outcomes.append))
     assert uploader.close(5)
-    assert len(calls) == 3 and outcomes == ["cannot write: attempt 3 failed"]
+    assert len(calls) == 1 and outcomes == ["cannot write: attempt 1 failed", None] and len(ok_calls) == 1
 
 
-def test_close_gives_up_waiting_after_its_grace_and_stops_retrying() -> None:
-    uploader = Uploader(attempts=100, base_delay_s=30.0)
-    calls, run = _flaky(100)
+def test_close_gives_up_waiting_after_its_grace() -> None:
+    release = threading.Event()
     outcomes: list[str | None] = []
-    done = threading.Event()
-    uploader.submit(Job("slow", run, lambda error: (outcomes.append(error), done.set())))
+    uploader = Uploader()
+    uploader.submit(Job("slow", lambda: release.wait(5) and None, outcomes.append))
     assert not uploader.close(0.2)
-    # Waiting out its backoff, the job hears of the shutdown and reports instead of retrying.
-    assert done.wait(5) and len(calls) == 1 and outcomes[0].startswith("cannot write")
+    release.set()

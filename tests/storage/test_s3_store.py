@@ -14,7 +14,7 @@ from stepscope.storage import ObjectNotFound, RetryPolicy, StoreError, open_stor
 from tests.storage.conftest import CREDENTIALS
 from tests.storage.proxy import Proxy
 
-FAST_RETRY = RetryPolicy(attempts=4, base_delay_s=0.05, max_delay_s=0.2, botocore_attempts=2)
+FAST_RETRY = RetryPolicy(attempts=6, base_delay_s=0.05, max_delay_s=0.2)
 
 
 def _write_large(path: Path, size: int) -> str:
@@ -87,7 +87,7 @@ def test_large_file_goes_multipart_and_comes_back_identical(moto_endpoint: str, 
 def test_uploads_survive_injected_failures(moto_endpoint: str, bucket: str, s3, tmp_path: Path, failure: str) -> None:
     source = tmp_path / "trace.json.gz"
     checksum = _write_large(source, 34 * 1024 * 1024)  # three parts, so part uploads fail too
-    # More failures than botocore's own two attempts: the whole-operation retry must take over.
+    # botocore does not retry (one layer): the store's own retry takes every failure.
     with Proxy(moto_endpoint.removeprefix("http://"), fail_first=5, failure=failure) as proxy:
         store = open_store(f"s3://{bucket}/retry", endpoint=proxy.url, credentials=CREDENTIALS, retry=FAST_RETRY)
         store.put_file("ranks/rank-1.trace.json.gz", source)
@@ -106,13 +106,15 @@ def test_failures_beyond_every_retry_raise_a_store_error(moto_endpoint: str, buc
         store = open_store(f"s3://{bucket}/down", endpoint=proxy.url, credentials=CREDENTIALS, retry=FAST_RETRY)
         with pytest.raises(StoreError, match="ServiceUnavailable|503"):
             store.put_bytes("k", b"x")
-    assert len(proxy.injected) == FAST_RETRY.attempts * FAST_RETRY.botocore_attempts
+    assert len(proxy.injected) == FAST_RETRY.attempts, "one retry layer: no botocore retries on top"
 
 
 def test_missing_bucket_and_bad_uris_are_named(moto_endpoint: str) -> None:
-    store = open_store("s3://no-such-bucket/p", endpoint=moto_endpoint, credentials=CREDENTIALS, retry=FAST_RETRY)
-    with pytest.raises(StoreError, match="bucket 'no-such-bucket' does not exist"):
-        store.put_bytes("k", b"x")
+    with Proxy(moto_endpoint.removeprefix("http://")) as proxy:
+        store = open_store("s3://no-such-bucket/p", endpoint=proxy.url, credentials=CREDENTIALS, retry=FAST_RETRY)
+        with pytest.raises(StoreError, match="bucket 'no-such-bucket' does not exist") as raised:
+            store.put_bytes("k", b"x")
+    assert not raised.value.transient and len(proxy.seen) == 1, "a permanent error is not retried"
     with pytest.raises(StoreError, match="scheme must be"):
         open_store("gs://bucket/p")
     with pytest.raises(StoreError, match="no bucket"):

@@ -1,0 +1,72 @@
+"""The words of the wire (docs/wire.md): rank states and their sets, shared-directory file names,
+versions, id rules, defaults and the control port. The one home of each: the sidecar, operator,
+CLI and tests import it, and the sidecar's bootstrap copies this file next to the agent (as
+`stepscope_wire`), which imports it from there. Standard library only, and cheap to import:
+every Python process of a training pod loads it at start.
+"""
+from __future__ import annotations
+
+WIRE_VERSION = 1  # of request.json and the agent's state and stacks files
+
+DEFAULT_DIR = "/var/run/stepscope"
+DIR_ENV = "STEPSCOPE_DIR"
+DEFAULT_PORT = 7470
+PORT_NAME = "stepscope"
+
+# Shared-directory layout.
+REQUEST_FILE = "request.json"
+AGENTS_FOLDER = "agents"
+BOOTSTRAP_FOLDER = "bootstrap"
+SIDECAR_FOLDER = "sidecar"  # the sidecar's own files (GPU metrics, session records)
+AGENT_MODULE = "stepscope_agent"
+WIRE_MODULE = "stepscope_wire"
+
+# A rank's states in its state file. `hung` is not final: a rank whose steps resume goes back to
+# `waiting` or `capturing` and may still end `done` with a trace.
+WAITING, CAPTURING, WRITING, HUNG = "waiting", "capturing", "writing", "hung"
+DONE, FAILED, CANCELLED, REFUSED = "done", "failed", "cancelled", "refused"
+ACTIVE_STATES = frozenset({WAITING, CAPTURING, WRITING, HUNG})
+FINAL_STATES = frozenset({DONE, FAILED, CANCELLED, REFUSED})
+FAILED_STATES = frozenset({FAILED, HUNG, REFUSED})  # the rank counts as failed (a hung one, until it resumes)
+STARTED_STATES = frozenset({CAPTURING, WRITING, DONE})
+STATES = ACTIVE_STATES | FINAL_STATES
+
+# The capture budget's defaults (spec.capture.limits): what a production job can afford without
+# asking. Python function events cost the training thread about 40-170 us each when the profiler
+# stops (measured on 2 shared cores, benchmarks/capture_cost.py), so 100 000 of them bound that
+# pause to a few seconds; the memory bound covers what the profiler holds while it records.
+# Together they keep a capture's peak under 1 GB: up to 512 MB recorded, and the stop's
+# expansion of at most 100 000 Python events (~3 KB each, measured) on top.
+DEFAULT_MAX_STACK_EVENTS = 100_000
+DEFAULT_MAX_MEMORY_MB = 512
+
+_ID_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_ID_REST = _ID_FIRST | frozenset("._-")
+MAX_SESSION_ID = 128
+
+
+def valid_session_id(value: object) -> bool:
+    """Session ids become folder names: a letter or digit, then letters, digits, '.', '_', '-'."""
+    return (isinstance(value, str) and 0 < len(value) <= MAX_SESSION_ID and value[0] in _ID_FIRST
+            and all(c in _ID_REST for c in value))
+
+
+def valid_file_name(value: object) -> bool:
+    """A plain file name (what an agent may name in its state file), nothing that leaves the folder."""
+    return isinstance(value, str) and 0 < len(value) <= 255 and value[0] in _ID_FIRST and all(c in _ID_REST for c in value)
+
+
+def agent_file(rank: int) -> str:
+    return f"rank-{rank}.json"
+
+
+def state_file(rank: int) -> str:
+    return f"rank-{rank}.state.json"
+
+
+def trace_file(rank: int) -> str:
+    return f"rank-{rank}.trace.json.gz"
+
+
+def stacks_file(rank: int) -> str:
+    return f"rank-{rank}.stacks.json"

@@ -1,0 +1,31 @@
+"""The capture budget (spec.capture.limits) in real rank processes: a capture whose Python calls
+would exceed maxStackEvents drops its stacks, one that grows the process beyond maxMemoryMB is
+cut short, and each says so in its state; both still end `done` with a usable trace."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.agent.protocol import load_trace, logs, profiler_steps, wait_for_state, write_request
+
+
+def test_over_budget_captures_degrade_in_order_and_say_so(stepscope_dir: Path, start_job) -> None:
+    job = start_job(1, "--steps", "0", "--python-calls", "3000")
+    # 3000+ Python calls a step x 2 steps exceeds 1000: the stacks go, the steps stay.
+    write_request(stepscope_dir, "s-stacks", waitSteps=1, steps=2, limits={"maxStackEvents": 1000})
+    state = wait_for_state(stepscope_dir, "s-stacks", 0, ("done", "failed"), timeout=60)
+    assert state["state"] == "done" and state["capturedSteps"] == 2, logs(job)
+    assert state["withStack"] is False and len(state["degraded"]) == 1, state
+    assert "Python stacks dropped" in state["degraded"][0] and "maxStackEvents=1,000" in state["degraded"][0]
+    assert state["degraded"][0] in state["message"]
+    events = load_trace(stepscope_dir / "s-stacks" / state["trace"])
+    assert not [e for e in events if e.get("cat") == "python_function"] and len(profiler_steps(events)) == 2
+
+    # Stacks within budget, but the process may grow by 1 MB only: cut after the first step(s).
+    write_request(stepscope_dir, "s-memory", waitSteps=1, steps=20, limits={"maxStackEvents": 10_000_000, "maxMemoryMB": 1})
+    state = wait_for_state(stepscope_dir, "s-memory", 0, ("done", "failed"), timeout=120)
+    assert state["state"] == "done" and state["withStack"] is True, logs(job)
+    assert 1 <= state["capturedSteps"] < 20 and len(state["degraded"]) == 1, state
+    assert state["degraded"][0].startswith(f"capture cut after {state['capturedSteps']} of 20 steps") and "maxMemoryMB=1" in state["degraded"][0]
+    events = load_trace(stepscope_dir / "s-memory" / state["trace"])
+    assert [e for e in events if e.get("cat") == "python_function"]
+    assert len(profiler_steps(events)) == state["capturedSteps"]
