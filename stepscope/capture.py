@@ -145,13 +145,18 @@ def _sidecar_error(exc: SidecarError, url: str) -> int:
     return _fail(f"the sidecar at {url} answered {exc.status}: {exc.message}", EXIT_FAILED)
 
 
-def _follow(client: SidecarClient, session_id: str, deadline: float, progress: _Progress) -> tuple[dict[str, Any], int | None]:
-    """Poll until the session finishes; Ctrl-C cancels it and waits for what was captured to land.
-    The first Ctrl-C does so wherever it lands, in the pause or in a poll; a second one leaves."""
+def _follow(client: SidecarClient, session_id: str, deadline: float, progress: _Progress, announce: str) -> tuple[dict[str, Any], int | None]:
+    """Print `announce`, then poll until the session finishes; Ctrl-C cancels it and waits for what
+    was captured to land. The first Ctrl-C does so wherever it lands, in the pause, in a poll or
+    during the announcement (a user presses it as soon as they read it, and a busy machine can
+    deliver it before print returns); a second one leaves."""
     interrupted = False
     status: dict[str, Any] | None = None
     while status is None or status["phase"] not in FINISHED:
         try:
+            if announce:
+                print(announce, flush=True)
+                announce = ""
             if status is not None:
                 progress.show(_progress_line(status))
                 if time.monotonic() > deadline:
@@ -162,7 +167,7 @@ def _follow(client: SidecarClient, session_id: str, deadline: float, progress: _
         except KeyboardInterrupt:
             if interrupted:
                 raise
-            interrupted = True
+            interrupted, announce = True, ""
             progress.done()
             print("cancelling: the ranks stop at their next step, what was captured is kept (Ctrl-C again to leave now)", flush=True)
             client.delete_session(session_id)
@@ -217,9 +222,9 @@ def run(args: argparse.Namespace) -> int:
     progress = _Progress()
     try:
         client.put_session(session_id, body)
-        print(f"session {session_id}: capturing {_window(spec)} on every rank behind {args.sidecar}", flush=True)
         # The sidecar enforces spec.timeoutSeconds; the CLI waits a little longer for its verdict.
-        status, code = _follow(client, session_id, time.monotonic() + args.timeout + 30, progress)
+        status, code = _follow(client, session_id, time.monotonic() + args.timeout + 30, progress,
+                               f"session {session_id}: capturing {_window(spec)} on every rank behind {args.sidecar}")
     except SidecarError as exc:
         progress.done()
         return _sidecar_error(exc, args.sidecar)

@@ -208,7 +208,7 @@ def test_point2_a_failure_beside_admission_admits_the_pod_as_is_with_a_warning_a
         wait_for(lambda: metrics.PODS_NOT_INJECTED.value == before + 1, 10, "the metric to count the pod")
         # Once the gap is fixed the namespace gets its key and the next pods their sidecar.
         for doc in chart.docs:
-            if doc["kind"] == "RoleBinding" and doc["metadata"]["namespace"] == "team-b":
+            if doc["kind"] == "RoleBinding" and doc["metadata"]["namespace"] == "team-b" and doc["metadata"]["name"] == "stepscope-injection":
                 rbac.create_namespaced_role_binding("team-b", doc)
         wait_for(lambda: chart.key_secret("team-b") == namespace_key(OPERATOR_KEY, "team-b"), 30, "the key in team-b once the RoleBinding is back")
         pod, warnings = chart.create_pod("team-b", "trainer-1")

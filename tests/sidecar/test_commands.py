@@ -2,6 +2,8 @@
 over HTTP, with signals and exit codes."""
 from __future__ import annotations
 
+import argparse
+
 import json
 import os
 import signal
@@ -140,9 +142,32 @@ class _PollCutByCtrlC:
 
 def test_ctrl_c_during_a_poll_still_cancels_and_waits_for_the_end(capsys: pytest.CaptureFixture[str]) -> None:
     client = _PollCutByCtrlC()
-    status, code = capture._follow(client, "s-1", time.monotonic() + 30, capture._Progress())  # type: ignore[arg-type]
+    status, code = capture._follow(client, "s-1", time.monotonic() + 30, capture._Progress(), "session s-1: capturing")  # type: ignore[arg-type]
     assert client.deleted and status["phase"] == "Cancelled" and code == capture.EXIT_INTERRUPTED
     assert "cancelling: the ranks stop at their next step" in capsys.readouterr().out
+
+
+def test_ctrl_c_delivered_while_the_session_is_announced_cancels_and_waits(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """On a busy machine the SIGINT of a user who pressed Ctrl-C on reading "capturing" can surface
+    as the announcement's print returns; before, that left without waiting (the flaky end-to-end test above)."""
+    client = _PollCutByCtrlC()
+    client.polls = 2  # no poll of its own is cut: only the announcement
+    client.put_session = lambda session_id, body: {}  # type: ignore[attr-defined]
+    monkeypatch.setattr(capture, "SidecarClient", lambda url, key: client)
+    real_print = print
+
+    def print_cut_by_ctrl_c(*args: object, **kwargs: object) -> None:
+        real_print(*args, **kwargs)  # type: ignore[call-overload]
+        if str(args[0]).startswith("session "):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(capture, "print", print_cut_by_ctrl_c, raising=False)
+    monkeypatch.setenv("STEPSCOPE_HMAC_KEY", "00" * 32)
+    args = capture.add_arguments(parser := argparse.ArgumentParser()) or parser.parse_args(["--output-dir", str(tmp_path / "c")])
+    assert capture.run(args) == capture.EXIT_INTERRUPTED
+    out = capsys.readouterr().out
+    assert client.deleted and "cancelling" in out and "Cancelled" in out
 
 
 def test_capture_refuses_a_bad_window_before_contacting_anyone(tmp_path: Path) -> None:
