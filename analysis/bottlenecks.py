@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.causes import BACKWARD, WAITING
 from stepscope.analysis.outliers import falls_behind, peer_median, stands_out
-from stepscope.analysis.rank_tables import RankTables
+from stepscope.analysis.rank_tables import MAIN_THREAD, RankTables
 from stepscope.analysis.slow_workers import KERNEL_SLOWER
 from stepscope.analysis.wording import finding, function_text, ms, ranks_text, short
 
@@ -19,7 +20,7 @@ BOTTLENECK_RATIO = 0.01
 # A Python function stands out when it takes at least this many times its peers' time...
 FUNCTION_RATIO = 2.0
 # ... and at least this share of the median step (or 1 ms) more.
-FUNCTION_MIN_SHARE = 0.02
+FUNCTION_MIN_SHARE = 0.05
 NOT_OVERLAPPED_SHARE = 0.10
 BANDWIDTH_BEHIND = 0.7
 SHORT_KERNEL_SHARE = 0.5
@@ -28,9 +29,6 @@ LAUNCH_DELAY_US = 100.0
 IDLE_PCT = 10.0  # GPU idle share (HTA temporal breakdown) worth a finding
 HOST_WAIT_SHARE = 0.5  # ... when at least this much of the idle time is waiting for the host
 CPU_COLLECTIVE_SHARE = 0.20
-# Python frames where a thread sleeps or waits (on a lock, a collective's Work, a timer): time
-# there is not work, so it is no hot spot and no straggler's cause.
-WAITING = r"threading\.py\(\d+\): wait|acquire of _thread|<built-in function sleep>|<built-in method wait of "
 
 
 def _median_step_us(tables: RankTables) -> float:
@@ -95,15 +93,17 @@ def top_kernels(tables: RankTables, limit: int = 3) -> list[dict[str, Any]]:
                     {"kernels": [{"name": n, "share": round(float(v), 4)} for n, v in share.head(20).items()]})]
 
 
-def python_outliers(tables: RankTables, median_step_us: float, slow_ranks: set[int]) -> list[dict[str, Any]]:
+def python_outliers(tables: RankTables, median_step_us: float, slow_ranks: set[int], judged: bool = False) -> list[dict[str, Any]]:
     """Python functions whose exclusive time on one rank is far above their peers'. On a rank that
     is not slow itself while others are, such a function is most likely where it waits for them
-    (DDP's backward blocks on the slow rank's gradients), so it is told as that."""
+    (DDP's backward blocks on the slow rank's gradients), so it is told as that. Where straggler.py
+    has `judged` the job (whether a rank holds it back, and why), they are information only: a
+    function that took longer in one step on a busy machine is no finding to act on."""
     f = tables.functions
     ranks = tables.ranks["rank"].to_numpy()
     if f.empty or len(ranks) < 2:
         return []
-    f = f[~f["name"].str.contains(WAITING, regex=True)]
+    f = f[(f["thread"] == MAIN_THREAD) & ~f["name"].str.contains(WAITING) & ~f["name"].str.contains(BACKWARD)]
     f = f.assign(usPerStep=tables.per_step(f, "exclusiveUs"))
     min_excess = max(1000.0, FUNCTION_MIN_SHARE * median_step_us)
     candidates = f.groupby("name")["usPerStep"].max()
@@ -121,7 +121,7 @@ def python_outliers(tables: RankTables, median_step_us: float, slow_ranks: set[i
         times = f"{mine / theirs:.0f}x its peers" if theirs > 0 else "its peers do not spend measurable time there"
         victim = bool(slow_ranks) and rank not in slow_ranks
         waiting = f": probably waiting there for {ranks_text(sorted(slow_ranks))}" if victim else ""
-        out.append(finding("info" if victim else "warning", "python", [rank],
+        out.append(finding("info" if victim or judged else "warning", "python", [rank],
                            f"rank {rank} spends {ms(mine)}/step in {function_text(name)}, {times} ({ms(theirs)}/step){waiting}",
                            (mine - theirs) / median_step_us if median_step_us else 0.0,
                            {"function": name, "usPerStep": round(mine, 1), "peersUsPerStep": round(theirs, 1)}))
@@ -207,7 +207,7 @@ def cpu_only(tables: RankTables, median_step_us: float, slow_ranks: set[int]) ->
                                "most of it is waiting for the slowest rank", float(per.median()) / 2,
                                {"collectiveShare": {str(rank): round(float(v), 4) for rank, v in per.items()}}))
     f = tables.functions
-    f = f[~f["name"].str.contains(WAITING, regex=True)] if not f.empty else f
+    f = f[(f["thread"] == MAIN_THREAD) & ~f["name"].str.contains(WAITING)] if not f.empty else f
     if not f.empty and not slow_ranks:
         per_fn = tables.per_step(f, "exclusiveUs").groupby(f["name"]).median().sort_values(ascending=False)
         name, us = str(per_fn.index[0]), float(per_fn.iloc[0])
@@ -217,14 +217,14 @@ def cpu_only(tables: RankTables, median_step_us: float, slow_ranks: set[int]) ->
     return out
 
 
-def all_checks(tables: RankTables, kernels: pd.DataFrame, slow_ranks: set[int]) -> list[dict[str, Any]]:
+def all_checks(tables: RankTables, kernels: pd.DataFrame, slow_ranks: set[int], judged: bool = False) -> list[dict[str, Any]]:
     median_step_us = _median_step_us(tables)
     return [
         *one_percent_rule(tables.memory, "kind", "memory", "memory operations"),
         *one_percent_rule(tables.runtime, "name", "launch", "runtime calls"),
         *slower_kernels(kernels, median_step_us, slow_ranks),
         *top_kernels(tables),
-        *python_outliers(tables, median_step_us, slow_ranks),
+        *python_outliers(tables, median_step_us, slow_ranks, judged),
         *communication(tables, median_step_us),
         *launch_overhead(tables),
         *cpu_only(tables, median_step_us, slow_ranks),

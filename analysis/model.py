@@ -136,6 +136,9 @@ class FunctionStat(Struct):
     exclusiveUs: float
     notOverlappedUs: float
     bottleneckRatio: float = 0.0
+    # Exclusive µs in each captured step (RankSummary.steps' order); empty without steps or in
+    # older summaries. A cause repeats every step; a hiccup of a loaded machine does not.
+    stepsUs: list[float] = []
 
 
 class RankSummary(Struct):
@@ -174,7 +177,9 @@ class RankSummary(Struct):
 class SlowWorker(Struct):
     rank: int
     stepTimeMs: float
-    slowdown: float  # step time / median step time of all ranks
+    # How much longer the job's step is with this rank than without it: its step time over its
+    # peers' (jobs that do not synchronise), or the step over the step less the peers' wait for it.
+    slowdown: float
     pod: str = ""
     node: str = ""
 
@@ -203,6 +208,9 @@ class StepTime(Struct):
 class Diagnosis(Struct):
     """What goes into the session's status (compact: the whole status stays under 32 KiB)."""
     summary: str
+    # 0..1, how sure the headline is (slow_workers.WaitVerdict.confidence); absent where the
+    # evidence has no such measure (GPU traces judged by kernel and step times alone).
+    confidence: float | None = None
     stepTimeMs: StepTime | None = None
     slowWorkers: list[SlowWorker] = []
     breakdown: Breakdown | None = None

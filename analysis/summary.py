@@ -89,7 +89,7 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
         memoryOps=memory_ops(trace, compute, captured),
         runtime=runtime_stats(trace, compute, captured),
         collectives=collectives(trace, compute, captured),
-        functions=python_functions(trace, gpu_union, captured, top=top),
+        functions=python_functions(trace, gpu_union, captured, top=top, steps=(starts, ends) if len(numbers) else None),
         warnings=warnings,
     )
 
