@@ -65,7 +65,7 @@ def judge(s: Scenario, ranks: int, diagnosis: dict) -> str:
     if rank is None:
         if slow or summary.startswith("rank "):
             return "wrong"
-        return "right"
+        return "unsure" if unsure else "right"
     if unsure and not slow:
         return "unsure"
     named = summary.startswith(f"rank {rank} ") and any(c in summary for c in s.causes)
