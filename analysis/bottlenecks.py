@@ -9,13 +9,15 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.causes import BACKWARD, WAITING
+from stepscope.analysis.consistency import GPU_RUNTIME, HOST_AHEAD, HOST_BOUND, LAUNCH_BOUND
 from stepscope.analysis.outliers import falls_behind, peer_median, stands_out
 from stepscope.analysis.rank_tables import MAIN_THREAD, RankTables
 from stepscope.analysis.slow_workers import KERNEL_SLOWER
 from stepscope.analysis.wording import finding, function_text, ms, ranks_text, short
 
 # PerfTracker: a memory operation or runtime call whose time not overlapped with GPU compute is
-# above 1 % of the captured wall time is abnormal.
+# above 1 % of the captured wall time is abnormal; how loud it is then follows its share
+# (consistency.WARNING_SHARE).
 BOTTLENECK_RATIO = 0.01
 # A Python function stands out when it takes at least this many times its peers' time...
 FUNCTION_RATIO = 2.0
@@ -51,8 +53,9 @@ def one_percent_rule(frame: pd.DataFrame, key: str, category: str, what: str) ->
         ranks = rows["rank"].tolist()
         out.append(finding("warning", category, ranks,
                            f"{what} {name} take {100 * med:.1f}% of the captured time without overlapping GPU compute on {ranks_text(ranks)} "
-                           f"(up to {100 * worst:.1f}%; above 1% is abnormal): overlap them with compute or remove them",
-                           med, {"kind": name, "bottleneckRatio": {str(r): round(float(v), 5) for r, v in zip(rows["rank"], rows["bottleneckRatio"])}}))
+                           f"(up to {100 * worst:.1f}%): overlap them with compute or remove them",
+                           med, {"kind": name, "bottleneckRatio": {str(r): round(float(v), 5) for r, v in zip(rows["rank"], rows["bottleneckRatio"])},
+                                 "claim": GPU_RUNTIME if category == "launch" else None}))
     return out
 
 
@@ -170,12 +173,12 @@ def launch_overhead(tables: RankTables) -> list[dict[str, Any]]:
                            f"{100 * float(short_share[many.index].median()):.0f}% of kernels are shorter than {many['shortKernelThresholdUs'].median():.0f} us "
                            f"({float((many['launches'] / steps[many.index]).median()):.0f} launches/step) on {ranks_text(many['rank'].tolist())}: "
                            "launch overhead dominates; fuse kernels (torch.compile) or use CUDA graphs", float(short_share[many.index].median()) / 4,
-                           {"shortShare": {str(a): round(float(b), 3) for a, b in zip(many["rank"], short_share[many.index])}}))
+                           {"shortShare": {str(a): round(float(b), 3) for a, b in zip(many["rank"], short_share[many.index])}, "claim": LAUNCH_BOUND}))
     delayed = r[r["launchDelayMedianUs"] >= LAUNCH_DELAY_US]
     if len(delayed):
         out.append(finding("info", "launch", delayed["rank"].tolist(),
                            f"kernels start {delayed['launchDelayMedianUs'].median():.0f} us after their launch (median) on {ranks_text(delayed['rank'].tolist())}: "
-                           "the GPU queue is full; the host is ahead, so launch overhead is not the limit", 0.0))
+                           "the GPU queue is full; the host is ahead, so launch overhead is not the limit", 0.0, {"claim": HOST_AHEAD}))
     # HTA's idle categories are summed over streams, so they say how the idle time splits, not how much.
     idle_total = (r["hostWaitUs"] + r["kernelWaitUs"] + r["otherIdleUs"]).where(lambda v: v > 0, 1.0)
     host_share = r["hostWaitUs"] / idle_total
@@ -185,7 +188,7 @@ def launch_overhead(tables: RankTables) -> list[dict[str, Any]]:
         out.append(finding("warning", "launch", starved["rank"].tolist(),
                            f"the GPU is idle {idle:.0f}% of the time on {ranks_text(starved['rank'].tolist())}, {100 * host:.0f}% of that waiting for the host: "
                            "the CPU side (data loading, Python, launches, synchronisation) does not keep the GPU fed", idle / 100 * host,
-                           {"idlePct": {str(a): round(float(b), 2) for a, b in zip(starved["rank"], starved["idlePct"])}}))
+                           {"idlePct": {str(a): round(float(b), 2) for a, b in zip(starved["rank"], starved["idlePct"])}, "claim": HOST_BOUND}))
     return out
 
 

@@ -15,9 +15,11 @@ import pandas as pd
 
 from stepscope.analysis.bottlenecks import all_checks
 from stepscope.analysis.causes import Cause
+from stepscope.analysis.consistency import CPU_ONLY, reconcile
 from stepscope.analysis.hangs import hang_findings
 from stepscope.analysis.model import Breakdown, Diagnosis, Finding, RankSummary, SlowWorker, StepTime
 from stepscope.analysis.rank_tables import RankTables, build_tables
+from stepscope.analysis.summary import NO_GPU_EVENTS
 from stepscope.analysis.slow_workers import MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
 from stepscope.analysis.straggler import Straggler, find_straggler
 from stepscope.analysis.wording import finding, function_text, ms, ranks_text, short
@@ -48,7 +50,7 @@ def _trace_findings(summaries: list[RankSummary]) -> list[dict[str, Any]]:
         # Critical, but after the slow workers and hangs: those say what to fix, this what is unseen.
         out.append(finding("critical", "trace", ranks, f"{ranks_text(ranks)} could not be analysed: {text}", 0.001 * len(ranks), {"error": text}))
     for text, ranks in warnings.items():
-        out.append(finding("info", "trace", ranks, f"{ranks_text(ranks)}: {text}", 0.0))
+        out.append(finding("info", "trace", ranks, f"{ranks_text(ranks)}: {text}", 0.0, {"claim": CPU_ONLY if text.startswith(NO_GPU_EVENTS) else None}))
     return out
 
 
@@ -216,7 +218,7 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
     hw_found, explanations = _hardware(summaries, hardware)
     slow = [_slow_worker_finding(e, tables, median_step_us, python, explanations) for e in evidence.values()]
     hangs = hang_findings(stacks or {}, sorted(s.rank for s in summaries))
-    found = _ordered([*slow, *waiting, *hangs, *_trace_findings(summaries), *hw_found, *checks])
+    found = _ordered(reconcile([*slow, *waiting, *hangs, *_trace_findings(summaries), *hw_found, *checks], tables))
     info = {s.rank: s for s in ok}
     workers = [SlowWorker(rank=e.rank, stepTimeMs=round(float(tables.step_us.get(e.rank, np.nan)) / 1000.0, 3) if e.rank in steps.index else 0.0,
                           slowdown=round(e.slowdown(median_step_us), 3)) for e in evidence.values()]
