@@ -67,19 +67,32 @@ def _slow_worker_finding(e: SlowEvidence, tables: RankTables, median_step_us: fl
         reasons.append(python[e.rank])
     if e.rank in hardware:
         reasons.append(hardware[e.rank])
-    wait = f"the others wait {ms(e.peersWaitUsPerStep)}/step for it"
+    wait = f"the others wait {ms(e.waitUsPerStep(median_step_us))}/step for it"
     if e.voteShare:
         reasons.append(f"it arrives last at {100 * e.voteShare:.0f}% of {e.rounds} matched collectives")
-    if e.stepRatio or e.kernelRatio:
+    if e.stepRatio:
         message = f"rank {e.rank} is {slowdown:.2f}x slower than its peers: " + "; ".join(reasons + ([wait] if e.voteShare else []))
     else:
         # Only the collectives show it: every rank's step lasts as long as the slowest one's, so
         # "Nx slower" would rest on the others' wait, a noisy estimate; the wait itself is measured.
-        message = f"rank {e.rank} holds its peers back, they wait {ms(e.peersWaitUsPerStep)} of each {ms(median_step_us)} step for it: " + "; ".join(reasons)
+        message = (f"rank {e.rank} holds its peers back, they wait {ms(e.waitUsPerStep(median_step_us))} of each {ms(median_step_us)} step "
+                   f"for it: " + "; ".join(reasons))
     severity = "critical" if slowdown >= 1.2 else "warning"
     return finding(severity, "slow-worker", [e.rank], message, slowdown - 1.0, {
         "slowdown": round(slowdown, 3), "stepRatio": e.stepRatio, "kernelRatio": e.kernelRatio, "slowKernels": e.slowKernels,
-        "voteShare": e.voteShare, "votes": e.votes, "rounds": e.rounds, "peersWaitUsPerStep": round(e.peersWaitUsPerStep, 1)})
+        "voteShare": e.voteShare, "votes": e.votes, "rounds": e.rounds, "peersWaitUsPerStep": round(e.waitUsPerStep(median_step_us), 1)})
+
+
+def _kernel_skew_finding(e: SlowEvidence, tables: RankTables) -> dict[str, Any]:
+    """Longer kernels on a rank whose step is no longer and that no one waits for."""
+    names = ", ".join(list(dict.fromkeys(short(k["name"], 50) for k in e.slowKernels))[:3])
+    steps = tables.step_us.dropna()
+    mine = float(steps.get(e.rank, np.nan))
+    peers = float(steps.drop(e.rank, errors="ignore").median()) if len(steps) > 1 else np.nan
+    step = f": its step takes {ms(mine)} vs {ms(peers)} on its peers, so the collectives absorb it (it waits less)" if mine == mine and peers == peers else ""
+    return finding("warning", "kernel", [e.rank], f"rank {e.rank}'s GPU kernels run {100 * (e.kernelRatio - 1):.0f}% longer than its peers'"
+                   + (f" ({names})" if names else "") + step, (e.kernelRatio - 1.0) / 4,
+                   {"kernelRatio": e.kernelRatio, "slowKernels": e.slowKernels})
 
 
 def _cause_text(cause: Cause | None) -> str:
@@ -119,8 +132,8 @@ def _straggler_findings(st: Straggler, tables: RankTables) -> tuple[list[dict[st
                                                     "excessUsPerStep": round(st.cause.excessUsPerStep, 1), "callsPerStep": round(st.cause.callsPerStep, 1)}}
     if not st.named:
         other = f"; the collectives point at rank {st.waitNames}" if st.waitNames is not None and st.waitNames != st.rank else ""
-        message = (f"cannot tell which rank holds the job back from {st.steps} step(s) captured by every rank (confidence {st.confidence:.2f}): "
-                   f"rank {st.rank} is the likeliest, {reason}, {waited}{other}; capture more steps (steps: {MORE_STEPS}) to know")
+        message = (f"cannot tell which rank holds the job back from {st.steps} step(s) captured by every rank (confidence {st.confidence:.2f}); "
+                   f"capture more steps (steps: {MORE_STEPS}) to know. Rank {st.rank} is the likeliest: {reason}, {waited}{other}")
         return [finding("warning", "slow-worker", [], message, 0.0, data)], None
     slowdown = st.stepUs / max(st.stepUs - st.costUsPerStep, 1.0)
     data["slowdown"] = round(slowdown, 3)
@@ -216,9 +229,11 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
     python = {f["ranks"][0]: _python_reason(f["data"]) for f in checks
               if f["category"] == "python" and len(f["ranks"]) == 1 and f["ranks"][0] in evidence and "function" in f["data"]}
     hw_found, explanations = _hardware(summaries, hardware)
+    skew = [_kernel_skew_finding(e, tables) for e in evidence.values() if not e.holds_back]
+    evidence = {r: e for r, e in evidence.items() if e.holds_back}
     slow = [_slow_worker_finding(e, tables, median_step_us, python, explanations) for e in evidence.values()]
     hangs = hang_findings(stacks or {}, sorted(s.rank for s in summaries))
-    found = _ordered(reconcile([*slow, *waiting, *hangs, *_trace_findings(summaries), *hw_found, *checks], tables))
+    found = _ordered(reconcile([*slow, *skew, *waiting, *hangs, *_trace_findings(summaries), *hw_found, *checks], tables))
     info = {s.rank: s for s in ok}
     workers = [SlowWorker(rank=e.rank, stepTimeMs=round(float(tables.step_us.get(e.rank, np.nan)) / 1000.0, 3) if e.rank in steps.index else 0.0,
                           slowdown=round(e.slowdown(median_step_us), 3)) for e in evidence.values()]

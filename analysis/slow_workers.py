@@ -58,14 +58,23 @@ class SlowEvidence:
     rounds: int = 0
     peersWaitUsPerStep: float = 0.0
 
+    @property
+    def holds_back(self) -> bool:
+        """Its step is longer, or its peers wait for it. Kernels that run longer while its step
+        does not (the collectives absorb the difference: it waits less) are a kernel finding."""
+        return bool(self.stepRatio or self.voteShare)
+
+    def waitUsPerStep(self, median_step_us: float) -> float:
+        """The peers' wait for it, at most the step (the rounds' waits are summed medians)."""
+        return min(self.peersWaitUsPerStep, median_step_us) if median_step_us > 0 else self.peersWaitUsPerStep
+
     def slowdown(self, median_step_us: float) -> float:
-        """The largest of the slowdowns the evidence shows: step time, kernel time, or from the
-        collectives, the step (which the slow rank sets) over what the others work of it (the
-        step less their wait for it)."""
-        # Capped at 20x: past that the measured wait is mostly the others' noise.
-        work = max(median_step_us - self.peersWaitUsPerStep, 0.05 * median_step_us)
-        wait = median_step_us / work if median_step_us > 0 else 1.0
-        return max(self.stepRatio or 1.0, self.kernelRatio or 1.0, wait)
+        """Consistent with the step times beside it: its step over its peers' where they differ,
+        else the step over the step less the peers' wait for it (what the step would be without
+        it); 1 when nothing shows it holding anyone back."""
+        wait = self.waitUsPerStep(median_step_us)
+        by_wait = median_step_us / (median_step_us - wait) if self.voteShare and 0 < wait < median_step_us else 1.0
+        return max(self.stepRatio or 1.0, by_wait)
 
 
 def step_time_outliers(tables: RankTables) -> dict[int, float]:

@@ -52,3 +52,14 @@ def test_findings_below_a_twentieth_of_the_step_are_information():
     runtime = [f for f in found if f["message"].startswith("runtime calls")]
     assert runtime and all(f["severity"] == "info" for f in runtime if f["score"] < 0.05)
     assert not any("launch overhead dominates" in f["message"] for f in found)
+
+
+def test_kernel_skew_the_collectives_absorb_is_no_slow_worker():
+    """2 ranks sampled from a 128-rank job: rank 1's kernels run longer, its step does not (619 ms
+    against 615 ms). No "1.21x slower": a kernel finding with the step times beside it."""
+    store, only = open_session(str(SHARED / "hta__trace_filter_2rank"))
+    read = read_ranks(find_files(store, only))
+    diagnosis, found = diagnose(read.summaries)
+    assert diagnosis.slowWorkers == []
+    skew = [f for f in found if f["category"] == "kernel" and f["ranks"] == [1] and "kernels run" in f["message"]]
+    assert skew and "its step takes 619 ms vs 615 ms" in skew[0]["message"]

@@ -40,7 +40,9 @@ def test_slow_kernels_name_the_rank_and_the_kernels():
     # The kernels that cost most extra time are named: the largest compute kernels, not the collective.
     named = [k["name"] for k in slow["data"]["slowKernels"]]
     assert named and all(n.startswith(("volta_sgemm", "void at::native")) for n in named)
-    assert diagnosis.summary.startswith("rank 5 is 1.") and "kernels run 3" in diagnosis.summary and short(named[0]) in diagnosis.summary
+    # Every rank's step is as long (they wait for rank 5): the figures are its peers' wait, not "1.3x slower".
+    assert diagnosis.summary.startswith("rank 5 holds its peers back, they wait ") and "kernels run 3" in diagnosis.summary
+    assert short(named[0]) in diagnosis.summary
 
 
 def test_step_time_outlier_without_synchronisation():
