@@ -67,7 +67,7 @@ def test_session_folder_report(session: Path):
     diagnosis = analyze_uri(str(session), progress=False)
     assert _snapshot(session) == before
     assert [w.rank for w in diagnosis.slowWorkers] == [5]
-    assert diagnosis.summary.startswith("rank 5 is 1.")
+    assert diagnosis.summary.startswith("rank 5 holds its peers back, they wait ")
     document = _check_report(session / "report")
     assert document["ranks"] == {"total": 8, "analysed": 7, "failed": [6]}
     problems = document["problems"]

@@ -60,7 +60,7 @@ def test_diff_cli_on_session_folders(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "note: compared from edge summaries" in out
     assert len(pd.read_csv(tmp_path / "d.csv")) == len(json.loads((tmp_path / "d.json").read_text())["rows"])
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "missing")]) == 1
-    assert "nothing to compare" in capsys.readouterr().err
+    assert "missing does not exist" in capsys.readouterr().err
 
 
 def _raw_kernels(path: Path) -> pd.DataFrame:
