@@ -52,7 +52,7 @@ class Cause:
     excessUsPerStep: float  # this rank's inclusive time there minus its peers' median
     usPerStep: float
     peersUsPerStep: float
-    callsPerStep: float
+    callsPerStep: float  # profiled Python calls under the frame
 
     def text(self) -> str:
         where = function_text(self.frame)
@@ -112,7 +112,9 @@ def find_cause(tables: RankTables, rank: int, exploded: pd.DataFrame | None = No
     frame = user[-1] if user else inner
     path = on_path[on_path["frame"] == inner]["stack"].iloc[0].split(" > ")
     phase = next((label for pattern, label in _PHASES for f in reversed(path) if pattern.search(f)), "")
-    calls = float(mine.loc[mine["frame"] == inner, "calls"].sum())
+    # Every profiled call under the cause (each stack's calls once), for the profiler's cost in it.
+    under = mine.drop_duplicates("index").set_index("index")["calls"]
+    calls = float(under.loc[mine.loc[mine["frame"] == frame, "index"].unique()].sum())
     row = excess.loc[frame]
     return Cause(frame=frame, inner=inner if _BUILTIN.match(inner) else "", phase=phase, excessUsPerStep=float(row["excess"]),
                  usPerStep=float(row["mine"]), peersUsPerStep=float(row["peers"]), callsPerStep=calls)

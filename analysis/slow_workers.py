@@ -42,8 +42,10 @@ MIN_GAP_SHARE = 0.05
 # With three or more ranks, one late rank makes all others wait alike: the second least waiting
 # rank must wait this share of the gap more than the least waiting one.
 ALONE = 0.5
-# The confidence below which the diagnosis says it cannot tell rather than name a rank.
+# The confidence below which the diagnosis says it cannot tell rather than name a rank, and below
+# which what little evidence there is is no reason to doubt a healthy job.
 CONFIDENT = 0.65
+DOUBT = 0.4
 
 
 @dataclass

@@ -77,7 +77,7 @@ def confidence(share: float, steady: int, steps: int, explained: float, agrees: 
         return 0.0
     base = 0.35 + 0.35 * min(1.0, share / FULL_GAP) + 0.3 * min(1.0, max(explained, 0.0))
     base *= steady / steps
-    base *= 1.0 if agrees else 0.85
+    base *= 1.0 if agrees else 0.7
     return round(base * (0.9 if steps == 1 else 1.0), 2)
 
 
@@ -95,7 +95,9 @@ def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
         rival = len(candidates) > 1 and candidates[1][1].excessUsPerStep >= 0.5 * cause.excessUsPerStep and v.rank != rank
         gap = float(np.median([w for r, w in v.waitUs.items() if r != rank]) - v.waitUs[rank])
         cost = max(gap, cause.excessUsPerStep)
-        agrees = v.rank in (None, rank) and not rival
+        # The collectives agree when they point at no other rank and show its peers waiting for at
+        # least half of what the cause costs; a rank nobody waits for holds no one back.
+        agrees = v.rank in (None, rank) and not rival and gap >= 0.5 * cause.excessUsPerStep
         conf = confidence(cost / v.stepUs if v.stepUs else 0.0, steady, v.steps, min(1.0, cause.excessUsPerStep / cost) if cost else 0.0, agrees)
         return Straggler(rank=rank, named=conf >= CONFIDENT and agrees, cause=cause, confidence=conf, gapUsPerStep=max(gap, 0.0),
                          costUsPerStep=cost, stepUs=v.stepUs, steps=v.steps, steadySteps=steady, waitNames=v.rank)
