@@ -232,7 +232,8 @@ def wait_verdict(tables: RankTables) -> WaitVerdict | None:
     ranks = np.asarray(sorted(tables.ranks["rank"]), dtype=np.int64)
     waits = s.pivot_table(index="step", columns="rank", values="collectiveUs", aggfunc="sum").reindex(columns=ranks).dropna()
     durations = s.pivot_table(index="step", columns="rank", values="durationUs", aggfunc="sum").reindex(index=waits.index, columns=ranks)
-    if waits.empty:
+    # Ranks that never meet in a collective do not wait for each other: no lockstep to judge.
+    if waits.empty or float(waits.to_numpy().max()) <= 0:
         return None
     step_us = float(np.median(durations.median(axis=1)))
     per_step = [_late_rank(row) for row in waits.to_numpy(dtype=float)]
