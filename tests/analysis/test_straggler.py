@@ -102,3 +102,25 @@ def test_other_threads_are_kept_apart_from_the_training_thread():
     # the agent's frames (its thread and its step hook) are left out, their time kept apart
     assert not tables.functions["stack"].str.contains("stepscope_agent").any()
     assert tables.ownUs[0] == 18_000
+
+
+def test_report_shows_python_time_by_thread_and_which_rank_is_slow(tmp_path):
+    from stepscope.analysis.command import analyze_uri
+    from stepscope.analysis.model import encode
+
+    slow = _fn(f"{ROOT} > workload.py(61): augment_batch_slowly", [40_000, 41_000])
+    loader = _fn("threading.py(1002): _bootstrap > threading.py(982): run > loader.py(12): prefetch > threading.py(331): wait", [95_000, 95_000])
+    ranks = tmp_path / "session" / "ranks"
+    ranks.mkdir(parents=True)
+    for s in (_rank(0, [50_000, 49_000], [*_base([48_000, 47_000]), loader]), _rank(1, [2_000, 1_500], [*_base([6_000, 6_000]), slow, loader])):
+        (ranks / f"rank-{s.rank}.summary.json").write_bytes(encode(s))
+    analyze_uri(str(tmp_path / "session"), progress=False)
+    html = (tmp_path / "session" / "report" / "index.html").read_text()
+    assert '<div class="k">slow workers</div><div class="v">rank 1</div>' in html
+    assert '<div class="k">confidence</div>' in html
+    functions = html[html.index("<h2>Python functions</h2>"):]
+    # The training thread's rows come first; the loader thread's wait (longer than the step) is
+    # its own thread's and marked as waiting, not work in the step.
+    assert functions.index("training thread") < functions.index("thread prefetch (loader.py:12)")
+    assert "wait (threading.py:331) <span class=\"note\">(waiting)</span>" in functions
+    assert "agent and the profiler: 9.00 ms/step per rank on the training thread, left out" in functions
