@@ -19,11 +19,14 @@ import pandas as pd
 from stepscope.analysis.rank_tables import MAIN_THREAD, RankTables
 from stepscope.analysis.wording import function_text
 
-# Frames where a thread waits (on a lock, a timer, a collective's Work, its peers' gradients):
-# never a cause, and no hot spot either.
-WAITING = re.compile(r"threading\.py\(\d+\): wait|acquire of _thread|<built-in method (?:wait|allreduce|barrier|broadcast|allgather|"
-                     r"reduce_scatter|_allgather_base|_reduce_scatter_base|alltoall_base|send|recv)\b|distributed_c10d\.py\(\d+\): |"
-                     r"c10d_logger\.py\(\d+\): wrapper")
+# Frames where a rank waits for its peers (a collective, its Work, torch.distributed's wrappers):
+# their time, and their callers' time through them, is never a cause.
+PEER_WAIT = (r"<built-in method (?:wait|allreduce|barrier|broadcast|allgather|reduce_scatter|_allgather_base|_reduce_scatter_base|"
+             r"alltoall_base|send|recv) of pybind11|distributed_c10d\.py\(\d+\): |c10d_logger\.py\(\d+\): wrapper")
+# Frames where a thread blocks locally (a lock, a condition, a queue): not a cause themselves, but
+# the user function that blocks there is one (a rank slowed by its own lock or loader queue).
+LOCAL_WAIT = r"threading\.py\(\d+\): wait|acquire of _thread"
+WAITING = re.compile(f"{PEER_WAIT}|{LOCAL_WAIT}")
 # Backward holds both the backward work and, on DDP's ranks, the wait for the gradient all-reduce:
 # a cause on a rank its peers wait for (its work), never on the ranks that wait there.
 BACKWARD = re.compile(r"<built-in method run_backward")
@@ -63,15 +66,16 @@ class Cause:
 
 def frames(tables: RankTables) -> pd.DataFrame:
     """Per rank and frame name on the training thread: inclusive µs per step, calls per step, and
-    (for the cause's path) the stacks it is on. Columns: rank, frame, depth, stack, usPerStep."""
+    (for the cause's path) the stacks it is on. Columns: rank, frame, depth, stack, usPerStep,
+    calls, index (the stack's row in tables.functions)."""
     f = tables.functions
     if f.empty:
         return pd.DataFrame(columns=["rank", "frame", "depth", "stack", "usPerStep", "calls"])
-    f = f[f["thread"] == MAIN_THREAD]
+    f = f[(f["thread"] == MAIN_THREAD) & ~f["stack"].str.contains(PEER_WAIT)]
     steps = f["rank"].map(tables.ranks.set_index("rank")["steps"].clip(lower=1)).to_numpy(dtype=float)
     exploded = pd.DataFrame({"rank": f["rank"].to_numpy(), "stack": f["stack"].to_numpy(),
                              "us": f["exclusiveUs"].to_numpy() / steps, "calls": f["count"].to_numpy() / steps,
-                             "frame": f["stack"].str.split(" > ").to_numpy()}).explode("frame")
+                             "frame": f["stack"].str.split(" > ").to_numpy()}, index=f.index).explode("frame")
     exploded["depth"] = exploded.groupby(level=0).cumcount()
     exploded["frame"] = exploded["frame"].str.replace(r" at 0x[0-9a-fA-F]+", "", regex=True)
     # Once per stack: a recursive frame is on its stack more than once.
