@@ -16,6 +16,7 @@ repeats' false positives, and the time each capture and each analysis took.
 
     .venv/bin/python benchmarks/diagnosis_accuracy.py [--ranks 2,4,8] [--scenarios slow-function,healthy]
         [--healthy-repeats 5] [--steps N] [--keep DIR]
+    .venv/bin/python benchmarks/diagnosis_accuracy.py --rescore DIR   # analyse a kept run's captures again
 """
 from __future__ import annotations
 
@@ -106,6 +107,22 @@ def run_scenario(s: Scenario, ranks: int, work: Path, captures: int, steps: int 
     return results
 
 
+def rescore(work: Path) -> list[Result]:
+    """The captures of a kept run (--keep DIR), analysed again by the code as it is now."""
+    results = []
+    for run in sorted(p for p in work.iterdir() if p.is_dir()):
+        name, _, ranks = run.name.rpartition("-")
+        if name not in SCENARIOS:
+            continue
+        s = SCENARIOS[name]
+        for store in sorted(run.glob("session-*")):
+            document, analysis_s = _analyse(store)
+            d = document["diagnosis"]
+            results.append(Result(name, int(ranks), _expected(s, int(ranks)), d.get("summary", ""), str(d.get("confidence", "-")),
+                                  judge(s, int(ranks), d), 0.0, analysis_s))
+    return results
+
+
 def _print(r: Result) -> None:
     held = " (held out)" if r.scenario in HELD_OUT else ""
     print(f"{r.scenario}{held} @ {r.ranks} ranks: {r.verdict.upper()}  capture {r.capture_s:.1f} s, analysis {r.analysis_s:.1f} s", flush=True)
@@ -127,16 +144,21 @@ def main() -> int:
     parser.add_argument("--healthy-repeats", type=int, default=5, help="captures of the healthy job per rank count (default %(default)s)")
     parser.add_argument("--steps", type=int, default=None, help="steps per capture (default: stepscope capture's, the CRD's default)")
     parser.add_argument("--keep", type=Path, default=None, metavar="DIR", help="keep the runs (logs, traces, reports) in DIR")
+    parser.add_argument("--rescore", type=Path, default=None, metavar="DIR", help="capture nothing: analyse the captures kept in DIR again")
     args = parser.parse_args()
     names = [n for n in args.scenarios.split(",") if n]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
     rank_counts = [int(r) for r in args.ranks.split(",") if r]
-    work = args.keep or Path(tempfile.mkdtemp(prefix="stepscope-accuracy-"))
+    work = args.keep or args.rescore or Path(tempfile.mkdtemp(prefix="stepscope-accuracy-"))
     results: list[Result] = []
+    if args.rescore:
+        results = rescore(args.rescore)
+        for r in results:
+            _print(r)
     try:
-        for ranks in rank_counts:
+        for ranks in rank_counts if not args.rescore else []:
             for name in names:
                 s = SCENARIOS[name]
                 captures = args.healthy_repeats if s.fault is None else 1
@@ -148,19 +170,20 @@ def main() -> int:
                     _print(r)
                 results += got
     finally:
-        if args.keep is None:
+        if args.keep is None and not args.rescore:
             shutil.rmtree(work, ignore_errors=True)
     healthy = [r for r in results if SCENARIOS[r.scenario].fault is None]
     faulty = [r for r in results if SCENARIOS[r.scenario].fault is not None]
     print()
     print(_totals([r for r in faulty if r.scenario not in HELD_OUT], "developed-on scenarios"))
     print(_totals([r for r in faulty if r.scenario in HELD_OUT], "held-out scenarios"))
-    print(f"healthy repeats: {sum(r.verdict == 'wrong' for r in healthy)} false positive(s) in {len(healthy)}")
+    print(f"healthy repeats: {sum(r.verdict == 'wrong' for r in healthy)} false positive(s), "
+          f"{sum(r.verdict == 'unsure' for r in healthy)} 'cannot tell' in {len(healthy)}")
     if results:
         caps = sorted(r.capture_s for r in results)
         ana = sorted(r.analysis_s for r in results)
-        print(f"time per capture: median {caps[len(caps) // 2]:.1f} s (max {caps[-1]:.1f}); "
-              f"per analysis: median {ana[len(ana) // 2]:.1f} s (max {ana[-1]:.1f})")
+        capture = "not timed (rescored)" if args.rescore else f"median {caps[len(caps) // 2]:.1f} s (max {caps[-1]:.1f})"
+        print(f"time per capture: {capture}; per analysis: median {ana[len(ana) // 2]:.1f} s (max {ana[-1]:.1f})")
     return 0 if all(r.verdict != "wrong" for r in results) else 1
 
 
