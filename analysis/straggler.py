@@ -24,8 +24,10 @@ from stepscope.analysis.slow_workers import CONFIDENT, MIN_GAP_SHARE, WaitVerdic
 
 # A cause holds in a step when its excess there is at least this share of its mean excess.
 STEADY = 0.5
-# A gap of this share of the step (or more) is as strong as waiting evidence gets.
+# A gap of this share of the step (or more) is as strong as waiting evidence gets...
 FULL_GAP = 0.25
+# ... and this many steps that all show it, as strong as repetition gets.
+FULL_STEPS = 4
 
 
 @dataclass
@@ -71,14 +73,16 @@ def _candidates(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, step
 
 
 def confidence(share: float, steady: int, steps: int, explained: float, agrees: bool) -> float:
-    """0..1 from the cost's share of the step, the steps that hold, the share of the cost a cause
-    explains and whether the waiting evidence names the same rank; one step is weaker evidence."""
+    """0..1 from the cost's share of the step, the share of the cost a cause explains, whether
+    the waiting evidence names the same rank, and the steps that show it: the evidence of one
+    step weighs 5/8 of that of FULL_STEPS, two steps 3/4 (a busy machine can slow one rank for a
+    step or two; a cause repeats)."""
     if steps <= 0:
         return 0.0
     base = 0.35 + 0.35 * min(1.0, share / FULL_GAP) + 0.3 * min(1.0, max(explained, 0.0))
     base *= steady / steps
     base *= 1.0 if agrees else 0.7
-    return round(base * (0.9 if steps == 1 else 1.0), 2)
+    return round(base * (0.5 + 0.5 * min(1.0, steady / FULL_STEPS)), 2)
 
 
 def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
@@ -95,9 +99,11 @@ def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
         rival = len(candidates) > 1 and candidates[1][1].excessUsPerStep >= 0.5 * cause.excessUsPerStep and v.rank != rank
         gap = float(np.median([w for r, w in v.waitUs.items() if r != rank]) - v.waitUs[rank])
         cost = max(gap, cause.excessUsPerStep)
-        # The collectives agree when they point at no other rank and show its peers waiting for at
-        # least half of what the cause costs; a rank nobody waits for holds no one back.
-        agrees = v.rank in (None, rank) and not rival and gap >= 0.5 * cause.excessUsPerStep
+        # The collectives agree when they name this rank (its peers wait for it in every step, if
+        # less than the cause costs: a busy machine stretches every rank's collectives), or name
+        # none but show its peers waiting for at least half of what the cause costs. A rank nobody
+        # waits for holds no one back.
+        agrees = not rival and (v.rank == rank or (v.rank is None and gap >= 0.5 * cause.excessUsPerStep))
         conf = confidence(cost / v.stepUs if v.stepUs else 0.0, steady, v.steps, min(1.0, cause.excessUsPerStep / cost) if cost else 0.0, agrees)
         return Straggler(rank=rank, named=conf >= CONFIDENT and agrees, cause=cause, confidence=conf, gapUsPerStep=max(gap, 0.0),
                          costUsPerStep=cost, stepUs=v.stepUs, steps=v.steps, steadySteps=steady, waitNames=v.rank)

@@ -39,7 +39,8 @@ def test_the_rank_waited_for_is_named_with_its_function_never_the_waiting_one():
     diagnosis, full = diagnose([_rank(0, [50_000, 49_000], _base([48_000, 47_000])), _rank(1, [2_000, 1_500], [*_base([6_000, 6_000]), slow])])
     assert [w.rank for w in diagnosis.slowWorkers] == [1]
     assert diagnosis.summary.startswith("rank 1 holds the job back (confidence ") and "augment_batch_slowly (workload.py:61)" in diagnosis.summary
-    assert diagnosis.confidence is not None and diagnosis.confidence >= 0.9
+    # two steps weigh 3/4 of four: a busy machine can slow a rank for a step or two
+    assert diagnosis.confidence is not None and diagnosis.confidence >= 0.7
     # Figures agree with the step: the peers' wait is below the 90 ms step, the slowdown follows from it.
     worker = diagnosis.slowWorkers[0]
     assert 1.5 < worker.slowdown < 2.5 and worker.slowdown == round(90.0 / (90.0 - 47.75), 3)
@@ -66,13 +67,22 @@ def test_a_hiccup_in_one_step_is_no_cause_and_no_slow_worker():
     assert not diagnosis.summary.startswith("rank ")
 
 
-def test_a_modest_steady_cause_is_named_when_its_peers_wait_for_it():
+def test_a_modest_steady_cause_needs_more_than_two_steps():
     # 5 ms a step (7 %) in a function only rank 1 runs; its peer waits about that much longer.
-    modest = _fn(f"{ROOT} > workload.py(61): augment_batch_slowly", [5_000, 5_200])
-    diagnosis, _ = diagnose([_rank(0, [31_000, 30_000], _base([6_000, 6_000]), 75_000.0),
-                             _rank(1, [25_000, 24_500], [*_base([6_000, 6_000]), modest], 75_000.0)])
-    assert [w.rank for w in diagnosis.slowWorkers] == [1]
-    assert "augment_batch_slowly" in diagnosis.summary and "its peers wait 5.8 ms of each 75.0 ms step" in diagnosis.summary
+    # Two steps cannot tell it from a busy machine slowing one rank for a while: it says so and
+    # asks for more; four steps that all show it name it.
+    def run(steps: int) -> tuple:
+        modest = _fn(f"{ROOT} > workload.py(61): augment_batch_slowly", [5_000, 5_200, 5_100, 4_900][:steps])
+        base = [_fn(f.stack, (f.stepsUs * 2)[:steps], f.count) for f in _base([6_000, 6_000])]
+        return diagnose([_rank(0, [31_000, 30_000, 30_500, 31_200][:steps], base, 75_000.0),
+                         _rank(1, [25_000, 24_500, 25_300, 24_800][:steps], [*base, modest], 75_000.0)])
+
+    two, _ = run(2)
+    assert two.slowWorkers == [] and two.summary.startswith("cannot tell which rank holds the job back from 2 step(s)")
+    assert "capture more steps" in two.summary and "Rank 1 is the likeliest" in two.summary
+    four, _ = run(4)
+    assert [w.rank for w in four.slowWorkers] == [1] and four.confidence >= 0.65
+    assert "augment_batch_slowly" in four.summary and "its peers wait 5.8 ms of each 75.0 ms step" in four.summary
 
 
 def test_a_rank_nobody_waits_for_is_not_named_for_its_function():
