@@ -225,7 +225,11 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
     if verdict is not None:
         straggler = find_straggler(tables, verdict)
         waiting, waiting_worker = _straggler_findings(straggler, tables)
-        confidence = straggler.confidence if straggler.rank is not None and straggler.confidence >= DOUBT else _clean_confidence(verdict)
+        if straggler.rank is None:
+            confidence = _clean_confidence(verdict)
+        else:
+            # Too little for a doubt: the confidence that no rank holds the job back.
+            confidence = straggler.confidence if straggler.confidence >= DOUBT else round(1.0 - straggler.confidence, 2)
     _, kernels = kernel_ratios(tables)
     named = set(evidence) | ({waiting_worker.rank} if waiting_worker else set())
     checks = all_checks(tables, kernels, named, judged=verdict is not None)

@@ -95,7 +95,7 @@ def test_a_rank_nobody_waits_for_is_not_named_for_its_function():
 
 
 def test_a_gap_without_any_steady_cause_says_it_cannot_tell_and_what_to_capture():
-    diagnosis, full = diagnose([_rank(0, [20_000, 19_000], _base([6_000, 6_000])), _rank(1, [8_000, 8_500], _base([6_000, 6_000]))])
+    diagnosis, full = diagnose([_rank(0, [40_000, 39_000], _base([6_000, 6_000])), _rank(1, [8_000, 8_500], _base([6_000, 6_000]))])
     assert diagnosis.slowWorkers == []
     assert diagnosis.summary.startswith("cannot tell which rank holds the job back") and "capture more steps (steps: 8)" in diagnosis.summary
     assert diagnosis.confidence < 0.65
