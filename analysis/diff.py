@@ -67,7 +67,22 @@ def _per_step(summaries: list[RankSummary]) -> tuple[pd.DataFrame, pd.DataFrame,
     # Robust spread (MAD as a standard deviation) of the steps over their median.
     spread = float(1.4826 * np.median(np.abs(durations - np.median(durations))) / np.median(durations)) if len(durations) > 1 else 0.0
     per_rank = int(tables.ranks["steps"].median()) if len(tables.ranks) else 1
+    table = table.merge(_step_samples(tables.functions), on=["kind", "name"], how="left")
     return table, by_rank, (float(step_us.median()) / 1000.0 if len(step_us) else None), spread, max(per_rank, 1), len(ok)
+
+
+def _step_samples(functions: pd.DataFrame) -> pd.DataFrame:
+    """Per function: the variance of its cost over its (rank, step) samples and how many there
+    are (summaries with FunctionStat.stepsUs); a function's own noise, which a hiccup of a busy
+    machine (one call 10x longer in one step) makes large."""
+    if functions.empty or not functions["stepsUs"].map(len).any():
+        return pd.DataFrame(columns=["kind", "name", "varUs", "samples"])
+    f = functions[functions["stepsUs"].map(len) > 0]
+    per = pd.DataFrame({"name": f["name"].to_numpy(), "rank": f["rank"].to_numpy(),
+                        "us": f["stepsUs"].map(lambda v: list(enumerate(v))).to_numpy()}).explode("us")
+    per["step"], per["us"] = per["us"].str[0], per["us"].str[1].astype(float)
+    per = per.groupby(["name", "rank", "step"])["us"].sum().groupby("name")
+    return pd.DataFrame({"kind": "function", "varUs": per.var(ddof=1).fillna(0.0), "samples": per.count()}).reset_index()
 
 
 def _rank_changes(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
@@ -88,8 +103,11 @@ def diff_runs(a: list[RankSummary], b: list[RankSummary], *, min_change: float =
     # step-to-step spread inside the captures: a cost that moves less is within the noise.
     noise = max(min_change, 2.0 * max(spread_a, spread_b) * float(np.sqrt(1.0 / n_a + 1.0 / n_b)))
     m = ta.merge(tb, on=["kind", "name"], how="outer", suffixes=("A", "B"))
-    for column in ("countA", "countB", "usA", "usB", "callsA", "callsB", "totalA", "totalB"):
+    for column in ("countA", "countB", "usA", "usB", "callsA", "callsB", "totalA", "totalB", "varUsA", "varUsB"):
         m[column] = m[column].fillna(0.0).astype(float)
+    # A function's own noise: two standard errors of the difference of its per-step means.
+    samples_a, samples_b = (m[c].astype(float).fillna(1.0).clip(lower=1.0) for c in ("samplesA", "samplesB"))
+    own = 2.0 * np.sqrt((m["varUsA"] / samples_a + m["varUsB"] / samples_b).astype(float))
     m["meanUsA"] = np.where(m["callsA"] > 0, m["totalA"] / m["callsA"].where(m["callsA"] > 0, 1.0), np.nan)
     m["meanUsB"] = np.where(m["callsB"] > 0, m["totalB"] / m["callsB"].where(m["callsB"] > 0, 1.0), np.nan)
     m["ratio"] = m["meanUsB"] / m["meanUsA"]
@@ -101,8 +119,8 @@ def diff_runs(a: list[RankSummary], b: list[RankSummary], *, min_change: float =
     # far out, so its band is RANK_BAND times wider.
     floor = MIN_STEP_SHARE * step_us
     # Relative to the smaller cost: 1.5x slower and 1.5x faster are changes alike.
-    average = (m["deltaUs"].abs() > noise * np.minimum(m["usA"], m["usB"])) & (m["deltaUs"].abs() >= floor)
-    one_rank = (m["rankDeltaUs"].abs() > RANK_BAND * noise * m["rankBaseUs"]) & (m["rankDeltaUs"].abs() >= floor)
+    average = (m["deltaUs"].abs() > noise * np.minimum(m["usA"], m["usB"])) & (m["deltaUs"].abs() >= np.maximum(floor, own))
+    one_rank = (m["rankDeltaUs"].abs() > RANK_BAND * noise * m["rankBaseUs"]) & (m["rankDeltaUs"].abs() >= np.maximum(floor, RANK_BAND * own))
     delta = np.where(average, m["deltaUs"], m["rankDeltaUs"])
     real = (average | one_rank).to_numpy()
     m["status"] = np.select([m["callsA"] == 0, m["callsB"] == 0, real & (delta > 0), real & (delta < 0)],

@@ -14,7 +14,7 @@ from stepscope.analysis.model import CollectiveStat, FunctionStat, KernelStat, M
 _ADDRESS = r" at 0x[0-9a-fA-F]+"
 # stepscope's own agent (its heartbeat and watchdog threads, its step hook) and torch's profiler
 # (its step and record_function frames): never a finding; their time is reported apart.
-OWN_FRAMES = r"stepscope_agent|[\\/]torch[\\/]profiler[\\/]|[\\/]torch[\\/]autograd[\\/]profiler"
+OWN_FRAMES = r"stepscope_agent|(?:^|[\\/])torch[\\/](?:autograd[\\/])?profiler[\\/.]"
 MAIN_THREAD = "training thread"
 # Python's threading runs a thread's target under these frames; the first frame after them names it.
 _THREAD_PLUMBING = r"threading\.py\(\d+\): (?:_bootstrap|_bootstrap_inner|run)$"

@@ -155,3 +155,19 @@ def test_the_rank_that_changed_is_shown_and_long_names_stay_apart():
     text = format_table(result.table[result.table["name"].str.startswith(long)], top=5)
     assert "variant{}1)" in text and "variant{}2)" in text
     assert "rank 2: +60,000.0" in format_table(result.table, top=3)
+
+
+def test_a_one_step_hiccup_of_a_function_is_within_its_own_noise():
+    """A busy machine stretched one call in one step: the function's own step-to-step spread
+    (FunctionStat.stepsUs) covers it; a function slower in every step is still slower."""
+    def run(hiccup: list[float], steady: list[float]) -> list:
+        summaries = make_summaries(2, seed=45)
+        for s in summaries:
+            for name, per_step in (("train.py(9): load_batch", hiccup), ("train.py(12): augment", steady)):
+                s.functions.append(FunctionStat(name=name, stack=name, count=len(per_step), exclusiveUs=sum(per_step),
+                                                notOverlappedUs=sum(per_step), stepsUs=per_step))
+        return summaries
+
+    table = diff_runs(run([300.0] * 4, [5_000.0] * 4), run([300.0, 24_000.0, 300.0, 300.0], [9_000.0, 9_100.0, 8_900.0, 9_000.0])).table.set_index("name")
+    assert table.loc["train.py(9): load_batch", "status"] == "unchanged"
+    assert table.loc["train.py(12): augment", "status"] == "slower"
