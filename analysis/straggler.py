@@ -86,13 +86,14 @@ def confidence(share: float, steady: int, steps: int, explained: float, agrees: 
 
 
 def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
+    """The rank that holds the job back (or the likeliest one) from the waiting verdict and the
+    causes on the training threads."""
     exploded = frames(tables)
     steps = v.commonSteps
     candidates = _candidates(tables, exploded, v, steps)
-    none = Straggler(rank=None, named=False, cause=None, confidence=0.0, gapUsPerStep=0.0, costUsPerStep=0.0, stepUs=v.stepUs,
-                     steps=v.steps, steadySteps=0, waitNames=v.rank)
     if not candidates and v.rank is None:
-        return none
+        return Straggler(rank=None, named=False, cause=None, confidence=0.0, gapUsPerStep=0.0, costUsPerStep=0.0, stepUs=v.stepUs,
+                         steps=v.steps, steadySteps=0, waitNames=None)
     if candidates:
         rank, cause, steady = candidates[0]
         # A second rank with a cause as large leaves it open which one the others wait for.
