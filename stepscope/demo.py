@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", type=int, default=3, help="steps to let pass before capturing (default %(default)s)")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default=None,
                         help="run a fault-injection scenario instead of the classic demo: "
-                             + "; ".join(f"{s.name}: {s.description}" for s in SCENARIOS.values()))
+                             + "; ".join(f"{s.name}: {s.description}" for s in SCENARIOS.values()).replace("%", "%%"))
     parser.add_argument("--ranks", type=int, default=RANKS, help="ranks to start (default %(default)s)")
 
 

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from stepscope.session import CaptureSpec
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -32,4 +34,17 @@ def test_demo_scenario_names_the_blocked_rank_and_where_it_blocks(tmp_path: Path
     assert "diagnosis: rank 1 holds the job back (confidence " in result.stdout, result.stdout[-3000:]
     assert "fetch_remote_features (workload.py:" in result.stdout
     session = json.loads((out / "session" / "session.json").read_text())
-    assert session["spec"]["capture"]["steps"] == 2
+    assert session["spec"]["capture"]["steps"] == CaptureSpec.steps
+
+
+def test_demo_help_lists_every_scenario(capsys) -> None:
+    import pytest
+
+    from stepscope.cli import main
+    from stepscope.scenarios import SCENARIOS
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert all(f"{name}:" in out.replace("-\n", "-").replace("\n", " ").replace("  ", "") or name in out for name in SCENARIOS)
