@@ -208,13 +208,13 @@ class StepTime(Struct):
 class Diagnosis(Struct):
     """What goes into the session's status (compact: the whole status stays under 32 KiB)."""
     summary: str
-    # 0..1, how sure the headline is (slow_workers.WaitVerdict.confidence); absent where the
-    # evidence has no such measure (GPU traces judged by kernel and step times alone).
-    confidence: float | None = None
     stepTimeMs: StepTime | None = None
     slowWorkers: list[SlowWorker] = []
     breakdown: Breakdown | None = None
     findings: list[Finding] = []
+    # 0..1, how sure the summary is (straggler.confidence); absent where the evidence has no such
+    # measure (GPU traces judged by kernel and step times alone, hangs). Last: fields keep their places.
+    confidence: float | None = None
 
 
 def encode(obj: msgspec.Struct) -> bytes:
