@@ -8,18 +8,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.causes import BACKWARD, WAITING
+from stepscope.analysis.consistency import GPU_RUNTIME, HOST_AHEAD, HOST_BOUND, LAUNCH_BOUND
 from stepscope.analysis.outliers import falls_behind, peer_median, stands_out
-from stepscope.analysis.rank_tables import RankTables
+from stepscope.analysis.rank_tables import MAIN_THREAD, RankTables
 from stepscope.analysis.slow_workers import KERNEL_SLOWER
 from stepscope.analysis.wording import finding, function_text, ms, ranks_text, short
 
 # PerfTracker: a memory operation or runtime call whose time not overlapped with GPU compute is
-# above 1 % of the captured wall time is abnormal.
+# above 1 % of the captured wall time is abnormal; how loud it is then follows its share
+# (consistency.WARNING_SHARE).
 BOTTLENECK_RATIO = 0.01
 # A Python function stands out when it takes at least this many times its peers' time...
 FUNCTION_RATIO = 2.0
 # ... and at least this share of the median step (or 1 ms) more.
-FUNCTION_MIN_SHARE = 0.02
+FUNCTION_MIN_SHARE = 0.05
 NOT_OVERLAPPED_SHARE = 0.10
 BANDWIDTH_BEHIND = 0.7
 SHORT_KERNEL_SHARE = 0.5
@@ -28,9 +31,6 @@ LAUNCH_DELAY_US = 100.0
 IDLE_PCT = 10.0  # GPU idle share (HTA temporal breakdown) worth a finding
 HOST_WAIT_SHARE = 0.5  # ... when at least this much of the idle time is waiting for the host
 CPU_COLLECTIVE_SHARE = 0.20
-# Python frames where a thread sleeps or waits (on a lock, a collective's Work, a timer): time
-# there is not work, so it is no hot spot and no straggler's cause.
-WAITING = r"threading\.py\(\d+\): wait|acquire of _thread|<built-in function sleep>|<built-in method wait of "
 
 
 def _median_step_us(tables: RankTables) -> float:
@@ -53,8 +53,9 @@ def one_percent_rule(frame: pd.DataFrame, key: str, category: str, what: str) ->
         ranks = rows["rank"].tolist()
         out.append(finding("warning", category, ranks,
                            f"{what} {name} take {100 * med:.1f}% of the captured time without overlapping GPU compute on {ranks_text(ranks)} "
-                           f"(up to {100 * worst:.1f}%; above 1% is abnormal): overlap them with compute or remove them",
-                           med, {"kind": name, "bottleneckRatio": {str(r): round(float(v), 5) for r, v in zip(rows["rank"], rows["bottleneckRatio"])}}))
+                           f"(up to {100 * worst:.1f}%): overlap them with compute or remove them",
+                           med, {"kind": name, "bottleneckRatio": {str(r): round(float(v), 5) for r, v in zip(rows["rank"], rows["bottleneckRatio"])},
+                                 "claim": GPU_RUNTIME if category == "launch" else None}))
     return out
 
 
@@ -95,15 +96,17 @@ def top_kernels(tables: RankTables, limit: int = 3) -> list[dict[str, Any]]:
                     {"kernels": [{"name": n, "share": round(float(v), 4)} for n, v in share.head(20).items()]})]
 
 
-def python_outliers(tables: RankTables, median_step_us: float, slow_ranks: set[int]) -> list[dict[str, Any]]:
+def python_outliers(tables: RankTables, median_step_us: float, slow_ranks: set[int], judged: bool = False) -> list[dict[str, Any]]:
     """Python functions whose exclusive time on one rank is far above their peers'. On a rank that
     is not slow itself while others are, such a function is most likely where it waits for them
-    (DDP's backward blocks on the slow rank's gradients), so it is told as that."""
+    (DDP's backward blocks on the slow rank's gradients), so it is told as that. Where straggler.py
+    has `judged` the job (whether a rank holds it back, and why), they are information only: a
+    function that took longer in one step on a busy machine is no finding to act on."""
     f = tables.functions
     ranks = tables.ranks["rank"].to_numpy()
     if f.empty or len(ranks) < 2:
         return []
-    f = f[~f["name"].str.contains(WAITING, regex=True)]
+    f = f[(f["thread"] == MAIN_THREAD) & ~f["name"].str.contains(WAITING) & ~f["name"].str.contains(BACKWARD)]
     f = f.assign(usPerStep=tables.per_step(f, "exclusiveUs"))
     min_excess = max(1000.0, FUNCTION_MIN_SHARE * median_step_us)
     candidates = f.groupby("name")["usPerStep"].max()
@@ -121,7 +124,7 @@ def python_outliers(tables: RankTables, median_step_us: float, slow_ranks: set[i
         times = f"{mine / theirs:.0f}x its peers" if theirs > 0 else "its peers do not spend measurable time there"
         victim = bool(slow_ranks) and rank not in slow_ranks
         waiting = f": probably waiting there for {ranks_text(sorted(slow_ranks))}" if victim else ""
-        out.append(finding("info" if victim else "warning", "python", [rank],
+        out.append(finding("info" if victim or judged else "warning", "python", [rank],
                            f"rank {rank} spends {ms(mine)}/step in {function_text(name)}, {times} ({ms(theirs)}/step){waiting}",
                            (mine - theirs) / median_step_us if median_step_us else 0.0,
                            {"function": name, "usPerStep": round(mine, 1), "peersUsPerStep": round(theirs, 1)}))
@@ -170,12 +173,12 @@ def launch_overhead(tables: RankTables) -> list[dict[str, Any]]:
                            f"{100 * float(short_share[many.index].median()):.0f}% of kernels are shorter than {many['shortKernelThresholdUs'].median():.0f} us "
                            f"({float((many['launches'] / steps[many.index]).median()):.0f} launches/step) on {ranks_text(many['rank'].tolist())}: "
                            "launch overhead dominates; fuse kernels (torch.compile) or use CUDA graphs", float(short_share[many.index].median()) / 4,
-                           {"shortShare": {str(a): round(float(b), 3) for a, b in zip(many["rank"], short_share[many.index])}}))
+                           {"shortShare": {str(a): round(float(b), 3) for a, b in zip(many["rank"], short_share[many.index])}, "claim": LAUNCH_BOUND}))
     delayed = r[r["launchDelayMedianUs"] >= LAUNCH_DELAY_US]
     if len(delayed):
         out.append(finding("info", "launch", delayed["rank"].tolist(),
                            f"kernels start {delayed['launchDelayMedianUs'].median():.0f} us after their launch (median) on {ranks_text(delayed['rank'].tolist())}: "
-                           "the GPU queue is full; the host is ahead, so launch overhead is not the limit", 0.0))
+                           "the GPU queue is full; the host is ahead, so launch overhead is not the limit", 0.0, {"claim": HOST_AHEAD}))
     # HTA's idle categories are summed over streams, so they say how the idle time splits, not how much.
     idle_total = (r["hostWaitUs"] + r["kernelWaitUs"] + r["otherIdleUs"]).where(lambda v: v > 0, 1.0)
     host_share = r["hostWaitUs"] / idle_total
@@ -185,7 +188,7 @@ def launch_overhead(tables: RankTables) -> list[dict[str, Any]]:
         out.append(finding("warning", "launch", starved["rank"].tolist(),
                            f"the GPU is idle {idle:.0f}% of the time on {ranks_text(starved['rank'].tolist())}, {100 * host:.0f}% of that waiting for the host: "
                            "the CPU side (data loading, Python, launches, synchronisation) does not keep the GPU fed", idle / 100 * host,
-                           {"idlePct": {str(a): round(float(b), 2) for a, b in zip(starved["rank"], starved["idlePct"])}}))
+                           {"idlePct": {str(a): round(float(b), 2) for a, b in zip(starved["rank"], starved["idlePct"])}, "claim": HOST_BOUND}))
     return out
 
 
@@ -207,7 +210,7 @@ def cpu_only(tables: RankTables, median_step_us: float, slow_ranks: set[int]) ->
                                "most of it is waiting for the slowest rank", float(per.median()) / 2,
                                {"collectiveShare": {str(rank): round(float(v), 4) for rank, v in per.items()}}))
     f = tables.functions
-    f = f[~f["name"].str.contains(WAITING, regex=True)] if not f.empty else f
+    f = f[(f["thread"] == MAIN_THREAD) & ~f["name"].str.contains(WAITING)] if not f.empty else f
     if not f.empty and not slow_ranks:
         per_fn = tables.per_step(f, "exclusiveUs").groupby(f["name"]).median().sort_values(ascending=False)
         name, us = str(per_fn.index[0]), float(per_fn.iloc[0])
@@ -217,14 +220,14 @@ def cpu_only(tables: RankTables, median_step_us: float, slow_ranks: set[int]) ->
     return out
 
 
-def all_checks(tables: RankTables, kernels: pd.DataFrame, slow_ranks: set[int]) -> list[dict[str, Any]]:
+def all_checks(tables: RankTables, kernels: pd.DataFrame, slow_ranks: set[int], judged: bool = False) -> list[dict[str, Any]]:
     median_step_us = _median_step_us(tables)
     return [
         *one_percent_rule(tables.memory, "kind", "memory", "memory operations"),
         *one_percent_rule(tables.runtime, "name", "launch", "runtime calls"),
         *slower_kernels(kernels, median_step_us, slow_ranks),
         *top_kernels(tables),
-        *python_outliers(tables, median_step_us, slow_ranks),
+        *python_outliers(tables, median_step_us, slow_ranks, judged),
         *communication(tables, median_step_us),
         *launch_overhead(tables),
         *cpu_only(tables, median_step_us, slow_ranks),

@@ -11,7 +11,7 @@ import argparse
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 # input the merged trace keeps the ranks that matter most (slow, hung, rank 0) and says so.
 MERGED_LIMIT_MB = 1024
 _COUNTER_PID = 10_000_000
+
+
+# Exit codes of `stepscope analyze` a script can tell apart.
+EXIT_OK, EXIT_NONE, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
 
 
 class AnalysisError(Exception):
@@ -82,9 +86,11 @@ def _traces_within(files: SessionFiles, traces: dict[int, str], order: list[int]
 
 
 def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None, progress: bool = True,
-                output: str | None = None, merged_limit_mb: int = MERGED_LIMIT_MB) -> Diagnosis:
+                output: str | None = None, merged_limit_mb: int = MERGED_LIMIT_MB,
+                on_ranks: Callable[[int, int, list[str]], object] = lambda analysed, total, skipped: None) -> Diagnosis:
     """Diagnose the session at `uri` (folder, store URI or one trace file) and write its report
-    into <uri>/report/ (or into `output`). Raises AnalysisError when there is nothing to analyse."""
+    into <uri>/report/ (or into `output`). Raises AnalysisError when there is nothing to analyse.
+    `on_ranks` hears how many ranks were analysed of how many, and which files were no traces."""
     try:
         store, only = open_session(uri, endpoint=endpoint, region=region, credentials=credentials)
         files = find_files(store, only)
@@ -97,6 +103,9 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
     with contextlib.closing(bar):
         read = read_ranks(files, on_rank=lambda name: (bar.set_postfix_str(name, refresh=False), bar.update(1)))
         summaries, stacks, problems, traces = read.summaries, read.stacks, read.problems, read.traces
+        if not summaries:
+            raise AnalysisError(f"nothing to analyse at {uri}: {', '.join(read.skipped)} are not traces (no traceEvents)")
+        on_ranks(sum(not s.error for s in summaries), len(summaries), read.skipped)
         hardware = _read_metrics(files, problems, summaries)
         bar.set_postfix_str("diagnosing", refresh=False)
         diagnosis, full = diagnose(summaries, stacks=stacks, hardware=hardware)
@@ -121,6 +130,8 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (f"exit status: {EXIT_OK} every rank analysed, {EXIT_PARTIAL} some ranks could not be analysed, "
+                     f"{EXIT_NONE} none could (or nothing to analyse), {EXIT_USAGE} bad arguments")
     parser.add_argument("source", nargs="?", help="session folder, store URI (file://, s3://, oss://), folder of Kineto traces, or one trace file")
     parser.add_argument("--session", metavar="NS/NAME", help="analyse a ProfileSession in the cluster and write its status (what the analysis Job runs)")
     parser.add_argument("--endpoint", help="object-store endpoint (MinIO, OSS)")
@@ -135,21 +146,28 @@ def run(args: argparse.Namespace) -> int:
         namespace, _, name = args.session.partition("/")
         if not namespace or not name:
             print(f"stepscope analyze: --session wants NAMESPACE/NAME, got {args.session!r}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         from stepscope.operator.analysis_job import run_session_analysis
         return run_session_analysis(namespace, name)
     if not args.source:
         print("stepscope analyze: give a session folder, store URI or trace file (or --session NS/NAME)", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    counts: list[tuple[int, int, list[str]]] = []
     try:
         diagnosis = analyze_uri(args.source, endpoint=args.endpoint, region=args.region, progress=not args.no_progress,
-                                output=args.output, merged_limit_mb=args.merged_limit_mb)
+                                output=args.output, merged_limit_mb=args.merged_limit_mb, on_ranks=lambda *c: counts.append(c))
     except AnalysisError as exc:
         print(f"stepscope analyze: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_NONE
+    analysed, total, skipped = counts[0]
+    for name in skipped:
+        print(f"note: skipped {name}: not a trace (no traceEvents)", file=sys.stderr)
     print(diagnosis.summary)
     for f in diagnosis.findings[:10]:
         print(f"  [{f.severity}] {f.category}: {f.message}")
     where = args.output or (str(Path(args.source).resolve().parent / "report") if Path(args.source).is_file() else f"{args.source.rstrip('/')}/report")
     print(f"report: {where}/index.html")
-    return 0
+    if analysed < total:
+        print(f"stepscope analyze: {total - analysed} of {total} rank(s) could not be analysed (see the report)", file=sys.stderr)
+        return EXIT_NONE if analysed == 0 else EXIT_PARTIAL
+    return EXIT_OK

@@ -14,10 +14,14 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.bottlenecks import all_checks
+from stepscope.analysis.causes import Cause
+from stepscope.analysis.consistency import CPU_ONLY, reconcile
 from stepscope.analysis.hangs import hang_findings
 from stepscope.analysis.model import Breakdown, Diagnosis, Finding, RankSummary, SlowWorker, StepTime
 from stepscope.analysis.rank_tables import RankTables, build_tables
-from stepscope.analysis.slow_workers import SlowEvidence, find_slow_workers, kernel_ratios
+from stepscope.analysis.summary import NO_GPU_EVENTS
+from stepscope.analysis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
+from stepscope.analysis.straggler import Straggler, find_straggler
 from stepscope.analysis.wording import finding, function_text, ms, ranks_text, short
 
 MAX_FINDINGS = 20
@@ -25,6 +29,12 @@ MAX_SLOW_WORKERS = 16
 MAX_MESSAGE = 300
 MAX_RANKS = 32
 _SEVERITY = {"critical": 0, "warning": 1, "info": 2}
+# Steps to ask for when a capture could not tell who holds the job back.
+MORE_STEPS = 8
+# What torch's Python tracer adds to each profiled Python call (with_stack): 1.0 µs measured
+# with torch 2.13 on a loaded 2-core machine (0.4 µs calls took 1.5 µs profiled). A cause with
+# many calls is inflated by it, which the finding then says.
+PROFILED_CALL_US = 1.0
 
 
 def _trace_findings(summaries: list[RankSummary]) -> list[dict[str, Any]]:
@@ -42,7 +52,7 @@ def _trace_findings(summaries: list[RankSummary]) -> list[dict[str, Any]]:
         # Critical, but after the slow workers and hangs: those say what to fix, this what is unseen.
         out.append(finding("critical", "trace", ranks, f"{ranks_text(ranks)} could not be analysed: {text}", 0.001 * len(ranks), {"error": text}))
     for text, ranks in warnings.items():
-        out.append(finding("info", "trace", ranks, f"{ranks_text(ranks)}: {text}", 0.0))
+        out.append(finding("info", "trace", ranks, f"{ranks_text(ranks)}: {text}", 0.0, {"claim": CPU_ONLY if text.startswith(NO_GPU_EVENTS) else None}))
     return out
 
 
@@ -59,19 +69,84 @@ def _slow_worker_finding(e: SlowEvidence, tables: RankTables, median_step_us: fl
         reasons.append(python[e.rank])
     if e.rank in hardware:
         reasons.append(hardware[e.rank])
-    wait = f"the others wait {ms(e.peersWaitUsPerStep)}/step for it"
+    wait = f"the others wait {ms(e.waitUsPerStep(median_step_us))}/step for it"
     if e.voteShare:
         reasons.append(f"it arrives last at {100 * e.voteShare:.0f}% of {e.rounds} matched collectives")
-    if e.stepRatio or e.kernelRatio:
+    if e.stepRatio:
         message = f"rank {e.rank} is {slowdown:.2f}x slower than its peers: " + "; ".join(reasons + ([wait] if e.voteShare else []))
     else:
         # Only the collectives show it: every rank's step lasts as long as the slowest one's, so
         # "Nx slower" would rest on the others' wait, a noisy estimate; the wait itself is measured.
-        message = f"rank {e.rank} holds its peers back, they wait {ms(e.peersWaitUsPerStep)} of each {ms(median_step_us)} step for it: " + "; ".join(reasons)
+        message = (f"rank {e.rank} holds its peers back, they wait {ms(e.waitUsPerStep(median_step_us))} of each {ms(median_step_us)} step "
+                   f"for it: " + "; ".join(reasons))
     severity = "critical" if slowdown >= 1.2 else "warning"
     return finding(severity, "slow-worker", [e.rank], message, slowdown - 1.0, {
         "slowdown": round(slowdown, 3), "stepRatio": e.stepRatio, "kernelRatio": e.kernelRatio, "slowKernels": e.slowKernels,
-        "voteShare": e.voteShare, "votes": e.votes, "rounds": e.rounds, "peersWaitUsPerStep": round(e.peersWaitUsPerStep, 1)})
+        "voteShare": e.voteShare, "votes": e.votes, "rounds": e.rounds, "peersWaitUsPerStep": round(e.waitUsPerStep(median_step_us), 1)})
+
+
+def _kernel_skew_finding(e: SlowEvidence, tables: RankTables) -> dict[str, Any]:
+    """Longer kernels on a rank whose step is no longer and that no one waits for."""
+    names = ", ".join(list(dict.fromkeys(short(k["name"], 50) for k in e.slowKernels))[:3])
+    steps = tables.step_us.dropna()
+    mine = float(steps.get(e.rank, np.nan))
+    peers = float(steps.drop(e.rank, errors="ignore").median()) if len(steps) > 1 else np.nan
+    step = f": its step takes {ms(mine)} vs {ms(peers)} on its peers, so the collectives absorb it (it waits less)" if mine == mine and peers == peers else ""
+    return finding("warning", "kernel", [e.rank], f"rank {e.rank}'s GPU kernels run {100 * (e.kernelRatio - 1):.0f}% longer than its peers'"
+                   + (f" ({names})" if names else "") + step, (e.kernelRatio - 1.0) / 4,
+                   {"kernelRatio": e.kernelRatio, "slowKernels": e.slowKernels})
+
+
+def _cause_text(cause: Cause | None) -> str:
+    """What the slow rank does while its peers wait."""
+    if cause is None or cause.excessUsPerStep <= 0:
+        return "no Python function of it runs longer than on its peers (the time is in operators or threads the profiler does not attribute)"
+    overhead = cause.callsPerStep * PROFILED_CALL_US
+    calls = (f"; {cause.callsPerStep:,.0f} profiled calls/step, about {ms(overhead)} of it the profiler's own cost"
+             if overhead >= 0.1 * cause.excessUsPerStep else "")
+    return f"it spends {ms(cause.excessUsPerStep)}/step more than its peers in {cause.text()} ({ms(cause.usPerStep)} vs {ms(cause.peersUsPerStep)}{calls})"
+
+
+def _own_note(tables: RankTables, rank: int, step_us: float) -> str:
+    """stepscope's agent and profiler time on the rank's training thread, when it distorts figures."""
+    steps = float(tables.ranks.set_index("rank")["steps"].clip(lower=1).get(rank, 1))
+    own = float(tables.ownUs.get(rank, 0.0)) / steps
+    return f"; stepscope's agent and profiler took {ms(own)}/step of its training thread, left out" if step_us > 0 and own >= 0.05 * step_us else ""
+
+
+def _clean_confidence(v: WaitVerdict) -> float:
+    """How sure "no rank holds the job back" is: more steps and a smaller gap, surer."""
+    return round(min(1.0, 0.5 + 0.2 * v.steps) * max(0.0, 1.0 - 0.5 * v.share / MIN_GAP_SHARE), 2)
+
+
+def _straggler_findings(st: Straggler, tables: RankTables) -> tuple[list[dict[str, Any]], SlowWorker | None]:
+    """The slow-worker finding (or that it cannot tell) and its SlowWorker entry."""
+    if st.rank is None or st.confidence < DOUBT:
+        return [], None
+    reason = _cause_text(st.cause)
+    held = f"{st.steadySteps} of {st.steps} step(s) captured by every rank show it"
+    if st.gapUsPerStep >= 0.5 * st.costUsPerStep:
+        waited = f"its peers wait {ms(st.gapUsPerStep)} of each {ms(st.stepUs)} step for it ({held})"
+    else:
+        waited = (f"that is {100 * st.costUsPerStep / st.stepUs:.0f}% of its {ms(st.stepUs)} step; the collectives' own time hides "
+                  f"most of its peers' wait ({ms(st.gapUsPerStep)}/step measured; {held})")
+    data = {"gapUsPerStep": round(st.gapUsPerStep, 1), "costUsPerStep": round(st.costUsPerStep, 1), "stepUs": round(st.stepUs, 1),
+            "steps": st.steps, "steadySteps": st.steadySteps, "confidence": st.confidence, "waitingNames": st.waitNames,
+            "cause": None if st.cause is None else {"function": st.cause.frame, "inner": st.cause.inner, "phase": st.cause.phase,
+                                                    "excessUsPerStep": round(st.cause.excessUsPerStep, 1), "callsPerStep": round(st.cause.callsPerStep, 1)}}
+    if not st.named:
+        other = f"; the collectives point at rank {st.waitNames}" if st.waitNames is not None and st.waitNames != st.rank else ""
+        message = (f"cannot tell which rank holds the job back from {st.steps} step(s) captured by every rank (confidence {st.confidence:.2f}); "
+                   f"capture more steps (steps: {MORE_STEPS}) to know. Rank {st.rank} is the likeliest: {reason}, {waited}{other}")
+        return [finding("warning", "slow-worker", [], message, 0.0, data)], None
+    slowdown = st.stepUs / max(st.stepUs - st.costUsPerStep, 1.0)
+    data["slowdown"] = round(slowdown, 3)
+    message = (f"rank {st.rank} holds the job back (confidence {st.confidence:.2f}): {reason}; {waited}; "
+               f"without it the step would take about {ms(st.stepUs - st.costUsPerStep)} ({slowdown:.2f}x faster)"
+               + _own_note(tables, st.rank, st.stepUs))
+    step = float(tables.step_us.get(st.rank, np.nan))
+    worker = SlowWorker(rank=st.rank, stepTimeMs=round(step / 1000.0, 3) if step == step else 0.0, slowdown=round(slowdown, 3))
+    return [finding("critical" if slowdown >= 1.2 else "warning", "slow-worker", [st.rank], message, slowdown - 1.0, data)], worker
 
 
 def _python_reason(data: dict[str, Any]) -> str:
@@ -119,7 +194,9 @@ def _compact_finding(f: dict[str, Any]) -> Finding:
 def _summary_line(found: list[dict[str, Any]], tables: RankTables, ranks: int, failed: int) -> str:
     if found and found[0]["severity"] != "info":
         # A slow worker's first two reasons are what to act on; the rest is in the findings.
-        line = "; ".join(found[0]["message"].split("; ")[:2]) if found[0]["category"] == "slow-worker" else found[0]["message"]
+        # ("cannot tell" names no rank, and what to capture instead is its point.)
+        slow = found[0]["category"] == "slow-worker" and found[0]["ranks"]
+        line = "; ".join(found[0]["message"].split("; ")[:2]) if slow else found[0]["message"]
         # A hung rank never wrote its trace; saying so again under the hang adds nothing.
         if failed and found[0]["category"] not in ("trace", "hang"):
             line += f" ({failed} of {ranks} rank(s) could not be analysed)"
@@ -140,23 +217,44 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
     tables = build_tables(ok)
     steps = tables.step_us.dropna()
     median_step_us = float(steps.median()) if len(steps) else 0.0
-    evidence = find_slow_workers(tables, ok)
+    verdict = wait_verdict(tables)
+    # A job whose ranks wait for each other steps in lockstep: its step times are equal by
+    # construction, and who waits for whom (straggler.py) replaces the step-time and vote tests.
+    evidence = find_slow_workers(tables, ok, votes=verdict is None, steps=verdict is None)
+    waiting, waiting_worker, confidence = [], None, None
+    if verdict is not None:
+        straggler = find_straggler(tables, verdict)
+        waiting, waiting_worker = _straggler_findings(straggler, tables)
+        if straggler.rank is None:
+            confidence = _clean_confidence(verdict)
+        else:
+            # Too little for a doubt: the confidence that no rank holds the job back.
+            confidence = straggler.confidence if straggler.confidence >= DOUBT else round(1.0 - straggler.confidence, 2)
     _, kernels = kernel_ratios(tables)
-    checks = all_checks(tables, kernels, set(evidence))
+    named = set(evidence) | ({waiting_worker.rank} if waiting_worker else set())
+    checks = all_checks(tables, kernels, named, judged=verdict is not None)
     # A slow worker's own unusual Python function is its explanation, so it joins that finding.
     python = {f["ranks"][0]: _python_reason(f["data"]) for f in checks
               if f["category"] == "python" and len(f["ranks"]) == 1 and f["ranks"][0] in evidence and "function" in f["data"]}
     hw_found, explanations = _hardware(summaries, hardware)
+    skew = [_kernel_skew_finding(e, tables) for e in evidence.values() if not e.holds_back]
+    evidence = {r: e for r, e in evidence.items() if e.holds_back}
     slow = [_slow_worker_finding(e, tables, median_step_us, python, explanations) for e in evidence.values()]
-    found = _ordered([*slow, *hang_findings(stacks or {}, sorted(s.rank for s in summaries)), *_trace_findings(summaries), *hw_found, *checks])
+    hangs = hang_findings(stacks or {}, sorted(s.rank for s in summaries))
+    found = _ordered(reconcile([*slow, *skew, *waiting, *hangs, *_trace_findings(summaries), *hw_found, *checks], tables))
     info = {s.rank: s for s in ok}
-    slow_workers = sorted(
-        (SlowWorker(rank=e.rank, stepTimeMs=round(float(tables.step_us.get(e.rank, np.nan)) / 1000.0, 3) if e.rank in steps.index else 0.0,
-                    slowdown=round(e.slowdown(median_step_us), 3), pod=info[e.rank].pod, node=info[e.rank].node) for e in evidence.values()),
-        key=lambda w: -w.slowdown)[:MAX_SLOW_WORKERS]
+    workers = [SlowWorker(rank=e.rank, stepTimeMs=round(float(tables.step_us.get(e.rank, np.nan)) / 1000.0, 3) if e.rank in steps.index else 0.0,
+                          slowdown=round(e.slowdown(median_step_us), 3)) for e in evidence.values()]
+    workers += [waiting_worker] if waiting_worker else []
+    for w in workers:
+        w.pod, w.node = info[w.rank].pod, info[w.rank].node
+    slow_workers = sorted(workers, key=lambda w: -w.slowdown)[:MAX_SLOW_WORKERS]
+    if hangs and any(f["severity"] == "critical" for f in hangs):
+        confidence = None
     step_time = StepTime(min=round(float(steps.min()) / 1000.0, 3), median=round(median_step_us / 1000.0, 3),
                          max=round(float(steps.max()) / 1000.0, 3)) if len(steps) else None
-    diagnosis = Diagnosis(summary=_summary_line(found, tables, len(summaries), len(summaries) - len(ok)), stepTimeMs=step_time, slowWorkers=slow_workers,
+    diagnosis = Diagnosis(summary=_summary_line(found, tables, len(summaries), len(summaries) - len(ok)), confidence=confidence,
+                          stepTimeMs=step_time, slowWorkers=slow_workers,
                           breakdown=_breakdown(tables), findings=[_compact_finding(f) for f in found[:MAX_FINDINGS]])
     return diagnosis, found
 

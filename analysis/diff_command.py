@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status", action="append", choices=("added", "removed", "slower", "faster", "unchanged"),
                         help="show only these (repeatable; default: all but unchanged)")
     parser.add_argument("--top", type=int, default=25, help="rows to print (default %(default)s)")
-    parser.add_argument("--min-change", type=float, default=MIN_CHANGE, help="relative change of the mean duration that counts (default %(default)s)")
+    parser.add_argument("--min-change", type=float, default=MIN_CHANGE, help="relative change of the cost per step that counts, when wider than the noise band (default %(default)s)")
     parser.add_argument("--csv", type=Path, help="write the whole comparison as CSV")
     parser.add_argument("--json", type=Path, help="write the whole comparison as JSON")
     parser.add_argument("--endpoint", help="object-store endpoint (MinIO, OSS)")
@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     counts = table["status"].value_counts()
     print(f"A: {args.a} ({result.ranksA} rank(s))\nB: {args.b} ({result.ranksB} rank(s))")
     print(result.headline())
+    print(f"noise band: costs within {100 * result.noise:.0f}% (twice the step-to-step spread, at least --min-change) count as unchanged")
     print(", ".join(f"{counts.get(s, 0)} {s}" for s in ("added", "removed", "slower", "faster", "unchanged")))
     print(format_table(shown, top=args.top))
     if partial:

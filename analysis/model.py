@@ -136,6 +136,9 @@ class FunctionStat(Struct):
     exclusiveUs: float
     notOverlappedUs: float
     bottleneckRatio: float = 0.0
+    # Exclusive µs in each captured step (RankSummary.steps' order); empty without steps or in
+    # older summaries. A cause repeats every step; a hiccup of a loaded machine does not.
+    stepsUs: list[float] = []
 
 
 class RankSummary(Struct):
@@ -174,7 +177,9 @@ class RankSummary(Struct):
 class SlowWorker(Struct):
     rank: int
     stepTimeMs: float
-    slowdown: float  # step time / median step time of all ranks
+    # How much longer the job's step is with this rank than without it: its step time over its
+    # peers' (jobs that do not synchronise), or the step over the step less the peers' wait for it.
+    slowdown: float
     pod: str = ""
     node: str = ""
 
@@ -207,6 +212,9 @@ class Diagnosis(Struct):
     slowWorkers: list[SlowWorker] = []
     breakdown: Breakdown | None = None
     findings: list[Finding] = []
+    # 0..1, how sure the summary is (straggler.confidence); absent where the evidence has no such
+    # measure (GPU traces judged by kernel and step times alone, hangs). Last: fields keep their places.
+    confidence: float | None = None
 
 
 def encode(obj: msgspec.Struct) -> bytes:

@@ -44,8 +44,18 @@ def _stack_ids(parent: np.ndarray, name: np.ndarray, n_names: int) -> tuple[np.n
         np.concatenate(stack_name) if stack_name else np.empty(0, np.int64)
 
 
+def _step_of(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Index of the step each start time falls in (spans sorted by start), -1 outside every step."""
+    order = np.argsort(starts, kind="stable")
+    i = np.searchsorted(starts[order], ts, side="right") - 1
+    inside = (i >= 0) & (ts < ends[order][np.maximum(i, 0)])
+    return np.where(inside, order[np.maximum(i, 0)], -1)
+
+
 def python_functions(trace: Trace, gpu_union: tuple[np.ndarray, np.ndarray], captured_us: float,
-                     top: int = 50) -> list[FunctionStat]:
+                     top: int = 50, steps: tuple[np.ndarray, np.ndarray] | None = None) -> list[FunctionStat]:
+    """`steps`: the (starts, ends) of the trace's steps, in StepRow order; each stack then carries
+    its exclusive time per step (a cause repeats every step, a hiccup does not)."""
     rows = np.flatnonzero(trace.cat_mask(PYTHON_CAT))
     if len(rows) == 0:
         return []
@@ -63,6 +73,13 @@ def python_functions(trace: Trace, gpu_union: tuple[np.ndarray, np.ndarray], cap
     exclusive = np.maximum(exclusive, 0)
     excl = np.bincount(sid, weights=exclusive, minlength=n_stacks)
     excl_exposed = np.bincount(sid, weights=np.clip(exclusive_exposed, 0, exclusive), minlength=n_stacks)
+    n_steps = len(steps[0]) if steps is not None else 0
+    per_step = None
+    if n_steps:
+        step = _step_of(trace.ts[rows], np.asarray(steps[0], dtype=float), np.asarray(steps[1], dtype=float))
+        inside = step >= 0
+        per_step = np.bincount(sid[inside] * n_steps + step[inside], weights=exclusive[inside],
+                               minlength=n_stacks * n_steps).reshape(n_stacks, n_steps)
     out = []
     for s in np.argsort(-excl_exposed, kind="stable")[:top]:
         frames = []
@@ -75,5 +92,6 @@ def python_functions(trace: Trace, gpu_union: tuple[np.ndarray, np.ndarray], cap
             stack = "... > " + stack
         out.append(FunctionStat(name=frames[0], stack=stack, count=int(count[s]), exclusiveUs=float(excl[s]),
                                 notOverlappedUs=float(excl_exposed[s]),
-                                bottleneckRatio=float(excl_exposed[s] / captured_us) if captured_us > 0 else 0.0))
+                                bottleneckRatio=float(excl_exposed[s] / captured_us) if captured_us > 0 else 0.0,
+                                stepsUs=[] if per_step is None else np.round(per_step[s], 1).tolist()))
     return out

@@ -12,6 +12,12 @@ from stepscope.analysis.model import CollectiveStat, FunctionStat, KernelStat, M
 
 
 _ADDRESS = r" at 0x[0-9a-fA-F]+"
+# stepscope's own agent (its heartbeat and watchdog threads, its step hook) and torch's profiler
+# (its step and record_function frames): never a finding; their time is reported apart.
+OWN_FRAMES = r"stepscope_agent|(?:^|[\\/])torch[\\/](?:autograd[\\/])?profiler[\\/.]"
+MAIN_THREAD = "training thread"
+# Python's threading runs a thread's target under these frames; the first frame after them names it.
+_THREAD_PLUMBING = r"threading\.py\(\d+\): (?:_bootstrap|_bootstrap_inner|run)$"
 
 
 def _items_frame(summaries: list[RankSummary], attr: str, struct: type[msgspec.Struct], skip: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -28,8 +34,18 @@ def _items_frame(summaries: list[RankSummary], attr: str, struct: type[msgspec.S
     return pd.DataFrame(data)
 
 
+def _common_steps(summaries: list[RankSummary]) -> set[int] | None:
+    """The step numbers every rank with steps captured; None when they share none. Each rank's
+    capture starts at its own step (when it read the request), so a rank's first or last step can
+    run while a peer no longer profiles it: that step's time is the peer's trace export, not work."""
+    sets = [{r.step for r in s.steps} for s in summaries if s.steps]
+    common = set.intersection(*sets) if sets else set()
+    return common or None
+
+
 def _ranks_frame(summaries: list[RankSummary]) -> pd.DataFrame:
-    steps = [np.fromiter((r.durationUs for r in s.steps), dtype=float, count=len(s.steps)) for s in summaries]
+    common = _common_steps(summaries)
+    steps = [np.fromiter((r.durationUs for r in s.steps if common is None or r.step in common), dtype=float) for s in summaries]
     return pd.DataFrame({
         "rank": np.asarray([s.rank for s in summaries], dtype=np.int64),
         "pod": [s.pod for s in summaries],
@@ -37,7 +53,8 @@ def _ranks_frame(summaries: list[RankSummary]) -> pd.DataFrame:
         "hasGpu": np.asarray([s.hasGpu for s in summaries], dtype=bool),
         "backend": [s.backend for s in summaries],
         "capturedUs": np.asarray([s.capturedUs for s in summaries], dtype=float),
-        "steps": np.asarray([len(d) for d in steps], dtype=np.int64),
+        # All captured steps: per-step figures divide each rank's totals by them.
+        "steps": np.asarray([len(s.steps) for s in summaries], dtype=np.int64),
         "stepUs": np.asarray([float(np.median(d)) if d.size else np.nan for d in steps], dtype=float),
         "overlapPct": np.asarray([np.nan if s.overlapPct is None else s.overlapPct for s in summaries], dtype=float),
         "gpuUtilizationPct": np.asarray([s.gpuUtilizationPct for s in summaries], dtype=float),
@@ -63,6 +80,9 @@ class RankTables:
     memory: pd.DataFrame
     runtime: pd.DataFrame
     collectives: pd.DataFrame
+    # Exclusive µs of stepscope's agent and torch's profiler on each rank's training thread, over
+    # the capture: left out of `functions`, stated where it distorts a figure.
+    ownUs: pd.Series
 
     @property
     def step_us(self) -> pd.Series:
@@ -87,10 +107,27 @@ class RankTables:
 
 def _same_function_across_ranks(functions: pd.DataFrame) -> pd.DataFrame:
     """Python's repr of built-ins carries the object's address ('<built-in method run_backward of
-    ... object at 0x7fee401a7b70>'), different in every process: drop it so ranks line up."""
-    if not functions.empty:
-        functions["name"] = functions["name"].str.replace(_ADDRESS, "", regex=True)
+    ... object at 0x7fee401a7b70>'), different in every process: drop it so ranks line up. Each
+    stack gets its thread: the training thread, or another one named by its target function."""
+    if functions.empty:
+        return functions.assign(thread=pd.Series(dtype=str), own=pd.Series(dtype=bool))
+    functions["name"] = functions["name"].str.replace(_ADDRESS, "", regex=True)
+    frames = functions["stack"].str.split(" > ")
+    started = frames.str[0].str.contains(_THREAD_PLUMBING, regex=True)
+    exploded = frames.explode()
+    target = exploded[~exploded.str.contains(_THREAD_PLUMBING, regex=True)].groupby(level=0).first()
+    target = target.reindex(functions.index).fillna(frames.str[-1])
+    functions["thread"] = np.where(started, target.str.replace(_ADDRESS, "", regex=True), MAIN_THREAD)
+    functions["own"] = functions["stack"].str.contains(OWN_FRAMES, regex=True)
     return functions
+
+
+def _own_time(functions: pd.DataFrame) -> pd.Series:
+    """Per rank, the exclusive time of stepscope's agent and the profiler on the training thread."""
+    if functions.empty:
+        return pd.Series(dtype=float)
+    own = functions[functions["own"] & (functions["thread"] == MAIN_THREAD)]
+    return own.groupby("rank")["exclusiveUs"].sum()
 
 
 def _with_stage(steps: pd.DataFrame) -> pd.DataFrame:
@@ -102,12 +139,14 @@ def _with_stage(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_tables(summaries: list[RankSummary]) -> RankTables:
+    functions = _same_function_across_ranks(_items_frame(summaries, "functions", FunctionStat))
     return RankTables(
         ranks=_ranks_frame(summaries),
         steps=_with_stage(_items_frame(summaries, "steps", StepRow)),
         kernels=_items_frame(summaries, "kernels", KernelStat),
-        functions=_same_function_across_ranks(_items_frame(summaries, "functions", FunctionStat)),
+        functions=functions[~functions["own"]].reset_index(drop=True),
         memory=_items_frame(summaries, "memoryOps", MemoryOpStat),
         runtime=_items_frame(summaries, "runtime", RuntimeStat),
         collectives=_items_frame(summaries, "collectives", CollectiveStat, skip=("durationsUs",)),
+        ownUs=_own_time(functions),
     )

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.model import Diagnosis
-from stepscope.analysis.rank_tables import RankTables
+from stepscope.analysis.causes import WAITING
+from stepscope.analysis.rank_tables import MAIN_THREAD, RankTables
 from stepscope.analysis.slow_workers import kernel_ratios
 from stepscope.analysis.wording import function_text, ranks_text, short
 
@@ -159,9 +160,13 @@ def _findings(full: list[dict[str, Any]], limit: int = 50) -> str:
 def _slow_workers(full: list[dict[str, Any]]) -> str:
     """Each slow worker's evidence: the kernels that cost it most, by how much, and its votes."""
     parts = []
-    for f in (f for f in full if f["category"] == "slow-worker"):
+    for f in (f for f in full if f["category"] == "slow-worker" and f["ranks"]):
         d = f["data"]
-        facts = [f"slowdown {d['slowdown']:.2f}x"]
+        facts = [f"slowdown {d['slowdown']:.2f}x"] if "slowdown" in d else []
+        if d.get("confidence") is not None:
+            facts.append(f"confidence {d['confidence']:.2f}")
+        if d.get("cause"):
+            facts.append(f"cause {function_text(d['cause']['function'])}: +{d['cause']['excessUsPerStep'] / 1000:,.1f} ms/step")
         if d.get("stepRatio"):
             facts.append(f"step time {d['stepRatio']:.2f}x its peers")
         if d.get("kernelRatio"):
@@ -197,17 +202,25 @@ def _kernels(op_statistic: pd.DataFrame, limit: int = 20) -> str:
 
 
 def _functions(tables: RankTables, limit: int = 20) -> str:
+    """Exclusive time per step by thread, the training thread first: another thread's time runs
+    beside the step, not in it, and time a thread waits (locks, collectives) is marked as such."""
     f = tables.functions
     if f.empty:
         return '<p class="note">no Python functions in the traces (capture with withStack)</p>'
     # A function called from several stacks has several rows per rank: one per rank first.
-    f = f.assign(msPerStep=tables.per_step(f, "exclusiveUs") / 1000.0).groupby(["name", "rank"], as_index=False)["msPerStep"].sum()
-    g = f.groupby("name")["msPerStep"]
-    stats = pd.DataFrame({"median": g.median(), "max": g.max(), "ranks": g.count(), "worst": f.loc[g.idxmax(), "rank"].to_numpy()})
-    stats = stats.sort_values("max", ascending=False).head(limit)
-    rows = [[("name", _e(function_text(str(name)))), ("n", _num(r["median"], 2)), ("n", _num(r["max"], 2)), ("n", str(int(r["worst"]))), ("n", str(int(r["ranks"])))]
-            for name, r in stats.iterrows()]
-    return _table(["function (exclusive time)", "median ms/step", "max ms/step", "max on rank", "ranks"], rows)
+    f = f.assign(msPerStep=tables.per_step(f, "exclusiveUs") / 1000.0).groupby(["thread", "name", "rank"], as_index=False)["msPerStep"].sum()
+    g = f.groupby(["thread", "name"])["msPerStep"]
+    stats = pd.DataFrame({"median": g.median(), "max": g.max(), "ranks": g.count(), "worst": f.loc[g.idxmax(), "rank"].to_numpy()}).reset_index()
+    stats["training"] = stats["thread"] == MAIN_THREAD
+    stats = stats.sort_values(["training", "max"], ascending=False)
+    stats = pd.concat([stats[stats["training"]].head(limit), stats[~stats["training"]].head(limit)])
+    rows = [[("", _e(r["thread"] if r["thread"] == MAIN_THREAD else f"thread {function_text(r['thread'])}")),
+             ("name", _e(function_text(str(r["name"]))) + (' <span class="note">(waiting)</span>' if WAITING.search(str(r["name"])) else "")),
+             ("n", _num(r["median"], 2)), ("n", _num(r["max"], 2)), ("n", str(int(r["worst"]))), ("n", str(int(r["ranks"])))]
+            for _, r in stats.iterrows()]
+    own = tables.ownUs.sum() / max(float(tables.ranks["steps"].clip(lower=1).sum()), 1.0) / 1000.0 if len(tables.ownUs) else 0.0
+    note = f'<p class="note">stepscope\'s agent and the profiler: {own:,.2f} ms/step per rank on the training thread, left out</p>' if own else ""
+    return _table(["thread", "function (exclusive time)", "median ms/step", "max ms/step", "max on rank", "ranks"], rows) + note
 
 
 def _communication(communication: pd.DataFrame) -> str:
@@ -253,7 +266,9 @@ def render_html(*, title: str, source: str, generated: str, diagnosis: Diagnosis
     cards = [("ranks analysed", f"{len(ranks)} / {total_ranks}"),
              ("step time (median)", f"{step.median:,.1f} ms" if step else "–"),
              ("step time (min – max)", f"{step.min:,.1f} – {step.max:,.1f} ms" if step else "–"),
-             ("slow workers", ", ".join(str(w.rank) for w in diagnosis.slowWorkers) or "none")]
+             ("slow workers", ", ".join(f"rank {w.rank}" for w in diagnosis.slowWorkers) or "none")]
+    if diagnosis.confidence is not None:
+        cards.append(("confidence", f"{diagnosis.confidence:.2f}"))
     if b:
         cards += [("compute", f"{b.computePct:.1f}%"), ("comm. not overlapped", f"{b.commNotOverlappedPct:.1f}%"), ("idle", f"{b.idlePct:.1f}%")]
     card_html = "".join(f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div></div>' for k, v in cards)

@@ -19,6 +19,7 @@ import msgspec
 
 from stepscope.analysis.model import SUMMARY_VERSION, RankSummary, decode_summary
 from stepscope.analysis.report_merge import RANK_DIGITS
+from stepscope.analysis.trace import NOT_A_TRACE
 from stepscope.storage import Store, StoreError, open_store
 
 _RANK_FILE = re.compile(r"^ranks/rank-(\d+)\.(summary\.json|trace\.json(?:\.gz)?|stacks\.json)$")
@@ -73,7 +74,9 @@ class SessionFiles:
 
 def open_session(source: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None) -> tuple[Store, str | None]:
     """The store holding a session, and the one file to analyse when `source` is a single trace."""
-    path = Path(source)
+    path = Path(source.removeprefix("file://")) if "://" not in source or source.startswith("file://") else None
+    if path is not None and not path.exists():
+        raise StoreError(f"{source} does not exist")
     if "://" not in source and path.is_file():
         return open_store(str(path.resolve().parent)), path.name
     return open_store(source, endpoint=endpoint, region=region, credentials=credentials), None
@@ -217,6 +220,7 @@ class SessionRanks:
     stacks: dict[int, dict]
     problems: dict[int, list[str]]
     traces: dict[int, str]  # rank -> raw trace key
+    skipped: list[str] = field(default_factory=list)  # files of a trace folder that are no traces
 
 
 def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda name: None, top: int = 50) -> SessionRanks:
@@ -226,7 +230,13 @@ def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda na
     problems: dict[int, list[str]] = {}
     traces: dict[int, str] = {}
     next_free = max([f.rank for f in files.ranks if f.rank is not None] + [-1]) + 1
-    for rank_files, summary in zip(files.ranks, _summaries(files, top, on_rank)):
+    read = list(zip(files.ranks, _summaries(files, top, on_rank)))
+    # A file in a folder of traces that is no trace, with no rank in its name, is no rank at all.
+    skipped = [f.trace for f, s in read if f.rank is None and f.trace and not f.summary and NOT_A_TRACE in s.error]
+    read = [(f, s) for f, s in read if f.trace not in skipped or f.summary]
+    # Ranks a trace says it is (distributedInfo) are claimed before a failed file takes its place
+    # in file order, so no unreadable file renumbers a readable rank.
+    for rank_files, summary in sorted(read, key=lambda fs: bool(fs[1].error)):
         if summary.rank in summaries:
             taken = summary.rank
             if rank_files.rank is not None and rank_files.rank not in summaries:
@@ -250,4 +260,4 @@ def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda na
             problems.setdefault(s.rank, []).append(s.error)
         if s.warnings:
             problems.setdefault(s.rank, []).extend(s.warnings)
-    return SessionRanks([summaries[r] for r in sorted(summaries)], stacks, problems, traces)
+    return SessionRanks([summaries[r] for r in sorted(summaries)], stacks, problems, traces, skipped)

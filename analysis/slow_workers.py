@@ -7,6 +7,11 @@
 - Collective voting: line up the i-th collective of each kind across ranks; the rank that
   arrives last waits least, so its duration is the shortest. The rank that most often has the
   shortest duration is the straggler, and the others' extra wait is what it costs them.
+- Waiting per step (traces without GPU events, where StepRow.collectiveUs holds each step's time
+  inside collectives): in every step all ranks captured, the rank that waits least is the one the
+  others wait for, and the gap is what it costs them. This holds from a single step, so it is the
+  evidence of a short capture; it is weighed (`confidence`) by how many steps agree, how large the
+  gap is against the step, and how much of it a cause on that rank (causes.py) accounts for.
 """
 from __future__ import annotations
 
@@ -31,6 +36,16 @@ MIN_ROUNDS = 5
 MIN_VOTE_COST = 0.02
 # ... or causes this share of all the waiting at collectives.
 WAIT_SHARE = 0.75
+# Waiting per step: a rank holds the others back when they wait this share of the step longer
+# than it does; below, it is the jitter of a healthy job (someone is always last).
+MIN_GAP_SHARE = 0.05
+# With three or more ranks, one late rank makes all others wait alike: the second least waiting
+# rank must wait this share of the gap more than the least waiting one.
+ALONE = 0.5
+# The confidence below which the diagnosis says it cannot tell rather than name a rank, and below
+# which what little evidence there is is no reason to doubt a healthy job.
+CONFIDENT = 0.65
+DOUBT = 0.4
 
 
 @dataclass
@@ -45,14 +60,23 @@ class SlowEvidence:
     rounds: int = 0
     peersWaitUsPerStep: float = 0.0
 
+    @property
+    def holds_back(self) -> bool:
+        """Its step is longer, or its peers wait for it. Kernels that run longer while its step
+        does not (the collectives absorb the difference: it waits less) are a kernel finding."""
+        return bool(self.stepRatio or self.voteShare)
+
+    def waitUsPerStep(self, median_step_us: float) -> float:
+        """The peers' wait for it, at most the step (the rounds' waits are summed medians)."""
+        return min(self.peersWaitUsPerStep, median_step_us) if median_step_us > 0 else self.peersWaitUsPerStep
+
     def slowdown(self, median_step_us: float) -> float:
-        """The largest of the slowdowns the evidence shows: step time, kernel time, or from the
-        collectives, the step (which the slow rank sets) over what the others work of it (the
-        step less their wait for it)."""
-        # Capped at 20x: past that the measured wait is mostly the others' noise.
-        work = max(median_step_us - self.peersWaitUsPerStep, 0.05 * median_step_us)
-        wait = median_step_us / work if median_step_us > 0 else 1.0
-        return max(self.stepRatio or 1.0, self.kernelRatio or 1.0, wait)
+        """Consistent with the step times beside it: its step over its peers' where they differ,
+        else the step over the step less the peers' wait for it (what the step would be without
+        it); 1 when nothing shows it holding anyone back."""
+        wait = self.waitUsPerStep(median_step_us)
+        by_wait = median_step_us / (median_step_us - wait) if self.voteShare and 0 < wait < median_step_us else 1.0
+        return max(self.stepRatio or 1.0, by_wait)
 
 
 def step_time_outliers(tables: RankTables) -> dict[int, float]:
@@ -172,19 +196,74 @@ def vote_stragglers(votes: Votes, ranks: int, steps: int) -> dict[int, tuple[flo
             if v / votes.rounds >= need or votes.waitUs.get(r, 0.0) / total_wait >= WAIT_SHARE}
 
 
-def find_slow_workers(tables: RankTables, summaries: list[RankSummary]) -> dict[int, SlowEvidence]:
+@dataclass
+class WaitVerdict:
+    """Who the others wait for, from each step's time in collectives (CPU traces)."""
+    rank: int | None  # the rank they wait for; None when none stands out
+    gapUsPerStep: float  # the others' median wait per step minus its own
+    stepUs: float  # median step over the steps every rank captured
+    steps: int  # steps every rank captured
+    agreeing: int  # of those, steps in which this rank alone waits least, by a clear gap
+    waitUs: dict[int, float]  # each rank's mean wait per step
+    commonSteps: pd.Index  # the step numbers every rank captured
+
+    @property
+    def share(self) -> float:
+        return self.gapUsPerStep / self.stepUs if self.stepUs > 0 else 0.0
+
+
+def _late_rank(waits: np.ndarray) -> tuple[int, float, bool]:
+    """For one step's waits (one per rank): the least waiting rank's index, the others' median
+    wait minus its own, and whether it alone is late (not one of several)."""
+    order = np.argsort(waits, kind="stable")
+    low = int(order[0])
+    others = np.delete(waits, low)
+    gap = float(np.median(others) - waits[low])
+    alone = len(waits) < 3 or float(waits[order[1]] - waits[low]) >= ALONE * gap
+    return low, gap, alone
+
+
+def wait_verdict(tables: RankTables) -> WaitVerdict | None:
+    """None where the steps carry no collective time (GPU traces, older summaries) or no step was
+    captured by every rank (each rank's capture starts at its own step)."""
+    s = tables.steps
+    if s.empty or "collectiveUs" not in s or len(tables.ranks) < 2 or s["collectiveUs"].isna().all():
+        return None
+    ranks = np.asarray(sorted(tables.ranks["rank"]), dtype=np.int64)
+    waits = s.pivot_table(index="step", columns="rank", values="collectiveUs", aggfunc="sum").reindex(columns=ranks).dropna()
+    durations = s.pivot_table(index="step", columns="rank", values="durationUs", aggfunc="sum").reindex(index=waits.index, columns=ranks)
+    # Ranks that never meet in a collective do not wait for each other: no lockstep to judge.
+    if waits.empty or float(waits.to_numpy().max()) <= 0:
+        return None
+    step_us = float(np.median(durations.median(axis=1)))
+    per_step = [_late_rank(row) for row in waits.to_numpy(dtype=float)]
+    mean = waits.mean(axis=0).to_numpy(dtype=float)
+    low, gap, _ = _late_rank(mean)
+    agreeing = sum(1 for r, g, alone in per_step if r == low and alone and g >= MIN_GAP_SHARE * step_us)
+    verdict = WaitVerdict(rank=int(ranks[low]), gapUsPerStep=gap, stepUs=step_us, steps=len(waits), agreeing=agreeing,
+                          waitUs={int(r): float(w) for r, w in zip(ranks, mean)}, commonSteps=waits.index)
+    if gap < MIN_GAP_SHARE * step_us:
+        verdict.rank = None
+    return verdict
+
+
+def find_slow_workers(tables: RankTables, summaries: list[RankSummary], votes: bool = True, steps: bool = True) -> dict[int, SlowEvidence]:
+    """Slow ranks from kernel times and (with `steps`, `votes`) step times and collective voting; a
+    job whose steps carry their collective time is judged by straggler.py instead of those two."""
     evidence: dict[int, SlowEvidence] = {}
-    for rank, ratio in step_time_outliers(tables).items():
+    for rank, ratio in (step_time_outliers(tables) if steps else {}).items():
         evidence.setdefault(rank, SlowEvidence(rank)).stepRatio = ratio
     for rank, (ratio, kernels) in kernel_outliers(tables).items():
         e = evidence.setdefault(rank, SlowEvidence(rank))
         e.kernelRatio, e.slowKernels = ratio, kernels
-    votes = collective_votes(summaries)
-    steps = int(tables.ranks["steps"].median()) if len(tables.ranks) else 1
+    if not votes:
+        return evidence
+    counted = collective_votes(summaries)
+    per_rank_steps = int(tables.ranks["steps"].median()) if len(tables.ranks) else 1
     median_step = float(tables.step_us.median()) if tables.step_us.notna().any() else 0.0
-    for rank, (share, wait) in vote_stragglers(votes, len(tables.ranks), steps).items():
+    for rank, (share, wait) in vote_stragglers(counted, len(tables.ranks), per_rank_steps).items():
         if median_step > 0 and wait < MIN_VOTE_COST * median_step:
             continue
         e = evidence.setdefault(rank, SlowEvidence(rank))
-        e.voteShare, e.votes, e.rounds, e.peersWaitUsPerStep = share, votes.votes[rank], votes.rounds, wait
+        e.voteShare, e.votes, e.rounds, e.peersWaitUsPerStep = share, counted.votes[rank], counted.rounds, wait
     return evidence

@@ -18,6 +18,7 @@ from .steps import step_rows, step_spans
 from .trace import Trace, TraceError, load_trace
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+NO_GPU_EVENTS = "no GPU events"
 
 
 def _rank_from_name(path: str | Path) -> int | None:
@@ -59,7 +60,7 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
     gpu_rows = trace.device_rows()
     has_gpu = len(gpu_rows) > 0
     if not has_gpu:
-        warnings.append("no GPU events: CPU-only trace (steps, collectives and Python functions only)")
+        warnings.append(f"{NO_GPU_EVENTS}: CPU-only trace (steps, collectives and Python functions only)")
     scope = gpu_scope(trace)
     compute = compute_union(trace, scope)
     gpu_ts = trace.ts[gpu_rows]
@@ -89,7 +90,7 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
         memoryOps=memory_ops(trace, compute, captured),
         runtime=runtime_stats(trace, compute, captured),
         collectives=collectives(trace, compute, captured),
-        functions=python_functions(trace, gpu_union, captured, top=top),
+        functions=python_functions(trace, gpu_union, captured, top=top, steps=(starts, ends) if len(numbers) else None),
         warnings=warnings,
     )
 

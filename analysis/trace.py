@@ -45,6 +45,10 @@ class TraceError(Exception):
     """The trace cannot be read; the message names the file and says why."""
 
 
+# A JSON file without trace events (hparams.json, a config beside the traces): no trace at all.
+NOT_A_TRACE = 'no "traceEvents" array: not a Kineto/Chrome trace'
+
+
 # Numbers as written by any profiler version: some write them as strings, some as null.
 _Num = int | float | str | None
 
@@ -350,7 +354,7 @@ def _decode_pieces(stream: BinaryIO, cols: _Columns) -> _Meta:
         start = win.buf.find(b"[")
     else:
         if key < 0:
-            raise ValueError('no "traceEvents" array: not a Kineto/Chrome trace')
+            raise ValueError(NOT_A_TRACE)
         header = bytes(win.buf[:key]).rstrip()
         if header.endswith(b","):
             meta = _META.decode(header[:-1] + b"}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope import layout
-from stepscope.session import HardwareMetricsSpec, SessionSpec, SpecError
+from stepscope.session import CaptureSpec, HardwareMetricsSpec, SessionSpec, SpecError
 from stepscope.sidecar_client import SidecarClient, SidecarError
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, load_key
 from stepscope.storage import StoreError, open_store
@@ -29,7 +29,7 @@ CANCEL_GRACE_S = 60.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", type=int, default=5, metavar="N", help="steps to let pass before capturing (default %(default)s)")
     window = parser.add_mutually_exclusive_group()
-    window.add_argument("--steps", type=int, default=None, metavar="N", help="steps to capture, 1..50 (default 2)")
+    window.add_argument("--steps", type=int, default=None, metavar="N", help=f"steps to capture, 1..50 (default {CaptureSpec.steps})")
     window.add_argument("--duration", type=float, default=None, metavar="S", help="capture S seconds instead (loops without steps)")
     parser.add_argument("--output-dir", type=Path, default=None, metavar="DIR", help="where the artifacts go (default ./stepscope-<time>)")
     parser.add_argument("--save-raw-trace", choices=("none", "master", "all"), default="all", help="raw traces to keep (summaries always)")
@@ -88,7 +88,7 @@ def _spec(args: argparse.Namespace, destination: str) -> SessionSpec:
     if args.duration is not None:
         capture["durationSeconds"] = args.duration
     else:
-        capture["steps"] = args.steps if args.steps is not None else 2
+        capture["steps"] = args.steps if args.steps is not None else CaptureSpec.steps
     return SessionSpec.from_dict({
         "capture": capture,
         "hardwareMetrics": {"enabled": not args.no_hardware_metrics, "intervalMicroseconds": args.metrics_interval_us},

@@ -12,7 +12,7 @@ import sys
 from stepscope import __version__
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("stepscope.demo", "run a 4-rank CPU training, capture 3 steps through a real sidecar, diagnose it"),
+    "demo": ("stepscope.demo", "run a 4-rank CPU training, capture 3 steps through a real sidecar, diagnose it (--scenario NAME: a known fault)"),
     "capture": ("stepscope.capture", "capture steps of every training process on this machine through its sidecar"),
     "sidecar": ("stepscope.sidecar.daemon", "run the sidecar daemon (control endpoint, uploader, NVML sampler)"),
     "analyze": ("stepscope.analysis.command", "diagnose a captured session (directory or object-store URI) and write the report"),

@@ -32,7 +32,9 @@ class CaptureLimits:
 @dataclass(frozen=True)
 class CaptureSpec:
     waitSteps: int = 5
-    steps: int | None = 2
+    # Four steps: two cannot tell a modest straggler from a rank a busy machine slows for a step
+    # or two (benchmarks/diagnosis_accuracy.py, docs/benchmarks.md); four can.
+    steps: int | None = 4
     durationSeconds: float | None = None
     activities: tuple[str, ...] = ("CPU", "CUDA")
     withStack: bool = True

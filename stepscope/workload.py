@@ -1,17 +1,28 @@
 """A small data-parallel training job (DDP over gloo on CPU) to profile: run by path, one process
 per rank, with torchrun's environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK).
 
-It knows nothing of stepscope: the agent attaches through the bootstrap. Faults can be injected:
-a slow rank (extra CPU work in `augment_batch_slowly`) and a hung rank (blocks in
-`block_forever` after its optimizer step, so its peers wait in the loss all-reduce; forever, or
-for --hang-seconds).
+It knows nothing of stepscope: the agent attaches through the bootstrap. Faults can be injected on
+--slow-rank (--fault, each with a known cause, for stepscope's fault-injection scenarios):
 
-    python stepscope/workload.py --steps 50 --slow-rank 1 --slow-ms 20
+- cpu: extra CPU work in the Python function `augment_batch_slowly` (--slow-ms a step)
+- helpers: CPU work spread over many calls of small helpers, made by `augment_with_helpers`
+- sleep: blocking, not computing: `fetch_remote_features` sleeps --slow-ms a step
+- compute: more operator work (its batch repeated --compute-factor times), no Python function of its own
+- data: slow data loading: the rank's Dataset decodes each sample for --slow-ms / batch size
+- hook: a slow DDP communication hook (`compressing_allreduce_hook` works --slow-ms a step)
+- gc: garbage collection pauses (`release_memory` runs gc.collect() over many live objects)
+
+and a hung rank (blocks in `block_forever` after its optimizer step, so its peers wait in the loss
+all-reduce; forever, or for --hang-seconds). Every rank reads its batches through a DataLoader
+whose shard reads block for --step-sleep-ms a step (the job's natural I/O wait).
+
+    python stepscope/workload.py --steps 50 --slow-rank 1 --fault sleep --slow-ms 20
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import sys
 import time
 from collections.abc import Callable
@@ -20,6 +31,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+
+FAULTS = ("cpu", "helpers", "sleep", "compute", "data", "hook", "gc")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -28,8 +42,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-sleep-ms", type=float, default=0.0, help="sleep this long in every step (simulates data loading)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--slow-rank", type=int, default=None, help="this rank does extra CPU work every step")
-    p.add_argument("--slow-ms", type=float, default=0.0, help="extra milliseconds of CPU work on --slow-rank")
+    p.add_argument("--slow-rank", type=int, default=None, help="the rank --fault slows down")
+    p.add_argument("--fault", choices=FAULTS, default="cpu", help="how --slow-rank is slowed (default %(default)s)")
+    p.add_argument("--slow-ms", type=float, default=0.0, help="milliseconds a step the fault costs --slow-rank")
+    p.add_argument("--compute-factor", type=int, default=4, help="--fault compute: how many times --slow-rank repeats its batch")
     p.add_argument("--python-calls", type=int, default=0, help="call a small Python helper this many times in every step")
     p.add_argument("--hang-rank", type=int, default=None, help="this rank blocks forever at --hang-at-step")
     p.add_argument("--hang-at-step", type=int, default=None, help="zero-based step index where --hang-rank blocks")
@@ -63,6 +79,79 @@ def call_many_small_functions(count: int) -> int:
     return sum(small_helper(i) for i in range(count))
 
 
+def _jitter(value: int, i: int) -> int:
+    return (value * 31 + i) % 1_000_003
+
+
+def _clip(value: int) -> int:
+    return value if value < 900_000 else value - 900_000
+
+
+def augment_with_helpers(batch: torch.Tensor, milliseconds: float) -> torch.Tensor:
+    """CPU work for about `milliseconds`, all of it in many calls of two tiny helpers: no single
+    function but this one holds the time."""
+    deadline = time.perf_counter() + milliseconds / 1000.0
+    acc = 0
+    while time.perf_counter() < deadline:
+        for i in range(50):
+            acc = _clip(_jitter(acc, i))
+    return batch + (acc % 7) * 1e-6
+
+
+def fetch_remote_features(batch: torch.Tensor, milliseconds: float) -> torch.Tensor:
+    """Blocks (as a slow remote read would), using no CPU."""
+    time.sleep(milliseconds / 1000.0)
+    return batch
+
+
+def release_memory(live: list) -> None:
+    """A full collection over many live objects: the pause a gc.collect() per step costs."""
+    gc.collect()
+
+
+def read_shard(milliseconds: float) -> None:
+    """The job's natural I/O wait for its next shard (every rank)."""
+    if milliseconds > 0:
+        time.sleep(milliseconds / 1000.0)
+
+
+class SyntheticDataset(Dataset):
+    """Random samples; decoding one costs `decode_ms` of CPU work (0 on healthy ranks)."""
+
+    def __init__(self, rank: int, decode_ms: float) -> None:
+        self.generator = torch.Generator().manual_seed(rank)
+        self.decode_ms = decode_ms
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        sample = torch.randn(64, generator=self.generator)
+        if self.decode_ms > 0:
+            sample = decode_sample(sample, self.decode_ms)
+        return sample, torch.randint(0, 10, (), generator=self.generator)
+
+
+def decode_sample(sample: torch.Tensor, milliseconds: float) -> torch.Tensor:
+    """Tensor work on one sample for about `milliseconds`, as an image decode and resize would do."""
+    deadline = time.perf_counter() + milliseconds / 1000.0
+    pixels = sample.repeat(64)
+    while time.perf_counter() < deadline:
+        pixels = (pixels * 0.999).clamp_(-4.0, 4.0)
+    return sample + pixels[:64] * 1e-6
+
+
+def compressing_allreduce_hook(state, bucket):  # noqa: ANN001, ANN201
+    """A DDP communication hook that works `state` ms on each bucket before its all-reduce.
+    Unannotated: DDP checks the annotations' values, and this module's are strings."""
+    if state > 0:
+        deadline = time.perf_counter() + state / 1000.0
+        while time.perf_counter() < deadline:
+            pass
+    tensor = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(tensor, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
 def block_forever(step: int, seconds: float = 0.0) -> None:
     """The injected hang: this rank does not reach its next collective (for `seconds`, 0 = ever)."""
     print(f"rank {dist.get_rank()} blocks {'for %g s' % seconds if seconds else 'forever'} at step {step}", flush=True)
@@ -94,21 +183,35 @@ def train(args: argparse.Namespace) -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.collective_timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     model = DistributedDataParallel(build_model(args.hidden))
+    slow = rank == args.slow_rank and args.slow_ms > 0
+    fault = args.fault if rank == args.slow_rank else None
+    if args.fault == "hook" and args.slow_rank is not None:
+        # Every rank runs the hook; only the slow one works in it. DDP's default buckets of 25 MB
+        # hold this model's gradients in one, so the hook runs once a step.
+        model.register_comm_hook(args.slow_ms if slow else 0.0, compressing_allreduce_hook)
+    decode_ms = args.slow_ms / args.batch_size if slow and fault == "data" else 0.0
+    batches = iter(DataLoader(SyntheticDataset(rank, decode_ms), batch_size=args.batch_size, num_workers=0))
+    # Live objects a collection must walk on the gc rank (about 1 ms of gc.collect() per 1,700 on
+    # this 2-core machine under load).
+    live = [[i] for i in range(int(1_700 * args.slow_ms))] if slow and fault == "gc" else []
     optimizer = None if args.no_optimizer else torch.optim.SGD(model.parameters(), lr=0.01)
     mark_step = step_marker() if args.no_optimizer else None
     loss_fn = nn.CrossEntropyLoss()
-    generator = torch.Generator().manual_seed(rank)
     step = 0
     started = time.perf_counter()
     while args.steps <= 0 or step < args.steps:
-        batch = torch.randn(args.batch_size, 64, generator=generator)
-        target = torch.randint(0, 10, (args.batch_size,), generator=generator)
-        if rank == args.slow_rank and args.slow_ms > 0:
+        read_shard(args.step_sleep_ms)
+        batch, target = next(batches)
+        if fault == "compute":
+            batch, target = batch.repeat(args.compute_factor, 1), target.repeat(args.compute_factor)
+        if slow and fault == "cpu":
             batch = augment_batch_slowly(batch, args.slow_ms)
+        elif slow and fault == "helpers":
+            batch = augment_with_helpers(batch, args.slow_ms)
+        elif slow and fault == "sleep":
+            batch = fetch_remote_features(batch, args.slow_ms)
         if args.python_calls > 0:
             call_many_small_functions(args.python_calls)
-        if args.step_sleep_ms > 0:
-            time.sleep(args.step_sleep_ms / 1000.0)
         loss = loss_fn(model(batch), target)
         loss.backward()
         if optimizer is not None:
@@ -120,6 +223,8 @@ def train(args: argparse.Namespace) -> int:
                     p -= 0.01 * p.grad
                     p.grad = None
             mark_step()
+        if slow and fault == "gc":
+            release_memory(live)
         if rank == args.hang_rank and step == args.hang_at_step:
             block_forever(step, args.hang_seconds)
         average_loss_across_ranks(loss)

@@ -40,7 +40,9 @@ def test_slow_kernels_name_the_rank_and_the_kernels():
     # The kernels that cost most extra time are named: the largest compute kernels, not the collective.
     named = [k["name"] for k in slow["data"]["slowKernels"]]
     assert named and all(n.startswith(("volta_sgemm", "void at::native")) for n in named)
-    assert diagnosis.summary.startswith("rank 5 is 1.") and "kernels run 3" in diagnosis.summary and short(named[0]) in diagnosis.summary
+    # Every rank's step is as long (they wait for rank 5): the figures are its peers' wait, not "1.3x slower".
+    assert diagnosis.summary.startswith("rank 5 holds its peers back, they wait ") and "kernels run 3" in diagnosis.summary
+    assert short(named[0]) in diagnosis.summary
 
 
 def test_step_time_outlier_without_synchronisation():
@@ -85,11 +87,12 @@ def test_c_functions_are_named_without_their_repr():
     for s in summaries:
         for f in s.functions:
             if "augment_batch_slowly" in f.name:
-                f.name = f"<built-in method allreduce of {owner} object at 0x7fef72c6{s.rank:04x}>"
+                # (A C function that computes: allreduce and wait are where a rank waits, never a cause.)
+                f.name = f"<built-in method decode_jpeg of {owner} object at 0x7fef72c6{s.rank:04x}>"
     diagnosis, full = diagnose(summaries)
     python = _by_category(full, "python")
-    assert python[0]["message"].startswith("rank 2 spends 140 ms/step in allreduce (built-in), 10x its peers")
-    assert "allreduce (built-in)" in diagnosis.summary
+    assert python[0]["message"].startswith("rank 2 spends 140 ms/step in decode_jpeg (built-in), 10x its peers")
+    assert "decode_jpeg (built-in)" in diagnosis.summary
     assert not [f["message"] for f in full if re.search(r"0x[0-9a-f]{4}|pybind11|<", f["message"])]
 
 

@@ -6,10 +6,11 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from stepscope.analysis.diff import diff_runs
+from stepscope.analysis.diff import diff_runs, format_table
 from stepscope.analysis.diff_command import compare
 from stepscope.analysis.model import FunctionStat, KernelStat, encode
 from stepscope.cli import main
@@ -60,7 +61,7 @@ def test_diff_cli_on_session_folders(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "note: compared from edge summaries" in out
     assert len(pd.read_csv(tmp_path / "d.csv")) == len(json.loads((tmp_path / "d.json").read_text())["rows"])
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "missing")]) == 1
-    assert "nothing to compare" in capsys.readouterr().err
+    assert "missing does not exist" in capsys.readouterr().err
 
 
 def _raw_kernels(path: Path) -> pd.DataFrame:
@@ -86,12 +87,87 @@ def test_diff_on_the_real_control_and_test_traces(shared_traces: Path, capsys: p
     # The summaries count kernels inside the profiled steps (HTA's scope), the raw means every
     # event in the file, so the ratios agree closely but not exactly; clear changes agree in kind.
     assert (table.loc[both, "ratio"] - expected).abs().median() < 0.05
-    assert (table.loc[expected.index[expected > 1.5], "status"] == "slower").all()
-    assert (table.loc[expected.index[expected < 1 / 1.5], "status"] == "faster").all()
-    assert (expected > 1.5).sum() >= 5 and (expected < 1 / 1.5).sum() >= 5
+    # Slower or faster by the cost per step (both files hold 6 steps): the raw totals' ratio.
+    cost_a, cost_b = raw_a.groupby("name")["dur"].sum(), raw_b.groupby("name")["dur"].sum()
+    cost = (cost_b[both] / cost_a[both]).rename("cost")
+    clear = (cost_b[both] - cost_a[both]).abs() / 6 >= 0.01 * 1000 * result.stepMsB
+    assert (table.loc[cost.index[(cost > 1.5) & clear], "status"] == "slower").all()
+    assert (table.loc[cost.index[(cost < 1 / 1.5) & clear], "status"] == "faster").all()
+    assert ((cost > 1.5) & clear).sum() >= 3
     assert result.stepMsB > result.stepMsA
 
     assert main(["diff", str(control), str(test), "--top", "5", "--kind", "kernel"]) == 0
     out = capsys.readouterr().out
     assert f"{len(names_b - names_a)} added, {len(names_a - names_b)} removed" in out
     assert "note: compared from edge summaries" not in out
+
+
+def _jittered(seed: int, spread: float) -> list:
+    """The same job again on a noisy machine: every step, kernel and function up to `spread`
+    longer or shorter, as in two captures of one CPU demo job."""
+    rng = np.random.default_rng(seed)
+    run = make_summaries(4, seed=41)
+    for s in run:
+        for row in s.steps:
+            row.durationUs *= rng.uniform(1 - spread, 1 + spread)
+        for k in s.kernels:
+            f = rng.uniform(1 - spread, 1 + spread)
+            k.sumUs, k.meanUs = k.sumUs * f, k.meanUs * f
+        for fn in s.functions:
+            fn.exclusiveUs *= rng.uniform(1 - spread, 1 + spread)
+    return run
+
+
+def test_two_runs_of_the_same_job_report_no_change():
+    """The old diff called dozens of items slower or faster between two captures of one job; the
+    step-to-step spread inside each capture sets the noise band, within which nothing changed."""
+    result = diff_runs(_jittered(1, 0.15), _jittered(2, 0.15))
+    counts = result.table["status"].value_counts()
+    assert counts.get("slower", 0) == 0 and counts.get("faster", 0) == 0, result.table.head(10)
+    assert result.noise >= 0.05
+
+
+def test_cost_per_step_decides_not_time_per_call():
+    a = make_summaries(4, seed=43)
+    b = make_summaries(4, seed=43)
+    for s in b:
+        k = next(k for k in s.kernels if k.name == "volta_sgemm_128x64_nn_3")
+        # twice as many calls, each 0.8x as long: 1.6x the cost per step
+        k.count, k.meanUs, k.sumUs = k.count * 2, k.meanUs * 0.8, k.sumUs * 1.6
+    row = diff_runs(a, b).table.set_index("name").loc["volta_sgemm_128x64_nn_3"]
+    assert row["status"] == "slower" and row["ratio"] == pytest.approx(0.8) and row["deltaUs"] > 0
+
+
+def test_the_rank_that_changed_is_shown_and_long_names_stay_apart():
+    a = make_summaries(4, seed=44)
+    b = make_summaries(4, seed=44)
+    steps = len(b[2].steps)
+    b[2].functions.append(FunctionStat(name="train.py(77): rebuild_index", stack="train.py(77): rebuild_index", count=steps,
+                                       exclusiveUs=60_000.0 * steps, notOverlappedUs=60_000.0 * steps))
+    long = "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, float, at::native::MulFunctor<float>>, " \
+           "at::detail::Array<char*, 3>>(int, at::native::BinaryFunctor<float, float, float, at::native::MulFunctor<float>>, variant{}"
+    for run, variant in ((a, "1"), (b, "2")):
+        for s in run:
+            s.kernels.append(KernelStat(name=long + variant + ")", type="COMP", count=4, sumUs=400.0, meanUs=100.0, medianUs=100.0, minUs=90.0, maxUs=110.0))
+    result = diff_runs(a, b)
+    row = result.table.set_index("name").loc["train.py(77): rebuild_index"]
+    assert row["rank"] == 2 and row["rankDeltaUs"] == pytest.approx(60_000.0) and row["usB"] == pytest.approx(15_000.0)
+    text = format_table(result.table[result.table["name"].str.startswith(long)], top=5)
+    assert "variant{}1)" in text and "variant{}2)" in text
+    assert "rank 2: +60,000.0" in format_table(result.table, top=3)
+
+
+def test_a_one_step_hiccup_of_a_function_is_within_its_own_noise():
+    """A busy machine stretched one call in one step: the function's own step-to-step spread
+    (FunctionStat.stepsUs) covers it; a function slower in every step is still slower."""
+    def run(hiccup: list[float], steady: list[float]) -> list:
+        summaries = make_summaries(2, seed=45)
+        for s in summaries:
+            for name, per_step in (("train.py(9): load_batch", hiccup), ("train.py(12): augment", steady)):
+                s.functions.append(FunctionStat(name=name, stack=name, count=len(per_step), exclusiveUs=sum(per_step),
+                                                notOverlappedUs=sum(per_step), stepsUs=per_step))
+        return summaries
+
+    table = diff_runs(run([300.0] * 4, [5_000.0] * 4), run([300.0, 24_000.0, 300.0, 300.0], [9_000.0, 9_100.0, 8_900.0, 9_000.0])).table.set_index("name")
+    assert table.loc["train.py(9): load_batch", "status"] == "unchanged"
+    assert table.loc["train.py(12): augment", "status"] == "slower"

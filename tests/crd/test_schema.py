@@ -11,7 +11,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiException
 
-from stepscope.session import SessionSpec
+from stepscope.session import CaptureSpec, SessionSpec
 from tests.kube.fixtures import CRD_PATH
 from tests.kube.schema import apply_defaults, prune, structural_errors
 
@@ -82,7 +82,7 @@ def _without_nones(value):
     return value
 
 
-@pytest.mark.parametrize("capture, steps", [({}, 2), ({"steps": 7}, 7), ({"durationSeconds": 30}, None)])
+@pytest.mark.parametrize("capture, steps", [({}, CaptureSpec.steps), ({"steps": 7}, 7), ({"durationSeconds": 30}, None)])
 def test_schema_defaults_agree_with_the_session_model(crd, capture, steps):
     minimal = {"selector": {"matchLabels": {"app": "trainer"}}, "storage": {"uri": "s3://bucket/prefix"}, "capture": capture}
     stored = apply_defaults(prune({"spec": minimal}, _schema(crd), root=True), _schema(crd))["spec"]

@@ -1,0 +1,143 @@
+"""Where one rank spends the time its peers spend waiting: the Python frame (function, operator
+call or phase) on the training thread whose inclusive time per step exceeds its peers' by the
+most, narrowed to the deepest frame that still carries most of that excess.
+
+Inputs are the `functions` table of rank_tables (exclusive time per call stack, stepscope's own
+frames already left out). A frame's inclusive time is the exclusive time of every stack it is on,
+counted once per stack (recursion does not double it). Time a rank spends waiting for its peers
+(in a collective, in backward for the gradient all-reduce, on a lock) is never a cause: it is
+excess on the waiting ranks, not on the one they wait for, and such frames are not candidates.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from stepscope.analysis.rank_tables import MAIN_THREAD, RankTables
+from stepscope.analysis.wording import function_text
+
+# Frames where a rank waits for its peers (a collective, its Work, torch.distributed's wrappers):
+# their time, and their callers' time through them, is never a cause.
+PEER_WAIT = (r"<built-in method (?:wait|allreduce|barrier|broadcast|allgather|reduce_scatter|_allgather_base|_reduce_scatter_base|"
+             r"alltoall_base|send|recv) of pybind11|distributed_c10d\.py\(\d+\): |c10d_logger\.py\(\d+\): wrapper")
+# Frames where a thread blocks locally (a lock, a condition, a queue): not a cause themselves, but
+# the user function that blocks there is one (a rank slowed by its own lock or loader queue).
+LOCAL_WAIT = r"threading\.py\(\d+\): wait|acquire of _thread"
+WAITING = re.compile(f"{PEER_WAIT}|{LOCAL_WAIT}")
+# Backward holds both the backward work and, on DDP's ranks, the wait for the gradient all-reduce:
+# a cause on a rank its peers wait for (its work), never on the ranks that wait there.
+BACKWARD = re.compile(r"<built-in method run_backward")
+# The deepest frame that still holds this share of the top frame's excess is the one named.
+CARRIES = 0.7
+# A cause takes at least this many times its peers' time there: a frame every rank spends most
+# of its step in (the training loop) is a few per cent slower on a busy machine, not a cause.
+CAUSE_RATIO = 1.5
+# Phases, by a frame on the cause's call path (first match wins, the deepest frame first).
+_PHASES = (
+    (re.compile(r"dataloader\.py|[\\/]utils[\\/]data[\\/]"), "data loading"),
+    (re.compile(r"comm_hook|register_comm_hook|_hook\b"), "communication hook"),
+    (re.compile(r"optimizer\.py|[\\/]optim[\\/]"), "optimizer step"),
+    (re.compile(r"run_backward|_engine_run_backward|_tensor\.py\(\d+\): backward"), "backward"),
+    (re.compile(r"nn\.Module: |module\.py\(\d+\): _call_impl|\): forward$"), "forward"),
+)
+_BUILTIN = re.compile(r"^<(?:built-in|method) ")
+
+
+@dataclass(frozen=True)
+class Cause:
+    """The frame named as the cause, with the figures behind it (per step)."""
+    frame: str  # the user-facing frame (Kineto's raw name)
+    inner: str  # the built-in it spends the time in ('' when none, or the same frame)
+    phase: str  # data loading | forward | backward | optimizer step | communication hook | ''
+    excessUsPerStep: float  # this rank's inclusive time there minus its peers' median
+    usPerStep: float
+    peersUsPerStep: float
+    callsPerStep: float  # profiled Python calls under the frame
+
+    def text(self) -> str:
+        where = function_text(self.frame)
+        if self.inner and self.inner != self.frame:
+            where += f", in {function_text(self.inner)}"
+        return where + (f" ({self.phase})" if self.phase and self.phase not in where else "")
+
+
+def frames(tables: RankTables) -> pd.DataFrame:
+    """Per rank and frame name on the training thread: inclusive µs per step, calls per step, and
+    (for the cause's path) the stacks it is on. Columns: rank, frame, depth, stack, usPerStep,
+    calls, index (the stack's row in tables.functions)."""
+    f = tables.functions
+    if f.empty:
+        return pd.DataFrame(columns=["rank", "frame", "depth", "stack", "usPerStep", "calls"])
+    f = f[(f["thread"] == MAIN_THREAD) & ~f["stack"].str.contains(PEER_WAIT)]
+    steps = f["rank"].map(tables.ranks.set_index("rank")["steps"].clip(lower=1)).to_numpy(dtype=float)
+    exploded = pd.DataFrame({"rank": f["rank"].to_numpy(), "stack": f["stack"].to_numpy(),
+                             "us": f["exclusiveUs"].to_numpy() / steps, "calls": f["count"].to_numpy() / steps,
+                             "frame": f["stack"].str.split(" > ").to_numpy()}, index=f.index).explode("frame")
+    exploded["depth"] = exploded.groupby(level=0).cumcount()
+    exploded["frame"] = exploded["frame"].str.replace(r" at 0x[0-9a-fA-F]+", "", regex=True)
+    # Once per stack: a recursive frame is on its stack more than once.
+    exploded = exploded.reset_index().drop_duplicates(["index", "frame"]).rename(columns={"us": "usPerStep"})
+    return exploded[["rank", "frame", "depth", "stack", "usPerStep", "calls", "index"]]
+
+
+def excess_by_frame(exploded: pd.DataFrame, rank: int, ranks: list[int]) -> pd.DataFrame:
+    """Frames of `rank` with its inclusive µs per step, its peers' median and the excess."""
+    per = exploded.groupby(["frame", "rank"])["usPerStep"].sum().unstack("rank").reindex(columns=ranks).fillna(0.0)
+    if rank not in per.columns:
+        return pd.DataFrame(columns=["mine", "peers", "excess"])
+    peers = per.drop(columns=[rank]).median(axis=1) if len(ranks) > 1 else pd.Series(0.0, index=per.index)
+    out = pd.DataFrame({"mine": per[rank], "peers": peers})
+    out["excess"] = out["mine"] - out["peers"]
+    return out[~out.index.str.contains(WAITING)]
+
+
+def find_cause(tables: RankTables, rank: int, exploded: pd.DataFrame | None = None) -> Cause | None:
+    """The cause of `rank`'s extra time: None when no frame of it exceeds its peers'."""
+    exploded = frames(tables) if exploded is None else exploded
+    ranks = sorted(int(r) for r in tables.ranks["rank"])
+    if exploded.empty or rank not in ranks:
+        return None
+    excess = excess_by_frame(exploded, rank, ranks)
+    excess = excess[(excess["excess"] > 0) & (excess["mine"] >= CAUSE_RATIO * excess["peers"])]
+    if excess.empty:
+        return None
+    top = str(excess["excess"].idxmax())
+    floor = CARRIES * float(excess.loc[top, "excess"])
+    mine = exploded[exploded["rank"] == rank]
+    # The frames around the top one (its callers and callees) that carry most of its excess.
+    on_path = mine[mine["index"].isin(mine.loc[mine["frame"] == top, "index"])]
+    carrying = on_path[on_path["frame"].isin(excess.index[excess["excess"] >= floor])]
+    deepest = carrying.groupby("frame")["depth"].max().sort_values(kind="stable")
+    inner = str(deepest.index[-1])
+    user = [str(n) for n in deepest.index if not _BUILTIN.match(str(n)) and not str(n).startswith("nn.Module: ")]
+    frame = user[-1] if user else inner
+    path = on_path[on_path["frame"] == inner]["stack"].iloc[0].split(" > ")
+    phase = next((label for pattern, label in _PHASES for f in reversed(path) if pattern.search(f)), "")
+    # Every profiled call under the cause (each stack's calls once), for the profiler's cost in it.
+    under = mine.drop_duplicates("index").set_index("index")["calls"]
+    calls = float(under.loc[mine.loc[mine["frame"] == frame, "index"].unique()].sum())
+    row = excess.loc[frame]
+    return Cause(frame=frame, inner=inner if _BUILTIN.match(inner) else "", phase=phase, excessUsPerStep=float(row["excess"]),
+                 usPerStep=float(row["mine"]), peersUsPerStep=float(row["peers"]), callsPerStep=calls)
+
+
+
+def frame_per_step(tables: RankTables, exploded: pd.DataFrame, frame: str, steps: pd.Index) -> pd.DataFrame | None:
+    """Inclusive µs of `frame` in each of `steps` (rows) by rank (columns); None when the summaries
+    carry no per-step function times (older ones)."""
+    f = tables.functions
+    if "stepsUs" not in f or f.empty or not f["stepsUs"].map(len).any():
+        return None
+    rows = exploded.loc[exploded["frame"] == frame, ["rank", "index"]].drop_duplicates("index")
+    numbers = tables.steps.groupby("rank")["step"].apply(list)
+    per = pd.DataFrame({"rank": rows["rank"].to_numpy(), "step": [numbers.get(r, []) for r in rows["rank"]],
+                        "us": f.loc[rows["index"], "stepsUs"].to_numpy()})
+    per = per[per["step"].map(len) == per["us"].map(len)].explode(["step", "us"]).dropna()
+    ranks = sorted(int(r) for r in tables.ranks["rank"])
+    if per.empty:
+        return pd.DataFrame(0.0, index=steps, columns=ranks)
+    table = per.astype({"step": np.int64, "us": float}).pivot_table(index="step", columns="rank", values="us", aggfunc="sum")
+    return table.reindex(index=steps, columns=ranks).fillna(0.0)

@@ -1,0 +1,116 @@
+"""Which rank holds a synchronous job back, why, and how sure that is.
+
+Two kinds of evidence, each from every step that all ranks captured:
+- waiting (slow_workers.wait_verdict): the rank that waits least in collectives is the one the
+  others wait for; the gap is what it costs them. On a loaded machine a collective's own time
+  varies by more than a modest slowdown, so this alone can miss one or point at a hiccup;
+- a cause (causes.py): a frame on a rank's training thread whose time exceeds its peers' in every
+  step. A hiccup (a descheduled process) inflates one call in one step; a cause repeats.
+
+They are weighed into a confidence (0..1). The rank is named when the evidence agrees and the
+confidence reaches slow_workers.CONFIDENT; when the evidence is there but does not agree or is too
+thin, the diagnosis says it cannot tell and what to capture instead; no evidence, no slow rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from stepscope.analysis.causes import Cause, find_cause, frame_per_step, frames
+from stepscope.analysis.rank_tables import RankTables
+from stepscope.analysis.slow_workers import CONFIDENT, MIN_GAP_SHARE, WaitVerdict
+
+# A cause holds in a step when its excess there is at least this share of its mean excess.
+STEADY = 0.5
+# A gap of this share of the step (or more) is as strong as waiting evidence gets...
+FULL_GAP = 0.25
+# ... and this many steps that all show it, as strong as repetition gets.
+FULL_STEPS = 4
+
+
+@dataclass
+class Straggler:
+    rank: int | None  # the rank named, or the likeliest one when unsure; None: no evidence
+    named: bool  # confident enough to name it
+    cause: Cause | None
+    confidence: float
+    gapUsPerStep: float  # its peers' wait for it per step (from the collectives; may be ~0)
+    costUsPerStep: float  # what it costs the others per step: the larger of gap and cause excess
+    stepUs: float
+    steps: int  # steps every rank captured
+    steadySteps: int  # steps in which the evidence for it holds
+    waitNames: int | None  # the rank the waiting evidence alone points at
+
+
+def _steady(tables: RankTables, exploded: pd.DataFrame, rank: int, cause: Cause, steps: pd.Index, step_us: float) -> int | None:
+    """Steps (of `steps`) in which `cause` puts `rank` above its peers; None without per-step times."""
+    table = frame_per_step(tables, exploded, cause.frame, steps)
+    if table is None:
+        return None
+    mine = table[rank].to_numpy(dtype=float)
+    peers = table.drop(columns=[rank]).median(axis=1).to_numpy(dtype=float)
+    need = max(STEADY * cause.excessUsPerStep, MIN_GAP_SHARE * step_us)
+    return int(np.sum(mine - peers >= need))
+
+
+def _candidates(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, steps: pd.Index) -> list[tuple[int, Cause, int]]:
+    """Ranks with a cause worth a slow worker that holds in every step: (rank, cause, steady steps)."""
+    out = []
+    for rank, wait in v.waitUs.items():
+        # A rank that waits more than its peers is not the one they wait for; what looks like
+        # extra time there (backward, where DDP waits for the gradients) is its wait.
+        if wait - float(np.median([w for r, w in v.waitUs.items() if r != rank])) >= MIN_GAP_SHARE * v.stepUs:
+            continue
+        cause = find_cause(tables, rank, exploded)
+        if cause is None or cause.excessUsPerStep < MIN_GAP_SHARE * v.stepUs:
+            continue
+        steady = _steady(tables, exploded, rank, cause, steps, v.stepUs)
+        if steady is None or steady == len(steps):
+            out.append((rank, cause, len(steps) if steady is None else steady))
+    return sorted(out, key=lambda c: -c[1].excessUsPerStep)
+
+
+def confidence(share: float, steady: int, steps: int, explained: float, agrees: bool) -> float:
+    """0..1 from the cost's share of the step, the share of the cost a cause explains, whether
+    the waiting evidence names the same rank, and the steps that show it: the evidence of one
+    step weighs 5/8 of that of FULL_STEPS, two steps 3/4 (a busy machine can slow one rank for a
+    step or two; a cause repeats)."""
+    if steps <= 0:
+        return 0.0
+    base = 0.35 + 0.35 * min(1.0, share / FULL_GAP) + 0.3 * min(1.0, max(explained, 0.0))
+    base *= steady / steps
+    base *= 1.0 if agrees else 0.7
+    return round(base * (0.5 + 0.5 * min(1.0, steady / FULL_STEPS)), 2)
+
+
+def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
+    """The rank that holds the job back (or the likeliest one) from the waiting verdict and the
+    causes on the training threads."""
+    exploded = frames(tables)
+    steps = v.commonSteps
+    candidates = _candidates(tables, exploded, v, steps)
+    if not candidates and v.rank is None:
+        return Straggler(rank=None, named=False, cause=None, confidence=0.0, gapUsPerStep=0.0, costUsPerStep=0.0, stepUs=v.stepUs,
+                         steps=v.steps, steadySteps=0, waitNames=None)
+    if candidates:
+        rank, cause, steady = candidates[0]
+        # A second rank with a cause as large leaves it open which one the others wait for.
+        rival = len(candidates) > 1 and candidates[1][1].excessUsPerStep >= 0.5 * cause.excessUsPerStep and v.rank != rank
+        gap = float(np.median([w for r, w in v.waitUs.items() if r != rank]) - v.waitUs[rank])
+        cost = max(gap, cause.excessUsPerStep)
+        # The collectives agree when they name this rank (its peers wait for it in every step, if
+        # less than the cause costs: a busy machine stretches every rank's collectives), or name
+        # none but show its peers waiting for at least half of what the cause costs. A rank nobody
+        # waits for holds no one back.
+        agrees = not rival and (v.rank == rank or (v.rank is None and gap >= 0.5 * cause.excessUsPerStep))
+        conf = confidence(cost / v.stepUs if v.stepUs else 0.0, steady, v.steps, min(1.0, cause.excessUsPerStep / cost) if cost else 0.0, agrees)
+        return Straggler(rank=rank, named=conf >= CONFIDENT and agrees, cause=cause, confidence=conf, gapUsPerStep=max(gap, 0.0),
+                         costUsPerStep=cost, stepUs=v.stepUs, steps=v.steps, steadySteps=steady, waitNames=v.rank)
+    # Waiting alone: no frame of that rank explains it (operators the profiler does not attribute to
+    # Python, another thread) - or a hiccup. Only a large, steady gap names it.
+    cause = find_cause(tables, v.rank, exploded)
+    conf = confidence(v.share, v.agreeing, v.steps, 0.0, True)
+    return Straggler(rank=v.rank, named=conf >= CONFIDENT, cause=cause, confidence=conf, gapUsPerStep=v.gapUsPerStep,
+                     costUsPerStep=v.gapUsPerStep, stepUs=v.stepUs, steps=v.steps, steadySteps=v.agreeing, waitNames=v.rank)

@@ -1,0 +1,136 @@
+"""Who holds a CPU (gloo) job back and why, on summaries shaped like stepscope's real 2-rank
+captures (tests/analysis/test_analyze_real_capture.py runs the real thing): two steps, each with
+its time inside collectives, Python stacks with their time per step."""
+from __future__ import annotations
+
+from stepscope.analysis.diagnose import diagnose
+from stepscope.analysis.model import SUMMARY_VERSION, CollectiveStat, FunctionStat, RankSummary, StepRow
+
+ROOT = "workload.py(224): <module> > workload.py(203): train"
+BACKWARD = f"{ROOT} > _tensor.py(566): backward > graph.py(966): _engine_run_backward > <built-in method run_backward of torch._C._EngineBase object at 0x7f1b>"
+WAIT = f"{ROOT} > workload.py(151): average_loss_across_ranks > distributed_c10d.py(3155): all_reduce > <built-in method wait of pybind11_builtins.x object at 0x7f1a>"
+SHARD = f"{ROOT} > workload.py(101): read_shard > <built-in function sleep>"
+AGENT = ("threading.py(1002): _bootstrap > threading.py(1045): _bootstrap_inner > threading.py(982): run > stepscope_agent.py(611): _watch"
+         " > stepscope_agent.py(576): _heartbeat > stepscope_agent.py(85): _atomic_write > <built-in function replace>")
+STEP_HOOK = f"{ROOT} > optimizer.py(538): wrapper > stepscope_agent.py(300): _on_step > profiler.py(932): __exit__"
+
+
+def _fn(stack: str, per_step: list[float], count: int = 2) -> FunctionStat:
+    return FunctionStat(name=stack.rsplit(" > ", 1)[-1], stack=stack, count=count, exclusiveUs=sum(per_step), notOverlappedUs=sum(per_step),
+                        stepsUs=per_step)
+
+
+def _rank(rank: int, waits: list[float], functions: list[FunctionStat], step_us: float = 90_000.0) -> RankSummary:
+    steps = [StepRow(step=20 + i, startUs=i * step_us, durationUs=step_us, collectiveUs=w) for i, w in enumerate(waits)]
+    return RankSummary(version=SUMMARY_VERSION, rank=rank, worldSize=2, backend="gloo", capturedUs=step_us * len(waits), steps=steps,
+                       collectives=[CollectiveStat(kind="AllReduce", count=4, sumUs=sum(waits), medianUs=waits[0] / 2)],
+                       functions=functions)
+
+
+def _base(backward: list[float]) -> list[FunctionStat]:
+    return [_fn(SHARD, [30_000, 30_000]), _fn(BACKWARD, backward), _fn(WAIT, [500, 500]), _fn(AGENT, [8_000, 8_000], 60),
+            _fn(STEP_HOOK, [9_000, 9_000])]
+
+
+def test_the_rank_waited_for_is_named_with_its_function_never_the_waiting_one():
+    # Rank 0 waits ~48 ms a step inside backward (DDP's gradient all-reduce); rank 1 computes 40 ms
+    # in augment_batch_slowly. The old diagnosis blamed rank 0's run_backward.
+    slow = _fn(f"{ROOT} > workload.py(61): augment_batch_slowly", [40_000, 41_000])
+    diagnosis, full = diagnose([_rank(0, [50_000, 49_000], _base([48_000, 47_000])), _rank(1, [2_000, 1_500], [*_base([6_000, 6_000]), slow])])
+    assert [w.rank for w in diagnosis.slowWorkers] == [1]
+    assert diagnosis.summary.startswith("rank 1 holds the job back (confidence ") and "augment_batch_slowly (workload.py:61)" in diagnosis.summary
+    # two steps weigh 3/4 of four: a busy machine can slow a rank for a step or two
+    assert diagnosis.confidence is not None and diagnosis.confidence >= 0.7
+    # Figures agree with the step: the peers' wait is below the 90 ms step, the slowdown follows from it.
+    worker = diagnosis.slowWorkers[0]
+    assert 1.5 < worker.slowdown < 2.5 and worker.slowdown == round(90.0 / (90.0 - 47.75), 3)
+    assert not [f for f in full if f["severity"] != "info" and f["ranks"] == [0]]
+    # stepscope's own agent and profiler are never a finding.
+    assert not [f for f in full if "stepscope_agent" in f["message"] or "_heartbeat" in f["message"] or "replace (built-in)" in f["message"]]
+
+
+def test_blocking_in_a_user_function_is_a_cause_not_waiting():
+    blocked = _fn(f"{ROOT} > workload.py(90): fetch_remote_features > <built-in function sleep>", [40_000, 40_000])
+    diagnosis, _ = diagnose([_rank(0, [45_000, 44_000], _base([40_000, 40_000])), _rank(1, [1_000, 1_000], [*_base([5_000, 5_000]), blocked])])
+    assert diagnosis.summary.startswith("rank 1 holds the job back")
+    assert "fetch_remote_features (workload.py:90), in sleep (built-in)" in diagnosis.summary
+
+
+def test_a_hiccup_in_one_step_is_no_cause_and_no_slow_worker():
+    # A descheduled process: one call took 24 ms in one step of two. Not a cause; the diagnosis
+    # names no one (at most it says it cannot tell).
+    hiccup = _fn(f"{ROOT} > <built-in function next> > dataloader.py(720): __next__ > workload.py(117): __getitem__ > <built-in method randint of type object at 0x7f>",
+                 [24_000, 300], count=64)
+    diagnosis, _ = diagnose([_rank(0, [20_000, 12_000], [*_base([6_000, 6_000]), _fn(hiccup.stack, [300, 300], 64)]),
+                             _rank(1, [10_000, 11_000], [*_base([6_000, 6_000]), hiccup])])
+    assert diagnosis.slowWorkers == []
+    assert not diagnosis.summary.startswith("rank ")
+
+
+def test_a_modest_steady_cause_needs_more_than_two_steps():
+    # 5 ms a step (7 %) in a function only rank 1 runs; its peer waits about that much longer.
+    # Two steps cannot tell it from a busy machine slowing one rank for a while: it says so and
+    # asks for more; four steps that all show it name it.
+    def run(steps: int) -> tuple:
+        modest = _fn(f"{ROOT} > workload.py(61): augment_batch_slowly", [5_000, 5_200, 5_100, 4_900][:steps])
+        base = [_fn(f.stack, (f.stepsUs * 2)[:steps], f.count) for f in _base([6_000, 6_000])]
+        return diagnose([_rank(0, [31_000, 30_000, 30_500, 31_200][:steps], base, 75_000.0),
+                         _rank(1, [25_000, 24_500, 25_300, 24_800][:steps], [*base, modest], 75_000.0)])
+
+    two, _ = run(2)
+    assert two.slowWorkers == [] and two.summary.startswith("cannot tell which rank holds the job back from 2 step(s)")
+    assert "capture more steps" in two.summary and "Rank 1 is the likeliest" in two.summary
+    four, _ = run(4)
+    assert [w.rank for w in four.slowWorkers] == [1] and four.confidence >= 0.65
+    assert "augment_batch_slowly" in four.summary and "its peers wait 5.8 ms of each 75.0 ms step" in four.summary
+
+
+def test_a_rank_nobody_waits_for_is_not_named_for_its_function():
+    # The same function, but the collectives show no one waiting for rank 1 (a healthy job's
+    # data loader a little slower on one rank of a busy machine): it holds no one back.
+    modest = _fn(f"{ROOT} > workload.py(61): augment_batch_slowly", [5_000, 5_200])
+    diagnosis, _ = diagnose([_rank(0, [31_000, 30_000], _base([6_000, 6_000]), 75_000.0),
+                             _rank(1, [30_500, 30_200], [*_base([6_000, 6_000]), modest], 75_000.0)])
+    assert diagnosis.slowWorkers == [] and not diagnosis.summary.startswith("rank ")
+
+
+def test_a_gap_without_any_steady_cause_says_it_cannot_tell_and_what_to_capture():
+    diagnosis, full = diagnose([_rank(0, [40_000, 39_000], _base([6_000, 6_000])), _rank(1, [8_000, 8_500], _base([6_000, 6_000]))])
+    assert diagnosis.slowWorkers == []
+    assert diagnosis.summary.startswith("cannot tell which rank holds the job back") and "capture more steps (steps: 8)" in diagnosis.summary
+    assert diagnosis.confidence < 0.65
+
+
+def test_other_threads_are_kept_apart_from_the_training_thread():
+    from stepscope.analysis.rank_tables import MAIN_THREAD, build_tables
+
+    tables = build_tables([_rank(0, [1_000, 1_000], [*_base([6_000, 6_000]),
+                                                      _fn("threading.py(1002): _bootstrap > threading.py(982): run > loader.py(12): prefetch > threading.py(331): wait", [80_000, 80_000])])])
+    threads = dict(zip(tables.functions["stack"], tables.functions["thread"]))
+    assert threads[SHARD] == MAIN_THREAD
+    assert [t for s, t in threads.items() if "prefetch" in s] == ["loader.py(12): prefetch"]
+    # the agent's frames (its thread and its step hook) are left out, their time kept apart
+    assert not tables.functions["stack"].str.contains("stepscope_agent").any()
+    assert tables.ownUs[0] == 18_000
+
+
+def test_report_shows_python_time_by_thread_and_which_rank_is_slow(tmp_path):
+    from stepscope.analysis.command import analyze_uri
+    from stepscope.analysis.model import encode
+
+    slow = _fn(f"{ROOT} > workload.py(61): augment_batch_slowly", [40_000, 41_000])
+    loader = _fn("threading.py(1002): _bootstrap > threading.py(982): run > loader.py(12): prefetch > threading.py(331): wait", [95_000, 95_000])
+    ranks = tmp_path / "session" / "ranks"
+    ranks.mkdir(parents=True)
+    for s in (_rank(0, [50_000, 49_000], [*_base([48_000, 47_000]), loader]), _rank(1, [2_000, 1_500], [*_base([6_000, 6_000]), slow, loader])):
+        (ranks / f"rank-{s.rank}.summary.json").write_bytes(encode(s))
+    analyze_uri(str(tmp_path / "session"), progress=False)
+    html = (tmp_path / "session" / "report" / "index.html").read_text()
+    assert '<div class="k">slow workers</div><div class="v">rank 1</div>' in html
+    assert '<div class="k">confidence</div>' in html
+    functions = html[html.index("<h2>Python functions</h2>"):]
+    # The training thread's rows come first; the loader thread's wait (longer than the step) is
+    # its own thread's and marked as waiting, not work in the step.
+    assert functions.index("training thread") < functions.index("thread prefetch (loader.py:12)")
+    assert "wait (threading.py:331) <span class=\"note\">(waiting)</span>" in functions
+    assert "agent and the profiler: 9.00 ms/step per rank on the training thread, left out" in functions
