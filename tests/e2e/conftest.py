@@ -31,8 +31,10 @@ from stepscope.operator import kube as operator_kube
 from stepscope.operator import registry
 from tests.chart.conftest import apply_rbac, helm, render  # noqa: F401 (helm is a fixture)
 from tests.kube.fixtures import CRD_PATH
-from tests.operator.conftest import idle, sidecar_a, training  # noqa: F401 (fixtures)
-from tests.operator.harness import KEY
+from stepscope.operator.namespace_keys import namespace_key
+from stepscope.sidecar.daemon import Sidecar
+from tests.operator.conftest import training  # noqa: F401 (a fixture)
+from tests.operator.harness import OPERATOR_KEY
 
 ENV = "STEPSCOPE_E2E_KUBECONFIG"
 
@@ -123,7 +125,7 @@ def operator(cluster: Cluster) -> Iterator[None]:
     """The operator as the chart runs it (kopf, standalone, one namespace), as its ServiceAccount."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("KUBECONFIG", str(cluster.token_kubeconfig(cluster.release_namespace, f"{cluster.fullname}-operator")))
-        for name, value in (("STEPSCOPE_HMAC_KEY", KEY.decode()), ("STEPSCOPE_SELECTION_GRACE_S", "3"), ("STEPSCOPE_POLL_INTERVAL_S", "0.5"),
+        for name, value in (("STEPSCOPE_HMAC_KEY", OPERATOR_KEY.decode()), ("STEPSCOPE_SELECTION_GRACE_S", "3"), ("STEPSCOPE_POLL_INTERVAL_S", "0.5"),
                             ("STEPSCOPE_TRIGGER_ATTEMPTS", "2"), ("STEPSCOPE_SIDECAR_TIMEOUT_S", "3")):
             env.setenv(name, value)
         operator_kube.reset()
@@ -131,6 +133,27 @@ def operator(cluster: Cluster) -> Iterator[None]:
             yield
         operator_kube.reset()
     assert runner.exit_code == 0, runner.output
+
+
+def _sidecar(cluster: Cluster, folder: Path, pod: str) -> Sidecar:
+    """A sidecar as the webhook injects it: with the key of the sessions' namespace (the operator signs with it)."""
+    return Sidecar(folder, namespace_key(OPERATOR_KEY, cluster.namespace), host="127.0.0.1", port=0, pod=pod, poll_interval_s=0.2,
+                   upload_attempts=2, upload_base_delay_s=0.2).start()
+
+
+@pytest.fixture(scope="module")
+def sidecar_a(cluster: Cluster, training: Path) -> Iterator[Sidecar]:  # noqa: F811 (training is a fixture)
+    sidecar = _sidecar(cluster, training, "train-a")
+    yield sidecar
+    sidecar.shutdown(grace_s=2)
+
+
+@pytest.fixture
+def idle(cluster: Cluster, tmp_path: Path) -> Iterator[Sidecar]:
+    """A sidecar with no training behind it: it waits for ranks until its session ends."""
+    sidecar = _sidecar(cluster, tmp_path / "idle", "idle")
+    yield sidecar
+    sidecar.shutdown(grace_s=1)
 
 
 def running_pod(cluster: Cluster, name: str, labels: dict[str, str], port: int) -> None:
