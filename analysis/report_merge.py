@@ -40,10 +40,8 @@ RANK_DIGITS = 5
 _ODD = rb'1\d{%d}("(?:[^"\\]|\\.)*"|-\d+|null|true|false)' % RANK_DIGITS
 _ODD_PID = re.compile(rb'"pid":' + _ODD)
 _ODD_ID = re.compile(rb'"id":' + _ODD)
-_ODD_STARTS = (b'"', b"-", b"n", b"t", b"f")
 _SPACED = re.compile(rb'"(pid|id|ts)"\s*:\s*')
 _KEYS = (b'"pid"', b'"id"', b'"ts"')
-_ODD_SPACING = tuple(key + gap for key in _KEYS for gap in (b" ", b"\t", b"\n", b"\r", b":  ", b": \t", b":\t", b":\n", b":\r"))
 # A flat event with at most one nested object (its args), around a "process_name".
 _EVENT = re.compile(rb'\{[^{}]*"process_name"[^{}]*(?:\{[^{}]*\}[^{}]*)?\}')
 _DIGITS = 20  # bytes looked at for one timestamp's integer part
@@ -137,6 +135,34 @@ class _Deflater:
         self.out.write(self._z.flush(isal_zlib.Z_SYNC_FLUSH))
 
 
+@dataclass(frozen=True)
+class _Values:
+    """How the values of one key ("pid") are written in a piece."""
+    count: int  # `"key":` found
+    spaced: int  # of which `"key": v`, as Kineto writes them
+    regular: bool  # all `"key":v` or `"key": v` (else some other spacing)
+    numeric: bool  # all start with a digit
+
+
+def _values(body: bytes, keys: Sequence[bytes]) -> list[_Values]:
+    """_Values of each key, from one numpy pass over the piece's colons."""
+    arr = np.frombuffer(body, dtype=np.uint8)
+    colons = np.flatnonzero(arr == ord(":"))
+    colons = colons[(colons > 0) & (colons + 2 < len(arr))]
+    colons = colons[arr[colons - 1] == ord('"')]  # after a key
+    out = []
+    for key in keys:
+        at = colons[colons >= len(key)]
+        for i, byte in enumerate(key[:-1]):
+            at = at[arr[at - len(key) + i] == byte]
+        after, then = arr[at + 1], arr[at + 2]
+        spaced = after == ord(" ")
+        first = np.where(spaced, then, after)
+        blank = (first == ord(" ")) | (first == ord("\t")) | (first == ord("\n")) | (first == ord("\r"))
+        out.append(_Values(len(at), int(spaced.sum()), not blank.any(), bool(((first >= ord("0")) & (first <= ord("9"))).all())))
+    return out
+
+
 class _RankRewriter:
     """The sink of decode_pieces for one rank: rewrites each piece and deflates it."""
 
@@ -149,27 +175,30 @@ class _RankRewriter:
 
     def add(self, events: bytes | list[msgspec.Raw], collectives: bool = True) -> None:
         text = events if isinstance(events, bytes) else b",".join(events)
-        if not text.strip():
+        if not text or text.isspace():
             return
         text = self._rewritten(text)
         self.out.write(text if self.first else b"," + text)
         self.first = False
 
     def _rewritten(self, body: bytes) -> bytes:
-        if any(odd in body for odd in _ODD_SPACING):
+        keys = _KEYS if self.shift else _KEYS[:2]
+        found = _values(body, keys)
+        if not all(f.regular for f in found) or any(body.count(key) != f.count for key, f in zip(keys, found)):
             body = _SPACED.sub(lambda m: b'"%s":' % m[1], body)  # another writer's spacing (rare)
-        for key in (b'"pid"', b'"id"'):
+            found = _values(body, keys)
+        for key, f in zip(keys[:2], found):
             spaced, compact = key + b": ", key + b":"
-            if body.count(spaced) == body.count(compact):  # all as Kineto writes them: one pass
+            if f.spaced == f.count:  # as Kineto writes them: one pass
                 body = body.replace(spaced, compact + self.prefix)
             else:
                 body = body.replace(spaced, compact).replace(compact, compact + self.prefix)
-        if any(b'"pid":' + self.prefix + s in body for s in _ODD_STARTS):
+        if not found[0].numeric:
             body = _ODD_PID.sub(self._odd_pid, body)
-        if any(b'"id":' + self.prefix + s in body for s in _ODD_STARTS):
+        if not found[1].numeric:
             body = _ODD_ID.sub(lambda m: b'"id":' + m[1], body)
         if self.shift:
-            body = shift_ts(body.replace(b'"ts": ', b'"ts":'), self.shift)
+            body = shift_ts(body.replace(b'"ts": ', b'"ts":') if found[2].spaced else body, self.shift)
         self._note_names(body)
         return body
 

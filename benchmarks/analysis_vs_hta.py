@@ -37,7 +37,8 @@ HTA_VENV = Path.home() / ".cache" / "stepscope" / "hta-venv"
 HTA_PINS = ["holistictraceanalysis==0.5.0", "pandas==2.3.3"]
 
 
-def tree_rss_bytes(root: int) -> int:
+def tree_rss(root: int) -> dict[int, int]:
+    """RSS in bytes of every process in the tree under `root`."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -48,17 +49,21 @@ def tree_rss_bytes(root: int) -> int:
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [root]
+    rss, todo = {}, [root]
     page = os.sysconf("SC_PAGE_SIZE")
     while todo:
         pid = todo.pop()
         todo.extend(children.get(pid, []))
         try:
             with open(f"/proc/{pid}/statm") as f:
-                total += int(f.read().split()[1]) * page
+                rss[pid] = int(f.read().split()[1]) * page
         except (OSError, IndexError, ValueError):
             pass
-    return total
+    return rss
+
+
+PEAKS: dict[int, int] = {}  # per process of the last command measured: pid -> peak RSS
+ROOT = [0]  # its own pid
 
 
 def measure(cmd: list[str]) -> tuple[float, float, int, str]:
@@ -71,11 +76,16 @@ def measure(cmd: list[str]) -> tuple[float, float, int, str]:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peak = 0
     done = threading.Event()
+    PEAKS.clear()
+    ROOT[0] = proc.pid
 
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
-            peak = max(peak, tree_rss_bytes(proc.pid))
+            rss = tree_rss(proc.pid)
+            peak = max(peak, sum(rss.values()))
+            for pid, value in rss.items():
+                PEAKS[pid] = max(PEAKS.get(pid, 0), value)
             done.wait(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -132,24 +142,26 @@ def summaries_child(trace_dir: Path, workers: int) -> None:
 def merge_child(report: Path, trace_dir: Path) -> None:
     """The measured child: read (gunzip) the merged ranks' files, then write the merged trace of the
     same ranks as the report did (same order and limit); print one JSON line."""
-    from stepscope.analysis.report_merge import read_raw_trace
-    from stepscope.analysis.summary import summarize_file  # noqa: F401  (imports outside the timing)
-    document = json.loads((report / "diagnosis.json").read_text())
-    merged = document["mergedTrace"]
-    paths = {int(r): trace_dir / name for r, name in merged["sources"].items()}
-    start = time.perf_counter()
-    raw = sum(len(read_raw_trace(paths[r])) for r in merged["ranks"])
+    from stepscope.analysis.parallel import analysis_workers, worker_pool
+    from stepscope.analysis.report_merge import MergePlan, MergeRank, expected_size, write_merged_trace
+    from stepscope.analysis.trace import open_trace
+    merged = json.loads((report / "diagnosis.json").read_text())["mergedTrace"]
+    ranks = [MergeRank(h["rank"], trace_dir / h["source"], h["why"], h["shiftUs"], checked=True, size_hint=expected_size(trace_dir / h["source"]))
+             for h in merged["held"]]
+    start, raw = time.perf_counter(), 0
+    for job in ranks:
+        with open_trace(job.path) as f:
+            while chunk := f.read(16 << 20):
+                raw += len(chunk)
     read_s = time.perf_counter() - start
-    from stepscope.analysis import command
-    from stepscope.analysis.report_merge import MergeRank, write_merged_trace
-    ranks = [MergeRank(r, paths[r], shift_us=merged["shiftsUs"][str(r)], checked=True) for r in merged["ranks"]]
-    with tempfile.TemporaryDirectory(prefix="stepscope-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="stepscope-bench-") as tmp, worker_pool(analysis_workers(len(ranks))) as pool:
+        pool.submit(int).result()  # the workers started outside the timing
         start = time.perf_counter()
         with open(Path(tmp) / "merged.trace.json.gz", "wb") as out:
-            result = write_merged_trace(out, ranks, [], limit_bytes=merged["limitBytes"], workers=command.analysis_workers(len(ranks)))
+            result = write_merged_trace(out, MergePlan(ranks, [], merged["limitBytes"]), pool=pool)
         write_s = time.perf_counter() - start
     print(json.dumps({"input_bytes": raw, "read_s": read_s, "output_bytes": result.bytes, "write_s": write_s,
-                      "ranks": result.ranks}))
+                      "ranks": result.ranks, "workers": analysis_workers(len(ranks))}))
 
 
 def _row(name: str, wall: float, cpu: float, peak: int) -> str:
@@ -191,15 +203,18 @@ def main() -> int:
             an = measure([stepscope, "analyze", str(a.trace_dir), "--output", str(out_dir), "--no-progress"])
             document = json.loads((out_dir / "diagnosis.json").read_text())
             merged = document["mergedTrace"]
-            print("  " + _row("stepscope analyze (all outputs)", *an[:3]))
+            main_peak = PEAKS.get(ROOT[0], 0)
+            workers = sorted((v for pid, v in PEAKS.items() if pid != ROOT[0]), reverse=True)
+            print("  " + _row("stepscope analyze (all outputs)", *an[:3]) + f" (main process {main_peak / 2**20:,.0f} MiB, "
+                  f"largest worker {(workers[0] if workers else 0) / 2**20:,.0f} MiB of {len(workers)})")
             print(f"    diagnosis: {an[3].splitlines()[0]}")
-            print(f"    merged trace: ranks {merged['ranks']} ({merged['why']}), {merged['bytes'] / 1e6:,.0f} MB of JSON "
+            why = "; ".join(f"{h['rank']}: {h['why']}" for h in merged["held"])
+            print(f"    merged trace: ranks {merged['ranks']} ({why}), {merged['bytes'] / 1e6:,.0f} MB of JSON "
                   f"(limit {merged['limitBytes'] / 1e6:,.0f} MB), {(out_dir / 'merged.trace.json.gz').stat().st_size / 1e6:,.1f} MB gzipped")
             mg = json.loads(measure([sys.executable, __file__, str(a.trace_dir), "--child", "merge", "--report", str(out_dir)])[3].strip().splitlines()[-1])
-            print(f"    merged trace alone: {mg['output_bytes'] / 1e6:,.0f} MB in {mg['write_s']:.1f} s = "
-                  f"{mg['output_bytes'] / 1e6 / mg['write_s']:,.0f} MB/s; reading the same {len(mg['ranks'])} ranks "
-                  f"({mg['input_bytes'] / 1e6:,.0f} MB) {mg['read_s']:.1f} s = {mg['input_bytes'] / 1e6 / mg['read_s']:,.0f} MB/s "
-                  f"in one process ({mg['read_s'] / mg['write_s']:.2f}x of it)")
+            print(f"    merged trace alone ({mg['workers']} workers): {mg['output_bytes'] / 1e6:,.0f} MB of JSON in {mg['write_s']:.1f} s = "
+                  f"{mg['output_bytes'] / 1e6 / mg['write_s']:,.0f} MB/s; reading (gunzipping) the same {len(mg['ranks'])} files in one "
+                  f"process: {mg['input_bytes'] / 1e6:,.0f} MB in {mg['read_s']:.1f} s = {mg['input_bytes'] / 1e6 / mg['read_s']:,.0f} MB/s")
         finally:
             shutil.rmtree(out_dir, ignore_errors=True)
         sm = measure([sys.executable, __file__, str(a.trace_dir), "--workers", str(a.workers), "--child", "summaries"])

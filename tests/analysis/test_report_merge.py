@@ -41,15 +41,19 @@ def test_odd_pids_ids_and_spacing_stay_valid_and_apart(tmp_path: Path):
         {"ph": "f", "name": "flow-f", "pid": 0, "tid": 7, "ts": 13, "id": "abc", "cat": "ac2g", "bp": "e"},
     ]
     a = _write(tmp_path / "a.json", events)
-    # The same events written with other spacing, as another writer would.
+    # The same events written with other spacing, as other writers would, and both mixed.
     b = _write(tmp_path / "b.json", [], text=json.dumps({"traceEvents": events}, separators=(",", " :  ")))
-    trace, result, _ = _merge([MergeRank(0, a), MergeRank(3, b)])
+    mixed = [json.dumps(e) for e in events[:3]] + [json.dumps(e, separators=(",", ":")) for e in events[3:]]
+    c = _write(tmp_path / "c.json", [], text='{"traceEvents": [' + ", ".join(mixed) + "]}")
+    trace, result, _ = _merge([MergeRank(0, a), MergeRank(3, b), MergeRank(4, c)])
     merged = trace["traceEvents"]
-    assert result.left_out == {} and result.ranks == [0, 3]
+    assert result.left_out == {} and result.ranks == [0, 3, 4]
     xs = [e for e in merged if e["ph"] != "M"]
-    assert len(xs) == 2 * (len(events) - 1)
-    rank0 = {e["name"]: e for e in xs[: len(events) - 1]}
-    rank3 = {e["name"]: e for e in xs[len(events) - 1:]}
+    n = len(events) - 1
+    assert len(xs) == 3 * n
+    rank0 = {e["name"]: e for e in xs[:n]}
+    rank3 = {e["name"]: e for e in xs[n: 2 * n]}
+    assert {e["pid"] for e in xs[2 * n:] if isinstance(e["pid"], int)} <= {1000040, 100004783658} | {int(f"200004{i}") for i in range(3)}
     assert rank0["k"]["pid"] == 1000000 and rank3["k"]["pid"] == 1000030
     assert rank0["flow-s"]["id"] == 1000000 and rank3["flow-s"]["id"] == 1000030
     assert rank0["flow-f"]["id"] == rank3["flow-f"]["id"] == "abc"
