@@ -113,10 +113,6 @@ class _Segment:
     error: str = ""
 
 
-def process_name_pid(rank: int, pid: int) -> int:
-    return int(f"1{rank:0{RANK_DIGITS}d}{pid}")
-
-
 class _Deflater:
     """Raw deflate of one part of the merged trace, ended by a sync flush so parts can be joined;
     counts the uncompressed bytes and their CRC-32."""
@@ -422,11 +418,6 @@ def _segments(pool: Executor, batch: list[MergeRank], folder: str) -> Iterator[_
     for future in futures:
         yield future.result()
 
-
-def read_raw_trace(path: Path) -> bytes:
-    """The file's bytes, gunzipped when it is gzip (any name)."""
-    with open_trace(path) as f:
-        return f.read()
 
 
 @dataclass
