@@ -181,7 +181,8 @@ class _RankRewriter:
     def _rewritten(self, body: bytes) -> bytes:
         keys = _KEYS if self.shift else _KEYS[:2]
         found = _values(body, keys)
-        if not all(f.regular for f in found) or any(body.count(key) != f.count for key, f in zip(keys, found)):
+        # shift_ts takes any whitespace after the colon; nothing else does.
+        if not all(f.regular for f in found[:2]) or any(body.count(key) != f.count for key, f in zip(keys, found)):
             for key in keys:
                 body = _SPACED[key].sub(key + b":", body)
             found = _values(body, keys)
@@ -196,7 +197,7 @@ class _RankRewriter:
         if not found[1].numeric:
             body = _ODD_ID.sub(lambda m: b'"id":' + m[1], body)
         if self.shift:
-            body = shift_ts(body.replace(b'"ts": ', b'"ts":') if found[2].spaced else body, self.shift)
+            body = shift_ts(body, self.shift)
         self._note_names(body)
         return body
 
@@ -238,7 +239,7 @@ class _RankRewriter:
 
 
 def shift_ts(body: bytes, shift: int) -> bytes:
-    """`body` with `shift` (whole µs, >= 0) added to every `"ts":N` (no space after the colon).
+    """`body` with `shift` (whole µs, >= 0) added to every `"ts":N` (with any spaces after the colon).
 
     Only the integer part changes, so fractional (ns-resolution) digits stay exact. Room for the
     longer numbers is made once with bytes.replace (`"ts":` + as many spaces as the shift has
@@ -254,7 +255,12 @@ def shift_ts(body: bytes, shift: int) -> bytes:
     colon = np.flatnonzero(arr[4:] == key[4]) + 4
     for i in range(4):
         colon = colon[arr[colon - 4 + i] == key[i]]
-    start = colon + 1 + pad  # the number's first byte
+    start = colon + 1 + pad  # the number's first byte, after the writer's own spaces
+    for _ in range(_DIGITS):
+        space = arr[np.minimum(start, len(arr) - 1)] == ord(" ")
+        if not space.any():
+            break
+        start += space
     window = np.minimum(start[:, None] + np.arange(_DIGITS + 1), len(arr) - 1)
     chars = arr[window]
     digit = (chars >= 48) & (chars <= 57)
@@ -269,12 +275,12 @@ def shift_ts(body: bytes, shift: int) -> bytes:
         values = ((chars[rows, :_DIGITS].astype(np.int64) - 48) * np.where(places >= 0, 10 ** np.maximum(places, 0), 0)).sum(axis=1)
         text = (values + shift).astype(f"S{_DIGITS}")
         right = np.strings.rjust(text, _DIGITS).view(np.uint8).reshape(-1, _DIGITS)
-        end = start[rows] + w  # the slot: [colon + 1, end), pad spaces and the old digits
+        end = start[rows] + w  # the slot: [colon + 1, end), spaces and the old digits
         target = end[:, None] - _DIGITS + np.arange(_DIGITS)
-        keep = np.arange(_DIGITS) >= _DIGITS - (pad + w)[:, None]
+        keep = np.arange(_DIGITS) >= _DIGITS - (end - colon[rows] - 1)[:, None]
         arr[target[keep]] = right[keep]
     for row in np.flatnonzero(~plain).tolist():
-        _shift_one(buf, int(start[row]), pad, shift)
+        _shift_one(buf, int(start[row]), int(start[row] - colon[row] - 1), shift)
     return bytes(buf)
 
 

@@ -86,9 +86,10 @@ def test_time_bases_are_aligned_and_bad_ranks_left_out(tmp_path: Path):
 
 
 def test_shift_keeps_every_number_shape_valid():
-    body = b'{"ts":1234,"x":1},{"ts":0.5},{"ts":99999.125,"dur":3},{"ts":-5},{"ts":1.5e3},{"ts":null},{"ts":"a"},{"ts":9}'
+    body = (b'{"ts":1234,"x":1},{"ts":0.5},{"ts":99999.125,"dur":3},{"ts":-5},{"ts":1.5e3},{"ts":null},{"ts":"a"},{"ts":9},'
+            b'{"ts": 77},{"ts":    8.25},{"ts":  -2}')
     shifted = json.loads(b"[" + shift_ts(body, 1000) + b"]")
-    assert [e["ts"] for e in shifted] == [2234, 1000.5, 100999.125, 995, 2500, None, "a", 1009]
+    assert [e["ts"] for e in shifted] == [2234, 1000.5, 100999.125, 995, 2500, None, "a", 1009, 1077, 1008.25, 998]
 
 
 def _kineto_rank(path: Path, rank: int, events: int) -> Path:
