@@ -11,7 +11,7 @@ import argparse
 import contextlib
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -19,15 +19,18 @@ from tqdm import tqdm
 
 from stepscope.analysis.diagnose import diagnose
 from stepscope.analysis.model import Diagnosis, RankSummary
+from stepscope.analysis.parallel import analysis_workers, worker_pool
 from stepscope.analysis.rank_tables import build_tables
 from stepscope.analysis.report import write_report
-from stepscope.analysis.session_files import SessionFiles, find_files, local_path, open_session, read_ranks
+from stepscope.analysis.report_merge import MergePlan, MergeRank, expected_size, merge_order
+from stepscope.analysis.session_files import SessionFiles, SessionRanks, find_files, local_path, open_session, read_ranks
 from stepscope.storage import StoreError, open_store
 
 log = logging.getLogger(__name__)
 
-# Perfetto's in-browser importer gives up on JSON traces of a few GB; past this much raw trace
-# input the merged trace keeps the ranks that matter most (slow, hung, rank 0) and says so.
+# Perfetto's in-browser importer gives up on JSON traces of a few GB (its WebAssembly memory holds
+# about 2 GB, more than the JSON itself): the merged trace stays within this much uncompressed
+# JSON, keeping the ranks that explain the diagnosis first, and says which it holds and why.
 MERGED_LIMIT_MB = 1024
 _COUNTER_PID = 10_000_000
 
@@ -65,24 +68,33 @@ def _pod_problem(pod: str, text: str, pods: int, problems: dict[int, list[str]],
     log.warning("%s", text)
 
 
-def _merge_order(traces: dict[int, str], diagnosis: Diagnosis, stacks: dict[int, dict]) -> list[int]:
-    """Ranks in the order they go into the merged trace: the slow and hung ones and rank 0 first."""
-    first = [w.rank for w in diagnosis.slowWorkers] + sorted(stacks) + [0]
-    ordered = list(dict.fromkeys(r for r in first if r in traces))
-    return ordered + [r for r in sorted(traces) if r not in ordered]
-
-
-def _traces_within(files: SessionFiles, traces: dict[int, str], order: list[int], limit_bytes: int,
-                   problems: dict[int, list[str]]) -> Iterator[tuple[int, Path]]:
-    used = 0
-    for rank in order:
-        with local_path(files.store, traces[rank]) as path:
-            size = path.stat().st_size if path.exists() else 0
-            if used and used + size > limit_bytes:
-                problems.setdefault(rank, []).append(f"left out of the merged trace to keep it under {limit_bytes >> 20} MiB of input; its trace is {traces[rank]}")
-                continue
-            used += size
-            yield rank, path
+def _merge_plan(files: SessionFiles, read: SessionRanks, diagnosis: Diagnosis, hardware: dict[str, pd.DataFrame],
+                limit_bytes: int, local: contextlib.ExitStack) -> MergePlan:
+    """The ranks the merged trace may hold, in order of importance, on one time base (the earliest
+    rank's clock). Traces in a remote store are downloaded (into `local`) only while they may fit."""
+    known = {s.rank: s for s in read.summaries}
+    order = [(r, why) for r, why in merge_order(diagnosis, read.summaries, read.stacks) if r in read.traces]
+    bases = [known[r].traceBaseUs for r, _ in order if known[r].traceBaseUs > 0]
+    base_us = min(bases) if bases else 0.0
+    ranks, expected, left_out = [], 0, {}
+    for rank, why in order:
+        if expected >= limit_bytes:  # nothing more fits: not worth a download
+            left_out[rank] = f"left out of the merged trace: the ranks before it fill its {limit_bytes / 1e6:,.0f} MB limit"
+            continue
+        path = local.enter_context(local_path(files.store, read.traces[rank]))
+        try:
+            size = expected_size(path)
+        except OSError as exc:
+            left_out[rank] = f"left out of the merged trace: {exc}"
+            continue
+        shift = round(known[rank].traceBaseUs - base_us) if known[rank].traceBaseUs > 0 else 0
+        ranks.append(MergeRank(rank, path, why=why, shift_us=shift, checked=rank in read.parsed, size_hint=size))
+        expected += size
+    counters = []
+    if hardware:
+        from stepscope.analysis.hardware import counter_events
+        counters = [e for i, (pod, m) in enumerate(sorted(hardware.items())) for e in counter_events(m, pod, base_us=base_us, pid=_COUNTER_PID + i)]
+    return MergePlan(ranks, counters, limit_bytes, base_us, sources={r.rank: read.traces[r.rank] for r in ranks}, left_out=left_out)
 
 
 def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None, progress: bool = True,
@@ -100,9 +112,10 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
         raise AnalysisError(f"nothing to analyse at {uri}: expected ranks/rank-<r>.summary.json or .trace.json.gz (a stepscope session) "
                             "or Kineto traces (*.json, *.json.gz)")
     bar = tqdm(total=len(files.ranks) + 2, desc="stepscope analyze", unit="rank", file=sys.stderr, disable=not progress, leave=False)
-    with contextlib.closing(bar):
-        read = read_ranks(files, on_rank=lambda name: (bar.set_postfix_str(name, refresh=False), bar.update(1)))
-        summaries, stacks, problems, traces = read.summaries, read.stacks, read.problems, read.traces
+    # One pool of worker processes summarises the raw traces, then rewrites the merged trace's ranks.
+    with contextlib.closing(bar), worker_pool(analysis_workers(len(files.ranks))) as pool, contextlib.ExitStack() as local:
+        read = read_ranks(files, on_rank=lambda name: (bar.set_postfix_str(name, refresh=False), bar.update(1)), pool=pool)
+        summaries, stacks, problems = read.summaries, read.stacks, read.problems
         if not summaries:
             raise AnalysisError(f"nothing to analyse at {uri}: {', '.join(read.skipped)} are not traces (no traceEvents)")
         on_ranks(sum(not s.error for s in summaries), len(summaries), read.skipped)
@@ -111,19 +124,12 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
         diagnosis, full = diagnose(summaries, stacks=stacks, hardware=hardware)
         bar.update(1)
         out_store = open_store(output, endpoint=endpoint, region=region, credentials=credentials) if output else store
-        bar.total += len(traces)
-        order = _merge_order(traces, diagnosis, stacks)
-
-        def counters(base_us: float) -> list[dict]:
-            if not hardware:
-                return []
-            from stepscope.analysis.hardware import counter_events
-            return [e for i, (pod, m) in enumerate(sorted(hardware.items())) for e in counter_events(m, pod, base_us=base_us, pid=_COUNTER_PID + i)]
-
+        plan = _merge_plan(files, read, diagnosis, hardware, merged_limit_mb << 20, local)
+        bar.total += len(plan.ranks)
         try:
             write_report(out_store, in_session=output is None, source=uri, diagnosis=diagnosis, full=full, tables=build_tables([s for s in summaries if not s.error]),
-                         summaries=summaries, problems=problems, traces=_traces_within(files, traces, order, merged_limit_mb << 20, problems),
-                         counters=counters, on_step=lambda name: (bar.set_postfix_str(name, refresh=False), bar.update(1)))
+                         summaries=summaries, problems=problems, merge=plan, pool=pool,
+                         on_step=lambda name: (bar.set_postfix_str(name, refresh=False), bar.update(1)))
         except StoreError as exc:
             raise AnalysisError(f"cannot write the report: {exc} (use --output DIR to write it elsewhere)") from exc
     return diagnosis
@@ -137,7 +143,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint", help="object-store endpoint (MinIO, OSS)")
     parser.add_argument("--region", help="object-store region (needed for oss:// without --endpoint)")
     parser.add_argument("--output", help="write the report files here instead of <source>/report/")
-    parser.add_argument("--merged-limit-mb", type=int, default=MERGED_LIMIT_MB, help="raw trace input the merged Perfetto trace may hold (default %(default)s)")
+    parser.add_argument("--merged-limit-mb", type=int, default=MERGED_LIMIT_MB,
+                        help="uncompressed JSON the merged Perfetto trace may hold, in MiB (default %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

@@ -3,7 +3,8 @@ merged Perfetto trace (ARCHITECTURE.md, "Object-store layout")."""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from concurrent.futures import Executor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from stepscope import layout
 from stepscope.analysis.model import Diagnosis, RankSummary
 from stepscope.analysis.rank_tables import RankTables
 from stepscope.analysis.report_html import render_html
-from stepscope.analysis.report_merge import write_merged_trace
+from stepscope.analysis.report_merge import MergePlan, describe, sentence, write_merged_trace
 from stepscope.analysis.report_tables import report_tables
 from stepscope.storage import Store
 
@@ -54,10 +55,11 @@ def report_key(name: str, in_session: bool) -> str:
 
 
 def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diagnosis, full: list[dict[str, Any]], tables: RankTables,
-                 summaries: list[RankSummary], problems: dict[int, list[str]], traces: Iterable[tuple[int, Path]],
-                 counters: Callable[[float], list[dict]], on_step: Callable[[str], None] = lambda name: None) -> dict[str, str]:
-    """Write every report file; returns name -> URI. A rank whose raw trace cannot be merged gets
-    a problem entry (the other files are written first, so they reflect the traces that could)."""
+                 summaries: list[RankSummary], problems: dict[int, list[str]], merge: MergePlan, pool: Executor,
+                 on_step: Callable[[str], None] = lambda name: None) -> dict[str, str]:
+    """Write every report file; returns name -> URI. A rank left out of the merged trace (no room,
+    or its raw trace cannot be read) gets a problem entry; the merged trace is written first, so
+    the other files say what it holds. Its ranks are rewritten in `pool`."""
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     written: dict[str, str] = {}
 
@@ -67,26 +69,24 @@ def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diag
         written[name] = store.uri_for(key)
 
     merged_name = layout.REPORT_MERGED_TRACE.removeprefix("report/")
-    merge_problems: dict[int, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="stepscope-report-") as tmp:
         out = Path(tmp) / merged_name
         with out.open("wb") as f:
-            merged = write_merged_trace(f, traces, counters, on_error=lambda rank, why: merge_problems.setdefault(rank, []).append(why),
-                                        on_done=lambda rank: on_step(f"merged rank {rank}"))
+            merged = write_merged_trace(f, merge, pool=pool, on_done=lambda rank: on_step(f"merged rank {rank}"))
         key = report_key(merged_name, in_session)
         store.put_file(key, out)
         written[merged_name] = store.uri_for(key)
-    for rank, why in merge_problems.items():
-        problems.setdefault(rank, []).extend(why)
+    for rank, why in merged.left_out.items():
+        problems.setdefault(rank, []).append(why)
     csv = report_tables(tables)
     for name, frame in csv.items():
         put(name, _csv(frame))
     on_step("tables")
     put(layout.REPORT_DIAGNOSIS.removeprefix("report/"),
         diagnosis_document(source=source, generated=generated, diagnosis=diagnosis, full=full, tables=tables, summaries=summaries,
-                           problems=problems, merged={"ranks": merged, "uri": written[merged_name]}))
+                           problems=problems, merged=describe(merge, merged, written[merged_name])))
     put(layout.REPORT_HTML.removeprefix("report/"),
         render_html(title="stepscope report", source=source, generated=generated, diagnosis=diagnosis, full=full, tables=tables,
-                    csv=csv, problems=problems, total_ranks=len(summaries)).encode())
+                    csv=csv, problems=problems, total_ranks=len(summaries), merged=sentence(merge, merged)).encode())
     on_step("report")
     return written

@@ -253,7 +253,8 @@ def _ranks(tables: RankTables, diagnosis: Diagnosis, problems: dict[int, list[st
 
 
 def render_html(*, title: str, source: str, generated: str, diagnosis: Diagnosis, full: list[dict[str, Any]], tables: RankTables,
-                csv: dict[str, pd.DataFrame], problems: dict[int, list[str]], total_ranks: int) -> str:
+                csv: dict[str, pd.DataFrame], problems: dict[int, list[str]], total_ranks: int,
+                merged: str = "merged.trace.json.gz: the ranks' traces (open it in Perfetto).") -> str:
     top = full[0]["severity"] if full else "info"
     step = diagnosis.stepTimeMs
     b = diagnosis.breakdown
@@ -292,7 +293,7 @@ def render_html(*, title: str, source: str, generated: str, diagnosis: Diagnosis
 <section><h2>Python functions</h2>{_functions(tables)}</section>
 <section><h2>Communication</h2>{_communication(csv["communication.csv"])}</section>
 <section><h2>Ranks</h2>{_ranks(tables, diagnosis, problems)}</section>
-<p class="note">Tables: step_trace_time.csv, kernel_details.csv, op_statistic.csv, communication.csv; all findings: diagnosis.json;
-every rank's trace: merged.trace.json.gz (open it in Perfetto).</p>
+<p class="note">Tables: step_trace_time.csv, kernel_details.csv, op_statistic.csv, communication.csv; all findings: diagnosis.json.</p>
+<p class="note">{_e(merged)}</p>
 </main><script>{_JS}</script></body></html>
 """

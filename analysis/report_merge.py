@@ -1,42 +1,55 @@
-"""merged.trace.json.gz: every rank's raw Kineto trace in one file that opens in Perfetto, plus
-the nodes' NVML counter tracks.
+"""merged.trace.json.gz: the raw Kineto traces of the ranks that explain the diagnosis in one file
+that opens in Perfetto, plus the nodes' NVML counter tracks, within a limit on its uncompressed
+size (what Perfetto's importer must hold).
 
-Ranks reuse the same pids (the GPU is pid 0 on every node) and the same correlation ids, so each
-rank's pids and flow ids get the rank put in front. Events are never decoded into Python objects
-one by one: the trace is parsed into raw event slices (which also checks it is valid JSON), the
-pids and ids are rewritten in the text, and only the few process_name events are decoded, to put
-the rank into process names.
+Each rank is streamed by its own worker (analysis/parallel.py): the trace is cut into pieces at
+event boundaries (trace.decode_pieces), the pids, flow ids and timestamps are rewritten in the text
+with whole-piece byte and numpy operations (no Python per event), and the piece is deflated at
+once. Ranks reuse the same pids (the GPU is pid 0 on every node) and the same correlation ids, so
+each rank's pids and flow ids get the rank put in front; Kineto's `ts` counts from the trace's
+baseTimeNanoseconds, which differs between ranks, so each rank's `ts` move by its base minus the
+merged trace's. A worker's output is a raw deflate stream ended by a sync flush, so the main process
+joins the ranks it keeps, in order, into one gzip member without recompressing anything (CRCs are
+combined): a single member, because Perfetto's gzip reader stops at the end of the first one.
 """
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+import shutil
+import struct
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 import msgspec
-from isal import igzip
+import numpy as np
+from isal import isal_zlib
+
+from stepscope.analysis.model import Diagnosis, RankSummary
+from stepscope.analysis.trace import Decoders, decode_pieces, open_trace
 
 # A rank's pids and flow ids get "1" and the rank in five digits put in front (pid 783658 of rank
 # 3 -> 100003783658, pid 0 -> 1000030): unique across up to 100,000 ranks, integers as Perfetto
-# wants, and for Kineto's `"pid": 123` a plain bytes.replace, with no Python work per event. What
-# that leaves malformed (string, negative or null values, e.g. pid "Spans") is fixed up afterwards:
-# pids from the trace's own list become "2" + the rank + their index, anything else is restored.
+# wants, and for Kineto's `"pid": 123` a plain bytes.replace. What that leaves malformed (string,
+# negative or null values, e.g. pid "Spans") is fixed up afterwards: such pids become "2" + the
+# rank + their order of appearance, anything else is restored.
 RANK_DIGITS = 5
 _ODD = rb'1\d{%d}("(?:[^"\\]|\\.)*"|-\d+|null|true|false)' % RANK_DIGITS
 _ODD_PID = re.compile(rb'"pid":' + _ODD)
 _ODD_ID = re.compile(rb'"id":' + _ODD)
-_SPACED = re.compile(rb'"(pid|id)"\s*:\s*')
-_PID_VALUE = re.compile(rb'"pid"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?|null|true|false)')
-_PROCESS_NAME = re.compile(rb'"name"\s*:\s*"process_name"')
+_KEYS = (b'"pid"', b'"id"', b'"ts"')
+# Other writers' spacing around the colon, made Kineto's: a literal replacement, done in C.
+_SPACED = {key: re.compile(re.escape(key) + rb"\s*:\s*") for key in _KEYS}
 # A flat event with at most one nested object (its args), around a "process_name".
 _EVENT = re.compile(rb'\{[^{}]*"process_name"[^{}]*(?:\{[^{}]*\}[^{}]*)?\}')
-_TS = re.compile(rb'"ts"(\s*):(\s*)(-?\d+(?:\.\d+)?)')
-
-
-class _Events(msgspec.Struct):
-    traceEvents: list[msgspec.Raw] = []
-    baseTimeNanoseconds: int = 0
+_DIGITS = 20  # bytes looked at for one timestamp's integer part
+_INT_DIGITS = 17  # integer parts up to this long are shifted in int64 (µs timestamps have 16)
+_LEVEL = 1  # isal's fastest level: the output is mostly compressed once and opened once
+_OPEN = b'{"traceEvents":['
+_WHY_CHARS = 300  # of a reason in the trace's own note of what it holds
 
 
 class _Meta(msgspec.Struct):
@@ -47,113 +60,440 @@ class _Meta(msgspec.Struct):
     args: dict = {}
 
 
-def read_raw_trace(path: Path) -> bytes:
-    """The file's bytes, gunzipped when it is gzip (any name); raises OSError/EOFError on a
-    truncated or unreadable file."""
-    with path.open("rb") as f:
-        magic = f.read(2)
-    if magic == b"\x1f\x8b":
-        with igzip.open(path, "rb") as f:
-            return f.read()
-    return path.read_bytes()
+class _RawTail(msgspec.Struct):
+    traceEvents: list[msgspec.Raw] = []
+    distributedInfo: object = None
+    baseTimeNanoseconds: int | None = None
 
 
-def _pid_map(pids: set, rank: int) -> dict[object, int]:
-    numbers = {p for p in pids if isinstance(p, int) and not isinstance(p, bool) and p >= 0}
-    others = sorted((p for p in pids if p not in numbers), key=str)
-    mapped: dict[object, int] = {p: int(f"1{rank:0{RANK_DIGITS}d}{p}") for p in numbers}
-    mapped.update({p: int(f"2{rank:0{RANK_DIGITS}d}{i}") for i, p in enumerate(others)})
-    return mapped
+class _Checked:
+    """Decodes a piece as JSON (which checks it) and gives back its events' text, comma-separated.
+    The Raw slices are dropped before returning: they pin the window's buffer."""
+    _raw = msgspec.json.Decoder(list[msgspec.Raw])
+
+    def decode(self, piece: memoryview | bytes) -> bytes:
+        return b",".join(self._raw.decode(piece))
 
 
-def _prefixed(body: bytes, rank: int, pids: dict[object, int]) -> bytes:
-    """Every "pid" and "id" value in the text with the rank's prefix (see RANK_DIGITS)."""
-    # Kineto writes '"pid": 1'; anything else is normalised first (a regex pass, rare).
-    body = body.replace(b'"pid": ', b'"pid":').replace(b'"id": ', b'"id":')
-    if re.search(rb'"(?:pid|id)"\s+:|"(?:pid|id)":\s', body):
-        body = _SPACED.sub(lambda m: b'"%s":' % m[1], body)
-    prefix = b"1%0*d" % (RANK_DIGITS, rank)
-    body = body.replace(b'"pid":', b'"pid":' + prefix).replace(b'"id":', b'"id":' + prefix)
+class _Unchecked:
+    """The events' text of a piece "[...]" as it is: for a trace this run has already parsed."""
 
-    def odd_pid(m: re.Match) -> bytes:
+    @staticmethod
+    def decode(piece: memoryview | bytes) -> bytes:
+        return bytes(piece[1:-1])
+
+
+_TAIL = msgspec.json.Decoder(_RawTail)
+CHECKED = Decoders(_Checked(), _Checked(), _TAIL)
+UNCHECKED = Decoders(_Unchecked(), _Checked(), _TAIL)
+
+
+@dataclass(frozen=True)
+class MergeRank:
+    rank: int
+    path: Path
+    why: str = ""  # why the merged trace holds it (slow, hung, reference, rank 0, ...)
+    shift_us: int = 0  # added to every ts: the rank's time base minus the merged trace's, >= 0
+    checked: bool = False  # this run parsed the file already (its summary was made from it)
+    size_hint: int = 0  # uncompressed bytes of the trace file (expected_size), to plan which ranks fit the limit
+
+
+@dataclass
+class MergedTrace:
+    ranks: list[int] = field(default_factory=list)  # held, in order
+    bytes: int = 0  # uncompressed JSON written
+    left_out: dict[int, str] = field(default_factory=dict)  # rank -> why
+
+
+@dataclass(frozen=True)
+class _Segment:
+    rank: int
+    path: str
+    size: int  # uncompressed bytes
+    crc: int
+    error: str = ""
+
+
+class _Deflater:
+    """Raw deflate of one part of the merged trace, ended by a sync flush so parts can be joined;
+    counts the uncompressed bytes and their CRC-32."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out, self.size, self.crc = out, 0, 0
+        self._z = isal_zlib.compressobj(_LEVEL, isal_zlib.DEFLATED, -15)
+
+    def write(self, data: bytes) -> None:
+        if data:
+            self.out.write(self._z.compress(data))
+            self.size += len(data)
+            self.crc = isal_zlib.crc32(data, self.crc)
+
+    def close(self) -> None:
+        self.out.write(self._z.flush(isal_zlib.Z_SYNC_FLUSH))
+
+
+@dataclass(frozen=True)
+class _Values:
+    """How the values of one key ("pid") are written in a piece."""
+    count: int  # `"key":` found
+    spaced: int  # of which `"key": v`, as Kineto writes them
+    regular: bool  # all `"key":v` or `"key": v` (else some other spacing)
+    numeric: bool  # all start with a digit
+
+
+def _values(body: bytes, keys: Sequence[bytes]) -> list[_Values]:
+    """_Values of each key, from one numpy pass over the piece's colons."""
+    arr = np.frombuffer(body, dtype=np.uint8)
+    colons = np.flatnonzero(arr == ord(":"))
+    colons = colons[(colons > 0) & (colons + 2 < len(arr))]
+    colons = colons[arr[colons - 1] == ord('"')]  # after a key
+    out = []
+    for key in keys:
+        at = colons[colons >= len(key)]
+        for i, byte in enumerate(key[:-1]):
+            at = at[arr[at - len(key) + i] == byte]
+        after, then = arr[at + 1], arr[at + 2]
+        spaced = after == ord(" ")
+        first = np.where(spaced, then, after)
+        blank = (first == ord(" ")) | (first == ord("\t")) | (first == ord("\n")) | (first == ord("\r"))
+        out.append(_Values(len(at), int(spaced.sum()), not blank.any(), bool(((first >= ord("0")) & (first <= ord("9"))).all())))
+    return out
+
+
+class _RankRewriter:
+    """The sink of decode_pieces for one rank: rewrites each piece and deflates it."""
+
+    def __init__(self, rank: int, shift_us: int, out: _Deflater) -> None:
+        self.rank, self.shift, self.out = rank, shift_us, out
+        self.prefix = b"1%0*d" % (RANK_DIGITS, rank)
+        self.odd: dict[object, int] = {}  # string/negative/null pid -> its number
+        self.names: dict[int, str] = {}  # new pid -> the trace's own process name
+        self.first = True
+
+    def add(self, events: bytes | list[msgspec.Raw], collectives: bool = True) -> None:
+        text = events if isinstance(events, bytes) else b",".join(events)
+        if not text or text.isspace():
+            return
+        text = self._rewritten(text)
+        self.out.write(text if self.first else b"," + text)
+        self.first = False
+
+    def _rewritten(self, body: bytes) -> bytes:
+        keys = _KEYS if self.shift else _KEYS[:2]
+        found = _values(body, keys)
+        # shift_ts takes any whitespace after the colon; nothing else does.
+        if not all(f.regular for f in found[:2]) or any(body.count(key) != f.count for key, f in zip(keys, found)):
+            for key in keys:
+                body = _SPACED[key].sub(key + b":", body)
+            found = _values(body, keys)
+        for key, f in zip(keys[:2], found):
+            spaced, compact = key + b": ", key + b":"
+            if f.spaced == f.count:  # as Kineto writes them: one pass
+                body = body.replace(spaced, compact + self.prefix)
+            else:
+                body = body.replace(spaced, compact).replace(compact, compact + self.prefix)
+        if not found[0].numeric:
+            body = _ODD_PID.sub(self._odd_pid, body)
+        if not found[1].numeric:
+            body = _ODD_ID.sub(lambda m: b'"id":' + m[1], body)
+        if self.shift:
+            body = shift_ts(body, self.shift)
+        self._note_names(body)
+        return body
+
+    def _odd_pid(self, m: re.Match) -> bytes:
         value = msgspec.json.decode(m[1])
-        return b'"pid":%d' % pids[value] if value in pids else b'"pid":' + m[1]
+        if isinstance(value, (dict, list)):
+            return b'"pid":' + m[1]
+        key = (type(value).__name__, value)
+        if key not in self.odd:
+            self.odd[key] = int(f"2{self.rank:0{RANK_DIGITS}d}{len(self.odd)}")
+            self.names.setdefault(self.odd[key], str(value))
+        return b'"pid":%d' % self.odd[key]
 
-    return _ODD_ID.sub(lambda m: b'"id":' + m[1], _ODD_PID.sub(odd_pid, body))
+    def _note_names(self, body: bytes) -> None:
+        """Process names from the piece's process_name events, found by text search (a handful
+        among millions of events) and decoded one by one."""
+        at = body.find(b'"process_name"')
+        while at >= 0:
+            start = max(0, at - 4096)
+            around = (m for m in _EVENT.finditer(body, start, at + 4096) if m.start() <= at < m.end())
+            event = next(around, None)
+            if event is not None:
+                try:
+                    meta = msgspec.json.decode(event[0], type=_Meta)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    meta = None
+                if meta is not None and meta.name == "process_name" and isinstance(meta.pid, int):
+                    self.names[meta.pid] = str(meta.args.get("name", ""))
+            at = body.find(b'"process_name"', at + 1)
 
-
-def _process_names(body: bytes) -> dict[object, str]:
-    """pid -> name from the trace's process_name events, found by text search (a handful of
-    events among millions) and decoded one by one."""
-    names: dict[object, str] = {}
-    for hit in _PROCESS_NAME.finditer(body):
-        start = max(0, hit.start() - 4096)
-        around = (m for m in _EVENT.finditer(body[start: hit.end() + 4096]) if m.start() <= hit.start() - start < m.end())
-        event = next(around, None)
-        if event is None:
-            continue
-        try:
-            meta = msgspec.json.decode(event[0], type=_Meta)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            continue
-        names[meta.pid] = str(meta.args.get("name", ""))
-    return names
-
-
-def _rank_events(data: bytes, rank: int, base_ns: list[int]) -> tuple[bytes, list[bytes]]:
-    """(the rank's events joined by commas with pids and ids rewritten, process metadata naming
-    each of its processes "rank <r>: <name>", written after the trace's own so that it wins).
-
-    Kineto's `ts` counts from the trace's baseTimeNanoseconds, which differs between ranks: the
-    first rank's base becomes the merged trace's (`base_ns` holds it) and the others' `ts` move."""
-    decoded = msgspec.json.decode(data, type=_Events)
-    body, base = b",".join(decoded.traceEvents), decoded.baseTimeNanoseconds
-    del decoded
-    pids = _pid_map({msgspec.json.decode(v) for v in set(_PID_VALUE.findall(body))}, rank)
-    names = _process_names(body)
-    body = _prefixed(body, rank, pids)
-    if not base_ns:
-        base_ns.append(base)
-    elif base != base_ns[0]:
-        shift = (base - base_ns[0]) / 1000.0
-
-        def moved(m: re.Match) -> bytes:
-            value = float(m[3]) + shift
-            return b'"ts"%s:%s%s' % (m[1], m[2], (b"%d" % value) if value.is_integer() else repr(value).encode())
-
-        body = _TS.sub(moved, body)
-    meta_events = []
-    for order, (old, new) in enumerate(sorted(pids.items(), key=lambda item: item[1])):
-        meta_events.append(msgspec.json.encode(_Meta(name="process_name", pid=new, args={"name": f"rank {rank}: {names.get(old) or old}".rstrip(": ")})))
-        meta_events.append(msgspec.json.encode(_Meta(name="process_sort_index", pid=new, args={"sort_index": rank * 1000 + order})))
-    return body, meta_events
+    def metadata(self) -> bytes:
+        """process_name "rank <r>: <name>" and a sort index for each process named in the trace,
+        written after the trace's own so that they win."""
+        events = []
+        for order, (pid, name) in enumerate(sorted(self.names.items())):
+            events.append(_Meta(name="process_name", pid=pid, args={"name": f"rank {self.rank}: {name or pid}"}))
+            events.append(_Meta(name="process_sort_index", pid=pid, args={"sort_index": self.rank * 1000 + order}))
+        return msgspec.json.encode(events)[1:-1]
 
 
-def write_merged_trace(out: BinaryIO, traces: Iterable[tuple[int, Path]], counters: Callable[[float], list[dict]], *,
-                       on_error: Callable[[int, str], None], on_done: Callable[[int], None] = lambda rank: None) -> list[int]:
-    """Stream the merged trace, gzip-compressed, to `out`; returns the ranks it holds. A rank whose
-    trace cannot be read is reported through `on_error` and left out. `counters(base_us)` gives
-    the hardware counter events on the merged trace's time base."""
-    merged: list[int] = []
-    base_ns: list[int] = []
-    with igzip.open(out, "wb", compresslevel=1) as gz:
-        gz.write(b'{"displayTimeUnit": "ms", "traceEvents": [')
-        first = True
-        for rank, path in traces:
-            try:
-                body, meta = _rank_events(read_raw_trace(path), rank, base_ns)
-            except (OSError, EOFError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-                on_error(rank, f"left out of the merged trace: {exc}")
-                continue
-            for part in (body, *meta):
-                if part:
-                    gz.write(part if first else b"," + part)
+def shift_ts(body: bytes, shift: int) -> bytes:
+    """`body` with `shift` (whole µs, >= 0) added to every `"ts":N` (with any spaces after the colon).
+
+    Only the integer part changes, so fractional (ns-resolution) digits stay exact. Room for the
+    longer numbers is made once with bytes.replace (`"ts":` + as many spaces as the shift has
+    digits, JSON whitespace); the new integer parts are then written right-aligned into their
+    slots with numpy, all at once. Values numpy cannot take (negative, exponents) are done one by
+    one, a rare case."""
+    if not shift or b'"ts":' not in body:
+        return body
+    pad = len(str(shift))
+    buf = bytearray(body.replace(b'"ts":', b'"ts":' + b" " * pad))
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    key = np.frombuffer(b'"ts":', dtype=np.uint8)
+    colon = np.flatnonzero(arr[4:] == key[4]) + 4
+    for i in range(4):
+        colon = colon[arr[colon - 4 + i] == key[i]]
+    start = colon + 1 + pad  # the number's first byte, after the writer's own spaces
+    for _ in range(_DIGITS):
+        space = arr[np.minimum(start, len(arr) - 1)] == ord(" ")
+        if not space.any():
+            break
+        start += space
+    window = np.minimum(start[:, None] + np.arange(_DIGITS + 1), len(arr) - 1)
+    chars = arr[window]
+    digit = (chars >= 48) & (chars <= 57)
+    width = np.argmin(digit, axis=1)  # integer digits (a number of _DIGITS+ digits is "odd")
+    numeric = digit | (chars == ord("."))
+    follow = chars[np.arange(len(start)), np.argmin(numeric, axis=1)]  # what ends the number: no exponent
+    plain = (width > 0) & (width <= _INT_DIGITS) & ~numeric.all(axis=1) & (follow != ord("e")) & (follow != ord("E"))
+    if plain.any():
+        rows = np.flatnonzero(plain)
+        w = width[rows]
+        places = w[:, None] - 1 - np.arange(_DIGITS)
+        values = ((chars[rows, :_DIGITS].astype(np.int64) - 48) * np.where(places >= 0, 10 ** np.maximum(places, 0), 0)).sum(axis=1)
+        text = (values + shift).astype(f"S{_DIGITS}")
+        right = np.strings.rjust(text, _DIGITS).view(np.uint8).reshape(-1, _DIGITS)
+        end = start[rows] + w  # the slot: [colon + 1, end), spaces and the old digits
+        target = end[:, None] - _DIGITS + np.arange(_DIGITS)
+        keep = np.arange(_DIGITS) >= _DIGITS - (end - colon[rows] - 1)[:, None]
+        arr[target[keep]] = right[keep]
+    for row in np.flatnonzero(~plain).tolist():
+        _shift_one(buf, int(start[row]), int(start[row] - colon[row] - 1), shift)
+    return bytes(buf)
+
+
+_NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def _shift_one(buf: bytearray, start: int, pad: int, shift: int) -> None:
+    m = _NUMBER.match(buf, start)
+    if m is None:
+        return  # not a number (null, a string): Perfetto drops the event as the original would
+    value = float(m[0]) + shift if any(c in m[0] for c in b".eE") else int(m[0]) + shift
+    text = (b"%d" % value) if isinstance(value, int) or value.is_integer() else repr(value).encode()
+    if len(text) > pad + len(m[0]):
+        raise ValueError(f"cannot move timestamp {m[0].decode()} by {shift} us in place")
+    buf[start - pad: m.end()] = text.rjust(pad + len(m[0]))
+
+
+def _rank_segment(job: MergeRank, folder: str) -> _Segment:
+    """Worker: the rank's events, rewritten, as a raw deflate stream in a file under `folder`."""
+    path = Path(folder) / f"rank-{job.rank}.deflate"
+    try:
+        with path.open("wb") as f:
+            out = _Deflater(f)
+            rewriter = _RankRewriter(job.rank, job.shift_us, out)
+            with open_trace(job.path) as stream:
+                decode_pieces(stream, rewriter, UNCHECKED if job.checked else CHECKED)
+            meta = rewriter.metadata()
+            if meta:
+                out.write(meta if rewriter.first else b"," + meta)
+            out.close()
+    except (OSError, EOFError, ValueError, msgspec.DecodeError) as exc:  # ValidationError is a DecodeError
+        path.unlink(missing_ok=True)
+        return _Segment(job.rank, "", 0, 0, f"left out of the merged trace: {type(exc).__name__}: {exc}")
+    return _Segment(job.rank, str(path), out.size, out.crc)
+
+
+class _Member:
+    """The one gzip member of the merged trace, assembled from sync-flushed deflate parts."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out, self.size, self.crc = out, 0, 0
+        out.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff")  # no name, no mtime: same input, same bytes
+
+    def text(self, data: bytes) -> None:
+        part = _Deflater(self.out)
+        part.write(data)
+        part.close()
+        self._count(part.size, part.crc)
+
+    def deflated(self, segment: _Segment) -> None:
+        with open(segment.path, "rb") as f:
+            shutil.copyfileobj(f, self.out, 1 << 20)
+        self._count(segment.size, segment.crc)
+
+    def _count(self, size: int, crc: int) -> None:
+        self.crc = isal_zlib.crc32_combine(self.crc, crc, size) if self.size else crc
+        self.size += size
+
+    def close(self) -> None:
+        self.out.write(isal_zlib.compressobj(_LEVEL, isal_zlib.DEFLATED, -15).flush(isal_zlib.Z_FINISH))  # the final block
+        self.out.write(struct.pack("<II", self.crc & 0xFFFFFFFF, self.size & 0xFFFFFFFF))
+
+
+_BARE_FOOTER = b'],"displayTimeUnit":"ms"}'
+
+
+def _footer(held: list[MergeRank], left_out: dict[int, str]) -> bytes:
+    """The end of the trace: what it holds and why, beside Perfetto's displayTimeUnit."""
+    about = {"ranks": [{"rank": r.rank, "why": r.why[:_WHY_CHARS]} for r in held],
+             "leftOut": {str(r): why[:_WHY_CHARS] for r, why in sorted(left_out.items())}}
+    return b'],"displayTimeUnit":"ms","stepscope":' + msgspec.json.encode(about) + b"}"
+
+
+def _planned(pending: list[MergeRank], room: int) -> list[MergeRank]:
+    """The pending ranks, in order, whose expected sizes (the file's plus what the rewrite adds,
+    about 1/16 on Kineto's traces) fit in `room` together; failing that, the first whose file
+    alone fits, which the rewrite may still keep within the room."""
+    batch, used = [], 0
+    for job in pending:
+        expected = job.size_hint + job.size_hint // 16
+        if used + expected <= room:
+            batch.append(job)
+            used += expected
+    return batch or [job for job in pending if job.size_hint <= room][:1]
+
+
+def write_merged_trace(out: BinaryIO, plan: MergePlan, *, pool: Executor, on_done: Callable[[int], None] = lambda rank: None) -> MergedTrace:
+    """Stream the merged trace (gzip) to `out`: the counter events, then the plan's ranks in order
+    while their uncompressed JSON fits the limit with everything else; a rank that does not fit or
+    cannot be read is left out with the reason. Ranks are rewritten in `pool`."""
+    ranks, limit_bytes = plan.ranks, plan.limit_bytes
+    if limit_bytes < len(_OPEN) + len(_BARE_FOOTER):
+        raise ValueError(f"a merged trace needs at least {len(_OPEN) + len(_BARE_FOOTER)} bytes, not {limit_bytes}")
+    result = MergedTrace(left_out=dict(plan.left_out))
+    counter_text = msgspec.json.encode(plan.counters)[1:-1]
+    everyone = _footer(list(ranks), {r.rank: "x" * _WHY_CHARS for r in ranks})  # the footer's largest size
+    noted = len(_OPEN) + len(everyone) <= limit_bytes  # else there is no room to say what was left out
+    room = limit_bytes - len(_OPEN) - len(everyone if noted else _BARE_FOOTER)
+    if len(counter_text) > room:
+        counter_text = b""
+    room -= len(counter_text)
+    member = _Member(out)
+    member.text(_OPEN + counter_text)
+    first = not counter_text
+    held: list[MergeRank] = []
+    pending = list(ranks)
+    with tempfile.TemporaryDirectory(prefix="stepscope-merge-") as folder:
+        while pending:
+            batch = _planned(pending, room - result.bytes)
+            if not batch:
+                break
+            pending = [job for job in pending if job not in batch]
+            for job, segment in zip(batch, _segments(pool, batch, folder)):
+                size = segment.size + (0 if first else 1)
+                if segment.error:
+                    result.left_out[job.rank] = segment.error
+                elif result.bytes + size > room:
+                    result.left_out[job.rank] = (f"left out of the merged trace: its {segment.size / 1e6:,.0f} MB of JSON do not fit "
+                                                 f"the {limit_bytes / 1e6:,.0f} MB limit after the ranks before it")
+                else:
+                    if not first:
+                        member.text(b",")
+                    member.deflated(segment)
                     first = False
-            merged.append(rank)
-            on_done(rank)
-        events = counters(base_ns[0] / 1000.0 if base_ns else 0.0)
-        if events:
-            part = msgspec.json.encode(events)[1:-1]  # the list's items, comma-separated
-            gz.write(part if first else b"," + part)
-        gz.write(b"]}")
-    return merged
+                    result.bytes += size
+                    result.ranks.append(job.rank)
+                    held.append(job)
+                    on_done(job.rank)
+                if segment.path:
+                    Path(segment.path).unlink(missing_ok=True)
+        for job in pending:
+            result.left_out[job.rank] = (f"left out of the merged trace: its {job.size_hint / 1e6:,.0f} MB of JSON do not fit "
+                                         f"the {limit_bytes / 1e6:,.0f} MB limit after the ranks before it")
+    footer = _footer(held, result.left_out) if noted else _BARE_FOOTER
+    member.text(footer)
+    member.close()
+    result.bytes += len(_OPEN) + len(counter_text) + len(footer)
+    return result
+
+
+def _segments(pool: Executor, batch: list[MergeRank], folder: str) -> Iterator[_Segment]:
+    futures = [pool.submit(_rank_segment, job, folder) for job in batch]
+    for future in futures:
+        yield future.result()
+
+
+
+@dataclass
+class MergePlan:
+    """What the merged trace may hold: candidates in order of importance, the counter events on
+    the merged time base, the limit, and each candidate's trace key (for the report)."""
+    ranks: list[MergeRank]
+    counters: list[dict]
+    limit_bytes: int
+    base_us: float = 0.0
+    sources: dict[int, str] = field(default_factory=dict)
+    left_out: dict[int, str] = field(default_factory=dict)  # ranks not even tried, and why
+
+
+def merge_order(diagnosis: Diagnosis, summaries: Sequence[RankSummary], stacks: Iterable[int]) -> list[tuple[int, str]]:
+    """(rank, why) of every analysed rank, those that explain the diagnosis first: the slow ones,
+    the hung ones, a healthy reference to compare them with, rank 0; then the others in order."""
+    usable = {s.rank: s for s in summaries if not s.error}
+    hung = [r for f in diagnosis.findings if f.category == "hang" for r in f.ranks] or sorted(stacks)
+    first = [(w.rank, f"slow worker ({w.slowdown:.2f}x the median step time)") for w in diagnosis.slowWorkers]
+    first += [(r, "hung or stuck (see the hang findings)") for r in hung]
+    reference = _reference_rank([usable[r] for r in usable if r not in {r for r, _ in first}])
+    if reference is not None:
+        first.append((reference, "healthy reference: the step time closest to the median"))
+    first.append((0, "rank 0"))
+    order = dict.fromkeys(r for r, _ in first if r in usable)
+    why = {}
+    for r, reason in first:
+        why.setdefault(r, reason)
+    return [(r, why[r]) for r in order] + [(r, "in rank order, while there is room") for r in sorted(usable) if r not in order]
+
+
+def _reference_rank(summaries: list[RankSummary]) -> int | None:
+    medians = {s.rank: float(np.median([step.durationUs for step in s.steps])) for s in summaries if s.steps}
+    if not medians:
+        return None
+    middle = float(np.median(list(medians.values())))
+    return min(medians, key=lambda r: (abs(medians[r] - middle), r))
+
+
+def expected_size(path: Path) -> int:
+    """Uncompressed bytes of a trace file, from the gzip trailer where it is gzip (ISIZE counts
+    modulo 4 GiB: at least the file's own size)."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        gzip = f.read(2) == b"\x1f\x8b"
+        if gzip:
+            f.seek(-4, 2)
+            raw = struct.unpack("<I", f.read(4))[0]
+            while raw < size:
+                raw += 1 << 32
+            size = raw
+    return size
+
+
+def describe(plan: MergePlan, result: MergedTrace, uri: str) -> dict:
+    """The merged trace's entry in diagnosis.json."""
+    held = {job.rank: job for job in plan.ranks}
+    return {"uri": uri, "ranks": result.ranks, "bytes": result.bytes, "limitBytes": plan.limit_bytes,
+            "held": [{"rank": r, "why": held[r].why, "source": plan.sources.get(r, ""), "shiftUs": held[r].shift_us} for r in result.ranks],
+            "leftOut": {str(r): why for r, why in sorted(result.left_out.items())}}
+
+
+def sentence(plan: MergePlan, result: MergedTrace) -> str:
+    """One line for the report page: which ranks the merged trace holds and why."""
+    if not result.ranks:
+        return f"merged.trace.json.gz holds no rank's trace (limit {plan.limit_bytes / 1e6:,.0f} MB of JSON; see problems)."
+    why = {job.rank: job.why for job in plan.ranks}
+    held = "; ".join(f"rank {r} ({why[r]})" for r in result.ranks)
+    more = f"; {len(result.left_out)} more left out to stay under {plan.limit_bytes / 1e6:,.0f} MB of JSON" if result.left_out else ""
+    return f"merged.trace.json.gz ({result.bytes / 1e6:,.0f} MB of JSON, open it in Perfetto) holds {held}{more}."

@@ -6,11 +6,9 @@ Reading never raises for one bad rank: each problem is kept with its rank for th
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
-import os
 import re
 import tempfile
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor, as_completed
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +16,7 @@ from pathlib import Path
 import msgspec
 
 from stepscope.analysis.model import SUMMARY_VERSION, RankSummary, decode_summary
+from stepscope.analysis.parallel import analysis_workers, worker_pool
 from stepscope.analysis.report_merge import RANK_DIGITS
 from stepscope.analysis.trace import NOT_A_TRACE
 from stepscope.storage import Store, StoreError, open_store
@@ -29,7 +28,6 @@ _RAW_TRACE = re.compile(r"^[^/]+\.json(?:\.gz)?$")
 _FLAT_STACKS = re.compile(r"^rank-(\d+)\.stacks\.json$")
 _NOT_TRACE = re.compile(r"\.(state|stacks|summary)\.json$|^(session|request)\.json$")
 # Raw traces summarised in parallel processes, when together at least this large.
-MAX_WORKERS = 4
 PARALLEL_BYTES = 64 << 20
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 # Gaps below this are ranks that sent nothing; a number above it (a corrupt rank field or file
@@ -135,6 +133,11 @@ def failed(rank: int, error: str, **known: object) -> RankSummary:
 def read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int = 50) -> RankSummary:
     """The rank's summary: the uploaded one, else one made now from its raw trace (keeping the
     `top` kernels of each type and Python functions), else an error."""
+    return _read_summary(store, files, fallback_rank, top)[0]
+
+
+def _read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int = 50) -> tuple[RankSummary, bool]:
+    """read_summary, and whether its raw trace was parsed whole doing it."""
     rank = files.rank if files.rank is not None else fallback_rank
     problem = ""
     if files.summary:
@@ -143,7 +146,7 @@ def read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int = 
             if summary.rank < 0:
                 summary.warnings.append(f"{files.summary} says rank {summary.rank}; shown as rank {rank}")
                 summary.rank = rank
-            return summary
+            return summary, False
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             problem = f"{files.summary} is not a valid summary ({exc})"
         except StoreError as exc:
@@ -154,17 +157,17 @@ def read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int = 
             with local_path(store, files.trace) as path:
                 summary = summarize_file(path, rank=files.rank, top=top)
         except StoreError as exc:
-            return failed(rank, f"cannot read {files.trace}: {exc}")
+            return failed(rank, f"cannot read {files.trace}: {exc}"), False
         if problem:
             summary.warnings.append(problem + "; summarised the raw trace instead")
         if summary.rank is None or summary.rank < 0:
             summary.rank = rank
-        return summary
+        return summary, not summary.error
     if problem:
-        return failed(rank, problem)
+        return failed(rank, problem), False
     if files.stacks:
-        return failed(rank, "no trace or summary was uploaded, only Python stacks (see the hang findings)")
-    return failed(rank, "no trace or summary was uploaded for this rank")
+        return failed(rank, "no trace or summary was uploaded, only Python stacks (see the hang findings)"), False
+    return failed(rank, "no trace or summary was uploaded for this rank"), False
 
 
 def read_stacks(store: Store, files: RankFiles) -> tuple[dict | None, str]:
@@ -191,27 +194,24 @@ def missing_ranks(summaries: list[RankSummary]) -> list[int]:
     return sorted(set(range(min(known), max(known) + 1)) - known) if known else []
 
 
-def _summaries(files: SessionFiles, top: int, on_rank: Callable[[str], object]) -> list[RankSummary]:
-    """read_summary of every rank, in files.ranks order. Large raw traces in a directory are
-    summarised in parallel processes (the summariser is single-threaded and streams, so a
+def _summaries(files: SessionFiles, top: int, on_rank: Callable[[str], object], pool: Executor) -> list[tuple[RankSummary, bool]]:
+    """_read_summary of every rank, in files.ranks order. Large raw traces in a directory are
+    summarised in the pool's processes (the summariser is single-threaded and streams, so a
     process holds a couple of hundred MB whatever the trace size)."""
     jobs = [(f, f.rank if f.rank is not None else i) for i, f in enumerate(files.ranks)]
     root = getattr(files.store, "root", None)
     raw = [Path(root) / f.trace for f, _ in jobs if f.trace and not f.summary] if root is not None else []
-    workers = min(MAX_WORKERS, os.cpu_count() or 1, len(raw))
-    if workers < 2 or sum(p.stat().st_size for p in raw if p.exists()) < PARALLEL_BYTES:
+    if len(raw) < 2 or sum(p.stat().st_size for p in raw if p.exists()) < PARALLEL_BYTES:
         out = []
         for f, rank in jobs:
-            out.append(read_summary(files.store, f, rank, top))
+            out.append(_read_summary(files.store, f, rank, top))
             on_rank(f.trace or f.summary or f.stacks or "")
         return out
-    # spawn, not fork: the caller may run threads (an HTTP server in tests, a client's pool).
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(read_summary, files.store, f, rank, top): f for f, rank in jobs}
-        for done in as_completed(futures):
-            f = futures[done]
-            on_rank(f.trace or f.summary or f.stacks or "")
-        return [future.result() for future in futures]
+    futures = {pool.submit(_read_summary, files.store, f, rank, top): f for f, rank in jobs}
+    for done in as_completed(futures):
+        f = futures[done]
+        on_rank(f.trace or f.summary or f.stacks or "")
+    return [future.result() for future in futures]
 
 
 @dataclass
@@ -221,22 +221,29 @@ class SessionRanks:
     problems: dict[int, list[str]]
     traces: dict[int, str]  # rank -> raw trace key
     skipped: list[str] = field(default_factory=list)  # files of a trace folder that are no traces
+    parsed: set[int] = field(default_factory=set)  # ranks whose raw trace this run read whole
 
 
-def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda name: None, top: int = 50) -> SessionRanks:
-    """Every rank's summary, stacks and problems; `on_rank` hears of each rank file set read."""
+def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda name: None, top: int = 50,
+               pool: Executor | None = None) -> SessionRanks:
+    """Every rank's summary, stacks and problems; `on_rank` hears of each rank file set read.
+    Raw traces are summarised in `pool` (a pool of its own when None)."""
+    if pool is None:
+        with worker_pool(analysis_workers(len(files.ranks))) as own:
+            return read_ranks(files, on_rank, top, own)
     summaries: dict[int, RankSummary] = {}
     stacks: dict[int, dict] = {}
     problems: dict[int, list[str]] = {}
     traces: dict[int, str] = {}
+    parsed: set[int] = set()
     next_free = max([f.rank for f in files.ranks if f.rank is not None] + [-1]) + 1
-    read = list(zip(files.ranks, _summaries(files, top, on_rank)))
+    read = list(zip(files.ranks, _summaries(files, top, on_rank, pool)))
     # A file in a folder of traces that is no trace, with no rank in its name, is no rank at all.
-    skipped = [f.trace for f, s in read if f.rank is None and f.trace and not f.summary and NOT_A_TRACE in s.error]
-    read = [(f, s) for f, s in read if f.trace not in skipped or f.summary]
+    skipped = [f.trace for f, (s, _) in read if f.rank is None and f.trace and not f.summary and NOT_A_TRACE in s.error]
+    read = [(f, sw) for f, sw in read if f.trace not in skipped or f.summary]
     # Ranks a trace says it is (distributedInfo) are claimed before a failed file takes its place
     # in file order, so no unreadable file renumbers a readable rank.
-    for rank_files, summary in sorted(read, key=lambda fs: bool(fs[1].error)):
+    for rank_files, (summary, whole) in sorted(read, key=lambda fs: bool(fs[1][0].error)):
         if summary.rank in summaries:
             taken = summary.rank
             if rank_files.rank is not None and rank_files.rank not in summaries:
@@ -248,6 +255,8 @@ def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda na
         summaries[summary.rank] = summary
         if rank_files.trace:
             traces[summary.rank] = rank_files.trace
+        if whole:
+            parsed.add(summary.rank)
         data, why = read_stacks(files.store, rank_files)
         if data is not None:
             stacks[summary.rank] = data
@@ -260,4 +269,4 @@ def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda na
             problems.setdefault(s.rank, []).append(s.error)
         if s.warnings:
             problems.setdefault(s.rank, []).extend(s.warnings)
-    return SessionRanks([summaries[r] for r in sorted(summaries)], stacks, problems, traces, skipped)
+    return SessionRanks([summaries[r] for r in sorted(summaries)], stacks, problems, traces, skipped, parsed)

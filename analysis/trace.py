@@ -20,7 +20,7 @@ from itertools import compress, repeat
 from operator import attrgetter, is_not
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable
+from typing import Any, BinaryIO, Callable, Iterable, NamedTuple, Protocol
 
 import msgspec
 import numpy as np
@@ -90,9 +90,22 @@ class _Tail(_Meta):
     traceEvents: list[_Event] = []
 
 
+class Decoders(NamedTuple):
+    """How decode_pieces turns the event list into what its sink takes: `events` decodes a piece
+    "[...]" cut at an event boundary, `last` a bare array's last piece, `tail` the text after the
+    last cut with "{\"traceEvents\":" put in front (an object with traceEvents and _Meta's keys)."""
+    events: Any
+    last: Any
+    tail: Any
+
+
+class Sink(Protocol):
+    def add(self, events: Any, collectives: bool = True) -> None: ...
+
+
 _EVENTS = msgspec.json.Decoder(list[_Event])
 _META = msgspec.json.Decoder(_Meta)
-_TAIL = msgspec.json.Decoder(_Tail)
+_TYPED = Decoders(_EVENTS, _EVENTS, msgspec.json.Decoder(_Tail))
 
 
 @dataclass
@@ -292,7 +305,8 @@ def _strings(events: list[_Event], attr: str) -> list[str]:
     return values.tolist()
 
 
-def _open(path: Path) -> BinaryIO:
+def open_trace(path: Path) -> BinaryIO:
+    """The trace's bytes as a stream, gunzipped when the file is gzip (whatever its name)."""
     f = open(path, "rb")
     magic = f.read(2)
     f.seek(0)
@@ -336,8 +350,8 @@ class _Window:
         return bytes(self.buf[: self.filled])
 
 
-def _decode_pieces(stream: BinaryIO, cols: _Columns) -> _Meta:
-    """Split the stream at event boundaries, decode each piece, return the trace metadata."""
+def decode_pieces(stream: BinaryIO, cols: Sink, decoders: Decoders = _TYPED) -> _Meta:
+    """Split the stream at event boundaries, decode each piece into `cols`, return the trace metadata."""
     win = _Window(stream)
     win.fill()
     key = win.buf.find(b'"traceEvents"', 0, win.filled)
@@ -366,15 +380,15 @@ def _decode_pieces(stream: BinaryIO, cols: _Columns) -> _Meta:
         win.fill()
         if win.eof:
             break
-        if not _decode_front(win, cols):
+        if not _decode_front(win, cols, decoders.events):
             if len(win.buf) >= MAX_WINDOW_BYTES:
                 raise ValueError(f"no event boundary within {MAX_WINDOW_BYTES >> 20} MiB after byte {win.dropped}:"
                                  " not a Kineto event list")
             win.grow()  # one event larger than the window
     if bare:
-        cols.add(_EVENTS.decode(win.data()))
+        cols.add(decoders.last.decode(win.data()))
         return meta
-    rest = _TAIL.decode(b'{"traceEvents":' + win.data())
+    rest = decoders.tail.decode(b'{"traceEvents":' + win.data())
     cols.add(rest.traceEvents, collectives=_has_collective_args(win.buf, win.filled))
     for name in _Meta.__struct_fields__:
         if getattr(meta, name) is None:
@@ -387,7 +401,7 @@ def _has_collective_args(buf: bytearray, end: int) -> bool:
     return buf.find(b'In msg nelems"', 0, end) >= 0
 
 
-def _decode_front(win: _Window, cols: _Columns) -> bool:
+def _decode_front(win: _Window, cols: Sink, decoder: Any) -> bool:
     """Decode the complete events at the front of the window (which starts with '['), keep the rest.
 
     A candidate cut is a `},`; one inside a string or a nested object leaves the piece unbalanced,
@@ -404,7 +418,7 @@ def _decode_front(win: _Window, cols: _Columns) -> bool:
         buf[comma] = ord("]")
         try:
             with memoryview(buf) as view:
-                events = _EVENTS.decode(view[: comma + 1])
+                events = decoder.decode(view[: comma + 1])
         except msgspec.ValidationError:  # a real type error (ValidationError is a DecodeError too)
             raise
         except msgspec.DecodeError as e:
@@ -426,8 +440,8 @@ def load_trace(path: str | Path) -> Trace:
     path = Path(path)
     cols = _Columns()
     try:
-        with _open(path) as stream:
-            meta = _decode_pieces(stream, cols)
+        with open_trace(path) as stream:
+            meta = decode_pieces(stream, cols)
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file") from None
     except msgspec.ValidationError as e:

@@ -50,7 +50,7 @@ class OperatorSettings:
     image_pull_policy: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_IMAGE_PULL_POLICY", "IfNotPresent"))
     hmac_secret: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_HMAC_SECRET", "stepscope-hmac"))
     hmac_secret_key: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_HMAC_SECRET_KEY", "key"))
-    analysis_cpu: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_ANALYSIS_CPU", "1"))
+    analysis_cpu: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_ANALYSIS_CPU", "2"))
     analysis_memory: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_ANALYSIS_MEMORY", "2Gi"))
     # Where injection applies (the chart passes operator.namespaces; empty: every namespace) and
     # the operator's own namespace, which never gets a sidecar.

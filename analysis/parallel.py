@@ -1,0 +1,80 @@
+"""The worker processes of one analysis: one per rank at a time, as many as the cores this process
+may use (its CPU affinity and, in a container, its cgroup's CPU quota) and its memory limit can
+hold, never more than there is work for. One pool serves the summaries and the merged trace."""
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+# Measured peak RSS of one worker on 286 MB ranks (docs/benchmarks.md, analysis section), with room.
+WORKER_BYTES = 400 << 20
+# The main process: summaries, diagnosis, tables and report of up to thousands of ranks.
+MAIN_BYTES = 600 << 20
+_CGROUP = Path("/sys/fs/cgroup")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def cpu_quota() -> int | None:
+    """Whole cores the cgroup's CPU quota allows (cgroup v2, else v1); None without a quota."""
+    v2 = _read(_CGROUP / "cpu.max").split()
+    if len(v2) == 2 and v2[0] != "max":
+        return max(1, math.ceil(int(v2[0]) / int(v2[1])))
+    quota, period = _read(_CGROUP / "cpu" / "cpu.cfs_quota_us"), _read(_CGROUP / "cpu" / "cpu.cfs_period_us")
+    if quota.lstrip("-").isdigit() and period.isdigit() and int(quota) > 0:
+        return max(1, math.ceil(int(quota) / int(period)))
+    return None
+
+
+def memory_limit() -> int | None:
+    """The cgroup's memory limit in bytes (v2, else v1); None without one."""
+    v2 = _read(_CGROUP / "memory.max")
+    if v2.isdigit():
+        return int(v2)
+    v1 = _read(_CGROUP / "memory" / "memory.limit_in_bytes")
+    return int(v1) if v1.isdigit() and int(v1) < 1 << 60 else None
+
+
+def analysis_workers(jobs: int) -> int:
+    """Worker processes for `jobs` ranks: cores available, within the memory limit."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cpu_quota()
+    workers = min(cores, quota or cores, jobs)
+    limit = memory_limit()
+    if limit is not None:
+        workers = min(workers, max(1, (limit - MAIN_BYTES) // WORKER_BYTES))
+    return max(1, workers)
+
+
+class _Here(Executor):
+    """Runs each call at once in this process: the pool of an analysis with one worker."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # handed to the caller through the future, as a pool does
+            future.set_exception(exc)
+        return future
+
+
+@contextlib.contextmanager
+def worker_pool(workers: int) -> Iterator[Executor]:
+    """A process pool of `workers` (spawned, not forked: the caller may run threads, e.g. an HTTP
+    server in tests or a storage client's pool), or this process alone for one."""
+    if workers < 2:
+        yield _Here()
+        return
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool
