@@ -1,6 +1,7 @@
 """The sidecar's control endpoint (docs/wire.md): PUT/GET/DELETE /v1/sessions/{id}, GET /v1/telemetry,
-GET /healthz and GET /metrics. Every request but /healthz and /metrics must carry a valid signature; the body is read before verifying because
-the signature covers it, and is bounded so an unauthenticated client cannot exhaust memory."""
+GET /healthz and GET /metrics. Every request but /healthz and /metrics (for Prometheus, which does
+not sign) must carry a valid signature; the body is read before verifying because the signature
+covers it, and is bounded so an unauthenticated client cannot exhaust memory."""
 from __future__ import annotations
 
 import json
