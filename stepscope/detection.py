@@ -20,7 +20,8 @@ controller adds a cooldown and a cap on sessions per hour).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass, field
 
 SLOWDOWN, DIVERGENCE, HANG = "Slowdown", "RankDivergence", "Hang"
@@ -59,6 +60,24 @@ class RankSample:
 class Observation:
     time: float  # Unix seconds of the poll
     ranks: Mapping[int, RankSample]
+
+
+def observe(time: float, answers: Iterable[Mapping[str, Any]]) -> Observation:
+    """The Observation of one poll from the sidecars' GET /v1/telemetry answers (docs/wire.md).
+    Ranks whose process is gone (`alive` false) are left out: a dead job is not a hung one. An
+    entry that is not a rank's telemetry is skipped, so one bad sidecar cannot stop the watch."""
+    ranks: dict[int, RankSample] = {}
+    for answer in answers:
+        for entry in answer.get("ranks") or ():
+            try:
+                if not entry.get("alive"):
+                    continue
+                since = entry.get("secondsSinceStep")
+                recent = tuple((int(step), float(seconds)) for step, seconds in entry.get("recent") or ())
+                ranks[int(entry["rank"])] = RankSample(int(entry["steps"]), None if since is None else float(since), recent)
+            except (AttributeError, KeyError, TypeError, ValueError):
+                continue
+    return Observation(time, ranks)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from stepscope.detection import DIVERGENCE, HANG, SLOWDOWN, Conditions, Fire, Observation, RankSample, State, detect
+from stepscope.detection import DIVERGENCE, HANG, SLOWDOWN, Conditions, Fire, Observation, RankSample, State, detect, observe
 
 POLL_S = 5.0
 StepTime = Callable[[int, float], float | None]  # (rank, time) -> seconds of a step starting then; None: no step (hung)
@@ -119,3 +119,16 @@ def test_a_rank_taken_over_by_a_new_process_starts_over() -> None:
 def test_conditions_that_cannot_work_are_refused(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         Conditions(**{field: value})
+
+
+def test_an_observation_from_sidecar_answers_keeps_live_ranks_and_skips_what_is_not_telemetry() -> None:
+    answers = [
+        {"pod": "a", "ranks": [{"rank": 0, "alive": True, "steps": 5, "secondsSinceStep": 0.2, "recent": [[4, 0.1], [5, 0.3]]},
+                               {"rank": 1, "alive": False, "steps": 9, "secondsSinceStep": 99.0, "recent": []}]},
+        {"pod": "b", "ranks": [{"rank": 2, "alive": True, "steps": 0, "secondsSinceStep": None, "recent": []},
+                               {"rank": 3, "alive": True, "steps": "many"}, "not a rank", {"alive": True}]},
+        {"error": "no such endpoint"},
+    ]
+    observation = observe(7.0, answers)
+    assert observation.time == 7.0
+    assert observation.ranks == {0: RankSample(5, 0.2, ((4, 0.1), (5, 0.3))), 2: RankSample(0, None, ())}
