@@ -5,6 +5,10 @@ by the bootstrap `sitecustomize` of every Python process in the pod, so it impor
 standard library at start and touches torch only once the program has imported torch itself
 (an import hook on `torch`). docs/wire.md fixes the files it reads and writes.
 
+Each step boundary also records the step's time in the rank's step ring
+(`telemetry/rank-<r>.steps`, docs/wire.md "Step telemetry"), which the sidecar serves as
+metrics: two struct writes into a memory map, always on.
+
 Steps are the calls of torch's global optimizer step post-hook (one optimizer leads, so several
 optimizers still count one step), or `step()` calls for loops without an optimizer; the first
 `step()` switches the hook off. Step indices are zero-based: a capture from startStep to endStep
@@ -219,6 +223,7 @@ class Agent:
         self.step_count = 0
         self.last_step_mono = _monotonic()
         self.ring = _StepRing()
+        self._ring_refused = False
         self.started_at = time.time()
         self.pid = os.getpid()
         # multiprocessing's spawn replaces sys.argv before it says a process is its child; at
@@ -713,8 +718,13 @@ class Agent:
             "step": self.step_count, "heartbeat": time.time(), "startedAt": self.started_at,
         })
         ring_path = os.path.join(self.directory, wire.TELEMETRY_FOLDER, wire.telemetry_file(rank))
-        if self.ring.path != ring_path:
-            self.ring.publish(ring_path, rank, local_rank, world)
+        if self.ring.path != ring_path and not self._ring_refused:
+            try:
+                self.ring.publish(ring_path, rank, local_rank, world)
+            except (OSError, ValueError) as e:
+                # Once: the rest of the watchdog's round (requests, hangs) must not fail with it.
+                self._ring_refused = True
+                log.warning("stepscope agent: no step telemetry: cannot map %s: %s", ring_path, e)
 
     def _write_stacks(self, s: _Session, since_step: float) -> None:
         rank = self.identity()[0]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from stepscope.sidecar.telemetry import Ring, read_ring
 
-from tests.agent.protocol import logs, wait_for
+from tests.agent.protocol import logs, wait_for, wait_for_state, write_request
+from tests.agent.test_hang import heartbeat
 
 
 def test_every_step_is_timed_in_the_ring_which_goes_with_the_process(stepscope_dir: Path, start_job) -> None:
@@ -36,3 +37,15 @@ def test_every_step_is_timed_in_the_ring_which_goes_with_the_process(stepscope_d
     assert abs(ends[-1] + ring.clock_offset - time.time()) < 5
     assert job.wait(90) == [0], logs(job)
     assert not path.exists()  # a process that exits takes its ring along, as its heartbeat file
+
+
+def test_a_shared_directory_without_room_for_the_ring_costs_only_the_telemetry(stepscope_dir: Path, start_job) -> None:
+    """The ring cannot be made (a file where its folder goes, as a read-only or unmappable mount
+    would refuse it): the watchdog still beats, reads requests and catches a hang."""
+    (stepscope_dir / "telemetry").write_text("not a folder")
+    job = start_job(1, "--steps", "0", "--step-sleep-ms", "5", "--hang-rank", "0", "--hang-at-step", "10")
+    wait_for(lambda: heartbeat(stepscope_dir, 0).get("step") == 11, 60, "rank 0 stuck after 11 steps")
+    write_request(stepscope_dir, "s-ring", hang_timeout=1)
+    state = wait_for_state(stepscope_dir, "s-ring", 0, ("hung",), timeout=30)
+    assert state["stacks"] == "rank-0.stacks.json"
+    assert "no step telemetry" in logs(job)
