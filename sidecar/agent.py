@@ -5,6 +5,10 @@ by the bootstrap `sitecustomize` of every Python process in the pod, so it impor
 standard library at start and touches torch only once the program has imported torch itself
 (an import hook on `torch`). docs/wire.md fixes the files it reads and writes.
 
+Each step boundary also records the step's time in the rank's step ring
+(`telemetry/rank-<r>.steps`, docs/wire.md "Step telemetry"), which the sidecar serves as
+metrics: two struct writes into a memory map, always on.
+
 Steps are the calls of torch's global optimizer step post-hook (one optimizer leads, so several
 optimizers still count one step), or `step()` calls for loops without an optimizer; the first
 `step()` switches the hook off. Step indices are zero-based: a capture from startStep to endStep
@@ -44,6 +48,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import struct
 import sys
 import threading
 import time
@@ -99,6 +104,54 @@ def _atomic_write(path: str, data: bytes) -> None:
 
 def _write_json(path: str, obj: dict[str, Any]) -> None:
     _atomic_write(path, json.dumps(obj, separators=(",", ":")).encode())
+
+
+class _StepRing:
+    """This process's step telemetry (docs/wire.md, "Step telemetry"): a buffer in memory until
+    the watchdog knows the rank and maps the ring file, then that file's memory, so that a step
+    costs two struct writes and no system call."""
+
+    def __init__(self) -> None:
+        slot = struct.Struct(wire.TELEMETRY_SLOT)
+        self._pack_slot = slot.pack_into
+        self._pack_count = struct.Struct(wire.TELEMETRY_COUNT).pack_into
+        self._slot_size = slot.size
+        self._mask = wire.TELEMETRY_CAPACITY - 1
+        self.buffer: Any = bytearray(wire.TELEMETRY_SLOTS_AT + wire.TELEMETRY_CAPACITY * slot.size)
+        self.path: str | None = None
+
+    def record(self, step: int, end: float, duration: float) -> None:
+        buffer = self.buffer
+        self._pack_slot(buffer, wire.TELEMETRY_SLOTS_AT + (step & self._mask) * self._slot_size, step, end, duration)
+        self._pack_count(buffer, wire.TELEMETRY_COUNT_AT, step)
+
+    def publish(self, path: str, rank: int, local_rank: int, world: int) -> None:
+        """Write the steps so far to `path` under this identity and record into the file from now on."""
+        import mmap
+
+        data = bytearray(self.buffer)
+        struct.pack_into(wire.TELEMETRY_HEADER, data, 0, wire.TELEMETRY_MAGIC.encode(), wire.TELEMETRY_CAPACITY, rank, local_rank,
+                         world, os.getpid(), time.time() - _monotonic())
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _atomic_write(path, bytes(data))
+        with open(path, "r+b") as f:
+            mapped = mmap.mmap(f.fileno(), len(data))
+        # The steps recorded between the copy and the switch are lost; the reader skips their slots.
+        self.buffer, old = mapped, self.path
+        self.path = path
+        if old is not None and old != path:
+            _unlink(old)
+
+    def remove(self) -> None:
+        if self.path is not None:
+            _unlink(self.path)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def thread_stacks() -> list[dict[str, Any]]:
@@ -169,6 +222,8 @@ class Agent:
         self.request_path = os.path.join(directory, wire.REQUEST_FILE)
         self.step_count = 0
         self.last_step_mono = _monotonic()
+        self.ring = _StepRing()
+        self._ring_refused = False
         self.started_at = time.time()
         self.pid = os.getpid()
         # multiprocessing's spawn replaces sys.argv before it says a process is its child; at
@@ -243,8 +298,10 @@ class Agent:
     def boundary(self) -> None:
         """One completed step: one stat of request.json while idle, profiler steps while capturing."""
         try:
+            now = _monotonic()
             self.step_count += 1
-            self.last_step_mono = _monotonic()
+            self.ring.record(self.step_count, now, now - self.last_step_mono)
+            self.last_step_mono = now
             if self._watchdog is None:
                 self._start_watchdog()
             try:
@@ -660,6 +717,14 @@ class Agent:
             "rank": rank, "localRank": local_rank, "worldSize": world, "pid": os.getpid(), "host": self.host,
             "step": self.step_count, "heartbeat": time.time(), "startedAt": self.started_at,
         })
+        ring_path = os.path.join(self.directory, wire.TELEMETRY_FOLDER, wire.telemetry_file(rank))
+        if self.ring.path != ring_path and not self._ring_refused:
+            try:
+                self.ring.publish(ring_path, rank, local_rank, world)
+            except (OSError, ValueError) as e:
+                # Once: the rest of the watchdog's round (requests, hangs) must not fail with it.
+                self._ring_refused = True
+                log.warning("stepscope agent: no step telemetry: cannot map %s: %s", ring_path, e)
 
     def _write_stacks(self, s: _Session, since_step: float) -> None:
         rank = self.identity()[0]
@@ -754,10 +819,8 @@ class Agent:
             elif s is not None and s.state in (wire.WAITING, wire.CAPTURING, wire.HUNG):  # a `writing` one finishes its export
                 s.error = f"process exited at step {self.step_count} before the capture finished"
                 self._finish(s, wire.FAILED, message=s.error)
-            try:
-                os.unlink(os.path.join(self.directory, wire.AGENTS_FOLDER, wire.agent_file(self.identity()[0])))
-            except OSError:
-                pass
+            _unlink(os.path.join(self.directory, wire.AGENTS_FOLDER, wire.agent_file(self.identity()[0])))
+            self.ring.remove()
 
 
 class _CallCounter:

@@ -1,6 +1,7 @@
-"""The sidecar's control endpoint (docs/wire.md): PUT/GET/DELETE /v1/sessions/{id}, GET /healthz.
-Every request but /healthz must carry a valid signature; the body is read before verifying because
-the signature covers it, and is bounded so an unauthenticated client cannot exhaust memory."""
+"""The sidecar's control endpoint (docs/wire.md): PUT/GET/DELETE /v1/sessions/{id}, GET /v1/telemetry,
+GET /healthz and GET /metrics. Every request but /healthz and /metrics (for Prometheus, which does
+not sign) must carry a valid signature; the body is read before verifying because the signature
+covers it, and is bounded so an unauthenticated client cannot exhaust memory."""
 from __future__ import annotations
 
 import json
@@ -10,21 +11,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from stepscope.sidecar.metrics import exposition
 from stepscope.sidecar.sessions import SessionManager
+from stepscope.sidecar.telemetry import StepTelemetry
 from stepscope.signing import SignatureError, Verifier
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 1024 * 1024
 _SESSION_PATH = re.compile(r"^/v1/sessions/([^/]+)$")
+TELEMETRY_PATH = "/v1/telemetry"
 
 
 class ControlServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], manager: SessionManager, verifier: Verifier) -> None:
+    def __init__(self, address: tuple[str, int], manager: SessionManager, verifier: Verifier, telemetry: StepTelemetry) -> None:
         super().__init__(address, ControlHandler)
         self.manager = manager
+        self.telemetry = telemetry
         self.verifier = verifier
 
     @property
@@ -41,8 +46,12 @@ class ControlHandler(BaseHTTPRequestHandler):
     timeout = 30
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        if urlsplit(self.path).path == "/healthz":
+        path = urlsplit(self.path).path
+        if path == "/healthz":
             self._reply(200, {"ok": True})
+            return
+        if path == "/metrics":
+            self._send(200, *exposition(self.server.telemetry))
             return
         self._handle("GET")
 
@@ -71,7 +80,11 @@ class ControlHandler(BaseHTTPRequestHandler):
             log.warning("refused %s %s from %s: %s", method, self.path, self.client_address[0], exc)
             self._reply(401, {"error": str(exc)})
             return
-        match = _SESSION_PATH.match(urlsplit(self.path).path)
+        path = urlsplit(self.path).path
+        if path == TELEMETRY_PATH and method == "GET":
+            self._reply(200, self.server.telemetry.to_dict(pod=self.server.manager.pod, node=self.server.manager.node))
+            return
+        match = _SESSION_PATH.match(path)
         if not match:
             self._reply(404, {"error": f"no such endpoint {urlsplit(self.path).path}"})
             return
@@ -92,9 +105,11 @@ class ControlHandler(BaseHTTPRequestHandler):
             self._reply(200, result)
 
     def _reply(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
+        self._send(status, json.dumps(payload).encode(), "application/json")
+
+    def _send(self, status: int, data: bytes, content_type: str) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

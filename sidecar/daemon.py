@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.sidecar.control import ControlServer
+from stepscope.sidecar.telemetry import StepTelemetry
 from stepscope.sidecar.sessions import EXPORT_GRACE_S, LEFTOVER_TTL_S, MAX_LOCAL_MB, STALE_AFTER_S, SessionManager
 from stepscope.retry import RetryPolicy
 from stepscope.sidecar.uploads import Uploader
@@ -21,6 +22,8 @@ from stepscope.wire import DEFAULT_DIR, DEFAULT_PORT, DIR_ENV
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, Verifier, load_key
 
 log = logging.getLogger(__name__)
+
+TELEMETRY_FOLD_S = 1.0
 
 
 class Sidecar:
@@ -37,8 +40,11 @@ class Sidecar:
                                       nvml_backend=nvml_backend, poll_interval_s=poll_interval_s, keep_local=keep_local,
                                       stale_after_s=stale_after_s, export_grace_s=export_grace_s, leftover_ttl_s=leftover_ttl_s,
                                       max_local_mb=max_local_mb)
-        self.server = ControlServer((host, port), self.manager, Verifier(key))
+        self.telemetry = StepTelemetry(stepscope_dir, stale_after_s=stale_after_s)
+        self.server = ControlServer((host, port), self.manager, Verifier(key), self.telemetry)
         self._serving = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, name="stepscope-control", daemon=True)
+        self._stop_telemetry = threading.Event()
+        self._telemetry_thread = threading.Thread(target=self._fold_telemetry, name="stepscope-telemetry", daemon=True)
 
     @property
     def url(self) -> str:
@@ -47,11 +53,22 @@ class Sidecar:
     def start(self) -> "Sidecar":
         self.manager.start()
         self._serving.start()
+        self._telemetry_thread.start()
         return self
+
+    def _fold_telemetry(self) -> None:
+        # Between scrapes too, so that the histogram holds every step while a ring (4096 slots)
+        # turns over more slowly than this.
+        while not self._stop_telemetry.wait(TELEMETRY_FOLD_S):
+            try:
+                self.telemetry.refresh()
+            except Exception:
+                log.exception("cannot read the step telemetry; trying again in %s s", TELEMETRY_FOLD_S)
 
     def shutdown(self, grace_s: float = 20.0) -> bool:
         """Stop taking requests, then give queued uploads `grace_s` to finish; True when they did.
         Whatever is left stays in the shared directory."""
+        self._stop_telemetry.set()
         self.server.shutdown()
         self.server.server_close()
         self.manager.stop()

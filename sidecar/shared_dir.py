@@ -96,12 +96,15 @@ class Leftover:
     newest: float  # mtime of its newest file
 
 
+_NOT_SESSIONS = frozenset({wire.AGENTS_FOLDER, wire.BOOTSTRAP_FOLDER, wire.SIDECAR_FOLDER, wire.TELEMETRY_FOLDER})
+
+
 def leftovers(stepscope_dir: Path) -> list[Leftover]:
     """Every session's files in the shared directory, oldest first."""
     found = []
     for folder in (stepscope_dir, stepscope_dir / wire.SIDECAR_FOLDER):
         for path in folder.iterdir() if folder.is_dir() else ():
-            if path.is_dir() and wire.valid_session_id(path.name) and path.name not in (wire.AGENTS_FOLDER, wire.BOOTSTRAP_FOLDER, wire.SIDECAR_FOLDER):
+            if path.is_dir() and wire.valid_session_id(path.name) and path.name not in _NOT_SESSIONS:
                 found.append(path)
     by_session: dict[str, list[Path]] = {}
     for path in found:

@@ -42,6 +42,10 @@ class SidecarClient:
     def delete_session(self, session_id: str) -> dict[str, Any]:
         return self._request("DELETE", self._session_path(session_id))
 
+    def get_telemetry(self) -> dict[str, Any]:
+        """Every local rank's step telemetry (docs/wire.md, GET /v1/telemetry)."""
+        return self._request("GET", "/v1/telemetry")
+
     def healthz(self) -> bool:
         """True when the sidecar answers {"ok": true}; False when it is unreachable or unwell."""
         try:

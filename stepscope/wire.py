@@ -18,6 +18,7 @@ REQUEST_FILE = "request.json"
 AGENTS_FOLDER = "agents"
 BOOTSTRAP_FOLDER = "bootstrap"
 SIDECAR_FOLDER = "sidecar"  # the sidecar's own files (GPU metrics, session records)
+TELEMETRY_FOLDER = "telemetry"  # each rank's step ring (below)
 AGENT_MODULE = "stepscope_agent"
 WIRE_MODULE = "stepscope_wire"
 
@@ -39,6 +40,22 @@ STATES = ACTIVE_STATES | FINAL_STATES
 # expansion of at most 100 000 Python events (~3 KB each, measured) on top.
 DEFAULT_MAX_STACK_EVENTS = 100_000
 DEFAULT_MAX_MEMORY_MB = 512
+
+# Step telemetry: every training process keeps its latest steps in `telemetry/rank-<r>.steps`, a
+# ring that the agent writes at each step boundary and the sidecar reads, with no lock (one writer;
+# the reader validates each slot by its step number). struct formats, little-endian:
+# header (magic, capacity, rank, local rank, world size, pid, wall-clock minus CLOCK_MONOTONIC
+# seconds at creation), then at TELEMETRY_COUNT_AT the steps written so far, then from
+# TELEMETRY_SLOTS_AT `capacity` slots; the slot of step n (1-based, the steps completed) is
+# n % capacity and holds (n, CLOCK_MONOTONIC seconds when step n ended, seconds since step n-1
+# ended). Writing the slot before the count lets a reader take slots up to the count it read.
+TELEMETRY_MAGIC = "SSTEPS01"  # ASCII
+TELEMETRY_HEADER = "<8sqqqqqd"
+TELEMETRY_COUNT = "<q"
+TELEMETRY_COUNT_AT = 64
+TELEMETRY_SLOT = "<qdd"
+TELEMETRY_SLOTS_AT = 128
+TELEMETRY_CAPACITY = 4096  # a power of two: ~4 s of 1 ms steps between two reads, 96 KiB a rank
 
 _ID_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 _ID_REST = _ID_FIRST | frozenset("._-")
@@ -70,3 +87,7 @@ def trace_file(rank: int) -> str:
 
 def stacks_file(rank: int) -> str:
     return f"rank-{rank}.stacks.json"
+
+
+def telemetry_file(rank: int) -> str:
+    return f"rank-{rank}.steps"

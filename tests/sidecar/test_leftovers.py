@@ -76,7 +76,8 @@ def _leave(stepscope_dir: Path, session: str, size: int, age_s: float) -> Path:
 def test_a_restarted_sidecar_removes_old_leftovers_and_bounds_the_disk(stepscope_dir: Path, tmp_path: Path) -> None:
     """What an earlier sidecar left (its uploads failed, or it stopped before they ran) and no
     session re-sends is removed once older than the TTL; within the TTL, the oldest go first
-    while all of it exceeds the disk bound. Bootstrap and registry files stay."""
+    while all of it exceeds the disk bound. Bootstrap, registry and step telemetry files stay (a
+    ring file's mtime need not move while its process writes it through a memory map)."""
     from stepscope.sidecar.bootstrap import install_bootstrap
 
     install_bootstrap(stepscope_dir)
@@ -84,12 +85,13 @@ def test_a_restarted_sidecar_removes_old_leftovers_and_bounds_the_disk(stepscope
     older = _leave(stepscope_dir, "s-older", 600_000, age_s=600)
     newer = _leave(stepscope_dir, "s-newer", 600_000, age_s=60)
     (stepscope_dir / "sidecar" / "s-old").mkdir(parents=True)
+    telemetry = _leave(stepscope_dir, "telemetry", 10, age_s=7200)
     sidecar = Sidecar(stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-a", poll_interval_s=0.05,
                       leftover_ttl_s=3600, max_local_mb=1.0).start()
     try:
         assert not expired.exists() and not (stepscope_dir / "sidecar" / "s-old").exists()
         assert not older.exists() and newer.exists(), "over 1 MB: the oldest goes first"
-        assert (stepscope_dir / "bootstrap" / "stepscope_agent.py").exists()
+        assert (stepscope_dir / "bootstrap" / "stepscope_agent.py").exists() and telemetry.exists()
         assert sidecar.manager.local_bytes == 600_000 + 2
     finally:
         sidecar.shutdown(5)

@@ -1,0 +1,167 @@
+"""When to capture by itself (issue 15): the three conditions over the ranks' step telemetry
+(docs/wire.md, GET /v1/telemetry), as a pure function `detect(state, observation) -> (state,
+actions)` with no I/O and no clock of its own, so that the operator's ProfileTrigger controller
+and `stepscope watch` share it and tests drive it step by step.
+
+- slowdown: the job's step time (the median over ranks of each poll's new step times) above
+  `slowdown_factor` x a baseline learned from the job itself (the median of its step times over
+  the last `baseline_window_s`, learned only while the job is not slow), without a break for
+  `sustained_s`;
+- divergence: one rank's median step time over `divergence_factor` x the median of its peers',
+  without a break for `sustained_s`. In synchronous data-parallel training the collectives make
+  every rank's step time the same, so this catches ranks that do not step in lockstep (pipeline
+  stages, independent groups); a slow rank among synchronised peers needs the per-rank wait share,
+  which a capture measures;
+- hang: no step on any rank for `hang_after_s` (judged once every rank has made a first step).
+
+Each condition fires once when it starts to hold and again only after it stopped holding (the
+controller adds a cooldown and a cap on sessions per hour).
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+from dataclasses import dataclass, field
+
+SLOWDOWN, DIVERGENCE, HANG = "Slowdown", "RankDivergence", "Hang"
+
+
+@dataclass(frozen=True)
+class Conditions:
+    slowdown_factor: float = 1.5
+    sustained_s: float = 60.0
+    baseline_window_s: float = 600.0
+    min_baseline_polls: int = 10  # no baseline (and no slowdown) before this many polls saw steps
+    divergence_factor: float = 1.5
+    hang_after_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("slowdown_factor", "divergence_factor"):
+            if not getattr(self, name) > 1:
+                raise ValueError(f"{name} must be above 1, got {getattr(self, name)}")
+        for name in ("sustained_s", "baseline_window_s", "hang_after_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)}")
+        if self.min_baseline_polls < 1:
+            raise ValueError(f"min_baseline_polls must be at least 1, got {self.min_baseline_polls}")
+
+
+@dataclass(frozen=True)
+class RankSample:
+    """One rank's telemetry as a sidecar serves it: steps completed, seconds since the latest
+    ended (None before a first step), and its latest (step, seconds) pairs, oldest first."""
+    steps: int
+    seconds_since_step: float | None
+    recent: Sequence[tuple[int, float]] = ()
+
+
+@dataclass(frozen=True)
+class Observation:
+    time: float  # Unix seconds of the poll
+    ranks: Mapping[int, RankSample]
+
+
+def observe(time: float, answers: Iterable[Mapping[str, Any]]) -> Observation:
+    """The Observation of one poll from the sidecars' GET /v1/telemetry answers (docs/wire.md).
+    Ranks whose process is gone (`alive` false) are left out: a dead job is not a hung one. An
+    entry that is not a rank's telemetry is skipped, so one bad sidecar cannot stop the watch."""
+    ranks: dict[int, RankSample] = {}
+    for answer in answers:
+        for entry in answer.get("ranks") or ():
+            try:
+                if not entry.get("alive"):
+                    continue
+                since = entry.get("secondsSinceStep")
+                recent = tuple((int(step), float(seconds)) for step, seconds in entry.get("recent") or ())
+                ranks[int(entry["rank"])] = RankSample(int(entry["steps"]), None if since is None else float(since), recent)
+            except (AttributeError, KeyError, TypeError, ValueError):
+                continue
+    return Observation(time, ranks)
+
+
+@dataclass(frozen=True)
+class Fire:
+    """Capture now: which condition, why (a sentence for the trigger's status and Event), and the
+    ranks it points at (every rank for a job-wide condition)."""
+    condition: str
+    reason: str
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class State:
+    seen: Mapping[int, int] = field(default_factory=dict)  # rank -> latest step taken into account
+    history: tuple[tuple[float, float], ...] = ()  # (poll time, job step time) the baseline is learned from
+    baseline: float | None = None
+    current: Mapping[str, float | None] = field(default_factory=dict)  # each condition's latest reading
+    since: Mapping[str, float] = field(default_factory=dict)  # condition -> when it started to hold
+    holding: frozenset[str] = frozenset()  # conditions that fired and still hold
+
+
+def detect(state: State, observation: Observation, conditions: Conditions) -> tuple[State, list[Fire]]:
+    """Fold one poll of every rank's telemetry into `state`; the captures to start now."""
+    now = observation.time
+    new_times: dict[int, list[float]] = {}
+    seen = dict(state.seen)
+    for rank, sample in observation.ranks.items():
+        last = seen.get(rank, 0)
+        if sample.steps < last:  # a new process took the rank: start over
+            last = 0
+        new_times[rank] = [seconds for step, seconds in sample.recent if step > last]
+        seen[rank] = sample.steps
+    per_rank = {rank: statistics.median(times) for rank, times in new_times.items() if times}
+    job = statistics.median(per_rank.values()) if per_rank else None
+
+    readings: dict[str, float | None] = {}
+    # Each condition's verdict this poll: (reason, ranks) when it holds, None when not; a condition
+    # left out (no step came to judge it by) neither starts nor ends.
+    holds: dict[str, tuple[str, tuple[int, ...]] | None] = {}
+    ranks = tuple(sorted(observation.ranks))
+
+    baseline = state.baseline
+    slow = job is not None and baseline is not None and job > conditions.slowdown_factor * baseline
+    readings[SLOWDOWN] = None if job is None or not baseline else job / baseline
+    if job is not None:
+        holds[SLOWDOWN] = (f"step time {job:.3g} s is {job / baseline:.2f}x the job's baseline {baseline:.3g} s "
+                           f"(over {conditions.slowdown_factor:g}x)", ranks) if slow else None
+
+    history = state.history
+    if job is not None and not slow and SLOWDOWN not in state.since:
+        history = (*history, (now, job))
+    history = tuple(h for h in history if h[0] >= now - conditions.baseline_window_s)
+    if len(history) >= conditions.min_baseline_polls:
+        baseline = statistics.median(t for _, t in history)
+
+    if len(per_rank) >= 2:
+        ratios = {rank: t / statistics.median(o for r, o in per_rank.items() if r != rank) for rank, t in per_rank.items()}
+        worst = max(ratios, key=lambda r: ratios[r])
+        readings[DIVERGENCE] = ratios[worst]
+        holds[DIVERGENCE] = (f"rank {worst}'s step time {per_rank[worst]:.3g} s is {ratios[worst]:.2f}x its peers' median "
+                             f"(over {conditions.divergence_factor:g}x)", (worst,)) if ratios[worst] > conditions.divergence_factor else None
+    else:
+        readings[DIVERGENCE] = None
+
+    stalls = [s.seconds_since_step for s in observation.ranks.values()]
+    stalled = min(stalls) if stalls and all(s is not None for s in stalls) else None
+    readings[HANG] = stalled
+    holds[HANG] = (f"no step on any rank for {stalled:.0f} s (over {conditions.hang_after_s:g} s)", ranks) \
+        if stalled is not None and stalled >= conditions.hang_after_s else None
+
+    since = dict(state.since)
+    holding = set(state.holding)
+    fires = []
+    for condition, held in holds.items():
+        if held is None:
+            since.pop(condition, None)
+            holding.discard(condition)
+            continue
+        started = since.setdefault(condition, now)
+        # A hang is sustained by its own bound; the others must hold for the window.
+        due = condition == HANG or now - started >= conditions.sustained_s
+        if due and condition not in holding:
+            holding.add(condition)
+            reason, culprits = held
+            fires.append(Fire(condition, reason if condition == HANG else f"{reason} for {now - started:.0f} s", culprits))
+    return State(seen, history, baseline, readings, since, frozenset(holding)), fires
+

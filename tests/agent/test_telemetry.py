@@ -1,0 +1,51 @@
+"""Step telemetry from a real training process started the zero-code way: every step's time in the
+rank's ring file (docs/wire.md, "Step telemetry"), read as the sidecar reads it."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from stepscope.sidecar.telemetry import Ring, read_ring
+
+from tests.agent.protocol import logs, wait_for, wait_for_state, write_request
+from tests.agent.test_hang import heartbeat
+
+
+def test_every_step_is_timed_in_the_ring_which_goes_with_the_process(stepscope_dir: Path, start_job) -> None:
+    job = start_job(1, "--steps", "150", "--step-sleep-ms", "20")
+    path = stepscope_dir / "telemetry" / "rank-0.steps"
+
+    def enough() -> Ring | None:
+        ring = read_ring(path)
+        return ring if ring is not None and ring.count >= 30 else None
+
+    ring = wait_for(enough, 60, f"30 steps in {path}")
+    heartbeat = json.loads((stepscope_dir / "agents" / "rank-0.json").read_text())
+    assert (ring.rank, ring.local_rank, ring.world_size, ring.pid) == (0, 0, 1, heartbeat["pid"])
+    # The steps before the ring file existed are in it (the watchdog maps it after the first step);
+    # one step may be lost if it ended while the watchdog switched the agent to the mapped file.
+    steps = [s[0] for s in ring.steps]
+    assert steps[0] in (1, 2) and steps == sorted(set(steps)) and len(steps) >= ring.count - 1 and steps[-1] == ring.count
+    ends = [end for _, end, _ in ring.steps]
+    assert ends == sorted(ends)
+    # Each duration is the time from the previous step's end; every step sleeps 20 ms.
+    for (before, previous, _), (step, end, duration) in zip(ring.steps, ring.steps[1:]):
+        assert step != before + 1 or abs(duration - (end - previous)) < 1e-9
+        assert 0.02 <= duration < 5, (step, duration)
+    # The clock offset dates the steps in Unix time.
+    assert abs(ends[-1] + ring.clock_offset - time.time()) < 5
+    assert job.wait(90) == [0], logs(job)
+    assert not path.exists()  # a process that exits takes its ring along, as its heartbeat file
+
+
+def test_a_shared_directory_without_room_for_the_ring_costs_only_the_telemetry(stepscope_dir: Path, start_job) -> None:
+    """The ring cannot be made (a file where its folder goes, as a read-only or unmappable mount
+    would refuse it): the watchdog still beats, reads requests and catches a hang."""
+    (stepscope_dir / "telemetry").write_text("not a folder")
+    job = start_job(1, "--steps", "0", "--step-sleep-ms", "5", "--hang-rank", "0", "--hang-at-step", "10")
+    wait_for(lambda: heartbeat(stepscope_dir, 0).get("step") == 11, 60, "rank 0 stuck after 11 steps")
+    write_request(stepscope_dir, "s-ring", hang_timeout=1)
+    state = wait_for_state(stepscope_dir, "s-ring", 0, ("hung",), timeout=30)
+    assert state["stacks"] == "rank-0.stacks.json"
+    assert "no step telemetry" in logs(job)
