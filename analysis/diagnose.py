@@ -23,6 +23,7 @@ from stepscope.analysis.summary import NO_GPU_EVENTS
 from stepscope.analysis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
 from stepscope.analysis.straggler import Straggler, find_straggler
 from stepscope.analysis.wording import finding, function_text, ms, ranks_text, short
+from stepscope.wire import STACKS_DROPPED
 
 MAX_FINDINGS = 20
 MAX_SLOW_WORKERS = 16
@@ -97,8 +98,13 @@ def _kernel_skew_finding(e: SlowEvidence, tables: RankTables) -> dict[str, Any]:
                    {"kernelRatio": e.kernelRatio, "slowKernels": e.slowKernels})
 
 
-def _cause_text(cause: Cause | None) -> str:
-    """What the slow rank does while its peers wait."""
+def _cause_text(cause: Cause | None, stacks_dropped: bool = False) -> str:
+    """What the slow rank does while its peers wait. Where the capture budget dropped its Python
+    stacks, the function cannot be told, and the text says so and what to capture instead (the
+    agent's own sentence, with its figures, stays in the rank's warnings: the headline is one line)."""
+    if (cause is None or cause.excessUsPerStep <= 0) and stacks_dropped:
+        return ("cannot tell what it does in that time, as the capture budget (capture.limits.maxStackEvents, see its warnings) "
+                "dropped its Python stacks: capture steps: 1 with that limit raised to name the function")
     if cause is None or cause.excessUsPerStep <= 0:
         return "no Python function of it runs longer than on its peers (the time is in operators or threads the profiler does not attribute)"
     overhead = cause.callsPerStep * PROFILED_CALL_US
@@ -119,11 +125,11 @@ def _clean_confidence(v: WaitVerdict) -> float:
     return round(min(1.0, 0.5 + 0.2 * v.steps) * max(0.0, 1.0 - 0.5 * v.share / MIN_GAP_SHARE), 2)
 
 
-def _straggler_findings(st: Straggler, tables: RankTables) -> tuple[list[dict[str, Any]], SlowWorker | None]:
+def _straggler_findings(st: Straggler, tables: RankTables, stacks_dropped: set[int]) -> tuple[list[dict[str, Any]], SlowWorker | None]:
     """The slow-worker finding (or that it cannot tell) and its SlowWorker entry."""
     if st.rank is None or st.confidence < DOUBT:
         return [], None
-    reason = _cause_text(st.cause)
+    reason = _cause_text(st.cause, st.rank in stacks_dropped)
     held = f"{st.steadySteps} of {st.steps} step(s) captured by every rank show it"
     if st.gapUsPerStep >= 0.5 * st.costUsPerStep:
         waited = f"its peers wait {ms(st.gapUsPerStep)} of each {ms(st.stepUs)} step for it ({held})"
@@ -224,7 +230,9 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
     waiting, waiting_worker, confidence = [], None, None
     if verdict is not None:
         straggler = find_straggler(tables, verdict)
-        waiting, waiting_worker = _straggler_findings(straggler, tables)
+        # The agent's capture budget says so in the summary's warnings (stepscope.wire.STACKS_DROPPED).
+        dropped = {r.rank for r in ok if any(w.startswith(STACKS_DROPPED) for w in r.warnings)}
+        waiting, waiting_worker = _straggler_findings(straggler, tables, dropped)
         if straggler.rank is None:
             confidence = _clean_confidence(verdict)
         else:

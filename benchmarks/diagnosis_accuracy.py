@@ -8,7 +8,8 @@ prints the expected rank and cause, the headline and its confidence, and a verdi
 
 - right: the headline names the expected rank and one of the scenario's cause words, and that rank
   alone is listed as a slow worker (a hung rank: none is; healthy: no slow worker, no rank blamed);
-- unsure: the diagnosis says it cannot tell (and what to capture instead) - not wrong, not right;
+- unsure: the diagnosis says it cannot tell (and what to capture instead) - not wrong, not right; also
+  the right rank named with a plain 'cannot tell' what it does (its stacks were not captured);
 - wrong: anything else.
 
 Then the totals (held-out scenarios apart: the diagnosis was not developed on them), the healthy
@@ -70,6 +71,9 @@ def judge(s: Scenario, ranks: int, diagnosis: dict) -> str:
     if unsure and not slow:
         return "unsure"
     named = summary.startswith(f"rank {rank} ") and any(c in summary for c in s.causes)
+    # The right rank, and plainly no cause (its stacks were not captured), with what to capture instead.
+    if unsure and slow == [rank] and summary.startswith(f"rank {rank} ") and not named:
+        return "unsure"
     # A hung rank is no slow worker (it makes no steps); any other fault's rank must be one.
     listed = slow == [rank] or (s.fault == "hang" and not slow)
     return "right" if named and listed else "wrong"

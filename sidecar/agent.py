@@ -476,7 +476,7 @@ class Agent:
             over = f"{calls / seconds:,.0f} Python calls per second x {s.duration:g} s"
         if projected > s.max_stack_events:
             s.with_stack = False
-            s.degraded.append(f"Python stacks dropped: {over} = {projected:,} exceeds capture.limits.maxStackEvents={s.max_stack_events:,}; "
+            s.degraded.append(f"{wire.STACKS_DROPPED}: {over} = {projected:,} exceeds capture.limits.maxStackEvents={s.max_stack_events:,}; "
                               "set capture.withStack=false or raise capture.limits.maxStackEvents")
             log.warning("stepscope agent: session %s: %s", s.id, s.degraded[-1])
         return False

@@ -39,6 +39,9 @@ STATES = ACTIVE_STATES | FINAL_STATES
 # Together they keep a capture's peak under 1 GB: up to 512 MB recorded, and the stop's
 # expansion of at most 100 000 Python events (~3 KB each, measured) on top.
 DEFAULT_MAX_STACK_EVENTS = 100_000
+# How a rank's state (and so its summary's warnings) begins the sentence that says the budget
+# dropped its Python stacks: the diagnosis then says it cannot name a function and why.
+STACKS_DROPPED = "Python stacks dropped"
 DEFAULT_MAX_MEMORY_MB = 512
 
 # Step telemetry: every training process keeps its latest steps in `telemetry/rank-<r>.steps`, a

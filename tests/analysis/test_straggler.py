@@ -134,3 +134,18 @@ def test_report_shows_python_time_by_thread_and_which_rank_is_slow(tmp_path):
     assert functions.index("training thread") < functions.index("thread prefetch (loader.py:12)")
     assert "wait (threading.py:331) <span class=\"note\">(waiting)</span>" in functions
     assert "agent and the profiler: 9.00 ms/step per rank on the training thread, left out" in functions
+
+
+def test_a_slow_rank_whose_stacks_the_capture_budget_dropped_is_named_without_a_made_up_cause():
+    """Many tiny Python calls on rank 1 made its agent drop the stacks (capture.limits.maxStackEvents):
+    the rank is still told by who waits for whom, and the headline says plainly that its function
+    cannot be told and what to capture instead (it read "no Python function of it runs longer")."""
+    dropped = ("Python stacks dropped: 512,000 Python calls per step x 4 steps = 2,048,000 exceeds capture.limits.maxStackEvents=100,000; "
+               "set capture.withStack=false or raise capture.limits.maxStackEvents")
+    slow = _rank(1, [1_000] * 4, [])
+    slow.warnings = [dropped]
+    diagnosis, _ = diagnose([_rank(0, [41_000, 40_000, 40_500, 40_000], [_fn(SHARD, [30_000] * 4), _fn(WAIT, [40_000] * 4)]), slow])
+    assert [w.rank for w in diagnosis.slowWorkers] == [1]
+    assert diagnosis.summary.startswith("rank 1 holds the job back (confidence ")
+    assert "cannot tell what it does in that time, as the capture budget (capture.limits.maxStackEvents" in diagnosis.summary
+    assert "capture steps: 1 with that limit raised to name the function" in diagnosis.summary
