@@ -124,13 +124,15 @@ class _StepRing:
         self._pack_count = struct.Struct(wire.TELEMETRY_COUNT).pack_into
         self._slot_size = slot.size
         self._mask = wire.TELEMETRY_CAPACITY - 1
+        # Looked up once here: record() runs in the step hook.
+        self._slots_at, self._count_at = wire.TELEMETRY_SLOTS_AT, wire.TELEMETRY_COUNT_AT
         self.buffer: Any = bytearray(wire.TELEMETRY_SLOTS_AT + wire.TELEMETRY_CAPACITY * slot.size)
         self.path: str | None = None
 
     def record(self, step: int, end: float, duration: float) -> None:
         buffer = self.buffer
-        self._pack_slot(buffer, wire.TELEMETRY_SLOTS_AT + (step & self._mask) * self._slot_size, step, end, duration)
-        self._pack_count(buffer, wire.TELEMETRY_COUNT_AT, step)
+        self._pack_slot(buffer, self._slots_at + (step & self._mask) * self._slot_size, step, end, duration)
+        self._pack_count(buffer, self._count_at, step)
 
     def publish(self, path: str, rank: int, local_rank: int, world: int) -> None:
         """Write the steps so far to `path` under this identity and record into the file from now on."""
