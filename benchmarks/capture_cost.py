@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import os
 import signal
 import subprocess

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepscope import wire
-from stepscope.operator.settings import SIDECAR_PORT, SIDECAR_PORT_NAME, OperatorSettings
+from stepscope.operator.settings import OperatorSettings
+from stepscope.wire import DEFAULT_PORT as SIDECAR_PORT, PORT_NAME as SIDECAR_PORT_NAME
 
 SIDECAR_NAME = "stepscope-sidecar"
 VOLUME_NAME = "stepscope-run"

@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION, SIDECAR_PORT_NAME
+from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION
+from stepscope.wire import PORT_NAME as SIDECAR_PORT_NAME
 from stepscope.session import SpecError
 
 

@@ -10,7 +10,6 @@ VERSION = "v1alpha1"
 PLURAL = "profilesessions"
 KIND = "ProfileSession"
 FINALIZER = "stepscope.io/finalizer"
-from stepscope.wire import DEFAULT_PORT as SIDECAR_PORT, PORT_NAME as SIDECAR_PORT_NAME  # noqa: E402,F401
 INJECT_LABEL = "stepscope.io/inject"
 SESSION_LABEL = "stepscope.io/session"
 # Set by the webhook on every pod it gave a sidecar: a labelled pod without it was admitted without one.

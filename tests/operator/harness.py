@@ -14,7 +14,8 @@ from kopf.testing import KopfRunner
 from stepscope.operator import registry
 from stepscope.operator.lifecycle import SessionRunner, Stopped
 from stepscope.operator.namespace_keys import namespace_key
-from stepscope.operator.settings import GROUP, PLURAL, SIDECAR_PORT_NAME, VERSION
+from stepscope.operator.settings import GROUP, PLURAL, VERSION
+from stepscope.wire import PORT_NAME as SIDECAR_PORT_NAME
 from tests.kube.helpers import wait_for
 
 NAMESPACE = "default"
