@@ -139,7 +139,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (f"exit status: {EXIT_OK} every rank analysed, {EXIT_PARTIAL} some ranks could not be analysed, "
                      f"{EXIT_NONE} none could (or nothing to analyse), {EXIT_USAGE} bad arguments")
     parser.add_argument("source", nargs="?", help="session folder, store URI (file://, s3://, oss://), folder of Kineto traces, or one trace file")
-    parser.add_argument("--session", metavar="NS/NAME", help="analyse a ProfileSession in the cluster and write its status (what the analysis Job runs)")
     parser.add_argument("--endpoint", help="object-store endpoint (MinIO, OSS)")
     parser.add_argument("--region", help="object-store region (needed for oss:// without --endpoint)")
     parser.add_argument("--output", help="write the report files here instead of <source>/report/")
@@ -149,13 +148,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.session:
-        namespace, _, name = args.session.partition("/")
-        if not namespace or not name:
-            print(f"stepscope analyze: --session wants NAMESPACE/NAME, got {args.session!r}", file=sys.stderr)
-            return EXIT_USAGE
-        from stepscope.operator.analysis_job import run_session_analysis
-        return run_session_analysis(namespace, name)
     if not args.source:
         print("stepscope analyze: give a session folder, store URI or trace file (or --session NS/NAME)", file=sys.stderr)
         return EXIT_USAGE

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.model import Finding, RankSummary, StepRow
-from stepscope.sidecar.nvml_api import POWER_REASONS, THERMAL_REASONS, THROTTLE_REASONS
+from stepscope.gpu_metrics import POWER_REASONS, THERMAL_REASONS, THROTTLE_REASONS
 
 REQUIRED_COLUMNS = ("ts_us", "gpu")
 ASOF_US = 1_000_000  # a slow metric's last sample up to this long before a step stands for it

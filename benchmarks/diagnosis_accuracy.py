@@ -1,7 +1,7 @@
-"""Is the diagnosis right? The fault-injection scenarios (stepscope/scenarios.py), scored.
+"""Is the diagnosis right? The fault-injection scenarios (stepscope/local/scenarios.py), scored.
 
-Each scenario is a real gloo job of stepscope/workload.py on the CPU, started the zero-code way
-beside a real sidecar daemon (stepscope/demo.py's LocalRun), captured through the sidecar's signed
+Each scenario is a real gloo job of stepscope/local/workload.py on the CPU, started the zero-code way
+beside a real sidecar daemon (stepscope/local/demo.py's LocalRun), captured through the sidecar's signed
 API at `stepscope capture`'s default size (the CRD's default `steps`) and analysed by
 analysis.command.analyze_uri, the code the analysis Job runs. Per scenario and rank count it
 prints the expected rank and cause, the headline and its confidence, and a verdict:
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepscope.analysis.command import analyze_uri
-from stepscope.demo import LocalRun
-from stepscope.scenarios import SCENARIOS, Scenario
+from stepscope.local.demo import LocalRun
+from stepscope.local.scenarios import SCENARIOS, Scenario
 
 # Not looked at while the diagnosis was developed (issue 11): their results are reported apart.
 HELD_OUT = ("slow-comm-hook", "gc-pauses", "slow-data")

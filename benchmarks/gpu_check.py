@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stepscope import capture, layout
+from stepscope import layout
+from stepscope.local import capture
 from stepscope.analysis.hardware import read_metrics
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
 from stepscope.sidecar.daemon import Sidecar

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pynvml as nv  # noqa: E402
 
-from stepscope.sidecar.nvml_api import round_fields  # noqa: E402
+from stepscope.gpu_metrics import round_fields  # noqa: E402
 from stepscope.sidecar.nvml_pynvml import UNION_MEMBER, PynvmlBackend  # noqa: E402
 from tests.nvml.fake_libnvml import FakeGpu, FakeNvmlLib  # noqa: E402
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import boto3
 
-from stepscope.launch import free_port
+from stepscope.local.launch import free_port
 from stepscope.storage import MULTIPART_CHUNK, MAX_CONCURRENCY, open_store
 
 

@@ -7,7 +7,7 @@
         ...                                # the ranks capture their steps
         recorder.stop(out_dir / METRICS_FILE)   # samples margin_s more, writes gpu-metrics.csv.gz
 
-The file's columns are nvml_api.BASE_COLUMNS plus two per NVLink link; `ts_us` is Unix epoch
+The file's columns are stepscope.gpu_metrics.BASE_COLUMNS plus two per NVLink link; `ts_us` is Unix epoch
 microseconds, the clock of Kineto's `ts` + `baseTimeNanoseconds` / 1000, so samples line up with
 the trace. stepscope.analysis.hardware reads the file.
 """

@@ -41,7 +41,8 @@ import numpy as np
 import pandas as pd
 
 from stepscope.sidecar import nvml_native
-from stepscope.sidecar.nvml_api import BASE_COLUMNS, BackendError, DeviceInfo, NvmlBackend, UtilizationKind, nvlink_columns, round_fields
+from stepscope.gpu_metrics import BASE_COLUMNS, nvlink_columns, round_fields
+from stepscope.sidecar.nvml_api import BackendError, DeviceInfo, NvmlBackend, UtilizationKind
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class MetricsRecorder:
 
     start() begins sampling at once (call it when the capture is requested: the rounds before the
     first captured step are the leading margin); stop(out_path) keeps sampling `margin_s` longer,
-    then writes `out_path` (gzip CSV, columns nvml_api.BASE_COLUMNS + NVLink columns) and returns
+    then writes `out_path` (gzip CSV, columns stepscope.gpu_metrics.BASE_COLUMNS + NVLink columns) and returns
     it. With `window_us=(first, last)` (Unix µs of the captured steps) stop() keeps only rows
     within `margin_s` of that window; with `gpus` (GPU UUID -> CUDA index in the training
     process) only those GPUs' rows, labelled with that index. Rows live in a ring of `buffer_mib`

@@ -18,7 +18,7 @@ from typing import Callable, Literal, Mapping, Sequence, TypeVar
 
 from stepscope.sidecar import nvml_native
 from stepscope.sidecar.nvml_native import NativeReads
-from stepscope.sidecar.nvml_api import (
+from stepscope.gpu_metrics import (
     FI_ECC_DBE_VOL_TOTAL,
     FI_ECC_SBE_VOL_TOTAL,
     FI_NVLINK_THROUGHPUT_DATA_RX,
@@ -27,10 +27,8 @@ from stepscope.sidecar.nvml_api import (
     FI_PCIE_COUNT_TX_BYTES,
     REASON_SW_POWER_CAP,
     REASON_SW_THERMAL,
-    BackendError,
-    DeviceInfo,
-    UtilizationKind,
 )
+from stepscope.sidecar.nvml_api import BackendError, DeviceInfo, UtilizationKind
 
 SM_CLOCK_MHZ = 1980.0
 THROTTLED_SM_CLOCK_MHZ = 1100.0

@@ -12,8 +12,8 @@ import sys
 from stepscope import __version__
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("stepscope.demo", "run a 4-rank CPU training, capture 3 steps through a real sidecar, diagnose it (--scenario NAME: a known fault)"),
-    "capture": ("stepscope.capture", "capture steps of every training process on this machine through its sidecar"),
+    "demo": ("stepscope.local.demo", "run a 4-rank CPU training, capture 3 steps through a real sidecar, diagnose it (--scenario NAME: a known fault)"),
+    "capture": ("stepscope.local.capture", "capture steps of every training process on this machine through its sidecar"),
     "sidecar": ("stepscope.sidecar.daemon", "run the sidecar daemon (control endpoint, uploader, NVML sampler)"),
     "analyze": ("stepscope.analysis.command", "diagnose a captured session (directory or object-store URI) and write the report"),
     "diff": ("stepscope.analysis.diff_command", "compare two captured sessions or traces: kernels and functions added, removed, slower, faster"),
@@ -35,7 +35,21 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
             adder = getattr(module, f"add_{name}_arguments", None) or module.add_arguments
             adder(p)
             p.set_defaults(_run=getattr(module, f"run_{name}", None) or module.run)
+            if name == "analyze":
+                p.add_argument("--session", metavar="NS/NAME", help="analyse a ProfileSession in the cluster and write its status (what the analysis Job runs)")
     return parser
+
+
+def _run_session_analysis(session: str) -> int:
+    """`stepscope analyze --session NS/NAME`, the analysis Job's entry point. It lives on the
+    operator's side (it reads and writes the session's status) and is reached from here, the one
+    module above both, so that the analysis never imports the operator."""
+    namespace, _, name = session.partition("/")
+    if not namespace or not name:
+        print(f"stepscope analyze: --session wants NAMESPACE/NAME, got {session!r}", file=sys.stderr)
+        return 2
+    from stepscope.operator.analysis_job import run_session_analysis
+    return run_session_analysis(namespace, name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +73,8 @@ def _main(argv: list[str]) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    if args.command == "analyze" and args.session:
+        return _run_session_analysis(args.session)
     return int(args._run(args) or 0)
 
 

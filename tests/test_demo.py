@@ -41,7 +41,7 @@ def test_demo_help_lists_every_scenario(capsys, monkeypatch) -> None:
     import pytest
 
     from stepscope.cli import main
-    from stepscope.scenarios import SCENARIOS
+    from stepscope.local.scenarios import SCENARIOS
 
     monkeypatch.setenv("COLUMNS", "2000")  # one line per option: no name broken at its hyphen
     with pytest.raises(SystemExit) as exit_info:

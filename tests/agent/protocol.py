@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from stepscope.launch import LocalJob, launch_ranks
+from stepscope.local.launch import LocalJob, launch_ranks
 from tests.polling import wait_for  # noqa: F401 (imported from here by the tests)
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stepscope.launch import free_port
+from stepscope.local.launch import free_port
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
 from tests.agent.protocol import load_trace, profiler_steps, read_state, write_request
 

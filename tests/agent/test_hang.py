@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from stepscope.launch import LocalJob
+from stepscope.local.launch import LocalJob
 
 from tests.agent.protocol import logs, wait_for, wait_for_state, write_request
 

@@ -1,5 +1,5 @@
 """Summaries of real CPU-only traces: two gloo ranks profiled with torch.profiler, rank 1 slowed
-inside a Python function (stepscope.workload.augment_batch_slowly). DDP splits the gradients into
+inside a Python function (stepscope.local.workload.augment_batch_slowly). DDP splits the gradients into
 two buckets, which gloo all-reduces at once on its two threads, as it does on real models."""
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ SCRIPT = r"""
 import os, sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import profile, ProfilerActivity, schedule
-from stepscope.workload import augment_batch_slowly, build_model
+from stepscope.local.workload import augment_batch_slowly, build_model
 rank, out, slow_ms = int(os.environ["RANK"]), sys.argv[1], float(sys.argv[2])
 torch.set_num_threads(1)
 dist.init_process_group("gloo")

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from kopf.testing import KopfRunner
 
-from stepscope.launch import free_port
+from stepscope.local.launch import free_port
 from stepscope.operator import kube as operator_kube
 from stepscope.operator import registry
 from stepscope.operator.injection import SIDECAR_NAME

@@ -11,7 +11,7 @@ import kubernetes
 import pytest
 from moto.server import ThreadedMotoServer
 
-from stepscope.launch import free_port, launch_ranks
+from stepscope.local.launch import free_port, launch_ranks
 from stepscope.operator import kube as operator_kube
 from stepscope.sidecar.daemon import Sidecar
 from tests.kube.fixtures import Kube, kube  # noqa: F401

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.launch import free_port
+from stepscope.local.launch import free_port
 
 
 def _stepscope(*args: str, kubeconfig: Path) -> subprocess.CompletedProcess[str]:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import urllib.request
 
-from stepscope.launch import free_port
+from stepscope.local.launch import free_port
 from tests.kube.fixtures import Kube
 from tests.kube.helpers import wait_for
 from tests.operator.harness import OPERATOR_KEY, OperatorHarness, session_spec

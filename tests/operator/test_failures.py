@@ -7,7 +7,7 @@ import time
 import kubernetes
 import pytest
 
-from stepscope.launch import free_port
+from stepscope.local.launch import free_port
 from stepscope.operator import metrics, pod_record
 from stepscope.operator.pod_record import PodRecord
 from stepscope.sidecar.daemon import Sidecar

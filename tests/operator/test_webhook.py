@@ -21,7 +21,7 @@ import kubernetes
 import pytest
 from kopf.testing import KopfRunner
 
-from stepscope.launch import free_port
+from stepscope.local.launch import free_port
 from stepscope.operator import kube as operator_kube
 from stepscope.operator import metrics, registry
 from stepscope.operator.injection import BOOTSTRAP_DIR, SIDECAR_NAME

@@ -13,7 +13,7 @@ import pytest
 
 from stepscope import layout
 from stepscope.analysis.model import decode_summary
-from stepscope.launch import LocalJob, launch_ranks
+from stepscope.local.launch import LocalJob, launch_ranks
 from stepscope.sidecar_client import SidecarClient
 from tests.sidecar.conftest import KEY, eventually, wait_for
 from tests.sidecar.test_commands import sidecar_process, stepscope  # noqa: F401 - fixture

@@ -11,7 +11,7 @@ from urllib.request import urlopen
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from stepscope.launch import LocalJob, launch_ranks
+from stepscope.local.launch import LocalJob, launch_ranks
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
 from tests.agent.protocol import wait_for

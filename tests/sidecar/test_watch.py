@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stepscope.detection import HANG, SLOWDOWN, Conditions, Fire, State, detect, observe
-from stepscope.launch import LocalJob, launch_ranks
+from stepscope.local.launch import LocalJob, launch_ranks
 from stepscope.sidecar_client import SidecarClient
 from tests.agent.protocol import wait_for
 

@@ -64,7 +64,7 @@ class LocalJob:
 
 def launch_ranks(world_size: int, stepscope_dir: Path, workload_args: list[str], extra_env: dict[str, str] | None = None,
                  log_dir: Path | None = None) -> LocalJob:
-    """Start `world_size` ranks of stepscope/workload.py (stdout+stderr to `log_dir`/rank-<r>.log
+    """Start `world_size` ranks of stepscope/local/workload.py (stdout+stderr to `log_dir`/rank-<r>.log
     when given, else inherited)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")

@@ -16,7 +16,7 @@ and a hung rank (blocks in `block_forever` after its optimizer step, so its peer
 all-reduce; forever, or for --hang-seconds). Every rank reads its batches through a DataLoader
 whose shard reads block for --step-sleep-ms a step (the job's natural I/O wait).
 
-    python stepscope/workload.py --steps 50 --slow-rank 1 --fault sleep --slow-ms 20
+    python stepscope/local/workload.py --steps 50 --slow-rank 1 --fault sleep --slow-ms 20
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fault-injection scenarios: small gloo jobs of stepscope/workload.py, each with one known cause
+"""Fault-injection scenarios: small gloo jobs of stepscope/local/workload.py, each with one known cause
 (or none), that `stepscope demo --scenario NAME` runs and benchmarks/diagnosis_accuracy.py scores
 the diagnosis on.
 

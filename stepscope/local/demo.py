@@ -5,7 +5,7 @@ PYTHONPATH; the training script never imports stepscope), one rank slowed inside
 named `augment_batch_slowly`. A real sidecar daemon runs beside it; `stepscope capture` triggers 3
 steps through the sidecar's signed HTTP API into a local file:// store and diagnoses them.
 
-`--scenario NAME` runs one of the fault-injection scenarios (stepscope/scenarios.py) instead: a
+`--scenario NAME` runs one of the fault-injection scenarios (stepscope/local/scenarios.py) instead: a
 known cause on one rank (or none), captured at the default size, so a user sees what stepscope
 says about each kind of problem. `LocalRun` is the part benchmarks/diagnosis_accuracy.py reuses.
 """
@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from stepscope import capture
-from stepscope.launch import LocalJob, free_port, launch_ranks
-from stepscope.scenarios import SCENARIOS, Scenario
+from stepscope.local import capture
+from stepscope.local.launch import LocalJob, free_port, launch_ranks
+from stepscope.local.scenarios import SCENARIOS, Scenario
 from stepscope.sidecar_client import SidecarClient, SidecarError
 
 RANKS = 4
@@ -148,11 +148,11 @@ class LocalRun:
 
 def _start_text(scenario: Scenario | None, ranks: int, slow_ms: float) -> str:
     if scenario is None:
-        return (f"starting {ranks} gloo ranks of stepscope/workload.py, unchanged; rank {SLOW_RANK} is slowed "
+        return (f"starting {ranks} gloo ranks of stepscope/local/workload.py, unchanged; rank {SLOW_RANK} is slowed "
                 f"by {slow_ms:g} ms a step inside augment_batch_slowly()")
     rank = scenario.slow_rank(ranks)
     where = f" on rank {rank}" if rank is not None else ""
-    return f"starting {ranks} gloo ranks of stepscope/workload.py, unchanged; scenario {scenario.name}{where}: {scenario.description}"
+    return f"starting {ranks} gloo ranks of stepscope/local/workload.py, unchanged; scenario {scenario.name}{where}: {scenario.description}"
 
 
 def run(args: argparse.Namespace) -> int:

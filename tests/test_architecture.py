@@ -1,0 +1,140 @@
+"""Dependencies point one way (docs/architecture.md): the core imports none of the parts; the
+analysis imports only the core; the sidecar and the operator import the analysis and the core, never
+each other; only the roof (stepscope.cli, stepscope.local) imports everything, and nothing imports
+the roof. Checked over the source's AST, so an import inside a function counts as much as one at
+the top, and no module is executed."""
+from __future__ import annotations
+
+import ast
+import operator as stdlib_operator
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PARTS = ("operator", "sidecar", "analysis")
+ROOF = ("stepscope.cli", "stepscope.local")
+# What each layer may import besides itself.
+ALLOWED = {
+    "core": set(),
+    "analysis": {"core"},
+    "sidecar": {"core", "analysis"},
+    "operator": {"core", "analysis"},
+    "roof": {"core", "analysis", "sidecar", "operator"},
+}
+# Layers that must never load torch: the operator's and the analysis Job's images have none.
+NO_TORCH = ("core", "analysis", "operator")
+# Folders a module started in the repository root could import under a second, top-level name
+# (`operator` is not among them: without an __init__.py it never wins over the standard library's).
+SECOND_NAMES = ("sidecar", "analysis", "tests", "benchmarks")
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] != "stepscope":
+        raise ValueError(f"{module} is outside the package")
+    if len(parts) > 1 and parts[1] in PARTS:
+        return parts[1]
+    if any(module == roof or module.startswith(roof + ".") for roof in ROOF):
+        return "roof"
+    return "core"
+
+
+def module_name(path: Path) -> str:
+    """The import name of a source file: stepscope/ holds the core and the roof; the top-level
+    operator/, sidecar/ and analysis/ import as stepscope.<part> (stepscope/<part> links to them)."""
+    relative = path.relative_to(REPO).with_suffix("")
+    names = list(relative.parts)
+    if names[-1] == "__init__":
+        names.pop()
+    return ".".join(names if names[0] == "stepscope" else ["stepscope", *names])
+
+
+def imports(path: Path, module: str) -> set[str]:
+    """Every module `path` imports, absolute, wherever in the file the import sits."""
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            found.add(base)
+            # `from stepscope import layout` imports the module stepscope.layout
+            found.update(f"{base}.{alias.name}" for alias in node.names if base == "stepscope")
+    return found
+
+
+def sources() -> dict[str, Path]:
+    files = [p for p in (REPO / "stepscope").rglob("*.py") if not any(part in PARTS for part in p.relative_to(REPO / "stepscope").parts)]
+    for part in PARTS:
+        files.extend((REPO / part).rglob("*.py"))
+    return {module_name(p): p for p in files}
+
+
+def graph() -> dict[str, set[str]]:
+    return {module: imports(path, module) for module, path in sources().items()}
+
+
+def violations(edges: dict[str, set[str]]) -> list[str]:
+    """One line per import that goes against the layering."""
+    found = []
+    for source, targets in sorted(edges.items()):
+        here = layer(source)
+        for target in sorted(targets):
+            top = target.split(".")[0]
+            if top in SECOND_NAMES:
+                found.append(f"{source} imports {target}: a second name for a folder of the repository")
+            elif top == "torch" and here in NO_TORCH:
+                found.append(f"{source} ({here}) imports torch")
+            elif top == "stepscope" and target != "stepscope":
+                there = layer(target)
+                if there != here and there not in ALLOWED[here]:
+                    found.append(f"{source} ({here}) imports {target} ({there})")
+    return found
+
+
+def test_dependencies_point_one_way() -> None:
+    edges = graph()
+    assert len(edges) > 80, "the walk found too few modules"
+    found = violations(edges)
+    assert not found, "imports against the layering (docs/architecture.md):\n" + "\n".join(found)
+
+
+def test_the_check_sees_back_edges() -> None:
+    """The check itself: each kind of back-edge, at the top or inside a function, is reported."""
+    planted = {
+        "stepscope.storage": {"stepscope.analysis.model"},
+        "stepscope.analysis.hardware": {"stepscope.sidecar.nvml_api"},
+        "stepscope.sidecar.sessions": {"stepscope.operator.kube"},
+        "stepscope.operator.metrics": {"stepscope.sidecar.metrics"},
+        "stepscope.analysis.summary": {"stepscope.local.launch", "torch"},
+        "stepscope.sidecar.uploads": {"sidecar.nvml"},
+    }
+    assert len(violations(planted)) == 7
+    edges = graph()
+    assert "stepscope.operator.analysis_job" in edges["stepscope.cli"]  # found inside a function
+    assert "stepscope.layout" in edges["stepscope.analysis.report"]  # `from stepscope import layout`
+
+
+def test_parts_are_links_to_the_top_level_folders() -> None:
+    for part in PARTS:
+        link = REPO / "stepscope" / part
+        assert link.is_symlink() and link.resolve() == REPO / part
+
+
+@pytest.mark.parametrize("name", ["tests", "helm", "benchmarks"])
+def test_nothing_outside_the_package_imports_through_it(name: str) -> None:
+    with pytest.raises(ModuleNotFoundError):
+        __import__(f"stepscope.{name}")
+
+
+def test_python_started_in_the_repository_keeps_the_standard_library() -> None:
+    code = "import operator, stepscope.operator.settings; print(operator.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == stdlib_operator.__file__
