@@ -17,19 +17,18 @@ import msgspec
 
 from stepscope.analysis.model import SUMMARY_VERSION, RankSummary, decode_summary
 from stepscope.analysis.parallel import analysis_workers, worker_pool
+from stepscope import layout
 from stepscope.analysis.report_merge import RANK_DIGITS
+from stepscope.analysis.summary import rank_from_name
 from stepscope.analysis.trace import NOT_A_TRACE
 from stepscope.storage import Store, StoreError, open_store
 
-_RANK_FILE = re.compile(r"^ranks/rank-(\d+)\.(summary\.json|trace\.json(?:\.gz)?|stacks\.json)$")
-_NODE_METRICS = re.compile(r"^nodes/([^/]+)/gpu-metrics\.csv\.gz$")
 _RAW_TRACE = re.compile(r"^[^/]+\.json(?:\.gz)?$")
 # The agent's own folder holds traces next to its state and stacks files (wire.md).
 _FLAT_STACKS = re.compile(r"^rank-(\d+)\.stacks\.json$")
 _NOT_TRACE = re.compile(r"\.(state|stacks|summary)\.json$|^(session|request)\.json$")
 # Raw traces summarised in parallel processes, when together at least this large.
 PARALLEL_BYTES = 64 << 20
-_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 # Gaps below this are ranks that sent nothing; a number above it (a corrupt rank field or file
 # name) is not taken to mean that every rank up to it is missing. The merged trace numbers pids
 # for as many ranks.
@@ -86,19 +85,19 @@ def find_files(store: Store, only: str | None = None) -> SessionFiles:
     ranks: dict[int, RankFiles] = {}
     metrics: dict[str, str] = {}
     for key in keys:
-        m = _RANK_FILE.match(key)
+        m = layout.RANK_FILE.match(key)
         if m:
             files = ranks.setdefault(int(m[1]), RankFiles(int(m[1])))
             kind = m[2].split(".", 1)[0]
             setattr(files, kind, key)
             continue
-        m = _NODE_METRICS.match(key)
+        m = layout.NODE_METRICS.match(key)
         if m:
             metrics[m[1]] = key
     if ranks or metrics:
         return SessionFiles(store, [ranks[r] for r in sorted(ranks)], metrics)
     raw = sorted(k for k in keys if _RAW_TRACE.match(k) and not _NOT_TRACE.search(k))
-    flat = [RankFiles(_rank_from_name(k), trace=k) for k in raw]
+    flat = [RankFiles(rank_from_name(k), trace=k) for k in raw]
     for key in keys:
         m = _FLAT_STACKS.match(key)
         if m:
@@ -107,11 +106,6 @@ def find_files(store: Store, only: str | None = None) -> SessionFiles:
                 flat.append(owner := RankFiles(int(m[1])))
             owner.stacks = key
     return SessionFiles(store, flat, {}, layout="flat")
-
-
-def _rank_from_name(key: str) -> int | None:
-    m = _RANK_IN_NAME.search(key)
-    return int(m[1]) if m else None
 
 
 @contextlib.contextmanager

@@ -21,7 +21,8 @@ _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 NO_GPU_EVENTS = "no GPU events"
 
 
-def _rank_from_name(path: str | Path) -> int | None:
+def rank_from_name(path: str | Path) -> int | None:
+    """The rank a raw trace's file name gives (HTA's layout: rank-3.json, trace_rank_3.json.gz)."""
     m = _RANK_IN_NAME.search(Path(path).name)
     return int(m.group(1)) if m else None
 
@@ -46,7 +47,7 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
     """`top`: kernels of each type and Python functions kept (a diff of two runs wants them all)."""
     warnings = list(trace.warnings)
     if rank is None:
-        rank = trace.rank if trace.rank is not None else _rank_from_name(trace.path)
+        rank = trace.rank if trace.rank is not None else rank_from_name(trace.path)
     if rank is None:
         warnings.append("rank unknown (no distributedInfo, none given, none in the file name): taken as 0")
         rank = 0
@@ -97,7 +98,7 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
 
 def summarize_file(path: str | Path, *, rank: int | None = None, pod: str = "", node: str = "", top: int = 50) -> RankSummary:
     """Summarise a trace file; never raises: an unreadable trace gives a summary with `error` set."""
-    known_rank = rank if rank is not None else _rank_from_name(path)
+    known_rank = rank if rank is not None else rank_from_name(path)
     failed = RankSummary(version=SUMMARY_VERSION, rank=-1 if known_rank is None else known_rank, pod=pod,
                          node=node, source=Path(path).name)
     try:

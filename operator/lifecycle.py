@@ -84,6 +84,8 @@ class SessionRunner:
         self.record: SessionRecord | None = None
         self.pods: PodRecord | None = None
         self.dest = ""
+        # spec.timeoutSeconds once _drive has read the spec (the spec's own default until then)
+        self.timeout_s = float(SessionSpec.timeoutSeconds)
         self.unregistered: list[str] = []  # pods lost for want of a registered training process
         self.uninjected: list[str] = []  # selected pods that asked for the sidecar and started without it
 
@@ -111,6 +113,7 @@ class SessionRunner:
             selector = label_selector(spec.selector)
         except (SpecError, TypeError, ValueError) as exc:
             raise Fail("InvalidSpec", str(exc)) from None
+        self.timeout_s = float(spec.timeoutSeconds)
         creds = await self._credentials(spec)
         self.dest = destination(spec, self.ns, self.name, self.uid)
         await self._open_record(spec, creds)
@@ -390,8 +393,7 @@ class SessionRunner:
 
     def _timed_out(self) -> bool:
         start = self.status.get("startTime")
-        limit = (self.obj.get("spec") or {}).get("timeoutSeconds", 1800)
-        return bool(start) and time.time() - parse_iso(start) > float(limit)
+        return bool(start) and time.time() - parse_iso(start) > self.timeout_s
 
     async def _sleep(self, seconds: float) -> None:
         await self.stopped.wait(seconds)

@@ -2,6 +2,8 @@
 its keys here so that writers and readers cannot drift apart."""
 from __future__ import annotations
 
+import re
+
 from stepscope import wire
 
 
@@ -27,6 +29,12 @@ def rank_stacks(rank: int) -> str:
 
 def node_metrics(pod: str) -> str:
     return f"nodes/{pod}/gpu-metrics.csv.gz"
+
+
+# The readers' side of the keys above: rank_summary, rank_trace (also uncompressed, as older
+# agents wrote it) and rank_stacks (group 1 the rank, group 2 the kind); node_metrics (group 1 the pod).
+RANK_FILE = re.compile(r"^ranks/rank-(\d+)\.(summary\.json|trace\.json(?:\.gz)?|stacks\.json)$")
+NODE_METRICS = re.compile(r"^nodes/([^/]+)/gpu-metrics\.csv\.gz$")
 
 
 REPORT_DIAGNOSIS = "report/diagnosis.json"

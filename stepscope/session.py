@@ -97,12 +97,12 @@ class SessionSpec:
         result = cls(
             capture=CaptureSpec(**capture),
             hardwareMetrics=HardwareMetricsSpec(**(spec.get("hardwareMetrics") or {})),
-            saveRawTrace=spec.get("saveRawTrace", "all"),
+            saveRawTrace=spec.get("saveRawTrace", cls.saveRawTrace),
             storage=StorageSpec(**(spec.get("storage") or {})),
-            analysisEnabled=bool((spec.get("analysis") or {}).get("enabled", True)),
-            hangTimeoutSeconds=int(spec.get("hangTimeoutSeconds", 300)),
-            timeoutSeconds=int(spec.get("timeoutSeconds", 1800)),
-            registrationTimeoutSeconds=int(spec.get("registrationTimeoutSeconds", 120)),
+            analysisEnabled=bool((spec.get("analysis") or {}).get("enabled", cls.analysisEnabled)),
+            hangTimeoutSeconds=int(spec.get("hangTimeoutSeconds", cls.hangTimeoutSeconds)),
+            timeoutSeconds=int(spec.get("timeoutSeconds", cls.timeoutSeconds)),
+            registrationTimeoutSeconds=int(spec.get("registrationTimeoutSeconds", cls.registrationTimeoutSeconds)),
             ttlSecondsAfterFinished=spec.get("ttlSecondsAfterFinished"),
             selector=dict(spec.get("selector") or {}),
         )

@@ -118,8 +118,8 @@ class FileStore:
         source, target = self._path(key), Path(path)
         if not source.is_file():
             raise ObjectNotFound(f"{self.uri_for(key)} does not exist")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
+        with source.open("rb") as src:
+            write_atomically(target, lambda out: shutil.copyfileobj(src, out, 1 << 20))
         return target
 
     def list(self, prefix: str = "") -> list[str]:
@@ -212,17 +212,8 @@ class S3Store:
 
     def download(self, key: str, path: Path | str) -> Path:
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}{PARTIAL_SUFFIX}")
-
-        def fetch() -> None:
-            self._client.download_file(self.bucket, self._key(key), str(tmp), Config=self._transfer)
-            os.replace(tmp, target)
-
-        try:
-            self._call(f"download {self.uri_for(key)}", fetch)
-        finally:
-            tmp.unlink(missing_ok=True)
+        self._call(f"download {self.uri_for(key)}",
+                   lambda: write_atomically(target, lambda out: self._client.download_fileobj(self.bucket, self._key(key), out, Config=self._transfer)))
         return target
 
     def list(self, prefix: str = "") -> list[str]:

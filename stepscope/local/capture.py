@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stepscope import layout
-from stepscope.session import CaptureSpec, HardwareMetricsSpec, SessionSpec, SpecError
+from stepscope.session import SAVE_RAW_TRACE, CaptureSpec, HardwareMetricsSpec, SessionSpec, SpecError
 from stepscope.sidecar_client import SidecarClient, SidecarError
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, load_key
 from stepscope.storage import StoreError, open_store
@@ -27,18 +27,18 @@ CANCEL_GRACE_S = 60.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--wait", type=int, default=5, metavar="N", help="steps to let pass before capturing (default %(default)s)")
+    parser.add_argument("--wait", type=int, default=CaptureSpec.waitSteps, metavar="N", help="steps to let pass before capturing (default %(default)s)")
     window = parser.add_mutually_exclusive_group()
     window.add_argument("--steps", type=int, default=None, metavar="N", help=f"steps to capture, 1..50 (default {CaptureSpec.steps})")
     window.add_argument("--duration", type=float, default=None, metavar="S", help="capture S seconds instead (loops without steps)")
     parser.add_argument("--output-dir", type=Path, default=None, metavar="DIR", help="where the artifacts go (default ./stepscope-<time>)")
-    parser.add_argument("--save-raw-trace", choices=("none", "master", "all"), default="all", help="raw traces to keep (summaries always)")
+    parser.add_argument("--save-raw-trace", choices=SAVE_RAW_TRACE, default=SessionSpec.saveRawTrace, help="raw traces to keep (summaries always)")
     parser.add_argument("--analyze", action="store_true", help="diagnose the capture and write the report into DIR/report")
     parser.add_argument("--sidecar", type=_sidecar_url, default=os.environ.get("STEPSCOPE_SIDECAR", f"http://127.0.0.1:{DEFAULT_PORT}"), metavar="URL",
                         help="the sidecar's control endpoint (env STEPSCOPE_SIDECAR, default %(default)s)")
     parser.add_argument("--key-file", default=None, help=f"HMAC key file (default $STEPSCOPE_HMAC_KEY, else {DEFAULT_KEY_FILE})")
-    parser.add_argument("--timeout", type=int, default=1800, metavar="S", help="give up after S seconds (default %(default)s)")
-    parser.add_argument("--hang-timeout", type=int, default=300, metavar="S", help="no step for S seconds counts as a hang (default %(default)s)")
+    parser.add_argument("--timeout", type=int, default=SessionSpec.timeoutSeconds, metavar="S", help="give up after S seconds (default %(default)s)")
+    parser.add_argument("--hang-timeout", type=int, default=SessionSpec.hangTimeoutSeconds, metavar="S", help="no step for S seconds counts as a hang (default %(default)s)")
     parser.add_argument("--no-hardware-metrics", action="store_true", help="do not sample NVML during the capture")
     parser.add_argument("--no-stack", action="store_true", help="record no Python function events (capture.withStack=false)")
     parser.add_argument("--max-stack-events", type=int, default=DEFAULT_MAX_STACK_EVENTS, metavar="N",
