@@ -97,7 +97,7 @@ def run_session(api_client, name: str, concurrency: int, port: int) -> dict[str,
 
     os.environ["STEPSCOPE_FANOUT_CONCURRENCY"] = str(concurrency)
     api = kubernetes.client.CustomObjectsApi(api_client)
-    writes_before = metrics.STATUS_WRITES.value
+    writes_before = metrics.value("stepscope_status_writes_total")
     write_times: list[float] = []
     patch = kube.patch_session_status
 
@@ -122,7 +122,7 @@ def run_session(api_client, name: str, concurrency: int, port: int) -> dict[str,
     uid = api_uid(api_client, name)
     puts = [count for key, count in stats["puts"].items() if key.endswith(uid)]
     return {"phase": status["phase"], "triggered": len(mine), "all_triggered_s": max(mine) - t0, "session_s": t_end - t0,
-            "status_writes": metrics.STATUS_WRITES.value - writes_before,
+            "status_writes": metrics.value("stepscope_status_writes_total") - writes_before,
             "max_puts_per_pod": max(puts), "min_gap_s": min(b - a for a, b in zip(write_times, write_times[1:])),
             "status_bytes": len(json.dumps(status).encode())}
 

@@ -96,7 +96,7 @@ def test_selection_too_large_for_the_pod_record_fails_before_any_trigger(operato
     monkeypatch.setattr(pod_record, "MAX_BYTES", 64)  # three names fill it here, as ~300,000 fill the real 1 MiB
     for i in range(3):
         pods.create(f"idle-{i}", {"job": "many"}, port=port_of(idle))
-    triggers = metrics.TRIGGERS.value
+    triggers = metrics.value("stepscope_sidecar_triggers_total")
     uid = operator.create_session("too-many", session_spec({"job": "many"}, s3_endpoint))["metadata"]["uid"]
     status = operator.wait_phase("too-many", ("Failed", "Capturing"))
     assert status["phase"] == "Failed", status
@@ -104,7 +104,7 @@ def test_selection_too_large_for_the_pod_record_fails_before_any_trigger(operato
     assert ready["reason"] == "PodRecordTooLarge" and _condition(status, "Triggered")["status"] == "False"
     assert re.fullmatch(r"the names of the 3 selected pods take \d+ bytes gzipped, more than the 60 a pod record \(a ConfigMap\) holds; "
                         r"narrow spec.selector or split the pods over several ProfileSessions; no sidecar was triggered", status["message"]), status["message"]
-    assert metrics.TRIGGERS.value == triggers
+    assert metrics.value("stepscope_sidecar_triggers_total") == triggers
     with pytest.raises(SidecarError) as unknown:
         SidecarClient(idle.url, KEY).get_session(uid)
     assert unknown.value.status == 404, "the sidecar never saw the session"

@@ -126,14 +126,14 @@ def test_operator_restart_mid_capture_resumes_without_a_second_trigger(operator:
     operator.wait_phase("restart", ("Capturing",), timeout=30)
     request = training / "request.json"
     issued = json.loads(request.read_text())["issuedAt"]
-    triggers = metrics.TRIGGERS.value
+    triggers = metrics.value("stepscope_sidecar_triggers_total")
     operator.stop()
     assert operator.status("restart")["phase"] == "Capturing", "the restart must land mid-capture"
 
     operator.start()
     status = operator.wait_phase("restart", ("Succeeded", "Failed"), timeout=60)
     assert status["phase"] == "Succeeded", status
-    assert metrics.TRIGGERS.value == triggers, "a sidecar was triggered again after the restart"
+    assert metrics.value("stepscope_sidecar_triggers_total") == triggers, "a sidecar was triggered again after the restart"
     assert json.loads(request.read_text())["issuedAt"] == issued
     assert triggered_pods(operator, status) == ["train-a"] and status["workers"]["uploaded"] == 2
     assert status["message"].endswith("analysis disabled")

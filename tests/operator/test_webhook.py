@@ -195,7 +195,7 @@ def test_point2_a_failure_beside_admission_admits_the_pod_as_is_with_a_warning_a
     rbac = kubernetes.client.RbacAuthorizationV1Api(cluster.api_client)
     rbac.delete_namespaced_role_binding("stepscope-injection", "team-b")
     chart.core.create_namespaced_secret("team-b", {"metadata": {"name": "stepscope-hmac"}, "stringData": {"key": "stale"}})
-    before = metrics.PODS_NOT_INJECTED.value
+    before = metrics.value("stepscope_pods_not_injected_total")
     with chart.operator():
         _ready(chart, "default")
         pod, warnings = chart.create_pod("team-b", "trainer-0")
@@ -205,7 +205,7 @@ def test_point2_a_failure_beside_admission_admits_the_pod_as_is_with_a_warning_a
         assert "403 Forbidden" in warning and "HTTPHeaderDict" not in warning
         (event,) = wait_for(lambda: chart.events("team-b", "trainer-0"), 30, "the SidecarNotInjected event")
         assert event["reason"] == "SidecarNotInjected" and event["type"] == "Warning" and "403 Forbidden" in event["message"]
-        wait_for(lambda: metrics.PODS_NOT_INJECTED.value == before + 1, 10, "the metric to count the pod")
+        wait_for(lambda: metrics.value("stepscope_pods_not_injected_total") == before + 1, 10, "the metric to count the pod")
         # Once the gap is fixed the namespace gets its key and the next pods their sidecar.
         for doc in chart.docs:
             if doc["kind"] == "RoleBinding" and doc["metadata"]["namespace"] == "team-b" and doc["metadata"]["name"] == "stepscope-injection":
