@@ -11,7 +11,7 @@ NATIVE := sidecar/_fast_sampler.so
 # A real helm for the chart tests (helm/install_helm.py); without it they skip and say why.
 HELM := $(BIN)/helm
 
-.PHONY: demo test install bench clean
+.PHONY: demo test lint install bench clean
 
 install: $(STAMP) $(HELM)
 
@@ -30,11 +30,16 @@ $(HELM): helm/install_helm.py | $(STAMP)
 demo: $(STAMP) $(NATIVE)
 	$(BIN)/stepscope demo
 
-test: $(STAMP) $(NATIVE) $(HELM)
+# Lint and type-check first (configured in pyproject.toml), then the tests.
+lint: $(STAMP)
+	$(BIN)/ruff check
+	$(BIN)/mypy
+
+test: $(STAMP) $(NATIVE) $(HELM) lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP) $(NATIVE)
 	$(BIN)/python benchmarks/agent_overhead.py
 
 clean:
-	rm -rf $(VENV) demo-output .pytest_cache $(NATIVE)
+	rm -rf $(VENV) demo-output .pytest_cache .mypy_cache .ruff_cache $(NATIVE)
