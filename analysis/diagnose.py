@@ -19,9 +19,9 @@ from stepscope.analysis.consistency import CPU_ONLY, reconcile
 from stepscope.analysis.hangs import hang_findings
 from stepscope.analysis.model import Breakdown, Diagnosis, Finding, RankSummary, SlowWorker, StepTime
 from stepscope.analysis.rank_tables import RankTables, build_tables
-from stepscope.analysis.summary import NO_GPU_EVENTS
 from stepscope.analysis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
 from stepscope.analysis.straggler import Straggler, find_straggler
+from stepscope.analysis.summary import NO_GPU_EVENTS
 from stepscope.analysis.wording import finding, function_text, ms, ranks_text, short
 from stepscope.wire import STACKS_DROPPED
 

@@ -13,7 +13,6 @@ from stepscope.analysis.model import RankSummary
 from stepscope.analysis.session_files import find_files, open_session, read_ranks
 from stepscope.storage import StoreError
 
-
 # Raw traces are summarised with every kernel and function: a kernel outside one run's top 50
 # is not "added" in the other.
 ALL = 1 << 30

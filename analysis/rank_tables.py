@@ -10,7 +10,6 @@ import pandas as pd
 
 from stepscope.analysis.model import CollectiveStat, FunctionStat, KernelStat, MemoryOpStat, RankSummary, RuntimeStat, StepRow
 
-
 _ADDRESS = r" at 0x[0-9a-fA-F]+"
 # stepscope's own agent (its heartbeat and watchdog threads, its step hook) and torch's profiler
 # (its step and record_function frames): never a finding; their time is reported apart.

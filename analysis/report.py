@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Executor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diag
     """Write every report file; returns name -> URI. A rank left out of the merged trace (no room,
     or its raw trace cannot be read) gets a problem entry; the merged trace is written first, so
     the other files say what it holds. Its ranks are rewritten in `pool`."""
-    generated = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    generated = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     written: dict[str, str] = {}
 
     def put(name: str, data: bytes) -> None:

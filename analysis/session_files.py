@@ -8,16 +8,16 @@ from __future__ import annotations
 import contextlib
 import re
 import tempfile
-from concurrent.futures import Executor, as_completed
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 
+from stepscope import layout
 from stepscope.analysis.model import SUMMARY_VERSION, RankSummary, decode_summary
 from stepscope.analysis.parallel import analysis_workers, worker_pool
-from stepscope import layout
 from stepscope.analysis.report_merge import RANK_DIGITS
 from stepscope.analysis.summary import rank_from_name
 from stepscope.analysis.trace import NOT_A_TRACE

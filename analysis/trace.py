@@ -16,11 +16,12 @@ from __future__ import annotations
 import ast
 import re
 from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import attrgetter, is_not
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, NamedTuple, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 import msgspec
 import numpy as np

@@ -16,13 +16,12 @@ import sys
 import time
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "analysis"))
 
-from synthetic_ranks import make_summaries  # noqa: E402
+from synthetic_ranks import make_summaries
 
-from stepscope.analysis.diagnose import diagnose  # noqa: E402
-from stepscope.analysis.model import decode_summary, encode  # noqa: E402
+from stepscope.analysis.diagnose import diagnose
+from stepscope.analysis.model import decode_summary, encode
 
 GOAL_S = 5.0
 

@@ -71,8 +71,9 @@ def simulated_sidecars(port: int, ready: multiprocessing.Event) -> None:
 
 
 def create_pods(api_client, n: int, port: int) -> None:
-    import kubernetes
     from concurrent.futures import ThreadPoolExecutor
+
+    import kubernetes
 
     core = kubernetes.client.CoreV1Api(api_client)
 

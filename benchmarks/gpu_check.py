@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from stepscope import layout
-from stepscope.local import capture
 from stepscope.analysis.hardware import read_metrics
+from stepscope.local import capture
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar.nvml import SimulatedBackend, default_backend

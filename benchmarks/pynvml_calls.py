@@ -16,16 +16,17 @@ import argparse
 import math
 import sys
 import timeit
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pynvml as nv  # noqa: E402
+import pynvml as nv
 
-from stepscope.gpu_metrics import round_fields  # noqa: E402
-from stepscope.sidecar.nvml_pynvml import UNION_MEMBER, PynvmlBackend  # noqa: E402
-from tests.nvml.fake_libnvml import FakeGpu, FakeNvmlLib  # noqa: E402
+from stepscope.gpu_metrics import round_fields
+from stepscope.sidecar.nvml_pynvml import UNION_MEMBER, PynvmlBackend
+from tests.nvml.fake_libnvml import FakeGpu, FakeNvmlLib
 
 ROUND_CALLS = ("nvmlDeviceGetFieldValues", "nvmlDeviceGetClockInfo", "nvmlDeviceGetCurrentClocksEventReasons")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import boto3
 
 from stepscope.local.launch import free_port
-from stepscope.storage import MULTIPART_CHUNK, MAX_CONCURRENCY, open_store
+from stepscope.storage import MAX_CONCURRENCY, MULTIPART_CHUNK, open_store
 
 
 def _start_moto() -> tuple[subprocess.Popen, str]:
@@ -57,7 +57,7 @@ class _PeakRss:
         while not self._stop.wait(0.01):
             self.peak = max(self.peak, _rss())
 
-    def __enter__(self) -> "_PeakRss":
+    def __enter__(self) -> _PeakRss:
         self._thread.start()
         return self
 

@@ -31,7 +31,7 @@ class ServingCert:
         return {"tls.crt": _b64(self.cert_pem), "tls.key": _b64(self.key_pem), "ca.crt": _b64(self.ca_pem)}
 
     @classmethod
-    def from_secret_data(cls, data: dict[str, str]) -> "ServingCert":
+    def from_secret_data(cls, data: dict[str, str]) -> ServingCert:
         return cls(*(base64.b64decode(data[k]) for k in ("ca.crt", "tls.crt", "tls.key")))
 
     def server_context(self) -> ssl.SSLContext:
@@ -64,7 +64,7 @@ DAYS = 3650
 
 def generate(names: list[str], days: int = DAYS) -> ServingCert:
     """A certificate for `names` (DNS names or IPs) signed by a fresh CA."""
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "stepscope-webhook-ca")])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())

@@ -13,7 +13,8 @@ from typing import Any
 
 from stepscope import wire
 from stepscope.operator.settings import OperatorSettings
-from stepscope.wire import DEFAULT_PORT as SIDECAR_PORT, PORT_NAME as SIDECAR_PORT_NAME
+from stepscope.wire import DEFAULT_PORT as SIDECAR_PORT
+from stepscope.wire import PORT_NAME as SIDECAR_PORT_NAME
 
 SIDECAR_NAME = "stepscope-sidecar"
 VOLUME_NAME = "stepscope-run"
@@ -40,7 +41,7 @@ class InjectionSettings:
     resources: dict[str, Any] = field(default_factory=lambda: {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}})
 
     @classmethod
-    def from_operator(cls, s: OperatorSettings) -> "InjectionSettings":
+    def from_operator(cls, s: OperatorSettings) -> InjectionSettings:
         return cls(s.image, s.image_pull_policy, s.hmac_secret, s.hmac_secret_key)
 
 

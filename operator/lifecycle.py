@@ -16,13 +16,12 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from stepscope.operator import cancellation, credentials, fanout, jobs, kube, metrics, pod_record
+from stepscope.operator.namespace_keys import namespace_key
 from stepscope.operator.pod_record import PodRecord
 from stepscope.operator.record import SessionRecord, destination, open_destination
-from stepscope.operator.namespace_keys import namespace_key
 from stepscope.operator.selection import Target, label_selector, not_injected, select_targets, target_of
 from stepscope.operator.settings import GROUP, INJECT_LABEL, PLURAL, VERSION, OperatorSettings
-from stepscope.operator.status import (MAX_FAILED_WORKERS, MAX_MESSAGE, PodProgress, StatusWriter, aggregate, failed_worker, now_iso, parse_iso,
-                                       WAITING, pod_counts, registration_wait, set_condition, unregistered, unregistered_reason)
+from stepscope.operator.status import MAX_FAILED_WORKERS, MAX_MESSAGE, WAITING, PodProgress, StatusWriter, aggregate, failed_worker, now_iso, parse_iso, pod_counts, registration_wait, set_condition, unregistered, unregistered_reason
 from stepscope.session import SessionSpec, SpecError
 
 TERMINAL = ("Succeeded", "Failed")

@@ -8,8 +8,9 @@ import json
 import os
 import sys
 import webbrowser
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import kubernetes
 import urllib3
@@ -37,7 +38,7 @@ def current_namespace() -> str:
 
 def age(created: str, now: dt.datetime | None = None) -> str:
     """kubectl's short age: 45s, 12m, 5h, 3d."""
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     seconds = max(0, int((now - dt.datetime.fromisoformat(created.replace("Z", "+00:00"))).total_seconds()))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:

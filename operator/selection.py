@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION
-from stepscope.wire import PORT_NAME as SIDECAR_PORT_NAME
 from stepscope.session import SpecError
+from stepscope.wire import PORT_NAME as SIDECAR_PORT_NAME
 
 
 @dataclass(frozen=True)

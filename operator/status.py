@@ -26,7 +26,7 @@ CONDITION_TYPES = ("Triggered", "Captured", "Analyzed", "Ready")
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def parse_iso(value: str) -> float:

@@ -28,8 +28,8 @@ from kubernetes.client.rest import ApiException
 from stepscope.operator import certs, injection, kube, metrics
 from stepscope.operator.injection import InjectionSettings, inject
 from stepscope.operator.namespace_keys import MANAGED_LABEL, NamespaceKeys
-from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION, INJECTION_WARNING_ANNOTATION, OperatorSettings
 from stepscope.operator.selection import started_without_sidecar
+from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION, INJECTION_WARNING_ANNOTATION, OperatorSettings
 
 HANDLER_ID = "inject-sidecar"
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def post_warning(pod: Any, reason: str, message: str) -> bool:
     """A Warning Event on a pod, once per pod and reason whichever replica posts it (the name says
     which); False when it was there already. From the upkeep's thread: kopf's posting needs a
     handler's context."""
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     name = f"{pod.metadata.name}.{reason.lower()}.{pod.metadata.uid[:8]}"
     try:
         kube.core().create_namespaced_event(pod.metadata.namespace, _event(pod, name, reason, message, now))
@@ -106,7 +106,7 @@ class Endpoint:
     port: int
 
     @classmethod
-    def from_env(cls) -> "Endpoint":
+    def from_env(cls) -> Endpoint:
         service = os.environ.get("STEPSCOPE_WEBHOOK_SERVICE") or None
         return cls(config=os.environ.get("STEPSCOPE_WEBHOOK_CONFIG", "stepscope-injector.stepscope.io"),
                    tls_secret=os.environ.get("STEPSCOPE_WEBHOOK_TLS_SECRET", "stepscope-webhook-tls"),

@@ -45,7 +45,7 @@ class ControlHandler(BaseHTTPRequestHandler):
     # A client that stops sending mid-request must not hold a handler thread forever.
     timeout = 30
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         path = urlsplit(self.path).path
         if path == "/healthz":
             self._reply(200, {"ok": True})
@@ -55,13 +55,13 @@ class ControlHandler(BaseHTTPRequestHandler):
             return
         self._handle("GET")
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         self._handle("PUT")
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         self._handle("DELETE")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._reply(405, {"error": "use PUT, GET or DELETE on /v1/sessions/{id}"})
 
     def _handle(self, method: str) -> None:
@@ -114,5 +114,5 @@ class ControlHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.client_address[0], format % args)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Mapping
+from collections.abc import Mapping
 
 from stepscope.sidecar.nvml_api import BackendError, DeviceInfo, NvmlBackend
 from stepscope.sidecar.nvml_recorder import METRICS_FILE, MIN_INTERVAL_US, MetricsRecorder, RecorderStats

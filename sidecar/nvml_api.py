@@ -7,8 +7,9 @@ core's (stepscope.gpu_metrics), shared with the analysis that reads the file.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, Sequence
+from typing import Literal, Protocol
 
 UtilizationKind = Literal["gpu", "memory"]
 

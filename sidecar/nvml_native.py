@@ -13,10 +13,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -10,8 +10,9 @@ import math
 import os
 import struct
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from stepscope.sidecar import nvml_native
 from stepscope.sidecar.nvml_api import BackendError, DeviceInfo, UtilizationKind

@@ -33,15 +33,16 @@ import math
 import struct
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
 
-from stepscope.sidecar import nvml_native
 from stepscope.gpu_metrics import BASE_COLUMNS, nvlink_columns, round_fields
+from stepscope.sidecar import nvml_native
 from stepscope.sidecar.nvml_api import BackendError, DeviceInfo, NvmlBackend, UtilizationKind
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,9 @@ import math
 import operator
 import threading
 import time
-from typing import Callable, Literal, Mapping, Sequence, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal, TypeVar
 
-from stepscope.sidecar import nvml_native
-from stepscope.sidecar.nvml_native import NativeReads
 from stepscope.gpu_metrics import (
     FI_ECC_DBE_VOL_TOTAL,
     FI_ECC_SBE_VOL_TOTAL,
@@ -28,7 +27,9 @@ from stepscope.gpu_metrics import (
     REASON_SW_POWER_CAP,
     REASON_SW_THERMAL,
 )
+from stepscope.sidecar import nvml_native
 from stepscope.sidecar.nvml_api import BackendError, DeviceInfo, UtilizationKind
+from stepscope.sidecar.nvml_native import NativeReads
 
 SM_CLOCK_MHZ = 1980.0
 THROTTLED_SM_CLOCK_MHZ = 1100.0

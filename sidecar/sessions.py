@@ -15,9 +15,10 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from stepscope import layout, wire
 from stepscope.retry import RetryPolicy
@@ -255,7 +256,7 @@ class SessionManager:
                     next_sweep = time.monotonic() + SWEEP_INTERVAL_S
                     self.sweep()
                 self.poll()
-            except Exception:  # noqa: BLE001 - one bad poll must not end the follower
+            except Exception:
                 log.exception("following the shared directory failed")
 
     def sweep(self, now: float | None = None) -> list[str]:

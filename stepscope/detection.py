@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 SLOWDOWN, DIVERGENCE, HANG = "Slowdown", "RankDivergence", "Hang"
 

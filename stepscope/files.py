@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 # What a file being written is called until it is complete; listings skip such names.
 PARTIAL_SUFFIX = ".part"

@@ -77,7 +77,7 @@ class SessionSpec:
     selector: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, spec: dict[str, Any]) -> "SessionSpec":
+    def from_dict(cls, spec: dict[str, Any]) -> SessionSpec:
         """Read a ProfileSession `spec` (camelCase, as stored), filling defaults, then validate."""
         spec = dict(spec or {})
         capture = dict(spec.get("capture") or {})

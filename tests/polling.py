@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:

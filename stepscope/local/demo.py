@@ -139,7 +139,7 @@ class LocalRun:
             except subprocess.TimeoutExpired:
                 self.sidecar.kill()
 
-    def __enter__(self) -> "LocalRun":
+    def __enter__(self) -> LocalRun:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -55,7 +55,7 @@ class LocalJob:
                 break
         return [p.poll() for p in self.processes]
 
-    def __enter__(self) -> "LocalJob":
+    def __enter__(self) -> LocalJob:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

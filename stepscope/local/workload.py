@@ -141,7 +141,7 @@ def decode_sample(sample: torch.Tensor, milliseconds: float) -> torch.Tensor:
     return sample + pixels[:64] * 1e-6
 
 
-def compressing_allreduce_hook(state, bucket):  # noqa: ANN001, ANN201
+def compressing_allreduce_hook(state, bucket):
     """A DDP communication hook that works `state` ms on each bucket before its all-reduce.
     Unannotated: DDP checks the annotations' values, and this module's are strings."""
     if state > 0:

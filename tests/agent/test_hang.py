@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 from stepscope.local.launch import LocalJob
-
 from tests.agent.protocol import logs, wait_for, wait_for_state, write_request
 
 

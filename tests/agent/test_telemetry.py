@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 from stepscope.sidecar.telemetry import Ring, read_ring
-
 from tests.agent.protocol import logs, wait_for, wait_for_state, write_request
 from tests.agent.test_hang import heartbeat
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepscope.analysis.model import (SUMMARY_VERSION, CollectiveStat, FunctionStat, IdleBreakdown, KernelStat, KernelTypeShare,
-                                      LaunchStats, MemoryOpStat, RankSummary, RuntimeStat, StepRow, TemporalBreakdown)
+from stepscope.analysis.model import SUMMARY_VERSION, CollectiveStat, FunctionStat, IdleBreakdown, KernelStat, KernelTypeShare, LaunchStats, MemoryOpStat, RankSummary, RuntimeStat, StepRow, TemporalBreakdown
 
 COMM_KERNEL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"
 TRAIN_FUNCTIONS = ["train.py(88): train_step", "train.py(30): load_batch", "model.py(12): forward", "optim.py(77): step"]

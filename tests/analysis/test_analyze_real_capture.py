@@ -11,7 +11,7 @@ from stepscope.cli import main
 from tests.agent.protocol import start_job, stepscope_dir, wait_for, wait_for_state, write_request  # noqa: F401  (fixtures)
 
 
-def test_real_gloo_run_names_the_slow_rank_and_its_function(stepscope_dir: Path, start_job, tmp_path: Path, capsys) -> None:  # noqa: F811
+def test_real_gloo_run_names_the_slow_rank_and_its_function(stepscope_dir: Path, start_job, tmp_path: Path, capsys) -> None:
     write_request(stepscope_dir, "slow", waitSteps=2, steps=4)
     job = start_job(2, "--steps", "0", "--step-sleep-ms", "5", "--slow-rank", "1", "--slow-ms", "80")
     for rank in (0, 1):
@@ -29,7 +29,7 @@ def test_real_gloo_run_names_the_slow_rank_and_its_function(stepscope_dir: Path,
     assert document["mergedTrace"]["ranks"] == [1, 0]
 
 
-def test_real_hang_names_the_rank_that_left_the_others_waiting(stepscope_dir: Path, start_job, tmp_path: Path) -> None:  # noqa: F811
+def test_real_hang_names_the_rank_that_left_the_others_waiting(stepscope_dir: Path, start_job, tmp_path: Path) -> None:
     job = start_job(2, "--steps", "0", "--step-sleep-ms", "5", "--hang-rank", "1", "--hang-at-step", "4")
     wait_for(lambda: all(_heartbeat(stepscope_dir, rank).get("step") == 5 for rank in (0, 1)), 60, "both ranks stuck")
     write_request(stepscope_dir, "hang", waitSteps=1, steps=2, hang_timeout=2)

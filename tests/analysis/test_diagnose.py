@@ -5,12 +5,12 @@ import re
 
 import msgspec
 import pytest
+from synthetic_ranks import make_summaries
 
 from stepscope.analysis.diagnose import MAX_FINDINGS, diagnose
 from stepscope.analysis.model import RankSummary, encode
 from stepscope.analysis.outliers import peer_median
 from stepscope.analysis.wording import short
-from synthetic_ranks import make_summaries
 
 
 def _by_category(full: list[dict], category: str) -> list[dict]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +35,7 @@ def rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-@lru_cache(maxsize=None)
+@cache
 def summaries(traces: Path, name: str) -> dict[int, tuple[RankSummary, list[KernelStat]]]:
     """Each rank's summary, with the statistics of all its kernels (the summary keeps the top ones)."""
     run = json.loads((traces.parent / "hta_reference" / name / "_run.json").read_text())

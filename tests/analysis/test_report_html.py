@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+from synthetic_ranks import make_summaries
 
 from stepscope.analysis.command import analyze_uri
 from stepscope.analysis.model import encode
-from synthetic_ranks import make_summaries
 
 HOSTILE = '<img src=x onerror="alert(1)">&'
 

@@ -29,10 +29,10 @@ from kopf.testing import KopfRunner
 
 from stepscope.operator import kube as operator_kube
 from stepscope.operator import registry
-from tests.chart.conftest import apply_rbac, helm, render  # noqa: F401 (helm is a fixture)
-from tests.kube.fixtures import CRD_PATH
 from stepscope.operator.namespace_keys import namespace_key
 from stepscope.sidecar.daemon import Sidecar
+from tests.chart.conftest import apply_rbac, helm, render  # noqa: F401 (helm is a fixture)
+from tests.kube.fixtures import CRD_PATH
 from tests.operator.conftest import training  # noqa: F401 (a fixture)
 from tests.operator.harness import OPERATOR_KEY
 
@@ -86,7 +86,7 @@ def _install_crd(api_client: kubernetes.client.ApiClient) -> None:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory, helm: str) -> Iterator[Cluster]:  # noqa: F811
+def cluster(tmp_path_factory: pytest.TempPathFactory, helm: str) -> Iterator[Cluster]:
     kubeconfig = os.environ.get(ENV)
     if not kubeconfig:
         pytest.skip(f"{ENV} is not set: the end-to-end tests need a real Kubernetes API server (tests/e2e/README.md)")
@@ -142,7 +142,7 @@ def _sidecar(cluster: Cluster, folder: Path, pod: str) -> Sidecar:
 
 
 @pytest.fixture(scope="module")
-def sidecar_a(cluster: Cluster, training: Path) -> Iterator[Sidecar]:  # noqa: F811 (training is a fixture)
+def sidecar_a(cluster: Cluster, training: Path) -> Iterator[Sidecar]:
     sidecar = _sidecar(cluster, training, "train-a")
     yield sidecar
     sidecar.shutdown(grace_s=2)

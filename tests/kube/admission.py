@@ -22,7 +22,6 @@ operations, dryRun (the server refuses dryRun), the v1beta1 review version, clie
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import copy
 import json
@@ -88,7 +87,7 @@ async def _call(hook: dict[str, Any], review: dict[str, Any], service_endpoints:
                 if answer.status != 200:
                     raise CallFailed(f"the server responded with {answer.status}")
                 body = await answer.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ssl.SSLError, OSError) as e:
+    except (TimeoutError, aiohttp.ClientError, ssl.SSLError, OSError) as e:
         raise CallFailed(f'Post "{url}": {e.__class__.__name__}: {e}') from e
     response = body.get("response") if isinstance(body, dict) else None
     if not isinstance(response, dict) or response.get("uid") != review["request"]["uid"]:

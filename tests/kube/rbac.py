@@ -21,7 +21,7 @@ class User:
         return "system:masters" in self.groups
 
     @classmethod
-    def service_account(cls, namespace: str, name: str) -> "User":
+    def service_account(cls, namespace: str, name: str) -> User:
         return cls(f"system:serviceaccount:{namespace}:{name}",
                    ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"))
 

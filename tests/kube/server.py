@@ -228,7 +228,7 @@ class Api:
         self.store.get(self.store.type_of("", "v1", "serviceaccounts"), namespace, name)  # 404 when absent
         token = secrets.token_hex(16)
         self.users[token] = rbac.User.service_account(namespace, name)
-        expires = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=(body.get("spec") or {}).get("expirationSeconds") or 3600))
+        expires = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=(body.get("spec") or {}).get("expirationSeconds") or 3600))
         return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "metadata": {"name": name, "namespace": namespace},
                 "spec": body.get("spec") or {}, "status": {"token": token, "expirationTimestamp": expires.replace(microsecond=0).isoformat().replace("+00:00", "Z")}}
 
@@ -289,7 +289,7 @@ class Api:
         timeout = float(request.query.get("timeoutSeconds") or 0) or None
         try:
             await asyncio.wait_for(self._stream(response, watcher, t if bookmarks else None), timeout)
-        except (asyncio.TimeoutError, ConnectionResetError):
+        except (TimeoutError, ConnectionResetError):
             pass
         finally:
             self.store.watchers.discard(watcher)
@@ -345,7 +345,7 @@ class KubeTestServer:
         self._runner: web.AppRunner | None = None
         self.api: Api | None = None
 
-    def start(self) -> "KubeTestServer":
+    def start(self) -> KubeTestServer:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
         return self
@@ -373,7 +373,7 @@ class KubeTestServer:
         self._thread.join(timeout=10)
         self._loop.close()
 
-    def __enter__(self) -> "KubeTestServer":
+    def __enter__(self) -> KubeTestServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -13,8 +13,9 @@ import random
 import string
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from . import errors
 from .resources import ResourceType, builtin_types, crd_types
@@ -27,7 +28,7 @@ Validator = Callable[[ResourceType, Obj, Obj | None], Obj]
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _spec_part(t: ResourceType, obj: Obj) -> Obj:

@@ -58,7 +58,7 @@ def table(t: ResourceType, items: list[dict[str, Any]], resource_version: str) -
     definitions = [{"name": "Name", "type": "string", "format": "name", "description": "Name of the object", "priority": 0}]
     definitions += [{"name": c["name"], "type": c["type"], "format": c.get("format", ""),
                      "description": c.get("description", ""), "priority": c.get("priority", 0)} for c in columns]
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     rows = [{"cells": [obj["metadata"]["name"], *(_cell(c["type"], json_path(obj, c["jsonPath"]), now) for c in columns)],
              "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}}
             for obj in items]

@@ -12,14 +12,14 @@ import pytest
 pynvml = pytest.importorskip("pynvml")
 
 from stepscope.analysis.hardware import read_metrics  # noqa: E402
-from stepscope.sidecar import nvml  # noqa: E402
-from stepscope.sidecar.nvml import MetricsRecorder, default_backend  # noqa: E402
 from stepscope.gpu_metrics import (  # noqa: E402
     FI_NVLINK_THROUGHPUT_DATA_TX,
     FI_PCIE_COUNT_RX_BYTES,
     FI_PCIE_COUNT_TX_BYTES,
     REASON_SW_THERMAL,
 )
+from stepscope.sidecar import nvml  # noqa: E402
+from stepscope.sidecar.nvml import MetricsRecorder, default_backend  # noqa: E402
 from stepscope.sidecar.nvml_pynvml import PynvmlBackend  # noqa: E402
 
 from .fake_libnvml import FakeGpu, FakeNvmlLib  # noqa: E402

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from stepscope.analysis.hardware import counter_events, read_metrics
+from stepscope.gpu_metrics import BASE_COLUMNS, nvlink_columns
 from stepscope.sidecar import nvml
 from stepscope.sidecar.nvml import BackendError, MetricsRecorder, SimulatedBackend, default_backend
-from stepscope.gpu_metrics import BASE_COLUMNS, nvlink_columns
 from stepscope.sidecar.nvml_pynvml import visible_device_ids
 
 from .conftest import Profiled

@@ -58,7 +58,7 @@ def idle(tmp_path: Path) -> Iterator[Sidecar]:
 
 
 @pytest.fixture
-def cluster(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> Kube:  # noqa: F811 (the imported fixture)
+def cluster(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> Kube:
     """The API server with the CRD, the operator's key in the env, quick operator timings."""
     kube.apply_crd()
     monkeypatch.setenv("STEPSCOPE_HMAC_KEY", OPERATOR_KEY.decode())

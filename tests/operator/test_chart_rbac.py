@@ -25,7 +25,7 @@ def _without_pods(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def chart_operator(cluster: Kube, helm: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Callable[[list[dict[str, Any]]], list[dict[str, Any]]]], OperatorHarness]]:  # noqa: F811
+def chart_operator(cluster: Kube, helm: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Callable[[list[dict[str, Any]]], list[dict[str, Any]]]], OperatorHarness]]:
     runners: list[KopfRunner] = []
 
     def start(edit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] = lambda docs: docs) -> OperatorHarness:

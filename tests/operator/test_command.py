@@ -14,7 +14,6 @@ from tests.kube.helpers import wait_for
 from tests.operator.harness import OPERATOR_KEY, OperatorHarness, session_spec
 
 
-
 def _get(url: str) -> str:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:

@@ -31,7 +31,7 @@ class Flaky(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: Flaky
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.server.verifier.verify("PUT", self.path, body, self.headers)
         with self.server.lock:

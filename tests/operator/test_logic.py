@@ -14,7 +14,7 @@ import pytest
 from stepscope.analysis.model import Diagnosis, Finding, SlowWorker, StepTime
 from stepscope.operator import jobs, kube
 from stepscope.operator.analysis_job import MAX_DIAGNOSIS_BYTES, compact_diagnosis
-from stepscope.operator.report_command import missing_report_reason, age, format_table, row
+from stepscope.operator.report_command import age, format_table, missing_report_reason, row
 from stepscope.operator.selection import label_selector
 from stepscope.operator.settings import OperatorSettings
 from stepscope.operator.status import MAX_FAILED_WORKERS, PodProgress, StatusWriter, aggregate, set_condition
@@ -119,7 +119,7 @@ def test_job_outcome() -> None:
 
 
 def test_get_table_reads_like_kubectl() -> None:
-    now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
     obj = {"metadata": {"name": "s", "creationTimestamp": "2026-01-02T01:00:00Z"},
            "status": {"phase": "Succeeded", "workersReady": "4/4", "diagnosis": {"summary": "rank 1 is slow", "slowWorkers": [{"rank": 1}]}}}
     pending = {"metadata": {"name": "new-one", "creationTimestamp": "2026-01-02T03:04:00Z"}}

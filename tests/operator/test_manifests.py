@@ -12,8 +12,8 @@ import kubernetes
 import kubernetes_validate
 import yaml
 
-from stepscope.operator.settings import OperatorSettings
 from stepscope.operator.injection import InjectionSettings, inject
+from stepscope.operator.settings import OperatorSettings
 from tests.kube.fixtures import Kube
 
 REPO = Path(__file__).resolve().parents[2]

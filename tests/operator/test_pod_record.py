@@ -87,7 +87,7 @@ def test_pod_record_of_3000_pods_through_the_api_server(cluster: Kube) -> None:
     assert len(json.dumps(stored).encode()) < STATUS_BUDGET
 
 
-def test_pod_record_works_with_exactly_the_charts_operator_rbac(cluster: Kube, helm: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+def test_pod_record_works_with_exactly_the_charts_operator_rbac(cluster: Kube, helm: str, monkeypatch: pytest.MonkeyPatch) -> None:
     cluster.create_namespace(RELEASE_NAMESPACE)
     apply_rbac(cluster.api_client, render(helm, "operator.namespaces={default}"))
     monkeypatch.setenv("KUBECONFIG", str(cluster.service_account_kubeconfig(RELEASE_NAMESPACE, "stepscope-operator")))

@@ -19,8 +19,8 @@ from stepscope.cli import main
 from stepscope.operator import cancellation, metrics
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
-from tests.operator.conftest import CREDENTIALS
 from tests.kube.helpers import wait_for
+from tests.operator.conftest import CREDENTIALS
 from tests.operator.harness import BUCKET, KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec
 
 SELECTOR = {"job": "ddp"}

@@ -26,7 +26,8 @@ from stepscope.operator import kube as operator_kube
 from stepscope.operator import metrics, registry
 from stepscope.operator.injection import BOOTSTRAP_DIR, SIDECAR_NAME
 from stepscope.operator.namespace_keys import namespace_key
-from tests.chart.conftest import CHART, render_templates as render
+from tests.chart.conftest import CHART
+from tests.chart.conftest import render_templates as render
 from tests.kube.fixtures import Kube
 from tests.kube.helpers import wait_for
 from tests.operator.harness import KEY, OPERATOR_KEY, OperatorHarness, session_spec

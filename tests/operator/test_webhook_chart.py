@@ -9,7 +9,8 @@ import pytest
 
 from stepscope.operator.settings import SYSTEM_NAMESPACES, OperatorSettings
 from stepscope.operator.webhook import HANDLER_ID
-from tests.chart.conftest import Failed, render_templates as render
+from tests.chart.conftest import Failed
+from tests.chart.conftest import render_templates as render
 from tests.kube.admission import _matches
 from tests.operator.test_manifests import K8S_VERSION
 

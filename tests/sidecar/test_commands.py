@@ -3,7 +3,6 @@ over HTTP, with signals and exit codes."""
 from __future__ import annotations
 
 import argparse
-
 import json
 import os
 import signal
@@ -16,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from stepscope import layout
-from stepscope.local import capture
 from stepscope.analysis.model import decode_summary
+from stepscope.local import capture
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient, SidecarError
 from tests.sidecar.conftest import KEY, SimulatedRanks, eventually, wait_for

@@ -127,7 +127,7 @@ def test_client_never_goes_through_an_environment_proxy(sidecar: Sidecar, tmp_pa
     seen: list[str] = []
 
     class Proxy(BaseHTTPRequestHandler):
-        def do_PUT(self) -> None:  # noqa: N802
+        def do_PUT(self) -> None:
             seen.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode())
             self.send_error(502)
 

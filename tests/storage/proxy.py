@@ -34,7 +34,7 @@ class Proxy(ThreadingHTTPServer):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
-    def __enter__(self) -> "Proxy":
+    def __enter__(self) -> Proxy:
         self._thread.start()
         return self
 
@@ -56,7 +56,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: Proxy
     protocol_version = "HTTP/1.1"  # so that boto3's Expect: 100-continue is answered at once
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
     def _forward(self) -> None:
