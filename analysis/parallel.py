@@ -64,7 +64,7 @@ class _Here(Executor):
         future: Future = Future()
         try:
             future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # handed to the caller through the future, as a pool does
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future, as a pool does
             future.set_exception(exc)
         return future
 

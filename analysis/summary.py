@@ -108,6 +108,6 @@ def summarize_file(path: str | Path, *, rank: int | None = None, pod: str = "", 
         return failed
     try:
         return summarize(trace, rank=rank, pod=pod, node=node, top=top)
-    except Exception as e:  # the edge must upload something for every rank, so analysis bugs become errors
+    except Exception as e:  # noqa: BLE001 - the edge must upload something for every rank, so analysis bugs become errors
         failed.error = f"{path}: analysis failed: {type(e).__name__}: {e}"
         return failed

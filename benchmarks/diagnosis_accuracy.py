@@ -102,7 +102,7 @@ def run_scenario(s: Scenario, ranks: int, work: Path, captures: int, steps: int 
             capture_s = time.perf_counter() - started
             try:
                 document, analysis_s = _analyse(store)
-            except Exception as exc:  # a failed analysis is a wrong answer, reported, not the end of the run
+            except Exception as exc:  # noqa: BLE001 - a failed analysis is a wrong answer, reported, not the end of the run
                 results.append(Result(s.name, ranks, _expected(s, ranks), f"analysis failed: {exc}", "-", "wrong", capture_s, 0.0))
                 continue
             d = document["diagnosis"]

@@ -63,7 +63,7 @@ def child(steps: int, rounds: int) -> None:
         results["no_hook"].append(timed(optimizer.step, steps))
         agent._hook_handle = register_optimizer_step_post_hook(agent._on_optimizer_step)
         now = time.monotonic()
-        results["record"].append(timed(lambda: ring.record(agent.step_count, now, 0.01), steps))
+        results["record"].append(timed(lambda now=now: ring.record(agent.step_count, now, 0.01), steps))
     median = statistics.median
     out = {k: {"median": median(v), "min": min(v)} for k, v in results.items()}
     out["step_diff"] = median(a - b for a, b in zip(results["step_on"], results["step_off"]))

@@ -61,7 +61,7 @@ async def cancel_on_delete(body: kopf.Body, spec: kopf.Spec, status: kopf.Status
     stops_alone = f"they stop on their own after spec.timeoutSeconds={spec.get('timeoutSeconds', SessionSpec.timeoutSeconds)}s"
     try:
         outcomes = await _cancel(body, spec, status, uid, namespace, name, memo.ctx)
-    except Exception as exc:  # the API server: retried, then the session goes without the cancel
+    except Exception as exc:  # noqa: BLE001 - the API server: retried, then the session goes without the cancel
         error = f"the API server answered {exc.status} {exc.reason}" if isinstance(exc, ApiException) else f"{exc.__class__.__name__}: {exc}"
         if retry + 1 < DELETE_ATTEMPTS:
             raise kopf.TemporaryError(f"finding the sidecars to cancel failed ({error}); retrying", delay=DELETE_RETRY_S) from None

@@ -150,7 +150,7 @@ class SessionRunner:
             await asyncio.to_thread(self.record.load)
             if not self.phase:  # the first write doubles as the check that the store is usable
                 await asyncio.to_thread(self.record.append, "Pending", "created")
-        except Exception as exc:  # any failure to reach the store is the user's to fix
+        except Exception as exc:  # noqa: BLE001 - any failure to reach the store is the user's to fix
             if spec.storage.scheme in ("s3", "oss"):
                 raise Fail("StorageUnreachable", f"storage {spec.storage.uri} is not usable: {exc}; check spec.storage (bucket, endpoint, region) and its credentials") from None
             self.log.warning("session.json not written to %s: %s", self.dest, exc)
@@ -336,7 +336,7 @@ class SessionRunner:
         if self.record is not None:
             try:
                 await asyncio.to_thread(self.record.append, phase, message)
-            except Exception as exc:  # the session's outcome must not hinge on its own diary
+            except Exception as exc:  # noqa: BLE001 - the session's outcome must not hinge on its own diary
                 self.log.warning("session.json not updated: %s", exc)
 
     async def _finish(self, phase: str, reason: str, message: str, **fields: Any) -> None:

@@ -65,7 +65,7 @@ class NamespaceKeys:
                 if exc.status != 409:
                     raise
                 kube.core().patch_namespaced_secret(s.hmac_secret, namespace, {"metadata": meta, "data": data})
-        except Exception as exc:  # any failure leaves the namespace un-injected, never a pod refused
+        except Exception as exc:  # noqa: BLE001 - any failure leaves the namespace un-injected, never a pod refused
             with self._lock:
                 self._ready.discard(namespace)
                 self._problems[namespace] = kube.describe(exc)

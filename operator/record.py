@@ -33,7 +33,7 @@ class SessionRecord:
         try:
             if self._store.exists(layout.session_json()):
                 self._timeline = list(json.loads(self._store.get_bytes(layout.session_json())).get("timeline") or [])
-        except Exception as exc:  # a damaged record must not stop the session; it is rewritten below
+        except Exception as exc:  # noqa: BLE001 - a damaged record must not stop the session; it is rewritten below
             log.warning("session.json unreadable, starting a new timeline: %s", exc)
 
     def append(self, phase: str, message: str) -> None:

@@ -229,7 +229,7 @@ class Injector:
         for part in parts + ([self.report_uninjected] if full else []):
             try:
                 part()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - one upkeep part's failure must not stop the others
                 log.warning("injection upkeep: %s", kube.describe(exc))
 
     async def run(self) -> None:

@@ -328,7 +328,7 @@ class Agent:
             if self._session is not None:
                 with self._lock:
                     self._advance_or_fail()
-        except Exception:
+        except Exception:  # noqa: BLE001 - the agent never raises into the training loop
             self._log_failure("step boundary")
 
     def _log_failure(self, where: str) -> None:
@@ -566,7 +566,7 @@ class Agent:
                            record_shapes=s.record_shapes, profile_memory=s.profile_memory, with_flops=s.with_flops, **extra)
             prof.step_num = self.step_count
             prof.start()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a profiler that cannot start fails the session, never the training
             self._fail(s, "profiler start", e)
             return
         s.prof = prof
@@ -589,7 +589,7 @@ class Agent:
         self._write_state(s, message=f"writing the trace of steps {s.start_step}..{s.end_step - 1}" if s.steps is not None else "writing the trace")
         try:
             prof.stop()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a profiler that cannot stop fails the session, never the training
             self._fail(s, "profiler stop", e)
             return
         # The only reference to the profiler and its results, so that they are freed once written.
@@ -624,7 +624,7 @@ class Agent:
             with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             os.replace(packed, os.path.join(s.folder, name))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a trace that cannot be written fails the session, never the training
             with self._lock:
                 self._fail(s, "trace export", e)
             return
@@ -679,7 +679,7 @@ class Agent:
                     self._identity = (rank, int(env.get("LOCAL_RANK", rank)), dist.get_world_size())
                     self._identity_certain = True
                     return self._identity
-            except Exception:
+            except Exception:  # noqa: BLE001 - torch.distributed in any state: the rank falls back to the environment's
                 pass
         self._identity = (0, 0, 1)
         return self._identity
@@ -763,7 +763,7 @@ class Agent:
                             return
                         self._heartbeat()
                     wait = self._watch_tick()
-            except Exception:
+            except Exception:  # noqa: BLE001 - the watchdog thread must outlive any one tick's bug
                 self._log_failure("watchdog")
             self._stopping.wait(wait)
 
@@ -1000,5 +1000,5 @@ def step() -> None:
     if agent is not None:
         try:
             agent.manual_step()
-        except Exception:
+        except Exception:  # noqa: BLE001 - stepscope.step() never raises into the training loop
             agent._log_failure("step()")

@@ -256,7 +256,7 @@ class SessionManager:
                     next_sweep = time.monotonic() + SWEEP_INTERVAL_S
                     self.sweep()
                 self.poll()
-            except Exception:
+            except Exception:  # one bad poll must not end the follower (logged with its traceback)
                 log.exception("following the shared directory failed")
 
     def sweep(self, now: float | None = None) -> list[str]:

@@ -47,7 +47,7 @@ class Uploader:
                 if job is None:
                     return
                 job.done(self._attempt(job))
-            except Exception:
+            except Exception:  # the worker must outlive any one job's bug (logged with its traceback)
                 log.exception("upload job %s crashed", job and job.description)
             finally:
                 self._queue.task_done()

@@ -154,7 +154,7 @@ def compressing_allreduce_hook(state, bucket):
 
 def block_forever(step: int, seconds: float = 0.0) -> None:
     """The injected hang: this rank does not reach its next collective (for `seconds`, 0 = ever)."""
-    print(f"rank {dist.get_rank()} blocks {'for %g s' % seconds if seconds else 'forever'} at step {step}", flush=True)
+    print(f"rank {dist.get_rank()} blocks {f'for {seconds:g} s' if seconds else 'forever'} at step {step}", flush=True)
     deadline = time.monotonic() + seconds
     while not seconds or time.monotonic() < deadline:
         time.sleep(0.1 if seconds else 3600)

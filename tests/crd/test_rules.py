@@ -152,7 +152,7 @@ def test_spec_is_mutable_while_pending_and_frozen_once_triggered(api):
     assert status["details"]["causes"][0]["field"] == "spec"
     assert patch({"metadata": {"labels": {"team": "a"}}})["metadata"]["labels"] == {"team": "a"}
     for change in ({"timeoutSeconds": 3600}, {"registrationTimeoutSeconds": 30}, {"storage": {"region": "eu-west-1"}}):
-        assert _refusal(lambda: patch({"spec": change}))["details"]["causes"][0]["field"] == "spec"
+        assert _refusal(lambda change=change: patch({"spec": change}))["details"]["causes"][0]["field"] == "spec"
     set_phase("Succeeded")
     assert patch({"spec": {"ttlSecondsAfterFinished": 86400}})["spec"]["ttlSecondsAfterFinished"] == 86400
     assert api.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s")["spec"]["capture"]["steps"] == 4

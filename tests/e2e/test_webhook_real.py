@@ -79,9 +79,10 @@ def real_chart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict
         rbac = kubernetes.client.RbacAuthorizationV1Api(admin)
         for doc in created:
             kind, meta = doc["kind"], doc["metadata"]
-            delete = {"MutatingWebhookConfiguration": lambda: admission.delete_mutating_webhook_configuration(meta["name"]),
-                      "ClusterRole": lambda: rbac.delete_cluster_role(meta["name"]),
-                      "ClusterRoleBinding": lambda: rbac.delete_cluster_role_binding(meta["name"])}.get(kind)
+            name = meta["name"]
+            delete = {"MutatingWebhookConfiguration": lambda name=name: admission.delete_mutating_webhook_configuration(name),
+                      "ClusterRole": lambda name=name: rbac.delete_cluster_role(name),
+                      "ClusterRoleBinding": lambda name=name: rbac.delete_cluster_role_binding(name)}.get(kind)
             if delete:
                 try:
                     delete()

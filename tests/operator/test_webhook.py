@@ -121,7 +121,7 @@ def _ready(chart: Chart, *namespaces: str) -> None:
     wait_for(lambda: chart.ca_bundle(), 30, "the operator to put its CA into the chart's webhook configuration")
     wait_for(lambda: _listening(chart.port), 30, "the webhook to listen")
     for ns in namespaces:
-        wait_for(lambda: chart.key_secret(ns), 30, f"the key Secret in namespace {ns}")
+        wait_for(lambda ns=ns: chart.key_secret(ns), 30, f"the key Secret in namespace {ns}")
 
 
 @pytest.fixture

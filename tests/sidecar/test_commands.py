@@ -109,7 +109,6 @@ def test_capture_follows_the_session_and_writes_session_json(sidecar: Sidecar, r
 
 def test_ctrl_c_cancels_the_session(sidecar: Sidecar, ranks: SimulatedRanks, tmp_path: Path) -> None:
     process = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(tmp_path / "c"))
-    client = SidecarClient(sidecar.url, KEY)
     session = eventually(sidecar.manager.active, timeout=30, what="a session").id
     assert process.stdout.readline().startswith(f"session {session}: capturing")  # what the user sees before pressing Ctrl-C
     process.send_signal(signal.SIGINT)
