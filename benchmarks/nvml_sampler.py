@@ -23,8 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the simulated node lives in tests/
+
 from stepscope.analysis.hardware import read_metrics
-from stepscope.sidecar.nvml import MetricsRecorder, NvmlBackend, SimulatedBackend, default_backend
+from stepscope.sidecar.nvml import MetricsRecorder, NvmlBackend, default_backend
+from tests.nvml.simulated import SimulatedBackend
 
 
 def process_cpu_share(seconds: float, recorder: MetricsRecorder | None) -> tuple[float, float]:

@@ -193,8 +193,10 @@ int ss_sampler_size(void) { return (int)sizeof(sampler_t); }
 int ss_start(sampler_t *s) { s->stop = 0; return pthread_create(&s->thread, NULL, run, s); }
 int ss_stop(sampler_t *s) { s->stop = 1; return pthread_join(s->thread, NULL); }
 
-/* ---- The simulation: nvml_sim.SimulatedBackend's fast reads, as NVML functions over a
-   sim_gpu_t "device", so that the benchmark measures this loop on the same simulated node. ---- */
+/* ---- The simulation: tests/nvml/simulated.py's fast reads, as NVML functions over a
+   sim_gpu_t "device", so that the tests and the benchmark run this loop on the same simulated
+   node. Built only with -DSTEPSCOPE_SIMULATION (make's build; the image's build leaves it out). ---- */
+#ifdef STEPSCOPE_SIMULATION
 
 typedef struct {
     double sm_mhz, mem_mhz;
@@ -263,3 +265,4 @@ int ss_sim_field_values(void *device, int count, field_value_t *values) {
     }
     return NVML_SUCCESS;
 }
+#endif /* STEPSCOPE_SIMULATION */

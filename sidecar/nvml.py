@@ -19,11 +19,10 @@ from collections.abc import Mapping
 
 from stepscope.sidecar.nvml_api import BackendError, DeviceInfo, NvmlBackend
 from stepscope.sidecar.nvml_recorder import METRICS_FILE, MIN_INTERVAL_US, MetricsRecorder, RecorderStats
-from stepscope.sidecar.nvml_sim import SimulatedBackend
 
 __all__ = [
     "METRICS_FILE", "MIN_INTERVAL_US", "BackendError", "DeviceInfo", "MetricsRecorder", "NvmlBackend",
-    "RecorderStats", "SimulatedBackend", "default_backend",
+    "RecorderStats", "default_backend",
 ]
 
 log = logging.getLogger(__name__)
@@ -38,12 +37,15 @@ def default_backend(env: Mapping[str, str] | None = None) -> NvmlBackend | None:
 
         backend = PynvmlBackend(env)
     except ImportError as error:
-        return _absent(f"pynvml is not installed ({error})")
+        _absent(f"pynvml is not installed ({error})")
+        return None
     except BackendError as error:
-        return _absent(f"NVML is not usable here ({error})")
+        _absent(f"NVML is not usable here ({error})")
+        return None
     if not backend.devices():
         backend.close()
-        return _absent("NVML sees no GPU visible to this pod")
+        _absent("NVML sees no GPU visible to this pod")
+        return None
     return backend
 
 
@@ -51,4 +53,3 @@ def _absent(reason: str) -> None:
     if not _said_absent.is_set():
         _said_absent.set()
         log.info("no GPU hardware metrics: %s", reason)
-    return None

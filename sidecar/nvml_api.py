@@ -2,7 +2,7 @@
 
 The sampler (nvml_recorder) talks to NVML only through `NvmlBackend`, so the same code runs on a
 real GPU (nvml_pynvml.PynvmlBackend), on the deterministic simulation the tests and benchmarks use
-(nvml_sim.SimulatedBackend), or on a recording. The field ids, clock-event bits and file columns are the
+(tests/nvml/simulated.py), or on a recording. The field ids, clock-event bits and file columns are the
 core's (stepscope.gpu_metrics), shared with the analysis that reads the file.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ class NvmlBackend(Protocol):
     def utilization_samples(self, gpu: int, kind: UtilizationKind, since_us: int) -> list[tuple[int, float]]:
         """The driver's buffered samples (nvmlDeviceGetSamples) newer than since_us: (Unix µs, percent)."""
 
-    def field_values(self, gpu: int, fields: Sequence[tuple[int, int]]) -> list[float]:
+    def field_values(self, gpu: int, fields: Sequence[tuple[int, int]]) -> Sequence[float]:
         """(field id, scope id) pairs read in one call; NaN where NVML refused that field."""
 
     def xid_events(self) -> list[tuple[int, int]]:

@@ -53,15 +53,6 @@ class _Sampler(ctypes.Structure):
                 ("thread", ctypes.c_ulong)]
 
 
-class SimGpu(ctypes.Structure):
-    """fast_sampler.c's sim_gpu_t: one simulated GPU as a "device" of the ss_sim_* functions."""
-    _fields_ = [("sm_mhz", ctypes.c_double), ("mem_mhz", ctypes.c_double), ("reasons", ctypes.c_ulonglong),
-                ("nvlink_kib_per_us", ctypes.c_double), ("pcie_bytes_per_us", ctypes.c_double), ("ecc_sbe", ctypes.c_double),
-                ("ecc_dbe", ctypes.c_double), ("nvlinks", ctypes.c_int), ("origin_us", ctypes.c_int64), ("step_us", ctypes.c_int64),
-                ("event_us", ctypes.c_int64), ("comm_us", ctypes.c_double), ("power_w", ctypes.c_double),
-                ("temperature_c", ctypes.c_double), ("memory_used_bytes", ctypes.c_ulonglong)]
-
-
 @dataclass
 class NativeReads:
     """What a backend offers the C loop: the addresses of six NVML-shaped C functions

@@ -11,7 +11,8 @@ import pytest
 
 from stepscope.analysis.hardware import read_metrics
 from stepscope.analysis.model import SUMMARY_VERSION, RankSummary, StepRow
-from stepscope.sidecar.nvml import MetricsRecorder, SimulatedBackend
+from stepscope.sidecar.nvml import MetricsRecorder
+from tests.nvml.simulated import SimulatedBackend
 
 STEP_US = 50_000
 COMM_FRACTION = 0.3
@@ -109,7 +110,7 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> Profiled:
     recorder.start()
     time.sleep(0.03)
     schedule = torch.profiler.schedule(wait=0, warmup=1, active=3, repeat=1)
-    export = lambda p: p.export_chrome_trace(str(tmp / "trace.json"))  # noqa: E731
+    export = lambda p: p.export_chrome_trace(str(tmp / "trace.json"))  # noqa: E731 (read as the profiler's callback)
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule, on_trace_ready=export) as prof:
         for _ in range(4):  # one warm-up step, three captured
             with torch.profiler.record_function("stepscope-marker"):

@@ -10,7 +10,8 @@ import pytest
 
 from stepscope.analysis.hardware import read_metrics
 from stepscope.sidecar import nvml_native
-from stepscope.sidecar.nvml import BackendError, MetricsRecorder, SimulatedBackend
+from stepscope.sidecar.nvml import BackendError, MetricsRecorder
+from tests.nvml.simulated import SimulatedBackend
 
 pytestmark = pytest.mark.skipif(nvml_native.library() is None,
                                 reason=f"{nvml_native.LIBRARY.name} is not built (make builds it with the machine's C compiler)")

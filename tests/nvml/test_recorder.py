@@ -14,8 +14,9 @@ import pytest
 from stepscope.analysis.hardware import counter_events, read_metrics
 from stepscope.gpu_metrics import BASE_COLUMNS, nvlink_columns
 from stepscope.sidecar import nvml
-from stepscope.sidecar.nvml import BackendError, MetricsRecorder, SimulatedBackend, default_backend
+from stepscope.sidecar.nvml import BackendError, MetricsRecorder, default_backend
 from stepscope.sidecar.nvml_pynvml import visible_device_ids
+from tests.nvml.simulated import SimulatedBackend
 
 from .conftest import Profiled
 

@@ -48,6 +48,15 @@ Throttle = Literal["power", "thermal"]
 SlowLink = Literal["nvlink", "pcie"]
 
 
+class SimGpu(ctypes.Structure):
+    """fast_sampler.c's sim_gpu_t (built with -DSTEPSCOPE_SIMULATION, as make does): one simulated GPU as a "device" of the ss_sim_* functions."""
+    _fields_ = [("sm_mhz", ctypes.c_double), ("mem_mhz", ctypes.c_double), ("reasons", ctypes.c_ulonglong),
+                ("nvlink_kib_per_us", ctypes.c_double), ("pcie_bytes_per_us", ctypes.c_double), ("ecc_sbe", ctypes.c_double),
+                ("ecc_dbe", ctypes.c_double), ("nvlinks", ctypes.c_int), ("origin_us", ctypes.c_int64), ("step_us", ctypes.c_int64),
+                ("event_us", ctypes.c_int64), ("comm_us", ctypes.c_double), ("power_w", ctypes.c_double),
+                ("temperature_c", ctypes.c_double), ("memory_used_bytes", ctypes.c_ulonglong)]
+
+
 class SimulatedBackend:
     """N simulated GPUs of one pod, configured per GPU index.
 
@@ -194,9 +203,9 @@ class SimulatedBackend:
         lib = nvml_native.library()
         reads = ("clocks_mhz", "clock_event_reasons", "field_values", "power_w", "temperature_c", "memory_used_bytes")
         own = all(getattr(type(self), name) is getattr(SimulatedBackend, name) for name in reads)
-        if lib is None or not own or self._error_every or self._clock_ns is not time.time_ns:
-            return None
-        gpus = [nvml_native.SimGpu(
+        if lib is None or not hasattr(lib, "ss_sim_power") or not own or self._error_every or self._clock_ns is not time.time_ns:
+            return None  # hasattr: the image's build (Dockerfile) leaves the simulation out
+        gpus = [SimGpu(
             sm_mhz=self._clocks[g][0], mem_mhz=self._clocks[g][1], reasons=self._reasons[g], nvlink_kib_per_us=self._rates[g][0],
             pcie_bytes_per_us=self._rates[g][1], ecc_sbe=self._rates[g][2], ecc_dbe=self._rates[g][3], nvlinks=self._nvlinks,
             origin_us=self.origin_us, step_us=self.step_us, event_us=self._event_us, comm_us=self._comm_us, power_w=self._power[g],
