@@ -88,6 +88,7 @@ def _slow_worker_finding(e: SlowEvidence, tables: RankTables, median_step_us: fl
 
 def _kernel_skew_finding(e: SlowEvidence, tables: RankTables) -> dict[str, Any]:
     """Longer kernels on a rank whose step is no longer and that no one waits for."""
+    assert e.kernelRatio is not None  # only kernel evidence comes here
     names = ", ".join(list(dict.fromkeys(short(k["name"], 50) for k in e.slowKernels))[:3])
     steps = tables.step_us.dropna()
     mine = float(steps.get(e.rank, np.nan))
@@ -227,7 +228,9 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
     # A job whose ranks wait for each other steps in lockstep: its step times are equal by
     # construction, and who waits for whom (straggler.py) replaces the step-time and vote tests.
     evidence = find_slow_workers(tables, ok, votes=verdict is None, steps=verdict is None)
-    waiting, waiting_worker, confidence = [], None, None
+    waiting: list[dict[str, Any]] = []
+    waiting_worker: SlowWorker | None = None
+    confidence: float | None = None
     if verdict is not None:
         straggler = find_straggler(tables, verdict)
         # The agent's capture budget says so in the summary's warnings (stepscope.wire.STACKS_DROPPED).

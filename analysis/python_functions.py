@@ -75,14 +75,14 @@ def python_functions(trace: Trace, gpu_union: tuple[np.ndarray, np.ndarray], cap
     excl_exposed = np.bincount(sid, weights=np.clip(exclusive_exposed, 0, exclusive), minlength=n_stacks)
     n_steps = len(steps[0]) if steps is not None else 0
     per_step = None
-    if n_steps:
+    if n_steps and steps is not None:
         step = _step_of(trace.ts[rows], np.asarray(steps[0], dtype=float), np.asarray(steps[1], dtype=float))
         inside = step >= 0
         per_step = np.bincount(sid[inside] * n_steps + step[inside], weights=exclusive[inside],
                                minlength=n_stacks * n_steps).reshape(n_stacks, n_steps)
     out = []
     for s in np.argsort(-excl_exposed, kind="stable")[:top]:
-        frames = []
+        frames: list[str] = []
         cur = int(s)
         while cur >= 0 and len(frames) < MAX_STACK_FRAMES:
             frames.append(trace.names[int(stack_name[cur])])

@@ -56,7 +56,7 @@ def report_key(name: str, in_session: bool) -> str:
 
 def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diagnosis, full: list[dict[str, Any]], tables: RankTables,
                  summaries: list[RankSummary], problems: dict[int, list[str]], merge: MergePlan, pool: Executor,
-                 on_step: Callable[[str], None] = lambda name: None) -> dict[str, str]:
+                 on_step: Callable[[str], object] = lambda name: None) -> dict[str, str]:
     """Write every report file; returns name -> URI. A rank left out of the merged trace (no room,
     or its raw trace cannot be read) gets a problem entry; the merged trace is written first, so
     the other files say what it holds. Its ranks are rewritten in `pool`."""

@@ -367,7 +367,7 @@ def _planned(pending: list[MergeRank], room: int) -> list[MergeRank]:
     return batch or [job for job in pending if job.size_hint <= room][:1]
 
 
-def write_merged_trace(out: BinaryIO, plan: MergePlan, *, pool: Executor, on_done: Callable[[int], None] = lambda rank: None) -> MergedTrace:
+def write_merged_trace(out: BinaryIO, plan: MergePlan, *, pool: Executor, on_done: Callable[[int], object] = lambda rank: None) -> MergedTrace:
     """Stream the merged trace (gzip) to `out`: the counter events, then the plan's ranks in order
     while their uncompressed JSON fits the limit with everything else; a rank that does not fit or
     cannot be read is left out with the reason. Ranks are rewritten in `pool`."""
@@ -452,7 +452,7 @@ def merge_order(diagnosis: Diagnosis, summaries: Sequence[RankSummary], stacks: 
         first.append((reference, "healthy reference: the step time closest to the median"))
     first.append((0, "rank 0"))
     order = dict.fromkeys(r for r, _ in first if r in usable)
-    why = {}
+    why: dict[int, str] = {}
     for r, reason in first:
         why.setdefault(r, reason)
     return [(r, why[r]) for r in order] + [(r, "in rank order, while there is room") for r in sorted(usable) if r not in order]

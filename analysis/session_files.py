@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -74,7 +75,7 @@ def open_session(source: str, *, endpoint: str | None = None, region: str | None
     path = Path(source.removeprefix("file://")) if "://" not in source or source.startswith("file://") else None
     if path is not None and not path.exists():
         raise StoreError(f"{source} does not exist")
-    if "://" not in source and path.is_file():
+    if "://" not in source and path is not None and path.is_file():
         return open_store(str(path.resolve().parent)), path.name
     return open_store(source, endpoint=endpoint, region=region, credentials=credentials), None
 
@@ -120,7 +121,7 @@ def local_path(store: Store, key: str) -> Iterator[Path]:
         yield store.download(key, Path(tmp) / Path(key).name)
 
 
-def failed(rank: int, error: str, **known: object) -> RankSummary:
+def failed(rank: int, error: str, **known: Any) -> RankSummary:
     return RankSummary(version=SUMMARY_VERSION, rank=rank, error=error, **known)
 
 

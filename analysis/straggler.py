@@ -110,7 +110,8 @@ def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
                          costUsPerStep=cost, stepUs=v.stepUs, steps=v.steps, steadySteps=steady, waitNames=v.rank)
     # Waiting alone: no frame of that rank explains it (operators the profiler does not attribute to
     # Python, another thread) - or a hiccup. Only a large, steady gap names it.
-    cause = find_cause(tables, v.rank, exploded)
+    assert v.rank is not None  # no candidates and no rank returned above
+    found = find_cause(tables, v.rank, exploded)
     conf = confidence(v.share, v.agreeing, v.steps, 0.0, True)
-    return Straggler(rank=v.rank, named=conf >= CONFIDENT, cause=cause, confidence=conf, gapUsPerStep=v.gapUsPerStep,
+    return Straggler(rank=v.rank, named=conf >= CONFIDENT, cause=found, confidence=conf, gapUsPerStep=v.gapUsPerStep,
                      costUsPerStep=v.gapUsPerStep, stepUs=v.stepUs, steps=v.steps, steadySteps=v.agreeing, waitNames=v.rank)

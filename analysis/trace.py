@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import attrgetter, is_not
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol, overload
 
 import msgspec
 import numpy as np
@@ -201,7 +201,8 @@ class _Columns:
             return
         cat = _codes(self.cat_codes, map(_get("cat"), kept), len(kept))
         ts = _floats(kept, "ts")
-        drop = np.isnan(ts) | np.isin(cat, [self.cat_codes.get(c, -1) for c in (None, "Trace")])
+        # An event without a category interns None too: dropped here, with the Trace-category events.
+        drop = np.isnan(ts) | np.isin(cat, [self.cat_codes.get(c, -1) for c in (None, "Trace")])  # type: ignore[arg-type]  # None: see above
         if drop.any():
             kept = list(compress(kept, ~drop))
             cat, ts = cat[~drop], ts[~drop]
@@ -258,6 +259,10 @@ class _Columns:
         return _joined(self.parts[key], dtype)
 
 
+@overload
+def _int(value: Any, default: int = -1) -> int: ...
+@overload
+def _int(value: Any, default: None) -> int | None: ...
 def _int(value: Any, default: int | None = -1) -> int | None:
     try:
         return int(value)
@@ -302,7 +307,7 @@ def _ints(events: list[_Event], attr: str) -> np.ndarray:
 def _strings(events: list[_Event], attr: str) -> list[str]:
     """Optional string arguments, "" where absent."""
     values = np.array(list(map(_get(attr), events)), dtype=object)
-    values[np.equal(values, None)] = ""
+    values[np.equal(values, None)] = ""  # type: ignore[call-overload]  # numpy's stubs have no object-array overload
     return values.tolist()
 
 
@@ -312,7 +317,7 @@ def open_trace(path: Path) -> BinaryIO:
     magic = f.read(2)
     f.seek(0)
     if magic == b"\x1f\x8b":
-        return igzip.IGzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+        return igzip.IGzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]  # a binary file object, typed as its own class
     return f
 
 
@@ -320,7 +325,7 @@ class _Window:
     """A byte window over the stream, refilled in place so that pieces cost no new allocations."""
 
     def __init__(self, stream: BinaryIO) -> None:
-        self.stream = stream
+        self.stream: Any = stream  # BinaryIO has no readinto in typeshed; gzip/isal/open files have
         self.buf = bytearray(CHUNK_BYTES)
         self.filled = 0
         self.eof = False

@@ -50,7 +50,9 @@ def child(steps: int, rounds: int) -> None:
         per_step = [timed(optimizer.step, steps) for _ in range(rounds)]
         print(json.dumps({"step_us": statistics.median(per_step), "min_us": min(per_step)}))
         return
-    on, off, boundary = [], [], []
+    on: list[float] = []
+    off: list[float] = []
+    boundary: list[float] = []
     shuffle = random.Random(0).shuffle
     for _ in range(rounds):
         halves = [True, False]

@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 RUN_HTA = Path(os.environ.get("STEPSCOPE_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "tools/run_hta.py"
 HTA_VENV = Path.home() / ".cache" / "stepscope" / "hta-venv"
@@ -223,7 +224,7 @@ def main() -> int:
         if hta is None:
             continue
         ht = measure([str(hta), str(RUN_HTA), str(a.trace_dir), "--mode", "full"])
-        summary = next((json.loads(line.split(" ", 1)[1]) for line in ht[3].splitlines() if line.startswith("HTA_RUN_SUMMARY ")), {})
+        summary: dict[str, Any] = next((json.loads(line.split(" ", 1)[1]) for line in ht[3].splitlines() if line.startswith("HTA_RUN_SUMMARY ")), {})
         print("  " + _row("HTA 0.5.0 (construction + five analyses)", *ht[:3]) + f"; errors: {summary.get('errors') or 'none'}")
         print(f"  ratio: analyze is {ht[0] / an[0]:.1f}x faster in wall time, {ht[1] / an[1]:.1f}x in CPU, {an[2] / ht[2]:.2f} of "
               f"HTA's peak memory; summaries alone {ht[0] / sm[0]:.1f}x wall, {sm[2] / ht[2]:.2f} of the memory", flush=True)

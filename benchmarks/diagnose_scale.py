@@ -16,12 +16,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "analysis"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the synthetic ranks live in tests/
 
-from synthetic_ranks import make_summaries
 
 from stepscope.analysis.diagnose import diagnose
 from stepscope.analysis.model import decode_summary, encode
+from tests.analysis.synthetic_ranks import make_summaries
 
 GOAL_S = 5.0
 

@@ -17,7 +17,9 @@ import os
 import sys
 import tempfile
 import time
+from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -30,7 +32,7 @@ def pod_ip(i: int) -> str:
     return f"127.0.{i // 250}.{i % 250 + 1}"
 
 
-def simulated_sidecars(port: int, ready: multiprocessing.Event) -> None:
+def simulated_sidecars(port: int, ready: Event) -> None:
     """One aiohttp server for every pod (it tells pods apart by the address they dialled)."""
     from aiohttp import web
 
@@ -102,8 +104,8 @@ def run_session(api_client, name: str, concurrency: int, port: int) -> dict[str,
     write_times: list[float] = []
     patch = kube.patch_session_status
 
-    def timed_patch(namespace: str, session: str, status: dict) -> dict:
-        result = patch(namespace, session, status)
+    def timed_patch(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        result = patch(namespace, name, status)
         write_times.append(time.monotonic())
         return result
     kube.patch_session_status = timed_patch  # every status write of the operator goes through here

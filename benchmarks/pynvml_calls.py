@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ROUND_CALLS:
         setattr(nv.nvmlLib, name, succeed)
     nv._nvmlGetFunctionPointer_cache.clear()
-    for prepared in (*backend._clock_calls[0], backend._field_readers[0].call):
-        prepared._function = succeed
+    for call in (*backend._clock_calls[0], backend._field_readers[0].call):
+        call._function = succeed
     wrapper = per_call_us(lambda: wrapper_round(handle, list(fields)), args.repeat)
     prepared = per_call_us(lambda: backend_round(backend, fields), args.repeat)
     print(f"one GPU's per-round reads ({len(fields)} fields, 2 clocks, clock event reasons), Python side only:")

@@ -18,10 +18,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from agent_overhead import env_without_agent, timed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.agent_overhead
 
+from benchmarks.agent_overhead import env_without_agent, timed
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
 
 
@@ -30,6 +33,11 @@ class _Off:
 
     def record(self, step: int, end: float, duration: float) -> None:
         pass
+
+
+def _record_call(ring: Any, agent: Any, now: float) -> Callable[[], None]:
+    """What the agent's step hook calls when the telemetry is on."""
+    return lambda: ring.record(agent.step_count, now, 0.01)
 
 
 def child(steps: int, rounds: int) -> None:
@@ -63,9 +71,9 @@ def child(steps: int, rounds: int) -> None:
         results["no_hook"].append(timed(optimizer.step, steps))
         agent._hook_handle = register_optimizer_step_post_hook(agent._on_optimizer_step)
         now = time.monotonic()
-        results["record"].append(timed(lambda now=now: ring.record(agent.step_count, now, 0.01), steps))
+        results["record"].append(timed(_record_call(ring, agent, now), steps))
     median = statistics.median
-    out = {k: {"median": median(v), "min": min(v)} for k, v in results.items()}
+    out: dict[str, Any] = {k: {"median": median(v), "min": min(v)} for k, v in results.items()}
     out["step_diff"] = median(a - b for a, b in zip(results["step_on"], results["step_off"]))
     out["boundary_diff"] = median(a - b for a, b in zip(results["boundary_on"], results["boundary_off"]))
     out["steps_in_ring"] = agent.step_count

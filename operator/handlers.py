@@ -33,7 +33,10 @@ def login(**_: Any) -> kopf.ConnectionInfo:
     return kube.connection_info()
 
 
-async def session_daemon(namespace: str, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: logging.Logger, **_: Any) -> None:
+# kopf's handler protocols type `namespace` optional (cluster-scoped resources have none) and the
+# logger as either kind: a ProfileSession always has a namespace.
+async def session_daemon(namespace: str | None, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
+    assert namespace is not None
     try:
         obj = await asyncio.to_thread(kube.get_session, namespace, name)
     except Exception as exc:
@@ -49,14 +52,15 @@ DELETE_ATTEMPTS = 3
 DELETE_RETRY_S = 5.0
 
 
-async def cancel_on_delete(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, uid: str, namespace: str, name: str, retry: int,
-                           memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+async def cancel_on_delete(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, uid: str, namespace: str | None, name: str, retry: int,
+                           memo: kopf.Memo, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
     """Cancel a session that had not ended on every sidecar the pod record lists, whatever the
     phase says: an operator stopped between writing the record and the Capturing status leaves a
     Pending session whose sidecars run. Without a readable record, it is cancelled on every selected
     sidecar (one may have been triggered just before a crash; a DELETE of a session a sidecar never
     had changes nothing). What was captured stays in the store. Deletion never waits long: API
     errors are retried DELETE_ATTEMPTS times and each sidecar a bounded number of times."""
+    assert namespace is not None
     metrics.SESSIONS.set(uid, None)
     stops_alone = f"they stop on their own after spec.timeoutSeconds={spec.get('timeoutSeconds', SessionSpec.timeoutSeconds)}s"
     try:

@@ -298,9 +298,9 @@ class SessionRunner:
         fresh = await asyncio.to_thread(kube.get_session, self.ns, self.name)
         fresh_status = fresh.get("status") or {}
         conditions = self.status["conditions"] = fresh_status.get("conditions") or []
-        analyzed = next((c for c in conditions if c.get("type") == "Analyzed"), {})
+        analyzed: dict[str, Any] = next((c for c in conditions if c.get("type") == "Analyzed"), {})
         if outcome == "Failed":
-            raise Fail("AnalysisFailed", analyzed.get("message") if analyzed.get("status") == "False" else message)
+            raise Fail("AnalysisFailed", str(analyzed.get("message") or message) if analyzed.get("status") == "False" else message)
         self.status.update({k: fresh_status[k] for k in ("diagnosis", "artifacts") if k in fresh_status})
         summary = (fresh_status.get("diagnosis") or {}).get("summary", "analysis done")
         await self._finish("Succeeded", "Analyzed", summary, conditions=conditions)
@@ -331,7 +331,8 @@ class SessionRunner:
         patch["conditions"] = conditions
         await self._write(patch)
         metrics.SESSIONS.set(self.uid, phase)
-        (kopf.warn if phase == "Failed" else kopf.info)(self.obj, reason=reason, message=f"{phase}: {message}")
+        # kopf.events takes the object as a plain mapping too (it reads apiVersion, kind and metadata)
+        (kopf.warn if phase == "Failed" else kopf.info)(self.obj, reason=reason, message=f"{phase}: {message}")  # type: ignore[arg-type]  # see above
         self.log.info("%s/%s -> %s (%s): %s", self.ns, self.name, phase, reason, message)
         if self.record is not None:
             try:
@@ -392,7 +393,7 @@ class SessionRunner:
 
     def _timed_out(self) -> bool:
         start = self.status.get("startTime")
-        return bool(start) and time.time() - parse_iso(start) > self.timeout_s
+        return isinstance(start, str) and bool(start) and time.time() - parse_iso(start) > self.timeout_s
 
     async def _sleep(self, seconds: float) -> None:
         await self.stopped.wait(seconds)

@@ -57,10 +57,11 @@ import weakref
 if __package__:  # stepscope.sidecar.agent, imported from the stepscope package
     from stepscope import wire
 else:  # the bootstrap's copy (stepscope_agent), beside the bootstrap's stepscope_wire
-    import stepscope_wire as wire  # type: ignore[no-redef]
+    import stepscope_wire as wire  # type: ignore[no-redef,import-not-found]  # only a training pod has this copy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from types import FrameType
     from typing import Any
 
 
@@ -167,9 +168,10 @@ def thread_stacks() -> list[dict[str, Any]]:
     """Every thread's Python stack, outermost frame first."""
     names = {t.ident: t.name for t in threading.enumerate()}
     main = threading.main_thread().ident
-    threads = []
-    for ident, frame in sys._current_frames().items():
-        frames = []
+    threads: list[dict[str, Any]] = []
+    for ident, top in sys._current_frames().items():
+        frames: list[dict[str, Any]] = []
+        frame: FrameType | None = top
         while frame is not None:
             frames.append({"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name})
             frame = frame.f_back
@@ -453,7 +455,7 @@ class Agent:
         elif s.on_watchdog:
             if _monotonic() - s.started_mono >= (s.duration or 0):
                 self._stop_profiler(s, wire.DONE)
-        elif s.steps is not None and self.step_count - s.start_step >= s.steps:
+        elif s.steps is not None and self.step_count - (s.start_step or 0) >= s.steps:
             self._stop_profiler(s, wire.DONE)
         elif s.duration is not None and _monotonic() - s.started_mono >= s.duration:
             self._stop_profiler(s, wire.DONE)
@@ -635,9 +637,10 @@ class Agent:
                 except OSError:
                     pass
         s.trace = name
-        captured = f"{s.end_step - s.start_step} steps ({s.start_step}..{s.end_step - 1})"
+        start, end = s.start_step or 0, s.end_step or 0  # both set when the profiler stopped
+        captured = f"{end - start} steps ({start}..{end - 1})"
         if s.steps is None:
-            captured = f"{s.end_time - s.start_time:.2f} s, {captured}"
+            captured = f"{(s.end_time or 0.0) - (s.start_time or 0.0):.2f} s, {captured}"
         with self._lock:
             self._finish(s, final, message=f"captured {captured}" + (", cancelled" if final == wire.CANCELLED else ""))
 

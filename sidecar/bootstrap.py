@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import py_compile
 from collections.abc import Mapping
+from operator import methodcaller
 from pathlib import Path
 
 from stepscope import wire
@@ -66,7 +67,7 @@ def install_bootstrap(stepscope_dir: Path) -> Path:
     # The vocabulary first: an agent written before it would import an older one.
     for name, source in ((f"{WIRE_MODULE}.py", WIRE_SOURCE.read_bytes()), (f"{AGENT_MODULE}.py", AGENT_SOURCE.read_bytes()),
                          ("sitecustomize.py", SITECUSTOMIZE.encode())):
-        write_atomically(folder / name, lambda out, source=source: out.write(source))
+        write_atomically(folder / name, methodcaller("write", source))
         # Every Python process in the pod loads these at start. Images often set
         # PYTHONDONTWRITEBYTECODE, which would recompile the agent each time (~9 ms); a training
         # interpreter of the sidecar's Python version reads this cache even then, others ignore it.

@@ -35,6 +35,7 @@ class ControlServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        assert isinstance(host, str)  # bound to a host name or address, never bytes
         return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
 
 

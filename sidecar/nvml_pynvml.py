@@ -208,21 +208,22 @@ class PynvmlBackend:
         _, _, reasons = self._clock_calls[0]
         lookup = self._nvml._nvmlGetFunctionPointer
         try:
-            functions = [ctypes.cast(f, ctypes.c_void_p).value for f in (
-                lookup("nvmlDeviceGetClockInfo"), reasons._function, lookup("nvmlDeviceGetFieldValues"),
-                lookup("nvmlDeviceGetPowerUsage"), lookup("nvmlDeviceGetTemperature"), lookup("nvmlDeviceGetMemoryInfo"))]
-            devices = [ctypes.cast(handle, ctypes.c_void_p).value for handle in self._handles]
+            pointers: tuple[Any, ...] = (lookup("nvmlDeviceGetClockInfo"), reasons._function, lookup("nvmlDeviceGetFieldValues"),
+                                         lookup("nvmlDeviceGetPowerUsage"), lookup("nvmlDeviceGetTemperature"), lookup("nvmlDeviceGetMemoryInfo"))
+            functions = [ctypes.cast(f, ctypes.c_void_p).value or 0 for f in pointers]
+            devices = [ctypes.cast(handle, ctypes.c_void_p).value or 0 for handle in self._handles]
         except (AttributeError, TypeError, ctypes.ArgumentError, self._nvml.NVMLError):
             return None  # e.g. the tests' stand-in library, whose functions are Python's
         if not all(functions) or not all(devices):
             return None
-        return NativeReads(*functions, devices=devices, keep_alive=self._handles)
+        clock_info, clock_reasons, field_values, power, temperature, memory_info = functions
+        return NativeReads(clock_info, clock_reasons, field_values, power, temperature, memory_info, devices=devices, keep_alive=self._handles)
 
     def xid_events(self) -> list[tuple[int, int]]:
         nv = self._nvml
         if self._events is None:
             return []
-        found = []
+        found: list[tuple[int, int]] = []
         while True:
             try:
                 data = nv.nvmlEventSetWait(self._events, 0)

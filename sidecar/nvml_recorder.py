@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -58,6 +58,7 @@ NAN = math.nan
 _NO_PAIR = (NAN, NAN)  # clocks or utilization not measured
 _NO_SLOW = (NAN,) * 5  # the slow columns of a row taken between slow rounds
 T = TypeVar("T")
+_UTILIZATION_COLUMNS: tuple[tuple[UtilizationKind, str], ...] = (("gpu", "gpu_util_pct"), ("memory", "mem_util_pct"))
 # Slots of a GPU's backend methods in MetricsRecorder._calls.
 _FIELDS, _CLOCKS, _REASONS, _POWER, _TEMPERATURE, _MEMORY, _UTILIZATION = range(7)
 
@@ -148,7 +149,7 @@ class MetricsRecorder:
         backend = self.backend
         # Per GPU, the backend methods each slot (_FIELDS...) is read with; _failed() replaces a
         # method the GPU does not support, so it is asked once and the hot loop checks nothing.
-        self._calls = [(device.index, [backend.field_values, backend.clocks_mhz, backend.clock_event_reasons, backend.power_w,
+        self._calls: list[tuple[int, list[Callable[..., Any]]]] = [(device.index, [backend.field_values, backend.clocks_mhz, backend.clock_event_reasons, backend.power_w,
                                        backend.temperature_c, backend.memory_used_bytes, backend.utilization])
                        for device in self._devices]
         # A ring of rows packed as float64, allocated once: memory stays fixed however long the
@@ -165,7 +166,7 @@ class MetricsRecorder:
         self._capacity = max(1, rows // 8) if self._native is not None else rows
         # np.zeros takes fresh zero pages from the OS: memory is touched only as rows arrive.
         self._ring = np.zeros((self._capacity, len(self._columns)))
-        self._view = memoryview(self._ring).cast("B")
+        self._view = self._ring.data.cast("B")
         self._rows = 0
         self.stats.native = self._native is not None
         self._stopping.clear()
@@ -199,7 +200,7 @@ class MetricsRecorder:
         self._native_ring = np.empty((0, len(self._columns)))
         offer = getattr(self.backend, "native_reads", None)
         lib = nvml_native.library() if self.native and offer is not None and self._devices else None
-        if lib is None:
+        if lib is None or offer is None:
             return None
         try:
             reads = offer()
@@ -304,11 +305,11 @@ class MetricsRecorder:
                 values = self._failed(calls, _FIELDS, "field_values", gpu, error, no_fields)
             try:
                 sm, mem = calls[_CLOCKS](gpu)
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:  # noqa: BLE001 - as above
                 sm, mem = self._failed(calls, _CLOCKS, "clocks", gpu, error, _NO_PAIR)
             try:
                 reasons = calls[_REASONS](gpu)
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:  # noqa: BLE001 - as above
                 reasons = self._failed(calls, _REASONS, "clock_reasons", gpu, error, NAN)
             slow_values = self._slow_values(gpu, calls) if slow else _NO_SLOW
             pack_into(view, (rows % capacity) * row_bytes, ts_us, gpu, sm, mem, reasons, *slow_values, *values, NAN)
@@ -322,26 +323,26 @@ class MetricsRecorder:
             if utilization is not None:
                 self._append({"ts_us": self._now_us(), "gpu": gpu, "gpu_util_pct": utilization[0], "mem_util_pct": utilization[1]})
 
-    def _slow_values(self, gpu: int, calls: list[Callable[..., object]]) -> tuple[float, ...]:
+    def _slow_values(self, gpu: int, calls: list[Callable[..., Any]]) -> tuple[float, ...]:
         """Power, temperature, memory used (MiB), GPU and memory utilization where polled."""
         power = self._read(calls, _POWER, "power", gpu, NAN)
         temperature = self._read(calls, _TEMPERATURE, "temperature", gpu, NAN)
         used_mib = self._read(calls, _MEMORY, "memory_used", gpu, NAN) // (1 << 20)
         return power, temperature, used_mib, *(self._polled_utilization(gpu, calls) or _NO_PAIR)
 
-    def _polled_utilization(self, gpu: int, calls: list[Callable[..., object]]) -> tuple[float, float] | None:
+    def _polled_utilization(self, gpu: int, calls: list[Callable[..., Any]]) -> tuple[float, float] | None:
         """GPU and memory utilization where the driver keeps no sample buffer (NaN for a kind it
         buffers); None where it buffers both."""
         polled = (gpu, "gpu") in self._util_polled, (gpu, "memory") in self._util_polled
         if not any(polled):
             return None
         utilization = self._read(calls, _UTILIZATION, "utilization", gpu, _NO_PAIR)
-        return tuple(value if is_polled else NAN for value, is_polled in zip(utilization, polled))  # type: ignore[return-value]
+        return tuple(value if is_polled else NAN for value, is_polled in zip(utilization, polled))  # type: ignore[return-value]  # two pairs zipped: a pair
 
     def _read_buffers(self) -> None:
         """The driver's utilization samples (where it keeps them) and XID events since the last read."""
         for gpu, _ in self._calls:
-            for kind, column in (("gpu", "gpu_util_pct"), ("memory", "mem_util_pct")):
+            for kind, column in _UTILIZATION_COLUMNS:
                 if (gpu, kind) not in self._util_polled:
                     self._utilization_rows(gpu, kind, column)
         self._xid_rows(self._now_us())
@@ -386,13 +387,13 @@ class MetricsRecorder:
 
     # -- backend calls that never raise ---------------------------------------------------------
 
-    def _read(self, calls: list[Callable[..., T]], slot: int, name: str, gpu: int, default: T) -> T:
+    def _read(self, calls: list[Callable[..., Any]], slot: int, name: str, gpu: int, default: T) -> T:
         try:
             return calls[slot](gpu)
         except Exception as error:  # noqa: BLE001 - a sampler thread must survive any backend bug
             return self._failed(calls, slot, name, gpu, error, default)
 
-    def _failed(self, calls: list[Callable[..., T]], slot: int, name: str, gpu: int, error: Exception, default: T) -> T:
+    def _failed(self, calls: list[Callable[..., Any]], slot: int, name: str, gpu: int, error: Exception, default: T) -> T:
         """What a failed read records: `default` (not measured); counted and logged once, or, when
         the GPU does not support the metric, never asked again."""
         if isinstance(error, BackendError) and error.not_supported:
@@ -474,11 +475,11 @@ def _bare_uuid(uuid: str) -> str:
 
 def _epoch_offset_ns() -> int:
     """time_ns() - perf_counter_ns(), from the tightest of a few paired reads."""
-    best = None
+    best = (1 << 62, 0)  # (width of the read, offset)
     for _ in range(5):
         a = time.perf_counter_ns()
         wall = time.time_ns()
         b = time.perf_counter_ns()
-        if best is None or b - a < best[0]:
+        if b - a < best[0]:
             best = (b - a, wall - (a + b) // 2)
     return best[1]

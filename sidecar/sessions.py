@@ -295,8 +295,8 @@ class SessionManager:
         it was exporting)."""
         with self._lock:
             lingering = [s for s in self._sessions.values() if s.finished and any(r.agent_state in wire.ACTIVE_STATES for r in s.ranks.values())]
-        for session in lingering:
-            self._follow_late(session)
+        for late in lingering:
+            self._follow_late(late)
         session = self.active()
         if session is None:
             return
@@ -502,7 +502,7 @@ class SessionManager:
         progress.captured_trace = progress.captured_trace or trace is not None
         jobs: list[Job] = []
         policy = session.spec.saveRawTrace
-        if new_trace and (policy == "all" or (policy == "master" and rank == 0)):
+        if trace is not None and new_trace and (policy == "all" or (policy == "master" and rank == 0)):
             jobs.append(self._file_job(session, progress, trace, layout.rank_trace(rank)))
         if stacks is not None and stacks.name not in progress.sent:
             jobs.append(self._file_job(session, progress, stacks, layout.rank_stacks(rank)))

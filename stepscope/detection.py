@@ -124,7 +124,7 @@ def detect(state: State, observation: Observation, conditions: Conditions) -> tu
     readings[SLOWDOWN] = None if job is None or not baseline else job / baseline
     if job is not None:
         holds[SLOWDOWN] = (f"step time {job:.3g} s is {job / baseline:.2f}x the job's baseline {baseline:.3g} s "
-                           f"(over {conditions.slowdown_factor:g}x)", ranks) if slow else None
+                           f"(over {conditions.slowdown_factor:g}x)", ranks) if slow and baseline is not None else None
 
     history = state.history
     if job is not None and not slow and SLOWDOWN not in state.since:
@@ -143,7 +143,8 @@ def detect(state: State, observation: Observation, conditions: Conditions) -> tu
         readings[DIVERGENCE] = None
 
     stalls = [s.seconds_since_step for s in observation.ranks.values()]
-    stalled = min(stalls) if stalls and all(s is not None for s in stalls) else None
+    known = [s for s in stalls if s is not None]
+    stalled = min(known) if known and len(known) == len(stalls) else None
     readings[HANG] = stalled
     holds[HANG] = (f"no step on any rank for {stalled:.0f} s (over {conditions.hang_after_s:g} s)", ranks) \
         if stalled is not None and stalled >= conditions.hang_after_s else None

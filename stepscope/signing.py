@@ -13,6 +13,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
+from email.message import Message
 from pathlib import Path
 
 HEADER_TIMESTAMP = "X-Stepscope-Timestamp"
@@ -54,7 +55,7 @@ def sign(key: bytes, method: str, path: str, body: bytes, *, now: float | None =
     }
 
 
-def _header(headers: Mapping[str, str], name: str) -> str:
+def _header(headers: Mapping[str, str] | Message, name: str) -> str:
     value = headers.get(name)
     if value is None:
         # http.server's message object is case-insensitive already; plain dicts are not.
@@ -80,7 +81,7 @@ class Verifier:
     def __repr__(self) -> str:
         return f"Verifier(window_s={self._window_s})"
 
-    def verify(self, method: str, path: str, body: bytes, headers: Mapping[str, str], *, now: float | None = None) -> None:
+    def verify(self, method: str, path: str, body: bytes, headers: Mapping[str, str] | Message, *, now: float | None = None) -> None:
         timestamp = _header(headers, HEADER_TIMESTAMP)
         nonce = _header(headers, HEADER_NONCE)
         signature = _header(headers, HEADER_SIGNATURE)

@@ -6,6 +6,10 @@ every Python process of a training pod loads it at start.
 """
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing stays unimported at run time (see above)
+    from typing import TypeGuard
+
 WIRE_VERSION = 1  # of request.json and the agent's state and stacks files
 
 DEFAULT_DIR = "/var/run/stepscope"
@@ -65,7 +69,7 @@ _ID_REST = _ID_FIRST | frozenset("._-")
 MAX_SESSION_ID = 128
 
 
-def valid_session_id(value: object) -> bool:
+def valid_session_id(value: object) -> TypeGuard[str]:
     """Session ids become folder names: a letter or digit, then letters, digits, '.', '_', '-'."""
     return (isinstance(value, str) and 0 < len(value) <= MAX_SESSION_ID and value[0] in _ID_FIRST
             and all(c in _ID_REST for c in value))
