@@ -79,7 +79,7 @@ def test_a_rule_that_cannot_evaluate_is_a_422_not_a_crash(widgets):
 
 def test_transition_rules_run_on_updates_only(widgets):
     _create(widgets, "e", {"label": "w-e", "size": 5})
-    patch = lambda size: widgets.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "e", {"spec": {"size": size}})  # noqa: E731
+    patch = lambda size: widgets.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "e", {"spec": {"size": size}})  # noqa: E731 (a one-line helper local to the test)
     assert patch(6)["spec"]["size"] == 6
     assert "size may only grow" in _invalid(lambda: patch(2))
 

@@ -11,18 +11,18 @@ import pytest
 
 pynvml = pytest.importorskip("pynvml")
 
-from stepscope.analysis.hardware import read_metrics  # noqa: E402
-from stepscope.gpu_metrics import (  # noqa: E402
+from stepscope.analysis.hardware import read_metrics  # noqa: E402 (after the importorskip)
+from stepscope.gpu_metrics import (  # noqa: E402 (after the importorskip)
     FI_NVLINK_THROUGHPUT_DATA_TX,
     FI_PCIE_COUNT_RX_BYTES,
     FI_PCIE_COUNT_TX_BYTES,
     REASON_SW_THERMAL,
 )
-from stepscope.sidecar import nvml  # noqa: E402
-from stepscope.sidecar.nvml import MetricsRecorder, default_backend  # noqa: E402
-from stepscope.sidecar.nvml_pynvml import PynvmlBackend  # noqa: E402
+from stepscope.sidecar import nvml  # noqa: E402 (after the importorskip)
+from stepscope.sidecar.nvml import MetricsRecorder, default_backend  # noqa: E402 (after the importorskip)
+from stepscope.sidecar.nvml_pynvml import PynvmlBackend  # noqa: E402 (after the importorskip)
 
-from .fake_libnvml import FakeGpu, FakeNvmlLib  # noqa: E402
+from .fake_libnvml import FakeGpu, FakeNvmlLib  # noqa: E402 (after the importorskip)
 
 UUIDS = ["GPU-0a0a0a0a-1111", "GPU-1b1b1b1b-2222", "GPU-2c2c2c2c-3333"]
 
