@@ -15,7 +15,7 @@ import celpy
 from celpy import celtypes
 
 from . import errors
-from .object_rules import builtin_causes, metadata_causes
+from .object_rules import builtin_causes, metadata_causes, pod_update_causes
 from .resources import ResourceType
 
 Schema = dict[str, Any]
@@ -295,6 +295,8 @@ def validate_object(t: ResourceType, obj: dict[str, Any], old: dict[str, Any] | 
         if t.kind == "CustomResourceDefinition" and t.group == "apiextensions.k8s.io":
             check_crd(obj)
         causes = metadata_causes(t, obj) + builtin_causes(t, obj)
+        if old is not None and (t.group, t.kind) == ("", "Pod"):
+            causes += pod_update_causes(obj, old)
     else:
         if t.schema:
             obj = apply_defaults(prune(obj, t.schema, root=True), t.schema)
