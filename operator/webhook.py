@@ -1,6 +1,7 @@
 """The mutating webhook that adds the sidecar (stepscope.operator.injection says what) to pods
 labelled `stepscope.io/inject: "true"`, served by kopf over HTTPS with the operator's own
-certificate. Importing this module registers nothing; `stepscope operator --webhook` does.
+certificate; on an update of a pod it injected, it only puts the injected env back (a pod's env
+cannot change, and `kubectl apply` of the original manifest would revert it). Importing this module registers nothing; `stepscope operator --webhook` does.
 
 The Helm chart owns the MutatingWebhookConfiguration, every field of it (failurePolicy Ignore,
 timeout, selectors, the Service); the operator only keeps `clientConfig.caBundle` current (and
@@ -42,9 +43,7 @@ def inject_sidecar(spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, memo: ko
     namespace = meta.get("namespace") or ""
     try:
         if operation == "UPDATE":
-            was_injected = old is not None and INJECTED_ANNOTATION in (old.get("metadata", {}).get("annotations") or {})
-            for name, value in ((injection.reinject(dict(spec)) if was_injected else None) or {}).items():
-                patch.spec[name] = value
+            _restore_injected(dict(spec), old, patch)
             return
         skipped = memo.injector.keys.problem(namespace) if namespace else "the pod's namespace is unknown at admission"
         if skipped:
@@ -65,6 +64,16 @@ def inject_sidecar(spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, memo: ko
         patch.clear()
         what = "update admitted as sent (the injected env is not put back)" if operation == "UPDATE" else "pod admitted WITHOUT the profiling sidecar"
         warnings.append(f"stepscope: {what}: the webhook failed ({exc.__class__.__name__})")
+
+
+def _restore_injected(spec: dict[str, Any], old: kopf.Body | None, patch: kopf.Patch) -> None:
+    """An update of a pod that was injected: its injected env and mount put back where the update
+    reverts them. A pod that was not injected is left as it is (the chart's matchConditions do
+    not even send it)."""
+    if old is None or INJECTED_ANNOTATION not in (old.get("metadata", {}).get("annotations") or {}):
+        return
+    for name, value in (injection.reinject(spec) or {}).items():
+        patch.spec[name] = value
 
 
 def post_warning(pod: Any, reason: str, message: str) -> bool:

@@ -24,7 +24,7 @@ from kopf.testing import KopfRunner
 from stepscope.launch import free_port
 from stepscope.operator import kube as operator_kube
 from stepscope.operator import metrics, registry
-from stepscope.operator.injection import BOOTSTRAP_DIR, SIDECAR_NAME
+from stepscope.operator.injection import BOOTSTRAP_DIR, SIDECAR_NAME, InjectionSettings, inject, reinject
 from stepscope.operator.namespace_keys import namespace_key
 from tests.chart.conftest import CHART, render_templates as render
 from tests.kube.fixtures import Kube
@@ -306,6 +306,17 @@ def test_point8_re_applying_a_bare_pod_that_declares_pythonpath_succeeds(injecti
     with pytest.raises(kubernetes.client.ApiException) as refused:
         injecting.core.patch_namespaced_pod("web-0", "default", other, _content_type="application/strategic-merge-patch+json")
     assert refused.value.status == 422 and "pod updates may not change fields" in refused.value.body
+
+
+def test_point8_reinject_puts_back_only_what_injection_changed() -> None:
+    spec = {"containers": [{"name": "pytorch", "image": "i", "env": [{"name": "PYTHONPATH", "value": "/app"}, {"name": "A", "value": "1"}],
+                            "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+            "initContainers": [{"name": "setup", "image": "busybox"}], "volumes": [{"name": "data", "emptyDir": {}}]}
+    injected = {**spec, **inject(spec, InjectionSettings("stepscope:test", "IfNotPresent", "stepscope-hmac", "key"))}
+    assert reinject(injected) is None  # idempotent: the stored pod needs nothing
+    reverted = json.loads(json.dumps(injected))
+    reverted["containers"][0]["env"][0]["value"] = "/app"  # what the re-applied manifest says
+    assert reinject(reverted) == {"containers": injected["containers"]}  # never a volume, never the sidecar
 
 
 def test_point8_pythonpath_from_valuefrom_is_named_in_a_warning(injecting: Chart) -> None:
