@@ -166,7 +166,7 @@ def test_status_bounds(api):
 
     failed = [{"pod": f"p{n}", "rank": n, "reason": "OOMKilled"} for n in range(21)]
     causes = _refusal(lambda: write({"failedWorkers": failed}))["details"]["causes"]
-    assert causes == [{"reason": "FieldValueInvalid", "field": "status.failedWorkers", "message": "Too many: 21: must have at most 20 items"}]
+    assert causes == [{"reason": "FieldValueTooMany", "field": "status.failedWorkers", "message": "Too many: 21: must have at most 20 items"}]
     findings = [{"severity": "urgent", "category": "kernel", "ranks": [0], "message": "m"}]
     assert "Unsupported value" in _refusal(lambda: write({"diagnosis": {"findings": findings}}))["message"]
     assert "Unsupported value" in _refusal(lambda: write({"phase": "Done"}))["message"]

@@ -26,6 +26,7 @@ from stepscope.operator import kube as operator_kube
 from stepscope.operator import registry
 from stepscope.operator.injection import SIDECAR_NAME
 from tests.chart.conftest import render_templates as render
+from tests.e2e.conftest import ensure_default_service_account
 from tests.polling import wait_for
 
 TEMPLATES = ("serviceaccount.yaml", "rbac.yaml", "rbac-webhook.yaml", "webhook.yaml")
@@ -60,6 +61,7 @@ def real_chart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict
     try:
         core.create_namespace({"metadata": {"name": release}})
         core.create_namespace({"metadata": {"name": training, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+        ensure_default_service_account(core, training)
         for doc in docs:
             kubernetes.utils.create_from_dict(admin, doc)
             created.append(doc)

@@ -32,7 +32,9 @@ def _patch(core: kubernetes.client.CoreV1Api, name: str, body: dict[str, Any], c
 def test_a_pod_update_may_change_only_what_kube_apiserver_lets_it(core: kubernetes.client.CoreV1Api) -> None:
     core.create_namespaced_pod("default", pod("p", {"app": "a"}, tolerations=[{"key": "k", "operator": "Exists", "effect": "NoExecute"}]))
     env = {"spec": {"containers": [{"name": "train", "env": PYTHONPATH}]}}
-    message = refused(lambda: _patch(core, "p", env), 422)["message"]
+    status = refused(lambda: _patch(core, "p", env), 422)
+    message = status["message"]
+    assert [(c["field"], c["reason"]) for c in status["details"]["causes"]] == [("spec", "FieldValueForbidden")]
     assert message.startswith('Pod "p" is invalid: spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`,')
     assert "+ containers:" in message
     added = {"spec": {"containers": [{"name": "train", "image": "trainer:1"}, {"name": "more", "image": "x"}]}}
