@@ -254,7 +254,9 @@ def _rule_causes(value: Any, old: Any, schema: Schema, path: str) -> list[Cause]
             if rule.get("reason") == "FieldValueForbidden":
                 causes.append((field, f"Forbidden: {message}"))
             else:
-                causes.append((field, f"Invalid value: \"{schema.get('type', 'object')}\": {message}"))
+                # Kubernetes 1.36 shows a scalar node's value, and no value for an object or array node.
+                shown = "" if schema.get("type", "object") in ("object", "array") else f"{_shown(value)}: "
+                causes.append((field, f"Invalid value: {shown}{message}"))
     return causes
 
 
