@@ -121,14 +121,16 @@ def builtin_causes(t: ResourceType, obj: dict[str, Any]) -> list[Cause]:
 
 
 # What ValidatePodUpdate (pkg/apis/core/validation) lets an update of pods/<name> change in the
-# spec; anything else is refused with this list (the real message follows it with a Go diff).
+# spec; anything else is refused with this list (the real message follows it with a unified diff
+# of its internal spec as JSON).
 UPDATABLE_POD_SPEC_FIELDS = ("`spec.containers[*].image`", "`spec.initContainers[*].image`", "`spec.activeDeadlineSeconds`",
                              "`spec.tolerations` (only additions to existing tolerations)",
                              "`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)")
 
 
 def _spec_diff(old: dict[str, Any], new: dict[str, Any]) -> str:
-    """The changed top-level spec fields, old then new (the API server prints a cmp.Diff instead)."""
+    """The changed top-level spec fields, old then new (kube-apiserver prints a unified diff of its
+    internal spec as JSON instead: `@@ -376,7 +376,7 @@` and Go field names such as "Env")."""
     lines = []
     for key in sorted(set(old) | set(new)):
         if old.get(key) != new.get(key):
