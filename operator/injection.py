@@ -99,6 +99,19 @@ def inject(spec: dict[str, Any], cfg: InjectionSettings) -> dict[str, Any] | Non
     }
 
 
+def reinject(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """On an update of a pod that was injected: the containers' PYTHONPATH, STEPSCOPE_DIR and
+    mount put back as injection made them, so that an update that reverts them (`kubectl apply`
+    of the original manifest again) leaves the spec as it is, which is all a pod update may do
+    there; None when nothing differs. Idempotent, and it never adds a container or a volume."""
+    fields = {
+        "containers": [_with_mount(_with_training_env(c)) for c in spec.get("containers") or []],
+        "initContainers": [c if c.get("name") == SIDECAR_NAME else _with_mount(c) for c in spec.get("initContainers") or []],
+    }
+    changed = {name: value for name, value in fields.items() if value != (spec.get(name) or [])}
+    return changed or None
+
+
 def warnings(spec: dict[str, Any]) -> list[str]:
     """What keeps the agent from starting in an injected pod, for the client that creates it."""
     return [f"stepscope: container {c.get('name')} sets PYTHONPATH from valueFrom, so the agent's bootstrap ({BOOTSTRAP_DIR}) "

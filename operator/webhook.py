@@ -1,6 +1,7 @@
 """The mutating webhook that adds the sidecar (stepscope.operator.injection says what) to pods
 labelled `stepscope.io/inject: "true"`, served by kopf over HTTPS with the operator's own
-certificate. Importing this module registers nothing; `stepscope operator --webhook` does.
+certificate; on an update of a pod it injected, it only puts the injected env back (a pod's env
+cannot change, and `kubectl apply` of the original manifest would revert it). Importing this module registers nothing; `stepscope operator --webhook` does.
 
 The Helm chart owns the MutatingWebhookConfiguration, every field of it (failurePolicy Ignore,
 timeout, selectors, the Service); the operator only keeps `clientConfig.caBundle` current (and
@@ -35,10 +36,15 @@ HANDLER_ID = "inject-sidecar"
 log = logging.getLogger(__name__)
 
 
-def inject_sidecar(spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, warnings: list[str], **_: Any) -> None:
-    """Admit every pod: with the sidecar where its namespace is ready, else as it is, saying why."""
+def inject_sidecar(spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, warnings: list[str],
+                   operation: str | None = None, old: kopf.Body | None = None, **_: Any) -> None:
+    """Admit every pod: with the sidecar where its namespace is ready, else as it is, saying why.
+    An update of a pod that was injected gets its injected env and mount back (see reinject)."""
     namespace = meta.get("namespace") or ""
     try:
+        if operation == "UPDATE":
+            _restore_injected(dict(spec), old, patch)
+            return
         skipped = memo.injector.keys.problem(namespace) if namespace else "the pod's namespace is unknown at admission"
         if skipped:
             warnings.append(f"stepscope: pod admitted WITHOUT the profiling sidecar: {skipped}")
@@ -56,7 +62,18 @@ def inject_sidecar(spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, memo: ko
     except Exception as exc:  # never deny: failurePolicy covers an unreachable webhook only
         log.exception("injection failed for a pod in namespace %s", namespace)
         patch.clear()
-        warnings.append(f"stepscope: pod admitted WITHOUT the profiling sidecar: the webhook failed ({exc.__class__.__name__})")
+        what = "update admitted as sent (the injected env is not put back)" if operation == "UPDATE" else "pod admitted WITHOUT the profiling sidecar"
+        warnings.append(f"stepscope: {what}: the webhook failed ({exc.__class__.__name__})")
+
+
+def _restore_injected(spec: dict[str, Any], old: kopf.Body | None, patch: kopf.Patch) -> None:
+    """An update of a pod that was injected: its injected env and mount put back where the update
+    reverts them. A pod that was not injected is left as it is (the chart's matchConditions do
+    not even send it)."""
+    if old is None or INJECTED_ANNOTATION not in (old.get("metadata", {}).get("annotations") or {}):
+        return
+    for name, value in (injection.reinject(spec) or {}).items():
+        patch.spec[name] = value
 
 
 def post_warning(pod: Any, reason: str, message: str) -> bool:
@@ -275,6 +292,6 @@ async def stop_upkeep(memo: kopf.Memo, **_: Any) -> None:
 
 def register(registry: kopf.OperatorRegistry) -> None:
     """Put the injection webhook and its upkeep into `registry`, beside the session handlers."""
-    kopf.on.mutate("v1", "pods", labels={INJECT_LABEL: "true"}, operations=["CREATE"], id=HANDLER_ID, registry=registry)(inject_sidecar)
+    kopf.on.mutate("v1", "pods", labels={INJECT_LABEL: "true"}, operations=["CREATE", "UPDATE"], id=HANDLER_ID, registry=registry)(inject_sidecar)
     kopf.on.startup(registry=registry)(configure_webhook)
     kopf.on.cleanup(registry=registry)(stop_upkeep)

@@ -66,6 +66,17 @@ class Cluster:
         return path
 
 
+def ensure_default_service_account(core: kubernetes.client.CoreV1Api, namespace: str) -> None:
+    """The `default` ServiceAccount that kube-controller-manager creates in every namespace: without
+    it, the ServiceAccount admission plugin refuses every pod ("error looking up service account
+    <ns>/default"), so a control plane without the controller manager needs it made here."""
+    try:
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
 def _install_crd(api_client: kubernetes.client.ApiClient) -> None:
     api = kubernetes.client.ApiextensionsV1Api(api_client)
     body = yaml.safe_load(CRD_PATH.read_text())
@@ -100,6 +111,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, helm: str) -> Iterator[Clu
     _install_crd(api_client)
     for ns in (namespace, release):
         core.create_namespace({"metadata": {"name": ns, "labels": {"stepscope-e2e": run_id}}})
+        ensure_default_service_account(core, ns)
     docs = render(helm, f"operator.namespaces={{{namespace}}}", f"fullnameOverride={fullname}", "webhook.enabled=false", namespace=release)
     identity = [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
     try:

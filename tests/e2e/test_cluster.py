@@ -16,7 +16,7 @@ import pytest
 
 from stepscope.operator.jobs import account_name
 from stepscope.sidecar.daemon import Sidecar
-from tests.crd.test_rules import RULE_CASES, RULE_NODE_TYPE
+from tests.crd.test_rules import RULE_CASES, RULE_NODE_VALUE
 from tests.e2e.conftest import Cluster, running_pod, session_body
 from tests.operator.harness import port_of
 
@@ -68,7 +68,7 @@ def test_the_crd_rules_refuse_bad_specs(cluster: Cluster, case: str, spec: dict,
         del body["spec"][key]
     body["spec"].update(spec)
     status = _refused(lambda: _create(cluster, body))
-    assert {"field": field, "message": f'Invalid value: "{RULE_NODE_TYPE.get(case, "object")}": {message}'} in [
+    assert {"field": field, "message": f'Invalid value: {RULE_NODE_VALUE.get(case, "")}{message}'} in [
         {k: c[k] for k in ("field", "message")} for c in status["details"]["causes"]], status
 
 

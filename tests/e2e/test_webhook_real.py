@@ -26,6 +26,7 @@ from stepscope.operator import kube as operator_kube
 from stepscope.operator import registry
 from stepscope.operator.injection import SIDECAR_NAME
 from tests.chart.conftest import render_templates as render
+from tests.e2e.conftest import ensure_default_service_account
 from tests.polling import wait_for
 
 TEMPLATES = ("serviceaccount.yaml", "rbac.yaml", "rbac-webhook.yaml", "webhook.yaml")
@@ -60,6 +61,7 @@ def real_chart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict
     try:
         core.create_namespace({"metadata": {"name": release}})
         core.create_namespace({"metadata": {"name": training, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+        ensure_default_service_account(core, training)
         for doc in docs:
             kubernetes.utils.create_from_dict(admin, doc)
             created.append(doc)
@@ -102,6 +104,24 @@ def _dry_run_pod(core: kubernetes.client.CoreV1Api, namespace: str, labels: dict
     return core.api_client.sanitize_for_serialization(core.create_namespaced_pod(namespace, body, dry_run="All"))
 
 
+def _reapply_keeps_the_injected_pythonpath(core: kubernetes.client.CoreV1Api, namespace: str) -> None:
+    """A bare pod that declares PYTHONPATH, created for real (no kubelet: it stays Pending), then the
+    three-way patch `kubectl apply` of the same manifest sends: the API server calls the webhook on
+    UPDATE, which puts the injected value back, so pod update validation lets it through."""
+    container = {"name": "pytorch", "image": "pytorch/pytorch", "securityContext": RESTRICTED, "env": [{"name": "PYTHONPATH", "value": "/app"}]}
+    body = {"metadata": {"name": "trainer-reapply", "labels": {"stepscope.io/inject": "true"}}, "spec": {"containers": [container]}}
+    created = core.api_client.sanitize_for_serialization(core.create_namespaced_pod(namespace, body))
+    try:
+        assert created["metadata"]["annotations"]["stepscope.io/injected"] == "true"
+        reapply = {"spec": {"$setElementOrder/containers": [{"name": "pytorch"}], "containers": [
+            {"$setElementOrder/env": [{"name": "PYTHONPATH"}], "env": container["env"], "name": "pytorch"}]}}
+        patched = core.api_client.sanitize_for_serialization(core.patch_namespaced_pod(
+            "trainer-reapply", namespace, reapply, _content_type="application/strategic-merge-patch+json"))
+        assert patched["spec"]["containers"] == created["spec"]["containers"]
+    finally:
+        core.delete_namespaced_pod("trainer-reapply", namespace, grace_period_seconds=0)
+
+
 def test_the_webhook_injects_through_a_real_api_server_under_the_chart_rbac(real_chart: dict[str, Any]) -> None:
     core, training = real_chart["core"], real_chart["training"]
     admission = kubernetes.client.AdmissionregistrationV1Api(real_chart["admin"])
@@ -120,5 +140,6 @@ def test_the_webhook_injects_through_a_real_api_server_under_the_chart_rbac(real
         (sidecar,) = [c for c in pod["spec"]["initContainers"] if c["name"] == SIDECAR_NAME]
         assert sidecar["restartPolicy"] == "Always" and sidecar["securityContext"]["runAsNonRoot"] is True
         assert "annotations" not in _dry_run_pod(core, training, {"app": "web"})["metadata"]
+        _reapply_keeps_the_injected_pythonpath(core, training)
         during = hooks()
     assert hooks() == during, "stopping the operator leaves the webhook configuration as it was"

@@ -2,11 +2,17 @@
 called over HTTPS as kube-apiserver calls them, then Pod Security admission checks the result.
 
 Faithful to kube-apiserver (admission webhooks docs, admissionregistration.k8s.io/v1 reference):
-- only for pod CREATE, after the namespace exists and before the name is generated (so a pod with
-  generateName reaches the webhook with an empty name, metadata.namespace filled in);
+- for pod CREATE, after the namespace exists and before the name is generated (so a pod with
+  generateName reaches the webhook with an empty name, metadata.namespace filled in); and for an
+  update of pods/<name> (PUT or PATCH, not the status subresource) as operation UPDATE, with the
+  patch already applied to the stored pod in `object` and the stored pod in `oldObject`, before
+  the pod update validation (object_rules.pod_update_causes) sees the result;
 - a webhook is called when a rule matches (apiGroups, apiVersions, resources, operations, `*`),
-  its objectSelector matches the pod's labels and its namespaceSelector the namespace's labels
-  (with `kubernetes.io/metadata.name` set, as the API server labels every namespace);
+  its objectSelector matches the pod's labels (on UPDATE: the new or the old object's) and its
+  namespaceSelector the namespace's labels (with `kubernetes.io/metadata.name` set, as the API
+  server labels every namespace), and every matchCondition is true (CEL over `object`,
+  `oldObject` and `request`; one that is false skips the webhook, an error with none false skips
+  it under failurePolicy Ignore and refuses the request under Fail);
 - clientConfig.url, or clientConfig.service resolved through `service_endpoints` (what a Service
   and its endpoints do in a cluster), over TLS verified against caBundle (against no trusted CA
   when caBundle is empty) with the server name `<service>.<namespace>.svc`; timeoutSeconds
@@ -16,9 +22,11 @@ Faithful to kube-apiserver (admission webhooks docs, admissionregistration.k8s.i
   `admission webhook "<name>" denied the request: <message>`; a JSONPatch is applied; warnings
   come back as `Warning: 299` headers;
 - Pod Security admission (pod_security.py) runs after the mutating webhooks, as it is a
-  validating plugin.
-Not done: validating webhooks, matchConditions, reinvocation, webhooks on other resources or
-operations, dryRun (the server refuses dryRun), the v1beta1 review version, client certificates.
+  validating plugin; on UPDATE only when the number of containers or an image changes
+  (isSignificantPodUpdate in pod-security-admission).
+Not done: validating webhooks, the `authorizer` variable of matchConditions, CEL cost limits,
+reinvocation, webhooks on other resources or operations (DELETE, CONNECT, subresources), dryRun
+(the server refuses dryRun), the v1beta1 review version, client certificates.
 """
 from __future__ import annotations
 
@@ -30,11 +38,13 @@ import uuid
 from typing import Any
 
 import aiohttp
+import celpy
 import jsonpatch
 
 from . import errors, pod_security
 
 ADMISSION = "admissionregistration.k8s.io"
+_ENV = celpy.Environment()
 
 
 def _matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
@@ -51,11 +61,42 @@ def _matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
     return True
 
 
-def _rule_matches(rules: list[dict[str, Any]]) -> bool:
+def _rule_matches(rules: list[dict[str, Any]], operation: str) -> bool:
     def has(values: list[str] | None, value: str) -> bool:
         return any(v in ("*", value) for v in values or [])
     return any(has(r.get("apiGroups"), "") and has(r.get("apiVersions"), "v1") and has(r.get("resources"), "pods")
-               and has(r.get("operations"), "CREATE") for r in rules or [])
+               and has(r.get("operations"), operation) for r in rules or [])
+
+
+def _conditions_hold(hook: dict[str, Any], review: dict[str, Any]) -> bool:
+    """The webhook's matchConditions on this request; raises CallFailed when one fails to evaluate
+    and none is false (the API server then applies failurePolicy)."""
+    request = review["request"]
+    activation = {"object": celpy.json_to_cel(request["object"]), "oldObject": celpy.json_to_cel(request["oldObject"]),
+                  "request": celpy.json_to_cel({k: v for k, v in request.items() if k not in ("object", "oldObject")})}
+    failed = []
+    for condition in hook.get("matchConditions") or []:
+        try:
+            result = _ENV.program(_ENV.compile(condition["expression"])).evaluate(activation)
+        except (celpy.CELEvalError, celpy.CELParseError) as e:
+            result = e
+        if isinstance(result, Exception):
+            failed.append(f"{condition['name']}: {result}")
+        elif not result:
+            return False
+    if failed:
+        raise CallFailed(f"failed to evaluate matchConditions: {'; '.join(failed)}")
+    return True
+
+
+def _significant(pod: dict[str, Any], old: dict[str, Any] | None) -> bool:
+    """Whether Pod Security admission evaluates this write: every create, and an update that
+    changes the number of (init) containers or an image."""
+    if old is None:
+        return True
+    def images(p: dict[str, Any], field: str) -> list[Any]:
+        return [c.get("image") for c in (p.get("spec") or {}).get(field) or []]
+    return any(images(pod, f) != images(old, f) for f in ("containers", "initContainers"))
 
 
 class CallFailed(Exception):
@@ -96,8 +137,11 @@ async def _call(hook: dict[str, Any], review: dict[str, Any], service_endpoints:
 
 
 async def admit_pod(store: Any, namespace: str, pod: dict[str, Any], service_endpoints: dict[tuple[str, str], tuple[str, int]],
-                    user: str) -> tuple[dict[str, Any], list[str]]:
-    """The pod after the mutating webhooks and Pod Security admission, and the warnings for the client."""
+                    user: str, old: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The pod after the mutating webhooks and Pod Security admission, and the warnings for the
+    client; an update (UPDATE) when the stored pod `old` is given, else a create (CREATE)."""
+    operation = "CREATE" if old is None else "UPDATE"
+    old_labels = ((old or {}).get("metadata") or {}).get("labels") or {}
     pod = copy.deepcopy(pod)
     pod.setdefault("metadata", {})["namespace"] = namespace
     ns_type = store.type_of("", "v1", "namespaces")
@@ -107,18 +151,21 @@ async def admit_pod(store: Any, namespace: str, pod: dict[str, Any], service_end
     configs = sorted(store.stored(ADMISSION, "mutatingwebhookconfigurations"), key=lambda c: c["metadata"]["name"])
     for config in configs:
         for hook in config.get("webhooks") or []:
-            if not (_rule_matches(hook.get("rules")) and _matches(hook.get("objectSelector"), pod["metadata"].get("labels") or {})
-                    and _matches(hook.get("namespaceSelector"), ns_labels)):
+            selected = _matches(hook.get("objectSelector"), pod["metadata"].get("labels") or {}) or (
+                old is not None and _matches(hook.get("objectSelector"), old_labels))
+            if not (_rule_matches(hook.get("rules"), operation) and selected and _matches(hook.get("namespaceSelector"), ns_labels)):
                 continue
             review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                       "request": {"uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
                                   "resource": {"group": "", "version": "v1", "resource": "pods"},
                                   "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
                                   "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-                                  "name": pod["metadata"].get("name", ""), "namespace": namespace, "operation": "CREATE",
-                                  "userInfo": {"username": user}, "object": pod, "oldObject": None, "dryRun": False,
-                                  "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}}}
+                                  "name": pod["metadata"].get("name", ""), "namespace": namespace, "operation": operation,
+                                  "userInfo": {"username": user}, "object": pod, "oldObject": old, "dryRun": False,
+                                  "options": {"apiVersion": "meta.k8s.io/v1", "kind": f"{operation.title()}Options"}}}
             try:
+                if not _conditions_hold(hook, review):
+                    continue
                 response = await _call(hook, review, service_endpoints)
                 if response.get("allowed") and response.get("patch"):
                     if response.get("patchType") != "JSONPatch":
@@ -134,7 +181,7 @@ async def admit_pod(store: Any, namespace: str, pod: dict[str, Any], service_end
                 raise errors.ApiError(int(status.get("code") or 400), status.get("reason") or "BadRequest",
                                       f'admission webhook "{hook["name"]}" denied the request: {status.get("message", "")}')
     level = ns_labels.get("pod-security.kubernetes.io/enforce")
-    if level:
+    if level and _significant(pod, old):
         problems = pod_security.violations(pod, level)
         if problems:
             name = pod["metadata"].get("name") or pod["metadata"].get("generateName", "")

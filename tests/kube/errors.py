@@ -44,6 +44,16 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message)
 
 
+# field.ErrorType: the reason of a cause, from the words its message starts with.
+CAUSE_REASONS = {"Forbidden": "FieldValueForbidden", "Required value": "FieldValueRequired", "Duplicate value": "FieldValueDuplicate",
+                 "Unsupported value": "FieldValueNotSupported", "Too long": "FieldValueTooLong", "Too many": "FieldValueTooMany",
+                 "Not found": "FieldValueNotFound"}
+
+
+def cause_reason(message: str) -> str:
+    return next((reason for words, reason in CAUSE_REASONS.items() if message.startswith(words)), "FieldValueInvalid")
+
+
 def invalid(kind: str, group: str, name: str, causes: list[tuple[str, str]]) -> ApiError:
     """422 Invalid with one cause per (field, message), the message joined like the API server's."""
     qualified = f"{kind}.{group}" if group else kind
@@ -51,4 +61,4 @@ def invalid(kind: str, group: str, name: str, causes: list[tuple[str, str]]) -> 
     text = parts[0] if len(parts) == 1 else "[" + ", ".join(parts) + "]"
     return ApiError(422, "Invalid", f'{qualified} "{name}" is invalid: {text}',
                     {"name": name, "group": group, "kind": kind,
-                     "causes": [{"reason": "FieldValueInvalid", "message": m, "field": f} for f, m in causes]})
+                     "causes": [{"reason": cause_reason(m), "message": m, "field": f} for f, m in causes]})

@@ -118,3 +118,65 @@ def builtin_causes(t: ResourceType, obj: dict[str, Any]) -> list[Cause]:
         # The Job controller labels its pods job-name=<name>: a label value, so at most 63 characters.
         return causes + label_value_causes("spec.template.labels", obj["metadata"]["name"])
     return []
+
+
+# What ValidatePodUpdate (pkg/apis/core/validation) lets an update of pods/<name> change in the
+# spec; anything else is refused with this list (the real message follows it with a unified diff
+# of its internal spec as JSON).
+UPDATABLE_POD_SPEC_FIELDS = ("`spec.containers[*].image`", "`spec.initContainers[*].image`", "`spec.activeDeadlineSeconds`",
+                             "`spec.tolerations` (only additions to existing tolerations)",
+                             "`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)")
+
+
+def _spec_diff(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """The changed top-level spec fields, old then new (kube-apiserver prints a unified diff of its
+    internal spec as JSON instead: `@@ -376,7 +376,7 @@` and Go field names such as "Env")."""
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            lines += [f"- {key}: {json.dumps(old.get(key), sort_keys=True)}", f"+ {key}: {json.dumps(new.get(key), sort_keys=True)}"]
+    return "\n".join(lines)
+
+
+def pod_update_causes(new: dict[str, Any], old: dict[str, Any]) -> list[Cause]:
+    """ValidatePodUpdate's spec checks, in its order: the same number of (init) containers, each
+    with an image; activeDeadlineSeconds only set or lowered; tolerations only added (their
+    tolerationSeconds may change); schedulingGates only removed; then every other field equal
+    once those are taken from the old spec."""
+    spec, before = new.get("spec") or {}, old.get("spec") or {}
+    causes: list[Cause] = []
+    for field in ("containers", "initContainers"):
+        now, was = spec.get(field) or [], before.get(field) or []
+        if len(now) != len(was):
+            return causes + [(f"spec.{field}", "Forbidden: pod updates may not add or remove containers")]
+        causes += [(f"spec.{field}[{n}].image", "Required value") for n, c in enumerate(now) if not c.get("image")]
+    deadline, old_deadline = spec.get("activeDeadlineSeconds"), before.get("activeDeadlineSeconds")
+    if deadline is None and old_deadline is not None:
+        causes.append(("spec.activeDeadlineSeconds", "Invalid value: \"null\": must not update from a positive integer to nil value"))
+    elif deadline is not None and old_deadline is not None and old_deadline < deadline:
+        return causes + [("spec.activeDeadlineSeconds", f"Invalid value: {deadline}: must be less than or equal to previous value")]
+    def without_seconds(toleration: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in toleration.items() if k != "tolerationSeconds"}
+    tolerations = [without_seconds(t) for t in spec.get("tolerations") or []]
+    if any(without_seconds(t) not in tolerations for t in before.get("tolerations") or []):
+        causes.append(("spec.tolerations", "Forbidden: existing toleration can not be modified except its tolerationSeconds"))
+    old_gates = {g.get("name") for g in before.get("schedulingGates") or []}
+    causes += [(f"spec.schedulingGates[{n}].name", f"Forbidden: only deletion is allowed, but found new scheduling gate '{g.get('name')}'")
+               for n, g in enumerate(spec.get("schedulingGates") or []) if g.get("name") not in old_gates]
+    if spec == before:
+        return causes
+    munged = json.loads(json.dumps(spec))
+    for field in ("containers", "initContainers"):
+        for container, was in zip(munged.get(field) or [], before.get(field) or []):
+            container["image"] = was.get("image")
+    for field in ("activeDeadlineSeconds", "schedulingGates", "tolerations"):
+        munged.pop(field, None)
+        if field in before:
+            munged[field] = before[field]
+    grace = before.get("terminationGracePeriodSeconds")
+    if grace is not None and grace < 0 and munged.get("terminationGracePeriodSeconds") == 1:
+        munged["terminationGracePeriodSeconds"] = grace
+    if munged != before:
+        causes.append(("spec", f"Forbidden: pod updates may not change fields other than {','.join(UPDATABLE_POD_SPEC_FIELDS)}\n"
+                               + _spec_diff(before, munged)))
+    return causes

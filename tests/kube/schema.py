@@ -15,7 +15,7 @@ import celpy
 from celpy import celtypes
 
 from . import errors
-from .object_rules import builtin_causes, metadata_causes
+from .object_rules import builtin_causes, metadata_causes, pod_update_causes
 from .resources import ResourceType
 
 Schema = dict[str, Any]
@@ -254,7 +254,9 @@ def _rule_causes(value: Any, old: Any, schema: Schema, path: str) -> list[Cause]
             if rule.get("reason") == "FieldValueForbidden":
                 causes.append((field, f"Forbidden: {message}"))
             else:
-                causes.append((field, f"Invalid value: \"{schema.get('type', 'object')}\": {message}"))
+                # Kubernetes 1.36 shows a scalar node's value, and no value for an object or array node.
+                shown = "" if schema.get("type", "object") in ("object", "array") else f"{_shown(value)}: "
+                causes.append((field, f"Invalid value: {shown}{message}"))
     return causes
 
 
@@ -295,6 +297,8 @@ def validate_object(t: ResourceType, obj: dict[str, Any], old: dict[str, Any] | 
         if t.kind == "CustomResourceDefinition" and t.group == "apiextensions.k8s.io":
             check_crd(obj)
         causes = metadata_causes(t, obj) + builtin_causes(t, obj)
+        if old is not None and (t.group, t.kind) == ("", "Pod"):
+            causes += pod_update_causes(obj, old)
     else:
         if t.schema:
             obj = apply_defaults(prune(obj, t.schema, root=True), t.schema)

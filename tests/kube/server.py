@@ -205,6 +205,8 @@ class Api:
             if wants_table(request.headers.get("Accept", "")):
                 return _json(table(t, [obj], obj["metadata"]["resourceVersion"]))
             return _json(obj)
+        elif method in ("PUT", "PATCH") and t.group == "" and t.plural == "pods" and not subresource:
+            return await self._update_pod(request, user, t, namespace, name)
         elif method == "PUT":
             return _json(self.store.replace(t, namespace, name, await self._body(request), subresource))
         elif method == "PATCH":
@@ -221,6 +223,24 @@ class Api:
                               "details": {"name": name, "group": t.group, "kind": t.plural, "uid": obj["metadata"]["uid"]}})
             return _json(obj)
         raise errors.ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+
+    async def _update_pod(self, request: web.Request, user: rbac.User, t: resources.ResourceType, namespace: str, name: str) -> web.Response:
+        """An update of pods/<name> as kube-apiserver runs it: the patch applied to the stored pod,
+        then the mutating webhooks (UPDATE, with the stored pod as oldObject), then the update's
+        validation (object_rules.pod_update_causes) and the write."""
+        old = self.store.get(t, namespace, name)
+        body = await self._body(request)
+        if request.method == "PUT":
+            new = body
+        else:
+            new = apply_patch(request.headers.get("Content-Type", ""), old, body, builtin=True)
+            # A patch names no resourceVersion unless the client put one in it: no 409 from admission's await.
+            new.setdefault("metadata", {})["resourceVersion"] = ((body.get("metadata") or {}) if isinstance(body, dict) else {}).get("resourceVersion")
+        new, warnings = await admission.admit_pod(self.store, namespace, new, self.service_endpoints, user.name, old=old)
+        response = _json(self.store.replace(t, namespace, name, new))
+        for warning in warnings:
+            response.headers.add("Warning", f'299 - "{warning}"')
+        return response
 
     def _token_request(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """TokenRequest (what `kubectl create token` calls): a bearer token for the ServiceAccount,

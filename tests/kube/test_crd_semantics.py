@@ -67,7 +67,7 @@ def test_pruning_nulls_and_nested_defaults(widgets):
 
 def test_message_expression_and_numbers_as_doubles(widgets):
     assert _invalid(lambda: _create(widgets, "b", {"label": "w-b", "size": 11})) == (
-        'Widget.example.test "b" is invalid: spec: Invalid value: "object": size 11 exceeds limit')
+        'Widget.example.test "b" is invalid: spec: Invalid value: size 11 exceeds limit')
     assert "a large ratio needs size > 1" in _invalid(lambda: _create(widgets, "c", {"label": "w-c", "ratio": 1}))
 
 

@@ -136,21 +136,24 @@ def test_watch_from_a_dropped_resource_version_is_gone(core, kube):
     assert _events(core.list_namespaced_pod, "default", resource_version=resumed) == [("ADDED", "late")]
 
 
-def test_strategic_merge_patch_merges_lists_by_key(core):
-    body = pod("p")
-    body["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]
-    body["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
-    core.create_namespaced_pod("default", body)
-    patched = core.patch_namespaced_pod("p", "default", {"spec": {
+def test_strategic_merge_patch_merges_lists_by_key(kube):
+    # On a Deployment's pod template: a pod's own spec may change only its images (test_pod_update.py).
+    apps = kubernetes.client.AppsV1Api(kube.api_client)
+    template = pod("p")
+    template["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]
+    template["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
+    apps.create_namespaced_deployment("default", {"metadata": {"name": "d"}, "spec": {
+        "selector": {"matchLabels": {"app": "p"}}, "template": {"metadata": {"labels": {"app": "p"}}, "spec": template["spec"]}}})
+    patched = apps.patch_namespaced_deployment("d", "default", {"spec": {"template": {"spec": {
         "containers": [{"name": "train", "env": [{"name": "B", "value": "3"}, {"name": "C", "value": "4"}]},
                        {"name": "stepscope", "image": "sidecar:1"}],
-        "volumes": [{"name": "stepscope", "emptyDir": {}}]}})
+        "volumes": [{"name": "stepscope", "emptyDir": {}}]}}}}).spec.template
     train, sidecar = patched.spec.containers
     assert train.image == "trainer:1" and sidecar.name == "stepscope"
     assert [(e.name, e.value) for e in train.env] == [("A", "1"), ("B", "3"), ("C", "4")]
     assert [v.name for v in patched.spec.volumes] == ["data", "stepscope"]
-    removed = core.patch_namespaced_pod("p", "default", {"spec": {"containers": [{"name": "stepscope", "$patch": "delete"}]}})
-    assert [c.name for c in removed.spec.containers] == ["train"]
+    removed = apps.patch_namespaced_deployment("d", "default", {"spec": {"template": {"spec": {"containers": [{"name": "stepscope", "$patch": "delete"}]}}}})
+    assert [c.name for c in removed.spec.template.spec.containers] == ["train"]
 
 
 def test_json_and_merge_patches(core, custom):

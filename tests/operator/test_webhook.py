@@ -24,7 +24,7 @@ from kopf.testing import KopfRunner
 from stepscope.local.launch import free_port
 from stepscope.operator import kube as operator_kube
 from stepscope.operator import metrics, registry
-from stepscope.operator.injection import BOOTSTRAP_DIR, SIDECAR_NAME
+from stepscope.operator.injection import BOOTSTRAP_DIR, SIDECAR_NAME, InjectionSettings, inject, reinject
 from stepscope.operator.namespace_keys import namespace_key
 from tests.chart.conftest import CHART
 from tests.chart.conftest import render_templates as render
@@ -286,6 +286,38 @@ def test_point7_each_namespace_has_its_own_key_and_the_operator_signs_with_it(cl
     assert default_key == KEY == namespace_key(OPERATOR_KEY, "default")  # the sessions' tests sign with it
     assert team_key == namespace_key(OPERATOR_KEY, "team-a") and team_key != default_key and OPERATOR_KEY not in (default_key, team_key)
     assert chart.key_secret(RELEASE_NS) is None or chart.key_secret(RELEASE_NS) != default_key
+
+
+def test_point8_re_applying_a_bare_pod_that_declares_pythonpath_succeeds(injecting: Chart) -> None:
+    """`kubectl apply` of the same manifest again sends a three-way strategic merge patch that puts
+    the manifest's PYTHONPATH back over the injected one; kube-apiserver refuses any such change
+    of a pod's spec, unless the webhook (called on UPDATE) puts the bootstrap back first."""
+    containers = [{"name": "pytorch", "image": "pytorch/pytorch", "env": [{"name": "PYTHONPATH", "value": "/app/lib"}]},
+                  {"name": "logger", "image": "busybox"}]
+    pod, _ = injecting.create_pod("default", "trainer-0", containers=containers)
+    reapply = {"spec": {"$setElementOrder/containers": [{"name": "pytorch"}, {"name": "logger"}],
+                        "containers": [{"$setElementOrder/env": [{"name": "PYTHONPATH"}], "env": [{"name": "PYTHONPATH", "value": "/app/lib"}],
+                                        "name": "pytorch"}]}}
+    patched = injecting.kube.api_client.sanitize_for_serialization(injecting.core.patch_namespaced_pod(
+        "trainer-0", "default", reapply, _content_type="application/strategic-merge-patch+json"))
+    assert patched["spec"] == pod["spec"] and _env(patched["spec"]["containers"][0])["PYTHONPATH"] == f"{BOOTSTRAP_DIR}:/app/lib"
+    # A pod that was not injected is left to the pod update rules: its PYTHONPATH change is refused as before.
+    injecting.create_pod("default", "web-0", labels={"app": "web"}, containers=containers)
+    other = {"spec": {"containers": [{"name": "pytorch", "env": [{"name": "PYTHONPATH", "value": "/elsewhere"}]}]}}
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        injecting.core.patch_namespaced_pod("web-0", "default", other, _content_type="application/strategic-merge-patch+json")
+    assert refused.value.status == 422 and "pod updates may not change fields" in refused.value.body
+
+
+def test_point8_reinject_puts_back_only_what_injection_changed() -> None:
+    spec = {"containers": [{"name": "pytorch", "image": "i", "env": [{"name": "PYTHONPATH", "value": "/app"}, {"name": "A", "value": "1"}],
+                            "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+            "initContainers": [{"name": "setup", "image": "busybox"}], "volumes": [{"name": "data", "emptyDir": {}}]}
+    injected = {**spec, **inject(spec, InjectionSettings("stepscope:test", "IfNotPresent", "stepscope-hmac", "key"))}
+    assert reinject(injected) is None  # idempotent: the stored pod needs nothing
+    reverted = json.loads(json.dumps(injected))
+    reverted["containers"][0]["env"][0]["value"] = "/app"  # what the re-applied manifest says
+    assert reinject(reverted) == {"containers": injected["containers"]}  # never a volume, never the sidecar
 
 
 def test_point8_pythonpath_from_valuefrom_is_named_in_a_warning(injecting: Chart) -> None:
