@@ -55,7 +55,7 @@ class _Hook(BaseHTTPRequestHandler):
     """A mutating webhook that records each AdmissionReview and puts PYTHONPATH back to /boot:/app."""
     reviews: list[dict[str, Any]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.reviews.append(review["request"])
         ops = [{"op": "replace", "path": "/spec/containers/0/env/0/value", "value": "/boot:/app"}]
