@@ -5,16 +5,16 @@ for with an Event each, and writes the status."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from collections import defaultdict
 from typing import Any
 
 import kopf
 from kubernetes.client.rest import ApiException
 
 from stepscope import detection
-from stepscope.operator import fanout, kube, triggers
+from stepscope.operator import fanout, kube, triggers, triggers_alerts
 from stepscope.operator.lifecycle import Context
 from stepscope.operator.selection import label_selector, select_targets
 from stepscope.operator.settings import GROUP, PLURAL, VERSION
@@ -27,25 +27,16 @@ STATUS_REFRESH_S = 30.0
 _READINGS = ("current", "baseline", "conditions")
 
 
-class AlertInbox:
-    """Alerts received for each trigger (namespace, name), taken by its daemon at its next poll."""
-
-    def __init__(self) -> None:
-        self._alerts: defaultdict[tuple[str, str], list[str]] = defaultdict(list)
-
-    def put(self, namespace: str, name: str, summary: str) -> None:
-        self._alerts[(namespace, name)].append(summary)
-
-    def take(self, namespace: str, name: str) -> tuple[str, ...]:
-        return tuple(self._alerts.pop((namespace, name), ()))
-
-
 def get_trigger(namespace: str, name: str) -> dict[str, Any]:
     return kube.custom().get_namespaced_custom_object(GROUP, VERSION, namespace, triggers.TRIGGER_PLURAL, name)
 
 
 def _patch_status(namespace: str, name: str, status: dict[str, Any]) -> None:
     kube.custom().patch_namespaced_custom_object_status(GROUP, VERSION, namespace, triggers.TRIGGER_PLURAL, name, {"status": status})
+
+
+def _patch_meta(namespace: str, name: str, patch: dict[str, Any]) -> None:
+    kube.custom().patch_namespaced_custom_object(GROUP, VERSION, namespace, triggers.TRIGGER_PLURAL, name, patch)
 
 
 def _create_session(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -55,8 +46,9 @@ def _create_session(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 class TriggerWatch:
-    def __init__(self, body: kopf.Body, ctx: Context, inbox: AlertInbox, stopped: kopf.DaemonStopped, logger: logging.Logger) -> None:
-        self.body, self.ctx, self.inbox, self.stopped, self.log = body, ctx, inbox, stopped, logger
+    def __init__(self, body: kopf.Body, ctx: Context, stopped: kopf.DaemonStopped, logger: logging.Logger) -> None:
+        self.body, self.ctx, self.stopped, self.log = body, ctx, stopped, logger
+        self.alert_taken = ""
         self.ns, self.name = body["metadata"]["namespace"], body["metadata"]["name"]
         self.state = triggers.restored(body.get("status") or {})
         self.written: dict[str, Any] = {}
@@ -83,7 +75,7 @@ class TriggerWatch:
                                            concurrency=settings.fanout_concurrency, timeout=settings.sidecar_timeout_s)
         answers = [o.answer for o in outcomes if o.ok]
         telemetry = detection.observe(now, answers) if answers else None
-        self.state, actions = triggers.step(self.state, triggers.Observation(now, telemetry, self.inbox.take(self.ns, self.name)), policy)
+        self.state, actions = triggers.step(self.state, triggers.Observation(now, telemetry, await self._take_alert()), policy)
         for action in actions:
             await self._act(action)
         fields = triggers.status_fields(self.state, policy, now)
@@ -95,6 +87,19 @@ class TriggerWatch:
             await self._write(now, fields, False, "SidecarsUnreachable", f"none of {len(targets)} sidecar(s) answered, e.g. pod {failed.target.pod}: {failed.error}")
         else:
             await self._write(now, fields, True, "Watching", f"watching {fields['pods']['ranks']} rank(s) on {len(answers)} of {len(targets)} pod(s)")
+
+    async def _take_alert(self) -> tuple[str, ...]:
+        """The alert the Alertmanager endpoint wrote into the trigger (stepscope.operator.triggers_alerts),
+        removed once taken; the live body may show it until the removal's watch event comes back."""
+        raw = (self.body["metadata"].get("annotations") or {}).get(triggers_alerts.ALERT_ANNOTATION)
+        if not raw or raw == self.alert_taken:
+            return ()
+        await asyncio.to_thread(_patch_meta, self.ns, self.name, {"metadata": {"annotations": {triggers_alerts.ALERT_ANNOTATION: None}}})
+        self.alert_taken = raw
+        try:
+            return (str(json.loads(raw)["summary"]),)
+        except (ValueError, KeyError, TypeError):
+            return (str(raw)[:triggers.MAX_TEXT],)  # written by hand: still an alert
 
     async def _act(self, action: triggers.Action) -> None:
         if isinstance(action, triggers.HoldBack):
@@ -123,17 +128,28 @@ class TriggerWatch:
 
 
 async def trigger_daemon(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: logging.Logger, **_: Any) -> None:
-    await TriggerWatch(body, memo.ctx, memo.trigger_alerts, stopped, logger).run()
+    await TriggerWatch(body, memo.ctx, stopped, logger).run()
 
 
-def _inbox(memo: kopf.Memo, **_: Any) -> None:
-    memo.trigger_alerts = AlertInbox()
+def serve_alerts(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    port = memo.ctx.settings.alerts_port
+    memo.alerts_server = triggers_alerts.serve("0.0.0.0", port, memo.ctx.key_for) if port else None
+    if port:
+        logger.info("Alertmanager webhook endpoint on port %d: POST /v1/alerts/<namespace>/<trigger>", port)
+
+
+def stop_alerts(memo: kopf.Memo, **_: Any) -> None:
+    server = getattr(memo, "alerts_server", None)
+    if server is not None:
+        server.shutdown()
+        server.server_close()
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
     """Put the ProfileTrigger daemon into `registry` (after stepscope.operator.handlers.register,
     whose startup handler makes the context it shares)."""
-    kopf.on.startup(registry=registry)(_inbox)
+    kopf.on.startup(registry=registry)(serve_alerts)
+    kopf.on.cleanup(registry=registry)(stop_alerts)
     # An unexpected error (an API server hiccup) restarts the daemon after `backoff`: it starts from
     # the status (the sessions it created), learning the baseline again.
     kopf.daemon(GROUP, VERSION, triggers.TRIGGER_PLURAL, cancellation_timeout=10.0, backoff=5.0, registry=registry)(trigger_daemon)
