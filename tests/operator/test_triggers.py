@@ -147,3 +147,17 @@ def test_rank_divergence_fires_after_its_own_sustain_window() -> None:
         state, actions = step(state, Observation(t, detection.Observation(t, ranks)), policy)
         fired_at += [(n * POLL_S, a.condition, a.ranks) for a in actions]
     assert fired_at == [(15.0, detection.DIVERGENCE, (1,))]
+
+
+def test_the_divergence_reading_is_the_largest_ratio_to_the_peers_median() -> None:
+    """detection finds the diverging rank with one median (not one per rank: 8,000 ranks took
+    seconds a poll); the reading equals the brute-force maximum over every rank."""
+    import random
+    import statistics
+    rng = random.Random(1)
+    for world in (2, 3, 8, 33):
+        times = {r: rng.choice([0.1, 0.1, 0.12, rng.uniform(0.05, 0.4)]) for r in range(world)}
+        observation = detection.Observation(10.0, {r: detection.RankSample(5, 0.01, ((5, t),)) for r, t in times.items()})
+        state, _ = detection.detect(detection.State(), observation, detection.Conditions())
+        brute = max(t / statistics.median(o for q, o in times.items() if q != r) for r, t in times.items())
+        assert state.current[detection.DIVERGENCE] == pytest.approx(brute)
