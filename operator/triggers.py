@@ -133,8 +133,8 @@ def step(state: State, observation: Observation, policy: Policy) -> tuple[State,
     det = state.detection
     fires: list[detection.Fire] = []
     if observation.telemetry is not None and not policy.suspended:
-        det, fired = detection.detect(det, observation.telemetry, policy.conditions)
-        fires = [f for f in fired if f.condition in policy.enabled]
+        det, judged = detection.detect(det, observation.telemetry, policy.conditions)
+        fires = [f for f in judged if f.condition in policy.enabled]
     fires += [detection.Fire(ALERT, f"Alertmanager: {summary}", ()) for summary in observation.alerts]
     state = replace(state, detection=det)
     if not fires:

@@ -46,7 +46,7 @@ def _create_session(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 class TriggerWatch:
-    def __init__(self, body: kopf.Body, ctx: Context, stopped: kopf.DaemonStopped, logger: logging.Logger) -> None:
+    def __init__(self, body: kopf.Body, ctx: Context, stopped: kopf.DaemonStopped, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
         self.body, self.ctx, self.stopped, self.log = body, ctx, stopped, logger
         self.alert_taken = ""
         self.ns, self.name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -127,11 +127,11 @@ class TriggerWatch:
         self.written, self.written_at = quiet, now
 
 
-async def trigger_daemon(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: logging.Logger, **_: Any) -> None:
+async def trigger_daemon(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
     await TriggerWatch(body, memo.ctx, stopped, logger).run()
 
 
-def serve_alerts(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+def serve_alerts(memo: kopf.Memo, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
     port = memo.ctx.settings.alerts_port
     memo.alerts_server = triggers_alerts.serve("0.0.0.0", port, memo.ctx.key_for) if port else None
     if port:
