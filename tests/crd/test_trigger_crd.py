@@ -99,3 +99,11 @@ def test_a_minimal_trigger_is_stored_with_defaults_and_listed_with_its_columns(a
     assert [c["name"] for c in rows["columnDefinitions"]] == ["Name", "State", "Baseline", "Last Fired", "Sessions", "Last Session", "Age"]
     [row] = rows["rows"]
     assert row["cells"][:3] == ["watch", "Watching", 0.25] and row["cells"][4:6] == [2, "watch-20261124020000"]
+
+
+def test_the_example_trigger_is_accepted_as_written(api) -> None:
+    body = yaml.safe_load((REPO / "examples" / "profiletrigger.yaml").read_text())
+    kubernetes.client.CoreV1Api(api.api_client).create_namespace({"metadata": {"name": body["metadata"]["namespace"]}})
+    stored = api.create_namespaced_custom_object(GROUP, VERSION, body["metadata"]["namespace"], TRIGGER_PLURAL, body)
+    policy = Policy.from_spec(body["metadata"]["name"], stored["spec"])
+    assert (policy.conditions.baseline_window_s, policy.conditions.hang_after_s, policy.cooldown_s) == (1800, 600, 1800)
