@@ -77,3 +77,15 @@ def test_an_alert_fires_the_trigger_into_a_session(alerting: tuple[Kube, int], o
     assert fired["session"] == session["metadata"]["name"]
     trigger = operator.custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, TRIGGER_PLURAL, "alerted")
     assert ALERT_ANNOTATION not in (trigger["metadata"].get("annotations") or {})
+
+
+def test_a_label_key_the_schema_cannot_check_makes_the_trigger_invalid(alerting: tuple[Kube, int], operator: OperatorHarness) -> None:
+    spec = {"selector": {"matchLabels": {"bad key!": "x"}}, "sessionTemplate": {"storage": {"uri": "s3://bucket/auto"}}}
+    operator.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, TRIGGER_PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileTrigger", "metadata": {"name": "bad-key"}, "spec": spec})
+    status = wait_for(lambda: (s := operator.custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, TRIGGER_PLURAL, "bad-key").get("status") or {})
+                      .get("state") and s, 10, "the trigger's status")
+    assert status["state"] == "Invalid"
+    [ready] = status["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec")
+    assert "spec.selector.matchLabels: label key 'bad key!'" in ready["message"]
