@@ -3,6 +3,7 @@ token, and the real operator taking the alert into a ProfileSession."""
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from typing import Any
@@ -51,6 +52,14 @@ def post(port: int, path: str, body: Any, token: str | None) -> tuple[int, dict[
         return exc.code, json.loads(exc.read())
 
 
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
 def test_an_alert_fires_the_trigger_into_a_session(alerting: tuple[Kube, int], operator: OperatorHarness) -> None:
     _, port = alerting
     spec = {"selector": {"matchLabels": {"job": "none"}}, "sessionTemplate": {"storage": {"uri": "s3://bucket/auto"}}}
@@ -58,6 +67,7 @@ def test_an_alert_fires_the_trigger_into_a_session(alerting: tuple[Kube, int], o
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileTrigger", "metadata": {"name": "alerted"}, "spec": spec})
     path = f"/v1/alerts/{NAMESPACE}/alerted"
     token = alert_token(KEY)
+    wait_for(lambda: listening(port), 20, "the endpoint (served from kopf's startup)")
 
     assert post(port, path, PAYLOAD, None)[0] == 401
     assert post(port, path, PAYLOAD, alert_token(b"another namespace's key"))[0] == 401
