@@ -6,7 +6,16 @@ order so both halves of a pair see the same machine load; the agent's boundary a
 way; the record call alone; and the loop without the agent's hook as the reference. Medians over
 rounds and interpreters, with the least-disturbed round (the minimum) in brackets.
 
-    .venv/bin/python benchmarks/watch_cost.py [--steps 2000] [--rounds 40] [--repeats 3]
+The operator's part (--part operator): a ProfileTrigger's poll of 1,000 simulated pods (8 ranks
+each; one aiohttp server in a child process answers the signed GET /v1/telemetry for every pod
+address 127.0.x.y, verifying each signature), the way its daemon polls (stepscope.operator.fanout
+pool, detection.observe, triggers.step): this process's CPU seconds a poll (all threads), the
+CPU share at the default 10 s interval, requests per second, and the detection delay of a
+slowdown (every rank's steps 2x slower) with the benchmark's short windows. The reference in the
+same run: a capturing session's status poll of the same pods (fanout.poll, GET /v1/sessions/{id}),
+which the operator makes every second while a session captures.
+
+    .venv/bin/python benchmarks/watch_cost.py [--steps 2000] [--rounds 40] [--repeats 3] [--part agent|operator|both]
 """
 from __future__ import annotations
 
@@ -25,7 +34,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.agent_overhead
 
 from benchmarks.agent_overhead import env_without_agent, timed
+from benchmarks.fanout import KEY, pod_ip
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
+
+STEP_S = 0.1  # the simulated ranks' healthy step time; 2x after the slowdown
 
 
 class _Off:
@@ -80,15 +92,130 @@ def child(steps: int, rounds: int) -> None:
     print(json.dumps(out))
 
 
+def simulated_telemetry(port: int, ranks_per_pod: int, slow_since: Any, ready: Any) -> None:
+    """One server for every pod: each rank stepped every STEP_S since the start, every 2 x STEP_S
+    once `slow_since` (shared, Unix seconds; 0 while healthy) passed."""
+    from aiohttp import web
+
+    from stepscope.operator.namespace_keys import namespace_key
+    from stepscope.signing import SignatureError, Verifier
+
+    verifier = Verifier(namespace_key(KEY, "default"))
+    start = time.time()
+
+    def steps_at(t: float, slow: float) -> int:
+        if not slow or t <= slow:
+            return int((t - start) / STEP_S)
+        return int((slow - start) / STEP_S) + int((t - slow) / (2 * STEP_S))
+
+    async def telemetry(request: web.Request) -> web.Response:
+        try:
+            verifier.verify(request.method, request.path, b"", request.headers)
+        except SignatureError as exc:
+            return web.json_response({"error": str(exc)}, status=401)
+        now, slow = time.time(), slow_since.value
+        n = steps_at(now, slow)
+        first_slow = steps_at(slow, slow) if slow else n + 1
+        recent = [[k, STEP_S * (2 if k > first_slow else 1)] for k in range(max(2, n - 63), n + 1)]
+        pod = int(request.host.rsplit(":", 1)[0].split(".")[2]) * 250 + int(request.host.rsplit(":", 1)[0].split(".")[3]) - 1
+        ranks = [{"rank": pod * ranks_per_pod + r, "localRank": r, "alive": True, "steps": n, "lastStepSeconds": recent[-1][1] if recent else None,
+                  "secondsSinceStep": 0.05, "recent": recent} for r in range(ranks_per_pod)]
+        return web.json_response({"pod": f"train-{pod}", "time": now, "ranks": ranks})
+
+    async def session(request: web.Request) -> web.Response:
+        try:
+            verifier.verify(request.method, request.path, b"", request.headers)
+        except SignatureError as exc:
+            return web.json_response({"error": str(exc)}, status=401)
+        workers = {"total": ranks_per_pod, "triggered": ranks_per_pod, "capturing": ranks_per_pod, "captured": 0, "uploaded": 0, "failed": 0}
+        return web.json_response({"session": request.match_info["id"], "phase": "Capturing", "workers": workers,
+                                  "ranks": [{"rank": r, "state": "capturing"} for r in range(ranks_per_pod)]})
+
+    app = web.Application()
+    app.add_routes([web.get("/v1/telemetry", telemetry), web.get("/v1/sessions/{id}", session)])
+    ready.set()
+    web.run_app(app, host="0.0.0.0", port=port, print=None, access_log=None, handle_signals=True)
+
+
+def operator_cost(pods: int, ranks_per_pod: int, interval_s: float, polls: int) -> None:
+    import multiprocessing
+
+    from stepscope import detection
+    from stepscope.local.launch import free_port
+    from stepscope.operator import fanout, triggers
+    from stepscope.operator.namespace_keys import namespace_key
+    from stepscope.operator.selection import Target
+    from stepscope.operator.settings import OperatorSettings
+
+    settings = OperatorSettings()
+    spawn = multiprocessing.get_context("spawn")
+    port, ready, slow_since = free_port(), spawn.Event(), spawn.Value("d", 0.0)
+    server = spawn.Process(target=simulated_telemetry, args=(port, ranks_per_pod, slow_since, ready), daemon=True)
+    server.start()
+    try:
+        if not ready.wait(30):
+            raise SystemExit("the simulated sidecars did not start")
+        time.sleep(1.0)
+        targets = [Target(pod=f"train-{i}", ip=pod_ip(i), port=port) for i in range(pods)]
+        key = namespace_key(KEY, "default")
+        policy = triggers.Policy("bench", detection.Conditions(sustained_s=3 * interval_s, baseline_window_s=60, min_baseline_polls=5), cooldown_s=0)
+
+        def timed_poll(poll: Any) -> tuple[float, float, list[fanout.Outcome]]:
+            cpu, wall = time.process_time(), time.perf_counter()
+            outcomes = poll()
+            return time.process_time() - cpu, time.perf_counter() - wall, outcomes
+
+        reference = [timed_poll(lambda: fanout.poll(targets, "bench-session", key, concurrency=settings.fanout_concurrency,
+                                                    timeout=settings.sidecar_timeout_s)) for _ in range(polls)]
+        state, cpu, wall, failed, slowed, fired = triggers.State(), [], [], 0, 0.0, None
+        for _ in range(200):
+            began = time.time()
+            c, w, outcomes = timed_poll(lambda: fanout.telemetry(targets, key, concurrency=settings.fanout_concurrency, timeout=settings.sidecar_timeout_s))
+            c0 = time.process_time()
+            observation = triggers.Observation(began, detection.observe(began, [o.answer for o in outcomes if o.ok]))
+            state, actions = triggers.step(state, observation, policy)
+            cpu.append(c + time.process_time() - c0)
+            wall.append(w)
+            failed += sum(not o.ok for o in outcomes)
+            if not slowed and state.detection.baseline is not None and len(cpu) >= polls:
+                slowed = slow_since.value = time.time()
+            if actions and slowed:
+                fired = time.time() - slowed
+                break
+            time.sleep(max(0.0, began + interval_s - time.time()))
+    finally:
+        server.terminate()
+    median = statistics.median
+    ref_cpu, ref_wall = median(r[0] for r in reference), median(r[1] for r in reference)
+    print(f"operator polling {pods} simulated pods x {ranks_per_pod} ranks (pool {settings.fanout_concurrency}), "
+          f"{len(cpu)} telemetry polls every {interval_s:g} s, {failed} failed requests:")
+    print(f"  reference: a capturing session's status poll  CPU {ref_cpu:.3f} s a poll, wall {ref_wall:.3f} s")
+    print(f"  ProfileTrigger poll (fan-out + observe + step) CPU {median(cpu):.3f} s a poll ({median(cpu) / ref_cpu:.2f}x the reference), "
+          f"wall {median(wall):.3f} s")
+    print(f"  at the default 10 s interval: {median(cpu) / 10:.1%} of one core, {pods / 10:.0f} requests/s "
+          f"(a capturing session: {ref_cpu:.1%} of a core at 1 poll/s, {pods} requests/s)")
+    print(f"  detection delay of a 2x slowdown (sustained {policy.conditions.sustained_s:g} s, polls every {interval_s:g} s): "
+          + (f"{fired:.1f} s" if fired is not None else "did not fire"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3, help="fresh interpreters")
+    parser.add_argument("--part", choices=("agent", "operator", "both"), default="both")
+    parser.add_argument("--pods", type=int, default=1000, help="operator part: simulated pods")
+    parser.add_argument("--ranks-per-pod", type=int, default=8)
+    parser.add_argument("--interval", type=float, default=2.0, help="operator part: seconds between polls in this run")
+    parser.add_argument("--polls", type=int, default=8, help="operator part: reference polls, and healthy polls before the slowdown")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.steps, args.rounds)
+        return 0
+    if args.part in ("operator", "both"):
+        operator_cost(args.pods, args.ranks_per_pod, args.interval, args.polls)
+    if args.part == "operator":
         return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="stepscope-watch-") as tmp:

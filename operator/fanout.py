@@ -76,3 +76,8 @@ def poll(targets: Iterable[Target], session_id: str, key: bytes, *, concurrency:
 
 def cancel(targets: Iterable[Target], session_id: str, key: bytes, *, concurrency: int, timeout: float, attempts: int) -> list[Outcome]:
     return _map(lambda t: _call(t, lambda c: c.delete_session(session_id), key, timeout, attempts, 0.2), targets, concurrency)
+
+
+def telemetry(targets: Iterable[Target], key: bytes, *, concurrency: int, timeout: float) -> list[Outcome]:
+    """Every sidecar's step telemetry (GET /v1/telemetry), one try each: a trigger polls again anyway."""
+    return _map(lambda t: _call(t, lambda c: c.get_telemetry(), key, timeout, 1, 0.0), targets, concurrency)

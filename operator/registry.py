@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import kopf
 
-from stepscope.operator import handlers, webhook
+from stepscope.operator import handlers, triggers_daemon, webhook
 
 
 def build(*, with_webhook: bool = False) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     handlers.register(registry)
+    triggers_daemon.register(registry)
     if with_webhook:
         webhook.register(registry)
     return registry

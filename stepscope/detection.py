@@ -35,13 +35,22 @@ class Conditions:
     min_baseline_polls: int = 10  # no baseline (and no slowdown) before this many polls saw steps
     divergence_factor: float = 1.5
     hang_after_s: float = 300.0
+    divergence_sustained_s: float | None = None  # the divergence's own window (a ProfileTrigger sets each); None: sustained_s
+
+    def sustained_for(self, condition: str) -> float:
+        """How long `condition` must hold before it fires (a hang is sustained by its own bound)."""
+        if condition == HANG:
+            return 0.0
+        if condition == DIVERGENCE and self.divergence_sustained_s is not None:
+            return self.divergence_sustained_s
+        return self.sustained_s
 
     def __post_init__(self) -> None:
         for name in ("slowdown_factor", "divergence_factor"):
             if not getattr(self, name) > 1:
                 raise ValueError(f"{name} must be above 1, got {getattr(self, name)}")
-        for name in ("sustained_s", "baseline_window_s", "hang_after_s"):
-            if not getattr(self, name) > 0:
+        for name in ("sustained_s", "baseline_window_s", "hang_after_s", "divergence_sustained_s"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)}")
         if self.min_baseline_polls < 1:
             raise ValueError(f"min_baseline_polls must be at least 1, got {self.min_baseline_polls}")
@@ -134,11 +143,14 @@ def detect(state: State, observation: Observation, conditions: Conditions) -> tu
         baseline = statistics.median(t for _, t in history)
 
     if len(per_rank) >= 2:
-        ratios = {rank: t / statistics.median(o for r, o in per_rank.items() if r != rank) for rank, t in per_rank.items()}
-        worst = max(ratios, key=lambda r: ratios[r])
-        readings[DIVERGENCE] = ratios[worst]
-        holds[DIVERGENCE] = (f"rank {worst}'s step time {per_rank[worst]:.3g} s is {ratios[worst]:.2f}x its peers' median "
-                             f"(over {conditions.divergence_factor:g}x)", (worst,)) if ratios[worst] > conditions.divergence_factor else None
+        # The slowest rank diverges most (the largest step time over the smallest peers' median:
+        # leaving out the largest value lowers the median most), so one median, not one per rank
+        # (which cost seconds a poll at 8,000 ranks).
+        worst = max(per_rank, key=lambda r: per_rank[r])
+        ratio = per_rank[worst] / statistics.median(o for r, o in per_rank.items() if r != worst)
+        readings[DIVERGENCE] = ratio
+        holds[DIVERGENCE] = (f"rank {worst}'s step time {per_rank[worst]:.3g} s is {ratio:.2f}x its peers' median "
+                             f"(over {conditions.divergence_factor:g}x)", (worst,)) if ratio > conditions.divergence_factor else None
     else:
         readings[DIVERGENCE] = None
 
@@ -158,8 +170,7 @@ def detect(state: State, observation: Observation, conditions: Conditions) -> tu
             holding.discard(condition)
             continue
         started = since.setdefault(condition, now)
-        # A hang is sustained by its own bound; the others must hold for the window.
-        due = condition == HANG or now - started >= conditions.sustained_s
+        due = now - started >= conditions.sustained_for(condition)
         if due and condition not in holding:
             holding.add(condition)
             reason, culprits = held
