@@ -220,7 +220,8 @@ class SessionRunner:
                 raise self._capture_timeout(spec, agg.workers)
             await self._sleep(s.poll_interval_s)
         uploaded, total = agg.workers["uploaded"], agg.workers["total"]
-        if uploaded == 0:
+        # A hung job makes no step to capture, but its hung ranks' stacks are the diagnosis.
+        if uploaded == 0 and not agg.hung:
             # The sidecars keep the same timeout: one that ran out first ended its workers, which is
             # the session's timeout too, not a capture failure of its own.
             if self._timed_out():
@@ -229,7 +230,7 @@ class SessionRunner:
                 more = f" (and {len(self.unregistered) - 1} more pod(s))" if len(self.unregistered) > 1 else ""
                 raise Fail("NoTrainingProcess", f"pod {self.unregistered[0]}{more}: {unregistered_reason(spec.registrationTimeoutSeconds)}")
             raise Fail("CaptureFailed", f"no worker uploaded a capture ({agg.workers['failed']} of {total} failed); first: {agg.failed_workers[0]['reason'] if agg.failed_workers else 'unknown'}")
-        message = f"{uploaded} of {total} worker(s) captured and uploaded"
+        message = f"{uploaded} of {total} worker(s) captured and uploaded" + (f"; {agg.hung} hung, their Python stacks uploaded" if agg.hung else "")
         conditions = set_condition(self.status.get("conditions") or [], "Captured", True, "Captured", message, self.generation)
         if not spec.analysisEnabled:
             await self._finish("Succeeded", "Captured", message + "; analysis disabled", conditions=conditions)

@@ -14,7 +14,7 @@ from typing import Any
 from stepscope.operator import kube, metrics
 from stepscope.operator.pod_record import PodRecord
 from stepscope.operator.settings import INJECT_LABEL
-from stepscope.wire import FAILED_STATES
+from stepscope.wire import FAILED_STATES, HUNG
 
 STATUS_BUDGET = 32 * 1024  # ARCHITECTURE.md: the whole status, as JSON
 MAX_MESSAGE = 1024  # status.message and each condition's message
@@ -50,6 +50,7 @@ class Aggregate:
     workers: dict[str, int]
     failed_workers: list[dict[str, Any]]
     done: bool
+    hung: int = 0  # ranks that hung: their sidecar uploads their Python stacks, which the analysis reads
 
 
 def failed_worker(pod: str, rank: int | None, reason: str) -> dict[str, Any]:
@@ -75,6 +76,7 @@ def aggregate(progress: dict[str, PodProgress]) -> Aggregate:
     ranks, or one worker when none is known, as failed."""
     workers = dict.fromkeys(WORKER_FIELDS, 0)
     failed: list[dict[str, Any]] = []
+    hung = 0
     for pod, p in sorted(progress.items()):
         counts = p.answer.get("workers") or {}
         n = max(int(counts.get("total") or 0), 1)
@@ -91,12 +93,13 @@ def aggregate(progress: dict[str, PodProgress]) -> Aggregate:
         for key in WORKER_FIELDS[1:]:
             workers[key] += int(counts.get(key) or 0)
         for r in p.answer.get("ranks") or []:
+            hung += r.get("state") == HUNG
             if r.get("state") in RANK_FAILED or r.get("error"):
                 failed.append(failed_worker(pod, r.get("rank"), str(r.get("error") or r.get("state"))))
         if p.answer.get("phase") == "Failed" and not any(f["pod"] == pod for f in failed):
             failed.append(failed_worker(pod, _rank_of(p.answer), str(p.answer.get("message") or "sidecar failed")))
     done = bool(progress) and all(p.done for p in progress.values())
-    return Aggregate(workers, failed[:MAX_FAILED_WORKERS], done)
+    return Aggregate(workers, failed[:MAX_FAILED_WORKERS], done, hung)
 
 
 def _unregistered_now(progress: dict[str, PodProgress]) -> list[str]:
