@@ -149,3 +149,21 @@ def test_a_slow_rank_whose_stacks_the_capture_budget_dropped_is_named_without_a_
     assert diagnosis.summary.startswith("rank 1 holds the job back (confidence ")
     assert "cannot tell what it does in that time, as the capture budget (capture.limits.maxStackEvents" in diagnosis.summary
     assert "capture steps: 1 with that limit raised to name the function" in diagnosis.summary
+
+
+def test_a_slow_rank_whose_stacks_were_dropped_is_named_by_its_sampled_stack():
+    """Where the budget dropped rank 1's stacks, its agent sampled the training thread's stack
+    instead: the sampled function is the cause, and the headline says its figures are sampled
+    (and states no profiler cost for calls the tracer did not record)."""
+    dropped = ("Python stacks dropped: 512,000 Python calls per step x 4 steps = 2,048,000 exceeds capture.limits.maxStackEvents=100,000, "
+               "the training thread's stack is sampled every 2 ms instead; set capture.withStack=false or raise capture.limits.maxStackEvents")
+    # As many calls as the tracer would have recorded: no profiler cost is stated for sampled rows.
+    sampled = _fn(f"{ROOT} > workload.py(90): augment_with_helpers", [36_000] * 4, count=400_000)
+    slow = _rank(1, [1_000] * 4, [_fn(SHARD, [30_000] * 4), sampled])
+    slow.warnings = [dropped]
+    diagnosis, _ = diagnose([_rank(0, [41_000, 40_000, 40_500, 40_000], [_fn(SHARD, [30_000] * 4), _fn(WAIT, [40_000] * 4)]), slow])
+    assert [w.rank for w in diagnosis.slowWorkers] == [1]
+    assert diagnosis.summary.startswith("rank 1 holds the job back (confidence ")
+    assert "in augment_with_helpers (workload.py:90)" in diagnosis.summary
+    assert "from samples of its stack every 2 ms, as the capture budget (capture.limits.maxStackEvents) dropped its Python stacks" in diagnosis.summary
+    assert "cannot tell" not in diagnosis.summary and "profiler's own cost" not in diagnosis.summary
