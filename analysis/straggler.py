@@ -111,6 +111,9 @@ def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
     # Waiting alone: no frame of that rank explains it (operators the profiler does not attribute to
     # Python, another thread) - or a hiccup. Only a large, steady gap names it.
     cause = find_cause(tables, v.rank, exploded)
+    if cause is not None and cause.excessUsPerStep < MIN_GAP_SHARE * v.stepUs:
+        # A frame that explains next to nothing of the gap is no explanation of it.
+        cause = None
     conf = confidence(v.share, v.agreeing, v.steps, 0.0, True)
     return Straggler(rank=v.rank, named=conf >= CONFIDENT, cause=cause, confidence=conf, gapUsPerStep=v.gapUsPerStep,
                      costUsPerStep=v.gapUsPerStep, stepUs=v.stepUs, steps=v.steps, steadySteps=v.agreeing, waitNames=v.rank)
