@@ -22,7 +22,9 @@ from stepscope.analysis.causes import Cause, find_cause, frame_per_step, frames
 from stepscope.analysis.rank_tables import RankTables
 from stepscope.analysis.slow_workers import CONFIDENT, MIN_GAP_SHARE, WaitVerdict
 
-# A cause holds in a step when its excess there is at least this share of its mean excess.
+# A cause holds in a step when its excess there is at least this share of its median excess per
+# step (not the mean: one step in which the process was descheduled inflates the mean, and the
+# cause's ordinary steps then looked too small to hold).
 STEADY = 0.5
 # A gap of this share of the step (or more) is as strong as waiting evidence gets...
 FULL_GAP = 0.25
@@ -50,9 +52,9 @@ def _steady(tables: RankTables, exploded: pd.DataFrame, rank: int, cause: Cause,
     if table is None:
         return None
     mine = table[rank].to_numpy(dtype=float)
-    peers = table.drop(columns=[rank]).median(axis=1).to_numpy(dtype=float)
-    need = max(STEADY * cause.excessUsPerStep, MIN_GAP_SHARE * step_us)
-    return int(np.sum(mine - peers >= need))
+    excess = mine - table.drop(columns=[rank]).median(axis=1).to_numpy(dtype=float)
+    need = max(STEADY * float(np.median(excess)), MIN_GAP_SHARE * step_us)
+    return int(np.sum(excess >= need))
 
 
 def _candidates(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, steps: pd.Index) -> list[tuple[int, Cause, int]]:

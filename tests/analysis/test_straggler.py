@@ -179,3 +179,15 @@ def test_a_rank_named_by_the_waiting_alone_gets_no_negligible_frame_as_its_cause
     assert diagnosis.summary.startswith("rank 1 holds the job back"), diagnosis.summary
     assert "__exit__" not in diagnosis.summary
     assert "no Python function of it runs longer than on its peers" in diagnosis.summary
+
+
+def test_one_descheduled_step_does_not_hide_a_modest_cause_that_holds_in_every_step():
+    """Rank 1 spends 5-7 ms a step more in augment_batch_slowly, 31 ms in one step where a loaded
+    machine descheduled it: the cause holds in all 4 steps (measured against its median excess,
+    not the mean that the one step inflates). A capture of the `modest` scenario at 4 ranks read
+    "no problem found ... [confidence 0.92]"."""
+    slow = _fn(f"{ROOT} > workload.py(62): augment_batch_slowly", [30_900, 5_100, 5_400, 6_700])
+    diagnosis, _ = diagnose([_rank(0, [40_000] * 4, [_fn(SHARD, [30_000] * 4), _fn(WAIT, [40_000] * 4)], step_us=89_000),
+                             _rank(1, [28_000] * 4, [_fn(SHARD, [30_000] * 4), slow], step_us=89_000)])
+    assert [w.rank for w in diagnosis.slowWorkers] == [1], diagnosis.summary
+    assert diagnosis.summary.startswith("rank 1 holds the job back") and "augment_batch_slowly" in diagnosis.summary
