@@ -21,7 +21,7 @@ from stepscope.analysis.model import Breakdown, Diagnosis, Finding, RankSummary,
 from stepscope.analysis.rank_tables import RankTables, build_tables
 from stepscope.analysis.summary import NO_GPU_EVENTS
 from stepscope.analysis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
-from stepscope.analysis.straggler import Straggler, find_straggler
+from stepscope.analysis.straggler import MORE_STEPS, Straggler, find_straggler
 from stepscope.analysis.wording import finding, function_text, ms, ranks_text, short
 from stepscope.wire import STACK_SAMPLE_SECONDS, STACKS_DROPPED
 
@@ -30,8 +30,6 @@ MAX_SLOW_WORKERS = 16
 MAX_MESSAGE = 300
 MAX_RANKS = 32
 _SEVERITY = {"critical": 0, "warning": 1, "info": 2}
-# Steps to ask for when a capture could not tell who holds the job back.
-MORE_STEPS = 8
 # What torch's Python tracer adds to each profiled Python call (with_stack): 1.0 µs measured
 # with torch 2.13 on a loaded 2-core machine (0.4 µs calls took 1.5 µs profiled). A cause with
 # many calls is inflated by it, which the finding then says.

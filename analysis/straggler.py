@@ -30,6 +30,10 @@ STEADY = 0.5
 FULL_GAP = 0.25
 # ... and this many steps that all show it, as strong as repetition gets.
 FULL_STEPS = 4
+# Steps to ask for when a capture could not tell who holds the job back; also the steps that the
+# waiting alone needs to name a rank no frame explains: a loaded machine can deschedule a healthy
+# rank for the few hundred ms of a default capture, slowing everything it does a little.
+MORE_STEPS = 8
 
 
 @dataclass
@@ -52,8 +56,12 @@ def _steady(tables: RankTables, exploded: pd.DataFrame, rank: int, cause: Cause,
     if table is None:
         return None
     mine = table[rank].to_numpy(dtype=float)
-    excess = mine - table.drop(columns=[rank]).median(axis=1).to_numpy(dtype=float)
-    need = max(STEADY * float(np.median(excess)), MIN_GAP_SHARE * step_us)
+    peers = table.drop(columns=[rank])
+    excess = mine - peers.median(axis=1).to_numpy(dtype=float)
+    # The floor is for frames its peers run too, which a busy machine stretches on every rank; a
+    # frame no peer runs in any step has no such noise to rise above.
+    floor = MIN_GAP_SHARE * step_us if float(peers.to_numpy().max(initial=0.0)) > 0 else 0.0
+    need = max(STEADY * float(np.median(excess)), floor)
     return int(np.sum(excess >= need))
 
 
@@ -110,12 +118,17 @@ def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
         conf = confidence(cost / v.stepUs if v.stepUs else 0.0, steady, v.steps, min(1.0, cause.excessUsPerStep / cost) if cost else 0.0, agrees)
         return Straggler(rank=rank, named=conf >= CONFIDENT and agrees, cause=cause, confidence=conf, gapUsPerStep=max(gap, 0.0),
                          costUsPerStep=cost, stepUs=v.stepUs, steps=v.steps, steadySteps=steady, waitNames=v.rank)
-    # Waiting alone: no frame of that rank explains it (operators the profiler does not attribute to
-    # Python, another thread) - or a hiccup. Only a large, steady gap names it.
+    # Waiting alone: no steady frame of that rank explains it (operators the profiler does not
+    # attribute to Python, another thread) - or a hiccup. Only a large, steady gap names it.
     cause = find_cause(tables, v.rank, exploded)
     if cause is not None and cause.excessUsPerStep < MIN_GAP_SHARE * v.stepUs:
         # A frame that explains next to nothing of the gap is no explanation of it.
         cause = None
     conf = confidence(v.share, v.agreeing, v.steps, 0.0, True)
+    # A frame of it that takes longer than on its peers is a second kind of evidence; without one,
+    # only more steps than a descheduled healthy rank stays behind for: until then, it stays just
+    # below naming (a large gap is still worth "cannot tell", not "no problem").
+    if cause is None and v.steps < MORE_STEPS:
+        conf = min(conf, round(CONFIDENT - 0.01, 2))
     return Straggler(rank=v.rank, named=conf >= CONFIDENT, cause=cause, confidence=conf, gapUsPerStep=v.gapUsPerStep,
                      costUsPerStep=v.gapUsPerStep, stepUs=v.stepUs, steps=v.steps, steadySteps=v.agreeing, waitNames=v.rank)
