@@ -58,11 +58,13 @@ def _steady(tables: RankTables, exploded: pd.DataFrame, rank: int, cause: Cause,
     mine = table[rank].to_numpy(dtype=float)
     peers = table.drop(columns=[rank])
     excess = mine - peers.median(axis=1).to_numpy(dtype=float)
-    # The floor is for frames its peers run too, which a busy machine stretches on every rank; a
-    # frame no peer runs in any step has no such noise to rise above.
-    floor = MIN_GAP_SHARE * step_us if float(peers.to_numpy().max(initial=0.0)) > 0 else 0.0
-    need = max(STEADY * float(np.median(excess)), floor)
-    return int(np.sum(excess >= need))
+    typical, floor = float(np.median(excess)), MIN_GAP_SHARE * step_us
+    # The floor is for frames its peers run too, which a busy machine stretches on every rank. A
+    # frame no peer runs has no such noise to rise above, but its own time swings with the load
+    # (5-22 ms a step for a 5 ms function at load 18): half of the smaller of the two will do.
+    shared = float(peers.to_numpy().max(initial=0.0)) > 0
+    need = max(STEADY * typical, floor) if shared else STEADY * min(typical, floor)
+    return int(np.sum((excess >= need) & (excess > 0)))
 
 
 def _candidates(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, steps: pd.Index) -> list[tuple[int, Cause, int]]:
