@@ -894,7 +894,7 @@ class _StackSampler:
 
     def start(self, step: int) -> None:
         """On the training thread, right after the profiler started its first step."""
-        frame = sys._getframe(1)
+        frame: Any = sys._getframe(1)
         while frame is not None:
             self.running[id(frame)] = (frame, f"{frame.f_code.co_filename}({frame.f_lineno}): {frame.f_code.co_name}")
             frame = frame.f_back
@@ -913,7 +913,7 @@ class _StackSampler:
         while not self._stop.wait(wire.STACK_SAMPLE_SECONDS) and frames < self.max_frames:
             frame = sys._current_frames().get(self.thread_id)
             now = _monotonic()
-            stack = []
+            stack: list[tuple[int, Any]] = []
             while frame is not None:
                 stack.append((id(frame), frame.f_code))
                 frame = frame.f_back
