@@ -20,18 +20,16 @@ from stepscope.analysis.hangs import hang_findings
 from stepscope.analysis.model import Breakdown, Diagnosis, Finding, RankSummary, SlowWorker, StepTime
 from stepscope.analysis.rank_tables import RankTables, build_tables
 from stepscope.analysis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
-from stepscope.analysis.straggler import Straggler, find_straggler
+from stepscope.analysis.straggler import MORE_STEPS, Straggler, find_straggler
 from stepscope.analysis.summary import NO_GPU_EVENTS
 from stepscope.analysis.wording import finding, function_text, ms, ranks_text, short
-from stepscope.wire import STACKS_DROPPED
+from stepscope.wire import STACK_SAMPLE_SECONDS, STACKS_DROPPED
 
 MAX_FINDINGS = 20
 MAX_SLOW_WORKERS = 16
 MAX_MESSAGE = 300
 MAX_RANKS = 32
 _SEVERITY = {"critical": 0, "warning": 1, "info": 2}
-# Steps to ask for when a capture could not tell who holds the job back.
-MORE_STEPS = 8
 # What torch's Python tracer adds to each profiled Python call (with_stack): 1.0 µs measured
 # with torch 2.13 on a loaded 2-core machine (0.4 µs calls took 1.5 µs profiled). A cause with
 # many calls is inflated by it, which the finding then says.
@@ -101,8 +99,9 @@ def _kernel_skew_finding(e: SlowEvidence, tables: RankTables) -> dict[str, Any]:
 
 def _cause_text(cause: Cause | None, stacks_dropped: bool = False) -> str:
     """What the slow rank does while its peers wait. Where the capture budget dropped its Python
-    stacks, the function cannot be told, and the text says so and what to capture instead (the
-    agent's own sentence, with its figures, stays in the rank's warnings: the headline is one line)."""
+    stacks, the agent's samples of the stack name the function, and the text says the figures are
+    sampled; without samples the function cannot be told, and the text says so and what to capture
+    instead (the agent's own sentence stays in the rank's warnings: the headline is one line)."""
     if (cause is None or cause.excessUsPerStep <= 0) and stacks_dropped:
         return ("cannot tell what it does in that time, as the capture budget (capture.limits.maxStackEvents, see its warnings) "
                 "dropped its Python stacks: capture steps: 1 with that limit raised to name the function")
@@ -110,7 +109,11 @@ def _cause_text(cause: Cause | None, stacks_dropped: bool = False) -> str:
         return "no Python function of it runs longer than on its peers (the time is in operators or threads the profiler does not attribute)"
     overhead = cause.callsPerStep * PROFILED_CALL_US
     calls = (f"; {cause.callsPerStep:,.0f} profiled calls/step, about {ms(overhead)} of it the profiler's own cost"
-             if overhead >= 0.1 * cause.excessUsPerStep else "")
+             if overhead >= 0.1 * cause.excessUsPerStep and not stacks_dropped else "")
+    if stacks_dropped:
+        # The agent sampled the stack instead: the figures are estimates from a few hundred samples.
+        calls = (f"; from samples of its stack every {STACK_SAMPLE_SECONDS * 1000:g} ms, as the capture budget "
+                 "(capture.limits.maxStackEvents) dropped its Python stacks")
     return f"it spends {ms(cause.excessUsPerStep)}/step more than its peers in {cause.text()} ({ms(cause.usPerStep)} vs {ms(cause.peersUsPerStep)}{calls})"
 
 

@@ -22,12 +22,18 @@ from stepscope.analysis.causes import Cause, find_cause, frame_per_step, frames
 from stepscope.analysis.rank_tables import RankTables
 from stepscope.analysis.slow_workers import CONFIDENT, MIN_GAP_SHARE, WaitVerdict
 
-# A cause holds in a step when its excess there is at least this share of its mean excess.
+# A cause holds in a step when its excess there is at least this share of its median excess per
+# step (not the mean: one step in which the process was descheduled inflates the mean, and the
+# cause's ordinary steps then looked too small to hold).
 STEADY = 0.5
 # A gap of this share of the step (or more) is as strong as waiting evidence gets...
 FULL_GAP = 0.25
 # ... and this many steps that all show it, as strong as repetition gets.
 FULL_STEPS = 4
+# Steps to ask for when a capture could not tell who holds the job back; also the steps that the
+# waiting alone needs to name a rank no frame explains: a loaded machine can deschedule a healthy
+# rank for the few hundred ms of a default capture, slowing everything it does a little.
+MORE_STEPS = 8
 
 
 @dataclass
@@ -50,9 +56,15 @@ def _steady(tables: RankTables, exploded: pd.DataFrame, rank: int, cause: Cause,
     if table is None:
         return None
     mine = table[rank].to_numpy(dtype=float)
-    peers = table.drop(columns=[rank]).median(axis=1).to_numpy(dtype=float)
-    need = max(STEADY * cause.excessUsPerStep, MIN_GAP_SHARE * step_us)
-    return int(np.sum(mine - peers >= need))
+    peers = table.drop(columns=[rank])
+    excess = mine - peers.median(axis=1).to_numpy(dtype=float)
+    typical, floor = float(np.median(excess)), MIN_GAP_SHARE * step_us
+    # The floor is for frames its peers run too, which a busy machine stretches on every rank. A
+    # frame no peer runs has no such noise to rise above, but its own time swings with the load
+    # (5-22 ms a step for a 5 ms function at load 18): half of the smaller of the two will do.
+    shared = float(peers.to_numpy().max(initial=0.0)) > 0
+    need = max(STEADY * typical, floor) if shared else STEADY * min(typical, floor)
+    return int(np.sum((excess >= need) & (excess > 0)))
 
 
 def _candidates(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, steps: pd.Index) -> list[tuple[int, Cause, int]]:
@@ -108,10 +120,18 @@ def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
         conf = confidence(cost / v.stepUs if v.stepUs else 0.0, steady, v.steps, min(1.0, cause.excessUsPerStep / cost) if cost else 0.0, agrees)
         return Straggler(rank=rank, named=conf >= CONFIDENT and agrees, cause=cause, confidence=conf, gapUsPerStep=max(gap, 0.0),
                          costUsPerStep=cost, stepUs=v.stepUs, steps=v.steps, steadySteps=steady, waitNames=v.rank)
-    # Waiting alone: no frame of that rank explains it (operators the profiler does not attribute to
-    # Python, another thread) - or a hiccup. Only a large, steady gap names it.
+    # Waiting alone: no steady frame of that rank explains it (operators the profiler does not
+    # attribute to Python, another thread) - or a hiccup. Only a large, steady gap names it.
     assert v.rank is not None  # no candidates and no rank returned above
     found = find_cause(tables, v.rank, exploded)
+    if found is not None and found.excessUsPerStep < MIN_GAP_SHARE * v.stepUs:
+        # A frame that explains next to nothing of the gap is no explanation of it.
+        found = None
     conf = confidence(v.share, v.agreeing, v.steps, 0.0, True)
+    # A frame of it that takes longer than on its peers is a second kind of evidence; without one,
+    # only more steps than a descheduled healthy rank stays behind for: until then, it stays just
+    # below naming (a large gap is still worth "cannot tell", not "no problem").
+    if found is None and v.steps < MORE_STEPS:
+        conf = min(conf, round(CONFIDENT - 0.01, 2))
     return Straggler(rank=v.rank, named=conf >= CONFIDENT, cause=found, confidence=conf, gapUsPerStep=v.gapUsPerStep,
                      costUsPerStep=v.gapUsPerStep, stepUs=v.stepUs, steps=v.steps, steadySteps=v.agreeing, waitNames=v.rank)

@@ -202,6 +202,7 @@ class _Session:
         self.max_memory_mb = float(wire.DEFAULT_MAX_MEMORY_MB if limits.get("maxMemoryMB") is None else limits["maxMemoryMB"])
         self.probe: _CallCounter | None = None  # counts one step's Python calls before a withStack capture
         self.probed = False
+        self.sampler: _StackSampler | None = None  # samples the training thread where the budget dropped its stacks
         self.rss_start_mb = 0.0
         self.state = wire.WAITING
         self.trigger_step = trigger_step
@@ -461,6 +462,8 @@ class Agent:
             self._stop_profiler(s, wire.DONE)
         else:
             s.prof.step()
+            if s.sampler is not None:
+                s.sampler.anchor(s.prof.step_num)
 
     def _probing(self, s: _Session, start_at: int) -> bool:
         """The capture budget's first stage, before a withStack capture: count the Python calls of
@@ -491,7 +494,11 @@ class Agent:
             over = f"{calls / seconds:,.0f} Python calls per second x {s.duration:g} s"
         if projected > s.max_stack_events:
             s.with_stack = False
-            s.degraded.append(f"{wire.STACKS_DROPPED}: {over} = {projected:,} exceeds capture.limits.maxStackEvents={s.max_stack_events:,}; "
+            # A few hundred samples of the training thread's stack still name where its time goes
+            # (a stepless program's probe ran on the watchdog thread, which is not worth sampling).
+            s.sampler = None if s.on_watchdog else _StackSampler(threading.get_ident(), s.max_stack_events)
+            instead = "" if s.sampler is None else f", the training thread's stack is sampled every {wire.STACK_SAMPLE_SECONDS * 1000:g} ms instead"
+            s.degraded.append(f"{wire.STACKS_DROPPED}: {over} = {projected:,} exceeds capture.limits.maxStackEvents={s.max_stack_events:,}{instead}; "
                               "set capture.withStack=false or raise capture.limits.maxStackEvents")
             log.warning("stepscope agent: session %s: %s", s.id, s.degraded[-1])
         return False
@@ -573,6 +580,8 @@ class Agent:
             return
         s.prof = prof
         s.all_threads = all_threads is not None
+        if s.sampler is not None:
+            s.sampler.start(prof.step_num)
         s.state = wire.CAPTURING
         s.start_step = self.step_count
         s.start_time = time.time()
@@ -583,6 +592,8 @@ class Agent:
 
     def _stop_profiler(self, s: _Session, final: str, *, background: bool = True) -> None:
         prof, s.prof = s.prof, None
+        if s.sampler is not None:
+            s.sampler.stop()
         s.end_step = self.step_count
         s.end_time = time.time()
         # `writing` before the stop: torch processes every recorded event in it, holding the GIL,
@@ -623,8 +634,16 @@ class Agent:
         packed = os.path.join(s.folder, f".{name}.{os.getpid()}.tmp")
         try:
             prof.export_chrome_trace(raw)
-            with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
+            if s.sampler is not None and s.sampler.samples:
+                # A trace without Python stacks is small: reading it whole costs little.
+                with open(raw, "rb") as src:
+                    trace = json.load(src)
+                trace["traceEvents"].extend(s.sampler.events(trace["traceEvents"]))
+                with gzip.open(packed, "wt", compresslevel=6) as out:
+                    json.dump(trace, out)
+            else:
+                with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
             os.replace(packed, os.path.join(s.folder, name))
         except Exception as e:  # noqa: BLE001 - a trace that cannot be written fails the session, never the training
             with self._lock:
@@ -652,6 +671,8 @@ class Agent:
     def _finish(self, s: _Session, state: str, *, message: str) -> None:
         if s.probe is not None:
             s.probe.active = False  # it removes itself on the training thread's next call
+        if s.sampler is not None:
+            s.sampler.stop()
         s.state = state
         if s.end_time is None:
             s.end_time = time.time()
@@ -853,6 +874,111 @@ class _CallCounter:
             self.calls += 1
             if not self.active:  # the session ended on another thread; setprofile is per thread
                 sys.setprofile(None)
+
+
+class _StackSampler:
+    """Samples one thread's Python stack every wire.STACK_SAMPLE_SECONDS while a capture whose
+    stacks the budget dropped records: a few hundred samples where the tracer would have recorded
+    millions of events. At export they become the trace's python_function events (each sample
+    lasts until the next; a frame on consecutive samples is one event), named as torch's tracer
+    names them, so the analysis can still name the function the time goes to. Samples stop once
+    they hold maxStackEvents frames."""
+
+    def __init__(self, thread_id: int, max_frames: int) -> None:
+        self.thread_id = thread_id
+        self.max_frames = max_frames
+        self.samples: list[tuple[float, tuple[tuple[int, Any], ...]]] = []
+        self.anchors: list[tuple[int, float]] = []  # (ProfilerStep number, monotonic time it began)
+        # The frames running when sampling starts: the tracer names them by their current line
+        # (later calls by their first line); held so that their ids are not reused meanwhile.
+        self.running: dict[int, tuple[Any, str]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, step: int) -> None:
+        """On the training thread, right after the profiler started its first step."""
+        frame: Any = sys._getframe(1)
+        while frame is not None:
+            self.running[id(frame)] = (frame, f"{frame.f_code.co_filename}({frame.f_lineno}): {frame.f_code.co_name}")
+            frame = frame.f_back
+        self.anchor(step)
+        self._thread = threading.Thread(target=self._run, name="stepscope-sampler", daemon=True)
+        self._thread.start()
+
+    def anchor(self, step: int) -> None:
+        self.anchors.append((step, _monotonic()))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        frames = 0
+        while not self._stop.wait(wire.STACK_SAMPLE_SECONDS) and frames < self.max_frames:
+            frame = sys._current_frames().get(self.thread_id)
+            now = _monotonic()
+            stack: list[tuple[int, Any]] = []
+            while frame is not None:
+                stack.append((id(frame), frame.f_code))
+                frame = frame.f_back
+            stack.reverse()
+            self.samples.append((now, tuple(stack)))
+            frames += len(stack)
+
+    def events(self, trace_events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The samples as python_function events in the clock of `trace_events`, placed by the
+        ProfilerStep spans (whose starts the agent timed too) on the training thread's tid."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(1.0)
+        steps = {e["name"]: e for e in trace_events if str(e.get("name", "")).startswith("ProfilerStep#")}
+        offsets = sorted(steps[f"ProfilerStep#{n}"]["ts"] - t * 1e6 for n, t in self.anchors if f"ProfilerStep#{n}" in steps)
+        if not offsets:
+            return []
+        offset = offsets[len(offsets) // 2]
+        first = steps[f"ProfilerStep#{self.anchors[0][0]}"]
+        prefixes = _trace_prefixes()
+        names: dict[int, str] = {}
+
+        def name(key: int, code: Any) -> str:
+            if key in self.running and self.running[key][0].f_code is code:
+                return _trimmed(self.running[key][1], prefixes)
+            if id(code) not in names:
+                names[id(code)] = _trimmed(f"{code.co_filename}({code.co_firstlineno}): {code.co_name}", prefixes)
+            return names[id(code)]
+
+        out: list[dict[str, Any]] = []
+        open_: list[tuple[int, Any, dict[str, Any]]] = []
+        ends = [t for t, _ in self.samples[1:]] + [self.samples[-1][0] + wire.STACK_SAMPLE_SECONDS]
+        for (t, stack), end in zip(self.samples, ends):
+            ts = t * 1e6 + offset
+            same = 0
+            while same < min(len(open_), len(stack)) and open_[same][0] == stack[same][0] and open_[same][1] is stack[same][1]:
+                same += 1
+            del open_[same:]
+            for key, code in stack[same:]:
+                event = {"ph": "X", "cat": "python_function", "name": name(key, code), "pid": first.get("pid"), "tid": first.get("tid"),
+                         "ts": ts, "dur": 0.0, "args": {"Python parent id": open_[-1][2]["args"]["Python id"] if open_ else None,
+                                                        "Python id": len(out) + 1, "Sampled": True}}
+                out.append(event)
+                open_.append((key, code, event))
+            for _, _, event in open_:
+                event["dur"] = end * 1e6 + offset - event["ts"]
+        self.running.clear()
+        return out
+
+
+def _trace_prefixes() -> list[str]:
+    """The folders torch's tracer cuts from a file name (sys.path and site-packages)."""
+    try:
+        from torch.profiler.python_tracer import _prefix_regex
+
+        return list(_prefix_regex())
+    except Exception:  # noqa: BLE001 - a private torch helper: whatever it raises, names stay untrimmed
+        return []
+
+
+def _trimmed(name: str, prefixes: list[str]) -> str:
+    return next((name[len(p):] for p in prefixes if name.startswith(p)), name)
 
 
 def _rss_mb() -> float:

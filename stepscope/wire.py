@@ -44,8 +44,14 @@ STATES = ACTIVE_STATES | FINAL_STATES
 # expansion of at most 100 000 Python events (~3 KB each, measured) on top.
 DEFAULT_MAX_STACK_EVENTS = 100_000
 # How a rank's state (and so its summary's warnings) begins the sentence that says the budget
-# dropped its Python stacks: the diagnosis then says it cannot name a function and why.
+# dropped its Python stacks: the diagnosis then says its function figures are sampled (below), or,
+# without samples, that it cannot name a function and why.
 STACKS_DROPPED = "Python stacks dropped"
+# Where the budget dropped them, the agent samples the training thread's stack this often instead
+# (python_function events with args "Sampled": true): +4 % CPU time a captured step on 2 loaded
+# cores (benchmarks/stack_sampler_cost.py), against several times the step for the tracer's calls
+# it replaces, and enough samples over a few steps to name a function that takes a few ms a step.
+STACK_SAMPLE_SECONDS = 0.002
 DEFAULT_MAX_MEMORY_MB = 512
 
 # Step telemetry: every training process keeps its latest steps in `telemetry/rank-<r>.steps`, a

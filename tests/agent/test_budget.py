@@ -1,6 +1,6 @@
 """The capture budget (spec.capture.limits) in real rank processes: a capture whose Python calls
-would exceed maxStackEvents drops its stacks, one that grows the process beyond maxMemoryMB is
-cut short, and each says so in its state; both still end `done` with a usable trace."""
+would exceed maxStackEvents drops its stacks (and samples the training thread's stack instead),
+one that grows the process beyond maxMemoryMB is cut short, and each says so in its state; both still end `done` with a usable trace."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,8 +17,19 @@ def test_over_budget_captures_degrade_in_order_and_say_so(stepscope_dir: Path, s
     assert state["withStack"] is False and len(state["degraded"]) == 1, state
     assert "Python stacks dropped" in state["degraded"][0] and "maxStackEvents=1,000" in state["degraded"][0]
     assert state["degraded"][0] in state["message"]
+    assert "sampled every 2 ms instead" in state["degraded"][0]
     events = load_trace(stepscope_dir / "s-stacks" / state["trace"])
-    assert not [e for e in events if e.get("cat") == "python_function"] and len(profiler_steps(events)) == 2
+    assert len(profiler_steps(events)) == 2
+    steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
+    # The tracer's events are gone; the training thread's sampled stack stands in for them, named
+    # as the tracer names frames, on the steps' thread and within the capture.
+    python = [e for e in events if e.get("cat") == "python_function"]
+    assert python and all(e["args"]["Sampled"] is True for e in python)
+    assert {e["tid"] for e in python} == {steps[0]["tid"]}
+    assert any(e["name"].startswith("workload.py(") and e["name"].endswith(": train") for e in python), {e["name"] for e in python}
+    begin, end = min(s["ts"] for s in steps), max(s["ts"] + s["dur"] for s in steps)
+    slack = 20_000  # µs: a sample lasts until the next one, and the agent's clock is matched to the steps' at each step
+    assert all(begin - slack <= e["ts"] and e["ts"] + e["dur"] <= end + slack for e in python)
 
     # Stacks within budget, but the process may grow by 1 MB only: cut after the first step(s).
     write_request(stepscope_dir, "s-memory", waitSteps=1, steps=20, limits={"maxStackEvents": 10_000_000, "maxMemoryMB": 1})
