@@ -7,6 +7,7 @@ import contextlib
 import math
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
@@ -70,11 +71,34 @@ class _Here(Executor):
 
 
 @contextlib.contextmanager
+def _main_not_rerun() -> Iterator[None]:
+    """While workers start: a __main__ read from stdin (`python - <<EOF`) or typed in a REPL names
+    a file that does not exist ("<stdin>"), which a spawned child would run as a script and die on
+    (BrokenProcessPool). The workers run only stepscope's own functions, so such a __main__ is
+    hidden from them as `python -c` hides it: no __file__ for the time the workers start."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or getattr(main, "__spec__", None) is not None or path is None or os.path.isfile(path):
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
+@contextlib.contextmanager
 def worker_pool(workers: int) -> Iterator[Executor]:
     """A process pool of `workers` (spawned, not forked: the caller may run threads, e.g. an HTTP
-    server in tests or a storage client's pool), or this process alone for one."""
+    server in tests or a storage client's pool), or this process alone for one. The workers are
+    started at once, so that what they inherit of __main__ is settled here."""
     if workers < 2:
         yield _Here()
         return
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with _main_not_rerun():
+            # A spawn pool starts a worker per submit while none is idle: one call each starts them all.
+            for started in [pool.submit(os.getpid) for _ in range(workers)]:
+                started.result()
         yield pool

@@ -122,7 +122,7 @@ class _Deflater:
         self.out, self.size, self.crc = out, 0, 0
         self._z = isal_zlib.compressobj(_LEVEL, isal_zlib.DEFLATED, -15)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray) -> None:
         if data:
             self.out.write(self._z.compress(data))
             self.size += len(data)
@@ -135,28 +135,42 @@ class _Deflater:
 @dataclass(frozen=True)
 class _Values:
     """How the values of one key ("pid") are written in a piece."""
-    count: int  # `"key":` found
+    count: int  # `"key"` found
+    colon: bool  # each followed at once by a colon (else other spacing, or the key's text in a string)
     spaced: int  # of which `"key": v`, as Kineto writes them
     regular: bool  # all `"key":v` or `"key": v` (else some other spacing)
     numeric: bool  # all start with a digit
 
 
+def after_each(body: bytes | bytearray, key: bytes) -> np.ndarray:
+    """Offsets just after each occurrence of `key` (4 bytes or more) in `body`: its first four
+    bytes are compared as one 32-bit word at every offset (an unaligned, overlapping view of the
+    bytes, one numpy pass), the rest where those match."""
+    if len(body) < len(key):
+        return np.empty(0, dtype=np.int64)
+    words = np.ndarray((len(body) - 3,), dtype="<u4", buffer=body, strides=(1,))
+    at = np.flatnonzero(words == int.from_bytes(key[:4], "little"))
+    at = at[at <= len(body) - len(key)]
+    if len(key) > 4:
+        arr = np.frombuffer(body, dtype=np.uint8)
+        for i, byte in enumerate(key[4:], 4):
+            at = at[arr[at + i] == byte]
+    return at + len(key)
+
+
 def _values(body: bytes, keys: Sequence[bytes]) -> list[_Values]:
-    """_Values of each key, from one numpy pass over the piece's colons."""
+    """_Values of each key, from the bytes after its occurrences."""
     arr = np.frombuffer(body, dtype=np.uint8)
-    colons = np.flatnonzero(arr == ord(":"))
-    colons = colons[(colons > 0) & (colons + 2 < len(arr))]
-    colons = colons[arr[colons - 1] == ord('"')]  # after a key
+    last = len(arr) - 1
     out = []
     for key in keys:
-        at = colons[colons >= len(key)]
-        for i, byte in enumerate(key[:-1]):
-            at = at[arr[at - len(key) + i] == byte]
-        after, then = arr[at + 1], arr[at + 2]
+        at = after_each(body, key)
+        colon, after, then = (arr[np.minimum(at + i, last)] for i in range(3))
         spaced = after == ord(" ")
         first = np.where(spaced, then, after)
         blank = (first == ord(" ")) | (first == ord("\t")) | (first == ord("\n")) | (first == ord("\r"))
-        out.append(_Values(len(at), int(spaced.sum()), not blank.any(), bool(((first >= ord("0")) & (first <= ord("9"))).all())))
+        out.append(_Values(len(at), bool((colon == ord(":")).all()), int(spaced.sum()), not blank.any(),
+                           bool(((first >= ord("0")) & (first <= ord("9"))).all())))
     return out
 
 
@@ -174,15 +188,16 @@ class _RankRewriter:
         text = events if isinstance(events, bytes) else b",".join(events)
         if not text or text.isspace():
             return
-        text = self._rewritten(text)
-        self.out.write(text if self.first else b"," + text)
+        if not self.first:
+            self.out.write(b",")  # apart, not joined: that would copy the piece
+        self.out.write(self._rewritten(text))
         self.first = False
 
-    def _rewritten(self, body: bytes) -> bytes:
+    def _rewritten(self, body: bytes) -> bytes | bytearray:
         keys = _KEYS if self.shift else _KEYS[:2]
         found = _values(body, keys)
         # shift_ts takes any whitespace after the colon; nothing else does.
-        if not all(f.regular for f in found[:2]) or any(body.count(key) != f.count for key, f in zip(keys, found)):
+        if not all(f.regular for f in found[:2]) or not all(f.colon for f in found):
             for key in keys:
                 body = _SPACED[key].sub(key + b":", body)
             found = _values(body, keys)
@@ -211,7 +226,7 @@ class _RankRewriter:
             self.names.setdefault(self.odd[key], str(value))
         return b'"pid":%d' % self.odd[key]
 
-    def _note_names(self, body: bytes) -> None:
+    def _note_names(self, body: bytes | bytearray) -> None:
         """Process names from the piece's process_name events, found by text search (a handful
         among millions of events) and decoded one by one."""
         at = body.find(b'"process_name"')
@@ -238,24 +253,33 @@ class _RankRewriter:
         return msgspec.json.encode(events)[1:-1]
 
 
-def shift_ts(body: bytes, shift: int) -> bytes:
+def shift_ts(body: bytes, shift: int) -> bytes | bytearray:
     """`body` with `shift` (whole µs, >= 0) added to every `"ts":N` (with any spaces after the colon).
 
-    Only the integer part changes, so fractional (ns-resolution) digits stay exact. Room for the
-    longer numbers is made once with bytes.replace (`"ts":` + as many spaces as the shift has
-    digits, JSON whitespace); the new integer parts are then written right-aligned into their
-    slots with numpy, all at once. Values numpy cannot take (negative, exponents) are done one by
-    one, a rare case."""
+    Only the integer part changes, so fractional (ns-resolution) digits stay exact. The new integer
+    parts are written right-aligned into their slots (the writer's spaces after the colon and the
+    old digits) with numpy, all at once: Kineto's `"ts": N` leaves a space for a number that grows
+    by a digit, so a piece is mostly rewritten in place. Where a slot is too small, room is made
+    first with one bytes.replace (`"ts":` + as many spaces as the shift has digits, JSON
+    whitespace). Values numpy cannot take (negative, exponents) are done one by one, a rare case."""
     if not shift or b'"ts":' not in body:
         return body
-    pad = len(str(shift))
-    buf = bytearray(body.replace(b'"ts":', b'"ts":' + b" " * pad))
+    buf = bytearray(body)
+    if not _shift_slots(buf, shift, padded=False):
+        buf = bytearray(body.replace(b'"ts":', b'"ts":' + b" " * len(str(shift))))
+        _shift_slots(buf, shift, padded=True)
+    return buf
+
+
+_POW10 = 10 ** np.arange(19, dtype=np.int64)
+
+
+def _shift_slots(buf: bytearray, shift: int, padded: bool) -> bool:
+    """shift_ts on `buf` in place; False (and `buf` unchanged) where a slot has no room for its new
+    number and the text was not `padded`."""
     arr = np.frombuffer(buf, dtype=np.uint8)
-    key = np.frombuffer(b'"ts":', dtype=np.uint8)
-    colon = np.flatnonzero(arr[4:] == key[4]) + 4
-    for i in range(4):
-        colon = colon[arr[colon - 4 + i] == key[i]]
-    start = colon + 1 + pad  # the number's first byte, after the writer's own spaces
+    colon = after_each(buf, b'"ts":') - 1
+    start = colon + 1  # the number's first byte, after the writer's own spaces
     for _ in range(_DIGITS):
         space = arr[np.minimum(start, len(arr) - 1)] == ord(" ")
         if not space.any():
@@ -268,20 +292,27 @@ def shift_ts(body: bytes, shift: int) -> bytes:
     numeric = digit | (chars == ord("."))
     follow = chars[np.arange(len(start)), np.argmin(numeric, axis=1)]  # what ends the number: no exponent
     plain = (width > 0) & (width <= _INT_DIGITS) & ~numeric.all(axis=1) & (follow != ord("e")) & (follow != ord("E"))
-    if plain.any():
-        rows = np.flatnonzero(plain)
-        w = width[rows]
-        places = w[:, None] - 1 - np.arange(_DIGITS)
-        values = ((chars[rows, :_DIGITS].astype(np.int64) - 48) * np.where(places >= 0, 10 ** np.maximum(places, 0), 0)).sum(axis=1)
-        text = (values + shift).astype(f"S{_DIGITS}")
-        right = np.strings.rjust(text, _DIGITS).view(np.uint8).reshape(-1, _DIGITS)
-        end = start[rows] + w  # the slot: [colon + 1, end), spaces and the old digits
-        target = end[:, None] - _DIGITS + np.arange(_DIGITS)
-        keep = np.arange(_DIGITS) >= _DIGITS - (end - colon[rows] - 1)[:, None]
-        arr[target[keep]] = right[keep]
+    if not padded and not plain.all():
+        return False
+    rows = np.flatnonzero(plain)
+    w = width[rows]
+    places = w[:, None] - 1 - np.arange(_INT_DIGITS)
+    values = ((chars[rows, :_INT_DIGITS].astype(np.int64) - 48) * np.where(places >= 0, _POW10[np.maximum(places, 0)], 0)).sum(axis=1)
+    new = values + shift
+    new_width = np.searchsorted(_POW10, new, side="right")
+    end = start[rows] + w
+    room = end - colon[rows] - 1  # the slot: [colon + 1, end), spaces and the old digits
+    if (new_width > room).any():
+        if not padded:
+            return False
+        raise ValueError(f"cannot move a timestamp by {shift} us in place")
+    j = np.arange(int(room.max(initial=0)))  # place of each byte of a slot, from the right
+    inside = j < room[:, None]
+    text = np.where(j < new_width[:, None], new[:, None] // _POW10[np.minimum(j, 18)] % 10 + 48, ord(" "))
+    arr[(end[:, None] - 1 - j)[inside]] = text[inside]
     for row in np.flatnonzero(~plain).tolist():
         _shift_one(buf, int(start[row]), int(start[row] - colon[row] - 1), shift)
-    return bytes(buf)
+    return True
 
 
 _NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")

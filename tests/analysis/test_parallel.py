@@ -3,6 +3,8 @@ limit (v2 and v1 files as the kernel writes them), never more than there are ran
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,15 @@ def test_one_worker_runs_in_this_process():
         assert pool.submit(os.getpid).result() == os.getpid()
         with pytest.raises(ZeroDivisionError):
             pool.submit(divmod, 1, 0).result()
+
+
+def test_a_pool_started_from_a_script_on_stdin_runs_its_workers(tmp_path: Path):
+    """`python - <<EOF` names its __main__ "<stdin>": spawned workers must not try to run that file."""
+    script = ("from stepscope.analysis.parallel import worker_pool\n"
+              "import os\n"
+              "with worker_pool(2) as pool:\n"
+              "    pids = {pool.submit(os.getpid).result() for _ in range(4)}\n"
+              "print(len(pids - {os.getpid()}) >= 1, __file__)\n")
+    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "<stdin>"]

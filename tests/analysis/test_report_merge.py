@@ -93,6 +93,16 @@ def test_shift_keeps_every_number_shape_valid():
     assert [e["ts"] for e in shifted] == [2234, 1000.5, 100999.125, 995, 2500, None, "a", 1009, 1077, 1008.25, 998]
 
 
+def test_shift_rewrites_kineto_spacing_in_place_and_makes_room_where_it_must():
+    """Kineto writes `"ts": N`: a number that gains a digit takes the space; one that gains two
+    cannot, and the piece is padded instead. Either way every value moves, fractions exact."""
+    body = b'{"ts": 9999,"dur": 1},{"ts": 123.456},{"ts":    7}'
+    shifted = shift_ts(body, 1)
+    assert len(shifted) == len(body) and json.loads(b"[" + shifted + b"]") == [{"ts": 10000, "dur": 1}, {"ts": 124.456}, {"ts": 8}]
+    shifted = shift_ts(body, 99_990_000)
+    assert json.loads(b"[" + shifted + b"]") == [{"ts": 99999999, "dur": 1}, {"ts": 99990123.456}, {"ts": 99990007}]
+
+
 def _kineto_rank(path: Path, rank: int, events: int) -> Path:
     """A Kineto-shaped trace: metadata, CPU ops, kernels and flows, "pid": 1 spacing."""
     rows = [{"name": "process_name", "ph": "M", "ts": 0, "pid": 0, "tid": 0, "args": {"name": "python3"}}]
