@@ -211,10 +211,9 @@ class _RankRewriter:
             body = _ODD_PID.sub(self._odd_pid, body)
         if not found[1].numeric:
             body = _ODD_ID.sub(lambda m: b'"id":' + m[1], body)
-        if self.shift:
-            body = shift_ts(body, self.shift)
-        self._note_names(body)
-        return body
+        out: bytes | bytearray = shift_ts(body, self.shift) if self.shift else body
+        self._note_names(out)
+        return out
 
     def _odd_pid(self, m: re.Match) -> bytes:
         value = msgspec.json.decode(m[1])
