@@ -35,13 +35,22 @@ class Conditions:
     min_baseline_polls: int = 10  # no baseline (and no slowdown) before this many polls saw steps
     divergence_factor: float = 1.5
     hang_after_s: float = 300.0
+    divergence_sustained_s: float | None = None  # the divergence's own window (a ProfileTrigger sets each); None: sustained_s
+
+    def sustained_for(self, condition: str) -> float:
+        """How long `condition` must hold before it fires (a hang is sustained by its own bound)."""
+        if condition == HANG:
+            return 0.0
+        if condition == DIVERGENCE and self.divergence_sustained_s is not None:
+            return self.divergence_sustained_s
+        return self.sustained_s
 
     def __post_init__(self) -> None:
         for name in ("slowdown_factor", "divergence_factor"):
             if not getattr(self, name) > 1:
                 raise ValueError(f"{name} must be above 1, got {getattr(self, name)}")
-        for name in ("sustained_s", "baseline_window_s", "hang_after_s"):
-            if not getattr(self, name) > 0:
+        for name in ("sustained_s", "baseline_window_s", "hang_after_s", "divergence_sustained_s"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)}")
         if self.min_baseline_polls < 1:
             raise ValueError(f"min_baseline_polls must be at least 1, got {self.min_baseline_polls}")
@@ -157,8 +166,7 @@ def detect(state: State, observation: Observation, conditions: Conditions) -> tu
             holding.discard(condition)
             continue
         started = since.setdefault(condition, now)
-        # A hang is sustained by its own bound; the others must hold for the window.
-        due = condition == HANG or now - started >= conditions.sustained_s
+        due = now - started >= conditions.sustained_for(condition)
         if due and condition not in holding:
             holding.add(condition)
             reason, culprits = held

@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-rank", type=int, default=None, help="the rank --fault slows down")
     p.add_argument("--fault", choices=FAULTS, default="cpu", help="how --slow-rank is slowed (default %(default)s)")
     p.add_argument("--slow-ms", type=float, default=0.0, help="milliseconds a step the fault costs --slow-rank")
+    p.add_argument("--slow-from-step", type=int, default=0,
+                   help="the cpu, helpers, sleep and gc faults start at this zero-based step (a slowdown mid-run)")
     p.add_argument("--compute-factor", type=int, default=4, help="--fault compute: how many times --slow-rank repeats its batch")
     p.add_argument("--python-calls", type=int, default=0, help="call a small Python helper this many times in every step")
     p.add_argument("--hang-rank", type=int, default=None, help="this rank blocks forever at --hang-at-step")
@@ -200,6 +202,7 @@ def train(args: argparse.Namespace) -> int:
     step = 0
     started = time.perf_counter()
     while args.steps <= 0 or step < args.steps:
+        slow = rank == args.slow_rank and args.slow_ms > 0 and step >= args.slow_from_step
         read_shard(args.step_sleep_ms)
         batch, target = next(batches)
         if fault == "compute":
