@@ -1,0 +1,82 @@
+"""`stepscope watch`: the cooldown and the cap as a pure function, its one-line errors, and the whole
+loop against a real sidecar and real gloo ranks of workload.py (the agent from the bootstrap) that
+slow one rank mid-run."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stepscope import capture, cli
+from stepscope.demo import LocalRun
+from stepscope.detection import DIVERGENCE, HANG, SLOWDOWN, Fire
+from stepscope.scenarios import BASE_ARGS
+from stepscope.watch import Budget, Policy, admit
+
+SLOW = Fire(SLOWDOWN, "slow", (0, 1))
+HUNG = Fire(HANG, "hung", (0, 1))
+
+
+def test_admit_takes_the_first_fire_then_holds_back_for_the_cooldown_and_stops_at_the_cap() -> None:
+    policy = Policy(cooldown_s=100.0, max_captures=2)
+    budget, fire, why = admit(Budget(), [SLOW], 0.0, policy)
+    assert (fire, why, budget) == (SLOW, None, Budget(1, 0.0))
+    budget, fire, why = admit(budget, [SLOW], 99.0, policy)
+    assert fire is None and why is not None and "cooling down for 1 s more" in why and budget == Budget(1, 0.0)
+    budget, fire, why = admit(budget, [SLOW], 100.0, policy)
+    assert fire == SLOW and budget == Budget(2, 100.0)
+    budget, fire, why = admit(budget, [SLOW], 10_000.0, policy)
+    assert fire is None and why is not None and "cap of 2" in why
+    assert admit(budget, [], 10_000.0, policy) == (budget, None, None)
+
+
+def test_a_hang_is_captured_before_a_slowdown_of_the_same_poll() -> None:
+    _, fire, _ = admit(Budget(), [SLOW, Fire(DIVERGENCE, "rank 1", (1,)), HUNG], 0.0, Policy(0.0, 1))
+    assert fire == HUNG
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--factor", "1"], "--factor must be above 1, got 1"),
+    (["--baseline-minutes", "0"], "--baseline-minutes must be a positive number of minutes, got 0"),
+    (["--interval", "0"], "--interval must be a positive number of seconds"),
+    (["--max-captures", "0"], "--max-captures at least 1"),
+    (["--sidecar", "http://127.0.0.1:9"], "unreachable"),
+])
+def test_bad_options_and_an_absent_sidecar_are_one_line_errors(argv: list[str], says: str, capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STEPSCOPE_HMAC_KEY", "k" * 32)
+    code = cli.main(["watch", *argv])
+    err = capsys.readouterr().err
+    assert code in (capture.EXIT_USAGE, capture.EXIT_UNREACHABLE)
+    assert err.startswith("stepscope watch: ") and says in err and err.count("\n") == 1
+
+
+def test_watch_learns_the_baseline_then_captures_a_mid_run_slowdown_and_names_the_rank(tmp_path: Path) -> None:
+    # 2 ranks at ~40 ms a step; from step 250 (~10 s in) rank 1 computes 60 ms more a step in
+    # augment_batch_slowly, which the lockstep all-reduce turns into a slower step on both ranks.
+    workload = [*BASE_ARGS, "--steps", "0", "--slow-rank", "1", "--fault", "cpu", "--slow-ms", "60", "--slow-from-step", "250"]
+    with LocalRun(tmp_path / "run", 2, workload) as local:
+        local.start()
+        watch = subprocess.run(
+            [sys.executable, "-m", "stepscope.cli", "watch", "--sidecar", local.url, "--interval", "0.5", "--sustained", "2",
+             "--max-captures", "1", "--steps", "3", "--output-dir", str(tmp_path / "captures")],
+            env={**os.environ, "STEPSCOPE_HMAC_KEY": local.key}, capture_output=True, text=True, timeout=150)
+        steps = [json.loads(p.read_text())["step"] for p in (local.run_dir / "agents").glob("rank-*.json")]
+    out = watch.stdout
+    assert watch.returncode == 0, out + watch.stderr
+    lines = out.splitlines()
+    learning = next(i for i, line in enumerate(lines) if line.startswith("learning the baseline"))
+    watching = next(i for i, line in enumerate(lines) if line.startswith("watching: "))
+    fired = next(i for i, line in enumerate(lines) if line.startswith(f"{SLOWDOWN} on ranks 0,1: "))
+    assert learning < watching < fired, out
+    assert min(steps) > 250, steps  # the job went on while watched and captured
+    diagnosis = next(line for line in lines if line.startswith("diagnosis: "))
+    assert re.search(r"\brank 1\b", diagnosis) and "augment_batch_slowly" in out, out
+    assert "cap (--max-captures); stopping" in lines[-1]
+    (folder,) = (tmp_path / "captures").iterdir()
+    assert folder.name.endswith(f"-{SLOWDOWN}") and (folder / "report").is_dir()
