@@ -90,6 +90,9 @@ FIRST_STEP_GRACE_SECONDS = float(os.environ.get("STEPSCOPE_FIRST_STEP_GRACE_SECO
 # of the idle agent's cost. Steps longer than this still stat once a step, and a request is seen
 # at most this late.
 REQUEST_POLL_SECONDS = 0.01
+# How often the training thread reads DDP's own timing of its gradient all-reduce (about 60 us a
+# read; DDP refreshes it every 100th iteration, so a tighter bound would only re-read the same sample).
+COLLECTIVE_WAIT_READ_SECONDS = 2.0
 
 _stat = os.stat
 _monotonic = time.monotonic
@@ -233,6 +236,9 @@ class Agent:
         self.last_step_mono = _monotonic()
         self.ring = _StepRing()
         self._ring_refused = False
+        self._ddp_models: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._wait_read_mono = float("-inf")
+        self.collective_wait: dict[str, float] | None = None  # the heartbeat's collectiveWait
         self.started_at = time.time()
         self.pid = os.getpid()
         # multiprocessing's spawn replaces sys.argv before it says a process is its child; at
@@ -271,6 +277,10 @@ class Agent:
                 self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
         except Exception:
             log.exception("stepscope agent: cannot register the optimizer step hook; only stepscope.step() counts steps")
+        try:
+            self._track_ddp()
+        except Exception:
+            log.exception("stepscope agent: cannot follow DistributedDataParallel models; no collective wait share")
         if not self._forked:
             self._start_watchdog()
 
@@ -286,6 +296,43 @@ class Agent:
         mp_util = sys.modules.get("multiprocessing.util")
         if mp is not None and mp_util is not None and mp.parent_process() is not None:
             mp_util.Finalize(None, self._at_exit, exitpriority=0)
+
+    def _track_ddp(self) -> None:
+        """Remember (weakly) each DistributedDataParallel model the program builds: its reducer
+        times the gradient all-reduce of sampled iterations itself (DDP's runtime logging: the
+        first 10 iterations, then every 100th), the rank's wait in collectives at no cost of ours."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        original = DistributedDataParallel.__init__
+        if getattr(original, "_stepscope_tracks", False):  # a forked child's class is patched already
+            return
+        models = self._ddp_models
+
+        def tracked_init(module: Any, *args: Any, **kwargs: Any) -> None:
+            original(module, *args, **kwargs)
+            # The process's agent: a forked child re-arms one of its own after the class was patched.
+            (_AGENT._ddp_models if _AGENT is not None else models).add(module)
+
+        tracked_init._stepscope_tracks = True  # type: ignore[attr-defined]  # a marker on the function, read above
+        tracked_init.__wrapped__ = original  # type: ignore[attr-defined]  # as functools.wraps would, for inspect.signature
+        tracked_init.__doc__ = original.__doc__
+        DistributedDataParallel.__init__ = tracked_init  # type: ignore[method-assign,assignment]  # the tracking is the point
+
+    def _read_collective_wait(self) -> bool:
+        """The latest sampled iteration's time in DDP's gradient all-reduce; False while DDP has
+        timed none. On the training thread,
+        between two steps: DDP writes these figures on that thread too (in its next forward), so
+        reading them there never races with the writer."""
+        latest: tuple[int, int] | None = None
+        for model in list(self._ddp_models):
+            data = model._get_ddp_logging_data()
+            seconds, end = data.get("backward_comm_time"), data.get("backward_comm_time_end")
+            if isinstance(seconds, int) and isinstance(end, int) and seconds > 0 and (latest is None or end > latest[1]):
+                latest = (seconds, end)
+        if latest is None:
+            return False
+        self.collective_wait = {"seconds": latest[0] / 1e9, "at": latest[1] / 1e9}
+        return True
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         lead = self._lead()
@@ -315,6 +362,9 @@ class Agent:
             self.last_step_mono = now
             if self._watchdog is None:
                 self._start_watchdog()
+            # Until DDP has timed a first iteration (in the second step's forward), every step looks.
+            if now - self._wait_read_mono >= COLLECTIVE_WAIT_READ_SECONDS and self._ddp_models and self._read_collective_wait():
+                self._wait_read_mono = now
             if self._session is not None or now - self._polled_mono >= REQUEST_POLL_SECONDS:
                 self._polled_mono = now
                 try:
@@ -728,7 +778,7 @@ class Agent:
         os.makedirs(folder, exist_ok=True)
         _write_json(os.path.join(folder, wire.agent_file(rank)), {
             "rank": rank, "localRank": local_rank, "worldSize": world, "pid": os.getpid(), "host": self.host,
-            "step": self.step_count, "heartbeat": time.time(), "startedAt": self.started_at,
+            "step": self.step_count, "heartbeat": time.time(), "startedAt": self.started_at, "collectiveWait": self.collective_wait,
         })
         ring_path = os.path.join(self.directory, wire.TELEMETRY_FOLDER, wire.telemetry_file(rank))
         if self.ring.path != ring_path and not self._ring_refused:

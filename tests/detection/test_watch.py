@@ -14,8 +14,9 @@ import pytest
 
 from stepscope import capture, cli
 from stepscope.demo import LocalRun
-from stepscope.detection import DIVERGENCE, HANG, SLOWDOWN, Fire
+from stepscope.detection import DIVERGENCE, HANG, SLOWDOWN, Conditions, Fire, observe
 from stepscope.scenarios import BASE_ARGS
+from stepscope.sidecar_client import SidecarClient
 from stepscope.watch import Budget, Policy, admit
 
 SLOW = Fire(SLOWDOWN, "slow", (0, 1))
@@ -58,7 +59,8 @@ def test_bad_options_and_an_absent_sidecar_are_one_line_errors(argv: list[str], 
 
 def test_watch_learns_the_baseline_then_captures_a_mid_run_slowdown_and_names_the_rank(tmp_path: Path) -> None:
     # 2 ranks at ~40 ms a step; from step 250 (~10 s in) rank 1 computes 60 ms more a step in
-    # augment_batch_slowly, which the lockstep all-reduce turns into a slower step on both ranks.
+    # augment_batch_slowly, which the lockstep all-reduce turns into a slower step on both ranks
+    # (Slowdown) and a wait share far below its peer's (RankDivergence), whichever holds first.
     workload = [*BASE_ARGS, "--steps", "0", "--slow-rank", "1", "--fault", "cpu", "--slow-ms", "60", "--slow-from-step", "250"]
     with LocalRun(tmp_path / "run", 2, workload) as local:
         local.start()
@@ -66,17 +68,21 @@ def test_watch_learns_the_baseline_then_captures_a_mid_run_slowdown_and_names_th
             [sys.executable, "-m", "stepscope.cli", "watch", "--sidecar", local.url, "--interval", "0.5", "--sustained", "2",
              "--max-captures", "1", "--steps", "3", "--output-dir", str(tmp_path / "captures")],
             env={**os.environ, "STEPSCOPE_HMAC_KEY": local.key}, capture_output=True, text=True, timeout=150)
+        answer = SidecarClient(local.url, local.key.encode()).get_telemetry()
         steps = [json.loads(p.read_text())["step"] for p in (local.run_dir / "agents").glob("rank-*.json")]
     out = watch.stdout
     assert watch.returncode == 0, out + watch.stderr
     lines = out.splitlines()
     learning = next(i for i, line in enumerate(lines) if line.startswith("learning the baseline"))
     watching = next(i for i, line in enumerate(lines) if line.startswith("watching: "))
-    fired = next(i for i, line in enumerate(lines) if line.startswith(f"{SLOWDOWN} on ranks 0,1: "))
+    fired = next(i for i, line in enumerate(lines) if line.startswith((f"{SLOWDOWN} on ranks 0,1: ", f"{DIVERGENCE} on ranks 1: ")))
     assert learning < watching < fired, out
     assert min(steps) > 250, steps  # the job went on while watched and captured
     diagnosis = next(line for line in lines if line.startswith("diagnosis: "))
     assert re.search(r"\brank 1\b", diagnosis) and "augment_batch_slowly" in out, out
     assert "cap (--max-captures); stopping" in lines[-1]
     (folder,) = (tmp_path / "captures").iterdir()
-    assert folder.name.endswith(f"-{SLOWDOWN}") and (folder / "report").is_dir()
+    assert folder.name.endswith((f"-{SLOWDOWN}", f"-{DIVERGENCE}")) and (folder / "report").is_dir()
+    # The slow rank's peer waits for it in DDP's all-reduce, it hardly waits (the sidecar's reading).
+    shares = {rank: sample.wait_share for rank, sample in observe(0.0, [answer]).ranks.items()}
+    assert shares[0] is not None and shares[1] is not None and shares[0] - shares[1] >= Conditions().wait_share_gap, shares
