@@ -170,8 +170,8 @@ def run(args: argparse.Namespace) -> int:
                 code = _capture(args, fire, folder)
                 if code == capture.EXIT_INTERRUPTED:
                     return code
-                if code:
-                    print(f"the capture ended with exit code {code}; watching on", flush=True)
+                if code:  # a hang's capture ends Failed by design (its ranks make no step): its stacks are the result
+                    print(f"the capture ended with exit code {code}", flush=True)
                 if budget.captures >= policy.max_captures:
                     print(f"{budget.captures} capture(s) taken, the cap (--max-captures); stopping", flush=True)
                     return 0

@@ -57,6 +57,13 @@ def test_bad_options_and_an_absent_sidecar_are_one_line_errors(argv: list[str], 
     assert err.startswith("stepscope watch: ") and says in err and err.count("\n") == 1
 
 
+def run_watch(local: LocalRun, captures: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stepscope.cli", "watch", "--sidecar", local.url, "--interval", "0.5", "--max-captures", "1",
+                           "--output-dir", str(captures), *options],
+                          env={**os.environ, "STEPSCOPE_HMAC_KEY": local.key}, capture_output=True, text=True, timeout=150)
+
+
+@pytest.mark.slow
 def test_watch_learns_the_baseline_then_captures_a_mid_run_slowdown_and_names_the_rank(tmp_path: Path) -> None:
     # 2 ranks at ~40 ms a step; from step 250 (~10 s in) rank 1 computes 60 ms more a step in
     # augment_batch_slowly, which the lockstep all-reduce turns into a slower step on both ranks
@@ -64,10 +71,7 @@ def test_watch_learns_the_baseline_then_captures_a_mid_run_slowdown_and_names_th
     workload = [*BASE_ARGS, "--steps", "0", "--slow-rank", "1", "--fault", "cpu", "--slow-ms", "60", "--slow-from-step", "250"]
     with LocalRun(tmp_path / "run", 2, workload) as local:
         local.start()
-        watch = subprocess.run(
-            [sys.executable, "-m", "stepscope.cli", "watch", "--sidecar", local.url, "--interval", "0.5", "--sustained", "2",
-             "--max-captures", "1", "--steps", "3", "--output-dir", str(tmp_path / "captures")],
-            env={**os.environ, "STEPSCOPE_HMAC_KEY": local.key}, capture_output=True, text=True, timeout=150)
+        watch = run_watch(local, tmp_path / "captures", "--sustained", "2", "--steps", "3")
         answer = SidecarClient(local.url, local.key.encode()).get_telemetry()
         steps = [json.loads(p.read_text())["step"] for p in (local.run_dir / "agents").glob("rank-*.json")]
     out = watch.stdout
@@ -86,3 +90,18 @@ def test_watch_learns_the_baseline_then_captures_a_mid_run_slowdown_and_names_th
     # The slow rank's peer waits for it in DDP's all-reduce, it hardly waits (the sidecar's reading).
     shares = {rank: sample.wait_share for rank, sample in observe(0.0, [answer]).ranks.items()}
     assert shares[0] is not None and shares[1] is not None and shares[0] - shares[1] >= Conditions().wait_share_gap, shares
+
+
+@pytest.mark.slow
+def test_watch_captures_a_hang_with_the_stacks_that_name_the_hung_rank(tmp_path: Path) -> None:
+    # Rank 1 blocks in block_forever after step 60; rank 0 then waits in the loss all-reduce.
+    with LocalRun(tmp_path / "run", 2, [*BASE_ARGS, "--steps", "0", "--hang-rank", "1", "--hang-at-step", "60"]) as local:
+        local.start()
+        watch = run_watch(local, tmp_path / "captures", "--hang-after", "3")
+    out = watch.stdout
+    assert watch.returncode == 0, out + watch.stderr
+    assert re.search(rf"^{HANG} on ranks 0,1: no step on any rank for \d+ s", out, re.M), out
+    diagnosis = next(line for line in out.splitlines() if line.startswith("diagnosis: "))
+    assert diagnosis.startswith("diagnosis: rank 1 stuck at block_forever"), out
+    (folder,) = (tmp_path / "captures").iterdir()
+    assert sorted(p.name for p in folder.rglob("*.stacks.json")) == ["rank-0.stacks.json", "rank-1.stacks.json"]
