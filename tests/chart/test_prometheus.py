@@ -3,7 +3,9 @@
 Their fields are checked against the Prometheus Operator's CRD schemas as the API server applies
 them (tests.kube.schema: no field pruned as unknown, every value valid): PodMonitor and
 PrometheusRule are monitoring.coreos.com/v1, AlertmanagerConfig monitoring.coreos.com/v1alpha1
-(https://prometheus-operator.dev/docs/api-reference/api/). prometheus_operator_schemas.json holds
+(https://prometheus-operator.dev/docs/api-reference/api/); an AlertmanagerConfig's child routes,
+which the API server keeps as they come, against the Route schema the operator applies to them.
+prometheus_operator_schemas.json holds
 the part of those schemas the chart uses, taken from prometheus-operator v0.93.0's
 example/prometheus-operator-crd/monitoring.coreos.com_{podmonitors,prometheusrules,alertmanagerconfigs}.yaml
 (commit 6adcebc5); a field the chart adds that is not in it fails here as unknown, and the whole
@@ -81,19 +83,26 @@ def test_the_values_defaults_are_detections() -> None:
     assert drift["expr"].endswith(f"> {base.divergence_factor:g}") and hang["expr"].endswith(f"> {base.hang_after_s:.0f}")
 
 
-def test_alerts_go_to_the_operators_webhook_service_over_its_own_ca() -> None:
-    docs = render_templates("prometheus.yaml", "service.yaml", "deployment.yaml", **ON)
-    config, service, deployment = (_by_kind(docs)[k] for k in ("AlertmanagerConfig", "Service", "Deployment"))
-    (receiver,) = config["spec"]["receivers"]
-    assert config["spec"]["route"]["receiver"] == receiver["name"]
-    (hook,) = receiver["webhookConfigs"]
-    host = f"{service['metadata']['name']}.{RELEASE_NAMESPACE}.svc"
-    assert hook["url"] == f"https://{host}:{service['spec']['ports'][0]['port']}/v1/alerts"
-    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert hook["httpConfig"]["tlsConfig"] == {"ca": {"secret": {"name": env["STEPSCOPE_WEBHOOK_TLS_SECRET"], "key": "ca.crt"}},
-                                               "serverName": host}
-
-
-def test_without_the_webhook_the_chart_says_what_to_change() -> None:
-    with pytest.raises(Failed, match="set webhook.enabled=true too"):
-        render_templates("prometheus.yaml", webhook={"enabled": False}, **ON)
+def test_each_namespaces_alerts_go_to_its_trigger_on_the_operators_alerts_endpoint_with_its_token() -> None:
+    docs = render_templates("prometheus.yaml", "alerts-service.yaml", operator={"namespaces": ["team-a", "team-b"]},
+                            prometheus={"enabled": True, "trigger": "watch-llm", "alertTokensSecret": "tokens"})
+    spec = _by_kind(docs)["AlertmanagerConfig"]["spec"]
+    route = spec["route"]
+    assert route["matchers"] == [{"name": "stepscope_trigger", "matchType": "=", "value": "watch-llm"}]
+    # Child routes are not checked by the API server (the CRD keeps them as they come) but by the
+    # Prometheus Operator, as Routes: the parent route's schema.
+    route_schema = SCHEMAS["monitoring.coreos.com/v1alpha1/AlertmanagerConfig"]["properties"]["spec"]["properties"]["route"]
+    receivers = {r["name"]: r for r in spec["receivers"]}
+    assert route["receiver"] in receivers and "webhookConfigs" not in receivers[route["receiver"]]
+    for child, namespace in zip(route["routes"], ("team-a", "team-b"), strict=True):
+        assert validate_value(child, route_schema) == [] and prune(child, route_schema) == child
+        assert child["matchers"] == [{"name": "stepscope_namespace", "matchType": "=", "value": namespace}]
+        (hook,) = receivers[child["receiver"]]["webhookConfigs"]
+        # operator/triggers_alerts.py (issue 15 part A): POST /v1/alerts/<namespace>/<trigger> on the
+        # Service <release>-alerts, port 80, with the namespace's bearer token.
+        assert hook["url"] == f"http://stepscope-alerts.{RELEASE_NAMESPACE}.svc:80/v1/alerts/{namespace}/watch-llm"
+        assert hook["httpConfig"] == {"authorization": {"type": "Bearer", "credentials": {"name": "tokens", "key": namespace}}}
+        assert hook["sendResolved"] is False
+    service = _by_kind(docs).get("Service")
+    if service is not None:  # templates/alerts-service.yaml comes with part A's branch
+        assert service["metadata"]["name"] == "stepscope-alerts" and service["spec"]["ports"][0]["port"] == 80
