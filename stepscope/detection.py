@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 SLOWDOWN, DIVERGENCE, HANG = "Slowdown", "RankDivergence", "Hang"
 WAIT_SHARE_GAP = "WaitShareGap"  # a reading beside the conditions': how far the least-waiting rank is below its peers

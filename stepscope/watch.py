@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepscope import capture, detection
-from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, load_key
 from stepscope.sidecar_client import SidecarClient, SidecarError
+from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, load_key
 from stepscope.wire import DEFAULT_PORT
 
 _BASE = detection.Conditions()
@@ -145,7 +145,12 @@ def run(args: argparse.Namespace) -> int:
                 if exc.status == 401:
                     return _fail(f"the sidecar refused the request ({exc.message}); use the sidecar's key (STEPSCOPE_HMAC_KEY or --key-file)",
                                  capture.EXIT_UNAUTHORIZED)
+                if exc.status == 404:
+                    return _fail(f"the sidecar at {args.sidecar} serves no step telemetry (GET /v1/telemetry): run a stepscope sidecar "
+                                 "of this version", capture.EXIT_FAILED)
                 if not reached:
+                    if exc.status:
+                        return _fail(f"the sidecar at {args.sidecar} answered {exc.status}: {exc.message}", capture.EXIT_FAILED)
                     return _fail(f"{exc.message}; is `stepscope sidecar` running there (--sidecar)?", capture.EXIT_UNREACHABLE)
                 print(f"poll failed, trying again: {exc.message}", flush=True)  # a restarting sidecar is no reason to stop watching
                 time.sleep(args.interval)

@@ -18,12 +18,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from stepscope import detection
 from stepscope.operator.settings import INJECT_LABEL
 from stepscope.wire import PORT_NAME
-from tests.chart.conftest import RELEASE_NAMESPACE, Failed, render_templates
+from tests.chart.conftest import RELEASE_NAMESPACE, render_templates
 from tests.kube.schema import prune, validate_value
 
 SCHEMAS = json.loads((Path(__file__).parent / "prometheus_operator_schemas.json").read_text())

@@ -8,6 +8,8 @@ import os
 import re
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,27 @@ def test_bad_options_and_an_absent_sidecar_are_one_line_errors(argv: list[str], 
     err = capsys.readouterr().err
     assert code in (capture.EXIT_USAGE, capture.EXIT_UNREACHABLE)
     assert err.startswith("stepscope watch: ") and says in err and err.count("\n") == 1
+
+
+def test_a_sidecar_without_step_telemetry_is_a_one_line_error(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A real HTTP server that answers every GET 404, as a sidecar older than /v1/telemetry does.
+    class NotFound(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("STEPSCOPE_HMAC_KEY", "k" * 32)
+    try:
+        code = cli.main(["watch", "--sidecar", f"http://127.0.0.1:{server.server_address[1]}"])
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert code == capture.EXIT_FAILED and "serves no step telemetry (GET /v1/telemetry)" in err and err.count("\n") == 1
 
 
 def run_watch(local: LocalRun, captures: Path, *options: str) -> subprocess.CompletedProcess[str]:
