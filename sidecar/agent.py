@@ -7,7 +7,9 @@ standard library at start and touches torch only once the program has imported t
 
 Each step boundary also records the step's time in the rank's step ring
 (`telemetry/rank-<r>.steps`, docs/wire.md "Step telemetry"), which the sidecar serves as
-metrics: two struct writes into a memory map, always on.
+metrics: two struct writes into a memory map, always on. Every 2 s a boundary also reads the
+timing DistributedDataParallel keeps of its own gradient all-reduce, which the heartbeat carries
+(`collectiveWait`) and the sidecar turns into the rank's wait share.
 
 Steps are the calls of torch's global optimizer step post-hook (one optimizer leads, so several
 optimizers still count one step), or `step()` calls for loops without an optimizer; the first
