@@ -92,9 +92,12 @@ FIRST_STEP_GRACE_SECONDS = float(os.environ.get("STEPSCOPE_FIRST_STEP_GRACE_SECO
 # of the idle agent's cost. Steps longer than this still stat once a step, and a request is seen
 # at most this late.
 REQUEST_POLL_SECONDS = 0.01
-# How often the training thread reads DDP's own timing of its gradient all-reduce (about 60 us a
+# How often the training thread reads DDP's own timing of its gradient all-reduce (12-60 us a
 # read; DDP refreshes it every 100th iteration, so a tighter bound would only re-read the same sample).
 COLLECTIVE_WAIT_READ_SECONDS = 2.0
+# DDP times its first 10 iterations: until a step past them, a read that found nothing is retried
+# at the next step rather than in 2 s (a DDP that never times, e.g. one never trained, costs no more).
+COLLECTIVE_WAIT_EAGER_STEPS = 12
 
 _stat = os.stat
 _monotonic = time.monotonic
@@ -322,12 +325,16 @@ class Agent:
 
     def _read_collective_wait(self) -> bool:
         """The latest sampled iteration's time in DDP's gradient all-reduce; False while DDP has
-        timed none. On the training thread,
-        between two steps: DDP writes these figures on that thread too (in its next forward), so
-        reading them there never races with the writer."""
+        timed none. On the training thread, between two steps: DDP writes these figures on that
+        thread too (in its next forward), so reading them there never races with the writer."""
         latest: tuple[int, int] | None = None
         for model in list(self._ddp_models):
-            data = model._get_ddp_logging_data()
+            try:
+                data = model._get_ddp_logging_data()
+            except Exception:  # a torch whose DDP keeps no such figures: stop asking this model
+                self._ddp_models.discard(model)
+                log.exception("stepscope agent: no collective wait share from %s", type(model).__name__)
+                continue
             seconds, end = data.get("backward_comm_time"), data.get("backward_comm_time_end")
             if isinstance(seconds, int) and isinstance(end, int) and seconds > 0 and (latest is None or end > latest[1]):
                 latest = (seconds, end)
@@ -364,8 +371,8 @@ class Agent:
             self.last_step_mono = now
             if self._watchdog is None:
                 self._start_watchdog()
-            # Until DDP has timed a first iteration (in the second step's forward), every step looks.
-            if now - self._wait_read_mono >= COLLECTIVE_WAIT_READ_SECONDS and self._ddp_models and self._read_collective_wait():
+            if now - self._wait_read_mono >= COLLECTIVE_WAIT_READ_SECONDS and self._ddp_models and (
+                    self._read_collective_wait() or self.step_count > COLLECTIVE_WAIT_EAGER_STEPS):
                 self._wait_read_mono = now
             if self._session is not None or now - self._polled_mono >= REQUEST_POLL_SECONDS:
                 self._polled_mono = now

@@ -3,11 +3,11 @@ rank's ring file (docs/wire.md, "Step telemetry"), read as the sidecar reads it.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
 from stepscope.sidecar.telemetry import Ring, read_ring
-
 from tests.agent.protocol import logs, wait_for, wait_for_state, write_request
 from tests.agent.test_hang import heartbeat
 
@@ -49,3 +49,37 @@ def test_a_shared_directory_without_room_for_the_ring_costs_only_the_telemetry(s
     state = wait_for_state(stepscope_dir, "s-ring", 0, ("hung",), timeout=30)
     assert state["stacks"] == "rank-0.stacks.json"
     assert "no step telemetry" in logs(job)
+
+
+class _Timed:
+    """Stands in for a DistributedDataParallel model: `_get_ddp_logging_data()` answers the two
+    figures the agent reads, as torch's DDP logger names them (backward_comm_time in ns, and
+    backward_comm_time_end, Unix ns), absent until DDP timed an iteration; or it raises."""
+
+    def __init__(self, figures: dict[str, int] | None) -> None:
+        self.figures, self.reads = figures, 0
+
+    def _get_ddp_logging_data(self) -> dict[str, int]:
+        self.reads += 1
+        if self.figures is None:
+            raise RuntimeError("no logger")
+        return self.figures
+
+
+def test_the_wait_read_takes_the_latest_timing_drops_a_model_that_fails_and_stops_retrying_after_ddps_timed_steps(tmp_path: Path) -> None:
+    from stepscope.sidecar import agent as agent_module
+
+    agent = agent_module.Agent(str(tmp_path))
+    agent._watchdog = threading.Thread()  # never started: no heartbeats, only the boundary
+    early, late, broken = _Timed({"backward_comm_time": 2_000_000, "backward_comm_time_end": 10**18}), \
+        _Timed({"backward_comm_time": 5_000_000, "backward_comm_time_end": 10**18 + 1}), _Timed(None)
+    agent._ddp_models.update((early, late, broken))
+    assert agent._read_collective_wait() and agent.collective_wait == {"seconds": 0.005, "at": 1e9 + 1e-9}
+    assert set(agent._ddp_models) == {early, late}
+    # A model DDP never timed: read at every step only while DDP may still time its first iterations.
+    untimed = _Timed({})
+    agent._ddp_models.clear()
+    agent._ddp_models.add(untimed)
+    for _ in range(40):
+        agent.boundary()
+    assert untimed.reads == agent_module.COLLECTIVE_WAIT_EAGER_STEPS + 1
