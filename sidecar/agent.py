@@ -98,6 +98,12 @@ COLLECTIVE_WAIT_READ_SECONDS = 2.0
 # DDP times its first 10 iterations: until a step past them, a read that found nothing is retried
 # at the next step rather than in 2 s (a DDP that never times, e.g. one never trained, costs no more).
 COLLECTIVE_WAIT_EAGER_STEPS = 12
+# DDP's first 10 timed iterations are its warm-up (bucket rebuild, first allocations; two healthy
+# ranks' shares differed by 0.26-0.31 there), not the job's: the share starts at its 100th
+# iteration. One sampled iteration stands for the next 100, so the heartbeat carries the lower
+# median of the latest 3: one slow iteration (a GC pause) is not a rank's wait share.
+COLLECTIVE_WAIT_FIRST_ITERATION = 10
+COLLECTIVE_WAIT_SAMPLES = 3
 
 _stat = os.stat
 _monotonic = time.monotonic
@@ -244,6 +250,8 @@ class Agent:
         self._ddp_models: weakref.WeakSet[Any] = weakref.WeakSet()
         self._wait_read_mono = float("-inf")
         self.collective_wait: dict[str, float] | None = None  # the heartbeat's collectiveWait
+        self._wait_sample_at = 0.0
+        self._wait_samples: dict[int, float] = {}  # DDP iteration -> its all-reduce seconds, the latest COLLECTIVE_WAIT_SAMPLES
         self.started_at = time.time()
         self.pid = os.getpid()
         # multiprocessing's spawn replaces sys.argv before it says a process is its child; at
@@ -324,10 +332,11 @@ class Agent:
         DistributedDataParallel.__init__ = tracked_init  # type: ignore[method-assign,assignment]  # the tracking is the point
 
     def _read_collective_wait(self) -> bool:
-        """The latest sampled iteration's time in DDP's gradient all-reduce; False while DDP has
-        timed none. On the training thread, between two steps: DDP writes these figures on that
-        thread too (in its next forward), so reading them there never races with the writer."""
-        latest: tuple[int, int] | None = None
+        """Fold DDP's latest timed iteration of its gradient all-reduce into the heartbeat's
+        collectiveWait; False while DDP has timed none. On the training thread, between two steps:
+        DDP writes these figures on that thread too (in its next forward), so reading them there
+        never races with the writer."""
+        timed = False
         for model in list(self._ddp_models):
             try:
                 data = model._get_ddp_logging_data()
@@ -335,13 +344,18 @@ class Agent:
                 self._ddp_models.discard(model)
                 log.exception("stepscope agent: no collective wait share from %s", type(model).__name__)
                 continue
-            seconds, end = data.get("backward_comm_time"), data.get("backward_comm_time_end")
-            if isinstance(seconds, int) and isinstance(end, int) and seconds > 0 and (latest is None or end > latest[1]):
-                latest = (seconds, end)
-        if latest is None:
-            return False
-        self.collective_wait = {"seconds": latest[0] / 1e9, "at": latest[1] / 1e9}
-        return True
+            seconds, end, iteration = data.get("backward_comm_time"), data.get("backward_comm_time_end"), data.get("iteration")
+            if isinstance(seconds, int) and isinstance(end, int) and isinstance(iteration, int) and seconds > 0:
+                timed = True
+                if iteration >= COLLECTIVE_WAIT_FIRST_ITERATION:
+                    self._wait_samples[iteration] = seconds / 1e9
+                    self._wait_sample_at = end / 1e9
+        latest = sorted(self._wait_samples)[-COLLECTIVE_WAIT_SAMPLES:]
+        self._wait_samples = {i: self._wait_samples[i] for i in latest}
+        if latest:
+            values = sorted(self._wait_samples.values())
+            self.collective_wait = {"seconds": values[(len(values) - 1) // 2], "at": self._wait_sample_at}
+        return timed
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         lead = self._lead()

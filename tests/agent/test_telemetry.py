@@ -52,12 +52,16 @@ def test_a_shared_directory_without_room_for_the_ring_costs_only_the_telemetry(s
 
 
 class _Timed:
-    """Stands in for a DistributedDataParallel model: `_get_ddp_logging_data()` answers the two
-    figures the agent reads, as torch's DDP logger names them (backward_comm_time in ns, and
-    backward_comm_time_end, Unix ns), absent until DDP timed an iteration; or it raises."""
+    """Stands in for a DistributedDataParallel model: `_get_ddp_logging_data()` answers the three
+    figures the agent reads, as torch's DDP logger names them (`iteration`, the timed iteration;
+    `backward_comm_time` in ns; `backward_comm_time_end`, Unix ns), absent until DDP timed an
+    iteration; or it raises."""
 
     def __init__(self, figures: dict[str, int] | None) -> None:
         self.figures, self.reads = figures, 0
+
+    def time(self, iteration: int, milliseconds: int) -> None:
+        self.figures = {"iteration": iteration, "backward_comm_time": milliseconds * 1_000_000, "backward_comm_time_end": 10**18 + iteration}
 
     def _get_ddp_logging_data(self) -> dict[str, int]:
         self.reads += 1
@@ -66,16 +70,20 @@ class _Timed:
         return self.figures
 
 
-def test_the_wait_read_takes_the_latest_timing_drops_a_model_that_fails_and_stops_retrying_after_ddps_timed_steps(tmp_path: Path) -> None:
+def test_the_wait_read_skips_ddps_warm_up_takes_the_median_of_three_drops_a_failing_model_and_stops_retrying(tmp_path: Path) -> None:
     from stepscope.sidecar import agent as agent_module
 
     agent = agent_module.Agent(str(tmp_path))
     agent._watchdog = threading.Thread()  # never started: no heartbeats, only the boundary
-    early, late, broken = _Timed({"backward_comm_time": 2_000_000, "backward_comm_time_end": 10**18}), \
-        _Timed({"backward_comm_time": 5_000_000, "backward_comm_time_end": 10**18 + 1}), _Timed(None)
-    agent._ddp_models.update((early, late, broken))
-    assert agent._read_collective_wait() and agent.collective_wait == {"seconds": 0.005, "at": 1e9 + 1e-9}
-    assert set(agent._ddp_models) == {early, late}
+    model, broken = _Timed({}), _Timed(None)
+    agent._ddp_models.update((model, broken))
+    model.time(5, 40)  # DDP's warm-up: timed, but not the job's share
+    assert agent._read_collective_wait() and agent.collective_wait is None and set(agent._ddp_models) == {model}
+    for iteration, milliseconds in ((100, 4), (200, 50), (300, 6), (400, 5)):
+        model.time(iteration, milliseconds)
+        agent._read_collective_wait()
+    # Iterations 200-400: 50 ms (one slow iteration), 6 ms and 5 ms; their median.
+    assert agent.collective_wait == {"seconds": 0.006, "at": 1e9 + 400e-9}
     # A model DDP never timed: read at every step only while DDP may still time its first iterations.
     untimed = _Timed({})
     agent._ddp_models.clear()

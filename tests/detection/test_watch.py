@@ -11,6 +11,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.request import urlopen
 
 import pytest
 
@@ -20,6 +21,7 @@ from stepscope.detection import DIVERGENCE, HANG, SLOWDOWN, Conditions, Fire, ob
 from stepscope.scenarios import BASE_ARGS
 from stepscope.sidecar_client import SidecarClient
 from stepscope.watch import Budget, Policy, admit
+from tests.polling import wait_for
 
 SLOW = Fire(SLOWDOWN, "slow", (0, 1))
 HUNG = Fire(HANG, "hung", (0, 1))
@@ -95,7 +97,12 @@ def test_watch_learns_the_baseline_then_captures_a_mid_run_slowdown_and_names_th
     with LocalRun(tmp_path / "run", 2, workload) as local:
         local.start()
         watch = run_watch(local, tmp_path / "captures", "--sustained", "2", "--steps", "3")
-        answer = SidecarClient(local.url, local.key.encode()).get_telemetry()
+        # The slow rank's peer waits for it in DDP's all-reduce, it hardly waits: the sidecar's
+        # reading once two of the three iterations DDP timed last were slow (300 and 400).
+        client = SidecarClient(local.url, local.key.encode())
+        shares = wait_for(lambda: _shares_apart(client), 90, "rank 1's wait share below its peer's")
+        with urlopen(local.url + "/metrics", timeout=5) as response:
+            exposition = response.read().decode()
         steps = [json.loads(p.read_text())["step"] for p in (local.run_dir / "agents").glob("rank-*.json")]
     out = watch.stdout
     assert watch.returncode == 0, out + watch.stderr
@@ -110,9 +117,16 @@ def test_watch_learns_the_baseline_then_captures_a_mid_run_slowdown_and_names_th
     assert "cap (--max-captures); stopping" in lines[-1]
     (folder,) = (tmp_path / "captures").iterdir()
     assert folder.name.endswith((f"-{SLOWDOWN}", f"-{DIVERGENCE}")) and (folder / "report").is_dir()
-    # The slow rank's peer waits for it in DDP's all-reduce, it hardly waits (the sidecar's reading).
-    shares = {rank: sample.wait_share for rank, sample in observe(0.0, [answer]).ranks.items()}
-    assert shares[0] is not None and shares[1] is not None and shares[0] - shares[1] >= Conditions().wait_share_gap, shares
+    assert shares[0] - shares[1] >= Conditions().wait_share_gap
+    assert re.search(r'^stepscope_collective_wait_share\{local_rank="1",rank="1"\} 0\.\d+', exposition, re.M), exposition
+
+
+def _shares_apart(client: SidecarClient) -> dict[int, float] | None:
+    shares = {rank: sample.wait_share for rank, sample in observe(0.0, [client.get_telemetry()]).ranks.items()}
+    share_0, share_1 = shares.get(0), shares.get(1)
+    if share_0 is None or share_1 is None or share_0 - share_1 < Conditions().wait_share_gap:
+        return None
+    return {0: share_0, 1: share_1}
 
 
 @pytest.mark.slow

@@ -60,10 +60,11 @@ def test_steps_then_a_hang_then_death_as_metrics_and_json(sidecar: Sidecar, clie
         assert [step for step, _ in r["recent"]] == list(range(2, 42))
         assert all(0.01 <= duration < 10 for _, duration in r["recent"])
         assert r["lastStepSeconds"] == r["recent"][-1][1] and abs(r["lastStepAt"] - telemetry["time"] + r["secondsSinceStep"]) < 1
-        # The workload trains with DDP, whose reducer timed its all-reduce (from the second step on).
-        assert 0 < r["collectiveWaitSeconds"] < 10 and 0 < r["waitShare"] <= 1, r
+        # DDP timed only its warm-up iterations before the hang: no wait share yet.
+        assert r["collectiveWaitSeconds"] is None and r["waitShare"] is None, r
 
     samples = metrics(sidecar)
+    assert "stepscope_collective_wait_share" not in samples
     for rank in ("0", "1"):
         key = (rank, rank)
         assert samples["stepscope_steps_total"][key] == 41
@@ -73,7 +74,6 @@ def test_steps_then_a_hang_then_death_as_metrics_and_json(sidecar: Sidecar, clie
         assert 0.4 <= samples["stepscope_step_duration_seconds_sum"][key] < 390
         assert samples["stepscope_last_step_duration_seconds"][key] >= 0.01
         assert samples["stepscope_seconds_since_last_step"][key] >= 3
-        assert samples["stepscope_collective_wait_share"][key] == pytest.approx(ranks[int(rank)]["waitShare"])
 
     # The telemetry is on the signed API only: no signature, no answer.
     status, payload = raw(sidecar, "GET", "/v1/telemetry")
