@@ -4,7 +4,9 @@ the same optimizer-step loop with the telemetry on and off (its ring's record re
 method, so the difference is the two struct writes into the mapped file), back to back in random
 order so both halves of a pair see the same machine load; the agent's boundary alone the same
 way; the record call alone; and the loop without the agent's hook as the reference. Medians over
-rounds and interpreters, with the least-disturbed round (the minimum) in brackets.
+rounds and interpreters, with the least-disturbed round (the minimum) in brackets. Then the wait
+share's part: one read of DDP's timing of its all-reduce (a DistributedDataParallel model over a
+one-rank gloo group), which a step boundary makes every 2 s, and the test every boundary makes.
 
 The operator's part (--part operator): a ProfileTrigger's poll of 1,000 simulated pods (8 ranks
 each; one aiohttp server in a child process answers the signed GET /v1/telemetry for every pod
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import timeit
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.agent
 
 from benchmarks.agent_overhead import env_without_agent, timed
 from benchmarks.fanout import KEY, pod_ip
+from stepscope.local.launch import free_port
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
 
 STEP_S = 0.1  # the simulated ranks' healthy step time; 2x after the slowdown
@@ -89,6 +93,7 @@ def child(steps: int, rounds: int) -> None:
     out["step_diff"] = median(a - b for a, b in zip(results["step_on"], results["step_off"]))
     out["boundary_diff"] = median(a - b for a, b in zip(results["boundary_on"], results["boundary_off"]))
     out["steps_in_ring"] = agent.step_count
+    out.update(wait_share_cost(agent))
     print(json.dumps(out))
 
 
@@ -196,6 +201,23 @@ def operator_cost(pods: int, ranks_per_pod: int, interval_s: float, polls: int) 
           f"(a capturing session: {ref_cpu:.1%} of a core at 1 poll/s, {pods} requests/s)")
     print(f"  detection delay of a 2x slowdown (sustained {policy.conditions.sustained_s:g} s, polls every {interval_s:g} s): "
           + (f"{fired:.1f} s" if fired is not None else "did not fire"))
+def wait_share_cost(agent: Any) -> dict[str, float]:
+    """Microseconds of one read of DDP's all-reduce timing (median of 200) and of the interval test
+    every step boundary makes (what the boundary adds while no read is due)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    model = DistributedDataParallel(torch.nn.Sequential(*(torch.nn.Linear(64, 64) for _ in range(8))))
+    for _ in range(3):  # DDP times the first iterations; its figures land in the next forward
+        model(torch.randn(4, 64)).sum().backward()
+    assert model in agent._ddp_models and agent._read_collective_wait(), "the agent does not see DDP's timing"
+    reads = [timed(agent._read_collective_wait, 1) for _ in range(200)]
+    test = timeit.timeit("now - agent._wait_read_mono >= COLLECTIVE_WAIT_READ_SECONDS",
+                         globals={"now": time.monotonic(), "agent": agent, "COLLECTIVE_WAIT_READ_SECONDS": 2.0}, number=100_000)
+    dist.destroy_process_group()
+    return {"ddp_read": statistics.median(reads), "interval_test": test / 100_000 * 1e6}
 
 
 def main() -> int:
@@ -221,7 +243,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="stepscope-watch-") as tmp:
         directory = Path(tmp)
         install_bootstrap(directory)
-        env = {**env_without_agent(), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"}
+        env = {**env_without_agent(), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
         env.update(training_env(directory, env))
         for _ in range(args.repeats):
             out = subprocess.run([sys.executable, __file__, "--child", "--steps", str(args.steps), "--rounds", str(args.rounds)],
@@ -242,6 +265,10 @@ def main() -> int:
     print(f"  agent boundary alone, telemetry on                 {figure('boundary_on')}   "
           f"telemetry +{median(r['boundary_diff'] for r in rows):.2f} us a step (paired rounds)")
     print(f"  ring record alone (two struct writes into the mapped file) {figure('record')}")
+    read = median(r["ddp_read"] for r in rows)
+    print(f"wait share: one read of DDP's all-reduce timing {read:.1f} us, every 2 s ({read / 2:.1f} us a second, "
+          f"{read / 2 * 0.001:.3f} us a 1-ms step); the interval test every boundary makes "
+          f"{median(r['interval_test'] for r in rows):.3f} us")
     return 0
 
 

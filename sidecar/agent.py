@@ -7,7 +7,9 @@ standard library at start and touches torch only once the program has imported t
 
 Each step boundary also records the step's time in the rank's step ring
 (`telemetry/rank-<r>.steps`, docs/wire.md "Step telemetry"), which the sidecar serves as
-metrics: two struct writes into a memory map, always on.
+metrics: two struct writes into a memory map, always on. Every 2 s a boundary also reads the
+timing DistributedDataParallel keeps of its own gradient all-reduce, which the heartbeat carries
+(`collectiveWait`) and the sidecar turns into the rank's wait share.
 
 Steps are the calls of torch's global optimizer step post-hook (one optimizer leads, so several
 optimizers still count one step), or `step()` calls for loops without an optimizer; the first
@@ -91,6 +93,18 @@ FIRST_STEP_GRACE_SECONDS = float(os.environ.get("STEPSCOPE_FIRST_STEP_GRACE_SECO
 # of the idle agent's cost. Steps longer than this still stat once a step, and a request is seen
 # at most this late.
 REQUEST_POLL_SECONDS = 0.01
+# How often the training thread reads DDP's own timing of its gradient all-reduce (12-60 us a
+# read; DDP refreshes it every 100th iteration, so a tighter bound would only re-read the same sample).
+COLLECTIVE_WAIT_READ_SECONDS = 2.0
+# DDP times its first 10 iterations: until a step past them, a read that found nothing is retried
+# at the next step rather than in 2 s (a DDP that never times, e.g. one never trained, costs no more).
+COLLECTIVE_WAIT_EAGER_STEPS = 12
+# DDP's first 10 timed iterations are its warm-up (bucket rebuild, first allocations; two healthy
+# ranks' shares differed by 0.26-0.31 there), not the job's: the share starts at its 100th
+# iteration. One sampled iteration stands for the next 100, so the heartbeat carries the lower
+# median of the latest 3: one slow iteration (a GC pause) is not a rank's wait share.
+COLLECTIVE_WAIT_FIRST_ITERATION = 10
+COLLECTIVE_WAIT_SAMPLES = 3
 
 _stat = os.stat
 _monotonic = time.monotonic
@@ -236,6 +250,11 @@ class Agent:
         self.last_step_mono = _monotonic()
         self.ring = _StepRing()
         self._ring_refused = False
+        self._ddp_models: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._wait_read_mono = float("-inf")
+        self.collective_wait: dict[str, float] | None = None  # the heartbeat's collectiveWait
+        self._wait_sample_at = 0.0
+        self._wait_samples: dict[int, float] = {}  # DDP iteration -> its all-reduce seconds, the latest COLLECTIVE_WAIT_SAMPLES
         self.started_at = time.time()
         self.pid = os.getpid()
         # multiprocessing's spawn replaces sys.argv before it says a process is its child; at
@@ -274,6 +293,10 @@ class Agent:
                 self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
         except Exception:
             log.exception("stepscope agent: cannot register the optimizer step hook; only stepscope.step() counts steps")
+        try:
+            self._track_ddp()
+        except Exception:
+            log.exception("stepscope agent: cannot follow DistributedDataParallel models; no collective wait share")
         if not self._forked:
             self._start_watchdog()
 
@@ -289,6 +312,53 @@ class Agent:
         mp_util = sys.modules.get("multiprocessing.util")
         if mp is not None and mp_util is not None and mp.parent_process() is not None:
             mp_util.Finalize(None, self._at_exit, exitpriority=0)
+
+    def _track_ddp(self) -> None:
+        """Remember (weakly) each DistributedDataParallel model the program builds: its reducer
+        times the gradient all-reduce of sampled iterations itself (DDP's runtime logging: the
+        first 10 iterations, then every 100th), the rank's wait in collectives at no cost of ours."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        original = DistributedDataParallel.__init__
+        if getattr(original, "_stepscope_tracks", False):  # a forked child's class is patched already
+            return
+        models = self._ddp_models
+
+        def tracked_init(module: Any, *args: Any, **kwargs: Any) -> None:
+            original(module, *args, **kwargs)
+            # The process's agent: a forked child re-arms one of its own after the class was patched.
+            (_AGENT._ddp_models if _AGENT is not None else models).add(module)
+
+        tracked_init._stepscope_tracks = True  # type: ignore[attr-defined]  # a marker on the function, read above
+        tracked_init.__wrapped__ = original  # type: ignore[attr-defined]  # as functools.wraps would, for inspect.signature
+        tracked_init.__doc__ = original.__doc__
+        DistributedDataParallel.__init__ = tracked_init  # the tracking is the point
+
+    def _read_collective_wait(self) -> bool:
+        """Fold DDP's latest timed iteration of its gradient all-reduce into the heartbeat's
+        collectiveWait; False while DDP has timed none. On the training thread, between two steps:
+        DDP writes these figures on that thread too (in its next forward), so reading them there
+        never races with the writer."""
+        timed = False
+        for model in list(self._ddp_models):
+            try:
+                data = model._get_ddp_logging_data()
+            except Exception:  # a torch whose DDP keeps no such figures: stop asking this model
+                self._ddp_models.discard(model)
+                log.exception("stepscope agent: no collective wait share from %s", type(model).__name__)
+                continue
+            seconds, end, iteration = data.get("backward_comm_time"), data.get("backward_comm_time_end"), data.get("iteration")
+            if isinstance(seconds, int) and isinstance(end, int) and isinstance(iteration, int) and seconds > 0:
+                timed = True
+                if iteration >= COLLECTIVE_WAIT_FIRST_ITERATION:
+                    self._wait_samples[iteration] = seconds / 1e9
+                    self._wait_sample_at = end / 1e9
+        latest = sorted(self._wait_samples)[-COLLECTIVE_WAIT_SAMPLES:]
+        self._wait_samples = {i: self._wait_samples[i] for i in latest}
+        if latest:
+            values = sorted(self._wait_samples.values())
+            self.collective_wait = {"seconds": values[(len(values) - 1) // 2], "at": self._wait_sample_at}
+        return timed
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         lead = self._lead()
@@ -318,6 +388,9 @@ class Agent:
             self.last_step_mono = now
             if self._watchdog is None:
                 self._start_watchdog()
+            if now - self._wait_read_mono >= COLLECTIVE_WAIT_READ_SECONDS and self._ddp_models and (
+                    self._read_collective_wait() or self.step_count > COLLECTIVE_WAIT_EAGER_STEPS):
+                self._wait_read_mono = now
             if self._session is not None or now - self._polled_mono >= REQUEST_POLL_SECONDS:
                 self._polled_mono = now
                 try:
@@ -752,7 +825,7 @@ class Agent:
         os.makedirs(folder, exist_ok=True)
         _write_json(os.path.join(folder, wire.agent_file(rank)), {
             "rank": rank, "localRank": local_rank, "worldSize": world, "pid": os.getpid(), "host": self.host,
-            "step": self.step_count, "heartbeat": time.time(), "startedAt": self.started_at,
+            "step": self.step_count, "heartbeat": time.time(), "startedAt": self.started_at, "collectiveWait": self.collective_wait,
         })
         ring_path = os.path.join(self.directory, wire.TELEMETRY_FOLDER, wire.telemetry_file(rank))
         if self.ring.path != ring_path and not self._ring_refused:

@@ -28,6 +28,9 @@ class StepCollector(Collector):
         total = CounterMetricFamily("stepscope_steps", "Training steps completed by the process", labels=LABELS)
         since = GaugeMetricFamily("stepscope_seconds_since_last_step", "Seconds since the latest step ended (grows in a hang)",
                                   labels=LABELS)
+        wait = GaugeMetricFamily("stepscope_collective_wait_share",
+                                 "Share of a step spent in DDP's gradient all-reduce (its latest sampled iteration over the median step)",
+                                 labels=LABELS)
         for r in ranks:
             labels = [str(r.rank), str(r.local_rank)]
             cumulative, buckets = 0, []
@@ -41,7 +44,10 @@ class StepCollector(Collector):
             seconds = r.seconds_since_step(now_mono)
             if seconds is not None:
                 since.add_metric(labels, seconds)
-        yield from (histogram, last, total, since)
+            share = r.wait_share()
+            if share is not None:
+                wait.add_metric(labels, share)
+        yield from (histogram, last, total, since, wait)
 
 
 def exposition(telemetry: StepTelemetry) -> tuple[bytes, str]:

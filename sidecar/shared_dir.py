@@ -34,6 +34,7 @@ class Agent:
     host: str
     step: int
     heartbeat: float
+    collective_wait_s: float | None = None  # DDP's latest sampled gradient all-reduce time (heartbeat's collectiveWait)
 
 
 def agents(stepscope_dir: Path) -> dict[int, Agent]:
@@ -46,10 +47,15 @@ def agents(stepscope_dir: Path) -> dict[int, Agent]:
         try:
             found[int(entry["rank"])] = Agent(int(entry["rank"]), int(entry.get("localRank", -1)), int(entry.get("worldSize", 0)),
                                               int(entry.get("pid", 0)), str(entry.get("host", "")), int(entry.get("step", 0)),
-                                              float(entry["heartbeat"]))
+                                              float(entry["heartbeat"]), _collective_wait(entry.get("collectiveWait")))
         except (KeyError, TypeError, ValueError):
             continue
     return found
+
+
+def _collective_wait(value: Any) -> float | None:
+    seconds = value.get("seconds") if isinstance(value, dict) else None
+    return float(seconds) if isinstance(seconds, (int, float)) and seconds >= 0 else None
 
 
 def session_dir(stepscope_dir: Path, session_id: str) -> Path:

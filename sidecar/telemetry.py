@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 import struct
 import threading
 import time
@@ -82,6 +83,15 @@ class RankTelemetry:
     duration_sum: float = 0.0
     observed: int = 0  # steps in the histogram: those read before the ring overwrote them, less step 1
     recent: list[tuple[int, float]] = field(default_factory=list)  # (step, duration)
+    collective_wait_s: float | None = None  # from the heartbeat: DDP's latest sampled gradient all-reduce time
+
+    def wait_share(self) -> float | None:
+        """The share of a step this rank waits in DDP's gradient all-reduce: its latest sampled
+        all-reduce time over its median step time (at most 1). None without DDP or steps."""
+        if self.collective_wait_s is None or not self.recent:
+            return None
+        step = statistics.median(duration for _, duration in self.recent)
+        return min(1.0, self.collective_wait_s / step) if step > 0 else None
 
     def fold(self, ring: Ring) -> None:
         for step, end, duration in ring.steps:
@@ -106,7 +116,7 @@ class RankTelemetry:
             "rank": self.rank, "localRank": self.local_rank, "worldSize": self.world_size, "pid": self.pid, "alive": alive,
             "steps": self.steps, "lastStepSeconds": self.last_duration,
             "lastStepAt": None if self.last_end is None else self.last_end + self.clock_offset,
-            "secondsSinceStep": since,
+            "secondsSinceStep": since, "collectiveWaitSeconds": self.collective_wait_s, "waitShare": self.wait_share(),
             "recent": [[step, duration] for step, duration in self.recent],
         }
 
@@ -124,7 +134,8 @@ class StepTelemetry:
         """Fold every ring's new steps; returns each rank's telemetry with whether its process is
         alive (a heartbeat of that pid within the stale bound: a hung loop still beats, a dead one not)."""
         now = time.time()
-        alive = {a.rank: a.pid for a in shared_dir.agents(self.dir).values() if now - a.heartbeat <= self._stale_after_s}
+        agents = shared_dir.agents(self.dir)
+        alive = {a.rank: a.pid for a in agents.values() if now - a.heartbeat <= self._stale_after_s}
         seen: dict[int, RankTelemetry] = {}
         with self._lock:
             for path in sorted((self.dir / wire.TELEMETRY_FOLDER).glob("rank-*.steps")):
@@ -135,6 +146,8 @@ class StepTelemetry:
                 if known is None or known.pid != ring.pid:  # a new process of that rank starts from zero
                     known = RankTelemetry(ring.rank, ring.local_rank, ring.world_size, ring.pid, ring.clock_offset)
                 known.fold(ring)
+                agent = agents.get(ring.rank)
+                known.collective_wait_s = agent.collective_wait_s if agent is not None and agent.pid == ring.pid else None
                 seen[ring.rank] = known
             self._ranks = seen
             return [(r, alive.get(r.rank) == r.pid) for _, r in sorted(seen.items())]

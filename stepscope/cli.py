@@ -14,6 +14,7 @@ from stepscope import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("stepscope.local.demo", "run a 4-rank CPU training, capture 3 steps through a real sidecar, diagnose it (--scenario NAME: a known fault)"),
     "capture": ("stepscope.local.capture", "capture steps of every training process on this machine through its sidecar"),
+    "watch": ("stepscope.local.watch", "watch the training on this machine through its sidecar and capture by itself when it slows down or hangs"),
     "sidecar": ("stepscope.sidecar.daemon", "run the sidecar daemon (control endpoint, uploader, NVML sampler)"),
     "analyze": ("stepscope.analysis.command", "diagnose a captured session (directory or object-store URI) and write the report"),
     "diff": ("stepscope.analysis.diff_command", "compare two captured sessions or traces: kernels and functions added, removed, slower, faster"),

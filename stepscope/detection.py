@@ -8,10 +8,11 @@ and `stepscope watch` share it and tests drive it step by step.
   the last `baseline_window_s`, learned only while the job is not slow), without a break for
   `sustained_s`;
 - divergence: one rank's median step time over `divergence_factor` x the median of its peers',
-  without a break for `sustained_s`. In synchronous data-parallel training the collectives make
-  every rank's step time the same, so this catches ranks that do not step in lockstep (pipeline
-  stages, independent groups); a slow rank among synchronised peers needs the per-rank wait share,
-  which a capture measures;
+  or its wait share (the share of its step spent in DDP's gradient all-reduce) `wait_share_gap`
+  or more below its peers' median, without a break for `sustained_s`. In synchronous
+  data-parallel training the collectives make every rank's step time the same, so step times
+  catch ranks that do not step in lockstep (pipeline stages, independent groups) and the wait
+  share the slow rank among lockstep peers: they wait for it, it hardly waits;
 - hang: no step on any rank for `hang_after_s` (judged once every rank has made a first step).
 
 Each condition fires once when it starts to hold and again only after it stopped holding (the
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SLOWDOWN, DIVERGENCE, HANG = "Slowdown", "RankDivergence", "Hang"
+WAIT_SHARE_GAP = "WaitShareGap"  # a reading beside the conditions': how far the least-waiting rank is below its peers
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ class Conditions:
     min_baseline_polls: int = 10  # no baseline (and no slowdown) before this many polls saw steps
     divergence_factor: float = 1.5
     hang_after_s: float = 300.0
+    # A healthy lockstep job's ranks wait about alike; a rank that holds the others back waits
+    # little while they wait for it (the slow-rank scenarios: ~3 % against ~60 %).
+    wait_share_gap: float = 0.25
     divergence_sustained_s: float | None = None  # the divergence's own window (a ProfileTrigger sets each); None: sustained_s
 
     def sustained_for(self, condition: str) -> float:
@@ -52,6 +57,8 @@ class Conditions:
         for name in ("sustained_s", "baseline_window_s", "hang_after_s", "divergence_sustained_s"):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)}")
+        if not 0 < self.wait_share_gap < 1:
+            raise ValueError(f"wait_share_gap must be between 0 and 1 (a share of the step), got {self.wait_share_gap}")
         if self.min_baseline_polls < 1:
             raise ValueError(f"min_baseline_polls must be at least 1, got {self.min_baseline_polls}")
 
@@ -59,10 +66,12 @@ class Conditions:
 @dataclass(frozen=True)
 class RankSample:
     """One rank's telemetry as a sidecar serves it: steps completed, seconds since the latest
-    ended (None before a first step), and its latest (step, seconds) pairs, oldest first."""
+    ended (None before a first step), its latest (step, seconds) pairs, oldest first, and the
+    share of its step spent in DDP's gradient all-reduce (None without DDP)."""
     steps: int
     seconds_since_step: float | None
     recent: Sequence[tuple[int, float]] = ()
+    wait_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -81,9 +90,10 @@ def observe(time: float, answers: Iterable[Mapping[str, Any]]) -> Observation:
             try:
                 if not entry.get("alive"):
                     continue
-                since = entry.get("secondsSinceStep")
+                since, share = entry.get("secondsSinceStep"), entry.get("waitShare")
                 recent = tuple((int(step), float(seconds)) for step, seconds in entry.get("recent") or ())
-                ranks[int(entry["rank"])] = RankSample(int(entry["steps"]), None if since is None else float(since), recent)
+                ranks[int(entry["rank"])] = RankSample(int(entry["steps"]), None if since is None else float(since), recent,
+                                                       None if share is None else float(share))
             except (AttributeError, KeyError, TypeError, ValueError):
                 continue
     return Observation(time, ranks)
@@ -142,6 +152,8 @@ def detect(state: State, observation: Observation, conditions: Conditions) -> tu
     if len(history) >= conditions.min_baseline_polls:
         baseline = statistics.median(t for _, t in history)
 
+    readings[DIVERGENCE] = readings[WAIT_SHARE_GAP] = None
+    diverged: list[tuple[str, tuple[int, ...]]] = []
     if len(per_rank) >= 2:
         # The slowest rank diverges most (the largest step time over the smallest peers' median:
         # leaving out the largest value lowers the median most), so one median, not one per rank
@@ -149,14 +161,24 @@ def detect(state: State, observation: Observation, conditions: Conditions) -> tu
         worst = max(per_rank, key=lambda r: per_rank[r])
         ratio = per_rank[worst] / statistics.median(o for r, o in per_rank.items() if r != worst)
         readings[DIVERGENCE] = ratio
-        holds[DIVERGENCE] = (f"rank {worst}'s step time {per_rank[worst]:.3g} s is {ratio:.2f}x its peers' median "
-                             f"(over {conditions.divergence_factor:g}x)", (worst,)) if ratio > conditions.divergence_factor else None
-    else:
-        readings[DIVERGENCE] = None
+        if ratio > conditions.divergence_factor:
+            diverged.append((f"rank {worst}'s step time {per_rank[worst]:.3g} s is {ratio:.2f}x its peers' median "
+                             f"(over {conditions.divergence_factor:g}x)", (worst,)))
+    # Judged with the step times (a rank that makes no new step has no current share); the
+    # least-waiting rank is the furthest below its peers' median, as above.
+    shares = {rank: s.wait_share for rank, s in observation.ranks.items() if s.wait_share is not None and rank in per_rank}
+    if len(shares) >= 2:
+        least = min(shares, key=lambda r: shares[r])
+        peers = statistics.median(o for r, o in shares.items() if r != least)
+        readings[WAIT_SHARE_GAP] = peers - shares[least]
+        if peers - shares[least] >= conditions.wait_share_gap:
+            diverged.append((f"rank {least} waits {shares[least]:.0%} of its step in collectives, its peers {peers:.0%}: "
+                             f"they wait for it (a gap over {conditions.wait_share_gap:.0%})", (least,)))
+    if readings[DIVERGENCE] is not None or readings[WAIT_SHARE_GAP] is not None:
+        holds[DIVERGENCE] = diverged[0] if diverged else None
 
-    stalls = [s.seconds_since_step for s in observation.ranks.values()]
-    known = [s for s in stalls if s is not None]
-    stalled = min(known) if known and len(known) == len(stalls) else None
+    stalls = [s.seconds_since_step for s in observation.ranks.values() if s.seconds_since_step is not None]
+    stalled = min(stalls) if stalls and len(stalls) == len(observation.ranks) else None
     readings[HANG] = stalled
     holds[HANG] = (f"no step on any rank for {stalled:.0f} s (over {conditions.hang_after_s:g} s)", ranks) \
         if stalled is not None and stalled >= conditions.hang_after_s else None

@@ -3,6 +3,7 @@ rank's ring file (docs/wire.md, "Step telemetry"), read as the sidecar reads it.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -48,3 +49,45 @@ def test_a_shared_directory_without_room_for_the_ring_costs_only_the_telemetry(s
     state = wait_for_state(stepscope_dir, "s-ring", 0, ("hung",), timeout=30)
     assert state["stacks"] == "rank-0.stacks.json"
     assert "no step telemetry" in logs(job)
+
+
+class _Timed:
+    """Stands in for a DistributedDataParallel model: `_get_ddp_logging_data()` answers the three
+    figures the agent reads, as torch's DDP logger names them (`iteration`, the timed iteration;
+    `backward_comm_time` in ns; `backward_comm_time_end`, Unix ns), absent until DDP timed an
+    iteration; or it raises."""
+
+    def __init__(self, figures: dict[str, int] | None) -> None:
+        self.figures, self.reads = figures, 0
+
+    def time(self, iteration: int, milliseconds: int) -> None:
+        self.figures = {"iteration": iteration, "backward_comm_time": milliseconds * 1_000_000, "backward_comm_time_end": 10**18 + iteration}
+
+    def _get_ddp_logging_data(self) -> dict[str, int]:
+        self.reads += 1
+        if self.figures is None:
+            raise RuntimeError("no logger")
+        return self.figures
+
+
+def test_the_wait_read_skips_ddps_warm_up_takes_the_median_of_three_drops_a_failing_model_and_stops_retrying(tmp_path: Path) -> None:
+    from stepscope.sidecar import agent as agent_module
+
+    agent = agent_module.Agent(str(tmp_path))
+    agent._watchdog = threading.Thread()  # never started: no heartbeats, only the boundary
+    model, broken = _Timed({}), _Timed(None)
+    agent._ddp_models.update((model, broken))
+    model.time(5, 40)  # DDP's warm-up: timed, but not the job's share
+    assert agent._read_collective_wait() and agent.collective_wait is None and set(agent._ddp_models) == {model}
+    for iteration, milliseconds in ((100, 4), (200, 50), (300, 6), (400, 5)):
+        model.time(iteration, milliseconds)
+        agent._read_collective_wait()
+    # Iterations 200-400: 50 ms (one slow iteration), 6 ms and 5 ms; their median.
+    assert agent.collective_wait == {"seconds": 0.006, "at": 1e9 + 400e-9}
+    # A model DDP never timed: read at every step only while DDP may still time its first iterations.
+    untimed = _Timed({})
+    agent._ddp_models.clear()
+    agent._ddp_models.add(untimed)
+    for _ in range(40):
+        agent.boundary()
+    assert untimed.reads == agent_module.COLLECTIVE_WAIT_EAGER_STEPS + 1

@@ -115,7 +115,8 @@ def test_a_rank_taken_over_by_a_new_process_starts_over() -> None:
 
 
 @pytest.mark.parametrize("field, value", [("slowdown_factor", 1.0), ("divergence_factor", 0.5), ("sustained_s", 0),
-                                          ("hang_after_s", -1), ("baseline_window_s", 0), ("min_baseline_polls", 0)])
+                                          ("hang_after_s", -1), ("baseline_window_s", 0), ("min_baseline_polls", 0),
+                                          ("wait_share_gap", 0.0), ("wait_share_gap", 1.0)])
 def test_conditions_that_cannot_work_are_refused(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         Conditions(**{field: value})
@@ -123,7 +124,7 @@ def test_conditions_that_cannot_work_are_refused(field: str, value: float) -> No
 
 def test_an_observation_from_sidecar_answers_keeps_live_ranks_and_skips_what_is_not_telemetry() -> None:
     answers = [
-        {"pod": "a", "ranks": [{"rank": 0, "alive": True, "steps": 5, "secondsSinceStep": 0.2, "recent": [[4, 0.1], [5, 0.3]]},
+        {"pod": "a", "ranks": [{"rank": 0, "alive": True, "steps": 5, "secondsSinceStep": 0.2, "recent": [[4, 0.1], [5, 0.3]], "waitShare": 0.4},
                                {"rank": 1, "alive": False, "steps": 9, "secondsSinceStep": 99.0, "recent": []}]},
         {"pod": "b", "ranks": [{"rank": 2, "alive": True, "steps": 0, "secondsSinceStep": None, "recent": []},
                                {"rank": 3, "alive": True, "steps": "many"}, "not a rank", {"alive": True}]},
@@ -131,4 +132,32 @@ def test_an_observation_from_sidecar_answers_keeps_live_ranks_and_skips_what_is_
     ]
     observation = observe(7.0, answers)
     assert observation.time == 7.0
-    assert observation.ranks == {0: RankSample(5, 0.2, ((4, 0.1), (5, 0.3))), 2: RankSample(0, None, ())}
+    assert observation.ranks == {0: RankSample(5, 0.2, ((4, 0.1), (5, 0.3)), 0.4), 2: RankSample(0, None, ())}
+
+
+def lockstep(polls: int, shares: Callable[[int, int], float | None], world: int = 4) -> list[tuple[float, Fire]]:
+    """Ranks in lockstep (the same 0.1 s steps, as DDP's all-reduce makes them), each with the
+    wait share `shares(poll, rank)`; the fires of `polls` polls 5 s apart."""
+    state, fired = State(), []
+    for poll in range(1, polls + 1):
+        steps = poll * 50
+        ranks = {r: RankSample(steps, 0.05, tuple((s, 0.1) for s in range(steps - 49, steps + 1)), shares(poll, r)) for r in range(world)}
+        state, fires = detect(state, Observation(poll * POLL_S, ranks), Conditions(sustained_s=30.0))
+        fired += [(poll * POLL_S, f) for f in fires]
+    return fired
+
+
+def test_the_rank_its_lockstep_peers_wait_for_is_named_by_its_wait_share() -> None:
+    # From poll 20 on, rank 2 holds the job back: its peers wait 60 % of each step, it waits 5 %.
+    fired = lockstep(40, lambda poll, rank: 0.05 if poll >= 20 and rank == 2 else (0.6 if poll >= 20 else 0.1))
+    assert [(t, f.condition, f.ranks) for t, f in fired] == [(130.0, DIVERGENCE, (2,))]
+    assert re.match(r"rank 2 waits 5% of its step in collectives, its peers 60%: they wait for it .* for 30 s$", fired[0][1].reason)
+
+
+def test_wait_shares_that_jitter_alike_or_briefly_fire_nothing() -> None:
+    rng = random.Random(1)
+    # Healthy: every rank's share jitters between 10 % and 40 %; and one 20-s spell of a 50-point gap.
+    assert lockstep(100, lambda poll, rank: rng.uniform(0.1, 0.4)) == []
+    assert lockstep(40, lambda poll, rank: 0.0 if 10 <= poll < 14 and rank == 1 else 0.5) == []
+    # Without DDP there is no share, and step times alike fire nothing either.
+    assert lockstep(40, lambda poll, rank: None) == []

@@ -60,8 +60,11 @@ def test_steps_then_a_hang_then_death_as_metrics_and_json(sidecar: Sidecar, clie
         assert [step for step, _ in r["recent"]] == list(range(2, 42))
         assert all(0.01 <= duration < 10 for _, duration in r["recent"])
         assert r["lastStepSeconds"] == r["recent"][-1][1] and abs(r["lastStepAt"] - telemetry["time"] + r["secondsSinceStep"]) < 1
+        # DDP timed only its warm-up iterations before the hang: no wait share yet.
+        assert r["collectiveWaitSeconds"] is None and r["waitShare"] is None, r
 
     samples = metrics(sidecar)
+    assert "stepscope_collective_wait_share" not in samples
     for rank in ("0", "1"):
         key = (rank, rank)
         assert samples["stepscope_steps_total"][key] == 41

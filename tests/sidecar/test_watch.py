@@ -81,7 +81,9 @@ def test_a_slowdown_mid_run_fires_and_the_healthy_part_does_not(client: SidecarC
 def test_a_hang_fires_once(client: SidecarClient, stepscope_dir: Path, tmp_path: Path, jobs: list[LocalJob]) -> None:
     jobs.append(launch_ranks(2, stepscope_dir, ["--steps", "0", "--step-sleep-ms", "10", "--hang-rank", "1", "--hang-at-step", "60"],
                              log_dir=tmp_path / "logs"))
-    wait_for(lambda: len(client.get_telemetry()["ranks"]) == 2, 90, "both ranks registered")
+    # Watched from shortly before the hang: a loaded machine can take most of the window to start gloo.
+    wait_for(lambda: len(ranks := client.get_telemetry()["ranks"]) == 2 and all(r["steps"] >= 40 for r in ranks), 90,
+             "both ranks at step 40")
     state, fired = watch(client, State(), 12.0)
     hangs = [f for _, f in fired if f.condition == HANG]
     assert len(hangs) == 1 and hangs[0].ranks == (0, 1) and "no step on any rank" in hangs[0].reason, fired
