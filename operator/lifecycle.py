@@ -184,6 +184,11 @@ class SessionRunner:
         except pod_record.PodRecordTooLarge as exc:
             raise Fail("PodRecordTooLarge", f"{exc}; no sidecar was triggered") from None
         s = self.settings
+        # Pods align too: every sidecar gets the same absolute start step.
+        answers = await asyncio.to_thread(fanout.telemetry, todo, self.ctx.key_for(self.ns), concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s)
+        start_step = fanout.aligned_start_step(answers, spec.capture.waitSteps)
+        if start_step is not None:
+            body["startStep"] = start_step
         outcomes = await asyncio.to_thread(fanout.trigger, todo, self.uid, body, self.ctx.key_for(self.ns), concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
         accepted = already | {o.target.pod for o in outcomes if o.ok}
         refused = {o.target.pod: f"trigger refused: {o.error}" for o in outcomes if not o.ok}

@@ -220,6 +220,11 @@ class _Session:
         self.rss_start_mb = 0.0
         self.state = wire.WAITING
         self.trigger_step = trigger_step
+        # The step the capture begins at: the request's absolute startStep, which the sidecar and
+        # operator set alike for every rank of a job so that all ranks capture the same steps
+        # (DDP ranks step in lockstep); a rank already past it begins at its next step.
+        start = request.get("startStep")
+        self.start_at = trigger_step + self.wait_steps if start is None else max(int(start), trigger_step)
         self.start_step: int | None = None
         self.end_step: int | None = None
         self.start_time: float | None = None
@@ -460,7 +465,7 @@ class Agent:
             self._answer_without_capture(session_id, folder, wire.FAILED, f"bad capture request: {e}")
             return
         self._session = session
-        self._write_state(session, message=f"triggered at step {session.trigger_step}; waiting {session.wait_steps} steps")
+        self._write_state(session, message=f"triggered at step {session.trigger_step}; capturing from step {session.start_at}")
 
     def _already_final(self, folder: str) -> bool:
         """A state file already final for this rank means an earlier process of it answered (restart)."""
@@ -514,10 +519,9 @@ class Agent:
         if self._cancel_unstarted(s):
             return
         if s.state == wire.WAITING:
-            start_at = s.trigger_step + s.wait_steps
-            if self._probing(s, start_at):
+            if self._probing(s, s.start_at):
                 return
-            if self.step_count >= start_at:
+            if self.step_count >= s.start_at:
                 self._start_profiler(s)
             return
         if s.state != wire.CAPTURING or s.prof is None:

@@ -24,6 +24,7 @@ from stepscope import layout, wire
 from stepscope.retry import RetryPolicy
 from stepscope.session import SessionSpec, SpecError
 from stepscope.sidecar import shared_dir
+from stepscope.sidecar.telemetry import current_step
 from stepscope.sidecar.uploads import Job, Uploader
 from stepscope.storage import Store, StoreError, open_store
 
@@ -212,6 +213,9 @@ class SessionManager:
                 spec = SessionSpec.from_dict(body.get("spec") or {})
             except (SpecError, TypeError) as exc:
                 return 400, {"error": f"bad spec: {exc}"}
+            start_step = body.get("startStep")
+            if start_step is not None and (type(start_step) is not int or start_step < 0):
+                return 400, {"error": f"body.startStep must be a step number >= 0, got {start_step!r}"}
             destination = body.get("destination")
             if not isinstance(destination, str) or not destination:
                 return 400, {"error": "body.destination (the session's folder in the store) is required"}
@@ -222,7 +226,12 @@ class SessionManager:
                 return 400, {"error": str(exc)}
             # The session folder is the agents' to create: they may run as another user than the sidecar.
             session = Session(session_id, spec, destination, store, time.time())
-            shared_dir.write_request(self.dir, session_id, "capture", spec.to_dict()["capture"], spec.hangTimeoutSeconds)
+            if start_step is None:
+                # Every local rank starts at the same absolute step (they step in lockstep), not
+                # waitSteps after whichever step each happens to read the request at.
+                current = current_step(self.dir, stale_after_s=self._stale_after_s)
+                start_step = None if current is None else current + spec.capture.waitSteps
+            shared_dir.write_request(self.dir, session_id, "capture", spec.to_dict()["capture"], spec.hangTimeoutSeconds, start_step)
             self._transition(session, "Pending")
             self._sessions[session_id] = session
             self._forget_old()

@@ -86,11 +86,15 @@ def local_file(stepscope_dir: Path, session_id: str, name: Any) -> Path | None:
     return path if path.is_file() else None
 
 
-def write_request(stepscope_dir: Path, session_id: str, action: str, capture: dict[str, Any], hang_timeout_s: int) -> None:
-    write_json_atomic(stepscope_dir / wire.REQUEST_FILE, {
+def write_request(stepscope_dir: Path, session_id: str, action: str, capture: dict[str, Any], hang_timeout_s: int,
+                  start_step: int | None = None) -> None:
+    request: dict[str, Any] = {
         "version": wire.WIRE_VERSION, "session": session_id, "action": action, "capture": capture,
         "hangTimeoutSeconds": hang_timeout_s, "issuedAt": time.time(),
-    })
+    }
+    if start_step is not None:
+        request["startStep"] = start_step
+    write_json_atomic(stepscope_dir / wire.REQUEST_FILE, request)
 
 
 @dataclass(frozen=True)

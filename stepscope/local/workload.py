@@ -11,6 +11,8 @@ It knows nothing of stepscope: the agent attaches through the bootstrap. Faults 
 - data: slow data loading: the rank's Dataset decodes each sample for --slow-ms / batch size
 - hook: a slow DDP communication hook (`compressing_allreduce_hook` works --slow-ms a step)
 - gc: garbage collection pauses (`release_memory` runs gc.collect() over many live objects)
+- log: a slow step between backward and the optimizer step (`log_gradients` blocks --slow-ms a
+  step), so that the rank's steps end that much later than its peers'
 
 and a hung rank (blocks in `block_forever` after its optimizer step, so its peers wait in the loss
 all-reduce; forever, or for --hang-seconds). Every rank reads its batches through a DataLoader
@@ -33,7 +35,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
-FAULTS = ("cpu", "helpers", "sleep", "compute", "data", "hook", "gc")
+FAULTS = ("cpu", "helpers", "sleep", "compute", "data", "hook", "gc", "log")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -104,6 +106,11 @@ def fetch_remote_features(batch: torch.Tensor, milliseconds: float) -> torch.Ten
     """Blocks (as a slow remote read would), using no CPU."""
     time.sleep(milliseconds / 1000.0)
     return batch
+
+
+def log_gradients(milliseconds: float) -> None:
+    """Blocks after the gradients are reduced and before the optimizer step, as writing a log would."""
+    time.sleep(milliseconds / 1000.0)
 
 
 def release_memory(live: list) -> None:
@@ -217,6 +224,8 @@ def train(args: argparse.Namespace) -> int:
             call_many_small_functions(args.python_calls)
         loss = loss_fn(model(batch), target)
         loss.backward()
+        if slow and fault == "log":
+            log_gradients(args.slow_ms)
         if optimizer is not None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

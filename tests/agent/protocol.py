@@ -18,13 +18,15 @@ from tests.polling import wait_for
 
 
 def write_request(directory: Path, session: str, *, action: str = "capture", hang_timeout: float = 300, version: int = 1,
-                  **capture: Any) -> None:
+                  start_step: int | None = None, **capture: Any) -> None:
     """Write request.json atomically, as the sidecar does."""
     body = {"waitSteps": 2, "steps": 2, "durationSeconds": None, "activities": ["CPU", "CUDA"], "withStack": True,
             "recordShapes": False, "profileMemory": False, "withFlops": False}
     body.update(capture)
     request = {"version": version, "session": session, "action": action, "capture": body,
                "hangTimeoutSeconds": hang_timeout, "issuedAt": time.time()}
+    if start_step is not None:
+        request["startStep"] = start_step
     tmp = directory / ".request.json.tmp"
     tmp.write_text(json.dumps(request))
     os.replace(tmp, directory / "request.json")

@@ -80,3 +80,19 @@ def test_trigger_does_not_retry_a_final_answer(server: Flaky) -> None:
 def test_unreachable_sidecar_is_an_outcome_not_an_exception(server: Flaky) -> None:
     (outcome,) = fanout.poll([Target("gone", "127.0.0.1", 1)], "s1", KEY, concurrency=2, timeout=1)
     assert not outcome.ok and outcome.status == 0 and "unreachable" in outcome.error
+
+
+def test_the_start_step_is_wait_steps_after_the_furthest_live_rank_of_any_pod(server: Flaky) -> None:
+    """The session body's startStep, from GET /v1/telemetry answers (docs/wire.md); a dead rank's
+    count is left out, and without any live rank (an old sidecar answers 501 here) there is none."""
+    def pod(name: str, ranks: list[dict]) -> fanout.Outcome:
+        return fanout.Outcome(Target(name, "127.0.0.1", 1), True, {"pod": name, "node": "n", "time": 0.0, "ranks": ranks})
+
+    answers = [pod("a", [{"rank": 0, "alive": True, "steps": 41}, {"rank": 1, "alive": True, "steps": 40}]),
+               pod("b", [{"rank": 2, "alive": True, "steps": 42}, {"rank": 3, "alive": False, "steps": 90}]),
+               fanout.Outcome(Target("c", "127.0.0.1", 1), False, {}, "unreachable", 0)]
+    assert fanout.aligned_start_step(answers, 5) == 47
+    assert fanout.aligned_start_step(answers[1:], 0) == 42
+    old = fanout.telemetry([Target("old", "127.0.0.1", server.server_address[1])], KEY, concurrency=2, timeout=5)
+    assert not old[0].ok and fanout.aligned_start_step(old, 5) is None
+    assert fanout.aligned_start_step([pod("idle", [])], 5) is None

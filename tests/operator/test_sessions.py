@@ -16,7 +16,7 @@ import pytest
 
 from stepscope import layout
 from stepscope.cli import main
-from stepscope.operator import cancellation, metrics
+from stepscope.operator import cancellation, fanout, metrics
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
 from tests.kube.helpers import wait_for
@@ -118,7 +118,11 @@ def test_session_captures_analyses_and_succeeds(operator: OperatorHarness, pods:
     assert cancels == []
 
 
-def test_operator_restart_mid_capture_resumes_without_a_second_trigger(operator: OperatorHarness, pods: Pods, sidecar_a: Sidecar, training: Path, s3_endpoint: str) -> None:
+def test_operator_restart_mid_capture_resumes_without_a_second_trigger(operator: OperatorHarness, pods: Pods, sidecar_a: Sidecar, training: Path, s3_endpoint: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    bodies: list[dict[str, Any]] = []
+    trigger = fanout.trigger
+    monkeypatch.setattr(fanout, "trigger", lambda targets, session, body, *args, **kwargs: bodies.append(body) or trigger(targets, session, body, *args, **kwargs))
     pods.create("train-a", SELECTOR, port=port_of(sidecar_a))
     spec = session_spec(SELECTOR, s3_endpoint, analysis={"enabled": False})
     spec["capture"]["waitSteps"] = 60  # a few seconds of capture for the restart to land in
@@ -126,6 +130,8 @@ def test_operator_restart_mid_capture_resumes_without_a_second_trigger(operator:
     operator.wait_phase("restart", ("Capturing",), timeout=30)
     request = training / "request.json"
     issued = json.loads(request.read_text())["issuedAt"]
+    # The start step the operator read from the pods' telemetry reached the ranks: 60 steps after the furthest one.
+    assert bodies[0]["startStep"] >= 60 and json.loads(request.read_text())["startStep"] == bodies[0]["startStep"]
     triggers = metrics.value("stepscope_sidecar_triggers_total")
     operator.stop()
     assert operator.status("restart")["phase"] == "Capturing", "the restart must land mid-capture"

@@ -45,6 +45,7 @@ def test_signed_trigger_is_accepted_then_idempotent(client: SidecarClient, tmp_p
     assert (stepscope_dir / "request.json").stat().st_mode & 0o777 == 0o644  # readable by a training container's other user
     assert request["session"] == "s-1" and request["action"] == "capture" and request["version"] == 1
     assert request["capture"]["steps"] == 2 and request["capture"]["waitSteps"] == 1
+    assert "startStep" not in request  # no rank has stepped yet: each starts waitSteps after it reads the request
     issued = request["issuedAt"]
     # The same id again (an operator restart) changes nothing.
     again = client.put_session("s-1", body)
@@ -104,6 +105,7 @@ def test_client_reports_401_and_unreachable(sidecar: Sidecar) -> None:
     ("s-1", {"destination": "gs://b/p", "spec": {"storage": {"uri": "s3://b/p"}}}, "scheme"),
     ("s-1", {"session": "s-9", "destination": "file:///tmp/x", "spec": {"storage": {"uri": "file:///tmp/x"}}}, "does not match"),
     ("..", {"destination": "file:///tmp/x", "spec": {"storage": {"uri": "file:///tmp/x"}}}, "invalid session id"),
+    ("s-1", {"destination": "file:///tmp/x", "startStep": -1, "spec": {"storage": {"uri": "file:///tmp/x"}}}, "startStep"),
 ])
 def test_bad_triggers_get_400_with_a_reason(client: SidecarClient, session: str, body: dict[str, Any], message: str) -> None:
     with pytest.raises(SidecarError) as raised:
@@ -146,3 +148,9 @@ def test_client_never_goes_through_an_environment_proxy(sidecar: Sidecar, tmp_pa
         assert seen == []
     finally:
         proxy.shutdown()
+
+
+def test_a_start_step_in_the_body_goes_to_the_ranks_as_it_is(client: SidecarClient, tmp_path: Path, stepscope_dir: Path) -> None:
+    """The operator's startStep (the same for every pod of the job) wins over this sidecar's own."""
+    client.put_session("s-1", {**trigger_body("s-1", (tmp_path / "store").as_uri()), "startStep": 1234})
+    assert json.loads((stepscope_dir / "request.json").read_text())["startStep"] == 1234
