@@ -93,6 +93,10 @@ FIRST_STEP_GRACE_SECONDS = float(os.environ.get("STEPSCOPE_FIRST_STEP_GRACE_SECO
 # of the idle agent's cost. Steps longer than this still stat once a step, and a request is seen
 # at most this late.
 REQUEST_POLL_SECONDS = 0.01
+# How many steps past its own waitSteps a rank follows a request's startStep: room for the steps a
+# job makes while the fan-out reaches every pod (10 s of 100-ms steps; a faster loop falls back to
+# unaligned starts, as without startStep), far less than a restarted rank is behind.
+ALIGN_SLACK_STEPS = 100
 # How often the training thread reads DDP's own timing of its gradient all-reduce (12-60 us a
 # read; DDP refreshes it every 100th iteration, so a tighter bound would only re-read the same sample).
 COLLECTIVE_WAIT_READ_SECONDS = 2.0
@@ -223,8 +227,13 @@ class _Session:
         # The step the capture begins at: the request's absolute startStep, which the sidecar and
         # operator set alike for every rank of a job so that all ranks capture the same steps
         # (DDP ranks step in lockstep); a rank already past it begins at its next step.
+        # A startStep far beyond this rank's own count (its process restarted, or it counts steps
+        # differently) would never come within the session: then it waits as if none were given.
         start = request.get("startStep")
-        self.start_at = trigger_step + self.wait_steps if start is None else max(int(start), trigger_step)
+        start_at = trigger_step + self.wait_steps
+        if start is not None and int(start) <= start_at + ALIGN_SLACK_STEPS:
+            start_at = max(int(start), trigger_step)
+        self.start_at = start_at
         self.start_step: int | None = None
         self.end_step: int | None = None
         self.start_time: float | None = None

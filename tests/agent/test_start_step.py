@@ -43,3 +43,6 @@ def test_a_rank_before_start_step_waits_for_it_and_one_past_it_starts_at_its_nex
     assert trigger > 9 and (past["startStep"], past["endStep"]) == (trigger, trigger + 1), past
     plain = _capture(stepscope_dir, agent, "s-plain", start_step=None, wait_steps=2)  # no startStep: waitSteps after the trigger
     assert plain["startStep"] == plain["triggerStep"] + 2, plain
+    # A rank whose count restarted cannot wait for its peers' step: it waits as if none were given.
+    far = _capture(stepscope_dir, agent, "s-far", start_step=plain["triggerStep"] + 10_000, wait_steps=1)
+    assert far["startStep"] == far["triggerStep"] + 1, far
