@@ -5,6 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# pytest processes (pytest-xdist): the suite mostly waits on real ranks, sidecars and the operator.
+PYTEST_WORKERS ?= 2
 CC ?= cc
 # The NVML sampler's native fast tier; without a C compiler the sampler runs in Python.
 NATIVE := sidecar/_fast_sampler.so
@@ -38,7 +40,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) $(NATIVE) $(HELM) lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 bench: $(STAMP) $(NATIVE)
 	$(BIN)/python benchmarks/agent_overhead.py
