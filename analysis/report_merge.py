@@ -275,43 +275,108 @@ _POW10 = 10 ** np.arange(19, dtype=np.int64)
 
 def _shift_slots(buf: bytearray, shift: int, padded: bool) -> bool:
     """shift_ts on `buf` in place; False (and `buf` unchanged) where a slot has no room for its new
-    number and the text was not `padded`."""
+    number and the text was not `padded`.
+
+    Adding the shift only changes a number's last digits (those the shift has, and as far as a
+    carry runs), so they are added column by column from the right over all rows at once: a
+    handful of passes over one byte a row. Rows with fewer digits than the shift, or whose carry
+    runs past their first digit, are written whole from their integer value; numbers numpy cannot
+    take (negative, exponents, too long) one by one."""
     arr = np.frombuffer(buf, dtype=np.uint8)
+    last = len(arr) - 1
     colon = after_each(buf, b'"ts":') - 1
     start = colon + 1  # the number's first byte, after the writer's own spaces
     for _ in range(_DIGITS):
-        space = arr[np.minimum(start, len(arr) - 1)] == ord(" ")
+        space = arr[np.minimum(start, last)] == ord(" ")
         if not space.any():
             break
         start += space
-    window = np.minimum(start[:, None] + np.arange(_DIGITS + 1), len(arr) - 1)
-    chars = arr[window]
-    digit = (chars >= 48) & (chars <= 57)
-    width = np.argmin(digit, axis=1)  # integer digits (a number of _DIGITS+ digits is "odd")
-    numeric = digit | (chars == ord("."))
-    follow = chars[np.arange(len(start)), np.argmin(numeric, axis=1)]  # what ends the number: no exponent
-    plain = (width > 0) & (width <= _INT_DIGITS) & ~numeric.all(axis=1) & (follow != ord("e")) & (follow != ord("E"))
+    end = _run_end(arr, start, _DIGITS + 1)
+    width = end - start  # integer digits (a number of _DIGITS+ digits is "odd")
+    stop = np.minimum(end, last)
+    fraction = np.flatnonzero((arr[stop] == ord(".")) & (end < last))
+    stop[fraction] = np.minimum(_run_end(arr, end[fraction] + 1, len(arr)), last)
+    follow = arr[stop]  # what ends the number: no exponent
+    plain = (width > 0) & (width <= _INT_DIGITS) & (end <= last) & (follow != ord("e")) & (follow != ord("E"))
     if not padded and not plain.all():
         return False
-    rows = np.flatnonzero(plain)
-    w = width[rows]
-    places = w[:, None] - 1 - np.arange(_INT_DIGITS)
-    values = ((chars[rows, :_INT_DIGITS].astype(np.int64) - 48) * np.where(places >= 0, _POW10[np.maximum(places, 0)], 0)).sum(axis=1)
-    new = values + shift
+    digits = len(str(shift))
+    rows = np.flatnonzero(plain & (width > digits))
+    places, added, overflow = _added_digits(arr, end[rows], width[rows], shift, digits)
+    whole = np.union1d(np.flatnonzero(plain & (width <= digits)), rows[overflow])
+    w = width[whole]
+    new = _values_of(arr, start[whole], w) + shift
     new_width = np.searchsorted(_POW10, new, side="right")
-    end = start[rows] + w
-    room = end - colon[rows] - 1  # the slot: [colon + 1, end), spaces and the old digits
+    end_whole = end[whole]
+    room = end_whole - colon[whole] - 1  # the slot: [colon + 1, end), spaces and the old digits
     if (new_width > room).any():
         if not padded:
             return False
         raise ValueError(f"cannot move a timestamp by {shift} us in place")
+    keep = ~np.isin(places[1], np.flatnonzero(overflow))  # column writes of rows written whole are dropped
+    arr[places[0][keep]] = added[keep]
     j = np.arange(int(room.max(initial=0)))  # place of each byte of a slot, from the right
     inside = j < room[:, None]
     text = np.where(j < new_width[:, None], new[:, None] // _POW10[np.minimum(j, 18)] % 10 + 48, ord(" "))
-    arr[(end[:, None] - 1 - j)[inside]] = text[inside]
+    arr[(end_whole[:, None] - 1 - j)[inside]] = text[inside]
     for row in np.flatnonzero(~plain).tolist():
         _shift_one(buf, int(start[row]), int(start[row] - colon[row] - 1), shift)
     return True
+
+
+def _run_end(arr: np.ndarray, at: np.ndarray, most: int) -> np.ndarray:
+    """Where the run of ASCII digits starting at each offset `at` ends (at most `most` digits on),
+    looking only at the rows still in a run each pass."""
+    end = at.copy()
+    rows = np.arange(len(end))
+    for _ in range(most):
+        ch = arr[np.minimum(end[rows], len(arr) - 1)]
+        rows = rows[(ch >= 48) & (ch <= 57) & (end[rows] < len(arr))]
+        if not rows.size:
+            break
+        end[rows] += 1
+    return end
+
+
+def _added_digits(arr: np.ndarray, end: np.ndarray, width: np.ndarray, shift: int, digits: int
+                  ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
+    """The shift added to each number (its digits end before `end`, `width` of them, more than
+    the shift has), column by column from the right: ((byte offsets, row of each), new digit
+    bytes, rows whose carry runs past their first digit, which need a digit more)."""
+    offsets, owners, values = [], [], []
+    carry = np.zeros(len(end), dtype=np.uint8)
+    rows = np.arange(len(end))
+    for j in range(digits):
+        at = end - 1 - j
+        d = arr[at] - 48 + carry + shift // 10 ** j % 10
+        carry = (d >= 10).astype(np.uint8)
+        offsets.append(at)
+        owners.append(rows)
+        values.append(d - 10 * carry + 48)
+    rows = rows[carry.astype(bool)]
+    j = digits
+    overflow = np.zeros(len(end), dtype=bool)
+    while rows.size:
+        past = width[rows] <= j
+        overflow[rows[past]] = True
+        rows = rows[~past]
+        at = end[rows] - 1 - j
+        d = arr[at] - 47
+        offsets.append(at)
+        owners.append(rows)
+        values.append(np.where(d == 10, 48, d + 48).astype(np.uint8))
+        rows = rows[d == 10]
+        j += 1
+    if not offsets:
+        return (np.empty(0, np.int64), np.empty(0, np.int64)), np.empty(0, np.uint8), overflow
+    return (np.concatenate(offsets), np.concatenate(owners)), np.concatenate(values), overflow
+
+
+def _values_of(arr: np.ndarray, start: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """The integers of `width` (<= _INT_DIGITS) ASCII digits from each offset `start`."""
+    places = width[:, None] - 1 - np.arange(_INT_DIGITS)
+    chars = arr[np.minimum(start[:, None] + np.arange(_INT_DIGITS), len(arr) - 1)].astype(np.int64) - 48
+    return (chars * np.where(places >= 0, _POW10[np.maximum(places, 0)], 0)).sum(axis=1)
 
 
 _NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
