@@ -140,6 +140,7 @@ class _Values:
     spaced: int  # of which `"key": v`, as Kineto writes them
     regular: bool  # all `"key":v` or `"key": v` (else some other spacing)
     numeric: bool  # all start with a digit
+    after: np.ndarray  # offsets just after each `"key"`
 
 
 def after_each(body: bytes | bytearray, key: bytes) -> np.ndarray:
@@ -158,7 +159,7 @@ def after_each(body: bytes | bytearray, key: bytes) -> np.ndarray:
     return at + len(key)
 
 
-def _values(body: bytes, keys: Sequence[bytes]) -> list[_Values]:
+def _values(body: bytes | bytearray, keys: Sequence[bytes]) -> list[_Values]:
     """_Values of each key, from the bytes after its occurrences."""
     arr = np.frombuffer(body, dtype=np.uint8)
     last = len(arr) - 1
@@ -170,7 +171,7 @@ def _values(body: bytes, keys: Sequence[bytes]) -> list[_Values]:
         first = np.where(spaced, then, after)
         blank = (first == ord(" ")) | (first == ord("\t")) | (first == ord("\n")) | (first == ord("\r"))
         out.append(_Values(len(at), bool((colon == ord(":")).all()), int(spaced.sum()), not blank.any(),
-                           bool(((first >= ord("0")) & (first <= ord("9"))).all())))
+                           bool(((first >= ord("0")) & (first <= ord("9"))).all()), at))
     return out
 
 
@@ -193,7 +194,7 @@ class _RankRewriter:
         self.out.write(self._rewritten(text))
         self.first = False
 
-    def _rewritten(self, body: bytes) -> bytes | bytearray:
+    def _rewritten(self, body: bytes | bytearray) -> bytes | bytearray:
         keys = _KEYS if self.shift else _KEYS[:2]
         found = _values(body, keys)
         # shift_ts takes any whitespace after the colon; nothing else does.
@@ -201,6 +202,9 @@ class _RankRewriter:
             for key in keys:
                 body = _SPACED[key].sub(key + b":", body)
             found = _values(body, keys)
+        # The timestamps first, while the offsets found are still those of the text.
+        if self.shift:
+            body = shift_ts(body, self.shift, found[2].after + 1 if found[2].colon else None)
         for key, f in zip(keys[:2], found):
             spaced, compact = key + b": ", key + b":"
             if f.spaced == f.count:  # as Kineto writes them: one pass
@@ -211,9 +215,8 @@ class _RankRewriter:
             body = _ODD_PID.sub(self._odd_pid, body)
         if not found[1].numeric:
             body = _ODD_ID.sub(lambda m: b'"id":' + m[1], body)
-        out: bytes | bytearray = shift_ts(body, self.shift) if self.shift else body
-        self._note_names(out)
-        return out
+        self._note_names(body)
+        return body
 
     def _odd_pid(self, m: re.Match) -> bytes:
         value = msgspec.json.decode(m[1])
@@ -252,7 +255,7 @@ class _RankRewriter:
         return msgspec.json.encode(events)[1:-1]
 
 
-def shift_ts(body: bytes, shift: int) -> bytes | bytearray:
+def shift_ts(body: bytes | bytearray, shift: int, after: np.ndarray | None = None) -> bytes | bytearray:
     """`body` with `shift` (whole µs, >= 0) added to every `"ts":N` (with any spaces after the colon).
 
     Only the integer part changes, so fractional (ns-resolution) digits stay exact. The new integer
@@ -264,7 +267,7 @@ def shift_ts(body: bytes, shift: int) -> bytes | bytearray:
     if not shift or b'"ts":' not in body:
         return body
     buf = bytearray(body)
-    if not _shift_slots(buf, shift, padded=False):
+    if not _shift_slots(buf, shift, padded=False, after=after):
         buf = bytearray(body.replace(b'"ts":', b'"ts":' + b" " * len(str(shift))))
         _shift_slots(buf, shift, padded=True)
     return buf
@@ -273,7 +276,7 @@ def shift_ts(body: bytes, shift: int) -> bytes | bytearray:
 _POW10 = 10 ** np.arange(19, dtype=np.int64)
 
 
-def _shift_slots(buf: bytearray, shift: int, padded: bool) -> bool:
+def _shift_slots(buf: bytearray, shift: int, padded: bool, after: np.ndarray | None = None) -> bool:
     """shift_ts on `buf` in place; False (and `buf` unchanged) where a slot has no room for its new
     number and the text was not `padded`.
 
@@ -284,7 +287,7 @@ def _shift_slots(buf: bytearray, shift: int, padded: bool) -> bool:
     take (negative, exponents, too long) one by one."""
     arr = np.frombuffer(buf, dtype=np.uint8)
     last = len(arr) - 1
-    colon = after_each(buf, b'"ts":') - 1
+    colon = (after_each(buf, b'"ts":') if after is None else after) - 1
     start = colon + 1  # the number's first byte, after the writer's own spaces
     for _ in range(_DIGITS):
         space = arr[np.minimum(start, last)] == ord(" ")
