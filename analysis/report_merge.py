@@ -263,7 +263,8 @@ def shift_ts(body: bytes | bytearray, shift: int, after: np.ndarray | None = Non
     old digits) with numpy, all at once: Kineto's `"ts": N` leaves a space for a number that grows
     by a digit, so a piece is mostly rewritten in place. Where a slot is too small, room is made
     first with one bytes.replace (`"ts":` + as many spaces as the shift has digits, JSON
-    whitespace). Values numpy cannot take (negative, exponents) are done one by one, a rare case."""
+    whitespace). Values numpy cannot take (negative, exponents) are done one by one, a rare case.
+    `after`: the offsets just after each `"ts":` in `body` where the caller has them."""
     if not shift or b'"ts":' not in body:
         return body
     buf = bytearray(body)
