@@ -140,6 +140,7 @@ class _Values:
     spaced: int  # of which `"key": v`, as Kineto writes them
     regular: bool  # all `"key":v` or `"key": v` (else some other spacing)
     numeric: bool  # all start with a digit
+    after: np.ndarray  # offsets just after each `"key"`
 
 
 def after_each(body: bytes | bytearray, key: bytes) -> np.ndarray:
@@ -158,7 +159,7 @@ def after_each(body: bytes | bytearray, key: bytes) -> np.ndarray:
     return at + len(key)
 
 
-def _values(body: bytes, keys: Sequence[bytes]) -> list[_Values]:
+def _values(body: bytes | bytearray, keys: Sequence[bytes]) -> list[_Values]:
     """_Values of each key, from the bytes after its occurrences."""
     arr = np.frombuffer(body, dtype=np.uint8)
     last = len(arr) - 1
@@ -170,7 +171,7 @@ def _values(body: bytes, keys: Sequence[bytes]) -> list[_Values]:
         first = np.where(spaced, then, after)
         blank = (first == ord(" ")) | (first == ord("\t")) | (first == ord("\n")) | (first == ord("\r"))
         out.append(_Values(len(at), bool((colon == ord(":")).all()), int(spaced.sum()), not blank.any(),
-                           bool(((first >= ord("0")) & (first <= ord("9"))).all())))
+                           bool(((first >= ord("0")) & (first <= ord("9"))).all()), at))
     return out
 
 
@@ -193,7 +194,7 @@ class _RankRewriter:
         self.out.write(self._rewritten(text))
         self.first = False
 
-    def _rewritten(self, body: bytes) -> bytes | bytearray:
+    def _rewritten(self, body: bytes | bytearray) -> bytes | bytearray:
         keys = _KEYS if self.shift else _KEYS[:2]
         found = _values(body, keys)
         # shift_ts takes any whitespace after the colon; nothing else does.
@@ -201,6 +202,9 @@ class _RankRewriter:
             for key in keys:
                 body = _SPACED[key].sub(key + b":", body)
             found = _values(body, keys)
+        # The timestamps first, while the offsets found are still those of the text.
+        if self.shift:
+            body = shift_ts(body, self.shift, found[2].after + 1 if found[2].colon else None)
         for key, f in zip(keys[:2], found):
             spaced, compact = key + b": ", key + b":"
             if f.spaced == f.count:  # as Kineto writes them: one pass
@@ -211,9 +215,8 @@ class _RankRewriter:
             body = _ODD_PID.sub(self._odd_pid, body)
         if not found[1].numeric:
             body = _ODD_ID.sub(lambda m: b'"id":' + m[1], body)
-        out: bytes | bytearray = shift_ts(body, self.shift) if self.shift else body
-        self._note_names(out)
-        return out
+        self._note_names(body)
+        return body
 
     def _odd_pid(self, m: re.Match) -> bytes:
         value = msgspec.json.decode(m[1])
@@ -252,7 +255,7 @@ class _RankRewriter:
         return msgspec.json.encode(events)[1:-1]
 
 
-def shift_ts(body: bytes, shift: int) -> bytes | bytearray:
+def shift_ts(body: bytes | bytearray, shift: int, after: np.ndarray | None = None) -> bytes | bytearray:
     """`body` with `shift` (whole µs, >= 0) added to every `"ts":N` (with any spaces after the colon).
 
     Only the integer part changes, so fractional (ns-resolution) digits stay exact. The new integer
@@ -260,11 +263,12 @@ def shift_ts(body: bytes, shift: int) -> bytes | bytearray:
     old digits) with numpy, all at once: Kineto's `"ts": N` leaves a space for a number that grows
     by a digit, so a piece is mostly rewritten in place. Where a slot is too small, room is made
     first with one bytes.replace (`"ts":` + as many spaces as the shift has digits, JSON
-    whitespace). Values numpy cannot take (negative, exponents) are done one by one, a rare case."""
+    whitespace). Values numpy cannot take (negative, exponents) are done one by one, a rare case.
+    `after`: the offsets just after each `"ts":` in `body` where the caller has them."""
     if not shift or b'"ts":' not in body:
         return body
     buf = bytearray(body)
-    if not _shift_slots(buf, shift, padded=False):
+    if not _shift_slots(buf, shift, padded=False, after=after):
         buf = bytearray(body.replace(b'"ts":', b'"ts":' + b" " * len(str(shift))))
         _shift_slots(buf, shift, padded=True)
     return buf
@@ -273,45 +277,110 @@ def shift_ts(body: bytes, shift: int) -> bytes | bytearray:
 _POW10 = 10 ** np.arange(19, dtype=np.int64)
 
 
-def _shift_slots(buf: bytearray, shift: int, padded: bool) -> bool:
+def _shift_slots(buf: bytearray, shift: int, padded: bool, after: np.ndarray | None = None) -> bool:
     """shift_ts on `buf` in place; False (and `buf` unchanged) where a slot has no room for its new
-    number and the text was not `padded`."""
+    number and the text was not `padded`.
+
+    Adding the shift only changes a number's last digits (those the shift has, and as far as a
+    carry runs), so they are added column by column from the right over all rows at once: a
+    handful of passes over one byte a row. Rows with fewer digits than the shift, or whose carry
+    runs past their first digit, are written whole from their integer value; numbers numpy cannot
+    take (negative, exponents, too long) one by one."""
     arr = np.frombuffer(buf, dtype=np.uint8)
-    colon = after_each(buf, b'"ts":') - 1
+    last = len(arr) - 1
+    colon = (after_each(buf, b'"ts":') if after is None else after) - 1
     start = colon + 1  # the number's first byte, after the writer's own spaces
     for _ in range(_DIGITS):
-        space = arr[np.minimum(start, len(arr) - 1)] == ord(" ")
+        space = arr[np.minimum(start, last)] == ord(" ")
         if not space.any():
             break
         start += space
-    window = np.minimum(start[:, None] + np.arange(_DIGITS + 1), len(arr) - 1)
-    chars = arr[window]
-    digit = (chars >= 48) & (chars <= 57)
-    width = np.argmin(digit, axis=1)  # integer digits (a number of _DIGITS+ digits is "odd")
-    numeric = digit | (chars == ord("."))
-    follow = chars[np.arange(len(start)), np.argmin(numeric, axis=1)]  # what ends the number: no exponent
-    plain = (width > 0) & (width <= _INT_DIGITS) & ~numeric.all(axis=1) & (follow != ord("e")) & (follow != ord("E"))
+    end = _run_end(arr, start, _DIGITS + 1)
+    width = end - start  # integer digits (a number of _DIGITS+ digits is "odd")
+    stop = np.minimum(end, last)
+    fraction = np.flatnonzero((arr[stop] == ord(".")) & (end < last))
+    stop[fraction] = np.minimum(_run_end(arr, end[fraction] + 1, len(arr)), last)
+    follow = arr[stop]  # what ends the number: no exponent
+    plain = (width > 0) & (width <= _INT_DIGITS) & (end <= last) & (follow != ord("e")) & (follow != ord("E"))
     if not padded and not plain.all():
         return False
-    rows = np.flatnonzero(plain)
-    w = width[rows]
-    places = w[:, None] - 1 - np.arange(_INT_DIGITS)
-    values = ((chars[rows, :_INT_DIGITS].astype(np.int64) - 48) * np.where(places >= 0, _POW10[np.maximum(places, 0)], 0)).sum(axis=1)
-    new = values + shift
+    digits = len(str(shift))
+    rows = np.flatnonzero(plain & (width > digits))
+    places, added, overflow = _added_digits(arr, end[rows], width[rows], shift, digits)
+    whole = np.union1d(np.flatnonzero(plain & (width <= digits)), rows[overflow])
+    w = width[whole]
+    new = _values_of(arr, start[whole], w) + shift
     new_width = np.searchsorted(_POW10, new, side="right")
-    end = start[rows] + w
-    room = end - colon[rows] - 1  # the slot: [colon + 1, end), spaces and the old digits
+    end_whole = end[whole]
+    room = end_whole - colon[whole] - 1  # the slot: [colon + 1, end), spaces and the old digits
     if (new_width > room).any():
         if not padded:
             return False
         raise ValueError(f"cannot move a timestamp by {shift} us in place")
+    keep = ~np.isin(places[1], np.flatnonzero(overflow))  # column writes of rows written whole are dropped
+    arr[places[0][keep]] = added[keep]
     j = np.arange(int(room.max(initial=0)))  # place of each byte of a slot, from the right
     inside = j < room[:, None]
     text = np.where(j < new_width[:, None], new[:, None] // _POW10[np.minimum(j, 18)] % 10 + 48, ord(" "))
-    arr[(end[:, None] - 1 - j)[inside]] = text[inside]
+    arr[(end_whole[:, None] - 1 - j)[inside]] = text[inside]
     for row in np.flatnonzero(~plain).tolist():
         _shift_one(buf, int(start[row]), int(start[row] - colon[row] - 1), shift)
     return True
+
+
+def _run_end(arr: np.ndarray, at: np.ndarray, most: int) -> np.ndarray:
+    """Where the run of ASCII digits starting at each offset `at` ends (at most `most` digits on),
+    looking only at the rows still in a run each pass."""
+    end = at.copy()
+    rows = np.arange(len(end))
+    for _ in range(most):
+        ch = arr[np.minimum(end[rows], len(arr) - 1)]
+        rows = rows[(ch >= 48) & (ch <= 57) & (end[rows] < len(arr))]
+        if not rows.size:
+            break
+        end[rows] += 1
+    return end
+
+
+def _added_digits(arr: np.ndarray, end: np.ndarray, width: np.ndarray, shift: int, digits: int
+                  ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
+    """The shift added to each number (its digits end before `end`, `width` of them, more than
+    the shift has), column by column from the right: ((byte offsets, row of each), new digit
+    bytes, rows whose carry runs past their first digit, which need a digit more)."""
+    offsets, owners, values = [], [], []
+    carry = np.zeros(len(end), dtype=np.uint8)
+    rows = np.arange(len(end))
+    for j in range(digits):
+        at = end - 1 - j
+        d = arr[at] - 48 + carry + shift // 10 ** j % 10
+        carry = (d >= 10).astype(np.uint8)
+        offsets.append(at)
+        owners.append(rows)
+        values.append(d - 10 * carry + 48)
+    rows = rows[carry.astype(bool)]
+    j = digits
+    overflow = np.zeros(len(end), dtype=bool)
+    while rows.size:
+        past = width[rows] <= j
+        overflow[rows[past]] = True
+        rows = rows[~past]
+        at = end[rows] - 1 - j
+        d = arr[at] - 47
+        offsets.append(at)
+        owners.append(rows)
+        values.append(np.where(d == 10, 48, d + 48).astype(np.uint8))
+        rows = rows[d == 10]
+        j += 1
+    if not offsets:
+        return (np.empty(0, np.int64), np.empty(0, np.int64)), np.empty(0, np.uint8), overflow
+    return (np.concatenate(offsets), np.concatenate(owners)), np.concatenate(values), overflow
+
+
+def _values_of(arr: np.ndarray, start: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """The integers of `width` (<= _INT_DIGITS) ASCII digits from each offset `start`."""
+    places = width[:, None] - 1 - np.arange(_INT_DIGITS)
+    chars = arr[np.minimum(start[:, None] + np.arange(_INT_DIGITS), len(arr) - 1)].astype(np.int64) - 48
+    return (chars * np.where(places >= 0, _POW10[np.maximum(places, 0)], 0)).sum(axis=1)
 
 
 _NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")

@@ -6,10 +6,12 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from stepscope import layout
@@ -203,3 +205,18 @@ def test_the_ranks_that_explain_the_diagnosis_come_first() -> None:
     order = merge_order(diagnosis, summaries, stacks=[])  # type: ignore[arg-type]
     assert [r for r, _ in order] == [2, 4, 5, 0, 1, 3, 6]
     assert order[0][1].startswith("slow worker (1.80x") and order[1][1].startswith("hung") and order[2][1].startswith("healthy reference")
+
+
+def test_shift_adds_exactly_where_carries_run_and_numbers_are_shorter_than_the_shift():
+    """The column-wise addition against Python's integers: carries through runs of nines, into a
+    new leading digit, numbers with fewer digits than the shift, fractions left as written."""
+    rng = np.random.default_rng(13)
+    for shift in (1, 7, 1000, 99_999, 123_456_789):
+        ints = np.concatenate([rng.integers(0, 10 ** rng.integers(1, 16, 300)), [9, 99, 9999, 99_999_999, 10 ** 15 - 1, 0, 999_000]])
+        spaces = rng.integers(1, 4, len(ints))
+        fractions = [b"" if i % 3 else b".%03d" % (i % 1000) for i in range(len(ints))]
+        body = b",".join(b'{"ts":%s%d%s,"dur":5}' % (b" " * int(s), int(v), f) for v, s, f in zip(ints, spaces, fractions))
+        shifted = shift_ts(body, shift)
+        got = re.findall(rb'"ts":\s*(\d+)(\.\d+)?', bytes(shifted))
+        assert [int(g[0]) for g in got] == [int(v) + shift for v in ints]
+        assert [g[1] for g in got] == fractions
