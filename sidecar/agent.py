@@ -205,15 +205,17 @@ class _Session:
         capture = request.get("capture") or {}
         self.id: str = request["session"]
         self.folder = folder
-        self.wait_steps = int(capture.get("waitSteps") or 0)
+        # A request the sidecar writes is complete; one written by hand gets the spec's defaults,
+        # and only a missing field does (waitSteps 0 is a choice).
+        self.wait_steps = int(wire.DEFAULT_WAIT_STEPS if capture.get("waitSteps") is None else capture["waitSteps"])
         self.duration: float | None = float(capture["durationSeconds"]) if capture.get("durationSeconds") is not None else None
-        self.steps: int | None = None if self.duration is not None else int(capture.get("steps") or 2)
-        self.activities = [str(a) for a in (capture.get("activities") or ["CPU", "CUDA"])]
+        self.steps: int | None = None if self.duration is not None else int(capture.get("steps") or wire.DEFAULT_CAPTURE_STEPS)
+        self.activities = [str(a) for a in (capture.get("activities") or wire.DEFAULT_ACTIVITIES)]
         self.with_stack = bool(capture.get("withStack", True))
         self.record_shapes = bool(capture.get("recordShapes", False))
         self.profile_memory = bool(capture.get("profileMemory", False))
         self.with_flops = bool(capture.get("withFlops", False))
-        self.hang_timeout = float(request.get("hangTimeoutSeconds") or 300)
+        self.hang_timeout = float(request.get("hangTimeoutSeconds") or wire.DEFAULT_HANG_TIMEOUT_SECONDS)
         limits = capture.get("limits") or {}
         # 0 is a budget too (no stacks at all); only a missing field takes the default.
         self.max_stack_events = int(wire.DEFAULT_MAX_STACK_EVENTS if limits.get("maxStackEvents") is None else limits["maxStackEvents"])

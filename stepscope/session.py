@@ -9,7 +9,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from stepscope.wire import DEFAULT_MAX_MEMORY_MB, DEFAULT_MAX_STACK_EVENTS
+from stepscope.wire import (
+    DEFAULT_ACTIVITIES,
+    DEFAULT_CAPTURE_STEPS,
+    DEFAULT_HANG_TIMEOUT_SECONDS,
+    DEFAULT_MAX_MEMORY_MB,
+    DEFAULT_MAX_STACK_EVENTS,
+    DEFAULT_WAIT_STEPS,
+)
 
 ACTIVITIES = ("CPU", "CUDA")
 SAVE_RAW_TRACE = ("none", "master", "all")
@@ -31,12 +38,10 @@ class CaptureLimits:
 
 @dataclass(frozen=True)
 class CaptureSpec:
-    waitSteps: int = 5
-    # Four steps: two cannot tell a modest straggler from a rank a busy machine slows for a step
-    # or two (benchmarks/diagnosis_accuracy.py, docs/benchmarks.md); four can.
-    steps: int | None = 4
+    waitSteps: int = DEFAULT_WAIT_STEPS
+    steps: int | None = DEFAULT_CAPTURE_STEPS
     durationSeconds: float | None = None
-    activities: tuple[str, ...] = ("CPU", "CUDA")
+    activities: tuple[str, ...] = DEFAULT_ACTIVITIES
     withStack: bool = True
     recordShapes: bool = False
     profileMemory: bool = False
@@ -69,7 +74,7 @@ class SessionSpec:
     saveRawTrace: Literal["none", "master", "all"] = "all"
     storage: StorageSpec = field(default_factory=StorageSpec)
     analysisEnabled: bool = True
-    hangTimeoutSeconds: int = 300
+    hangTimeoutSeconds: int = DEFAULT_HANG_TIMEOUT_SECONDS
     timeoutSeconds: int = 1800
     # A sidecar with no training process registered this long after the trigger fails its pod.
     registrationTimeoutSeconds: int = 120

@@ -53,6 +53,14 @@ STACKS_DROPPED = "Python stacks dropped"
 # it replaces, and enough samples over a few steps to name a function that takes a few ms a step.
 STACK_SAMPLE_SECONDS = 0.002
 DEFAULT_MAX_MEMORY_MB = 512
+# The capture's other defaults, for the spec (stepscope.session), the CRDs' schemas (tests/crd
+# checks them against the spec) and the agent, which fills in what a hand-written request.json
+# leaves out. Four steps: two cannot tell a modest straggler from a rank a busy machine slows for a
+# step or two (benchmarks/diagnosis_accuracy.py, docs/benchmarks.md); four can.
+DEFAULT_WAIT_STEPS = 5
+DEFAULT_CAPTURE_STEPS = 4
+DEFAULT_ACTIVITIES = ("CPU", "CUDA")
+DEFAULT_HANG_TIMEOUT_SECONDS = 300
 
 # Step telemetry: every training process keeps its latest steps in `telemetry/rank-<r>.steps`, a
 # ring that the agent writes at each step boundary and the sidecar reads, with no lock (one writer;

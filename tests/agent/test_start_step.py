@@ -46,3 +46,16 @@ def test_a_rank_before_start_step_waits_for_it_and_one_past_it_starts_at_its_nex
     # A rank whose count restarted cannot wait for its peers' step: it waits as if none were given.
     far = _capture(stepscope_dir, agent, "s-far", start_step=plain["triggerStep"] + 10_000, wait_steps=1)
     assert far["startStep"] == far["triggerStep"] + 1, far
+
+
+def test_a_hand_written_request_gets_the_specs_defaults_for_what_it_leaves_out() -> None:
+    """One home for the capture's defaults (stepscope.wire): the spec and the agent agree, and only
+    a missing field takes one (waitSteps 0 is a choice)."""
+    from stepscope.session import SessionSpec
+    from stepscope.wire import DEFAULT_ACTIVITIES
+
+    spec = SessionSpec()
+    bare = agent_module._Session({"session": "s-bare"}, 3, "unused")
+    assert (bare.wait_steps, bare.steps, bare.hang_timeout) == (spec.capture.waitSteps, spec.capture.steps, spec.hangTimeoutSeconds)
+    assert tuple(bare.activities) == DEFAULT_ACTIVITIES == spec.capture.activities and bare.start_at == 3 + spec.capture.waitSteps
+    assert agent_module._Session({"session": "s-now", "capture": {"waitSteps": 0}}, 3, "unused").start_at == 3
