@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 CC ?= cc
 # The NVML sampler's native fast tier; without a C compiler the sampler runs in Python.
-NATIVE := sidecar/_fast_sampler.so
+NATIVE := stepscope/sidecar/_fast_sampler.so
 # A real helm for the chart tests (helm/install_helm.py); without it they skip and say why.
 HELM := $(BIN)/helm
 
@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 # With the C simulation of tests/nvml/simulated.py, which the tests and benchmarks sample; the
 # image's build (Dockerfile) leaves it out.
-$(NATIVE): sidecar/fast_sampler.c
+$(NATIVE): stepscope/sidecar/fast_sampler.c
 	@$(CC) -O2 -Wall -shared -fPIC -DSTEPSCOPE_SIMULATION -o $@ $< -lpthread || echo "no working C compiler ($(CC)): the NVML sampler will run without its native fast tier"
 
 $(HELM): helm/install_helm.py | $(STAMP)

@@ -27,7 +27,7 @@ def test_install_writes_the_agent_and_sitecustomize(tmp_path: Path) -> None:
     # recompile the agent in every process.
     for name in ("sitecustomize.py", f"{AGENT_MODULE}.py", f"{WIRE_MODULE}.py"):
         assert Path(importlib.util.cache_from_source(str(folder / name))).is_file()
-    assert (folder / f"{AGENT_MODULE}.py").read_bytes() == (Path(__file__).parents[2] / "sidecar" / "agent.py").read_bytes()
+    assert (folder / f"{AGENT_MODULE}.py").read_bytes() == (Path(__file__).parents[2] / "stepscope" / "sidecar" / "agent.py").read_bytes()
     env = training_env(tmp_path, {"PYTHONPATH": "/opt/a:/opt/b"})
     assert env == {"PYTHONPATH": f"{folder.resolve()}:/opt/a:/opt/b", "STEPSCOPE_DIR": str(tmp_path.resolve())}
     assert training_env(tmp_path, env)["PYTHONPATH"] == env["PYTHONPATH"]
