@@ -24,6 +24,7 @@ from stepscope.operator.selection import Target, label_selector, not_injected, s
 from stepscope.operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
 from stepscope.operator.status import MAX_MESSAGE, PodProgress, StatusWriter, now_iso, parse_iso, pod_counts, set_condition
 from stepscope.session import SessionSpec, SpecError
+from stepscope.wire import aligned_start_step
 
 TERMINAL = ("Succeeded", "Failed")
 TTL_RECHECK_S = 30.0  # how stale a changed ttlSecondsAfterFinished may be while a finished session waits
@@ -190,7 +191,7 @@ class SessionRunner:
         s = self.settings
         # Pods align too: every sidecar gets the same absolute start step.
         answers = await asyncio.to_thread(fanout.telemetry, todo, self.ctx.key_for(self.ns), concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s)
-        start_step = fanout.aligned_start_step(answers, spec.capture.waitSteps)
+        start_step = aligned_start_step(fanout.live_step_counts(answers), spec.capture.waitSteps)
         if start_step is not None:
             body["startStep"] = start_step
         outcomes = await asyncio.to_thread(fanout.trigger, todo, self.uid, body, self.ctx.key_for(self.ns), concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)

@@ -24,7 +24,7 @@ from stepscope import layout, wire
 from stepscope.retry import RetryPolicy
 from stepscope.session import SessionSpec, SpecError
 from stepscope.sidecar import shared_dir
-from stepscope.sidecar.telemetry import current_step
+from stepscope.sidecar.telemetry import live_step_counts
 from stepscope.sidecar.uploads import Job, Uploader
 from stepscope.storage import Store, StoreError, open_store
 
@@ -229,8 +229,7 @@ class SessionManager:
             if start_step is None:
                 # Every local rank starts at the same absolute step (they step in lockstep), not
                 # waitSteps after whichever step each happens to read the request at.
-                current = current_step(self.dir, stale_after_s=self._stale_after_s)
-                start_step = None if current is None else current + spec.capture.waitSteps
+                start_step = wire.aligned_start_step(live_step_counts(self.dir, stale_after_s=self._stale_after_s), spec.capture.waitSteps)
             shared_dir.write_request(self.dir, session_id, "capture", spec.to_dict()["capture"], spec.hangTimeoutSeconds, start_step)
             self._transition(session, "Pending")
             self._sessions[session_id] = session
