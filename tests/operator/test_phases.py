@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from stepscope.operator import phases
-from stepscope.operator.phases import (AnalysisStatus, Captured, Failure, Finish, GiveUp, JobSeen, Listed, ListFailed, Polled, ReadAnalysis,
-                                       RecordPods, Report, Retry, RunState, Trigger, TriggerAnswers, Wait)
+from stepscope.operator.phases import AnalysisStatus, Captured, Failure, Finish, GiveUp, JobSeen, Listed, ListFailed, Polled, ReadAnalysis, RecordPods, Report, Retry, RunState, Trigger, TriggerAnswers, Wait
 from stepscope.operator.pod_record import PodRecord
 from stepscope.operator.selection import Target
 from stepscope.operator.status import WAITING, PodProgress

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from stepscope.sidecar.session_phases import (Limits, QueueMetrics, QueueRank, RankView, SessionView, StartRecorder, TimeOut, Verdict,
-                                              advance, phase_of)
+from stepscope.sidecar.session_phases import Limits, QueueMetrics, QueueRank, RankView, SessionView, StartRecorder, TimeOut, Verdict, advance, phase_of
 
 NOW = 1_000_000.0
 LIMITS = Limits(stale_after_s=15.0, export_grace_s=600.0)
