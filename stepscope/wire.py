@@ -8,6 +8,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing stays unimported at run time (see above)
+    from collections.abc import Sequence
     from typing import TypeGuard
 
 WIRE_VERSION = 1  # of request.json and the agent's state and stacks files
@@ -61,6 +62,14 @@ DEFAULT_WAIT_STEPS = 5
 DEFAULT_CAPTURE_STEPS = 4
 DEFAULT_ACTIVITIES = ("CPU", "CUDA")
 DEFAULT_HANG_TIMEOUT_SECONDS = 300
+
+
+def aligned_start_step(completed: Sequence[int], wait_steps: int) -> int | None:
+    """The absolute step every rank starts capturing at (request.json's startStep): waitSteps after
+    the most steps any live rank has completed (DDP ranks step in lockstep, so their counters
+    agree to a step). The operator takes the counts of every selected pod, a sidecar without a
+    startStep those of its own ranks; None when no live rank has counted a step."""
+    return max(completed) + wait_steps if completed else None
 
 # Step telemetry: every training process keeps its latest steps in `telemetry/rank-<r>.steps`, a
 # ring that the agent writes at each step boundary and the sidecar reads, with no lock (one writer;

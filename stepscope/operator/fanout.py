@@ -83,10 +83,7 @@ def telemetry(targets: Iterable[Target], key: bytes, *, concurrency: int, timeou
     return _map(lambda t: _call(t, lambda c: c.get_telemetry(), key, timeout, 1, 0.0), targets, concurrency)
 
 
-def aligned_start_step(answers: Iterable[Outcome], wait_steps: int) -> int | None:
-    """The absolute step every rank starts capturing at: waitSteps after the most steps any live
-    rank has completed (DDP ranks step in lockstep, so their counters agree to a step). None when
-    no sidecar answered with a live rank: each sidecar then aligns its own ranks."""
-    steps = [int(rank["steps"]) for o in answers if o.ok for rank in o.answer.get("ranks") or []
-             if isinstance(rank, dict) and rank.get("alive") and isinstance(rank.get("steps"), int)]
-    return max(steps) + wait_steps if steps else None
+def live_step_counts(answers: Iterable[Outcome]) -> list[int]:
+    """The steps each live rank of the answering sidecars has completed (GET /v1/telemetry)."""
+    return [int(rank["steps"]) for o in answers if o.ok for rank in o.answer.get("ranks") or []
+            if isinstance(rank, dict) and rank.get("alive") and isinstance(rank.get("steps"), int)]

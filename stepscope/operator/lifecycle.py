@@ -9,29 +9,25 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, NoReturn
 
 import kopf
 from kubernetes.client.rest import ApiException
 
-from stepscope.operator import cancellation, credentials, fanout, jobs, kube, metrics, pod_record
+from stepscope.operator import cancellation, credentials, fanout, jobs, kube, metrics, phases, pod_record
 from stepscope.operator.namespace_keys import namespace_key
+from stepscope.operator.phases import Action, Captured, Failure, Finish, GiveUp, ReadAnalysis, RecordPods, Report, Retry, RunState, Trigger, Wait
 from stepscope.operator.pod_record import PodRecord
 from stepscope.operator.record import SessionRecord, destination, open_destination
 from stepscope.operator.selection import Target, label_selector, not_injected, select_targets, target_of
-from stepscope.operator.settings import GROUP, INJECT_LABEL, PLURAL, VERSION, OperatorSettings
-from stepscope.operator.status import MAX_FAILED_WORKERS, MAX_MESSAGE, WAITING, PodProgress, StatusWriter, aggregate, failed_worker, now_iso, parse_iso, pod_counts, registration_wait, set_condition, unregistered, unregistered_reason
+from stepscope.operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
+from stepscope.operator.status import MAX_MESSAGE, PodProgress, StatusWriter, now_iso, parse_iso, pod_counts, set_condition
 from stepscope.session import SessionSpec, SpecError
+from stepscope.wire import aligned_start_step
 
 TERMINAL = ("Succeeded", "Failed")
 TTL_RECHECK_S = 30.0  # how stale a changed ttlSecondsAfterFinished may be while a finished session waits
-# What a refused pod list means for the user: the answer is final, retrying cannot help.
-LIST_REFUSALS = {
-    400: "fix spec.selector",
-    403: "the operator's ServiceAccount may not list pods here: add the namespace to the chart's operator.namespaces (docs/security.md)",
-    422: "fix spec.selector",
-}
 
 
 def _api_message(exc: ApiException) -> str:
@@ -52,12 +48,6 @@ class Context:
         return namespace_key(self.key, namespace)
 
 
-def _uninjected(pods: list[str]) -> str:
-    more = f" and {len(pods) - 3} more" if len(pods) > 3 else ""
-    return (f"not profiled: pod(s) {', '.join(pods[:3])}{more} asked for the sidecar ({INJECT_LABEL}=true) but started without it "
-            "(see their SidecarNotInjected events); recreate them to profile them")
-
-
 class Fail(Exception):
     """Ends the session Failed; `reason` is a CamelCase word, the message says what to change."""
 
@@ -70,7 +60,17 @@ class Stopped(Exception):
     """The daemon is being stopped (operator shutdown or session deletion): leave state as is."""
 
 
+def _end(action: Action) -> NoReturn:
+    """Ends the loop that asked phases.step: a Failure fails the session; nothing else may come."""
+    if isinstance(action, Failure):
+        raise Fail(action.reason, action.message)
+    raise AssertionError(f"phases.step gave {action!r} where the shell does not apply it")
+
+
 class SessionRunner:
+    """The I/O shell around stepscope.operator.phases: it observes the pods, sidecars and the
+    analysis Job, asks `phases.step` what to do, and does it."""
+
     def __init__(self, obj: dict[str, Any], ctx: Context, stopped: Any, logger: logging.Logger | logging.LoggerAdapter) -> None:
         self.obj = obj
         meta = obj["metadata"]
@@ -83,10 +83,8 @@ class SessionRunner:
         self.record: SessionRecord | None = None
         self.pods: PodRecord | None = None
         self.dest = ""
-        # spec.timeoutSeconds once _drive has read the spec (the spec's own default until then)
-        self.timeout_s = float(SessionSpec.timeoutSeconds)
-        self.unregistered: list[str] = []  # pods lost for want of a registered training process
-        self.uninjected: list[str] = []  # selected pods that asked for the sidecar and started without it
+        self.state: RunState | None = None  # once _drive has read the spec
+        self.uninjected: tuple[str, ...] = ()  # selected pods that asked for the sidecar and started without it
 
     @property
     def phase(self) -> str:
@@ -104,6 +102,16 @@ class SessionRunner:
             await self._finish("Failed", exc.reason, exc.message)
         await self._expire()
 
+    def _step(self, obs: phases.Observation) -> list[Action]:
+        """phases.step on the state as status now says it; the caller applies the actions in order."""
+        assert self.state is not None, "the spec is read first"
+        triggered = next((c.get("lastTransitionTime") for c in self.status.get("conditions") or [] if c.get("type") == "Triggered"), None)
+        start = self.status.get("startTime")
+        state = replace(self.state, phase=self.phase, start=parse_iso(start) if isinstance(start, str) and start else None,
+                        triggered=parse_iso(triggered) if triggered else None)
+        self.state, actions = phases.step(state, obs)
+        return actions
+
     # -- the phases -------------------------------------------------------------------------
 
     async def _drive(self) -> None:
@@ -112,9 +120,10 @@ class SessionRunner:
             selector = label_selector(spec.selector)
         except (SpecError, TypeError, ValueError) as exc:
             raise Fail("InvalidSpec", str(exc)) from None
-        self.timeout_s = float(spec.timeoutSeconds)
         creds = await self._credentials(spec)
         self.dest = destination(spec, self.ns, self.name, self.uid)
+        self.state = RunState(self.phase, self.ns, selector, self.dest, spec.timeoutSeconds, self.settings.selection_grace_s,
+                              spec.registrationTimeoutSeconds, spec.analysisEnabled)
         await self._open_record(spec, creds)
         if self.phase in ("", "Pending"):
             if not self.phase:
@@ -158,18 +167,14 @@ class SessionRunner:
 
     async def _await_targets(self, selector: str) -> list[Target]:
         """Running pods with a sidecar; waits the selection grace for pods still starting."""
-        since = parse_iso(self.status.get("startTime") or now_iso())
         while True:
             pods = await self._list_pods(selector)
-            targets = select_targets(pods)
-            self.uninjected = not_injected(pods)
-            if targets:
-                return targets
-            if time.time() - since >= self.settings.selection_grace_s:
-                seen = f"{len(pods)} pod(s) match but none is Running with a container port named 'stepscope'" if pods else "no pod matches"
-                if self.uninjected:
-                    seen += f"; {_uninjected(self.uninjected)}"
-                raise Fail("NoPodsSelected", f"spec.selector ({selector}) selects no Running pod with a stepscope sidecar in namespace {self.ns}: {seen}; label the training pods with stepscope.io/inject=\"true\" or fix spec.selector")
+            self.uninjected = tuple(not_injected(pods))
+            for action in self._step(phases.Listed(time.time(), len(pods), tuple(select_targets(pods)), self.uninjected)):
+                if isinstance(action, Trigger):
+                    return list(action.targets)
+                if not isinstance(action, Wait):
+                    _end(action)
             await self._sleep(min(1.0, self.settings.selection_grace_s))
 
     async def _trigger(self, spec: SessionSpec, creds: dict[str, Any] | None, targets: list[Target]) -> None:
@@ -186,24 +191,23 @@ class SessionRunner:
         s = self.settings
         # Pods align too: every sidecar gets the same absolute start step.
         answers = await asyncio.to_thread(fanout.telemetry, todo, self.ctx.key_for(self.ns), concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s)
-        start_step = fanout.aligned_start_step(answers, spec.capture.waitSteps)
+        start_step = aligned_start_step(fanout.live_step_counts(answers), spec.capture.waitSteps)
         if start_step is not None:
             body["startStep"] = start_step
         outcomes = await asyncio.to_thread(fanout.trigger, todo, self.uid, body, self.ctx.key_for(self.ns), concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
-        accepted = already | {o.target.pod for o in outcomes if o.ok}
-        refused = {o.target.pod: f"trigger refused: {o.error}" for o in outcomes if not o.ok}
-        if not accepted:
-            first = next(iter(refused.values()), "no sidecar answered")
-            raise Fail("TriggerFailed", f"no sidecar accepted the session ({len(refused)} tried); first error: {first}")
-        self.pods = PodRecord(accepted, frozenset(refused))
-        try:
-            record = await asyncio.to_thread(pod_record.write, self.ns, self.name, self.uid, self.pods)
-        except pod_record.PodRecordTooLarge as exc:  # the split outgrew the room checked above: undo the fan-out
-            raise Fail("PodRecordTooLarge", f"{exc}; the {len(accepted)} triggered sidecar(s) are cancelled") from None
-        message = f"{len(accepted)} sidecar(s) triggered" + (f", {len(refused)} refused" if refused else "") + (f"; {_uninjected(self.uninjected)}" if self.uninjected else "")
-        failed = [failed_worker(pod, None, reason) for pod, reason in sorted(refused.items())][:MAX_FAILED_WORKERS]
-        conditions = set_condition(self.status.get("conditions") or [], "Triggered", True, "Triggered", message, self.generation)
-        await self._transition("Capturing", "Triggered", message, pods=pod_counts(record, self.pods), failedWorkers=failed, conditions=conditions)
+        answers_seen = phases.TriggerAnswers(already, frozenset(o.target.pod for o in outcomes if o.ok),
+                                             {o.target.pod: o.error for o in outcomes if not o.ok}, self.uninjected)
+        for action in self._step(answers_seen):
+            if not isinstance(action, RecordPods):
+                _end(action)
+            self.pods = action.pods
+            try:
+                record = await asyncio.to_thread(pod_record.write, self.ns, self.name, self.uid, self.pods)
+            except pod_record.PodRecordTooLarge as exc:  # the split outgrew the room checked above: undo the fan-out
+                raise Fail("PodRecordTooLarge", f"{exc}; the {len(self.pods.triggered)} triggered sidecar(s) are cancelled") from None
+            conditions = set_condition(self.status.get("conditions") or [], "Triggered", True, "Triggered", action.message, self.generation)
+            await self._transition("Capturing", "Triggered", action.message, pods=pod_counts(record, self.pods),
+                                   failedWorkers=list(action.failed_workers), conditions=conditions)
 
     async def _follow_capture(self, selector: str, spec: SessionSpec) -> None:
         pods = self.pods or await self._read_pods()
@@ -213,36 +217,33 @@ class SessionRunner:
         progress = {pod: PodProgress() for pod in pods.triggered}
         for pod in pods.refused:
             progress[pod] = PodProgress(lost="trigger refused by the sidecar")
-        s = self.settings
         while True:
             await self._poll(selector, progress)
-            await self._give_up_unregistered(spec, progress)
-            agg = aggregate(progress)
-            await self._progress(agg.workers, agg.failed_workers, registration_wait(progress, spec.registrationTimeoutSeconds))
-            if agg.done:
-                break
-            if self._timed_out():  # run() cancels it on the sidecars
-                raise self._capture_timeout(spec, agg.workers)
-            await self._sleep(s.poll_interval_s)
-        uploaded, total = agg.workers["uploaded"], agg.workers["total"]
-        # A hung job makes no step to capture, but its hung ranks' stacks are the diagnosis.
-        if uploaded == 0 and not agg.hung:
-            # The sidecars keep the same timeout: one that ran out first ended its workers, which is
-            # the session's timeout too, not a capture failure of its own.
-            if self._timed_out():
-                raise self._capture_timeout(spec, agg.workers)
-            if self.unregistered:
-                more = f" (and {len(self.unregistered) - 1} more pod(s))" if len(self.unregistered) > 1 else ""
-                raise Fail("NoTrainingProcess", f"pod {self.unregistered[0]}{more}: {unregistered_reason(spec.registrationTimeoutSeconds)}")
-            raise Fail("CaptureFailed", f"no worker uploaded a capture ({agg.workers['failed']} of {total} failed); first: {agg.failed_workers[0]['reason'] if agg.failed_workers else 'unknown'}")
-        message = f"{uploaded} of {total} worker(s) captured and uploaded" + (f"; {agg.hung} hung, their Python stacks uploaded" if agg.hung else "")
-        conditions = set_condition(self.status.get("conditions") or [], "Captured", True, "Captured", message, self.generation)
-        if not spec.analysisEnabled:
-            await self._finish("Succeeded", "Captured", message + "; analysis disabled", conditions=conditions)
+            for action in self._step(phases.Polled(time.time(), progress)):
+                if isinstance(action, GiveUp):
+                    for pod in action.pods:
+                        progress[pod].lost = action.reason
+                    await asyncio.to_thread(cancellation.cancel, self.ns, self.obj.get("spec") or {}, self.uid, frozenset(action.pods), self.settings, self.ctx.key)
+                elif isinstance(action, Report):
+                    patch = phases.progress_patch(self.status, action)
+                    if patch is not None:
+                        await self._write(patch)
+                elif isinstance(action, Wait):
+                    await self._sleep(self.settings.poll_interval_s)
+                elif isinstance(action, Captured):
+                    await self._captured(spec, action)
+                    return
+                else:
+                    _end(action)
+
+    async def _captured(self, spec: SessionSpec, captured: Captured) -> None:
+        conditions = set_condition(self.status.get("conditions") or [], "Captured", True, "Captured", captured.message, self.generation)
+        if not captured.analyze:
+            await self._finish("Succeeded", "Captured", captured.message + "; analysis disabled", conditions=conditions)
             return
-        job = await asyncio.to_thread(jobs.create_analysis, self.ns, self.name, self.uid, s, spec.storage.credentialsSecret, await self._secret_keys(spec))
+        job = await asyncio.to_thread(jobs.create_analysis, self.ns, self.name, self.uid, self.settings, spec.storage.credentialsSecret, await self._secret_keys(spec))
         metrics.ANALYSIS_JOBS.inc()
-        await self._transition("Analyzing", "Captured", f"{message}; analysis Job {job} created", conditions=conditions, analysisJob=job)
+        await self._transition("Analyzing", "Captured", f"{captured.message}; analysis Job {job} created", conditions=conditions, analysisJob=job)
 
     async def _poll(self, selector: str, progress: dict[str, PodProgress]) -> None:
         """One round: mark pods that went away as lost, ask the others' sidecars."""
@@ -267,60 +268,43 @@ class SessionRunner:
             if p.misses >= s.unreachable_polls or o.status == 404:
                 p.lost = f"sidecar lost the session: {o.error}"[:200]
 
-    async def _give_up_unregistered(self, spec: SessionSpec, progress: dict[str, PodProgress]) -> None:
-        """A pod whose training never registered with its sidecar is lost with the reason (and
-        cancelled there), rather than keeping the session Capturing until spec.timeoutSeconds."""
-        triggered = next((c.get("lastTransitionTime") for c in self.status.get("conditions") or [] if c.get("type") == "Triggered"), None)
-        since = parse_iso(triggered or self.status.get("startTime") or now_iso())
-        pods = unregistered(progress, time.time() - since, spec.registrationTimeoutSeconds)
-        if not pods:
-            return
-        for pod in pods:
-            progress[pod].lost = unregistered_reason(spec.registrationTimeoutSeconds)
-        self.unregistered += pods
-        await asyncio.to_thread(cancellation.cancel, self.ns, self.obj.get("spec") or {}, self.uid, frozenset(pods), self.settings, self.ctx.key)
-
     async def _secret_keys(self, spec: SessionSpec) -> dict[str, str]:
         if not spec.storage.credentialsSecret:
             return {}
         data = await asyncio.to_thread(credentials.read_secret_data, self.ns, spec.storage.credentialsSecret)
         return credentials.secret_key_names(data)
 
-    async def _follow_analysis(self) -> None:
+    async def _await_job(self) -> ReadAnalysis:
         name = self.status.get("analysisJob") or ""
         while True:
             try:
                 job = await asyncio.to_thread(kube.batch().read_namespaced_job, name, self.ns)
+                outcome, message = jobs.job_outcome(job)
             except Exception as exc:
                 if not kube.is_not_found(exc):
                     raise
-                raise Fail("AnalysisFailed", f"analysis Job {name} disappeared") from None
-            outcome, message = jobs.job_outcome(job)
-            if outcome != "Running":
-                break
-            if self._timed_out():
-                raise Fail("Timeout", f"analysis did not finish within spec.timeoutSeconds; captures are kept in {self.dest}")
+                outcome, message = "Gone", ""
+            for action in self._step(phases.JobSeen(time.time(), name, outcome, message)):
+                if isinstance(action, ReadAnalysis):
+                    return action
+                if not isinstance(action, Wait):
+                    _end(action)
             await self._sleep(self.settings.poll_interval_s)
+
+    async def _follow_analysis(self) -> None:
+        ended = await self._await_job()
         fresh = await asyncio.to_thread(kube.get_session, self.ns, self.name)
         fresh_status = fresh.get("status") or {}
         conditions = self.status["conditions"] = fresh_status.get("conditions") or []
         analyzed: dict[str, Any] = next((c for c in conditions if c.get("type") == "Analyzed"), {})
-        if outcome == "Failed":
-            raise Fail("AnalysisFailed", str(analyzed.get("message") or message) if analyzed.get("status") == "False" else message)
-        self.status.update({k: fresh_status[k] for k in ("diagnosis", "artifacts") if k in fresh_status})
         summary = (fresh_status.get("diagnosis") or {}).get("summary", "analysis done")
-        await self._finish("Succeeded", "Analyzed", summary, conditions=conditions)
+        for action in self._step(phases.AnalysisStatus(ended.outcome, ended.message, analyzed, summary)):
+            if not isinstance(action, Finish):
+                _end(action)
+            self.status.update({k: fresh_status[k] for k in ("diagnosis", "artifacts") if k in fresh_status})
+            await self._finish("Succeeded", action.reason, action.message, conditions=conditions)
 
     # -- status, events, timeline ----------------------------------------------------------
-
-    async def _progress(self, workers: dict[str, int], failed: list[dict[str, Any]], waiting: str | None) -> None:
-        message = self.status.get("message") or ""
-        if waiting is None and message.startswith(WAITING):
-            waiting = "every selected pod's training processes registered; capturing"
-        if workers == self.status.get("workers") and failed == self.status.get("failedWorkers") and waiting in (None, message):
-            return
-        patch = {"workers": workers, "failedWorkers": failed, "workersReady": f"{workers['captured']}/{workers['total']}"}
-        await self._write({**patch, "message": waiting[:MAX_MESSAGE]} if waiting else patch)
 
     async def _write(self, patch: dict[str, Any]) -> None:
         patch = {**patch, "observedGeneration": self.generation}
@@ -376,30 +360,18 @@ class SessionRunner:
             await asyncio.to_thread(cancellation.cancel, self.ns, self.obj.get("spec") or {}, self.uid, pods.triggered, self.settings, self.ctx.key_for(self.ns))
 
     async def _list_pods(self, selector: str) -> list[Any]:
-        """The selected pods. A refusal the user must fix fails the session at once; any other
-        error is retried (by kopf) until spec.timeoutSeconds, then fails it with that error."""
+        """The selected pods; on an error phases.step says whether to fail the session now or
+        to raise it (kopf retries the daemon)."""
         try:
             result = await asyncio.to_thread(kube.core().list_namespaced_pod, self.ns, label_selector=selector)
-        except ApiException as exc:
-            if exc.status in LIST_REFUSALS:
-                raise Fail("PodsUnlistable", f"listing pods in namespace {self.ns} with spec.selector ({selector}) was refused: "
-                                             f"HTTP {exc.status} {_api_message(exc)}; {LIST_REFUSALS[exc.status]}") from None
-            if self._timed_out():
-                raise Fail("PodsUnlistable", f"pods in namespace {self.ns} could not be listed within spec.timeoutSeconds: HTTP {exc.status} {_api_message(exc)}") from None
-            raise
         except Exception as exc:
-            if self._timed_out():
-                raise Fail("PodsUnlistable", f"pods in namespace {self.ns} could not be listed within spec.timeoutSeconds: {exc}") from None
+            http = exc.status if isinstance(exc, ApiException) else None
+            words = f"HTTP {exc.status} {_api_message(exc)}" if isinstance(exc, ApiException) else str(exc)
+            for action in self._step(phases.ListFailed(time.time(), http, words)):
+                if not isinstance(action, Retry):
+                    _end(action)
             raise
         return list(result.items)
-
-    def _capture_timeout(self, spec: SessionSpec, workers: dict[str, int]) -> Fail:
-        return Fail("Timeout", f"capture did not finish within spec.timeoutSeconds={spec.timeoutSeconds}s; "
-                               f"{workers['uploaded']} of {workers['total']} worker(s) uploaded, kept in {self.dest}")
-
-    def _timed_out(self) -> bool:
-        start = self.status.get("startTime")
-        return isinstance(start, str) and bool(start) and time.time() - parse_iso(start) > self.timeout_s
 
     async def _sleep(self, seconds: float) -> None:
         await self.stopped.wait(seconds)

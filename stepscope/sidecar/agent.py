@@ -48,6 +48,7 @@ written to the session's state file.
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import os
 import struct
@@ -198,6 +199,106 @@ def thread_stacks() -> list[dict[str, Any]]:
     return threads
 
 
+# ---- the capture's decisions, pure ------------------------------------------------------------
+# What to do with the active session at a step boundary or a watchdog tick is decided by pure
+# functions over a snapshot of it (CaptureView) and of the moment (Tick); the Agent below applies
+# the actions (profiler, state file, stacks). tests/agent/test_decisions.py drives each one.
+# namedtuples and plain tuples, not dataclasses: every Python process of the pod imports this file,
+# and dataclasses would cost each ~9 ms at start.
+
+CaptureView = collections.namedtuple("CaptureView", (
+    "state", "profiling", "on_watchdog", "all_threads", "cancel", "hung", "hung_step", "start_at", "start_step", "steps", "duration",
+    "started_mono", "triggered_mono", "with_stack", "probed", "probing", "max_memory_mb", "hang_timeout"))
+# The moment: steps completed, CLOCK_MONOTONIC now and at the last step boundary, and how much the
+# process grew since the profiler started (MB; 0 while none runs).
+Tick = collections.namedtuple("Tick", ("step", "mono", "last_step_mono", "grown_mb"))
+
+# Actions, as tuples led by their name:
+RESUME = "resume"  # (RESUME, state): steps came again after a hang; back to `state`
+CANCEL_UNSTARTED = "cancel-unstarted"  # (CANCEL_UNSTARTED,): cancelled before the profiler started
+PROBE = "probe"  # (PROBE,): run or end the capture budget's probe step; nothing more while it runs
+START = "start"  # (START,): start the profiler
+STEP = "step"  # (STEP,): one profiler step
+STOP = "stop"  # (STOP, final state, over the memory budget, stopped off a step boundary)
+
+
+def cancels_unstarted(v: CaptureView, state: str | None = None) -> bool:
+    """A cancelled session whose profiler never started ends at once, from any thread."""
+    return bool(v.cancel) and not v.profiling and (state or v.state) in (wire.WAITING, wire.HUNG)
+
+
+def decide(v: CaptureView, t: Tick, on_watchdog: bool) -> list[tuple[Any, ...]]:
+    """The session's next move, at a step boundary (on_watchdog False) or a watchdog tick. A
+    profiler is stepped and stopped by the thread that started it, except that the watchdog ends
+    an all-threads capture that no step boundary ends."""
+    if v.on_watchdog != on_watchdog:
+        return _end_without_a_step(v, t) if on_watchdog and v.all_threads else []
+    actions: list[tuple[Any, ...]] = []
+    state = v.state
+    if v.hung and t.step != v.hung_step:
+        state = wire.CAPTURING if v.profiling else wire.WAITING
+        actions.append((RESUME, state))
+    if cancels_unstarted(v, state):
+        return actions + [(CANCEL_UNSTARTED,)]
+    if state == wire.WAITING:
+        # The budget's probe counts the last wait step's Python calls (one more step where none is left).
+        if v.with_stack and not v.probed and (v.probing or t.step + 1 >= v.start_at):
+            actions.append((PROBE,))
+        if t.step >= v.start_at:
+            actions.append((START,))
+        return actions
+    if state != wire.CAPTURING or not v.profiling:
+        return actions
+    if v.cancel:
+        return actions + [(STOP, wire.CANCELLED, False, False)]
+    if t.grown_mb > v.max_memory_mb:
+        return actions + [(STOP, wire.DONE, True, False)]
+    if on_watchdog:
+        over = t.mono - v.started_mono >= (v.duration or 0)
+    elif v.steps is not None:
+        over = t.step - (v.start_step or 0) >= v.steps
+    else:
+        over = v.duration is not None and t.mono - v.started_mono >= v.duration
+    return actions + [(STOP, wire.DONE, False, False) if over else (STEP,)]
+
+
+def _end_without_a_step(v: CaptureView, t: Tick) -> list[tuple[Any, ...]]:
+    """Stop, from the watchdog, an all-threads capture of the training thread whose duration is
+    over (or that was cancelled) while the loop makes no step: it blocks in data loading or sits
+    between epochs. A loop that still steps gets STEPLESS_AFTER_SECONDS more to end it on a step
+    boundary, so the sidecar sees the end at most that long after the duration."""
+    if v.state != wire.CAPTURING or not v.profiling or v.duration is None:
+        return []
+    stalled = t.mono - t.last_step_mono >= STEPLESS_AFTER_SECONDS
+    late = t.mono - v.started_mono - v.duration
+    if v.cancel and stalled:
+        return [(STOP, wire.CANCELLED, False, True)]
+    if late >= 0 and (stalled or late >= STEPLESS_AFTER_SECONDS):
+        return [(STOP, wire.DONE, False, True)]
+    if stalled and t.grown_mb > v.max_memory_mb:
+        return [(STOP, wire.DONE, True, True)]
+    return []
+
+
+def starts_stepless(v: CaptureView, t: Tick) -> bool:
+    """A durationSeconds capture of a process that reaches no step boundary: the watchdog starts
+    it (before a first step, once the first-step grace is over)."""
+    stepless_after = STEPLESS_AFTER_SECONDS if t.step else FIRST_STEP_GRACE_SECONDS
+    return v.state == wire.WAITING and v.duration is not None and t.mono - max(t.last_step_mono, v.triggered_mono) >= stepless_after
+
+
+def hangs(v: CaptureView, t: Tick) -> bool:
+    """No step for hangTimeoutSeconds, counted from the trigger at the earliest: a request may
+    reach a rank that was already stuck, or one still starting up."""
+    return v.state in (wire.WAITING, wire.CAPTURING) and not v.hung and t.mono - max(t.last_step_mono, v.triggered_mono) >= v.hang_timeout
+
+
+def watchdog_wait(v: CaptureView, t: Tick) -> float:
+    """How long the watchdog sleeps: a heartbeat, or less to end a duration when it runs out."""
+    left = v.duration - (t.mono - v.started_mono) if v.profiling and v.duration is not None else 0.0
+    return max(0.01, min(HEARTBEAT_SECONDS, left)) if left > 0 else HEARTBEAT_SECONDS
+
+
 class _Session:
     """One capture request on this rank, from trigger to a final state."""
 
@@ -254,6 +355,11 @@ class _Session:
         self.notes: list[str] = []
         self.degraded: list[str] = []  # what the capture budget dropped or cut, and why
         self.gpu: tuple[int, str] = (-1, "")  # (CUDA index, UUID) once the program has initialised CUDA
+
+    def view(self) -> CaptureView:
+        return CaptureView(self.state, self.prof is not None, self.on_watchdog, self.all_threads, self.cancel, self.hung, self.hung_step,
+                           self.start_at, self.start_step, self.steps, self.duration, self.started_mono, self.triggered_mono,
+                           self.with_stack, self.probed, self.probe is not None, self.max_memory_mb, self.hang_timeout)
 
 
 class Agent:
@@ -512,55 +618,48 @@ class Agent:
                     log.debug("stepscope agent: the profiler did not stop cleanly", exc_info=True)
             self._fail(s, "capture", e)
 
+    def _tick(self, s: _Session, *, memory: bool = True) -> Tick:
+        """Now; the process's growth only where a decision reads it (a read of /proc)."""
+        grown = _rss_mb() - s.rss_start_mb if memory and s.prof is not None else 0.0
+        return Tick(self.step_count, _monotonic(), self.last_step_mono, grown)
+
     def _advance(self, *, on_watchdog: bool = False) -> None:
-        """Move the active session on at a step boundary, or on a watchdog tick for a stepless capture:
-        a profiler is stepped and stopped by the thread that started it, except that the watchdog
-        ends an all-threads capture that no step boundary ends."""
+        """Apply `decide` to the active session, at a step boundary or on a watchdog tick."""
         s = self._session
         if s is None:
             return
-        if s.on_watchdog != on_watchdog:
-            if on_watchdog and s.all_threads:
-                self._end_without_a_step(s)
-            return
-        if s.hung and self.step_count != s.hung_step:
-            s.hung = False
-            s.state = wire.CAPTURING if s.prof is not None else wire.WAITING
-            self._write_state(s, message=f"steps resumed at step {self.step_count} after a hang")
-        if self._cancel_unstarted(s):
-            return
-        if s.state == wire.WAITING:
-            if self._probing(s, s.start_at):
-                return
-            if self.step_count >= s.start_at:
+        tick = self._tick(s)
+        for action in decide(s.view(), tick, on_watchdog):
+            kind = action[0]
+            if kind == RESUME:
+                s.hung, s.state = False, action[1]
+                self._write_state(s, message=f"steps resumed at step {self.step_count} after a hang")
+            elif kind == CANCEL_UNSTARTED:
+                self._finish(s, wire.CANCELLED, message=f"cancelled at step {self.step_count} before capture started")
+            elif kind == PROBE:
+                if self._probing(s):
+                    return
+            elif kind == START:
                 self._start_profiler(s)
-            return
-        if s.state != wire.CAPTURING or s.prof is None:
-            return
-        if s.cancel:
-            self._stop_profiler(s, wire.CANCELLED)
-        elif self._over_memory(s):
-            self._stop_profiler(s, wire.DONE)
-        elif s.on_watchdog:
-            if _monotonic() - s.started_mono >= (s.duration or 0):
-                self._stop_profiler(s, wire.DONE)
-        elif s.steps is not None and self.step_count - (s.start_step or 0) >= s.steps:
-            self._stop_profiler(s, wire.DONE)
-        elif s.duration is not None and _monotonic() - s.started_mono >= s.duration:
-            self._stop_profiler(s, wire.DONE)
-        else:
-            s.prof.step()
-            if s.sampler is not None:
-                s.sampler.anchor(s.prof.step_num)
+            elif kind == STEP:
+                s.prof.step()
+                if s.sampler is not None:
+                    s.sampler.anchor(s.prof.step_num)
+            else:
+                _, final, over_memory, stepless = action
+                if over_memory:
+                    self._cut_for_memory(s, tick.grown_mb)
+                if stepless:
+                    s.notes.append(f"no step boundary came after step {self.step_count - 1}: the watchdog thread stopped the profiler, "
+                                   f"so ProfilerStep#{self.step_count} holds the part of step {self.step_count} recorded until then")
+                self._stop_profiler(s, final)
 
-    def _probing(self, s: _Session, start_at: int) -> bool:
+    def _probing(self, s: _Session) -> bool:
         """The capture budget's first stage, before a withStack capture: count the Python calls of
         one step (the last wait step; one more step where none is left, a request that came with
         waitSteps 0 or that the watchdog read), and drop the stacks when the capture would record
         more than maxStackEvents of them: each costs the training thread time when the profiler
         stops. True while the probe step runs."""
-        if not s.with_stack or s.probed or (s.probe is None and self.step_count + 1 < start_at):
-            return False
         if s.probe is None:
             if sys.getprofile() is not None:
                 s.probed = True  # the program profiles itself; the memory bound still holds
@@ -568,7 +667,7 @@ class Agent:
                 return False
             s.probe = _CallCounter()
             sys.setprofile(s.probe)
-            if self.step_count >= start_at:
+            if self.step_count >= s.start_at:
                 s.notes.append("the capture started one step late: that step counted the Python calls for the capture budget")
             return True
         sys.setprofile(None)
@@ -591,12 +690,9 @@ class Agent:
             log.warning("stepscope agent: session %s: %s", s.id, s.degraded[-1])
         return False
 
-    def _over_memory(self, s: _Session) -> bool:
-        """The budget's second stage: cut the capture short once the process grew by more than
-        maxMemoryMB since the profiler started (the profiler's buffers, mostly)."""
-        grown = _rss_mb() - s.rss_start_mb
-        if grown <= s.max_memory_mb:
-            return False
+    def _cut_for_memory(self, s: _Session, grown: float) -> None:
+        """The budget's second stage: the capture is cut short once the process grew by more than
+        maxMemoryMB since the profiler started (the profiler's buffers, mostly); say so."""
         captured = self.step_count - (s.start_step or 0)
         cut = (f"{captured} of {s.steps} steps" if s.steps is not None
                else f"{_monotonic() - s.started_mono:.1f} of {s.duration:g} s ({captured} steps)")
@@ -604,33 +700,10 @@ class Agent:
                           f"over capture.limits.maxMemoryMB={s.max_memory_mb:g}; capture fewer steps, set capture.withStack=false "
                           "or raise capture.limits.maxMemoryMB")
         log.warning("stepscope agent: session %s: %s", s.id, s.degraded[-1])
-        return True
-
-    def _end_without_a_step(self, s: _Session) -> None:
-        """Stop, from the watchdog, an all-threads capture of the training thread whose duration is
-        over (or that was cancelled) while the loop makes no step: it blocks in data loading or sits
-        between epochs. A loop that still steps gets STEPLESS_AFTER_SECONDS more to end it on a step
-        boundary, so the sidecar sees the end at most that long after the duration."""
-        if s.state != wire.CAPTURING or s.prof is None or s.duration is None:
-            return
-        now = _monotonic()
-        stalled = now - self.last_step_mono >= STEPLESS_AFTER_SECONDS
-        late = now - s.started_mono - s.duration
-        if s.cancel and stalled:
-            final = wire.CANCELLED
-        elif late >= 0 and (stalled or late >= STEPLESS_AFTER_SECONDS):
-            final = wire.DONE
-        elif stalled and self._over_memory(s):
-            final = wire.DONE
-        else:
-            return
-        s.notes.append(f"no step boundary came after step {self.step_count - 1}: the watchdog thread stopped the profiler, "
-                       f"so ProfilerStep#{self.step_count} holds the part of step {self.step_count} recorded until then")
-        self._stop_profiler(s, final)
 
     def _cancel_unstarted(self, s: _Session) -> bool:
         """Cancel a session whose profiler never started; any thread may, even while training hangs."""
-        if not s.cancel or s.prof is not None or s.state not in (wire.WAITING, wire.HUNG):
+        if not cancels_unstarted(s.view()):
             return False
         self._finish(s, wire.CANCELLED, message=f"cancelled at step {self.step_count} before capture started")
         return True
@@ -894,8 +967,7 @@ class Agent:
             s = self._session
             if s is None:
                 return HEARTBEAT_SECONDS
-            stepless_after = STEPLESS_AFTER_SECONDS if self.step_count else FIRST_STEP_GRACE_SECONDS
-            if s.state == wire.WAITING and s.duration is not None and _monotonic() - max(self.last_step_mono, s.triggered_mono) >= stepless_after:
+            if starts_stepless(s.view(), self._tick(s, memory=False)):
                 s.on_watchdog = True
                 s.notes.append("no step boundary came: profiling started and stopped by the agent's watchdog thread")
                 if s.wait_steps:
@@ -908,16 +980,10 @@ class Agent:
             wait = HEARTBEAT_SECONDS
             if s.on_watchdog or s.all_threads:
                 self._advance_or_fail(on_watchdog=True)
-                # Wake up when the duration runs out, to end it then.
-                left = s.duration - (_monotonic() - s.started_mono) if s.prof is not None and s.duration is not None else 0.0
-                if left > 0:
-                    wait = max(0.01, min(HEARTBEAT_SECONDS, left))
+                wait = watchdog_wait(s.view(), self._tick(s, memory=False))  # to end the duration when it runs out
                 if s.on_watchdog:
                     return wait
-            # A hang is counted from the trigger at the earliest: a request may reach a rank that was
-            # already stuck, or one still starting up.
-            stalled = _monotonic() - max(self.last_step_mono, s.triggered_mono)
-            if s.state in (wire.WAITING, wire.CAPTURING) and stalled >= s.hang_timeout and not s.hung:
+            if hangs(s.view(), self._tick(s, memory=False)):
                 s.hung = True
                 s.hung_step = self.step_count
                 s.state = wire.HUNG

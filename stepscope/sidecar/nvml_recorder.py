@@ -4,7 +4,9 @@ Timing: deadlines are absolute (`time.perf_counter_ns`), so the schedule never d
 the thread sleeps until shortly before each deadline (by an estimate of how late `time.sleep`
 wakes up on this machine) and spins for the rest; from 1 ms on it only sleeps, so a 1 ms interval
 costs little CPU. A round that overruns skips the deadlines it can no longer meet and counts them
-as dropped; every row carries the time it was taken, so lateness never misplaces a sample.
+as dropped; every row carries the time it was taken, so lateness never misplaces a sample. These
+decisions are pure functions over a `Schedule` and the clock (tiers_due, after_round, wake_plan,
+refine_late_wake; tests/nvml/test_schedule.py); the thread applies them.
 
 Timestamps: `ts_us` is Unix epoch microseconds, the clock PyTorch's Kineto trace uses: a trace's
 event time is `ts` (µs) + `baseTimeNanoseconds` / 1000, both on CLOCK_REALTIME (checked with
@@ -36,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -61,6 +63,58 @@ T = TypeVar("T")
 _UTILIZATION_COLUMNS: tuple[tuple[UtilizationKind, str], ...] = (("gpu", "gpu_util_pct"), ("memory", "mem_util_pct"))
 # Slots of a GPU's backend methods in MetricsRecorder._calls.
 _FIELDS, _CLOCKS, _REASONS, _POWER, _TEMPERATURE, _MEMORY, _UTILIZATION = range(7)
+
+
+class Schedule(NamedTuple):
+    """Where the sampler thread is in its schedule (perf_counter_ns): the next round's deadline,
+    when the slow tier and the buffer reads are due next, the interval, and what it achieved."""
+    deadline: int
+    next_slow: int
+    next_buffers: int
+    interval_ns: int
+    rounds: int = 0
+    dropped: int = 0
+
+
+def tiers_due(s: Schedule) -> tuple[bool, bool]:
+    """(slow tier, buffer reads) for the round at s.deadline; the buffers ride on a slow round."""
+    slow = s.deadline >= s.next_slow
+    return slow, slow and s.deadline >= s.next_buffers
+
+
+def after_round(s: Schedule, now_ns: int, slow: bool, buffers: bool, poll_every_slow: bool) -> Schedule:
+    """The schedule once the round at s.deadline ran and the clock says `now_ns`. Deadlines stay
+    absolute, so the schedule never drifts; an overrun skips the deadlines it can no longer meet
+    and counts them dropped. `poll_every_slow`: the native tier runs the rounds and this thread
+    polls a utilization the driver keeps no buffer of, so it wakes every SLOW_PERIOD_US."""
+    deadline = s.deadline
+    next_slow = max(s.next_slow + SLOW_PERIOD_US * 1000, deadline) if slow else s.next_slow
+    next_buffers = max(s.next_buffers + BUFFER_PERIOD_US * 1000, deadline) if buffers else s.next_buffers
+    interval_ns = SLOW_PERIOD_US * 1000 if poll_every_slow else s.interval_ns
+    deadline += interval_ns
+    dropped = s.dropped
+    late = now_ns - deadline
+    if late >= interval_ns:
+        skipped = late // interval_ns
+        dropped += skipped
+        deadline += skipped * interval_ns
+    return Schedule(deadline, next_slow, next_buffers, interval_ns, s.rounds + 1, dropped)
+
+
+def wake_plan(remaining_ns: int, late_wake_ns: float, interval_ns: int, sleep_only: bool) -> float:
+    """How long to sleep (ns) before a deadline `remaining_ns` away. Below SLEEP_ONLY_FROM_US the
+    thread wakes early by its estimate of time.sleep's oversleep and spins the rest; from then on
+    it only sleeps: waking some tens of µs late costs nothing there (every row has its exact
+    time), while spinning would cost a share of a core."""
+    lead = 0.0 if sleep_only else min(late_wake_ns, interval_ns)
+    return remaining_ns - lead if remaining_ns > lead else 0.0
+
+
+def refine_late_wake(late_wake_ns: float, asked_ns: float, slept_ns: int) -> float:
+    """The oversleep estimate after a sleep of `asked_ns` took `slept_ns`; one sample's lateness
+    is clipped, so that a preempted sleep on a busy node cannot turn into long spins."""
+    late = min(max(0, slept_ns - asked_ns), MAX_LATE_WAKE_NS)
+    return late_wake_ns + 0.1 * (late - late_wake_ns)
 
 
 @dataclass
@@ -240,52 +294,30 @@ class MetricsRecorder:
         # With the native fast tier this thread keeps the buffers (and polled utilization, where a
         # driver keeps no buffer): it wakes up every BUFFER_PERIOD_US, or SLOW_PERIOD_US for that.
         interval_us = BUFFER_PERIOD_US if self._native is not None else self.interval_us
-        interval_ns = interval_us * 1000
-        slow_period_ns = SLOW_PERIOD_US * 1000
         sleep_only = interval_us >= SLEEP_ONLY_FROM_US
         sample_round = self._slow_round if self._native is not None else self._sample_round
         stopping, clock, sleep = self._stopping, time.perf_counter_ns, time.sleep
         cpu0, wall0 = time.thread_time(), clock()
-        buffer_period_ns = BUFFER_PERIOD_US * 1000
-        deadline = next_slow = next_buffers = wall0
-        rounds = dropped = 0
+        schedule = Schedule(wall0, wall0, wall0, interval_us * 1000)
         late_wake_ns = 60_000.0  # estimate of time.sleep's oversleep, refined as it runs
         while not stopping.is_set():
-            remaining = deadline - clock()
-            if sleep_only:
-                # From 1 ms on the thread only sleeps: waking some tens of µs late costs nothing
-                # there (every row has its exact time), while spinning would cost a share of a core.
-                if remaining > 0:
-                    sleep(remaining / 1e9)
-            else:
-                lead = min(late_wake_ns, interval_ns)
-                if remaining > lead:
-                    asked = remaining - lead
-                    before = clock()
-                    sleep(asked / 1e9)
-                    # Clipped, so that a preempted sleep on a busy node cannot turn into long spins.
-                    late = min(max(0, clock() - before - asked), MAX_LATE_WAKE_NS)
-                    late_wake_ns += 0.1 * (late - late_wake_ns)
+            deadline = schedule.deadline
+            asked = wake_plan(deadline - clock(), late_wake_ns, schedule.interval_ns, sleep_only)
+            if asked > 0:
+                before = clock()
+                sleep(asked / 1e9)
+                if not sleep_only:
+                    late_wake_ns = refine_late_wake(late_wake_ns, asked, clock() - before)
+            if not sleep_only:
                 while clock() < deadline:
                     pass
-            slow = deadline >= next_slow
+            slow, buffers = tiers_due(schedule)
             sample_round(slow)
-            rounds += 1
-            if slow:
-                next_slow = max(next_slow + slow_period_ns, deadline)
-                if deadline >= next_buffers:
-                    self._read_buffers()
-                    next_buffers = max(next_buffers + buffer_period_ns, deadline)
-            if self._native is not None and self._util_polled:
-                interval_ns = slow_period_ns  # a driver without utilization buffers: poll every SLOW_PERIOD_US
-            deadline += interval_ns
-            late = clock() - deadline
-            if late >= interval_ns:
-                skipped = late // interval_ns
-                dropped += skipped
-                deadline += skipped * interval_ns
+            if buffers:
+                self._read_buffers()
+            schedule = after_round(schedule, clock(), slow, buffers, self._native is not None and bool(self._util_polled))
         self._read_buffers()  # what queued up since the last read
-        self.stats.rounds, self.stats.dropped = rounds, dropped
+        self.stats.rounds, self.stats.dropped = schedule.rounds, schedule.dropped
         self.stats.wall_s = (clock() - wall0) / 1e9
         self.stats.cpu_s = time.thread_time() - cpu0
 

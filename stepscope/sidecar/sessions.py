@@ -2,6 +2,9 @@
 rank through the shared directory, records the node's GPU metrics during the window, and hands
 each finished rank's artifacts to the upload worker.
 
+The decisions (which rank is gone, the timeout, the recorder, what to upload, the phase) are pure
+functions in stepscope.sidecar.session_phases; this module reads the files and applies them.
+
 Phases (docs/wire.md): Pending (no rank capturing yet), Capturing, Uploading (every rank finished
 or hung, uploads outstanding), then Succeeded, Failed (a rank failed, hung, was refused, vanished,
 timed out or could not be uploaded) or Cancelled. A rank that hung is not final: the session ends
@@ -23,15 +26,15 @@ from typing import Any, TypeVar
 from stepscope import layout, wire
 from stepscope.retry import RetryPolicy
 from stepscope.session import SessionSpec, SpecError
-from stepscope.sidecar import shared_dir
-from stepscope.sidecar.telemetry import current_step
+from stepscope.sidecar import session_phases, shared_dir
+from stepscope.sidecar.session_phases import FINISHED_PHASES, Limits, QueueMetrics, QueueRank, RankView, SessionView, StartRecorder, TimeOut, Verdict
+from stepscope.sidecar.telemetry import live_step_counts
 from stepscope.sidecar.uploads import Job, Uploader
 from stepscope.storage import Store, StoreError, open_store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-FINISHED_PHASES = {"Succeeded", "Failed", "Cancelled"}
 HISTORY = 32
 # The agent's watchdog rewrites its registry file every second and its state file on every
 # transition; neither for this long means the process is gone. Liveness goes by these files, as
@@ -59,7 +62,7 @@ class RankProgress:
     # the node, which GPU is whose.
     gpu: int = -1
     gpu_uuid: str = ""
-    state: str = "pending"  # no state file yet: the agent has not seen the request
+    state: str = session_phases.PENDING
     step: int | None = None
     start_step: int | None = None
     end_step: int | None = None
@@ -81,11 +84,6 @@ class RankProgress:
         return self.state in wire.FINAL_STATES
 
     @property
-    def settled(self) -> bool:
-        """Nothing more to wait for before the session may end: final, or hung (stacks taken)."""
-        return self.terminal or self.state == wire.HUNG
-
-    @property
     def queued(self) -> bool:
         return self.queued_state == self.state
 
@@ -98,10 +96,16 @@ class RankProgress:
         """What this rank captured is safely in the store."""
         return self.captured_trace and self.queued and self.jobs_left == 0 and not self.upload_errors
 
+    def errors(self) -> str | None:
+        return "; ".join(e for e in (self.error, self.summary_error, *self.upload_errors) if e) or None
+
+    def view(self) -> RankView:
+        return RankView(self.rank, self.state, self.pid, self.step, self.last_sign_of_life, self.queued_state, self.jobs_left,
+                        self.failed, self.errors(), tuple(self.degraded))
+
     def to_dict(self) -> dict[str, Any]:
-        error = "; ".join(e for e in (self.error, self.summary_error, *self.upload_errors) if e) or None
         return {"rank": self.rank, "localRank": self.local_rank, "pid": self.pid, "state": self.state, "step": self.step,
-                "startStep": self.start_step, "endStep": self.end_step, "uploaded": self.uploaded, "error": error,
+                "startStep": self.start_step, "endStep": self.end_step, "uploaded": self.uploaded, "error": self.errors(),
                 "degraded": list(self.degraded)}
 
 
@@ -127,6 +131,11 @@ class Session:
     @property
     def finished(self) -> bool:
         return self.phase in FINISHED_PHASES
+
+    def view(self, agents_dir: Path, metrics_wanted: bool = False) -> SessionView:
+        return SessionView(self.phase, self.destination, str(agents_dir), self.spec.timeoutSeconds, self.spec.capture.waitSteps, self.accepted_at,
+                           tuple(r.view() for _, r in sorted(self.ranks.items())), self.cancel_requested, self.timed_out, metrics_wanted,
+                           self.recorder is not None, self.metrics_queued, self.metrics_pending)
 
     def rank_gpus(self) -> dict[str, int] | None:
         """GPU UUID -> the CUDA index its rank computes on, for the GPU metrics; None when no rank
@@ -168,6 +177,7 @@ class SessionManager:
         self._keep_local = keep_local
         self._stale_after_s = stale_after_s
         self._export_grace_s = max(export_grace_s, stale_after_s)
+        self._limits = Limits(stale_after_s, self._export_grace_s)
         self._leftover_ttl_s = leftover_ttl_s
         self._max_local_bytes = max_local_mb * 2**20
         self.local_bytes = 0  # what sessions' files took in the shared directory at the last sweep
@@ -229,8 +239,7 @@ class SessionManager:
             if start_step is None:
                 # Every local rank starts at the same absolute step (they step in lockstep), not
                 # waitSteps after whichever step each happens to read the request at.
-                current = current_step(self.dir, stale_after_s=self._stale_after_s)
-                start_step = None if current is None else current + spec.capture.waitSteps
+                start_step = wire.aligned_start_step(live_step_counts(self.dir, stale_after_s=self._stale_after_s), spec.capture.waitSteps)
             shared_dir.write_request(self.dir, session_id, "capture", spec.to_dict()["capture"], spec.hangTimeoutSeconds, start_step)
             self._transition(session, "Pending")
             self._sessions[session_id] = session
@@ -319,11 +328,21 @@ class SessionManager:
             for rank, progress in session.ranks.items():
                 if not progress.terminal:
                     self._apply(progress, states.get(rank), agents.get(rank), session.cancel_requested)
-                    self._check_alive(progress, now)
-            if not session.finished and now - session.accepted_at > session.spec.timeoutSeconds:
-                self._time_out(session)
-            self._start_recorder(session)
-            self._queue_uploads(session)
+            metrics_wanted = self._backend is not None and session.spec.hardwareMetrics.enabled
+            _, actions = session_phases.advance(session.view(self.dir / wire.AGENTS_FOLDER, metrics_wanted), now, self._limits)
+            for action in actions:
+                if isinstance(action, Verdict):
+                    progress = session.ranks[action.rank]
+                    progress.state, progress.error = wire.FAILED, action.error
+                elif isinstance(action, TimeOut):
+                    self._time_out(session)
+                elif isinstance(action, StartRecorder):
+                    self._start_recorder(session)
+                elif isinstance(action, QueueMetrics):
+                    session.metrics_queued = session.metrics_pending = True
+                    self._uploader.submit(self._metrics_job(session))
+                elif isinstance(action, QueueRank):
+                    self._queue_rank(session, session.ranks[action.rank])
             self._update_phase(session)
 
     def _follow_late(self, session: Session) -> None:
@@ -372,52 +391,17 @@ class SessionManager:
             # The agent never picked the capture up, so it has nothing to cancel or report.
             progress.state = wire.CANCELLED
 
-    def _check_alive(self, progress: RankProgress, now: float) -> None:
-        silent = now - progress.last_sign_of_life
-        if progress.terminal:
-            return
-        if progress.state == wire.WRITING:
-            # Exporting holds the process's GIL: silence is expected, for a while.
-            if silent > self._export_grace_s:
-                progress.state = wire.FAILED
-                progress.error = (f"failed: the training process (pid {progress.pid}) was writing its trace and has sent no "
-                                  f"heartbeat for {silent:.0f} s: it died while exporting, or its export takes longer than "
-                                  f"{self._export_grace_s:.0f} s (lower spec.capture.limits or capture fewer steps)")
-        elif silent > self._stale_after_s:
-            was, progress.state = progress.state, wire.FAILED
-            progress.error = (f"failed: the training process (pid {progress.pid}) stopped sending heartbeats "
-                              f"{silent:.0f} s ago while {was}, before the capture finished")
-
     def _time_out(self, session: Session) -> None:
         session.timed_out = True
         shared_dir.write_request(self.dir, session.id, "cancel", session.spec.to_dict()["capture"], session.spec.hangTimeoutSeconds)
-        for progress in session.ranks.values():
-            if not progress.settled:
-                progress.error = f"failed: timed out after {session.spec.timeoutSeconds} s while {progress.state} at step {progress.step}"
-                progress.state = wire.FAILED
         log.warning("session %s timed out after %d s", session.id, session.spec.timeoutSeconds)
 
     def _start_recorder(self, session: Session) -> None:
-        if (session.recorder is not None or self._backend is None or not session.spec.hardwareMetrics.enabled
-                or not any(r.state == wire.WAITING or r.state in wire.STARTED_STATES for r in session.ranks.values())):
-            return
-        # Started once a rank has seen the trigger: its wait steps become the leading margin.
         from stepscope.sidecar.nvml import MetricsRecorder
 
         session.recorder = MetricsRecorder(self._backend, session.spec.hardwareMetrics.intervalMicroseconds)
         session.recorder.start()
         log.info("session %s: recording GPU metrics every %d us", session.id, session.spec.hardwareMetrics.intervalMicroseconds)
-
-    def _queue_uploads(self, session: Session) -> None:
-        all_settled = bool(session.ranks) and all(r.settled for r in session.ranks.values())
-        if session.recorder is not None and not session.metrics_queued:
-            if not all_settled:
-                return  # summaries wait for the node's metrics, which end with the last rank
-            session.metrics_queued = session.metrics_pending = True
-            self._uploader.submit(self._metrics_job(session))
-        for progress in session.ranks.values():
-            if progress.settled and not progress.queued:
-                self._queue_rank(session, progress)
 
     def _queue_rank(self, session: Session, progress: RankProgress) -> None:
         progress.queued_state = progress.state
@@ -428,34 +412,7 @@ class SessionManager:
     def _update_phase(self, session: Session) -> None:
         if session.finished:
             return
-        ranks = list(session.ranks.values())
-        all_terminal = bool(ranks) and all(r.settled for r in ranks)
-        uploading = session.metrics_pending or any(not r.queued or r.jobs_left for r in ranks)
-        failures = [f"rank {r.rank} {r.to_dict()['error']}" for _, r in sorted(session.ranks.items()) if r.failed]
-        settled = (not ranks or all_terminal) and not uploading
-        if session.cancel_requested and settled:
-            phase, message = "Cancelled", f"cancelled; what was captured is in {session.destination}"
-        elif session.timed_out and settled:
-            phase = "Failed"
-            message = f"timed out after {session.spec.timeoutSeconds} s: " + ("; ".join(failures[:5]) if failures else
-                                                                                f"no training process registered in {self.dir / 'agents'}")
-        elif not ranks:
-            phase, message = "Pending", f"waiting for training processes to register in {self.dir / 'agents'}"
-        elif not any(r.state in wire.STARTED_STATES or r.settled for r in ranks):
-            waiting = sum(r.state == wire.WAITING for r in ranks)
-            phase, message = "Pending", f"{waiting}/{len(ranks)} rank(s) saw the request, waiting {session.spec.capture.waitSteps} step(s) before capturing"
-        elif not all_terminal:
-            w = session.workers()
-            phase, message = "Capturing", f"{w['capturing']} rank(s) capturing, {w['captured']}/{w['total']} captured"
-        elif uploading:
-            phase, message = "Uploading", f"uploading to {session.destination}"
-        elif failures:
-            phase, message = "Failed", "; ".join(failures[:5]) + (f" (+{len(failures) - 5} more)" if len(failures) > 5 else "")
-        else:
-            phase, message = "Succeeded", f"{len(ranks)} rank(s) captured and uploaded to {session.destination}"
-        degraded = [r for _, r in sorted(session.ranks.items()) if r.degraded]
-        if degraded and phase in FINISHED_PHASES:
-            message += f"; {len(degraded)} rank(s) degraded by the capture budget, rank {degraded[0].rank}: {'; '.join(degraded[0].degraded)}"
+        phase, message = session_phases.phase_of(session.view(self.dir / wire.AGENTS_FOLDER))
         session.message = message
         self._transition(session, phase)
 

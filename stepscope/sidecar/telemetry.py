@@ -68,14 +68,13 @@ def read_ring(path: Path) -> Ring | None:
     return Ring(rank, local_rank, world, pid, offset, before, steps)
 
 
-def current_step(stepscope_dir: Path, *, stale_after_s: float) -> int | None:
-    """The most steps any live registered rank of this pod has completed (from its ring, which the
-    agent updates every step), or None when no live rank has a ring yet."""
+def live_step_counts(stepscope_dir: Path, *, stale_after_s: float) -> list[int]:
+    """The steps each live registered rank of this pod has completed (from its ring, which the
+    agent updates every step); ranks without a ring yet are left out."""
     now = time.time()
     alive = {a.rank: a.pid for a in shared_dir.agents(stepscope_dir).values() if now - a.heartbeat <= stale_after_s}
-    counts = [ring.count for rank, pid in alive.items()
-              if (ring := read_ring(stepscope_dir / wire.TELEMETRY_FOLDER / wire.telemetry_file(rank))) is not None and ring.pid == pid]
-    return max(counts, default=None)
+    return [ring.count for rank, pid in alive.items()
+            if (ring := read_ring(stepscope_dir / wire.TELEMETRY_FOLDER / wire.telemetry_file(rank))) is not None and ring.pid == pid]
 
 
 @dataclass

@@ -12,6 +12,7 @@ import pytest
 from stepscope.operator import fanout
 from stepscope.operator.selection import Target
 from stepscope.signing import Verifier
+from stepscope.wire import aligned_start_step
 
 KEY = b"fanout-test-key"
 
@@ -91,8 +92,8 @@ def test_the_start_step_is_wait_steps_after_the_furthest_live_rank_of_any_pod(se
     answers = [pod("a", [{"rank": 0, "alive": True, "steps": 41}, {"rank": 1, "alive": True, "steps": 40}]),
                pod("b", [{"rank": 2, "alive": True, "steps": 42}, {"rank": 3, "alive": False, "steps": 90}]),
                fanout.Outcome(Target("c", "127.0.0.1", 1), False, {}, "unreachable", 0)]
-    assert fanout.aligned_start_step(answers, 5) == 47
-    assert fanout.aligned_start_step(answers[1:], 0) == 42
+    assert aligned_start_step(fanout.live_step_counts(answers), 5) == 47
+    assert aligned_start_step(fanout.live_step_counts(answers[1:]), 0) == 42
     old = fanout.telemetry([Target("old", "127.0.0.1", server.server_address[1])], KEY, concurrency=2, timeout=5)
-    assert not old[0].ok and fanout.aligned_start_step(old, 5) is None
-    assert fanout.aligned_start_step([pod("idle", [])], 5) is None
+    assert not old[0].ok and aligned_start_step(fanout.live_step_counts(old), 5) is None
+    assert aligned_start_step(fanout.live_step_counts([pod("idle", [])]), 5) is None
