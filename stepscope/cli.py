@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "watch": ("stepscope.local.watch", "watch the training on this machine through its sidecar and capture by itself when it slows down or hangs"),
     "sidecar": ("stepscope.sidecar.daemon", "run the sidecar daemon (control endpoint, uploader, NVML sampler)"),
     "analyze": ("stepscope.analysis.command", "diagnose a captured session (directory or object-store URI) and write the report"),
-    "diff": ("stepscope.analysis.diff_command", "compare two captured sessions or traces: kernels and functions added, removed, slower, faster"),
+    "diff": ("stepscope.analysis.comparison.diff_command", "compare two captured sessions or traces: kernels and functions added, removed, slower, faster"),
     "operator": ("stepscope.operator.command", "run the Kubernetes operator (kopf)"),
     "get": ("stepscope.operator.report_command", "list ProfileSessions like kubectl get does"),
     "report": ("stepscope.operator.report_command", "download a session's report from the object store and print or open it"),

@@ -106,16 +106,16 @@ def test_the_check_sees_back_edges() -> None:
     """The check itself: each kind of back-edge, at the top or inside a function, is reported."""
     planted = {
         "stepscope.storage": {"stepscope.analysis.model"},
-        "stepscope.analysis.hardware": {"stepscope.sidecar.nvml_api"},
+        "stepscope.analysis.diagnosis.hardware": {"stepscope.sidecar.nvml_api"},
         "stepscope.sidecar.sessions": {"stepscope.operator.kube"},
         "stepscope.operator.metrics": {"stepscope.sidecar.metrics"},
-        "stepscope.analysis.summary": {"stepscope.local.launch", "torch"},
+        "stepscope.analysis.metrics.summary": {"stepscope.local.launch", "torch"},
         "stepscope.sidecar.uploads": {"sidecar.nvml"},
     }
     assert len(violations(planted)) == 7
     edges = graph()
     assert "stepscope.operator.analysis_job" in edges["stepscope.cli"]  # found inside a function
-    assert "stepscope.layout" in edges["stepscope.analysis.report"]  # `from stepscope import layout`
+    assert "stepscope.layout" in edges["stepscope.analysis.reporting.report"]  # `from stepscope import layout`
 
 
 def test_parts_live_under_their_import_names() -> None:

@@ -481,7 +481,7 @@ class SessionManager:
 
         def run() -> None:
             if session.metrics is None:
-                from stepscope.analysis.hardware import read_metrics
+                from stepscope.analysis.diagnosis.hardware import read_metrics
 
                 if not local.is_file():
                     session.recorder.stop(local, gpus=session.rank_gpus())
@@ -545,7 +545,7 @@ class SessionManager:
                                   pod=self.pod, node=self.node, error=progress.error or f"no trace ({progress.state})",
                                   warnings=list(progress.degraded))
             return encode(summary)
-        from stepscope.analysis.summary import summarize_file
+        from stepscope.analysis.metrics.summary import summarize_file
 
         summary = summarize_file(trace, rank=progress.rank, pod=self.pod, node=self.node)
         # What the capture budget dropped or cut reaches the diagnosis and the report.
@@ -557,7 +557,7 @@ class SessionManager:
             with self._lock:
                 progress.summary_error = f"trace not summarised: {summary.error}"
         if session.metrics is not None and summary.steps and not summary.error:
-            from stepscope.analysis.hardware import step_statistics
+            from stepscope.analysis.diagnosis.hardware import step_statistics
 
             try:
                 summary.hardware = step_statistics(session.metrics, summary.steps, gpu=summary.gpu, base_us=summary.traceBaseUs)

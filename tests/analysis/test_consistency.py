@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.analysis.consistency import CONTRADICTIONS
-from stepscope.analysis.diagnose import diagnose
-from stepscope.analysis.session_files import find_files, open_session, read_ranks
+from stepscope.analysis.diagnosis.consistency import CONTRADICTIONS
+from stepscope.analysis.diagnosis.diagnose import diagnose
+from stepscope.analysis.loading.session_files import find_files, open_session, read_ranks
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces"
 SETS = sorted(p.name for p in SHARED.iterdir()) if SHARED.is_dir() else []

@@ -7,10 +7,10 @@ import msgspec
 import pytest
 from synthetic_ranks import make_summaries
 
-from stepscope.analysis.diagnose import MAX_FINDINGS, diagnose
+from stepscope.analysis.diagnosis.diagnose import MAX_FINDINGS, diagnose
+from stepscope.analysis.diagnosis.outliers import peer_median
+from stepscope.analysis.diagnosis.wording import short
 from stepscope.analysis.model import RankSummary, encode
-from stepscope.analysis.outliers import peer_median
-from stepscope.analysis.wording import short
 
 
 def _by_category(full: list[dict], category: str) -> list[dict]:

@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepscope.analysis import intervals
-from stepscope.analysis.collectives import parse_nccl_name
-from stepscope.analysis.diagnose import diagnose
-from stepscope.analysis.gpu_scope import COMM, COMP, MEM, OTHER, kernel_type
-from stepscope.analysis.memory_ops import memory_kind
+from stepscope.analysis.diagnosis.diagnose import diagnose
+from stepscope.analysis.metrics import intervals
+from stepscope.analysis.metrics.collectives import parse_nccl_name
+from stepscope.analysis.metrics.gpu_scope import COMM, COMP, MEM, OTHER, kernel_type
+from stepscope.analysis.metrics.memory_ops import memory_kind
+from stepscope.analysis.metrics.summary import summarize
+from stepscope.analysis.metrics.trace import load_trace
 from stepscope.analysis.model import decode_summary, encode
-from stepscope.analysis.summary import summarize
-from stepscope.analysis.trace import load_trace
 
 
 def grid(starts, ends, lo=0, hi=400) -> np.ndarray:

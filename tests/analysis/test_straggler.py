@@ -3,7 +3,7 @@ captures (tests/analysis/test_analyze_real_capture.py runs the real thing): two 
 its time inside collectives, Python stacks with their time per step."""
 from __future__ import annotations
 
-from stepscope.analysis.diagnose import diagnose
+from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.model import SUMMARY_VERSION, CollectiveStat, FunctionStat, RankSummary, StepRow
 
 ROOT = "workload.py(224): <module> > workload.py(203): train"
@@ -102,7 +102,7 @@ def test_a_gap_without_any_steady_cause_says_it_cannot_tell_and_what_to_capture(
 
 
 def test_other_threads_are_kept_apart_from_the_training_thread():
-    from stepscope.analysis.rank_tables import MAIN_THREAD, build_tables
+    from stepscope.analysis.diagnosis.rank_tables import MAIN_THREAD, build_tables
 
     tables = build_tables([_rank(0, [1_000, 1_000], [*_base([6_000, 6_000]),
                                                       _fn("threading.py(1002): _bootstrap > threading.py(982): run > loader.py(12): prefetch > threading.py(331): wait", [80_000, 80_000])])])

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepscope.analysis.diagnose import diagnose
+from stepscope.analysis.diagnosis.diagnose import diagnose
+from stepscope.analysis.metrics.summary import summarize_file
 from stepscope.analysis.model import decode_summary, encode
-from stepscope.analysis.summary import summarize_file
 
 SLOW_MS = 60
 STEPS = 5

@@ -10,8 +10,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from stepscope.analysis.diagnose import diagnose
-from stepscope.analysis.hardware import counter_events, findings, read_metrics, step_statistics
+from stepscope.analysis.diagnosis.diagnose import diagnose
+from stepscope.analysis.diagnosis.hardware import counter_events, findings, read_metrics, step_statistics
 from stepscope.analysis.model import decode_summary, encode
 
 from .conftest import COMM_FRACTION, Run, summaries_for

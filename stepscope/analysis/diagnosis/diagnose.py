@@ -13,16 +13,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.bottlenecks import all_checks
-from stepscope.analysis.causes import Cause
-from stepscope.analysis.consistency import CPU_ONLY, reconcile
-from stepscope.analysis.hangs import hang_findings
+from stepscope.analysis.diagnosis.bottlenecks import all_checks
+from stepscope.analysis.diagnosis.causes import Cause
+from stepscope.analysis.diagnosis.consistency import CPU_ONLY, reconcile
+from stepscope.analysis.diagnosis.hangs import hang_findings
+from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables
+from stepscope.analysis.diagnosis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
+from stepscope.analysis.diagnosis.straggler import MORE_STEPS, Straggler, find_straggler
+from stepscope.analysis.diagnosis.wording import finding, function_text, ms, ranks_text, short
+from stepscope.analysis.metrics.summary import NO_GPU_EVENTS
 from stepscope.analysis.model import Breakdown, Diagnosis, Finding, RankSummary, SlowWorker, StepTime
-from stepscope.analysis.rank_tables import RankTables, build_tables
-from stepscope.analysis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
-from stepscope.analysis.straggler import MORE_STEPS, Straggler, find_straggler
-from stepscope.analysis.summary import NO_GPU_EVENTS
-from stepscope.analysis.wording import finding, function_text, ms, ranks_text, short
 from stepscope.wire import STACK_SAMPLE_SECONDS, STACKS_DROPPED
 
 MAX_FINDINGS = 20
@@ -169,7 +169,7 @@ def _hardware(summaries: list[RankSummary], hardware: dict[str, pd.DataFrame] | 
     if not hardware:
         return [], {}
     try:
-        from stepscope.analysis import hardware as hw
+        from stepscope.analysis.diagnosis import hardware as hw
     except ImportError as exc:
         return [finding("info", "hardware", [], f"hardware metrics were captured but cannot be analysed here: {exc}", 0.0)], {}
     found, explanations = hw.findings(summaries, hardware)

@@ -13,13 +13,13 @@ import numpy as np
 import pandas as pd
 from jinja2 import Environment, PackageLoader
 
-from stepscope.analysis.causes import WAITING
+from stepscope.analysis.diagnosis.causes import WAITING
+from stepscope.analysis.diagnosis.rank_tables import MAIN_THREAD, RankTables
+from stepscope.analysis.diagnosis.slow_workers import kernel_ratios
+from stepscope.analysis.diagnosis.wording import function_text, ranks_text, short
 from stepscope.analysis.model import Diagnosis
-from stepscope.analysis.rank_tables import MAIN_THREAD, RankTables
-from stepscope.analysis.slow_workers import kernel_ratios
-from stepscope.analysis.wording import function_text, ranks_text, short
 
-_TEMPLATES = Environment(loader=PackageLoader("stepscope.analysis", "templates"), autoescape=True, trim_blocks=True, lstrip_blocks=True)
+_TEMPLATES = Environment(loader=PackageLoader("stepscope.analysis.reporting", "templates"), autoescape=True, trim_blocks=True, lstrip_blocks=True)
 
 _SEGMENTS = (("computingUs", "compute", "var(--c1)"), ("commNotOverlappedUs", "communication not overlapped", "var(--c2)"),
              ("overlappedUs", "communication overlapped", "var(--c4)"), ("freeUs", "free (idle)", "var(--c5)"))

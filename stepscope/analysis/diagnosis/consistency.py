@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from stepscope.analysis.rank_tables import RankTables
+from stepscope.analysis.diagnosis.rank_tables import RankTables
 
 LAUNCH_BOUND, HOST_BOUND, HOST_AHEAD, CPU_ONLY, GPU_RUNTIME = "launch-bound", "host-bound", "host-ahead", "cpu-only", "gpu-runtime"
 CONTRADICTIONS = ((LAUNCH_BOUND, HOST_AHEAD), (HOST_BOUND, HOST_AHEAD), (CPU_ONLY, GPU_RUNTIME))

@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 
 from stepscope import layout
+from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.model import Diagnosis, RankSummary
-from stepscope.analysis.rank_tables import RankTables
-from stepscope.analysis.report_html import render_html
-from stepscope.analysis.report_merge import MergePlan, describe, sentence, write_merged_trace
-from stepscope.analysis.report_tables import report_tables
+from stepscope.analysis.reporting.report_html import render_html
+from stepscope.analysis.reporting.report_merge import MergePlan, describe, sentence, write_merged_trace
+from stepscope.analysis.reporting.report_tables import report_tables
 from stepscope.storage import Store
 
 REPORT_VERSION = 1

@@ -11,7 +11,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from stepscope.analysis.wording import finding, ranks_text
+from stepscope.analysis.diagnosis.wording import finding, ranks_text
 
 # Frames of these files are plumbing around the place a rank is stuck, not the place itself.
 _PLUMBING = ("threading.py", "/torch/", "\\torch\\", "stepscope_agent", "site-packages/", "dist-packages/")

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..model import SUMMARY_VERSION, RankSummary, StepRow
 from . import breakdown, intervals
 from .collectives import collectives, cpu_time_in
 from .gpu_scope import gpu_scope
 from .kernels import comm_comp_overlap, compute_union, kernel_stats
 from .launch import launch_stats, runtime_stats
 from .memory_ops import memory_ops
-from .model import SUMMARY_VERSION, RankSummary, StepRow
 from .python_functions import python_functions
 from .steps import step_rows, step_spans
 from .trace import Trace, TraceError, load_trace

@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.causes import BACKWARD, WAITING
-from stepscope.analysis.consistency import GPU_RUNTIME, HOST_AHEAD, HOST_BOUND, LAUNCH_BOUND
-from stepscope.analysis.outliers import falls_behind, peer_median, stands_out
-from stepscope.analysis.rank_tables import MAIN_THREAD, RankTables
-from stepscope.analysis.slow_workers import KERNEL_SLOWER
-from stepscope.analysis.wording import finding, function_text, ms, ranks_text, short
+from stepscope.analysis.diagnosis.causes import BACKWARD, WAITING
+from stepscope.analysis.diagnosis.consistency import GPU_RUNTIME, HOST_AHEAD, HOST_BOUND, LAUNCH_BOUND
+from stepscope.analysis.diagnosis.outliers import falls_behind, peer_median, stands_out
+from stepscope.analysis.diagnosis.rank_tables import MAIN_THREAD, RankTables
+from stepscope.analysis.diagnosis.slow_workers import KERNEL_SLOWER
+from stepscope.analysis.diagnosis.wording import finding, function_text, ms, ranks_text, short
 
 # PerfTracker: a memory operation or runtime call whose time not overlapped with GPU compute is
 # above 1 % of the captured wall time is abnormal; how loud it is then follows its share
