@@ -226,8 +226,8 @@ def test_overlapping_gloo_calls_count_once_in_the_share_of_the_step(tmp_path: Pa
     assert [r.collectives[0].sumUs for r in summaries] == [390, 36]  # per kind: each call counts
 
     def share(summaries: list) -> tuple[str, dict]:
-        (comm,) = [f for f in diagnose(summaries)[1] if f["category"] == "communication"]
-        return comm["message"], comm["data"].get("collectiveShare")
+        (comm,) = [f for f in diagnose(summaries)[1] if f.category == "communication"]
+        return comm.message, comm.data.get("collectiveShare")
 
     assert share(summaries) == ("ranks spend 49% of each step in gloo collectives (AllReduce) (least: rank 1 11%, most: rank 0 88%): "
                                 "most of it is waiting for the slowest rank", {"0": 0.875, "1": 0.11})

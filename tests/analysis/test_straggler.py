@@ -44,9 +44,9 @@ def test_the_rank_waited_for_is_named_with_its_function_never_the_waiting_one():
     # Figures agree with the step: the peers' wait is below the 90 ms step, the slowdown follows from it.
     worker = diagnosis.slowWorkers[0]
     assert 1.5 < worker.slowdown < 2.5 and worker.slowdown == round(90.0 / (90.0 - 47.75), 3)
-    assert not [f for f in full if f["severity"] != "info" and f["ranks"] == [0]]
+    assert not [f for f in full if f.severity != "info" and f.ranks == [0]]
     # stepscope's own agent and profiler are never a finding.
-    assert not [f for f in full if "stepscope_agent" in f["message"] or "_heartbeat" in f["message"] or "replace (built-in)" in f["message"]]
+    assert not [f for f in full if "stepscope_agent" in f.message or "_heartbeat" in f.message or "replace (built-in)" in f.message]
 
 
 def test_blocking_in_a_user_function_is_a_cause_not_waiting():
@@ -149,7 +149,7 @@ def test_a_slow_rank_whose_stacks_the_capture_budget_dropped_is_not_given_a_made
     diagnosis, full = diagnose([_rank(0, [41_000, 40_000, 40_500, 40_000], [_fn(SHARD, [30_000] * 4), _fn(WAIT, [40_000] * 4)]), slow])
     assert [w.rank for w in diagnosis.slowWorkers] == []
     assert diagnosis.summary.startswith("cannot tell which rank holds the job back") and "Rank 1 is the likeliest" in diagnosis.summary
-    message = next(f["message"] for f in full if f["category"] == "slow-worker")  # the summary is cut at MAX_MESSAGE
+    message = next(f.message for f in full if f.category == "slow-worker")  # the summary is cut at MAX_MESSAGE
     assert "cannot tell what it does in that time, as the capture budget (capture.limits.maxStackEvents" in message
     assert "capture steps: 1 with that limit raised to name the function" in message
 

@@ -286,6 +286,11 @@ def _ghz(mhz: float) -> str:
     return f"{mhz / 1000:.2f} GHz"
 
 
+def _clock_cost(mhz: float, peers_mhz: float) -> float:
+    """A compute-bound step's share lost to a slower SM clock (0 where the peers' clock is unknown)."""
+    return max(0.0, 1.0 - mhz / peers_mhz) if peers_mhz > 0 else 0.0
+
+
 def _cause(hw: _RankHardware) -> str:
     if hw.thermalShare >= THROTTLED_FRACTION and hw.thermalShare >= hw.powerShare:
         return "thermal"
@@ -314,7 +319,7 @@ def _throttle_findings(ranks: list[_RankHardware], explain: dict[int, list[str]]
             parts.append(f"{r.where}: {clock}, {reason} during {100 * r.throttledShare:.0f} % of the captured steps")
         slowed = not np.isnan(peers) and group[0].smClockMHz < 0.9 * peers
         message = f"GPU clock throttling ({cause}): " + "; ".join(parts[:5]) + (f"; and {len(parts) - 5} more" if len(parts) > 5 else "")
-        out.append(Finding("critical" if slowed else "warning", "hardware", [r.rank for r in group], message))
+        out.append(Finding("critical" if slowed else "warning", "hardware", [r.rank for r in group], message, _clock_cost(group[0].smClockMHz, peers)))
     return out
 
 
@@ -322,18 +327,18 @@ def _low_clock_findings(ranks: list[_RankHardware], explain: dict[int, list[str]
     """SM clock well below the peers' with no throttle reason: clocks locked or set lower
     (nvidia-smi -lgc / -ac), which NVML does not report as throttling."""
     calm = [r for r in ranks if r.throttledShare < THROTTLED_FRACTION and not np.isnan(r.smClockMHz)]
-    low: list[tuple[_RankHardware, str]] = []
+    low: list[tuple[_RankHardware, str, float]] = []
     for r in calm:
         others = [o.smClockMHz for o in calm if o is not r]
         peers = float(np.median(others)) if len(others) >= 2 else np.nan
         if not np.isnan(peers) and r.smClockMHz < LOW_CLOCK_RATIO * peers:
             text = f"SM clock {_ghz(r.smClockMHz)} against {_ghz(peers)} on its peers with no throttle reason"
             explain[r.rank].append(text)
-            low.append((r, text))
+            low.append((r, text, _clock_cost(r.smClockMHz, peers)))
     if not low:
         return []
-    message = "GPU clock below its peers' (locked or lowered clocks, e.g. nvidia-smi -lgc): " + "; ".join(f"{r.where}: {t}" for r, t in low[:5])
-    return [Finding("warning", "hardware", [r.rank for r, _ in low], message)]
+    message = "GPU clock below its peers' (locked or lowered clocks, e.g. nvidia-smi -lgc): " + "; ".join(f"{r.where}: {t}" for r, t, _ in low[:5])
+    return [Finding("warning", "hardware", [r.rank for r, _, _ in low], message, max(cost for _, _, cost in low))]
 
 
 def _link_findings(ranks: list[_RankHardware], explain: dict[int, list[str]]) -> list[Finding]:
@@ -349,10 +354,11 @@ def _link_findings(ranks: list[_RankHardware], explain: dict[int, list[str]]) ->
             if peers >= MIN_PEER_LINK_GBS and value < SLOW_LINK_RATIO * peers:
                 text = f"{label} {value:.1f} GB/s during collectives against {peers:.1f} GB/s on its peers"
                 explain[r.rank].append(text)
-                slow.append((r, text))
+                slow.append((r, text, 1.0 - value / peers))
         if slow:
-            message = f"slow {label}: " + "; ".join(f"{r.where}: {text}" for r, text in slow[:5])
-            out.append(Finding("warning", "hardware", [r.rank for r, _ in slow], message))
+            message = f"slow {label}: " + "; ".join(f"{r.where}: {text}" for r, text, _ in slow[:5])
+            # Scored like the trace's bus-bandwidth finding: the share of the peers' throughput missing.
+            out.append(Finding("warning", "hardware", [r.rank for r, _, _ in slow], message, max(cost for _, _, cost in slow)))
     return out
 
 
@@ -369,7 +375,7 @@ def _utilization_findings(ranks: list[_RankHardware], explain: dict[int, list[st
         explain[r.rank].append(f"GPU utilization {r.utilPct:.0f} % against a median of {median:.0f} %")
     spread = f"GPU utilization min {values.min():.0f} % / median {median:.0f} % / max {values.max():.0f} % across {len(measured)} workers"
     lows = ", ".join(f"{r.where} at {r.utilPct:.0f} %" for r in sorted(low, key=lambda r: r.utilPct)[:5])
-    return [Finding("warning", "hardware", [r.rank for r in low], f"{spread}; {lows}")]
+    return [Finding("warning", "hardware", [r.rank for r in low], f"{spread}; {lows}", max(1.0 - r.utilPct / median for r in low))]
 
 
 def _fault_findings(summaries: list[RankSummary], metrics: dict[str, pd.DataFrame], explain: dict[int, list[str]]) -> list[Finding]:

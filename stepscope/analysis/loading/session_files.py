@@ -20,8 +20,7 @@ from stepscope import layout
 from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
 from stepscope.analysis.metrics.summary import rank_from_name
 from stepscope.analysis.metrics.trace import NOT_A_TRACE
-from stepscope.analysis.model import SUMMARY_VERSION, RankSummary, decode_summary
-from stepscope.analysis.reporting.report_merge import RANK_DIGITS
+from stepscope.analysis.model import RANK_DIGITS, SUMMARY_VERSION, RankSummary, decode_summary
 from stepscope.storage import Store, StoreError, open_store
 
 _RAW_TRACE = re.compile(r"^[^/]+\.json(?:\.gz)?$")
