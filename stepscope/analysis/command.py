@@ -46,7 +46,7 @@ class AnalysisError(Exception):
 def _read_metrics(files: SessionFiles, problems: dict[int, list[str]], summaries: list[RankSummary]) -> dict[str, pd.DataFrame]:
     if not files.metrics:
         return {}
-    from stepscope.analysis.diagnosis.hardware import read_metrics
+    from stepscope.analysis.loading.gpu_samples import read_metrics
     metrics: dict[str, pd.DataFrame] = {}
     for pod, key in files.metrics.items():
         try:
@@ -92,7 +92,7 @@ def _merge_plan(files: SessionFiles, read: SessionRanks, diagnosis: Diagnosis, h
         expected += size
     counters = []
     if hardware:
-        from stepscope.analysis.diagnosis.hardware import counter_events
+        from stepscope.analysis.reporting.gpu_counters import counter_events
         counters = [e for i, (pod, m) in enumerate(sorted(hardware.items())) for e in counter_events(m, pod, base_us=base_us, pid=_COUNTER_PID + i)]
     return MergePlan(ranks, counters, limit_bytes, base_us, sources={r.rank: read.traces[r.rank] for r in ranks}, left_out=left_out)
 

@@ -481,7 +481,7 @@ class SessionManager:
 
         def run() -> None:
             if session.metrics is None:
-                from stepscope.analysis.diagnosis.hardware import read_metrics
+                from stepscope.analysis.loading.gpu_samples import read_metrics
 
                 if not local.is_file():
                     session.recorder.stop(local, gpus=session.rank_gpus())
@@ -557,7 +557,7 @@ class SessionManager:
             with self._lock:
                 progress.summary_error = f"trace not summarised: {summary.error}"
         if session.metrics is not None and summary.steps and not summary.error:
-            from stepscope.analysis.diagnosis.hardware import step_statistics
+            from stepscope.analysis.metrics.gpu_steps import step_statistics
 
             try:
                 summary.hardware = step_statistics(session.metrics, summary.steps, gpu=summary.gpu, base_us=summary.traceBaseUs)

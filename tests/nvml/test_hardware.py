@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 
 from stepscope.analysis.diagnosis.diagnose import diagnose
-from stepscope.analysis.diagnosis.hardware import counter_events, findings, read_metrics, step_statistics
+from stepscope.analysis.diagnosis.hardware import findings
+from stepscope.analysis.loading.gpu_samples import read_metrics
+from stepscope.analysis.metrics.gpu_steps import step_statistics
 from stepscope.analysis.model import decode_summary, encode
+from stepscope.analysis.reporting.gpu_counters import counter_events
 
 from .conftest import COMM_FRACTION, Run, summaries_for
 
