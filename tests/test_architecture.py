@@ -32,14 +32,14 @@ NO_TORCH = ("core", "analysis", "operator")
 # (`operator` is not among them: without an __init__.py it never wins over the standard library's).
 SECOND_NAMES = ("sidecar", "analysis", "tests", "benchmarks")
 # The analysis's stages (its subpackages, and model.py, the types they exchange) and which of the
-# others each may import; the facade (stepscope/analysis/__init__.py) and `stepscope analyze`
-# (command.py) sit above them all.
+# others each may import: each those before it. The facade (stepscope/analysis/__init__.py) and
+# `stepscope analyze` (command.py) sit above them all.
 STAGES = {
     "model": set(),
     "metrics": {"model"},
     "loading": {"model", "metrics"},
-    "diagnosis": {"model", "metrics"},
-    "reporting": {"model", "metrics", "diagnosis"},
+    "diagnosis": {"model", "metrics", "loading"},
+    "reporting": {"model", "metrics", "loading", "diagnosis"},
     "comparison": {"model", "metrics", "loading", "diagnosis"},
 }
 # All the analysis that code outside it may import: the facade and the types.
