@@ -67,8 +67,8 @@ def report(source: str, *, endpoint: str | None = None, region: str | None = Non
            output: str | None = None, merged_limit_mb: int | None = None,
            on_ranks: Callable[[int, int, list[str]], object] | None = None) -> Diagnosis:
     """Diagnose the session at `source` and write its report into <source>/report/ (or `output`);
-    what `stepscope analyze` and the analysis Job run. Returns the Diagnosis; raises
-    command.AnalysisError when there is nothing to analyse. `on_ranks` hears how many ranks were
+    what `stepscope analyze` and the analysis Job run. Returns the Diagnosis; raises a ValueError
+    (command.AnalysisError) when there is nothing to analyse. `on_ranks` hears how many ranks were
     analysed of how many, and which files were no traces."""
     from stepscope.analysis.command import MERGED_LIMIT_MB, analyze_uri
     return analyze_uri(source, endpoint=endpoint, region=region, credentials=credentials, progress=progress, output=output,

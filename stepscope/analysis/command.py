@@ -39,8 +39,9 @@ _COUNTER_PID = 10_000_000
 EXIT_OK, EXIT_NONE, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
 
 
-class AnalysisError(Exception):
-    """Nothing could be analysed at all (no such folder, nothing in it); the message says why."""
+class AnalysisError(ValueError):
+    """Nothing could be analysed at all (no such folder, nothing in it); the message says why. A
+    ValueError, so that callers outside the analysis catch it as the bad input it is."""
 
 
 def _read_metrics(files: SessionFiles, problems: dict[int, list[str]], summaries: list[RankSummary]) -> dict[str, pd.DataFrame]:
