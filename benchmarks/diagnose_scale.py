@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the synthetic ranks live in tests/
 
 
-from stepscope.analysis.diagnose import diagnose
+from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.model import decode_summary, encode
 from tests.analysis.synthetic_ranks import make_summaries
 

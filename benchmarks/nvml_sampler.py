@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the simulated node lives in tests/
 
-from stepscope.analysis.hardware import read_metrics
+from stepscope.analysis.loading.gpu_samples import read_metrics
 from stepscope.sidecar.nvml import MetricsRecorder, NvmlBackend, default_backend
 from tests.nvml.simulated import SimulatedBackend
 

@@ -61,3 +61,13 @@ def test_operator_without_a_key_is_one_line(tmp_path: Path) -> None:
     result = _stepscope("operator", "--metrics-port", "0", "--key-file", str(tmp_path / "absent"), tmp_path=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == f"stepscope operator: no HMAC key: set STEPSCOPE_HMAC_KEY or mount the key file at {tmp_path / 'absent'} (--key-file)"
+
+
+def test_capture_says_when_the_analysis_finds_nothing(tmp_path: Path, capsys) -> None:
+    """`stepscope capture` ends with the analysis: a session folder it cannot analyse is a one-line
+    error that keeps the capture, not a traceback."""
+    from stepscope.local.capture import _analyze
+
+    _analyze(tmp_path)
+    err = capsys.readouterr().err
+    assert err.startswith("stepscope capture: the analysis failed: nothing to analyse at") and "the capture is intact" in err

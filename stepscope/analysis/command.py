@@ -17,13 +17,13 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from stepscope.analysis.diagnose import diagnose
+from stepscope.analysis.diagnosis.diagnose import diagnose
+from stepscope.analysis.diagnosis.rank_tables import build_tables
+from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
+from stepscope.analysis.loading.session_files import SessionFiles, SessionRanks, find_files, local_path, open_session, read_ranks
 from stepscope.analysis.model import Diagnosis, RankSummary
-from stepscope.analysis.parallel import analysis_workers, worker_pool
-from stepscope.analysis.rank_tables import build_tables
-from stepscope.analysis.report import write_report
-from stepscope.analysis.report_merge import MergePlan, MergeRank, expected_size, merge_order
-from stepscope.analysis.session_files import SessionFiles, SessionRanks, find_files, local_path, open_session, read_ranks
+from stepscope.analysis.reporting.report import write_report
+from stepscope.analysis.reporting.report_merge import MergePlan, MergeRank, expected_size, merge_order
 from stepscope.storage import StoreError, open_store
 
 log = logging.getLogger(__name__)
@@ -39,14 +39,15 @@ _COUNTER_PID = 10_000_000
 EXIT_OK, EXIT_NONE, EXIT_USAGE, EXIT_PARTIAL = 0, 1, 2, 3
 
 
-class AnalysisError(Exception):
-    """Nothing could be analysed at all (no such folder, nothing in it); the message says why."""
+class AnalysisError(ValueError):
+    """Nothing could be analysed at all (no such folder, nothing in it); the message says why. A
+    ValueError, so that callers outside the analysis catch it as the bad input it is."""
 
 
 def _read_metrics(files: SessionFiles, problems: dict[int, list[str]], summaries: list[RankSummary]) -> dict[str, pd.DataFrame]:
     if not files.metrics:
         return {}
-    from stepscope.analysis.hardware import read_metrics
+    from stepscope.analysis.loading.gpu_samples import read_metrics
     metrics: dict[str, pd.DataFrame] = {}
     for pod, key in files.metrics.items():
         try:
@@ -92,7 +93,7 @@ def _merge_plan(files: SessionFiles, read: SessionRanks, diagnosis: Diagnosis, h
         expected += size
     counters = []
     if hardware:
-        from stepscope.analysis.hardware import counter_events
+        from stepscope.analysis.reporting.gpu_counters import counter_events
         counters = [e for i, (pod, m) in enumerate(sorted(hardware.items())) for e in counter_events(m, pod, base_us=base_us, pid=_COUNTER_PID + i)]
     return MergePlan(ranks, counters, limit_bytes, base_us, sources={r.rank: read.traces[r.rank] for r in ranks}, left_out=left_out)
 

@@ -7,9 +7,14 @@ thousands of summaries fast. Times are microseconds unless a name says otherwise
 """
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 SUMMARY_VERSION = 1
+# Ranks of one session are numbered below 10 ** RANK_DIGITS: the session reader takes a higher
+# number for a corrupt one, and the merged trace writes each rank in as many digits into its pids.
+RANK_DIGITS = 5
 
 
 class Struct(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):
@@ -185,10 +190,23 @@ class SlowWorker(Struct):
 
 
 class Finding(Struct):
+    """One thing the diagnosis found. report/diagnosis.json holds every finding whole; the status
+    holds the first few without `score` and `data` (their defaults, which are not encoded)."""
     severity: str  # critical | warning | info
     category: str  # slow-worker | kernel | python | communication | memory | launch | hang | hardware | trace
     ranks: list[int]
     message: str
+    # Roughly the share of step time at stake: orders the findings of one severity, worst first.
+    # 0 where the evidence has no such measure (an XID, a warning from the trace).
+    score: float = 0.0
+    # The figures behind the message, for the report (and data["claim"] for consistency.py).
+    data: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        # Checks pass numpy figures and pandas' rank lists; the status and the report want plain,
+        # sorted numbers.
+        self.ranks = sorted(int(r) for r in self.ranks)
+        self.score = float(self.score)
 
 
 class Breakdown(Struct):

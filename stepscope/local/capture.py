@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from stepscope import layout
+from stepscope import analysis, layout
 from stepscope.session import SAVE_RAW_TRACE, CaptureSpec, HardwareMetricsSpec, SessionSpec, SpecError
 from stepscope.sidecar_client import SidecarClient, SidecarError
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, load_key
@@ -187,10 +187,8 @@ def _write_session_json(out_dir: Path, session_id: str, url: str, spec: SessionS
 
 
 def _analyze(out_dir: Path) -> None:
-    from stepscope.analysis.command import analyze_uri
-
     try:
-        diagnosis = analyze_uri(str(out_dir), progress=sys.stderr.isatty())
+        diagnosis = analysis.report(str(out_dir), progress=sys.stderr.isatty())
     except (ValueError, OSError, StoreError) as exc:
         print(f"stepscope capture: the analysis failed: {exc}; the capture is intact, retry with `stepscope analyze {out_dir}`", file=sys.stderr)
         return

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from stepscope import layout
+from stepscope import analysis, layout
 from stepscope.operator import credentials, kube
 from stepscope.operator.record import destination
 from stepscope.operator.status import MAX_MESSAGE, STATUS_BUDGET, set_condition
@@ -58,8 +58,7 @@ def run_session_analysis(namespace: str, name: str) -> int:
     try:
         spec = SessionSpec.from_dict(obj.get("spec") or {})
         dest = destination(spec, namespace, name, meta["uid"])
-        from stepscope.analysis.command import analyze_uri  # the analysis stack loads only in the Job
-        diagnosis = analyze_uri(dest, endpoint=spec.storage.endpoint, region=spec.storage.region, credentials=credentials.from_env(), progress=False)
+        diagnosis = analysis.report(dest, endpoint=spec.storage.endpoint, region=spec.storage.region, credentials=credentials.from_env(), progress=False)
     except Exception as exc:
         log.exception("analysis of %s/%s failed", namespace, name)
         message = f"analysis failed: {type(exc).__name__}: {exc}"[:1000]

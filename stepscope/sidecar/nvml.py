@@ -9,7 +9,7 @@
 
 The file's columns are stepscope.gpu_metrics.BASE_COLUMNS plus two per NVLink link; `ts_us` is Unix epoch
 microseconds, the clock of Kineto's `ts` + `baseTimeNanoseconds` / 1000, so samples line up with
-the trace. stepscope.analysis.hardware reads the file.
+the trace. stepscope.analysis.loading.gpu_samples reads the file.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stepscope import layout, wire
+from stepscope import analysis, layout, wire
 from stepscope.retry import RetryPolicy
 from stepscope.session import SessionSpec, SpecError
 from stepscope.sidecar import session_phases, shared_dir
@@ -438,11 +438,9 @@ class SessionManager:
 
         def run() -> None:
             if session.metrics is None:
-                from stepscope.analysis.hardware import read_metrics
-
                 if not local.is_file():
                     session.recorder.stop(local, gpus=session.rank_gpus())
-                session.metrics = read_metrics(local)
+                session.metrics = analysis.read_metrics(local)
             session.store.put_file(key, local)
 
         def done(error: str | None) -> None:
@@ -502,9 +500,7 @@ class SessionManager:
                                   pod=self.pod, node=self.node, error=progress.error or f"no trace ({progress.state})",
                                   warnings=list(progress.degraded))
             return encode(summary)
-        from stepscope.analysis.summary import summarize_file
-
-        summary = summarize_file(trace, rank=progress.rank, pod=self.pod, node=self.node)
+        summary = analysis.summarize(trace, rank=progress.rank, pod=self.pod, node=self.node, samples=session.metrics)
         # What the capture budget dropped or cut reaches the diagnosis and the report.
         summary.warnings = [*progress.degraded, *summary.warnings]
         if summary.error:
@@ -513,13 +509,6 @@ class SessionManager:
             log.warning("session %s: rank %d's trace could not be summarised: %s", session.id, progress.rank, summary.error)
             with self._lock:
                 progress.summary_error = f"trace not summarised: {summary.error}"
-        if session.metrics is not None and summary.steps and not summary.error:
-            from stepscope.analysis.hardware import step_statistics
-
-            try:
-                summary.hardware = step_statistics(session.metrics, summary.steps, gpu=summary.gpu, base_us=summary.traceBaseUs)
-            except Exception as exc:  # noqa: BLE001 - metrics trouble must not cost the summary
-                summary.warnings = [*summary.warnings, f"hardware statistics unavailable: {exc}"]
         return encode(summary)
 
     def _job_done(self, session: Session, progress: RankProgress, key: str, error: str | None) -> None:

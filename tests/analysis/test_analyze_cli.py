@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from stepscope.analysis.command import EXIT_NONE, EXIT_OK, EXIT_PARTIAL
-from stepscope.analysis.summary import summarize_file
+from stepscope.analysis.metrics.summary import summarize_file
 from stepscope.cli import main
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from synthetic_ranks import make_summaries
 
-from stepscope.analysis import session_files
 from stepscope.analysis.command import analyze_uri
+from stepscope.analysis.loading import session_files
 from stepscope.analysis.model import encode
 from stepscope.cli import main
 

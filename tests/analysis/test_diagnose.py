@@ -7,14 +7,14 @@ import msgspec
 import pytest
 from synthetic_ranks import make_summaries
 
-from stepscope.analysis.diagnose import MAX_FINDINGS, diagnose
+from stepscope.analysis.diagnosis.diagnose import MAX_FINDINGS, diagnose
+from stepscope.analysis.diagnosis.outliers import peer_median
+from stepscope.analysis.diagnosis.wording import short
 from stepscope.analysis.model import RankSummary, encode
-from stepscope.analysis.outliers import peer_median
-from stepscope.analysis.wording import short
 
 
 def _by_category(full: list[dict], category: str) -> list[dict]:
-    return [f for f in full if f["category"] == category]
+    return [f for f in full if f.category == category]
 
 
 def test_healthy_run_names_no_slow_worker():
@@ -22,7 +22,7 @@ def test_healthy_run_names_no_slow_worker():
     assert diagnosis.slowWorkers == []
     assert not _by_category(full, "slow-worker")
     assert diagnosis.summary.startswith("no problem found across 8 rank(s)")
-    assert all(f["severity"] == "info" for f in full)
+    assert all(f.severity == "info" for f in full)
     assert diagnosis.stepTimeMs.min <= diagnosis.stepTimeMs.median <= diagnosis.stepTimeMs.max
     assert diagnosis.breakdown.computePct > 0
 
@@ -35,10 +35,10 @@ def test_slow_kernels_name_the_rank_and_the_kernels():
     assert 1.2 < worker.slowdown < 1.4
     assert (worker.pod, worker.node) == ("train-0", "node-0")
     slow = _by_category(full, "slow-worker")[0]
-    assert slow is full[0] and slow["severity"] == "critical"
-    assert 1.25 < slow["data"]["kernelRatio"] < 1.35
+    assert slow is full[0] and slow.severity == "critical"
+    assert 1.25 < slow.data["kernelRatio"] < 1.35
     # The kernels that cost most extra time are named: the largest compute kernels, not the collective.
-    named = [k["name"] for k in slow["data"]["slowKernels"]]
+    named = [k["name"] for k in slow.data["slowKernels"]]
     assert named and all(n.startswith(("volta_sgemm", "void at::native")) for n in named)
     # Every rank's step is as long (they wait for rank 5): the figures are its peers' wait, not "1.3x slower".
     assert diagnosis.summary.startswith("rank 5 holds its peers back, they wait ") and "kernels run 3" in diagnosis.summary
@@ -53,7 +53,7 @@ def test_step_time_outlier_without_synchronisation():
     diagnosis, full = diagnose(summaries)
     assert [w.rank for w in diagnosis.slowWorkers] == [11]
     assert diagnosis.slowWorkers[0].slowdown == pytest.approx(1.5, rel=0.05)
-    assert "its step takes" in _by_category(full, "slow-worker")[0]["message"]
+    assert "its step takes" in _by_category(full, "slow-worker")[0].message
 
 
 def test_collective_voting_finds_the_late_rank_when_step_times_are_equal():
@@ -61,7 +61,7 @@ def test_collective_voting_finds_the_late_rank_when_step_times_are_equal():
     # same (all wait for rank 3), so only the collectives show who is late.
     diagnosis, full = diagnose(make_summaries(8, slow_rank=3, extra_step_us=60_000, seed=4))
     assert [w.rank for w in diagnosis.slowWorkers] == [3]
-    data = _by_category(full, "slow-worker")[0]["data"]
+    data = _by_category(full, "slow-worker")[0].data
     assert data["kernelRatio"] is None and data["stepRatio"] is None
     assert data["voteShare"] > 0.9 and data["rounds"] == 80
     assert 50_000 < data["peersWaitUsPerStep"] < 70_000
@@ -75,8 +75,8 @@ def test_two_ranks_are_enough_to_name_the_slower_one():
 def test_python_function_straggler_is_named_with_its_place():
     diagnosis, full = diagnose(make_summaries(8, python_rank=2, python_us=140_000, seed=6))
     python = _by_category(full, "python")
-    assert [f["ranks"] for f in python] == [[2]]
-    assert python[0]["message"].startswith("rank 2 spends 140 ms/step in augment_batch_slowly (train.py:42), 10x its peers")
+    assert [f.ranks for f in python] == [[2]]
+    assert python[0].message.startswith("rank 2 spends 140 ms/step in augment_batch_slowly (train.py:42), 10x its peers")
     assert [w.rank for w in diagnosis.slowWorkers] == [2]
     assert "augment_batch_slowly (train.py:42)" in diagnosis.summary
 
@@ -91,9 +91,9 @@ def test_c_functions_are_named_without_their_repr():
                 f.name = f"<built-in method decode_jpeg of {owner} object at 0x7fef72c6{s.rank:04x}>"
     diagnosis, full = diagnose(summaries)
     python = _by_category(full, "python")
-    assert python[0]["message"].startswith("rank 2 spends 140 ms/step in decode_jpeg (built-in), 10x its peers")
+    assert python[0].message.startswith("rank 2 spends 140 ms/step in decode_jpeg (built-in), 10x its peers")
     assert "decode_jpeg (built-in)" in diagnosis.summary
-    assert not [f["message"] for f in full if re.search(r"0x[0-9a-f]{4}|pybind11|<", f["message"])]
+    assert not [f.message for f in full if re.search(r"0x[0-9a-f]{4}|pybind11|<", f.message)]
 
 
 def test_memory_operations_follow_the_one_percent_rule():
@@ -103,15 +103,15 @@ def test_memory_operations_follow_the_one_percent_rule():
     summaries[1].memoryOps[0].bottleneckRatio = 0.031
     _, above = diagnose(summaries)
     memory = _by_category(above, "memory")
-    assert len(memory) == 1 and memory[0]["ranks"] == [1]
-    assert "Memcpy HtoD" in memory[0]["message"] and "3.1%" in memory[0]["message"]
+    assert len(memory) == 1 and memory[0].ranks == [1]
+    assert "Memcpy HtoD" in memory[0].message and "3.1%" in memory[0].message
 
 
 def test_low_bandwidth_rank_is_a_communication_finding():
     _, full = diagnose(make_summaries(8, bandwidth_rank=6, seed=8))
     comm = _by_category(full, "communication")
-    assert [f["ranks"] for f in comm] == [[6]]
-    assert "0.3x the other ranks" in comm[0]["message"]
+    assert [f.ranks for f in comm] == [[6]]
+    assert "0.3x the other ranks" in comm[0].message
 
 
 def _stacks(rank: int, frames: list[tuple[str, str, int]]) -> dict:
@@ -127,9 +127,9 @@ def test_hang_odd_rank_out_is_the_culprit():
     stacks = {r: _stacks(r, stuck if r == 2 else waiting) for r in range(4)}
     diagnosis, full = diagnose(make_summaries(4, seed=9), stacks=stacks)
     hang = _by_category(full, "hang")
-    assert hang[0] is full[0] and hang[0]["ranks"] == [2]
-    assert "read_shard (data.py:12)" in hang[0]["message"] and "train_step (train.py:57)" in hang[0]["message"]
-    assert diagnosis.summary == hang[0]["message"]
+    assert hang[0] is full[0] and hang[0].ranks == [2]
+    assert "read_shard (data.py:12)" in hang[0].message and "train_step (train.py:57)" in hang[0].message
+    assert diagnosis.summary == hang[0].message
 
 
 def test_hang_rank_without_stacks_is_named():
@@ -137,8 +137,8 @@ def test_hang_rank_without_stacks_is_named():
     stacks = {r: _stacks(r, waiting) for r in (0, 1, 3)}
     _, full = diagnose(make_summaries(4, seed=10), stacks=stacks)
     hang = _by_category(full, "hang")
-    assert [f["ranks"] for f in hang] == [[0, 1, 3], [2]]
-    assert "3 ranks hung for 312 s, all at train_step (train.py:57)" == hang[0]["message"]
+    assert [f.ranks for f in hang] == [[0, 1, 3], [2]]
+    assert "3 ranks hung for 312 s, all at train_step (train.py:57)" == hang[0].message
 
 
 def test_rank_errors_become_findings_and_the_rest_is_diagnosed():
@@ -148,8 +148,8 @@ def test_rank_errors_become_findings_and_the_rest_is_diagnosed():
     summaries[3].warnings.append("no ProfilerStep found: step times unknown")
     diagnosis, full = diagnose(summaries)
     trace = _by_category(full, "trace")
-    assert [(f["severity"], f["ranks"]) for f in trace] == [("critical", [1, 2]), ("info", [3])]
-    assert "ranks 1-2 could not be analysed: truncated gzip" in trace[0]["message"]
+    assert [(f.severity, f.ranks) for f in trace] == [("critical", [1, 2]), ("info", [3])]
+    assert "ranks 1-2 could not be analysed: truncated gzip" in trace[0].message
     assert [w.rank for w in diagnosis.slowWorkers] == [4]
 
 
@@ -190,15 +190,15 @@ def test_cpu_only_gloo_run_weighs_collective_wait_against_python():
     diagnosis, full = diagnose(summaries)
     assert [w.rank for w in diagnosis.slowWorkers] == [1]
     assert "augment_batch_slowly (train.py:42)" in diagnosis.summary
-    comm = [f for f in full if f["category"] == "communication"]
-    assert len(comm) == 1 and "in gloo collectives (AllReduce)" in comm[0]["message"] and "least: rank 1" in comm[0]["message"]
-    assert not [f for f in full if f["message"].startswith("the Python hot spot is ")]
+    comm = [f for f in full if f.category == "communication"]
+    assert len(comm) == 1 and "in gloo collectives (AllReduce)" in comm[0].message and "least: rank 1" in comm[0].message
+    assert not [f for f in full if f.message.startswith("the Python hot spot is ")]
     for s in summaries:
         s.functions = [f for f in s.functions if "augment_batch_slowly" not in f.name]
         s.collectives = []
     _, healthy = diagnose(summaries)
-    hot = [f for f in healthy if f["message"].startswith("the Python hot spot is ")]
-    assert len(hot) == 1 and hot[0]["severity"] == "info" and hot[0]["ranks"] == [0, 1, 2, 3]
+    hot = [f for f in healthy if f.message.startswith("the Python hot spot is ")]
+    assert len(hot) == 1 and hot[0].severity == "info" and hot[0].ranks == [0, 1, 2, 3]
 
 
 def test_kernel_names_are_shortened_to_the_name_itself():
@@ -213,8 +213,8 @@ def test_hang_with_two_ranks_the_one_outside_the_collective_is_the_culprit():
     for culprit in (0, 1):
         stacks = {r: _stacks(r, stuck if r == culprit else waiting) for r in range(2)}
         _, full = diagnose(make_summaries(2, seed=14), stacks=stacks)
-        assert full[0]["category"] == "hang" and full[0]["ranks"] == [culprit]
-        assert "stuck at read_shard (data.py:12) while 1 other rank(s) wait at all_reduce in train_step (train.py:57)" in full[0]["message"]
+        assert full[0].category == "hang" and full[0].ranks == [culprit]
+        assert "stuck at read_shard (data.py:12) while 1 other rank(s) wait at all_reduce in train_step (train.py:57)" in full[0].message
 
 
 def test_one_kernel_slower_on_one_rank_is_a_kernel_finding():
@@ -227,6 +227,6 @@ def test_one_kernel_slower_on_one_rank_is_a_kernel_finding():
     kernel.sumUs *= 2.0
     diagnosis, full = diagnose(summaries)
     assert diagnosis.slowWorkers == []
-    found = [f for f in full if f["category"] == "kernel" and f["severity"] == "warning"]
-    assert [(f["ranks"], f["data"]["kernel"]) for f in found] == [([4], kernel.name)]
-    assert "runs 1.99x longer on rank 4 than on the other ranks (+24.9 ms/step)" in found[0]["message"]
+    found = [f for f in full if f.category == "kernel" and f.severity == "warning"]
+    assert [(f.ranks, f.data["kernel"]) for f in found] == [([4], kernel.name)]
+    assert "runs 1.99x longer on rank 4 than on the other ranks (+24.9 ms/step)" in found[0].message

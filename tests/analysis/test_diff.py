@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from synthetic_ranks import make_summaries
 
-from stepscope.analysis.diff import diff_runs, format_table
-from stepscope.analysis.diff_command import compare
+from stepscope.analysis.comparison.diff import diff_runs, format_table
+from stepscope.analysis.comparison.diff_command import compare
 from stepscope.analysis.model import FunctionStat, KernelStat, encode
 from stepscope.cli import main
 

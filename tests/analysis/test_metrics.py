@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepscope.analysis import intervals
-from stepscope.analysis.collectives import parse_nccl_name
-from stepscope.analysis.diagnose import diagnose
-from stepscope.analysis.gpu_scope import COMM, COMP, MEM, OTHER, kernel_type
-from stepscope.analysis.memory_ops import memory_kind
+from stepscope.analysis.diagnosis.diagnose import diagnose
+from stepscope.analysis.metrics import intervals
+from stepscope.analysis.metrics.collectives import parse_nccl_name
+from stepscope.analysis.metrics.gpu_scope import COMM, COMP, MEM, OTHER, kernel_type
+from stepscope.analysis.metrics.memory_ops import memory_kind
+from stepscope.analysis.metrics.summary import summarize
+from stepscope.analysis.metrics.trace import load_trace
 from stepscope.analysis.model import decode_summary, encode
-from stepscope.analysis.summary import summarize
-from stepscope.analysis.trace import load_trace
 
 
 def grid(starts, ends, lo=0, hi=400) -> np.ndarray:
@@ -226,8 +226,8 @@ def test_overlapping_gloo_calls_count_once_in_the_share_of_the_step(tmp_path: Pa
     assert [r.collectives[0].sumUs for r in summaries] == [390, 36]  # per kind: each call counts
 
     def share(summaries: list) -> tuple[str, dict]:
-        (comm,) = [f for f in diagnose(summaries)[1] if f["category"] == "communication"]
-        return comm["message"], comm["data"].get("collectiveShare")
+        (comm,) = [f for f in diagnose(summaries)[1] if f.category == "communication"]
+        return comm.message, comm.data.get("collectiveShare")
 
     assert share(summaries) == ("ranks spend 49% of each step in gloo collectives (AllReduce) (least: rank 1 11%, most: rank 0 88%): "
                                 "most of it is waiting for the slowest rank", {"0": 0.875, "1": 0.11})

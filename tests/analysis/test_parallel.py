@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.analysis import parallel
+from stepscope.analysis.loading import parallel
 
 
 @pytest.fixture()
@@ -56,7 +56,7 @@ def test_one_worker_runs_in_this_process():
 
 def test_a_pool_started_from_a_script_on_stdin_runs_its_workers(tmp_path: Path):
     """`python - <<EOF` names its __main__ "<stdin>": spawned workers must not try to run that file."""
-    script = ("from stepscope.analysis.parallel import worker_pool\n"
+    script = ("from stepscope.analysis.loading.parallel import worker_pool\n"
               "import os\n"
               "with worker_pool(2) as pool:\n"
               "    pids = {pool.submit(os.getpid).result() for _ in range(4)}\n"

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepscope.analysis.gpu_scope import gpu_scope
-from stepscope.analysis.kernels import kernel_stats
+from stepscope.analysis.metrics.gpu_scope import gpu_scope
+from stepscope.analysis.metrics.kernels import kernel_stats
+from stepscope.analysis.metrics.summary import summarize
+from stepscope.analysis.metrics.trace import load_trace
 from stepscope.analysis.model import KernelStat, RankSummary
-from stepscope.analysis.summary import summarize
-from stepscope.analysis.trace import load_trace
 from tests.conftest import HTA_REFERENCE
 
 SETS = sorted(p.name for p in HTA_REFERENCE.glob("*") if (p / "_run.json").exists()) or ["none"]

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepscope.analysis.gpu_scope import gpu_scope
-from stepscope.analysis.kernels import kernel_stats
-from stepscope.analysis.summary import summarize
-from stepscope.analysis.trace import load_trace
+from stepscope.analysis.metrics.gpu_scope import gpu_scope
+from stepscope.analysis.metrics.kernels import kernel_stats
+from stepscope.analysis.metrics.summary import summarize
+from stepscope.analysis.metrics.trace import load_trace
 from tests.analysis import test_parity_hta as parity
 from tests.conftest import SHARED
 

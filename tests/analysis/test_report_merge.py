@@ -16,8 +16,8 @@ import pytest
 
 from stepscope import layout
 from stepscope.analysis.command import analyze_uri
-from stepscope.analysis.parallel import worker_pool
-from stepscope.analysis.report_merge import MergedTrace, MergePlan, MergeRank, expected_size, merge_order, shift_ts, write_merged_trace
+from stepscope.analysis.loading.parallel import worker_pool
+from stepscope.analysis.reporting.report_merge import MergedTrace, MergePlan, MergeRank, expected_size, merge_order, shift_ts, write_merged_trace
 
 
 def _write(path: Path, events: list[dict], text: str | None = None, base_ns: int = 0) -> Path:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from synthetic_ranks import make_summaries
 
-from stepscope.analysis.rank_tables import build_tables
-from stepscope.analysis.report_tables import report_tables
+from stepscope.analysis.diagnosis.rank_tables import build_tables
+from stepscope.analysis.reporting.report_tables import report_tables
 
 
 def test_tables_add_up():

@@ -3,7 +3,7 @@ captures (tests/analysis/test_analyze_real_capture.py runs the real thing): two 
 its time inside collectives, Python stacks with their time per step."""
 from __future__ import annotations
 
-from stepscope.analysis.diagnose import diagnose
+from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.model import SUMMARY_VERSION, CollectiveStat, FunctionStat, RankSummary, StepRow
 
 ROOT = "workload.py(224): <module> > workload.py(203): train"
@@ -44,9 +44,9 @@ def test_the_rank_waited_for_is_named_with_its_function_never_the_waiting_one():
     # Figures agree with the step: the peers' wait is below the 90 ms step, the slowdown follows from it.
     worker = diagnosis.slowWorkers[0]
     assert 1.5 < worker.slowdown < 2.5 and worker.slowdown == round(90.0 / (90.0 - 47.75), 3)
-    assert not [f for f in full if f["severity"] != "info" and f["ranks"] == [0]]
+    assert not [f for f in full if f.severity != "info" and f.ranks == [0]]
     # stepscope's own agent and profiler are never a finding.
-    assert not [f for f in full if "stepscope_agent" in f["message"] or "_heartbeat" in f["message"] or "replace (built-in)" in f["message"]]
+    assert not [f for f in full if "stepscope_agent" in f.message or "_heartbeat" in f.message or "replace (built-in)" in f.message]
 
 
 def test_blocking_in_a_user_function_is_a_cause_not_waiting():
@@ -102,7 +102,7 @@ def test_a_gap_without_any_steady_cause_says_it_cannot_tell_and_what_to_capture(
 
 
 def test_other_threads_are_kept_apart_from_the_training_thread():
-    from stepscope.analysis.rank_tables import MAIN_THREAD, build_tables
+    from stepscope.analysis.diagnosis.rank_tables import MAIN_THREAD, build_tables
 
     tables = build_tables([_rank(0, [1_000, 1_000], [*_base([6_000, 6_000]),
                                                       _fn("threading.py(1002): _bootstrap > threading.py(982): run > loader.py(12): prefetch > threading.py(331): wait", [80_000, 80_000])])])
@@ -149,7 +149,7 @@ def test_a_slow_rank_whose_stacks_the_capture_budget_dropped_is_not_given_a_made
     diagnosis, full = diagnose([_rank(0, [41_000, 40_000, 40_500, 40_000], [_fn(SHARD, [30_000] * 4), _fn(WAIT, [40_000] * 4)]), slow])
     assert [w.rank for w in diagnosis.slowWorkers] == []
     assert diagnosis.summary.startswith("cannot tell which rank holds the job back") and "Rank 1 is the likeliest" in diagnosis.summary
-    message = next(f["message"] for f in full if f["category"] == "slow-worker")  # the summary is cut at MAX_MESSAGE
+    message = next(f.message for f in full if f.category == "slow-worker")  # the summary is cut at MAX_MESSAGE
     assert "cannot tell what it does in that time, as the capture budget (capture.limits.maxStackEvents" in message
     assert "capture steps: 1 with that limit raised to name the function" in message
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepscope.analysis.diagnose import diagnose
+from stepscope.analysis.diagnosis.diagnose import diagnose
+from stepscope.analysis.metrics.summary import summarize_file
 from stepscope.analysis.model import decode_summary, encode
-from stepscope.analysis.summary import summarize_file
 
 SLOW_MS = 60
 STEPS = 5
@@ -96,8 +96,8 @@ def test_calls_running_at_once_count_once_in_the_share_of_the_step(gloo_traces: 
     # Both buckets wait for rank 1 at once: their summed time outlasts rank 0's steps.
     assert sum(c.sumUs for c in fast.collectives) > step_us
     assert all(0 < s.collectiveUs <= s.durationUs for s in fast.steps + slow.steps)
-    (comm,) = [f for f in diagnose([fast, slow])[1] if f["category"] == "communication"]
-    share = comm["data"]["collectiveShare"]["0"]
+    (comm,) = [f for f in diagnose([fast, slow])[1] if f.category == "communication"]
+    share = comm.data["collectiveShare"]["0"]
     assert share == pytest.approx(sum(s.collectiveUs for s in fast.steps) / step_us, abs=1e-4)
     assert 0.5 < share <= 1.0
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from stepscope.analysis.metrics.summary import summarize_file
 from stepscope.analysis.model import decode_summary, encode
-from stepscope.analysis.summary import summarize_file
 
 
 def one(folder: Path) -> Path:

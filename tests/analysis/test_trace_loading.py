@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepscope.analysis import trace as trace_module
-from stepscope.analysis.summary import summarize, summarize_file
-from stepscope.analysis.trace import TraceError, load_trace
+from stepscope.analysis.metrics import trace as trace_module
+from stepscope.analysis.metrics.summary import summarize, summarize_file
+from stepscope.analysis.metrics.trace import TraceError, load_trace
 
 COLUMNS = ("cat", "name", "pid", "ts", "dur", "stream", "correlation", "external_id", "nbytes",
            "python_id", "python_parent")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stepscope.analysis.hardware import read_metrics
+from stepscope.analysis.loading.gpu_samples import read_metrics
 from stepscope.analysis.model import SUMMARY_VERSION, RankSummary, StepRow
 from stepscope.sidecar.nvml import MetricsRecorder
 from tests.nvml.simulated import SimulatedBackend

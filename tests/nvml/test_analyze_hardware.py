@@ -8,8 +8,8 @@ from pathlib import Path
 
 from stepscope import layout
 from stepscope.analysis.command import analyze_uri
+from stepscope.analysis.metrics.summary import summarize_file
 from stepscope.analysis.model import encode
-from stepscope.analysis.summary import summarize_file
 
 from .conftest import Profiled, Run
 

@@ -10,9 +10,12 @@ import msgspec
 import numpy as np
 import pytest
 
-from stepscope.analysis.diagnose import diagnose
-from stepscope.analysis.hardware import counter_events, findings, read_metrics, step_statistics
+from stepscope.analysis.diagnosis.diagnose import diagnose
+from stepscope.analysis.diagnosis.hardware import findings
+from stepscope.analysis.loading.gpu_samples import read_metrics
+from stepscope.analysis.metrics.gpu_steps import step_statistics
 from stepscope.analysis.model import decode_summary, encode
+from stepscope.analysis.reporting.gpu_counters import counter_events
 
 from .conftest import COMM_FRACTION, Run, summaries_for
 
@@ -81,6 +84,19 @@ def test_xid_and_ecc_events(unhealthy_run: Run) -> None:
     assert all(f.category == "hardware" for f in found)
 
 
+def test_findings_are_scored_by_what_they_measure(unhealthy_run: Run) -> None:
+    """A hardware finding's score is the share it measures (the clock, link or utilization missing
+    against the peers'), 0 for events with no such measure, and the diagnosis orders by it as given."""
+    found, _ = findings(unhealthy_run.summaries, unhealthy_run.metrics)
+    scores = {f.message.split(":")[0] if "XID" not in f.message else "XID": f.score for f in found}
+    assert scores["GPU clock throttling (thermal)"] == pytest.approx(1 - 1.10 / 1.98, abs=0.01)
+    assert scores["GPU clock below its peers' (locked or lowered clocks, e.g. nvidia-smi -lgc)"] == pytest.approx(1 - 1.41 / 1.98, abs=0.01)
+    assert scores["slow NVLink"] == pytest.approx(0.8, abs=0.05) and scores["slow PCIe"] == pytest.approx(0.8, abs=0.05)
+    assert scores["XID"] == 0.0
+    _, detailed = diagnose(unhealthy_run.summaries, hardware=unhealthy_run.metrics)
+    assert {f.message: f.score for f in detailed if f.category == "hardware"} == {f.message: f.score for f in found}
+
+
 def test_summaries_without_gpu_fall_back_to_local_rank(unhealthy_run: Run) -> None:
     summaries = [msgspec.structs.replace(s, gpu=-1) for s in unhealthy_run.summaries if s.pod == "train-a"]
     _, explanations = findings(summaries, unhealthy_run.metrics)
@@ -93,9 +109,9 @@ def test_diagnosis_joins_the_explanation_into_the_slow_worker(unhealthy_run: Run
     # Rank 1 (the thermal-throttled GPU) takes 1.5x as long per step as its peers.
     summaries = summaries_for("train-a", backend, 0, steps, slow={1: 1.5})
     diagnosis, detailed = diagnose(summaries, hardware=unhealthy_run.metrics)
-    slow = [f for f in detailed if f["category"] == "slow-worker"]
-    assert [f["ranks"] for f in slow] == [[1]]
-    assert "SM clock 1.10 GHz against 1.98 GHz on its peers, thermal throttling" in slow[0]["message"]
+    slow = [f for f in detailed if f.category == "slow-worker"]
+    assert [f.ranks for f in slow] == [[1]]
+    assert "SM clock 1.10 GHz against 1.98 GHz on its peers, thermal throttling" in slow[0].message
     assert any(f.category == "hardware" and 1 in f.ranks for f in diagnosis.findings)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stepscope.analysis.hardware import read_metrics
+from stepscope.analysis.loading.gpu_samples import read_metrics
 from stepscope.sidecar import nvml_native
 from stepscope.sidecar.nvml import BackendError, MetricsRecorder
 from tests.nvml.simulated import SimulatedBackend

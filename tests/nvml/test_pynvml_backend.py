@@ -11,7 +11,7 @@ import pytest
 
 pynvml = pytest.importorskip("pynvml")
 
-from stepscope.analysis.hardware import read_metrics  # noqa: E402 (after the importorskip)
+from stepscope.analysis.loading.gpu_samples import read_metrics  # noqa: E402 (after the importorskip)
 from stepscope.gpu_metrics import (  # noqa: E402 (after the importorskip)
     FI_NVLINK_THROUGHPUT_DATA_TX,
     FI_PCIE_COUNT_RX_BYTES,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.analysis.hardware import counter_events, read_metrics
+from stepscope.analysis.loading.gpu_samples import read_metrics
+from stepscope.analysis.reporting.gpu_counters import counter_events
 from stepscope.gpu_metrics import BASE_COLUMNS, nvlink_columns
 from stepscope.sidecar import nvml
 from stepscope.sidecar.nvml import BackendError, MetricsRecorder, default_backend
@@ -129,8 +130,9 @@ def test_only_the_ranks_gpus_are_written_under_the_index_their_ranks_use(tmp_pat
 def test_samples_line_up_with_the_steps_of_a_real_profiler_trace(profiled: Profiled) -> None:
     """A torch.profiler capture during the recording: the summary's steps, on the trace's clock
     (ts + baseTimeNanoseconds), select the samples taken while they ran."""
-    from stepscope.analysis.hardware import findings, step_statistics
-    from stepscope.analysis.summary import summarize_file
+    from stepscope.analysis.diagnosis.hardware import findings
+    from stepscope.analysis.metrics.gpu_steps import step_statistics
+    from stepscope.analysis.metrics.summary import summarize_file
 
     metrics = read_metrics(profiled.metrics)
     trace = json.loads(profiled.trace.read_text())

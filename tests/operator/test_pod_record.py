@@ -9,7 +9,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from stepscope.analysis import diagnose
+from stepscope.analysis.diagnosis import diagnose
 from stepscope.analysis.model import Diagnosis, Finding, SlowWorker, StepTime
 from stepscope.operator import kube as operator_kube
 from stepscope.operator import pod_record

@@ -202,7 +202,7 @@ def test_gpu_metrics_are_recorded_uploaded_and_joined_to_the_summaries(stepscope
     finally:
         sidecar.shutdown(5)
     assert layout.node_metrics("pod-a") in status["artifacts"]
-    from stepscope.analysis.hardware import read_metrics
+    from stepscope.analysis.loading.gpu_samples import read_metrics
 
     metrics = read_metrics(store / layout.node_metrics("pod-a"))
     assert set(metrics["gpu"].unique()) == {0.0, 1.0} and len(metrics) > 100
@@ -314,6 +314,6 @@ def test_real_nvml_samples_are_uploaded_for_the_capture_window(stepscope_dir: Pa
     finally:
         sidecar.shutdown(5)
     assert layout.node_metrics("pod-gpu") in status["artifacts"], status
-    from stepscope.analysis.hardware import read_metrics
+    from stepscope.analysis.loading.gpu_samples import read_metrics
 
     assert len(read_metrics(tmp_path / "store" / layout.node_metrics("pod-gpu"))) > 10

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..model import IdleBreakdown, KernelTypeShare, StreamIdle, TemporalBreakdown
 from . import intervals
 from .gpu_scope import COMM, COMP, MEM, GpuScope, gpu_filter_mask
-from .model import IdleBreakdown, KernelTypeShare, StreamIdle, TemporalBreakdown
 from .trace import KERNEL_CATS, MEMCPY_CATS, MEMSET_CATS, Trace
 
 # HTA's get_idle_time_breakdown default: gaps shorter than this (µs) between kernels that were

@@ -13,16 +13,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.bottlenecks import all_checks
-from stepscope.analysis.causes import Cause
-from stepscope.analysis.consistency import CPU_ONLY, reconcile
-from stepscope.analysis.hangs import hang_findings
+from stepscope.analysis.diagnosis.bottlenecks import all_checks
+from stepscope.analysis.diagnosis.causes import Cause
+from stepscope.analysis.diagnosis.consistency import CPU_ONLY, reconcile
+from stepscope.analysis.diagnosis.hangs import hang_findings
+from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables
+from stepscope.analysis.diagnosis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
+from stepscope.analysis.diagnosis.straggler import MORE_STEPS, Straggler, find_straggler
+from stepscope.analysis.diagnosis.wording import function_text, ms, ranks_text, short
+from stepscope.analysis.metrics.summary import NO_GPU_EVENTS
 from stepscope.analysis.model import Breakdown, Diagnosis, Finding, RankSummary, SlowWorker, StepTime
-from stepscope.analysis.rank_tables import RankTables, build_tables
-from stepscope.analysis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
-from stepscope.analysis.straggler import MORE_STEPS, Straggler, find_straggler
-from stepscope.analysis.summary import NO_GPU_EVENTS
-from stepscope.analysis.wording import finding, function_text, ms, ranks_text, short
 from stepscope.wire import STACK_SAMPLE_SECONDS, STACKS_DROPPED
 
 MAX_FINDINGS = 20
@@ -36,7 +36,7 @@ _SEVERITY = {"critical": 0, "warning": 1, "info": 2}
 PROFILED_CALL_US = 1.0
 
 
-def _trace_findings(summaries: list[RankSummary]) -> list[dict[str, Any]]:
+def _trace_findings(summaries: list[RankSummary]) -> list[Finding]:
     """Per-rank errors and warnings, one finding per distinct text (1,000 ranks with the same
     warning are one finding, not 1,000)."""
     out = []
@@ -49,13 +49,13 @@ def _trace_findings(summaries: list[RankSummary]) -> list[dict[str, Any]]:
             warnings[w].append(s.rank)
     for text, ranks in errors.items():
         # Critical, but after the slow workers and hangs: those say what to fix, this what is unseen.
-        out.append(finding("critical", "trace", ranks, f"{ranks_text(ranks)} could not be analysed: {text}", 0.001 * len(ranks), {"error": text}))
+        out.append(Finding("critical", "trace", ranks, f"{ranks_text(ranks)} could not be analysed: {text}", 0.001 * len(ranks), {"error": text}))
     for text, ranks in warnings.items():
-        out.append(finding("info", "trace", ranks, f"{ranks_text(ranks)}: {text}", 0.0, {"claim": CPU_ONLY if text.startswith(NO_GPU_EVENTS) else None}))
+        out.append(Finding("info", "trace", ranks, f"{ranks_text(ranks)}: {text}", 0.0, {"claim": CPU_ONLY if text.startswith(NO_GPU_EVENTS) else None}))
     return out
 
 
-def _slow_worker_finding(e: SlowEvidence, tables: RankTables, median_step_us: float, python: dict[int, str], hardware: dict[int, str]) -> dict[str, Any]:
+def _slow_worker_finding(e: SlowEvidence, tables: RankTables, median_step_us: float, python: dict[int, str], hardware: dict[int, str]) -> Finding:
     slowdown = e.slowdown(median_step_us)
     reasons = []
     if e.stepRatio:
@@ -79,12 +79,12 @@ def _slow_worker_finding(e: SlowEvidence, tables: RankTables, median_step_us: fl
         message = (f"rank {e.rank} holds its peers back, they wait {ms(e.waitUsPerStep(median_step_us))} of each {ms(median_step_us)} step "
                    f"for it: " + "; ".join(reasons))
     severity = "critical" if slowdown >= 1.2 else "warning"
-    return finding(severity, "slow-worker", [e.rank], message, slowdown - 1.0, {
+    return Finding(severity, "slow-worker", [e.rank], message, slowdown - 1.0, {
         "slowdown": round(slowdown, 3), "stepRatio": e.stepRatio, "kernelRatio": e.kernelRatio, "slowKernels": e.slowKernels,
         "voteShare": e.voteShare, "votes": e.votes, "rounds": e.rounds, "peersWaitUsPerStep": round(e.waitUsPerStep(median_step_us), 1)})
 
 
-def _kernel_skew_finding(e: SlowEvidence, tables: RankTables) -> dict[str, Any]:
+def _kernel_skew_finding(e: SlowEvidence, tables: RankTables) -> Finding:
     """Longer kernels on a rank whose step is no longer and that no one waits for."""
     assert e.kernelRatio is not None  # only kernel evidence comes here
     names = ", ".join(list(dict.fromkeys(short(k["name"], 50) for k in e.slowKernels))[:3])
@@ -92,7 +92,7 @@ def _kernel_skew_finding(e: SlowEvidence, tables: RankTables) -> dict[str, Any]:
     mine = float(steps.get(e.rank, np.nan))
     peers = float(steps.drop(e.rank, errors="ignore").median()) if len(steps) > 1 else np.nan
     step = f": its step takes {ms(mine)} vs {ms(peers)} on its peers, so the collectives absorb it (it waits less)" if mine == mine and peers == peers else ""
-    return finding("warning", "kernel", [e.rank], f"rank {e.rank}'s GPU kernels run {100 * (e.kernelRatio - 1):.0f}% longer than its peers'"
+    return Finding("warning", "kernel", [e.rank], f"rank {e.rank}'s GPU kernels run {100 * (e.kernelRatio - 1):.0f}% longer than its peers'"
                    + (f" ({names})" if names else "") + step, (e.kernelRatio - 1.0) / 4,
                    {"kernelRatio": e.kernelRatio, "slowKernels": e.slowKernels})
 
@@ -129,7 +129,7 @@ def _clean_confidence(v: WaitVerdict) -> float:
     return round(min(1.0, 0.5 + 0.2 * v.steps) * max(0.0, 1.0 - 0.5 * v.share / MIN_GAP_SHARE), 2)
 
 
-def _straggler_findings(st: Straggler, tables: RankTables, stacks_dropped: set[int]) -> tuple[list[dict[str, Any]], SlowWorker | None]:
+def _straggler_findings(st: Straggler, tables: RankTables, stacks_dropped: set[int]) -> tuple[list[Finding], SlowWorker | None]:
     """The slow-worker finding (or that it cannot tell) and its SlowWorker entry."""
     if st.rank is None or st.confidence < DOUBT:
         return [], None
@@ -148,7 +148,7 @@ def _straggler_findings(st: Straggler, tables: RankTables, stacks_dropped: set[i
         other = f"; the collectives point at rank {st.waitNames}" if st.waitNames is not None and st.waitNames != st.rank else ""
         message = (f"cannot tell which rank holds the job back from {st.steps} step(s) captured by every rank (confidence {st.confidence:.2f}); "
                    f"capture more steps (steps: {MORE_STEPS}) to know. Rank {st.rank} is the likeliest: {reason}, {waited}{other}")
-        return [finding("warning", "slow-worker", [], message, 0.0, data)], None
+        return [Finding("warning", "slow-worker", [], message, 0.0, data)], None
     slowdown = st.stepUs / max(st.stepUs - st.costUsPerStep, 1.0)
     data["slowdown"] = round(slowdown, 3)
     message = (f"rank {st.rank} holds the job back (confidence {st.confidence:.2f}): {reason}; {waited}; "
@@ -156,7 +156,7 @@ def _straggler_findings(st: Straggler, tables: RankTables, stacks_dropped: set[i
                + _own_note(tables, st.rank, st.stepUs))
     step = float(tables.step_us.get(st.rank, np.nan))
     worker = SlowWorker(rank=st.rank, stepTimeMs=round(step / 1000.0, 3) if step == step else 0.0, slowdown=round(slowdown, 3))
-    return [finding("critical" if slowdown >= 1.2 else "warning", "slow-worker", [st.rank], message, slowdown - 1.0, data)], worker
+    return [Finding("critical" if slowdown >= 1.2 else "warning", "slow-worker", [st.rank], message, slowdown - 1.0, data)], worker
 
 
 def _python_reason(data: dict[str, Any]) -> str:
@@ -165,15 +165,14 @@ def _python_reason(data: dict[str, Any]) -> str:
     return f"it spends {ms(mine)}/step in {function_text(data['function'])}{times}"
 
 
-def _hardware(summaries: list[RankSummary], hardware: dict[str, pd.DataFrame] | None) -> tuple[list[dict[str, Any]], dict[int, str]]:
+def _hardware(summaries: list[RankSummary], hardware: dict[str, pd.DataFrame] | None) -> tuple[list[Finding], dict[int, str]]:
     if not hardware:
         return [], {}
     try:
-        from stepscope.analysis import hardware as hw
+        from stepscope.analysis.diagnosis import hardware as hw
     except ImportError as exc:
-        return [finding("info", "hardware", [], f"hardware metrics were captured but cannot be analysed here: {exc}", 0.0)], {}
-    found, explanations = hw.findings(summaries, hardware)
-    return [finding(f.severity, f.category, f.ranks, f.message, 0.5 if f.severity == "critical" else 0.1) for f in found], explanations
+        return [Finding("info", "hardware", [], f"hardware metrics were captured but cannot be analysed here: {exc}", 0.0)], {}
+    return hw.findings(summaries, hardware)
 
 
 def _breakdown(tables: RankTables) -> Breakdown | None:
@@ -192,23 +191,23 @@ def _breakdown(tables: RankTables) -> Breakdown | None:
                      memoryPct=round(min(100.0, 100.0 * memory / captured), 2), idlePct=pct("freeUs"))
 
 
-def _ordered(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(found, key=lambda f: (_SEVERITY.get(f["severity"], 3), -f["score"]))
+def _ordered(found: list[Finding]) -> list[Finding]:
+    return sorted(found, key=lambda f: (_SEVERITY.get(f.severity, 3), -f.score))
 
 
-def _compact_finding(f: dict[str, Any]) -> Finding:
-    message = f["message"] if len(f["message"]) <= MAX_MESSAGE else f["message"][: MAX_MESSAGE - 3] + "..."
-    return Finding(severity=f["severity"], category=f["category"], ranks=f["ranks"][:MAX_RANKS], message=message)
+def _compact_finding(f: Finding) -> Finding:
+    message = f.message if len(f.message) <= MAX_MESSAGE else f.message[: MAX_MESSAGE - 3] + "..."
+    return Finding(severity=f.severity, category=f.category, ranks=f.ranks[:MAX_RANKS], message=message)
 
 
-def _summary_line(found: list[dict[str, Any]], tables: RankTables, ranks: int, failed: int) -> str:
-    if found and found[0]["severity"] != "info":
+def _summary_line(found: list[Finding], tables: RankTables, ranks: int, failed: int) -> str:
+    if found and found[0].severity != "info":
         # A slow worker's first two reasons are what to act on; the rest is in the findings.
         # ("cannot tell" names no rank, and what to capture instead is its point.)
-        slow = found[0]["category"] == "slow-worker" and found[0]["ranks"]
-        line = "; ".join(found[0]["message"].split("; ")[:2]) if slow else found[0]["message"]
+        slow = found[0].category == "slow-worker" and found[0].ranks
+        line = "; ".join(found[0].message.split("; ")[:2]) if slow else found[0].message
         # A hung rank never wrote its trace; saying so again under the hang adds nothing.
-        if failed and found[0]["category"] not in ("trace", "hang"):
+        if failed and found[0].category not in ("trace", "hang"):
             line += f" ({failed} of {ranks} rank(s) could not be analysed)"
     else:
         steps = tables.step_us.dropna()
@@ -218,11 +217,11 @@ def _summary_line(found: list[dict[str, Any]], tables: RankTables, ranks: int, f
 
 
 def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = None,
-             hardware: dict[str, pd.DataFrame] | None = None) -> tuple[Diagnosis, list[dict[str, Any]]]:
+             hardware: dict[str, pd.DataFrame] | None = None) -> tuple[Diagnosis, list[Finding]]:
     """Diagnose a session from its rank summaries (plus hang stacks and NVML samples by pod).
 
-    Returns the compact Diagnosis for the status and the full findings, worst first: dicts with
-    severity, category, ranks, message, score (roughly the share of step time at stake) and data."""
+    Returns the compact Diagnosis for the status and the full findings, worst first, each with its
+    score (roughly the share of step time at stake) and data."""
     ok = [s for s in summaries if not s.error]
     tables = build_tables(ok)
     steps = tables.step_us.dropna()
@@ -231,7 +230,7 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
     # A job whose ranks wait for each other steps in lockstep: its step times are equal by
     # construction, and who waits for whom (straggler.py) replaces the step-time and vote tests.
     evidence = find_slow_workers(tables, ok, votes=verdict is None, steps=verdict is None)
-    waiting: list[dict[str, Any]] = []
+    waiting: list[Finding] = []
     waiting_worker: SlowWorker | None = None
     confidence: float | None = None
     if verdict is not None:
@@ -248,8 +247,8 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
     named = set(evidence) | ({waiting_worker.rank} if waiting_worker else set())
     checks = all_checks(tables, kernels, named, judged=verdict is not None)
     # A slow worker's own unusual Python function is its explanation, so it joins that finding.
-    python = {f["ranks"][0]: _python_reason(f["data"]) for f in checks
-              if f["category"] == "python" and len(f["ranks"]) == 1 and f["ranks"][0] in evidence and "function" in f["data"]}
+    python = {f.ranks[0]: _python_reason(f.data) for f in checks
+              if f.category == "python" and len(f.ranks) == 1 and f.ranks[0] in evidence and "function" in f.data}
     hw_found, explanations = _hardware(summaries, hardware)
     skew = [_kernel_skew_finding(e, tables) for e in evidence.values() if not e.holds_back]
     evidence = {r: e for r, e in evidence.items() if e.holds_back}
@@ -263,7 +262,7 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
     for w in workers:
         w.pod, w.node = info[w.rank].pod, info[w.rank].node
     slow_workers = sorted(workers, key=lambda w: -w.slowdown)[:MAX_SLOW_WORKERS]
-    if hangs and any(f["severity"] == "critical" for f in hangs):
+    if hangs and any(f.severity == "critical" for f in hangs):
         confidence = None
     step_time = StepTime(min=round(float(steps.min()) / 1000.0, 3), median=round(median_step_us / 1000.0, 3),
                          max=round(float(steps.max()) / 1000.0, 3)) if len(steps) else None

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.causes import Cause, find_cause, frame_per_step, frames
-from stepscope.analysis.rank_tables import RankTables
-from stepscope.analysis.slow_workers import CONFIDENT, MIN_GAP_SHARE, WaitVerdict
+from stepscope.analysis.diagnosis.causes import Cause, find_cause, frame_per_step, frames
+from stepscope.analysis.diagnosis.rank_tables import RankTables
+from stepscope.analysis.diagnosis.slow_workers import CONFIDENT, MIN_GAP_SHARE, WaitVerdict
 
 # A cause holds in a step when its excess there is at least this share of its median excess per
 # step (not the mean: one step in which the process was descheduled inflates the mean, and the

@@ -5,14 +5,16 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
+from ..model import SUMMARY_VERSION, RankSummary, StepRow
 from . import breakdown, intervals
 from .collectives import collectives, cpu_time_in
 from .gpu_scope import gpu_scope
+from .gpu_steps import step_statistics
 from .kernels import comm_comp_overlap, compute_union, kernel_stats
 from .launch import launch_stats, runtime_stats
 from .memory_ops import memory_ops
-from .model import SUMMARY_VERSION, RankSummary, StepRow
 from .python_functions import python_functions
 from .steps import step_rows, step_spans
 from .trace import Trace, TraceError, load_trace
@@ -96,8 +98,11 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
     )
 
 
-def summarize_file(path: str | Path, *, rank: int | None = None, pod: str = "", node: str = "", top: int = 50) -> RankSummary:
-    """Summarise a trace file; never raises: an unreadable trace gives a summary with `error` set."""
+def summarize_file(path: str | Path, *, rank: int | None = None, pod: str = "", node: str = "", top: int = 50,
+                   samples: pd.DataFrame | None = None) -> RankSummary:
+    """Summarise a trace file; never raises: an unreadable trace gives a summary with `error` set.
+    With `samples` (its node's GPU samples, loading.gpu_samples.read_metrics) the summary gets the
+    per-step hardware statistics of its GPU."""
     known_rank = rank if rank is not None else rank_from_name(path)
     failed = RankSummary(version=SUMMARY_VERSION, rank=-1 if known_rank is None else known_rank, pod=pod,
                          node=node, source=Path(path).name)
@@ -107,7 +112,13 @@ def summarize_file(path: str | Path, *, rank: int | None = None, pod: str = "", 
         failed.error = str(e)
         return failed
     try:
-        return summarize(trace, rank=rank, pod=pod, node=node, top=top)
+        summary = summarize(trace, rank=rank, pod=pod, node=node, top=top)
     except Exception as e:  # noqa: BLE001 - the edge must upload something for every rank, so analysis bugs become errors
         failed.error = f"{path}: analysis failed: {type(e).__name__}: {e}"
         return failed
+    if samples is not None and summary.steps and not summary.error:
+        try:
+            summary.hardware = step_statistics(samples, summary.steps, gpu=summary.gpu, base_us=summary.traceBaseUs)
+        except Exception as exc:  # noqa: BLE001 - metrics trouble must not cost the summary
+            summary.warnings = [*summary.warnings, f"hardware statistics unavailable: {exc}"]
+    return summary

@@ -7,19 +7,18 @@ templates/report.html marks them up with Jinja2, autoescaped, with report.css an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
 from jinja2 import Environment, PackageLoader
 
-from stepscope.analysis.causes import WAITING
-from stepscope.analysis.model import Diagnosis
-from stepscope.analysis.rank_tables import MAIN_THREAD, RankTables
-from stepscope.analysis.slow_workers import kernel_ratios
-from stepscope.analysis.wording import function_text, ranks_text, short
+from stepscope.analysis.diagnosis.causes import WAITING
+from stepscope.analysis.diagnosis.rank_tables import MAIN_THREAD, RankTables
+from stepscope.analysis.diagnosis.slow_workers import kernel_ratios
+from stepscope.analysis.diagnosis.wording import function_text, ranks_text, short
+from stepscope.analysis.model import Diagnosis, Finding
 
-_TEMPLATES = Environment(loader=PackageLoader("stepscope.analysis", "templates"), autoescape=True, trim_blocks=True, lstrip_blocks=True)
+_TEMPLATES = Environment(loader=PackageLoader("stepscope.analysis.reporting", "templates"), autoescape=True, trim_blocks=True, lstrip_blocks=True)
 
 _SEGMENTS = (("computingUs", "compute", "var(--c1)"), ("commNotOverlappedUs", "communication not overlapped", "var(--c2)"),
              ("overlappedUs", "communication overlapped", "var(--c4)"), ("freeUs", "free (idle)", "var(--c5)"))
@@ -151,11 +150,11 @@ def _stacked_chart(tables: RankTables) -> Block:
     return Block(chart=Chart(width, height, left, bottom, grid, bars, xlabels, legend=[(label, c) for _, label, c in _SEGMENTS]))
 
 
-def _findings(full: list[dict[str, Any]], limit: int = 50) -> Block:
+def _findings(full: list[Finding], limit: int = 50) -> Block:
     if not full:
         return Block(note="nothing to report")
-    rows = [[Cell(f["severity"], badge=f["severity"]), Cell(f["category"]),
-             Cell(ranks_text(f["ranks"]).removeprefix("ranks ").removeprefix("rank ") if f["ranks"] else ""), Cell(f["message"])] for f in full[:limit]]
+    rows = [[Cell(f.severity, badge=f.severity), Cell(f.category),
+             Cell(ranks_text(f.ranks).removeprefix("ranks ").removeprefix("rank ") if f.ranks else ""), Cell(f.message)] for f in full[:limit]]
     more = f"{len(full) - limit} more findings in diagnosis.json" if len(full) > limit else ""
     return Block(table=Table(["severity", "category", "ranks", "finding"], rows), note=more)
 
@@ -167,11 +166,11 @@ class SlowWorker:
     kernels: Table | None
 
 
-def _slow_workers(full: list[dict[str, Any]]) -> list[SlowWorker]:
+def _slow_workers(full: list[Finding]) -> list[SlowWorker]:
     """Each slow worker's evidence: the kernels that cost it most, by how much, and its votes."""
     workers = []
-    for f in (f for f in full if f["category"] == "slow-worker" and f["ranks"]):
-        d = f["data"]
+    for f in (f for f in full if f.category == "slow-worker" and f.ranks):
+        d = f.data
         facts = [f"slowdown {d['slowdown']:.2f}x"] if "slowdown" in d else []
         if d.get("confidence") is not None:
             facts.append(f"confidence {d['confidence']:.2f}")
@@ -185,17 +184,17 @@ def _slow_workers(full: list[dict[str, Any]]) -> list[SlowWorker]:
             facts.append(f"last at {d['votes']} of {d['rounds']} matched collectives; others wait {d['peersWaitUsPerStep'] / 1000:,.1f} ms/step")
         rows = [[Cell(short(k["name"], 90), "name", title=k["name"]), Cell(k["type"]),
                  Cell(f'{k["ratio"]:.2f}x', "n"), Cell(_num(k["excessUsPerStep"] / 1000, 2), "n")] for k in d.get("slowKernels", [])]
-        workers.append(SlowWorker(f["ranks"][0], "; ".join(facts), Table(["kernel", "type", "time vs peers", "extra ms/step"], rows) if rows else None))
+        workers.append(SlowWorker(f.ranks[0], "; ".join(facts), Table(["kernel", "type", "time vs peers", "extra ms/step"], rows) if rows else None))
     return workers
 
 
-def _hangs(full: list[dict[str, Any]]) -> Table | None:
+def _hangs(full: list[Finding]) -> Table | None:
     """Where each rank that reported a hang is stuck, culprits first, with its main-thread stack."""
-    hangs = [f for f in full if f["category"] == "hang" and "stuckAt" in f["data"]]
+    hangs = [f for f in full if f.category == "hang" and "stuckAt" in f.data]
     if not hangs:
         return None
-    data = hangs[0]["data"]
-    culprits = {r for f in hangs if "culprit" in f["message"] for r in f["ranks"]}
+    data = hangs[0].data
+    culprits = {r for f in hangs if "culprit" in f.message for r in f.ranks}
     order = sorted(data["stuckAt"], key=lambda r: (int(r) not in culprits, int(r)))
     rows = [[Cell(str(r), "n"), Cell("culprit" if int(r) in culprits else ""), Cell(data["stuckAt"][r], "name"),
              Cell(kind="name", lines=tuple(str(data["stacks"].get(r, "")).split(" > ")))] for r in order]
@@ -262,7 +261,7 @@ def _ranks(tables: RankTables, diagnosis: Diagnosis, problems: dict[int, list[st
     return Block(table=Table(["rank", "pod", "node", "median step ms", "kernel time vs peers", "slowdown", "problems"], rows, classes))
 
 
-def render_html(*, title: str, source: str, generated: str, diagnosis: Diagnosis, full: list[dict[str, Any]], tables: RankTables,
+def render_html(*, title: str, source: str, generated: str, diagnosis: Diagnosis, full: list[Finding], tables: RankTables,
                 csv: dict[str, pd.DataFrame], problems: dict[int, list[str]], total_ranks: int,
                 merged: str = "merged.trace.json.gz: the ranks' traces (open it in Perfetto).") -> str:
     step = diagnosis.stepTimeMs
@@ -284,7 +283,7 @@ def render_html(*, title: str, source: str, generated: str, diagnosis: Diagnosis
     kernel_chart = _bar_chart([f"rank {r}" for r in ratios.index], ratios.to_numpy(), {i for i, r in enumerate(ratios.index) if r in slow}, "x peers", 1.0, "peers") \
         if len(ratios) else Block(note="needs GPU kernels on two or more ranks")
     return _TEMPLATES.get_template("report.html").render(
-        title=title, source=source, generated=generated, top=full[0]["severity"] if full else "info", summary=diagnosis.summary, cards=cards,
+        title=title, source=source, generated=generated, top=full[0].severity if full else "info", summary=diagnosis.summary, cards=cards,
         findings=_findings(full), hangs=_hangs(full), slow_workers=_slow_workers(full),
         step_chart=_bar_chart(labels, ranks["stepUs"].to_numpy() / 1000.0, highlight, "ms", step.median if step else None),
         kernel_chart=kernel_chart, breakdown_chart=_stacked_chart(tables), kernels=_kernels(csv["op_statistic.csv"]), functions=_functions(tables),

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.diagnosis.rank_tables import build_tables
 from stepscope.analysis.model import RankSummary
-from stepscope.analysis.rank_tables import build_tables
 
 MIN_CHANGE = 0.05  # a cost per step 5 % apart (or the noise band, if wider) is slower or faster
 # ... and by at least this share of the step: a change below it is no change a user acts on.

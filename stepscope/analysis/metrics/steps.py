@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..model import StepRow
 from . import intervals
 from .gpu_scope import COMM, COMP, gpu_filter_mask, name_types
-from .model import StepRow
 from .trace import STEP_RE, Trace
 
 

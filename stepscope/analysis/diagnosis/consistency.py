@@ -15,9 +15,11 @@ that must never be reported together (tests/analysis/test_consistency.py checks 
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from stepscope.analysis.rank_tables import RankTables
+import msgspec
+
+from stepscope.analysis.diagnosis.rank_tables import RankTables
+from stepscope.analysis.model import Finding
 
 LAUNCH_BOUND, HOST_BOUND, HOST_AHEAD, CPU_ONLY, GPU_RUNTIME = "launch-bound", "host-bound", "host-ahead", "cpu-only", "gpu-runtime"
 CONTRADICTIONS = ((LAUNCH_BOUND, HOST_AHEAD), (HOST_BOUND, HOST_AHEAD), (CPU_ONLY, GPU_RUNTIME))
@@ -31,47 +33,47 @@ SETUP_CALL_US = 1000.0
 WARNING_SHARE = 0.05
 
 
-def _ranks_of(found: list[dict[str, Any]], claim: str) -> set[int]:
-    return {r for f in found if f["data"].get("claim") == claim for r in f["ranks"]}
+def _ranks_of(found: list[Finding], claim: str) -> set[int]:
+    return {r for f in found if f.data.get("claim") == claim for r in f.ranks}
 
 
-def _one_time(f: dict[str, Any], tables: RankTables) -> bool:
+def _one_time(f: Finding, tables: RankTables) -> bool:
     """A runtime-call finding about a setup call made fewer times than there are steps."""
-    if f["category"] != "launch" or "kind" not in f["data"] or not SETUP_CALL.search(str(f["data"]["kind"])):
+    if f.category != "launch" or "kind" not in f.data or not SETUP_CALL.search(str(f.data["kind"])):
         return False
     rt = tables.runtime
-    rows = rt[(rt["name"] == f["data"]["kind"]) & rt["rank"].isin(f["ranks"])]
+    rows = rt[(rt["name"] == f.data["kind"]) & rt["rank"].isin(f.ranks)]
     steps = tables.ranks.set_index("rank")["steps"].clip(lower=1).reindex(rows["rank"]).to_numpy()
     count = rows["count"].to_numpy()
     return bool(len(rows)) and bool(((count <= steps) | (rows["sumUs"].to_numpy() >= SETUP_CALL_US * count)).all())
 
 
-def reconcile(found: list[dict[str, Any]], tables: RankTables) -> list[dict[str, Any]]:
+def reconcile(found: list[Finding], tables: RankTables) -> list[Finding]:
     """The findings without contradictions, setup calls told as such, severities by cost."""
     ahead = _ranks_of(found, HOST_AHEAD)
     starved = _ranks_of(found, HOST_BOUND)
     gpu_runtime = _ranks_of(found, GPU_RUNTIME)
     out = []
     for f in found:
-        claim = f["data"].get("claim")
-        mine = set(f["ranks"])
+        claim = f.data.get("claim")
+        mine = set(f.ranks)
         if claim == LAUNCH_BOUND and mine <= ahead:
             continue
         if claim == HOST_AHEAD and mine <= starved:
             continue
         if claim == HOST_BOUND and mine & ahead:
-            f = {**f, "message": f["message"] + "; while work is queued, kernels wait in a full queue, so the gaps come from "
-                                                "synchronisation or host work between bursts, not from launch overhead"}
+            f = msgspec.structs.replace(f, message=f.message + "; while work is queued, kernels wait in a full queue, so the gaps come from "
+                                                               "synchronisation or host work between bursts, not from launch overhead")
         if claim == GPU_RUNTIME and mine & _ranks_of(found, CPU_ONLY):
             continue
         if claim == CPU_ONLY and mine & gpu_runtime:
-            f = {**f, "message": f"{f['message'].split(':', 1)[0]}: no GPU kernels were recorded although the CUDA/HIP runtime was called; "
-                                 "the profiler did not record the GPU activity (ProfilerActivity.CUDA, CUPTI)",
-                 "data": {**f["data"], "claim": None}}
+            f = msgspec.structs.replace(f, message=f"{f.message.split(':', 1)[0]}: no GPU kernels were recorded although the CUDA/HIP runtime was called; "
+                                                   "the profiler did not record the GPU activity (ProfilerActivity.CUDA, CUPTI)",
+                                        data={**f.data, "claim": None})
         if _one_time(f, tables):
-            f = {**f, "severity": "info", "score": 0.0,
-                 "message": f"one-time setup: {f['message'].split(' (up to')[0]}, called fewer times than there are steps: no per-step cost"}
-        elif f["severity"] == "warning" and f["category"] in ("launch", "memory") and f["score"] < WARNING_SHARE:
-            f = {**f, "severity": "info"}
+            f = msgspec.structs.replace(f, severity="info", score=0.0,
+                                        message=f"one-time setup: {f.message.split(' (up to')[0]}, called fewer times than there are steps: no per-step cost")
+        elif f.severity == "warning" and f.category in ("launch", "memory") and f.score < WARNING_SHARE:
+            f = msgspec.structs.replace(f, severity="info")
         out.append(f)
     return out

@@ -1,9 +1,8 @@
-"""How findings are shaped and worded (ranks, amounts, kernel and function names), so every
-message reads the same way."""
+"""How findings are worded (ranks, amounts, kernel and function names), so every message reads
+the same way."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 
 def ranks_text(ranks: list[int], limit: int = 8) -> str:
@@ -64,9 +63,3 @@ def short(name: str, limit: int = 60) -> str:
     base = base[:cut].strip()
     return base if len(base) <= limit else base[: limit - 3] + "..."
 
-
-def finding(severity: str, category: str, ranks: list[int], message: str, score: float, data: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A finding in its full form: the Finding fields plus a score to rank by (the share of step
-    time it costs, roughly) and the figures behind it."""
-    return {"severity": severity, "category": category, "ranks": sorted(int(r) for r in ranks), "message": message,
-            "score": float(score), "data": data or {}}

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..model import LaunchStats, RuntimeStat
 from . import intervals
 from .gpu_scope import GpuScope
-from .model import LaunchStats, RuntimeStat
 from .trace import RUNTIME_CATS, Trace
 
 # HTA's launch calls (kernel launches plus, by default, async memcpy/memset).

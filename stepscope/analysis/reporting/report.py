@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 
 from stepscope import layout
-from stepscope.analysis.model import Diagnosis, RankSummary
-from stepscope.analysis.rank_tables import RankTables
-from stepscope.analysis.report_html import render_html
-from stepscope.analysis.report_merge import MergePlan, describe, sentence, write_merged_trace
-from stepscope.analysis.report_tables import report_tables
+from stepscope.analysis.diagnosis.rank_tables import RankTables
+from stepscope.analysis.model import Diagnosis, Finding, RankSummary
+from stepscope.analysis.reporting.report_html import render_html
+from stepscope.analysis.reporting.report_merge import MergePlan, describe, sentence, write_merged_trace
+from stepscope.analysis.reporting.report_tables import report_tables
 from stepscope.storage import Store
 
 REPORT_VERSION = 1
@@ -31,7 +31,7 @@ def _builtin(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__}")
 
 
-def diagnosis_document(*, source: str, generated: str, diagnosis: Diagnosis, full: list[dict[str, Any]], tables: RankTables,
+def diagnosis_document(*, source: str, generated: str, diagnosis: Diagnosis, full: list[Finding], tables: RankTables,
                        summaries: list[RankSummary], problems: dict[int, list[str]], merged: dict[str, Any]) -> bytes:
     ranks = tables.ranks
     per_rank = [{"rank": int(r), "pod": p, "node": n, "stepTimeMs": None if np.isnan(s) else round(float(s) / 1000.0, 3), "steps": int(c)}
@@ -39,7 +39,7 @@ def diagnosis_document(*, source: str, generated: str, diagnosis: Diagnosis, ful
     document = {
         "version": REPORT_VERSION, "source": source, "generatedAt": generated,
         "ranks": {"total": len(summaries), "analysed": len(ranks), "failed": sorted(s.rank for s in summaries if s.error)},
-        "diagnosis": msgspec.to_builtins(diagnosis), "findings": full, "problems": {str(r): p for r, p in sorted(problems.items())},
+        "diagnosis": msgspec.to_builtins(diagnosis), "findings": [msgspec.structs.asdict(f) for f in full], "problems": {str(r): p for r, p in sorted(problems.items())},
         "mergedTrace": merged, "perRank": per_rank,
     }
     return msgspec.json.format(msgspec.json.encode(document, enc_hook=_builtin), indent=1)
@@ -54,7 +54,7 @@ def report_key(name: str, in_session: bool) -> str:
     return f"report/{name}" if in_session else name
 
 
-def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diagnosis, full: list[dict[str, Any]], tables: RankTables,
+def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diagnosis, full: list[Finding], tables: RankTables,
                  summaries: list[RankSummary], problems: dict[int, list[str]], merge: MergePlan, pool: Executor,
                  on_step: Callable[[str], object] = lambda name: None) -> dict[str, str]:
     """Write every report file; returns name -> URI. A rank left out of the merged trace (no room,

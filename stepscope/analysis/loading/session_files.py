@@ -17,11 +17,10 @@ from typing import Any
 import msgspec
 
 from stepscope import layout
-from stepscope.analysis.model import SUMMARY_VERSION, RankSummary, decode_summary
-from stepscope.analysis.parallel import analysis_workers, worker_pool
-from stepscope.analysis.report_merge import RANK_DIGITS
-from stepscope.analysis.summary import rank_from_name
-from stepscope.analysis.trace import NOT_A_TRACE
+from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
+from stepscope.analysis.metrics.summary import rank_from_name
+from stepscope.analysis.metrics.trace import NOT_A_TRACE
+from stepscope.analysis.model import RANK_DIGITS, SUMMARY_VERSION, RankSummary, decode_summary
 from stepscope.storage import Store, StoreError, open_store
 
 _RAW_TRACE = re.compile(r"^[^/]+\.json(?:\.gz)?$")
@@ -147,7 +146,7 @@ def _read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int =
         except StoreError as exc:
             problem = f"cannot read {files.summary}: {exc}"
     if files.trace:
-        from stepscope.analysis.summary import summarize_file
+        from stepscope.analysis.metrics.summary import summarize_file
         try:
             with local_path(store, files.trace) as path:
                 summary = summarize_file(path, rank=files.rank, top=top)

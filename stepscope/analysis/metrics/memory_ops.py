@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..model import MemoryOpStat
 from . import intervals
-from .model import MemoryOpStat
 from .trace import MEMCPY_CATS, MEMSET_CATS, Trace
 
 # ROCm names its copies differently.

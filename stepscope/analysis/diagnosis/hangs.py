@@ -11,7 +11,8 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from stepscope.analysis.wording import finding, ranks_text
+from stepscope.analysis.diagnosis.wording import ranks_text
+from stepscope.analysis.model import Finding
 
 # Frames of these files are plumbing around the place a rank is stuck, not the place itself.
 _PLUMBING = ("threading.py", "/torch/", "\\torch\\", "stepscope_agent", "site-packages/", "dist-packages/")
@@ -66,7 +67,7 @@ def _signature(stacks: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple((str(f.get("file", "")), str(f.get("function", ""))) for f in _main_frames(stacks))
 
 
-def hang_findings(stacks: dict[int, dict[str, Any]], ranks: list[int]) -> list[dict[str, Any]]:
+def hang_findings(stacks: dict[int, dict[str, Any]], ranks: list[int]) -> list[Finding]:
     """Findings (severity, category, ranks, message, score, data) for the ranks that reported a hang.
 
     `ranks` are all ranks known to the session: one without a stacks file while others hung is
@@ -83,21 +84,21 @@ def hang_findings(stacks: dict[int, dict[str, Any]], ranks: list[int]) -> list[d
     steps = sorted({int(s["step"]) for s in stacks.values() if s.get("step") is not None})
     data = {"stuckAt": {str(r): stuck_at(s) for r, s in sorted(stacks.items())},
             "stacks": {str(r): _frame_path(s) for r, s in sorted(stacks.items())}, "secondsSinceStep": seconds, "steps": steps}
-    out: list[dict[str, Any]] = []
+    out: list[Finding] = []
     majority = ordered[0]
     where = stuck_at(stacks[majority[0]])
     if len(ordered) == 1:
         text = f"{ranks_text(majority)} hung for {seconds:.0f} s at {where}" if len(majority) == 1 else \
             f"{len(majority)} ranks hung for {seconds:.0f} s, all at {where}"
-        out.append(finding("critical", "hang", majority, text, 1.0, data))
+        out.append(Finding("critical", "hang", majority, text, 1.0, data))
     else:
         for group in ordered[1:]:
-            out.append(finding("critical", "hang", group,
+            out.append(Finding("critical", "hang", group,
                                f"{ranks_text(group)} stuck at {stuck_at(stacks[group[0]])} while {len(majority)} other rank(s) wait at {where}: "
                                f"{'this rank is' if len(group) == 1 else 'these ranks are'} the likely culprit",
                                1.0 + len(majority) / max(len(stacks), 1), data))
     silent = sorted(set(ranks) - set(stacks))
     if silent:
-        out.append(finding("warning", "hang", silent, f"{ranks_text(silent)} left no readable stacks while {len(stacks)} rank(s) hung: check whether it crashed or is still running", 0.5, data))
+        out.append(Finding("warning", "hang", silent, f"{ranks_text(silent)} left no readable stacks while {len(stacks)} rank(s) hung: check whether it crashed or is still running", 0.5, data))
     return out
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..model import KernelStat
 from . import intervals
 from .gpu_scope import COMM, COMP, TYPE_NAMES, GpuScope
-from .model import KernelStat
 from .trace import Trace
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from stepscope.analysis.rank_tables import RankTables
-from stepscope.analysis.slow_workers import kernel_ratios
+from stepscope.analysis.diagnosis.rank_tables import RankTables
+from stepscope.analysis.diagnosis.slow_workers import kernel_ratios
 
 
 def step_trace_time(tables: RankTables) -> pd.DataFrame:

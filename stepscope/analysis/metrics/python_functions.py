@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..model import FunctionStat
 from . import intervals
-from .model import FunctionStat
 from .trace import PYTHON_CAT, Trace
 
 MAX_STACK_FRAMES = 24

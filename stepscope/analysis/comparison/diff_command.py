@@ -8,9 +8,9 @@ from pathlib import Path
 
 import msgspec
 
-from stepscope.analysis.diff import MIN_CHANGE, RunDiff, diff_runs, format_table
+from stepscope.analysis.comparison.diff import MIN_CHANGE, RunDiff, diff_runs, format_table
+from stepscope.analysis.loading.session_files import find_files, open_session, read_ranks
 from stepscope.analysis.model import RankSummary
-from stepscope.analysis.session_files import find_files, open_session, read_ranks
 from stepscope.storage import StoreError
 
 # Raw traces are summarised with every kernel and function: a kernel outside one run's top 50

@@ -2,7 +2,7 @@
 that opens in Perfetto, plus the nodes' NVML counter tracks, within a limit on its uncompressed
 size (what Perfetto's importer must hold).
 
-Each rank is streamed by its own worker (analysis/parallel.py): the trace is cut into pieces at
+Each rank is streamed by its own worker (analysis/loading/parallel.py): the trace is cut into pieces at
 event boundaries (trace.decode_pieces), the pids, flow ids and timestamps are rewritten in the text
 with whole-piece byte and numpy operations (no Python per event), and the piece is deflated at
 once. Ranks reuse the same pids (the GPU is pid 0 on every node) and the same correlation ids, so
@@ -28,15 +28,14 @@ import msgspec
 import numpy as np
 from isal import isal_zlib
 
-from stepscope.analysis.model import Diagnosis, RankSummary
-from stepscope.analysis.trace import Decoders, decode_pieces, open_trace
+from stepscope.analysis.metrics.trace import Decoders, decode_pieces, open_trace
+from stepscope.analysis.model import RANK_DIGITS, Diagnosis, RankSummary
 
 # A rank's pids and flow ids get "1" and the rank in five digits put in front (pid 783658 of rank
 # 3 -> 100003783658, pid 0 -> 1000030): unique across up to 100,000 ranks, integers as Perfetto
 # wants, and for Kineto's `"pid": 123` a plain bytes.replace. What that leaves malformed (string,
 # negative or null values, e.g. pid "Spans") is fixed up afterwards: such pids become "2" + the
 # rank + their order of appearance, anything else is restored.
-RANK_DIGITS = 5
 _ODD = rb'1\d{%d}("(?:[^"\\]|\\.)*"|-\d+|null|true|false)' % RANK_DIGITS
 _ODD_PID = re.compile(rb'"pid":' + _ODD)
 _ODD_ID = re.compile(rb'"id":' + _ODD)

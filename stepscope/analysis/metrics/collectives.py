@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..model import CollectiveStat
 from . import intervals
 from .gpu_scope import COMM, name_types
-from .model import CollectiveStat
 from .trace import Trace
 
 _PROTOCOLS = ("LL128", "LL", "SIMPLE")

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.rank_tables import MAIN_THREAD, RankTables
-from stepscope.analysis.wording import function_text
+from stepscope.analysis.diagnosis.rank_tables import MAIN_THREAD, RankTables
+from stepscope.analysis.diagnosis.wording import function_text
 
 # Frames where a rank waits for its peers (a collective, its Work, torch.distributed's wrappers):
 # their time, and their callers' time through them, is never a cause.

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.diagnosis.outliers import peer_median, stands_out, vote_share_threshold
+from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.model import RankSummary
-from stepscope.analysis.outliers import peer_median, stands_out, vote_share_threshold
-from stepscope.analysis.rank_tables import RankTables
 
 # A rank must be this much slower than its peers before it is called slow: below, the
 # difference is within the jitter of a healthy job and no action would follow.
