@@ -94,10 +94,12 @@ class _Tail(_Meta):
 class Decoders(NamedTuple):
     """How decode_pieces turns the event list into what its sink takes: `events` decodes a piece
     "[...]" cut at an event boundary, `last` a bare array's last piece, `tail` the text after the
-    last cut with "{\"traceEvents\":" put in front (an object with traceEvents and _Meta's keys)."""
+    last cut with "{\"traceEvents\":" put in front (an object with traceEvents and _Meta's keys).
+    `collectives`: look in each piece for collective arguments, for a sink that reads them."""
     events: Any
     last: Any
     tail: Any
+    collectives: bool = True
 
 
 class Sink(Protocol):
@@ -386,7 +388,7 @@ def decode_pieces(stream: BinaryIO, cols: Sink, decoders: Decoders = _TYPED) -> 
         win.fill()
         if win.eof:
             break
-        if not _decode_front(win, cols, decoders.events):
+        if not _decode_front(win, cols, decoders):
             if len(win.buf) >= MAX_WINDOW_BYTES:
                 raise ValueError(f"no event boundary within {MAX_WINDOW_BYTES >> 20} MiB after byte {win.dropped}:"
                                  " not a Kineto event list")
@@ -395,7 +397,7 @@ def decode_pieces(stream: BinaryIO, cols: Sink, decoders: Decoders = _TYPED) -> 
         cols.add(decoders.last.decode(win.data()))
         return meta
     rest = decoders.tail.decode(b'{"traceEvents":' + win.data())
-    cols.add(rest.traceEvents, collectives=_has_collective_args(win.buf, win.filled))
+    cols.add(rest.traceEvents, collectives=decoders.collectives and _has_collective_args(win.buf, win.filled))
     for name in _Meta.__struct_fields__:
         if getattr(meta, name) is None:
             setattr(meta, name, getattr(rest, name))
@@ -407,7 +409,7 @@ def _has_collective_args(buf: bytearray, end: int) -> bool:
     return buf.find(b'In msg nelems"', 0, end) >= 0
 
 
-def _decode_front(win: _Window, cols: Sink, decoder: Any) -> bool:
+def _decode_front(win: _Window, cols: Sink, decoders: Decoders) -> bool:
     """Decode the complete events at the front of the window (which starts with '['), keep the rest.
 
     A candidate cut is a `},`; one inside a string or a nested object leaves the piece unbalanced,
@@ -424,7 +426,7 @@ def _decode_front(win: _Window, cols: Sink, decoder: Any) -> bool:
         buf[comma] = ord("]")
         try:
             with memoryview(buf) as view:
-                events = decoder.decode(view[: comma + 1])
+                events = decoders.events.decode(view[: comma + 1])
         except msgspec.ValidationError:  # a real type error (ValidationError is a DecodeError too)
             raise
         except msgspec.DecodeError as e:
@@ -435,7 +437,7 @@ def _decode_front(win: _Window, cols: Sink, decoder: Any) -> bool:
                                           " of the JSON") from None
             cut = buf.rfind(b"},", 0, cut)
             continue
-        cols.add(events, collectives=_has_collective_args(buf, comma))
+        cols.add(events, collectives=decoders.collectives and _has_collective_args(buf, comma))
         win.keep_from(comma + 1, b"[")
         return True
     return False
