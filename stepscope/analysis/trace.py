@@ -2,7 +2,8 @@
 
 The file is streamed (plain or gzip, decompressed with isal's igzip) and cut into pieces of about
 `CHUNK_BYTES` at event boundaries; msgspec decodes each piece into typed structs holding only the
-fields the analysis reads, which are turned into numpy columns at once and dropped. Memory stays
+fields the analysis reads (events of other phases than "X" only as far as their duration), which are
+turned into numpy columns at once and dropped. Memory stays
 bounded by the columns plus one piece, whatever the size of the file.
 
 The rows kept are the ones Holistic Trace Analysis (HTA 0.5.0) keeps: events with a duration and a
@@ -131,7 +132,7 @@ _SKIPPING_TAIL = msgspec.json.Decoder(_SkippingTail)
 
 class _Skipping:
     """Decodes with `fast`, which reads events of other phases than "X" only as far as it takes to
-    drop them (flows and instants are 40% of Kineto's events: a quarter less decode time), and
+    drop them (flows and instants are over 40% of Kineto's events: a quarter less decode time), and
     with `full` from the first piece `fast` refuses on: an unknown or missing "ph", a duration
     on another phase. Either way the rows kept are the same."""
 
