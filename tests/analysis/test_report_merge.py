@@ -8,6 +8,7 @@ import io
 import json
 import re
 import shutil
+from concurrent.futures import Executor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +17,7 @@ import pytest
 
 from stepscope import layout
 from stepscope.analysis.command import analyze_uri
-from stepscope.analysis.loading.parallel import worker_pool
+from stepscope.analysis.loading.parallel import pool_workers, worker_pool
 from stepscope.analysis.reporting.report_merge import MergedTrace, MergePlan, MergeRank, expected_size, merge_order, shift_ts, write_merged_trace
 
 
@@ -220,3 +221,28 @@ def test_shift_adds_exactly_where_carries_run_and_numbers_are_shorter_than_the_s
         got = re.findall(rb'"ts":\s*(\d+)(\.\d+)?', bytes(shifted))
         assert [int(g[0]) for g in got] == [int(v) + shift for v in ints]
         assert [g[1] for g in got] == fractions
+
+
+class _Recording(Executor):
+    """The pool it wraps, noting which ranks it was given."""
+
+    def __init__(self, pool: Executor) -> None:
+        self.pool, self.workers, self.ranks = pool, pool_workers(pool), []
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.ranks.append(args[0].rank)
+        return self.pool.submit(fn, *args, **kwargs)
+
+
+def test_ranks_that_do_not_divide_over_the_workers_are_shared_with_this_process(tmp_path: Path):
+    """3 ranks on 2 workers: the main process rewrites the third beside them, and the file is the
+    same as one process writes."""
+    events = [{"ph": "X", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5, "id": 3}]
+    ranks = [MergeRank(r, _write(tmp_path / f"{r}.json", events, base_ns=r * 1000), shift_us=r) for r in (0, 3, 5)]
+    _, alone, text = _merge(ranks)
+    out = io.BytesIO()
+    with worker_pool(2) as pool:
+        recording = _Recording(pool)
+        result = write_merged_trace(out, MergePlan(ranks, [], 1 << 30), pool=recording)
+    assert recording.workers == 2 and recording.ranks == [0, 3]
+    assert result == alone and gzip.decompress(out.getvalue()) == text

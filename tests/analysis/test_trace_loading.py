@@ -245,3 +245,21 @@ def test_numbers_beyond_int64_read_as_absent(tmp_path: Path):
     assert trace.pid[2] < 0 and trace.pid[1] == 0
     assert trace.collectives.in_nelems.tolist() == [-1] and trace.collectives.out_nelems.tolist() == [4]
     assert not summarize_file(path).error
+
+
+@pytest.mark.parametrize("odd", [{"ph": "i", "dur": 3.0}, {"ph": "Q", "dur": 3.0}, {"dur": 3.0}, {"ph": "i"}])
+def test_events_of_other_phases_are_skipped_only_where_that_keeps_the_same_rows(tmp_path: Path, odd: dict):
+    """Events of phases other than X are read only as far as their (absent) duration; an event the
+    fast reading refuses (a duration on an instant, an unknown or missing phase) turns it off for
+    the rest of the trace, so the rows kept are those with a duration either way."""
+    flow = {"ph": "f", "cat": "ac2g", "name": "ac2g", "pid": 1, "tid": 1, "ts": 11, "id": 3, "bp": "e"}
+    ev = {"cat": "cpu_op", "name": "odd", "pid": 1, "tid": 1, "ts": 12.0, "args": {"correlation": 9}} | odd
+    events = [launch(10, 5, 1), flow, kernel("k", 20, 4, 1), ev, flow, launch(30, 2, 2)]
+    path = write(tmp_path / "phases.json", events)
+    decoders = trace_module._typed()
+    trace_module.decode_pieces(path.open("rb"), trace_module._Columns(), decoders)
+    assert any(d.fast is None for d in (decoders.events, decoders.tail)) == (odd != {"ph": "i"})
+    t = load_trace(path)
+    expected = [e for e in events if "dur" in e]
+    assert [t.names[c] for c in t.name] == [e["name"] for e in expected]
+    assert t.correlation.tolist() == [e["args"]["correlation"] for e in expected]

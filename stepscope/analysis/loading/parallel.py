@@ -15,7 +15,8 @@ from typing import Any
 
 # Measured peak RSS of one worker on 286 MB ranks (docs/benchmarks.md, analysis section), with room.
 WORKER_BYTES = 400 << 20
-# The main process: summaries, diagnosis, tables and report of up to thousands of ranks.
+# The main process: summaries, diagnosis, tables and report of up to thousands of ranks, and at
+# times one rank of the merged trace (report_merge._segments), as a worker does.
 MAIN_BYTES = 600 << 20
 _CGROUP = Path("/sys/fs/cgroup")
 
@@ -60,6 +61,7 @@ def analysis_workers(jobs: int) -> int:
 
 class _Here(Executor):
     """Runs each call at once in this process: the pool of an analysis with one worker."""
+    workers = 1
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         future: Future = Future()
@@ -88,6 +90,19 @@ def _main_not_rerun() -> Iterator[None]:
         main.__file__ = path
 
 
+class _Workers(ProcessPoolExecutor):
+    """A process pool that says how many workers it has."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers, mp_context=multiprocessing.get_context("spawn"))
+        self.workers = workers
+
+
+def pool_workers(pool: Executor) -> int:
+    """How many calls `pool` runs at once (1 for an executor that does not say)."""
+    return int(getattr(pool, "workers", 1))
+
+
 @contextlib.contextmanager
 def worker_pool(workers: int) -> Iterator[Executor]:
     """A process pool of `workers` (spawned, not forked: the caller may run threads, e.g. an HTTP
@@ -96,7 +111,7 @@ def worker_pool(workers: int) -> Iterator[Executor]:
     if workers < 2:
         yield _Here()
         return
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with _Workers(workers) as pool:
         with _main_not_rerun():
             # A spawn pool starts a worker per submit while none is idle: one call each starts them all.
             for started in [pool.submit(os.getpid) for _ in range(workers)]:

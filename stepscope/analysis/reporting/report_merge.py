@@ -28,6 +28,7 @@ import msgspec
 import numpy as np
 from isal import isal_zlib
 
+from stepscope.analysis.loading.parallel import pool_workers
 from stepscope.analysis.metrics.trace import Decoders, decode_pieces, open_trace
 from stepscope.analysis.model import RANK_DIGITS, Diagnosis, RankSummary
 
@@ -75,16 +76,17 @@ class _Checked:
 
 
 class _Unchecked:
-    """The events' text of a piece "[...]" as it is: for a trace this run has already parsed."""
+    """The events' text of a piece "[...]" as it is: for a trace this run has already parsed. A
+    bytearray, which the rewrite may change in place."""
 
     @staticmethod
-    def decode(piece: memoryview | bytes) -> bytes:
-        return bytes(piece[1:-1])
+    def decode(piece: memoryview | bytes) -> bytearray:
+        return bytearray(piece[1:-1])
 
 
 _TAIL = msgspec.json.Decoder(_RawTail)
-CHECKED = Decoders(_Checked(), _Checked(), _TAIL)
-UNCHECKED = Decoders(_Unchecked(), _Checked(), _TAIL)
+CHECKED = Decoders(_Checked(), _Checked(), _TAIL, collectives=False)
+UNCHECKED = Decoders(_Unchecked(), _Checked(), _TAIL, collectives=False)
 
 
 @dataclass(frozen=True)
@@ -184,8 +186,8 @@ class _RankRewriter:
         self.names: dict[int, str] = {}  # new pid -> the trace's own process name
         self.first = True
 
-    def add(self, events: bytes | list[msgspec.Raw], collectives: bool = True) -> None:
-        text = events if isinstance(events, bytes) else b",".join(events)
+    def add(self, events: bytes | bytearray | list[msgspec.Raw], collectives: bool = True) -> None:
+        text = events if isinstance(events, (bytes, bytearray)) else b",".join(events)
         if not text or text.isspace():
             return
         if not self.first:
@@ -263,10 +265,11 @@ def shift_ts(body: bytes | bytearray, shift: int, after: np.ndarray | None = Non
     by a digit, so a piece is mostly rewritten in place. Where a slot is too small, room is made
     first with one bytes.replace (`"ts":` + as many spaces as the shift has digits, JSON
     whitespace). Values numpy cannot take (negative, exponents) are done one by one, a rare case.
-    `after`: the offsets just after each `"ts":` in `body` where the caller has them."""
+    `after`: the offsets just after each `"ts":` in `body` where the caller has them. A bytearray
+    is rewritten in place where it can be (and returned)."""
     if not shift or b'"ts":' not in body:
         return body
-    buf = bytearray(body)
+    buf = body if isinstance(body, bytearray) else bytearray(body)
     if not _shift_slots(buf, shift, padded=False, after=after):
         buf = bytearray(body.replace(b'"ts":', b'"ts":' + b" " * len(str(shift))))
         _shift_slots(buf, shift, padded=True)
@@ -520,9 +523,15 @@ def write_merged_trace(out: BinaryIO, plan: MergePlan, *, pool: Executor, on_don
 
 
 def _segments(pool: Executor, batch: list[MergeRank], folder: str) -> Iterator[_Segment]:
-    futures = [pool.submit(_rank_segment, job, folder) for job in batch]
+    """The batch's segments, in order. Where the ranks do not divide evenly over the pool's workers,
+    the last wave would leave cores idle while this process only waits: it rewrites the last rank
+    itself, beside the workers (3 ranks on 2 workers: 3 rewrites share the 2 cores at once)."""
+    here = batch[-1:] if len(batch) % pool_workers(pool) else []
+    futures = [pool.submit(_rank_segment, job, folder) for job in batch[: len(batch) - len(here)]]
+    mine = [_rank_segment(job, folder) for job in here]
     for future in futures:
         yield future.result()
+    yield from mine
 
 
 
