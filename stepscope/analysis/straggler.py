@@ -130,9 +130,12 @@ def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
         # none but show its peers waiting for it, for half of what the cause costs within their
         # noise: a collective's own time swings by more than a modest cause from step to step. A
         # rank nobody waits for holds no one back.
+        # Collectives that point at another rank in fewer than half of the steps (a mean pulled by
+        # a few) do not contradict a cause that holds in every step.
         mean, error = v.gap_band(rank)
         waited_for = mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep
-        agrees = not rival and not contested and (v.rank == rank or (v.rank is None and waited_for))
+        elsewhere = v.rank is not None and 2 * v.agreeing >= v.steps
+        agrees = not rival and not contested and (v.rank == rank or (not elsewhere and waited_for))
         conf = confidence(cost / v.stepUs if v.stepUs else 0.0, steady, v.steps, min(1.0, cause.excessUsPerStep / cost) if cost else 0.0, agrees)
         # A cause that holds in every step is never "no problem": at worst the diagnosis cannot tell.
         conf = max(conf, DOUBT)
