@@ -212,11 +212,13 @@ class WaitVerdict:
     def share(self) -> float:
         return self.gapUsPerStep / self.stepUs if self.stepUs > 0 else 0.0
 
-    def gap_band(self, rank: int) -> tuple[float, float]:
+    def gap_band(self, rank: int, also: pd.DataFrame | None = None) -> tuple[float, float]:
         """The others' median wait minus `rank`'s, as a mean over the steps and its standard
-        error from the step-to-step spread (inf from one step: a single step shows no spread)."""
-        peers = self.perStepUs.drop(columns=[rank]).median(axis=1).to_numpy(dtype=float)
-        gaps = peers - self.perStepUs[rank].to_numpy(dtype=float)
+        error from the step-to-step spread (inf from one step: a single step shows no spread).
+        `also`: more waiting per step (rows) by rank (columns), added to the collectives'."""
+        waits = self.perStepUs if also is None else self.perStepUs + also.reindex_like(self.perStepUs).fillna(0.0)
+        peers = waits.drop(columns=[rank]).median(axis=1).to_numpy(dtype=float)
+        gaps = peers - waits[rank].to_numpy(dtype=float)
         if len(gaps) < 2:
             return float(gaps.mean()) if len(gaps) else 0.0, float("inf")
         return float(gaps.mean()), float(gaps.std(ddof=1) / np.sqrt(len(gaps)))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.causes import Cause, find_cause, frame_per_step, frames
+from stepscope.analysis.causes import BACKWARD, Cause, find_cause, frame_per_step, frames
 from stepscope.analysis.rank_tables import RankTables
 from stepscope.analysis.slow_workers import CONFIDENT, DOUBT, MIN_GAP_SHARE, WaitVerdict
 
@@ -70,6 +70,14 @@ def _steady(tables: RankTables, exploded: pd.DataFrame, rank: int, cause: Cause,
     shared = float(peers.to_numpy().max(initial=0.0)) > 0
     need = max(STEADY * typical, floor) if shared else STEADY * min(typical, floor)
     return int(np.sum((excess >= need) & (excess > 0)))
+
+
+def _backward_per_step(tables: RankTables, exploded: pd.DataFrame, steps: pd.Index) -> pd.DataFrame | None:
+    """Each step's time in backward (rows) by rank (columns). Where no rank's cause is in backward,
+    the ranks do the same backward work, and what one spends there beyond another is DDP's wait
+    for the gradients' all-reduce: the collectives' time on the backend's threads misses part of it."""
+    names = exploded.loc[exploded["frame"].str.contains(BACKWARD), "frame"].unique()
+    return None if len(names) == 0 else frame_per_step(tables, exploded, str(names[0]), steps)
 
 
 def _candidates(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, steps: pd.Index) -> list[tuple[int, Cause, int, bool]]:
@@ -132,7 +140,7 @@ def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
         # rank nobody waits for holds no one back.
         # Collectives that point at another rank in fewer than half of the steps (a mean pulled by
         # a few) do not contradict a cause that holds in every step.
-        mean, error = v.gap_band(rank)
+        mean, error = v.gap_band(rank, None if cause.phase == "backward" else _backward_per_step(tables, exploded, steps))
         waited_for = mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep
         elsewhere = v.rank is not None and 2 * v.agreeing >= v.steps
         agrees = not rival and not contested and (v.rank == rank or (not elsewhere and waited_for))
