@@ -56,10 +56,11 @@ STACK_SAMPLE_SECONDS = 0.002
 DEFAULT_MAX_MEMORY_MB = 512
 # The capture's other defaults, for the spec (stepscope.session), the CRDs' schemas (tests/crd
 # checks them against the spec) and the agent, which fills in what a hand-written request.json
-# leaves out. Four steps: two cannot tell a modest straggler from a rank a busy machine slows for a
-# step or two (benchmarks/diagnosis_accuracy.py, docs/benchmarks.md); four can.
+# leaves out. Eight steps: on a loaded machine four cannot tell a modest straggler (10 % of the step)
+# from a healthy rank that the load held back as long (benchmarks/diagnosis_accuracy.py,
+# docs/benchmarks.md); eight can, for 4 more profiled steps (0.2-0.6 s, twice the trace).
 DEFAULT_WAIT_STEPS = 5
-DEFAULT_CAPTURE_STEPS = 4
+DEFAULT_CAPTURE_STEPS = 8
 DEFAULT_ACTIVITIES = ("CPU", "CUDA")
 DEFAULT_HANG_TIMEOUT_SECONDS = 300
 

@@ -119,3 +119,12 @@ def test_every_field_has_a_description_for_kubectl_explain(crd):
 def test_the_report_location_is_documented_where_users_look(crd):
     storage = _schema(crd)["properties"]["spec"]["properties"]["storage"]["description"]
     assert "<uri>/<namespace>/<name>-<first 8 characters of metadata.uid>/" in storage and "report/" in storage
+
+
+def test_kubectl_explain_states_the_default_steps_the_operator_uses(crd):
+    """`steps` has no schema default (it would break the steps/durationSeconds rule), so its
+    description is where `kubectl explain` tells users the default: the spec's, from one home."""
+    capture = _schema(crd)["properties"]["spec"]["properties"]["capture"]["properties"]
+    assert f"({CaptureSpec.steps} when neither steps nor durationSeconds is set)" in capture["steps"]["description"]
+    trigger = yaml.safe_load((CRD_PATH.parent / "profiletrigger.yaml").read_text())
+    assert f"({CaptureSpec.steps} when neither" in yaml.safe_dump(trigger, width=10_000)

@@ -1,6 +1,6 @@
 """Per-category checks over the rank tables: memory operations and runtime calls (PerfTracker's
 1 % rule), kernels slower than on their peers, unusual Python functions, communication, launch
-overhead and CPU-only traces. Each returns findings in their full form (wording.finding)."""
+overhead and CPU-only traces. Each returns model.Finding values."""
 from __future__ import annotations
 
 import numpy as np

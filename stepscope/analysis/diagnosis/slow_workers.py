@@ -206,10 +206,22 @@ class WaitVerdict:
     agreeing: int  # of those, steps in which this rank alone waits least, by a clear gap
     waitUs: dict[int, float]  # each rank's mean wait per step
     commonSteps: pd.Index  # the step numbers every rank captured
+    perStepUs: pd.DataFrame  # each common step's wait (rows) by rank (columns)
 
     @property
     def share(self) -> float:
         return self.gapUsPerStep / self.stepUs if self.stepUs > 0 else 0.0
+
+    def gap_band(self, rank: int, also: pd.DataFrame | None = None) -> tuple[float, float]:
+        """The others' median wait minus `rank`'s, as a mean over the steps and its standard
+        error from the step-to-step spread (inf from one step: a single step shows no spread).
+        `also`: more waiting per step (rows) by rank (columns), added to the collectives'."""
+        waits = self.perStepUs if also is None else self.perStepUs + also.reindex_like(self.perStepUs).fillna(0.0)
+        peers = waits.drop(columns=[rank]).median(axis=1).to_numpy(dtype=float)
+        gaps = peers - waits[rank].to_numpy(dtype=float)
+        if len(gaps) < 2:
+            return float(gaps.mean()) if len(gaps) else 0.0, float("inf")
+        return float(gaps.mean()), float(gaps.std(ddof=1) / np.sqrt(len(gaps)))
 
 
 def _late_rank(waits: np.ndarray) -> tuple[int, float, bool]:
@@ -241,7 +253,7 @@ def wait_verdict(tables: RankTables) -> WaitVerdict | None:
     low, gap, _ = _late_rank(mean)
     agreeing = sum(1 for r, g, alone in per_step if r == low and alone and g >= MIN_GAP_SHARE * step_us)
     verdict = WaitVerdict(rank=int(ranks[low]), gapUsPerStep=gap, stepUs=step_us, steps=len(waits), agreeing=agreeing,
-                          waitUs={int(r): float(w) for r, w in zip(ranks, mean)}, commonSteps=waits.index)
+                          waitUs={int(r): float(w) for r, w in zip(ranks, mean)}, commonSteps=waits.index, perStepUs=waits)
     if gap < MIN_GAP_SHARE * step_us:
         verdict.rank = None
     return verdict

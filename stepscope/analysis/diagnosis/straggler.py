@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.diagnosis.causes import Cause, find_cause, frame_per_step, frames
+from stepscope.analysis.diagnosis.causes import BACKWARD, Cause, find_cause, frame_per_step, frames
 from stepscope.analysis.diagnosis.rank_tables import RankTables
-from stepscope.analysis.diagnosis.slow_workers import CONFIDENT, MIN_GAP_SHARE, WaitVerdict
+from stepscope.analysis.diagnosis.slow_workers import CONFIDENT, DOUBT, MIN_GAP_SHARE, WaitVerdict
 
 # A cause holds in a step when its excess there is at least this share of its median excess per
 # step (not the mean: one step in which the process was descheduled inflates the mean, and the
@@ -28,12 +28,17 @@ from stepscope.analysis.diagnosis.slow_workers import CONFIDENT, MIN_GAP_SHARE, 
 STEADY = 0.5
 # A gap of this share of the step (or more) is as strong as waiting evidence gets...
 FULL_GAP = 0.25
-# ... and this many steps that all show it, as strong as repetition gets.
-FULL_STEPS = 4
-# Steps to ask for when a capture could not tell who holds the job back; also the steps that the
-# waiting alone needs to name a rank no frame explains: a loaded machine can deschedule a healthy
-# rank for the few hundred ms of a default capture, slowing everything it does a little.
-MORE_STEPS = 8
+# ... and this many steps that all show it, as strong as repetition gets: a loaded machine held a
+# healthy rank back by 12 % of the step in all 4 steps of a capture (its data loader, 3 ms a step,
+# benchmarks/diagnosis_accuracy.py), as much as the `modest` fault costs; 8 steps rarely do that.
+# Also the steps that the waiting alone needs to name a rank no frame explains: a loaded machine
+# can deschedule a healthy rank for a few hundred ms, slowing everything it does a little.
+FULL_STEPS = 8
+# Steps to ask for when a capture could not tell who holds the job back.
+MORE_STEPS = 2 * FULL_STEPS
+# The collectives contradict a cause when even the top of their gap's noise band (this many
+# standard errors above its mean over the steps) is below half of what the cause costs.
+NOISE_BAND = 2.0
 
 
 @dataclass
@@ -67,34 +72,49 @@ def _steady(tables: RankTables, exploded: pd.DataFrame, rank: int, cause: Cause,
     return int(np.sum((excess >= need) & (excess > 0)))
 
 
-def _candidates(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, steps: pd.Index) -> list[tuple[int, Cause, int]]:
-    """Ranks with a cause worth a slow worker that holds in every step: (rank, cause, steady steps)."""
+def _backward_per_step(tables: RankTables, exploded: pd.DataFrame, steps: pd.Index) -> pd.DataFrame | None:
+    """Each step's time in backward (rows) by rank (columns). Where no rank's cause is in backward,
+    the ranks do the same backward work, and what one spends there beyond another is DDP's wait
+    for the gradients' all-reduce: the collectives' time on the backend's threads misses part of it."""
+    names = exploded.loc[exploded["frame"].str.contains(BACKWARD), "frame"].unique()
+    return None if len(names) == 0 else frame_per_step(tables, exploded, str(names[0]), steps)
+
+
+def _candidates(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, steps: pd.Index) -> list[tuple[int, Cause, int, bool]]:
+    """Ranks with a cause worth a slow worker that holds in every step: (rank, cause, steady steps,
+    contested). Contested: the rank waits more than its peers, which says it is not the one they
+    wait for - unless a few noisy collectives (a rank descheduled in one of four steps) outweigh a
+    cause that holds in every step; it can then be no more than the likeliest."""
     out = []
     for rank, wait in v.waitUs.items():
-        # A rank that waits more than its peers is not the one they wait for; what looks like
-        # extra time there (backward, where DDP waits for the gradients) is its wait.
-        if wait - float(np.median([w for r, w in v.waitUs.items() if r != rank])) >= MIN_GAP_SHARE * v.stepUs:
-            continue
+        contested = wait - float(np.median([w for r, w in v.waitUs.items() if r != rank])) >= MIN_GAP_SHARE * v.stepUs
         cause = find_cause(tables, rank, exploded)
         if cause is None or cause.excessUsPerStep < MIN_GAP_SHARE * v.stepUs:
             continue
+        # What looks like extra time in backward on a rank that waits more is its wait there (DDP
+        # waits for the gradients inside backward): no cause.
+        if contested and cause.phase == "backward":
+            continue
         steady = _steady(tables, exploded, rank, cause, steps, v.stepUs)
         if steady is None or steady == len(steps):
-            out.append((rank, cause, len(steps) if steady is None else steady))
-    return sorted(out, key=lambda c: -c[1].excessUsPerStep)
+            out.append((rank, cause, len(steps) if steady is None else steady, contested))
+    return sorted(out, key=lambda c: (c[3], -c[1].excessUsPerStep))
 
 
 def confidence(share: float, steady: int, steps: int, explained: float, agrees: bool) -> float:
     """0..1 from the cost's share of the step, the share of the cost a cause explains, whether
-    the waiting evidence names the same rank, and the steps that show it: the evidence of one
-    step weighs 5/8 of that of FULL_STEPS, two steps 3/4 (a busy machine can slow one rank for a
-    step or two; a cause repeats)."""
+    the waiting evidence names the same rank, and the steps that show it. A busy machine can slow
+    one rank for a few steps; a cause repeats, and the smaller it is, the more steps it takes to
+    tell the two apart: a cost of FULL_GAP or more is as sure as it gets from FULL_STEPS / 2 steps
+    (two of them weigh 3/4), the smallest from FULL_STEPS (four of them weigh 3/4)."""
     if steps <= 0:
         return 0.0
-    base = 0.35 + 0.35 * min(1.0, share / FULL_GAP) + 0.3 * min(1.0, max(explained, 0.0))
+    strength = min(1.0, share / FULL_GAP)
+    base = 0.35 + 0.35 * strength + 0.3 * min(1.0, max(explained, 0.0))
     base *= steady / steps
     base *= 1.0 if agrees else 0.7
-    return round(base * (0.5 + 0.5 * min(1.0, steady / FULL_STEPS)), 2)
+    enough = FULL_STEPS * (1.0 - 0.5 * strength)
+    return round(base * (0.5 + 0.5 * min(1.0, steady / enough)), 2)
 
 
 def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
@@ -106,18 +126,29 @@ def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
     if not candidates and v.rank is None:
         return Straggler(rank=None, named=False, cause=None, confidence=0.0, gapUsPerStep=0.0, costUsPerStep=0.0, stepUs=v.stepUs,
                          steps=v.steps, steadySteps=0, waitNames=None)
-    if candidates:
-        rank, cause, steady = candidates[0]
+    waiting = confidence(v.share, v.agreeing, v.steps, 0.0, True) if v.rank is not None else 0.0
+    if candidates and (not candidates[0][3] or waiting < CONFIDENT):
+        rank, cause, steady, contested = candidates[0]
         # A second rank with a cause as large leaves it open which one the others wait for.
         rival = len(candidates) > 1 and candidates[1][1].excessUsPerStep >= 0.5 * cause.excessUsPerStep and v.rank != rank
         gap = float(np.median([w for r, w in v.waitUs.items() if r != rank]) - v.waitUs[rank])
         cost = max(gap, cause.excessUsPerStep)
         # The collectives agree when they name this rank (its peers wait for it in every step, if
         # less than the cause costs: a busy machine stretches every rank's collectives), or name
-        # none but show its peers waiting for at least half of what the cause costs. A rank nobody
-        # waits for holds no one back.
-        agrees = not rival and (v.rank == rank or (v.rank is None and gap >= 0.5 * cause.excessUsPerStep))
+        # none but show its peers waiting for it, for half of what the cause costs within their
+        # noise: a collective's own time swings by more than a modest cause from step to step. A
+        # rank nobody waits for holds no one back.
+        # Collectives that point at another rank in fewer than half of the steps (a mean pulled by
+        # a few) do not contradict a cause that holds in every step.
+        mean, error = v.gap_band(rank, None if cause.phase == "backward" else _backward_per_step(tables, exploded, steps))
+        waited_for = mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep
+        elsewhere = v.rank is not None and 2 * v.agreeing >= v.steps
+        agrees = not rival and not contested and (v.rank == rank or (not elsewhere and waited_for))
         conf = confidence(cost / v.stepUs if v.stepUs else 0.0, steady, v.steps, min(1.0, cause.excessUsPerStep / cost) if cost else 0.0, agrees)
+        # A cause that holds in every step is never "no problem": at worst the diagnosis cannot tell.
+        conf = max(conf, DOUBT)
+        if contested:
+            conf = min(conf, round(CONFIDENT - 0.01, 2))
         return Straggler(rank=rank, named=conf >= CONFIDENT and agrees, cause=cause, confidence=conf, gapUsPerStep=max(gap, 0.0),
                          costUsPerStep=cost, stepUs=v.stepUs, steps=v.steps, steadySteps=steady, waitNames=v.rank)
     # Waiting alone: no steady frame of that rank explains it (operators the profiler does not
@@ -131,7 +162,12 @@ def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
     # A frame of it that takes longer than on its peers is a second kind of evidence; without one,
     # only more steps than a descheduled healthy rank stays behind for: until then, it stays just
     # below naming (a large gap is still worth "cannot tell", not "no problem").
-    if found is None and v.steps < MORE_STEPS:
+    if found is None and v.steps < FULL_STEPS:
         conf = min(conf, round(CONFIDENT - 0.01, 2))
+    elif found is not None and 2 * v.agreeing >= v.steps and 2 * (_steady(tables, exploded, v.rank, found, steps, v.stepUs) or 0) >= v.steps:
+        # Two kinds of evidence point at it, each in at least half of the steps: it may not be
+        # named, but the job is not healthy either ("no problem" read 0.77 sure of a 4-step capture
+        # whose peers waited 15 ms of a 91 ms step for the slow-compute rank, 2 steps of 4 clearly).
+        conf = max(conf, DOUBT)
     return Straggler(rank=v.rank, named=conf >= CONFIDENT, cause=found, confidence=conf, gapUsPerStep=v.gapUsPerStep,
                      costUsPerStep=v.gapUsPerStep, stepUs=v.stepUs, steps=v.steps, steadySteps=v.agreeing, waitNames=v.rank)
