@@ -112,3 +112,23 @@ def test_a_restarted_job_is_neither_hung_nor_slow_and_its_baseline_survives(tmp_
     ranks = [Rank(r, [(back, STEP), (back + 6.0, 3 * STEP), (slow_at, STEP), (end, 1.6 * STEP)], restarts=[(ONSET, back)])
              for r in range(2)]
     check(tmp_path, ranks, [ever_fired(slow_at, {}), firing(slow_at + budget(SCRAPE), {f'alertname="{SLOW}"': 1})], end=end)
+
+
+def test_steps_longer_than_a_scrape_interval_are_judged_too(tmp_path: Path) -> None:
+    # 20 s steps, scraped every 15 s: some intervals end no step. A reading holds until the next,
+    # so the slowdown (32 s steps) still holds without a break once its first slow step has ended.
+    ranks = [Rank(r, [(ONSET, 20.0), (END, 32.0)], jitter=0.05) for r in range(2)]
+    check(tmp_path, ranks, [ever_fired(ONSET, {}), firing(ONSET + 32.0 + budget(SCRAPE), {f'alertname="{SLOW}"': 1})])
+
+
+def test_ranks_that_differ_steadily_but_less_than_the_factor_stay_silent(tmp_path: Path) -> None:
+    # Pipeline stages of unequal weight: the slowest 1.3x the others' median.
+    ranks = [Rank(r, [(END, seconds)], jitter=0.05) for r, seconds in enumerate((0.1, 0.11, 0.12, 0.13))]
+    check(tmp_path, ranks, [ever_fired(END, {})])
+
+
+def test_each_job_is_judged_on_its_own(tmp_path: Path) -> None:
+    # Two jobs in one namespace at different step times; only the one that slows down fires.
+    ranks = [Rank(r, [(ONSET, STEP), (END, 1.6 * STEP)], job="llm") for r in range(2)]
+    ranks += [Rank(r, [(END, 3 * STEP)], job="vision", seed=7) for r in range(2)]
+    check(tmp_path, ranks, [ever_fired(END, {f'alertname="{SLOW}",job="llm"': 1}, by="alertname, job")])
