@@ -74,11 +74,20 @@ def test_the_slowdowns_summary_reads_in_seconds_against_the_baseline(tmp_path: P
 def test_a_slow_rank_among_ranks_that_do_not_step_together_diverges_from_its_peers_median(tmp_path: Path) -> None:
     # Two independent ranks (pipeline stages): rank 1 takes 1.6x rank 0's step time. The peers'
     # median leaves the rank out: with two ranks it is the other one's step time.
-    ranks = [Rank(0, [(END, STEP)]), Rank(1, [(ONSET, STEP), (END, 1.6 * STEP)])]
+    ranks = [Rank(0, [(END, STEP)], jitter=0.0), Rank(1, [(ONSET, STEP), (END, 1.6 * STEP)], jitter=0.0)]
     check(tmp_path, ranks, [
         firing(ONSET + budget(SCRAPE), {f'alertname="{DRIFT}",rank="1"': 1}, by="alertname, rank"),
         ever_fired(END, {f'alertname="{DRIFT}",rank="1"': 1}, by="alertname, rank"),
-    ])
+    ], alert_tests=[divergence(ranks[1], "job llm: rank 1 (pod llm-1): step time 1.60x its peers' median (over 1.5x) for 60 s")])
+
+
+def divergence(rank: Rank, summary: str) -> dict[str, Any]:
+    """An alert_rule_test: the divergence of `rank` fires (it alone) with `summary`, once it is due."""
+    labels = dict(item.split("=") for item in rank.labels().replace('"', "").split(","))
+    return {"eval_time": f"{int(ONSET + budget(SCRAPE))}s", "alertname": DRIFT, "exp_alerts": [{
+        "exp_labels": {**labels, "severity": "warning", "namespace": "stepscope", "stepscope_namespace": "train",
+                       "stepscope_trigger": "stepscope"},
+        "exp_annotations": {"summary": summary}}]}
 
 
 def test_four_independent_ranks_one_slower_by_the_factor(tmp_path: Path) -> None:
@@ -93,7 +102,9 @@ def test_the_lockstep_rank_that_hardly_waits_diverges(tmp_path: Path) -> None:
     ranks = [Rank(r, [(ONSET, STEP), (END, 1.25 * STEP)], jitter=0.0, wait_share=[(0.0, share), (ONSET, after)])
              for r, share, after in ((0, 0.05, 0.39), (1, 0.06, 0.004))]
     check(tmp_path, ranks, [firing(ONSET + budget(SCRAPE), {f'alertname="{DRIFT}",rank="1"': 1}, by="alertname, rank"),
-                            ever_fired(END, {f'alertname="{DRIFT}",rank="1"': 1}, by="alertname, rank")])
+                            ever_fired(END, {f'alertname="{DRIFT}",rank="1"': 1}, by="alertname, rank")],
+          alert_tests=[divergence(ranks[1], "job llm: rank 1 (pod llm-1): its wait share in collectives is 0.39 below its peers' median "
+                                            "(0.25 or more): they wait for it, for 60 s")])
 
 
 def test_a_hang_fires_once_no_rank_stepped_for_no_step_seconds_and_nothing_else(tmp_path: Path) -> None:
