@@ -76,12 +76,13 @@ def aligned_start_step(completed: Sequence[int], wait_steps: int) -> int | None:
 # ring that the agent writes at each step boundary and the sidecar reads, with no lock (one writer;
 # the reader validates each slot by its step number). struct formats, little-endian:
 # header (magic, capacity, rank, local rank, world size, pid, wall-clock minus CLOCK_MONOTONIC
-# seconds at creation), then at TELEMETRY_COUNT_AT the steps written so far, then from
+# seconds at creation, the process's run id: random, as a restarted container's process has the
+# pid of the one before; 0 from agents older than it), then at TELEMETRY_COUNT_AT the steps written so far, then from
 # TELEMETRY_SLOTS_AT `capacity` slots; the slot of step n (1-based, the steps completed) is
 # n % capacity and holds (n, CLOCK_MONOTONIC seconds when step n ended, seconds since step n-1
 # ended). Writing the slot before the count lets a reader take slots up to the count it read.
 TELEMETRY_MAGIC = "SSTEPS01"  # ASCII
-TELEMETRY_HEADER = "<8sqqqqqd"
+TELEMETRY_HEADER = "<8sqqqqqdq"
 TELEMETRY_COUNT = "<q"
 TELEMETRY_COUNT_AT = 64
 TELEMETRY_SLOT = "<qdd"

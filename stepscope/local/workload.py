@@ -16,7 +16,9 @@ It knows nothing of stepscope: the agent attaches through the bootstrap. Faults 
 
 and a hung rank (blocks in `block_forever` after its optimizer step, so its peers wait in the loss
 all-reduce; forever, or for --hang-seconds). Every rank reads its batches through a DataLoader
-whose shard reads block for --step-sleep-ms a step (the job's natural I/O wait).
+whose shard reads block for --step-sleep-ms a step (the job's natural I/O wait). With
+--restart-at-step every rank replaces itself with a fresh run after that many steps, keeping its
+pid, as a restarted container's processes do.
 
     python stepscope/local/workload.py --steps 50 --slow-rank 1 --fault sleep --slow-ms 20
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -56,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-seconds", type=float, default=0.0, help="block this long instead of forever (a hang that recovers)")
     p.add_argument("--no-optimizer", action="store_true", help="update weights by hand and mark steps with stepscope.step()")
     p.add_argument("--collective-timeout-s", type=float, default=1800.0, help="gloo timeout for collectives")
+    p.add_argument("--restart-at-step", type=int, default=None,
+                   help="after this many steps every rank replaces itself with a fresh run of the workload, keeping its pid "
+                        "(as a restarted container's process gets the pid of the one before)")
     return p.parse_args(argv)
 
 
@@ -169,6 +175,17 @@ def block_forever(step: int, seconds: float = 0.0) -> None:
         time.sleep(0.1 if seconds else 3600)
 
 
+def restart_in_place(argv: list[str]) -> None:
+    """Exec this workload again without --restart-at-step: a new process image, the same pid. Every
+    rank does it after the same step, once all are there; the new rank 0 serves the rendezvous
+    again on MASTER_PORT."""
+    dist.barrier()
+    dist.destroy_process_group()
+    at = argv.index("--restart-at-step")
+    print(f"rank {os.environ.get('RANK')} restarts in place (pid {os.getpid()})", flush=True)
+    os.execv(sys.executable, [sys.executable, *argv[:at], *argv[at + 2:]])
+
+
 def average_loss_across_ranks(loss: torch.Tensor) -> float:
     value = loss.detach().clone()
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
@@ -242,6 +259,8 @@ def train(args: argparse.Namespace) -> int:
             block_forever(step, args.hang_seconds)
         average_loss_across_ranks(loss)
         step += 1
+        if step == args.restart_at_step:
+            restart_in_place(sys.argv)
     dist.barrier()
     print(f"rank {rank}/{world}: {step} steps in {time.perf_counter() - started:.2f} s", flush=True)
     dist.destroy_process_group()

@@ -148,6 +148,7 @@ class _StepRing:
         self._slots_at, self._count_at = wire.TELEMETRY_SLOTS_AT, wire.TELEMETRY_COUNT_AT
         self.buffer: Any = bytearray(wire.TELEMETRY_SLOTS_AT + wire.TELEMETRY_CAPACITY * slot.size)
         self.path: str | None = None
+        self.run_id = int.from_bytes(os.urandom(8), "little") >> 1 or 1
 
     def record(self, step: int, end: float, duration: float) -> None:
         buffer = self.buffer
@@ -160,7 +161,7 @@ class _StepRing:
 
         data = bytearray(self.buffer)
         struct.pack_into(wire.TELEMETRY_HEADER, data, 0, wire.TELEMETRY_MAGIC.encode(), wire.TELEMETRY_CAPACITY, rank, local_rank,
-                         world, os.getpid(), time.time() - _monotonic())
+                         world, os.getpid(), time.time() - _monotonic(), self.run_id)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         _atomic_write(path, bytes(data))
         with open(path, "r+b") as f:

@@ -35,6 +35,7 @@ class Ring:
     clock_offset: float  # Unix time minus CLOCK_MONOTONIC, to date the steps
     count: int  # steps the process had completed when read
     steps: list[tuple[int, float, float]]  # (step, end in CLOCK_MONOTONIC seconds, duration)
+    run: int = 0  # the process's run id (0 from an older agent): a restarted container's process has the same pid
 
 
 def read_ring(path: Path) -> Ring | None:
@@ -47,7 +48,7 @@ def read_ring(path: Path) -> Ring | None:
             head = f.read(wire.TELEMETRY_SLOTS_AT)
             if len(head) < wire.TELEMETRY_SLOTS_AT:
                 return None
-            magic, capacity, rank, local_rank, world, pid, offset = _HEADER.unpack_from(head)
+            magic, capacity, rank, local_rank, world, pid, offset, run = _HEADER.unpack_from(head)
             if magic != wire.TELEMETRY_MAGIC.encode() or capacity <= 0:
                 return None
             (before,) = _COUNT.unpack_from(head, wire.TELEMETRY_COUNT_AT)
@@ -65,7 +66,7 @@ def read_ring(path: Path) -> Ring | None:
         entry = _SLOT.unpack_from(slots, (step % capacity) * _SLOT.size)
         if entry[0] == step:
             steps.append(entry)
-    return Ring(rank, local_rank, world, pid, offset, before, steps)
+    return Ring(rank, local_rank, world, pid, offset, before, steps, run)
 
 
 def live_step_counts(stepscope_dir: Path, *, stale_after_s: float) -> list[int]:
@@ -85,6 +86,7 @@ class RankTelemetry:
     world_size: int
     pid: int
     clock_offset: float
+    run: int = 0
     steps: int = 0
     last_end: float | None = None  # CLOCK_MONOTONIC seconds
     last_duration: float | None = None
@@ -152,8 +154,9 @@ class StepTelemetry:
                 if ring is None:
                     continue
                 known = self._ranks.get(ring.rank)
-                if known is None or known.pid != ring.pid:  # a new process of that rank starts from zero
-                    known = RankTelemetry(ring.rank, ring.local_rank, ring.world_size, ring.pid, ring.clock_offset)
+                # A new process of that rank starts from zero, even with the pid of the one before.
+                if known is None or (known.pid, known.run) != (ring.pid, ring.run):
+                    known = RankTelemetry(ring.rank, ring.local_rank, ring.world_size, ring.pid, ring.clock_offset, ring.run)
                 known.fold(ring)
                 agent = agents.get(ring.rank)
                 known.collective_wait_s = agent.collective_wait_s if agent is not None and agent.pid == ring.pid else None
