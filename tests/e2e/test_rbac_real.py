@@ -21,10 +21,12 @@ from tests.e2e.conftest import Cluster
 
 
 def can(cluster: Cluster, verb: str, resource: str, namespace: str = "", group: str = "", name: str = "") -> bool:
-    """`kubectl auth can-i <verb> <resource> --as=<the operator's ServiceAccount>`, by the real authorizer."""
+    """`kubectl auth can-i <verb> <resource>[/<subresource>] --as=<the operator's ServiceAccount>`, by the real authorizer."""
+    plural, _, subresource = resource.partition("/")
     review = {"spec": {"user": cluster.operator_user,
                        "groups": ["system:serviceaccounts", f"system:serviceaccounts:{cluster.release_namespace}", "system:authenticated"],
-                       "resourceAttributes": {"verb": verb, "resource": resource, "group": group, "namespace": namespace, "name": name}}}
+                       "resourceAttributes": {"verb": verb, "resource": plural, "subresource": subresource, "group": group,
+                                              "namespace": namespace, "name": name}}}
     return bool(kubernetes.client.AuthorizationV1Api(cluster.api_client).create_subject_access_review(review).status.allowed)
 
 
@@ -51,18 +53,20 @@ def test_the_operator_may_not_make_or_bind_identities(cluster: Cluster) -> None:
     assert not can(cluster, "list", "secrets", ns)
     assert not can(cluster, "create", "validatingadmissionpolicybindings", group="admissionregistration.k8s.io")
     assert not can(cluster, "delete", "validatingadmissionpolicies", group="admissionregistration.k8s.io")
-    assert can(cluster, "create", "jobs", ns, "batch") and can(cluster, "create", "secrets", ns)  # what the policies pin
+    # What the policies pin: Jobs where sessions run, Secrets (the master key) in the release namespace.
+    assert can(cluster, "create", "jobs", ns, "batch") and can(cluster, "create", "secrets", cluster.release_namespace)
 
 
 def test_the_operator_creates_no_token_secret_nor_another_job(cluster: Cluster) -> None:
-    """`create secrets` and `create jobs` are held; the chart's policies refuse the attacks they would allow."""
+    """`create secrets` (here in the release namespace, for the master key) and `create jobs` are
+    held; the chart's policies refuse the attacks they would allow."""
     operator = _as_operator(cluster)
     core, batch = kubernetes.client.CoreV1Api(operator), kubernetes.client.BatchV1Api(operator)
     ns = cluster.namespace
     try:
         token = {"metadata": {"name": "steal", "annotations": {"kubernetes.io/service-account.name": "default"}},
                  "type": "kubernetes.io/service-account-token"}
-        _refused_by_policy(lambda: core.create_namespaced_secret(ns, token), f"{cluster.fullname}-secrets.stepscope.io")
+        _refused_by_policy(lambda: core.create_namespaced_secret(cluster.release_namespace, token), f"{cluster.fullname}-secrets.stepscope.io")
         settings = OperatorSettings(analysis_account=cluster.analysis_account)
         job = jobs.job(ns, "probe", uuid.uuid4().hex, settings, None, {})
         job["metadata"].pop("ownerReferences")

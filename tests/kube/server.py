@@ -96,6 +96,8 @@ class Api:
             group, version, rest = parts[1], parts[2], parts[3:]
         else:
             raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+        if (group, version, rest, request.method) == ("authorization.k8s.io", "v1", ["subjectaccessreviews"], "POST"):
+            return _json(self._access_review(await self._body(request)), 201)
         if not rest:
             types = self.store.types_in(group, version)
             if not types:
@@ -118,6 +120,17 @@ class Api:
         attrs = rbac.Attributes(verb, t.group, t.plural, subresource, namespace, name)
         if not rbac.allowed(self._rbac_objects(), user, attrs):
             raise rbac.forbidden(user, attrs)
+
+    def _access_review(self, review: dict[str, Any]) -> dict[str, Any]:
+        """A SubjectAccessReview (what `kubectl auth can-i --as` asks): the stored RBAC's answer for
+        the named user and groups. Not done: nonResourceAttributes, extra, uid, a reason."""
+        spec = review.get("spec") or {}
+        user = rbac.User(spec.get("user") or "", tuple(spec.get("groups") or ()))
+        a = spec.get("resourceAttributes") or {}
+        attrs = rbac.Attributes(a.get("verb") or "", a.get("group") or "", a.get("resource") or "", a.get("subresource") or "",
+                                a.get("namespace") or None, a.get("name") or None)
+        allowed = user.is_admin or rbac.allowed(self._rbac_objects(), user, attrs)
+        return {**review, "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "status": {"allowed": allowed}}
 
     def _rbac_objects(self) -> dict[str, list[dict[str, Any]]]:
         return {kind: self.store.stored(rbac.RBAC, plural) for kind, plural in
