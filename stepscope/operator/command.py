@@ -10,8 +10,12 @@ import sys
 
 import kopf
 
-from stepscope.operator import metrics, registry
-from stepscope.signing import KEY_FILE_ENV, KeyLoadError, load_key
+from stepscope.operator import master_key, metrics, registry
+from stepscope.operator.settings import OperatorSettings
+from stepscope.signing import KEY_ENV, KEY_FILE_ENV, KeyLoadError, load_key
+
+# The chart names the master key's Secret here (stepscope.operator.master_key).
+SECRET_ENV = "STEPSCOPE_HMAC_SECRET"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +35,10 @@ def run(args: argparse.Namespace) -> int:
     if args.key_file:
         os.environ[KEY_FILE_ENV] = args.key_file  # what the startup handler reads (handlers.configure)
     try:
+        if not os.environ.get(KEY_ENV) and not os.environ.get(KEY_FILE_ENV) and os.environ.get(SECRET_ENV):
+            # In the chart: the master key Secret of the operator's namespace, created when absent.
+            settings = OperatorSettings()
+            os.environ[KEY_ENV] = master_key.ensure(settings.own_namespace, settings.hmac_secret, settings.hmac_secret_key).decode()
         load_key(os.environ.get(KEY_FILE_ENV))  # fail here in one line, not in a kopf startup handler retried for ever
     except KeyLoadError as exc:
         print(f"stepscope operator: {exc}", file=sys.stderr)

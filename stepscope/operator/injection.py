@@ -1,10 +1,17 @@
 """What injection adds to a pod that opts in with `stepscope.io/inject: "true"` (pure: the
 webhook in stepscope.operator.webhook serves it).
 
-The sidecar goes in as a native sidecar (an init container with restartPolicy Always), so it is
-up, and has installed the agent's bootstrap into the shared volume, before any training process
-starts; the shared emptyDir is mounted in every container, and PYTHONPATH/STEPSCOPE_DIR on the
-training containers make their Python start the agent with no code change."""
+The sidecar goes in as a native sidecar (an init container with restartPolicy Always), started
+before the training containers; it installs the agent's bootstrap into the shared emptyDir, which
+is mounted in every container, and PYTHONPATH/STEPSCOPE_DIR on the training containers make their
+Python start the agent with no code change.
+
+A broken sidecar never holds the training: there is no startupProbe (which would keep the
+training containers waiting until it passed, and for ever on a sidecar that cannot start), and
+the key is an optional secretKeyRef (a missing key Secret would stop the pod at
+CreateContainerConfigError). A sidecar that does not come up installs no bootstrap, and the
+training's Python starts as without stepscope. The kubelet still waits for the sidecar's image
+to be pulled, as for any init container."""
 from __future__ import annotations
 
 import copy
@@ -46,7 +53,6 @@ class InjectionSettings:
 
 
 def sidecar_container(cfg: InjectionSettings) -> dict[str, Any]:
-    probe = {"httpGet": {"path": "/healthz", "port": SIDECAR_PORT_NAME}, "periodSeconds": 2}
     return {
         "name": SIDECAR_NAME,
         "image": cfg.image,
@@ -58,12 +64,11 @@ def sidecar_container(cfg: InjectionSettings) -> dict[str, Any]:
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
             {"name": "STEPSCOPE_DIR", "value": SHARED_DIR},
-            {"name": "STEPSCOPE_HMAC_KEY", "valueFrom": {"secretKeyRef": {"name": cfg.hmac_secret, "key": cfg.hmac_key}}},
+            {"name": "STEPSCOPE_HMAC_KEY", "valueFrom": {"secretKeyRef": {"name": cfg.hmac_secret, "key": cfg.hmac_key, "optional": True}}},
             # NVML sees the node's GPUs without the sidecar requesting any (NVIDIA container runtime).
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
         ],
-        "startupProbe": {**probe, "failureThreshold": 30},
-        "readinessProbe": probe,
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": SIDECAR_PORT_NAME}, "periodSeconds": 2},
         "resources": copy.deepcopy(cfg.resources),
         "volumeMounts": [{"name": VOLUME_NAME, "mountPath": SHARED_DIR}, {"name": TMP_VOLUME_NAME, "mountPath": "/tmp"}],
         "securityContext": copy.deepcopy(SIDECAR_SECURITY_CONTEXT),

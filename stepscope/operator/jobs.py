@@ -1,15 +1,26 @@
-"""The analysis Job of a session and the least-privilege identity it runs as.
+"""The analysis Job of a session.
 
-Per session: a ServiceAccount, a Role that can only read this one ProfileSession and patch its
-status (resourceNames), a RoleBinding, and the batch/v1 Job. All are owned by the session, so
-deleting the session garbage-collects them."""
+It runs as the chart's analysis ServiceAccount of the namespace (settings.analysis_account: get
+ProfileSessions, get and patch their status; helm/stepscope/templates/rbac.yaml), so the operator
+creates no identity; the chart's ValidatingAdmissionPolicy refuses any other Job of the operator's
+(image, account, privilege). The pod spec passes Pod Security `restricted`. The Job is owned by
+the session, so deleting the session garbage-collects it."""
 from __future__ import annotations
 
+import copy
 from typing import Any
+
+from kubernetes.client.rest import ApiException
 
 from stepscope.operator import kube
 from stepscope.operator.credentials import ENV_OF_FIELD
-from stepscope.operator.settings import GROUP, KIND, PLURAL, SESSION_LABEL, VERSION, OperatorSettings
+from stepscope.operator.injection import SIDECAR_UID
+from stepscope.operator.settings import GROUP, KIND, SESSION_LABEL, VERSION, OperatorSettings
+
+# Pod Security "restricted" (the image's USER is named, so runAsNonRoot holds before it is pulled).
+POD_SECURITY_CONTEXT = {"runAsNonRoot": True, "runAsUser": SIDECAR_UID, "runAsGroup": SIDECAR_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False, "runAsNonRoot": True,
+                              "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def owner_reference(name: str, uid: str) -> dict[str, Any]:
@@ -22,31 +33,8 @@ def job_name(name: str, uid: str) -> str:
     return f"{name[:40].rstrip('-.')}-analysis-{uid[:5]}"
 
 
-def account_name(name: str, uid: str) -> str:
-    return f"stepscope-analysis-{job_name(name, uid)}"
-
-
 def _meta(name: str, namespace: str, session: str, uid: str) -> dict[str, Any]:
     return {"name": name, "namespace": namespace, "labels": {SESSION_LABEL: session, "app.kubernetes.io/managed-by": "stepscope"}, "ownerReferences": [owner_reference(session, uid)]}
-
-
-def identity(namespace: str, session: str, uid: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding of one session's analysis Job."""
-    account = account_name(session, uid)
-    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(account, namespace, session, uid)}
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(account, namespace, session, uid),
-        "rules": [
-            {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [session], "verbs": ["get"]},
-            {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "resourceNames": [session], "verbs": ["get", "patch"]},
-        ],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(account, namespace, session, uid),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
-        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
-    }
-    return sa, role, binding
 
 
 def job(namespace: str, session: str, uid: str, settings: OperatorSettings, secret: str | None, secret_keys: dict[str, str]) -> dict[str, Any]:
@@ -60,7 +48,7 @@ def job(namespace: str, session: str, uid: str, settings: OperatorSettings, secr
         "command": ["stepscope", "analyze", "--session", f"{namespace}/{session}"],
         "env": env,
         "resources": {"requests": {"cpu": settings.analysis_cpu, "memory": settings.analysis_memory}, "limits": {"memory": settings.analysis_memory}},
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     return {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job_name(session, uid), namespace, session, uid),
@@ -68,20 +56,17 @@ def job(namespace: str, session: str, uid: str, settings: OperatorSettings, secr
             "backoffLimit": 1,
             "template": {
                 "metadata": {"labels": {SESSION_LABEL: session}},
-                "spec": {"serviceAccountName": account_name(session, uid), "restartPolicy": "Never", "containers": [container]},
+                "spec": {"serviceAccountName": settings.analysis_account, "restartPolicy": "Never",
+                         "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT), "containers": [container]},
             },
         },
     }
 
 
 def create_analysis(namespace: str, session: str, uid: str, settings: OperatorSettings, secret: str | None, secret_keys: dict[str, str]) -> str:
-    """Create (or find, after a restart) the identity and the Job; returns the Job's name."""
-    sa, role, binding = identity(namespace, session, uid)
-    core, rbac, batch = kube.core(), kube.rbac(), kube.batch()
-    kube.create_or_get(core.create_namespaced_service_account, core.read_namespaced_service_account, namespace, sa)
-    kube.create_or_get(rbac.create_namespaced_role, rbac.read_namespaced_role, namespace, role)
-    kube.create_or_get(rbac.create_namespaced_role_binding, rbac.read_namespaced_role_binding, namespace, binding)
+    """Create (or find, after a restart) the Job; returns its name."""
     manifest = job(namespace, session, uid, settings, secret, secret_keys)
+    batch = kube.batch()
     kube.create_or_get(batch.create_namespaced_job, batch.read_namespaced_job, namespace, manifest)
     return manifest["metadata"]["name"]
 
@@ -97,3 +82,22 @@ def job_outcome(job_obj: Any) -> tuple[str, str]:
     if status and (status.succeeded or 0) >= 1:
         return "Succeeded", "analysis Job completed"
     return "Running", ""
+
+
+def pod_presence(job_obj: Any) -> tuple[float | None, int]:
+    """(creation time as epoch seconds, pods the Job has or had) of a Job read through the client."""
+    created = job_obj.metadata.creation_timestamp if job_obj is not None and job_obj.metadata else None
+    status = job_obj.status if job_obj is not None else None
+    pods = sum((getattr(status, f, None) or 0) for f in ("active", "ready", "succeeded", "failed", "terminating")) if status else 0
+    return (created.timestamp() if created else None), pods
+
+
+def failed_create(namespace: str, job_name: str) -> str:
+    """The message of the Job controller's latest FailedCreate event on the Job ("Error creating:
+    pods ... is forbidden: violates PodSecurity ..."), or "" when there is none or it cannot be read."""
+    try:
+        events = kube.core().list_namespaced_event(namespace, field_selector=f"involvedObject.name={job_name},reason=FailedCreate").items
+    except ApiException:
+        return ""  # an operator without `list events` fails the session at spec.timeoutSeconds, as before
+    latest = max(events, key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp, default=None)
+    return (latest.message or "the Job controller could not create its pod") if latest is not None else ""

@@ -123,7 +123,7 @@ class SessionRunner:
         creds = await self._credentials(spec)
         self.dest = destination(spec, self.ns, self.name, self.uid)
         self.state = RunState(self.phase, self.ns, selector, self.dest, spec.timeoutSeconds, self.settings.selection_grace_s,
-                              spec.registrationTimeoutSeconds, spec.analysisEnabled)
+                              spec.registrationTimeoutSeconds, spec.analysisEnabled, analysis_start_grace_s=self.settings.analysis_start_grace_s)
         await self._open_record(spec, creds)
         if self.phase in ("", "Pending"):
             if not self.phase:
@@ -283,8 +283,13 @@ class SessionRunner:
             except Exception as exc:
                 if not kube.is_not_found(exc):
                     raise
-                outcome, message = "Gone", ""
-            for action in self._step(phases.JobSeen(time.time(), name, outcome, message)):
+                job, outcome, message = None, "Gone", ""
+            now = time.time()
+            failed_create = ""
+            assert self.state is not None, "the spec is read first"
+            if outcome == "Running" and phases.podless_too_long(self.state, now, *jobs.pod_presence(job)):
+                failed_create = await asyncio.to_thread(jobs.failed_create, self.ns, name)
+            for action in self._step(phases.JobSeen(now, name, outcome, message, failed_create)):
                 if isinstance(action, ReadAnalysis):
                     return action
                 if not isinstance(action, Wait):

@@ -37,6 +37,7 @@ class RunState:
     start: float | None = None  # status.startTime, epoch seconds
     triggered: float | None = None  # the Triggered condition's lastTransitionTime: registration counts from it
     unregistered: tuple[str, ...] = ()  # pods given up for want of a registered training process
+    analysis_start_grace_s: float = 60.0  # OperatorSettings.analysis_start_grace_s
 
 
 # -- observations -----------------------------------------------------------------------------
@@ -76,11 +77,13 @@ class Polled:
 
 @dataclass(frozen=True)
 class JobSeen:
-    """The analysis Job's outcome (jobs.job_outcome), or "Gone" when it was deleted."""
+    """The analysis Job's outcome (jobs.job_outcome), or "Gone" when it was deleted; while it has
+    no pod past the grace (podless_too_long), why the Job controller could not create one."""
     now: float
     name: str
     outcome: str
     message: str
+    failed_create: str = ""  # the latest FailedCreate event's message
 
 
 @dataclass(frozen=True)
@@ -269,11 +272,20 @@ def _capture_round(state: RunState, obs: Polled) -> tuple[RunState, list[Action]
     return state, actions + [Captured(message, state.analysis_enabled)]
 
 
+def podless_too_long(state: RunState, now: float, created: float | None, pods: int) -> bool:
+    """Whether a running analysis Job has had no pod for longer than its grace, so that the shell
+    looks for the Job controller's FailedCreate events."""
+    return pods == 0 and created is not None and now - created >= state.analysis_start_grace_s
+
+
 def _job_seen(state: RunState, obs: JobSeen) -> Action:
     if obs.outcome == "Gone":
         return Failure("AnalysisFailed", f"analysis Job {obs.name} disappeared")
     if obs.outcome != "Running":
         return ReadAnalysis(obs.outcome, obs.message)
+    if obs.failed_create:
+        return Failure("AnalysisNotStarted", f"analysis Job {obs.name} could not create its pod for {state.analysis_start_grace_s:.0f}s: "
+                                             f"{obs.failed_create[:400]}; captures are kept in {state.dest}")
     if timed_out(state, obs.now):
         return Failure("Timeout", f"analysis did not finish within spec.timeoutSeconds; captures are kept in {state.dest}")
     return Wait()

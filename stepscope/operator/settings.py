@@ -54,6 +54,12 @@ class OperatorSettings:
     image_pull_policy: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_IMAGE_PULL_POLICY", "IfNotPresent"))
     hmac_secret: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_HMAC_SECRET", "stepscope-hmac"))
     hmac_secret_key: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_HMAC_SECRET_KEY", "key"))
+    # The analysis Jobs' ServiceAccount, which the chart creates in every namespace it serves.
+    analysis_account: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_ANALYSIS_SERVICE_ACCOUNT", "stepscope-analysis"))
+    # How long the Job controller may fail to create the analysis pod (Pod Security, quota, a
+    # ServiceAccount not there yet) before the session fails with its reason: long enough for what
+    # passes by itself, far below spec.timeoutSeconds.
+    analysis_start_grace_s: float = field(default_factory=lambda: _float("STEPSCOPE_ANALYSIS_START_GRACE_S", 60.0))
     analysis_cpu: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_ANALYSIS_CPU", "2"))
     analysis_memory: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_ANALYSIS_MEMORY", "2Gi"))
     # Where injection applies (the chart passes operator.namespaces; empty: every namespace) and

@@ -7,7 +7,9 @@ The Helm chart owns the MutatingWebhookConfiguration, every field of it (failure
 timeout, selectors, the Service); the operator only keeps `clientConfig.caBundle` current (and
 the URL, when it is reached by one), by name, and never creates or deletes it. So a stop, a crash
 or a `helm upgrade` never removes or reshapes injection, and kopf's managed mode (which also
-wants a validating configuration and empties the webhook list on exit) stays off.
+wants a validating configuration and empties the webhook list on exit) stays off. Under the chart
+the API server holds the operator to that: the chart's ValidatingAdmissionPolicy refuses any
+change of its to the configuration but caBundle (the URL is for a local operator without it).
 
 Admission only computes a patch: nothing there calls the API server, so nothing there can fail a
 pod. The namespaces' key Secrets are written beside it (stepscope.operator.namespace_keys), and a

@@ -73,11 +73,17 @@ def render_templates(*templates: str, namespace: str = RELEASE_NAMESPACE, **over
 
 
 def apply_rbac(api_client: kubernetes.client.ApiClient, docs: list[dict[str, Any]]) -> None:
-    """Create the rendered ServiceAccount, (Cluster)Roles and bindings in an API server (as an admin would)."""
+    """Create the rendered ServiceAccounts, (Cluster)Roles and bindings, and the
+    ValidatingAdmissionPolicies and their bindings, in an API server (as an admin would)."""
     rbac = kubernetes.client.RbacAuthorizationV1Api(api_client)
+    admission = kubernetes.client.AdmissionregistrationV1Api(api_client)
     for doc in docs:
         ns = doc["metadata"].get("namespace")
-        if doc["kind"] == "ServiceAccount":
+        if doc["kind"] == "ValidatingAdmissionPolicy":
+            admission.create_validating_admission_policy(doc)
+        elif doc["kind"] == "ValidatingAdmissionPolicyBinding":
+            admission.create_validating_admission_policy_binding(doc)
+        elif doc["kind"] == "ServiceAccount":
             kubernetes.client.CoreV1Api(api_client).create_namespaced_service_account(ns, doc)
         elif doc["kind"] == "ClusterRole":
             rbac.create_cluster_role(doc)

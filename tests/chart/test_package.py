@@ -39,7 +39,8 @@ def test_helm_lint(helm: str) -> None:
 
 def test_rendered_chart_is_valid_kubernetes_objects(helm: str) -> None:
     docs = render(helm, "operator.namespaces={team-a,team-b}")
-    assert {d["kind"] for d in docs} >= {"Deployment", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "Secret", "Service"}
+    assert {d["kind"] for d in docs} >= {"Deployment", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "Service",
+                                         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "NetworkPolicy"}
     shipped_kinds = {yaml.safe_load(f.read_text())["spec"]["names"]["kind"] for f in (CHART / "crds").glob("*.yaml")}
     for doc in docs:
         if doc["apiVersion"].split("/")[0].endswith((".dev", "stepscope.io")):

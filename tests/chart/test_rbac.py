@@ -10,6 +10,8 @@ from typing import Any
 import kubernetes
 import pytest
 
+from stepscope.operator import jobs
+from stepscope.operator.settings import OperatorSettings
 from tests.chart.conftest import RELEASE_NAMESPACE, REPO, apply_rbac, render
 from tests.kube.helpers import refused
 
@@ -22,6 +24,15 @@ CLUSTER_SCOPED = {"namespaces", "nodes", "customresourcedefinitions", "mutatingw
 DANGEROUS_VERBS = {"escalate", "bind", "impersonate", "*"}
 DANGEROUS_RESOURCES = {"serviceaccounts/token", "pods/exec", "pods/attach", "pods/portforward", "nodes/proxy", "*"}
 WEBHOOK_CONFIGS = {"mutatingwebhookconfigurations", "validatingwebhookconfigurations"}
+# Making or binding an identity: a Role bound to system:authenticated, a ServiceAccount to run as.
+IDENTITIES = {"serviceaccounts", "roles", "rolebindings", "clusterroles", "clusterrolebindings"}
+# What would lift the admission policies that pin the operator's writes.
+POLICIES = {"validatingadmissionpolicies", "validatingadmissionpolicybindings", "mutatingadmissionpolicies",
+            "mutatingadmissionpolicybindings"}
+# Whoever creates these runs a pod as any ServiceAccount of the namespace, privileged, on the node's filesystem.
+WORKLOADS = {"pods", "jobs", "cronjobs", "deployments", "replicasets", "statefulsets", "daemonsets", "replicationcontrollers"}
+WRITES = {"create", "update", "patch", "delete", "deletecollection"}
+OPERATIONS = {"CREATE": ("create",), "UPDATE": ("update", "patch"), "DELETE": ("delete", "deletecollection")}
 
 
 @dataclass(frozen=True)
@@ -58,8 +69,24 @@ def grants(docs: list[dict[str, Any]], account: str = SERVICE_ACCOUNT) -> set[Gr
     return found
 
 
-def escalations(found: set[Grant], namespaces: tuple[str, ...] = NAMESPACES) -> list[str]:
-    """Every grant that opens a way to more power than the table means to give."""
+def pinned(docs: list[dict[str, Any]], account: str = SERVICE_ACCOUNT) -> set[tuple[str, str]]:
+    """(plural, verb) whose content a rendered ValidatingAdmissionPolicy checks for `account`'s
+    requests (matched by its username, bound with Deny): RBAC says which objects, the policy
+    which content. What the policies refuse is tests/chart/test_admission_policy.py's."""
+    bound = {d["spec"]["policyName"] for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding" and d["spec"].get("validationActions") == ["Deny"]}
+    found = set()
+    for policy in (d for d in docs if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] in bound):
+        conditions = policy["spec"].get("matchConditions") or []
+        if not any(f"request.userInfo.username == '{account.replace(chr(39), '')}'" == c["expression"] for c in conditions):
+            continue
+        for rule in policy["spec"]["matchConstraints"]["resourceRules"]:
+            found |= {(plural, verb) for plural in rule["resources"] for op in rule["operations"] for verb in OPERATIONS.get(op, ())}
+    return found
+
+
+def escalations(found: set[Grant], namespaces: tuple[str, ...] = NAMESPACES, policed: set[tuple[str, str]] = frozenset()) -> list[str]:
+    """Every grant that opens a way to more power than the table means to give; `policed`
+    (pinned()) are the writes whose content an admission policy limits."""
     problems = []
     for g in sorted(found, key=lambda g: (g.scope, g.resource, g.verb)):
         plural, base = g.plural, g.plural.split("/")[0]
@@ -76,8 +103,16 @@ def escalations(found: set[Grant], namespaces: tuple[str, ...] = NAMESPACES) -> 
             problems.append(f"{where}: Secrets cluster-wide (create a token Secret in kube-system, read it back)")
         if base == "secrets" and g.verb in ("list", "watch") and not g.names:
             problems.append(f"{where}: listing Secrets returns all their data")
-        if base in WEBHOOK_CONFIGS and (g.verb == "create" or not g.names):
-            problems.append(f"{where}: a webhook configuration of one's own sees and mutates every pod")
+        if base in WEBHOOK_CONFIGS and g.verb in WRITES and (g.verb == "create" or (base, g.verb) not in policed):
+            problems.append(f"{where}: a webhook configuration of one's own sees and mutates every pod (a name limits the object, not its selectors)")
+        if base in IDENTITIES and g.verb in WRITES:
+            problems.append(f"{where}: makes or binds an identity (a Role bound to system:authenticated, an account to run as)")
+        if base in POLICIES:
+            problems.append(f"{where}: could lift the admission policies that pin the operator's writes")
+        if base in WORKLOADS and g.verb in WRITES - {"delete", "deletecollection"} and (base, g.verb) not in policed:
+            problems.append(f"{where}: runs a pod as any ServiceAccount of the namespace, privileged, with the node's filesystem")
+        if base == "secrets" and g.verb in ("create", "update", "patch") and (base, g.verb) not in policed:
+            problems.append(f"{where}: a kubernetes.io/service-account-token Secret gets another ServiceAccount's token")
     return problems
 
 
@@ -113,7 +148,41 @@ def rendered(helm: str) -> list[dict[str, Any]]:
 def test_no_grant_opens_an_escalation_path(rendered):
     found = grants(rendered)
     assert found, "no RBAC for the operator's ServiceAccount was rendered"
-    assert escalations(found) == []
+    assert escalations(found, policed=pinned(rendered)) == []
+
+
+def test_without_its_admission_policies_the_charts_grants_are_escalations(rendered):
+    """What the policies carry: the same grants, unpinned, are the attacks they close."""
+    problems = "\n".join(escalations(grants(rendered)))
+    assert "create batch/jobs (team-a): runs a pod as any ServiceAccount" in problems
+    assert "create secrets (team-a): a kubernetes.io/service-account-token Secret" in problems
+    assert "patch admissionregistration.k8s.io/mutatingwebhookconfigurations (cluster): a webhook configuration of one's own" in problems
+
+
+def test_the_check_finds_what_the_chart_granted_before_its_admission_policies():
+    """The per-namespace Role and webhook ClusterRole as they were: an identity per session made
+    by the operator, and its webhook configuration patched by name."""
+    before = {Grant(v, g, r, n, s) for g, r, n, s, vs in (
+        ("", "serviceaccounts", (), "team-a", ("get", "create")), ("rbac.authorization.k8s.io", "roles", (), "team-a", ("get", "create")),
+        ("rbac.authorization.k8s.io", "rolebindings", (), "team-a", ("get", "create")),
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", ("stepscope-injector.stepscope.io",), "cluster", ("get", "patch"))) for v in vs}
+    problems = "\n".join(escalations(before))
+    for resource in ("serviceaccounts", "rbac.authorization.k8s.io/roles", "rbac.authorization.k8s.io/rolebindings"):
+        assert f"create {resource} (team-a): makes or binds an identity" in problems
+    assert "patch admissionregistration.k8s.io/mutatingwebhookconfigurations (cluster): a webhook configuration of one's own" in problems
+
+
+def test_the_analysis_account_reads_its_namespaces_sessions_only(rendered):
+    account = f"system:serviceaccount:{NAMESPACES[0]}:stepscope-analysis"
+    assert grants(rendered, account) == {Grant("get", "stepscope.io", "profilesessions", (), NAMESPACES[0]),
+                                         Grant("get", "stepscope.io", "profilesessions/status", (), NAMESPACES[0]),
+                                         Grant("patch", "stepscope.io", "profilesessions/status", (), NAMESPACES[0])}
+
+
+def test_peering_is_granted_without_the_webhook(helm):
+    """Two replicas elect the one that handles sessions through kopf's peering, webhook or not."""
+    found = grants(render(helm, *SETS, "webhook.enabled=false"))
+    assert {(g.verb, g.scope) for g in found if g.plural == "kopfpeerings"} == {(v, ns) for v in ("get", "list", "watch", "patch") for ns in NAMESPACES}
 
 
 def test_the_grants_are_the_tables_of_docs_security(rendered):
@@ -165,3 +234,50 @@ def test_the_api_server_enforces_the_rendered_rbac(kube, rendered):
                  lambda: operator.list_namespaced_secret("team-a"),
                  lambda: kubernetes.client.BatchV1Api(operator.api_client).create_namespaced_job("kube-system", {"metadata": {"name": "j"}})):
         assert refused(call, 403)["reason"] == "Forbidden"
+
+
+def _as_operator(kube, docs: list[dict[str, Any]]) -> kubernetes.client.ApiClient:
+    kube.apply_crd()
+    for ns in (RELEASE_NAMESPACE, *NAMESPACES):
+        kube.create_namespace(ns)
+    apply_rbac(kube.api_client, docs)
+    return kube.service_account_client(RELEASE_NAMESPACE, "stepscope-operator")
+
+
+def test_the_operator_identity_makes_no_identity_token_or_privileged_pod(kube, rendered):
+    """The rendered RBAC and admission policies in the test API server, the operator's
+    ServiceAccount as the caller: it creates the analysis Job it builds and its key Secrets, and
+    none of the attacks that `create` on Jobs, Secrets, ServiceAccounts, Roles and RoleBindings
+    would allow in a namespace it serves."""
+    operator = _as_operator(kube, rendered)
+    core, batch = kubernetes.client.CoreV1Api(operator), kubernetes.client.BatchV1Api(operator)
+    rbac = kubernetes.client.RbacAuthorizationV1Api(operator)
+    settings = OperatorSettings()  # the chart's defaults: its image and analysis account
+    batch.create_namespaced_job("team-a", jobs.job("team-a", "s1", "0123456789abcdef", settings, None, {}))
+    core.create_namespaced_secret("team-a", {"metadata": {"name": "stepscope-hmac"}, "type": "Opaque", "data": {"key": "a2V5"}})
+    root = jobs.job("team-a", "s2", "0123456789abcdef", settings, None, {})
+    pod = root["spec"]["template"]["spec"]
+    pod.update(serviceAccountName="default", hostPID=True, volumes=[{"name": "root", "hostPath": {"path": "/"}}])
+    pod["containers"][0]["securityContext"]["privileged"] = True
+    token = {"metadata": {"name": "steal", "annotations": {"kubernetes.io/service-account.name": "default"}}, "type": "kubernetes.io/service-account-token"}
+    everyone = {"metadata": {"name": "everyone"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "stepscope-operator"},
+                "subjects": [{"kind": "Group", "name": "system:authenticated", "apiGroup": "rbac.authorization.k8s.io"}]}
+    refusals = {
+        "job": refused(lambda: batch.create_namespaced_job("team-a", root), 403)["message"],
+        "token": refused(lambda: core.create_namespaced_secret("team-a", token), 403)["message"],
+        "account": refused(lambda: core.create_namespaced_service_account("team-a", {"metadata": {"name": "mine"}}), 403)["message"],
+        "role": refused(lambda: rbac.create_namespaced_role("team-a", {"metadata": {"name": "mine"}, "rules": []}), 403)["message"],
+        "binding": refused(lambda: rbac.create_namespaced_role_binding("team-a", everyone), 403)["message"],
+    }
+    assert "ValidatingAdmissionPolicy 'stepscope-analysis-jobs.stepscope.io'" in refusals["job"]
+    assert "ValidatingAdmissionPolicy 'stepscope-secrets.stepscope.io'" in refusals["token"]
+    assert all("cannot create resource" in refusals[k] for k in ("account", "role", "binding"))
+
+
+def test_the_operator_uses_kopf_peering_without_the_webhook(kube, helm):
+    kube.apply_crd(REPO / "helm" / "stepscope" / "crds" / "kopfpeering.yaml")
+    operator = kubernetes.client.CustomObjectsApi(_as_operator(kube, render(helm, *SETS, "webhook.enabled=false")))
+    peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "stepscope"}}
+    kubernetes.client.CustomObjectsApi(kube.api_client).create_namespaced_custom_object("kopf.dev", "v1", "team-a", "kopfpeerings", peering)
+    assert [p["metadata"]["name"] for p in operator.list_namespaced_custom_object("kopf.dev", "v1", "team-a", "kopfpeerings")["items"]] == ["stepscope"]
+    operator.patch_namespaced_custom_object("kopf.dev", "v1", "team-a", "kopfpeerings", "stepscope", {"status": {"replica-1": {"priority": 1}}})

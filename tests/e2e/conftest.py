@@ -5,8 +5,8 @@ What the suite sets up there, for one run (names carry a random run id) and remo
 (the CRD stays):
 - the ProfileSession CRD from crds/ (created, or replaced when one exists: the API server checks it);
 - two namespaces: the release namespace and one opted-in namespace for sessions;
-- the Helm chart's ServiceAccount and RBAC, rendered by helm (`make install` installs it) with
-  operator.namespaces = the session namespace;
+- the Helm chart's ServiceAccounts, RBAC and ValidatingAdmissionPolicies, rendered by helm (`make
+  install` installs it) with operator.namespaces = the session namespace;
 - the real operator (kopf) in this process, authenticated as that ServiceAccount with a token from
   the TokenRequest API, so every call it makes is authorized by the real RBAC;
 - training pods as objects the test marks Running with podIP 127.0.0.1 (no kubelet runs them),
@@ -48,6 +48,15 @@ class Cluster:
     fullname: str
     store: Path  # the file:// store on this machine
     workdir: Path
+
+    @property
+    def analysis_account(self) -> str:
+        """The chart's analysis ServiceAccount (one in each namespace of operator.namespaces)."""
+        return f"{self.fullname}-analysis"
+
+    @property
+    def operator_user(self) -> str:
+        return f"system:serviceaccount:{self.release_namespace}:{self.fullname}-operator"
 
     def token_kubeconfig(self, namespace: str, account: str) -> Path:
         """A kubeconfig for the ServiceAccount (TokenRequest API), same server and CA as the admin's."""
@@ -113,7 +122,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, helm: str) -> Iterator[Clu
         core.create_namespace({"metadata": {"name": ns, "labels": {"stepscope-e2e": run_id}}})
         ensure_default_service_account(core, ns)
     docs = render(helm, f"operator.namespaces={{{namespace}}}", f"fullnameOverride={fullname}", "webhook.enabled=false", namespace=release)
-    identity = [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    identity = [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                                                 "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+    admission = kubernetes.client.AdmissionregistrationV1Api(api_client)
     try:
         apply_rbac(api_client, identity)
         yield Cluster(api_client, Path(kubeconfig), namespace, release, fullname, workdir / "store", workdir)
@@ -125,6 +136,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, helm: str) -> Iterator[Clu
                     rbac.delete_cluster_role(name)
                 elif doc["kind"] == "ClusterRoleBinding":
                     rbac.delete_cluster_role_binding(name)
+                elif doc["kind"] == "ValidatingAdmissionPolicy":
+                    admission.delete_validating_admission_policy(name)
+                elif doc["kind"] == "ValidatingAdmissionPolicyBinding":
+                    admission.delete_validating_admission_policy_binding(name)
             except kubernetes.client.ApiException:
                 pass
         for ns in (namespace, release):
@@ -134,11 +149,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, helm: str) -> Iterator[Clu
 
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster) -> Iterator[None]:
-    """The operator as the chart runs it (kopf, standalone, one namespace), as its ServiceAccount."""
+    """The operator as the chart runs it (kopf, standalone, one namespace), as its ServiceAccount,
+    its analysis Jobs as the chart's analysis ServiceAccount (the admission policy refuses others)."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("KUBECONFIG", str(cluster.token_kubeconfig(cluster.release_namespace, f"{cluster.fullname}-operator")))
         for name, value in (("STEPSCOPE_HMAC_KEY", OPERATOR_KEY.decode()), ("STEPSCOPE_SELECTION_GRACE_S", "3"), ("STEPSCOPE_POLL_INTERVAL_S", "0.5"),
-                            ("STEPSCOPE_TRIGGER_ATTEMPTS", "2"), ("STEPSCOPE_SIDECAR_TIMEOUT_S", "3")):
+                            ("STEPSCOPE_TRIGGER_ATTEMPTS", "2"), ("STEPSCOPE_SIDECAR_TIMEOUT_S", "3"),
+                            ("STEPSCOPE_ANALYSIS_SERVICE_ACCOUNT", cluster.analysis_account)):
             env.setenv(name, value)
         operator_kube.reset()
         with KopfRunner(["run", "--standalone", f"--namespace={cluster.namespace}"], registry=registry.build(), timeout=120) as runner:

@@ -1,7 +1,7 @@
 """The checks a real API server makes and the test API server may not (tests/e2e/README.md lists
 them): the CRD's creation, schema, CEL rules and printer columns; the chart's RBAC being enough for
-the operator and the analysis Job (real authorization, the real RBAC escalation check when the
-operator creates the analysis Role); the real garbage collector; the failures that must say why."""
+the operator and the analysis Job (real authorization, the chart's admission policy on the Job the
+operator creates); the real garbage collector; the failures that must say why."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,6 @@ from typing import Any
 import kubernetes
 import pytest
 
-from stepscope.operator.jobs import account_name
 from stepscope.sidecar.daemon import Sidecar
 from tests.crd.test_rules import RULE_CASES, RULE_NODE_VALUE
 from tests.e2e.conftest import Cluster, running_pod, session_body
@@ -84,9 +83,9 @@ def test_defaults_and_printer_columns(cluster: Cluster) -> None:
 
 # -- sessions through the real operator ------------------------------------------------------
 
-def _run_analysis_as_its_service_account(cluster: Cluster, name: str, uid: str) -> subprocess.CompletedProcess[str]:
+def _run_analysis_as_its_service_account(cluster: Cluster, name: str, account: str) -> subprocess.CompletedProcess[str]:
     """What the Job's pod would run, with the Job's own identity (no kubelet runs the Job here)."""
-    kubeconfig = cluster.token_kubeconfig(cluster.namespace, account_name(name, uid))
+    kubeconfig = cluster.token_kubeconfig(cluster.namespace, account)
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     return subprocess.run([sys.executable, "-m", "stepscope.cli", "analyze", "--session", f"{cluster.namespace}/{name}"],
                           env=env, capture_output=True, text=True, timeout=300)
@@ -99,13 +98,13 @@ def test_a_session_captures_is_analysed_and_deleted(cluster: Cluster, operator: 
     status = _phase(cluster, "ok", ("Analyzing", "Failed"), timeout=120)
     assert status["phase"] == "Analyzing", status
     assert status["workers"]["uploaded"] == 2
-    # The operator created the analysis identity and Job as its ServiceAccount (RBAC escalation check).
-    rbac, batch = kubernetes.client.RbacAuthorizationV1Api(cluster.api_client), kubernetes.client.BatchV1Api(cluster.api_client)
-    role = rbac.read_namespaced_role(account_name("ok", uid), cluster.namespace)
-    assert role.metadata.owner_references[0].uid == uid
+    # The operator created the Job as its ServiceAccount, through the chart's admission policy, to
+    # run as the chart's analysis ServiceAccount.
+    batch = kubernetes.client.BatchV1Api(cluster.api_client)
     job = batch.read_namespaced_job(status["analysisJob"], cluster.namespace)
-    assert job.metadata.owner_references[0].block_owner_deletion is True
-    result = _run_analysis_as_its_service_account(cluster, "ok", uid)
+    assert job.metadata.owner_references[0].block_owner_deletion is True and job.metadata.owner_references[0].uid == uid
+    assert job.spec.template.spec.service_account_name == cluster.analysis_account
+    result = _run_analysis_as_its_service_account(cluster, "ok", job.spec.template.spec.service_account_name)
     assert result.returncode == 0, result.stderr[-2000:]
     status = _get(cluster, "ok")["status"]
     assert status["diagnosis"]["summary"] and status["artifacts"]["report"].endswith("report/index.html")

@@ -63,6 +63,10 @@ def builtin_types() -> list[ResourceType]:
         ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
         ResourceType("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
                      "MutatingWebhookConfiguration", namespaced=False),
+        ResourceType("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies",
+                     "ValidatingAdmissionPolicy", namespaced=False, subresources=("status",)),
+        ResourceType("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
+                     "ValidatingAdmissionPolicyBinding", namespaced=False),
         ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
                      namespaced=False, short_names=["crd", "crds"], subresources=("status",)),
     ]

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import admission, errors, rbac, resources
+from . import admission, admission_policy, errors, rbac, resources
 from .patches import apply_patch
 from .schema import validate_object
 from .selectors import field_selector, label_selector
@@ -96,6 +96,8 @@ class Api:
             group, version, rest = parts[1], parts[2], parts[3:]
         else:
             raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+        if (group, version, rest, request.method) == ("authorization.k8s.io", "v1", ["subjectaccessreviews"], "POST"):
+            return _json(self._access_review(await self._body(request)), 201)
         if not rest:
             types = self.store.types_in(group, version)
             if not types:
@@ -118,6 +120,17 @@ class Api:
         attrs = rbac.Attributes(verb, t.group, t.plural, subresource, namespace, name)
         if not rbac.allowed(self._rbac_objects(), user, attrs):
             raise rbac.forbidden(user, attrs)
+
+    def _access_review(self, review: dict[str, Any]) -> dict[str, Any]:
+        """A SubjectAccessReview (what `kubectl auth can-i --as` asks): the stored RBAC's answer for
+        the named user and groups. Not done: nonResourceAttributes, extra, uid, a reason."""
+        spec = review.get("spec") or {}
+        user = rbac.User(spec.get("user") or "", tuple(spec.get("groups") or ()))
+        a = spec.get("resourceAttributes") or {}
+        attrs = rbac.Attributes(a.get("verb") or "", a.get("group") or "", a.get("resource") or "", a.get("subresource") or "",
+                                a.get("namespace") or None, a.get("name") or None)
+        allowed = user.is_admin or rbac.allowed(self._rbac_objects(), user, attrs)
+        return {**review, "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "status": {"allowed": allowed}}
 
     def _rbac_objects(self) -> dict[str, list[dict[str, Any]]]:
         return {kind: self.store.stored(rbac.RBAC, plural) for kind, plural in
@@ -160,6 +173,16 @@ class Api:
             raise errors.ApiError(403, "Forbidden", f'{t.plural}.{rbac.RBAC} "{(body.get("metadata") or {}).get("name", "")}" is forbidden: '
                                   f'user "{user.name}" is attempting to grant RBAC permissions not currently held:\n' + "\n".join(missing))
 
+    def _validate(self, user: rbac.User, t: resources.ResourceType, namespace: str | None, operation: str,
+                  new: dict[str, Any], old: dict[str, Any] | None) -> None:
+        """The stored ValidatingAdmissionPolicies on a write (admission_policy.py)."""
+        name = (new.get("metadata") or {}).get("name") or ""
+        admission_policy.admit(self.store.stored(admission_policy.GROUP, "validatingadmissionpolicies"),
+                               self.store.stored(admission_policy.GROUP, "validatingadmissionpolicybindings"),
+                               {"operation": operation, "userInfo": {"username": user.name, "groups": list(user.groups)},
+                                "resource": {"group": t.group, "version": t.version, "resource": t.plural},
+                                "namespace": namespace or "", "name": name, "object": new, "oldObject": old})
+
     async def _resource(self, request: web.Request, user: rbac.User, group: str, version: str, rest: list[str]) -> web.StreamResponse:
         namespace = None
         if rest[0] == "namespaces" and len(rest) >= 3:
@@ -186,6 +209,8 @@ class Api:
             if method == "POST":
                 body, warnings = await self._body(request), []
                 self._admit(user, t, namespace, body)
+                if isinstance(body, dict):
+                    self._validate(user, t, namespace, "CREATE", body, None)
                 if t.group == "" and t.plural == "pods" and namespace is not None:
                     self.store.get(self.store.type_of("", "v1", "namespaces"), None, namespace)  # 404 before admission
                     body, warnings = await admission.admit_pod(self.store, namespace, body, self.service_endpoints, user.name)
@@ -208,11 +233,20 @@ class Api:
         elif method in ("PUT", "PATCH") and t.group == "" and t.plural == "pods" and not subresource:
             return await self._update_pod(request, user, t, namespace, name)
         elif method == "PUT":
-            return _json(self.store.replace(t, namespace, name, await self._body(request), subresource))
+            body = await self._body(request)
+            if not subresource and isinstance(body, dict):
+                self._validate(user, t, namespace, "UPDATE", body, self.store.get(t, namespace, name))
+            return _json(self.store.replace(t, namespace, name, body, subresource))
         elif method == "PATCH":
             patch = await self._body(request)
             content_type = request.headers.get("Content-Type", "")
-            return _json(self.store.patch(t, namespace, name, lambda obj: apply_patch(content_type, obj, patch, builtin=t.builtin), subresource))
+
+            def patched(obj: dict[str, Any]) -> dict[str, Any]:
+                new = apply_patch(content_type, obj, patch, builtin=t.builtin)
+                if not subresource:
+                    self._validate(user, t, namespace, "UPDATE", new, obj)
+                return new
+            return _json(self.store.patch(t, namespace, name, patched, subresource))
         elif method == "DELETE" and not subresource:
             body = await self._body(request, optional=True) or {}
             if "propagationPolicy" in request.query:

@@ -113,3 +113,19 @@ def test_block_owner_deletion_needs_update_on_the_owners_finalizers(kube):
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
         {"apiGroups": [GROUP], "resources": [f"{PLURAL}/finalizers"], "verbs": ["update"]}]})
     core.create_namespaced_config_map("default", {"metadata": {"name": "c", "ownerReferences": [ref]}})
+
+
+def test_a_subject_access_review_answers_from_the_stored_rbac(kube):
+    """What `kubectl auth can-i --as=system:serviceaccount:default:analysis-s` asks."""
+    rbac = kubernetes.client.RbacAuthorizationV1Api(kube.api_client)
+    rbac.create_namespaced_role("default", ROLE)
+    rbac.create_namespaced_role_binding("default", BINDING)
+    reviews = kubernetes.client.AuthorizationV1Api(kube.api_client)
+
+    def can(verb: str, subresource: str = "", name: str = "s", namespace: str = "default") -> bool:
+        return reviews.create_subject_access_review({"spec": {
+            "user": "system:serviceaccount:default:analysis-s", "groups": ["system:serviceaccounts", "system:authenticated"],
+            "resourceAttributes": {"verb": verb, "group": GROUP, "resource": PLURAL, "subresource": subresource,
+                                   "namespace": namespace, "name": name}}}).status.allowed
+    assert can("get") and can("patch", "status")
+    assert not can("patch") and not can("get", name="t") and not can("get", namespace="other") and not can("delete")

@@ -1,6 +1,7 @@
 """The real operator (kopf, watching one namespace as the chart runs it) under exactly the RBAC the
 Helm chart renders, as its ServiceAccount in the test API server: enough for a whole session up to
-its analysis Job (identity and Job included), and a refused pod list fails the session saying so."""
+its analysis Job (which passes the chart's admission policy on the way), and a refused pod list
+fails the session saying so."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator

@@ -213,3 +213,27 @@ def test_a_finished_sessions_ttl_can_be_extended(operator: OperatorHarness, s3_e
     assert not operator.gone("extended")
     operator.custom.patch_namespaced_custom_object("stepscope.io", "v1alpha1", NAMESPACE, "profilesessions", "extended", {"spec": {"ttlSecondsAfterFinished": 0}})
     wait_for(lambda: operator.gone("extended"), 10, "the shortened TTL to delete the session")
+
+
+def test_an_analysis_job_that_cannot_create_its_pod_fails_the_session_with_the_reason(
+        cluster: Kube, pods: Pods, sidecar_a: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Job controller cannot create the analysis pod (here a quota; Pod Security, a missing
+    ServiceAccount alike): it says so only in FailedCreate events, and the session fails with that
+    reason once the grace has passed, not at spec.timeoutSeconds."""
+    monkeypatch.setenv("STEPSCOPE_ANALYSIS_START_GRACE_S", "1")
+    operator = OperatorHarness(cluster)
+    operator.start()
+    try:
+        pods.create("train-a", {"job": "train"}, port=port_of(sidecar_a))
+        operator.create_session("no-room", session_spec({"job": "train"}, s3_endpoint))
+        job = operator.wait_phase("no-room", ("Analyzing", "Failed"), timeout=60)["analysisJob"]
+        reason = 'Error creating: pods "no-room-analysis-x" is forbidden: exceeded quota: compute, requested: requests.cpu=2, limited: requests.cpu=1'
+        kubernetes.client.CoreV1Api(cluster.api_client).create_namespaced_event(NAMESPACE, {
+            "metadata": {"name": f"{job}.failedcreate"}, "type": "Warning", "reason": "FailedCreate", "message": reason,
+            "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": job, "namespace": NAMESPACE},
+            "source": {"component": "job-controller"}})
+        status = operator.wait_phase("no-room", ("Failed", "Succeeded"), timeout=20)
+    finally:
+        operator.stop()
+    assert _condition(status, "Ready")["reason"] == "AnalysisNotStarted"
+    assert status["message"].startswith(f"analysis Job {job} could not create its pod for 1s: {reason}; captures are kept in s3://")

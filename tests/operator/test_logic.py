@@ -19,6 +19,7 @@ from stepscope.operator.selection import label_selector
 from stepscope.operator.settings import OperatorSettings
 from stepscope.operator.status import MAX_FAILED_WORKERS, PodProgress, StatusWriter, aggregate, set_condition
 from stepscope.session import SpecError
+from tests.kube import pod_security
 
 
 def test_label_selector_takes_every_valid_label() -> None:
@@ -97,10 +98,10 @@ def test_compact_diagnosis_drops_findings_to_fit() -> None:
     assert 0 < len(compact["findings"]) < 60
 
 
-def test_analysis_job_runs_as_its_own_account_with_env_credentials() -> None:
-    job = jobs.job("ml", "s1", "0123456789abcdef", OperatorSettings(), "store", {"accessKeyId": "AK", "secretAccessKey": "SK"})
+def test_analysis_job_runs_as_the_charts_analysis_account_with_env_credentials() -> None:
+    job = jobs.job("ml", "s1", "0123456789abcdef", OperatorSettings(analysis_account="rel-analysis"), "store", {"accessKeyId": "AK", "secretAccessKey": "SK"})
     pod = job["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == jobs.account_name("s1", "0123456789abcdef")
+    assert pod["serviceAccountName"] == "rel-analysis"
     assert pod["containers"][0]["env"] == [
         {"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": "store", "key": "AK"}}},
         {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "store", "key": "SK"}}}]
@@ -166,3 +167,9 @@ def test_status_writer_spaces_writes_by_the_interval(monkeypatch: pytest.MonkeyP
         await writer.write({"phase": "Succeeded"})
     asyncio.run(burst())
     assert written == [100.0, 101.0, 102.0, 107.0] and writer.writes == 4
+
+
+def test_the_analysis_pod_passes_pod_security_restricted() -> None:
+    """In a namespace that enforces `restricted`, the Job controller can create it."""
+    job = jobs.job("ml", "s1", "0123456789abcdef", OperatorSettings(), "store", {"accessKeyId": "AK", "secretAccessKey": "SK"})
+    assert pod_security.violations({"spec": job["spec"]["template"]["spec"]}, "restricted") == []

@@ -134,6 +134,9 @@ def test_pods_without_registered_training_are_given_up_after_the_registration_ti
     (STATE, JobSeen(T0 + 601, "job-1", "Succeeded", "done"), ReadAnalysis("Succeeded", "done")),
     (STATE, JobSeen(T0 + 10, "job-1", "Failed", "BackoffLimitExceeded"), ReadAnalysis("Failed", "BackoffLimitExceeded")),
     (STATE, JobSeen(T0 + 10, "job-1", "Gone", ""), Failure("AnalysisFailed", "analysis Job job-1 disappeared")),
+    (STATE, JobSeen(T0 + 70, "job-1", "Running", "", 'Error creating: pods "p" is forbidden: violates PodSecurity "restricted:latest"'),
+     Failure("AnalysisNotStarted", 'analysis Job job-1 could not create its pod for 60s: Error creating: pods "p" is forbidden: '
+                                   'violates PodSecurity "restricted:latest"; captures are kept in s3://b/ml/s')),
     (STATE, AnalysisStatus("Succeeded", "done", {}, "rank 2 holds the job back"), Finish("Analyzed", "rank 2 holds the job back")),
     (STATE, AnalysisStatus("Failed", "BackoffLimitExceeded", {"status": "False", "message": "no trace readable"}, ""),
      Failure("AnalysisFailed", "no trace readable")),
@@ -154,3 +157,13 @@ def test_analysis(state: RunState, obs: Any, expected: Any) -> None:
 ])
 def test_progress_is_written_only_when_it_changed(status: dict[str, Any], report: Report, patch: dict[str, Any] | None) -> None:
     assert phases.progress_patch(status, report) == patch
+
+
+@pytest.mark.parametrize("now, created, pods, looks", [
+    (T0 + 59, T0, 0, False),  # the Job controller may still be creating it
+    (T0 + 60, T0, 0, True),
+    (T0 + 600, T0, 1, False),  # it has a pod: the Job's own outcome tells the rest
+    (T0 + 600, None, 0, False),
+])
+def test_a_podless_analysis_job_is_looked_into_after_the_grace(now: float, created: float | None, pods: int, looks: bool) -> None:
+    assert phases.podless_too_long(STATE, now, created, pods) == looks

@@ -75,10 +75,10 @@ def test_session_captures_analyses_and_succeeds(operator: OperatorHarness, pods:
     owner = job["metadata"]["owner_references"][0]
     assert (owner["kind"], owner["uid"], owner["controller"]) == ("ProfileSession", created["metadata"]["uid"], True)
     assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["stepscope", "analyze", "--session", "default/happy"]
-    account = job["spec"]["template"]["spec"]["service_account_name"]
-    role = kubernetes.client.RbacAuthorizationV1Api(operator.kube.api_client).read_namespaced_role(account, NAMESPACE)
-    assert [(r.resources, r.resource_names, r.verbs) for r in role.rules] == [
-        (["profilesessions"], ["happy"], ["get"]), (["profilesessions/status"], ["happy"], ["get", "patch"])]
+    # The chart's analysis account: the operator makes no identity of its own.
+    assert job["spec"]["template"]["spec"]["service_account_name"] == "stepscope-analysis"
+    assert kubernetes.client.RbacAuthorizationV1Api(operator.kube.api_client).list_namespaced_role(NAMESPACE).items == []
+    assert kubernetes.client.CoreV1Api(operator.kube.api_client).list_namespaced_service_account(NAMESPACE).items == []
 
     status = operator.wait_phase("happy", ("Succeeded", "Failed"))
     assert status["phase"] == "Succeeded", status

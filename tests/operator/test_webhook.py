@@ -35,7 +35,8 @@ from tests.operator.harness import KEY, OPERATOR_KEY, OperatorHarness, session_s
 RELEASE_NS = "stepscope"
 CONFIG = "stepscope-injector.stepscope.io"
 HOOK = f"inject-sidecar.{CONFIG}"
-CHART_TEMPLATES = ("serviceaccount.yaml", "rbac.yaml", "rbac-webhook.yaml", "webhook.yaml", "peering.yaml")
+# With the admission policies: the operator's caBundle upkeep goes through the one that pins it.
+CHART_TEMPLATES = ("serviceaccount.yaml", "rbac.yaml", "rbac-webhook.yaml", "webhook.yaml", "peering.yaml", "admission-policy.yaml")
 INJECT = {"stepscope.io/inject": "true"}
 
 
@@ -152,7 +153,7 @@ def test_a_labelled_pod_gets_the_sidecar_through_the_api_server(injecting: Chart
     sidecar = _sidecar(pod)
     assert sidecar is not None and sidecar["image"] == "registry.example/stepscope:test" and sidecar["restartPolicy"] == "Always"
     assert pod["metadata"]["annotations"]["stepscope.io/injected"] == "true"
-    assert _env(sidecar)["STEPSCOPE_HMAC_KEY"] == {"secretKeyRef": {"name": "stepscope-hmac", "key": "key"}}
+    assert _env(sidecar)["STEPSCOPE_HMAC_KEY"] == {"secretKeyRef": {"name": "stepscope-hmac", "key": "key", "optional": True}}
     training, logger = pod["spec"]["containers"]
     assert _env(training)["PYTHONPATH"] == f"{BOOTSTRAP_DIR}:/app/lib" and _env(logger)["PYTHONPATH"] == BOOTSTRAP_DIR
     unlabelled, warnings = injecting.create_pod("default", "web-0", labels={"app": "web"})
@@ -175,10 +176,18 @@ def test_point1_5_the_operator_runs_under_the_chart_rbac_and_leaves_the_chart_fi
 
 
 def test_point1_the_operator_may_touch_its_own_webhook_configuration_only(chart: Chart) -> None:
+    """By name (RBAC) and only its caBundle (the chart's admission policy): dropping its selectors,
+    which would send every pod of the cluster through the operator, is refused."""
     other = {"metadata": {"name": "someone-elses.example.com"}, "webhooks": []}
     chart.admission.create_mutating_webhook_configuration(other)
     as_operator = kubernetes.client.AdmissionregistrationV1Api(kubernetes.config.new_client_from_config(config_file=str(chart.kubeconfig)))
-    as_operator.patch_mutating_webhook_configuration(CONFIG, {"metadata": {"labels": {"checked": "yes"}}})
+    as_operator.patch_mutating_webhook_configuration(CONFIG, [{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": "Q0E="}])
+    for patch in ([{"op": "remove", "path": "/webhooks/0/namespaceSelector"}, {"op": "remove", "path": "/webhooks/0/objectSelector"}],
+                  {"metadata": {"labels": {"checked": "yes"}}}):
+        with pytest.raises(kubernetes.client.ApiException) as refused:
+            as_operator.patch_mutating_webhook_configuration(CONFIG, patch)
+        assert refused.value.status == 403 and "ValidatingAdmissionPolicy 'stepscope-webhook-configuration.stepscope.io'" in json.loads(refused.value.body)["message"]
+    assert chart.stored_hooks()[0]["namespaceSelector"] == chart.chart_hook()["namespaceSelector"]
     for call in (lambda: as_operator.read_mutating_webhook_configuration(other["metadata"]["name"]),
                  lambda: as_operator.patch_mutating_webhook_configuration(other["metadata"]["name"], {"metadata": {"labels": {"x": "y"}}}),
                  lambda: as_operator.create_mutating_webhook_configuration({"metadata": {"name": "new.example.com"}, "webhooks": []}),
@@ -333,7 +342,10 @@ def test_point8_pythonpath_from_valuefrom_is_named_in_a_warning(injecting: Chart
 
 
 def test_an_operator_outside_the_cluster_is_reached_by_url(chart: Chart, monkeypatch: pytest.MonkeyPatch) -> None:
-    """STEPSCOPE_WEBHOOK_URL (a local run, the e2e tests): the operator points its webhook there."""
+    """STEPSCOPE_WEBHOOK_URL (a local run, the e2e tests): the operator points its webhook there.
+    The chart's admission policy refuses that to the chart's operator (its webhook goes to its
+    Service only): a local run goes without it."""
+    chart.admission.delete_validating_admission_policy_binding("stepscope-webhook-configuration.stepscope.io")
     monkeypatch.delenv("STEPSCOPE_WEBHOOK_SERVICE")
     monkeypatch.setenv("STEPSCOPE_WEBHOOK_URL", f"https://127.0.0.1:{chart.port}")
     with chart.operator():
@@ -388,3 +400,20 @@ def test_point8_uninstalling_the_webhook_configuration_takes_the_key_secrets_alo
     assert [(o.kind, o.name) for o in owner or []] == [("MutatingWebhookConfiguration", CONFIG)]
     injecting.admission.delete_mutating_webhook_configuration(CONFIG)  # what `helm uninstall` does
     wait_for(lambda: injecting.key_secret("default") is None and injecting.key_secret("secure") is None, 10, "the garbage collector")
+
+
+def test_a_broken_sidecar_never_holds_the_training_containers() -> None:
+    """The kubelet starts a pod's containers only once each native sidecar before them has started,
+    and with a startupProbe only once that passes: a sidecar that cannot come up (its key Secret
+    missing, a crash) must not hold the training. Nothing on the sidecar gates it: no startupProbe,
+    no postStart hook, and the key is optional (a missing Secret would stop the pod at
+    CreateContainerConfigError)."""
+    fields = inject({"containers": [{"name": "pytorch", "image": "pytorch/pytorch"}]},
+                    InjectionSettings("registry.example/stepscope:test", "IfNotPresent", "stepscope-hmac", "key"))
+    assert fields is not None
+    (sidecar,) = fields["initContainers"]
+    assert "startupProbe" not in sidecar and "lifecycle" not in sidecar
+    refs = [e["valueFrom"][kind] for c in fields["initContainers"] + fields["containers"] for e in c.get("env") or []
+            for kind in ("secretKeyRef", "configMapKeyRef") if kind in e.get("valueFrom", {})]
+    assert refs and all(ref.get("optional") is True for ref in refs)
+    assert all("envFrom" not in c for c in fields["initContainers"])

@@ -19,3 +19,12 @@ app.kubernetes.io/name: stepscope
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
+
+{{- /* The analysis Jobs' ServiceAccount in each namespace of operator.namespaces (rbac.yaml). */ -}}
+{{- define "stepscope.analysisAccount" -}}
+{{- include "stepscope.fullname" . }}-analysis
+{{- end -}}
+
+{{- define "stepscope.operatorUser" -}}
+{{- printf "system:serviceaccount:%s:%s-operator" .Release.Namespace (include "stepscope.fullname" .) -}}
+{{- end -}}
