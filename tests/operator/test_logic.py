@@ -166,3 +166,15 @@ def test_status_writer_spaces_writes_by_the_interval(monkeypatch: pytest.MonkeyP
         await writer.write({"phase": "Succeeded"})
     asyncio.run(burst())
     assert written == [100.0, 101.0, 102.0, 107.0] and writer.writes == 4
+
+
+def test_no_key_in_the_reprs_of_what_holds_one() -> None:
+    """A repr ends up in logs and tracebacks: the operator's key must never be in one."""
+    from stepscope.operator.lifecycle import Context
+    from stepscope.operator.settings import OperatorSettings
+    from stepscope.sidecar_client import SidecarClient
+    from stepscope.signing import Verifier
+
+    key = b"operator-master-key-never-shown"
+    for holder in (Context(OperatorSettings(), key), SidecarClient("http://10.0.0.5:7470", key), Verifier(key)):
+        assert "operator-master-key" not in repr(holder), type(holder).__name__
