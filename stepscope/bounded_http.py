@@ -124,6 +124,36 @@ class Watchdog:
 WATCHDOG = Watchdog()
 
 
+class ConnectionSlots:
+    """The connections open, in all and per peer address; one more is admitted while both are
+    under their caps."""
+
+    def __init__(self, max_connections: int, max_per_peer: int) -> None:
+        self.max_connections, self.max_per_peer = max_connections, max_per_peer
+        self._open: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def admit(self, peer: str) -> bool:
+        with self._lock:
+            if sum(self._open.values()) >= self.max_connections or self._open[peer] >= self.max_per_peer:
+                return False
+            self._open[peer] += 1
+            return True
+
+    def release(self, peer: str) -> None:
+        with self._lock:
+            self._open[peer] -= 1
+            if self._open[peer] <= 0:
+                del self._open[peer]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(self._open.values())
+
+    def refusal(self) -> str:
+        return f"over {self.max_connections} connections in all or {self.max_per_peer} from one address"
+
+
 class BoundedHTTPServer(ThreadingHTTPServer):
     """A ThreadingHTTPServer with a cap on connections (in all and per peer address) and a total
     deadline per connection; handlers read bodies through BoundedHandler.read_body."""
@@ -134,26 +164,19 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], *, max_connections: int,
                  max_per_peer: int, deadline_s: float, refusals: RateLimitedLog, watchdog: Watchdog = WATCHDOG) -> None:
-        self.max_connections, self.max_per_peer, self.deadline_s = max_connections, max_per_peer, deadline_s
+        self.slots = ConnectionSlots(max_connections, max_per_peer)
+        self.deadline_s = deadline_s
         self.refusals = refusals
         self._watchdog = watchdog
-        self._open: Counter[str] = Counter()
-        self._slots = threading.Lock()
         super().__init__(address, handler)
 
     def connections(self) -> int:
-        with self._slots:
-            return sum(self._open.values())
+        return len(self.slots)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         peer = client_address[0]
-        with self._slots:
-            admitted = sum(self._open.values()) < self.max_connections and self._open[peer] < self.max_per_peer
-            if admitted:
-                self._open[peer] += 1
-        if not admitted:
-            self.refusals.warning("refused a connection from %s: over %d connections in all or %d from one address",
-                                  peer, self.max_connections, self.max_per_peer)
+        if not self.slots.admit(peer):
+            self.refusals.warning("refused a connection from %s: %s", peer, self.slots.refusal())
             try:
                 request.send(_BUSY, socket.MSG_DONTWAIT)
             except OSError:
@@ -167,10 +190,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
             with self._watchdog.watching(request, time.monotonic() + self.deadline_s):
                 super().process_request_thread(request, client_address)
         finally:
-            with self._slots:
-                self._open[client_address[0]] -= 1
-                if not self._open[client_address[0]]:
-                    del self._open[client_address[0]]
+            self.slots.release(client_address[0])
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A peer cut off by its deadline or gone mid-request is not a server error.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -206,3 +207,77 @@ def test_slow_pods_hold_the_sidecar_pool_not_the_default_executor(hostile: Hosti
     outcomes, default_free_in = asyncio.run(scenario())
     assert default_free_in < 0.5
     assert [o.ok for o in outcomes] == [False] * 4 and all("no complete answer" in o.error for o in outcomes)
+
+
+class Admission:
+    """The operator's admission HTTPS server (InjectionServer) on 127.0.0.1, in a loop of its own;
+    what it calls for a review answers allowed, so that only the server's bounds are under test."""
+
+    def __init__(self, **bounds: float) -> None:
+        from stepscope.operator import certs
+        from stepscope.operator.webhook import InjectionServer
+
+        self.cert = certs.generate(["127.0.0.1"])
+        self.server = InjectionServer(self.cert, addr="127.0.0.1", port=0, host="127.0.0.1", **bounds)  # type: ignore[arg-type]
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+        async def allow(review: dict, **_: object) -> dict:
+            return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {"uid": review["request"]["uid"], "allowed": True}}
+
+        self.serving = self.server(allow)
+        config = asyncio.run_coroutine_threadsafe(self.serving.__anext__(), self.loop).result(10)
+        self.port = int(config["url"].rsplit(":", 1)[1])
+        self.context = ssl.create_default_context(cadata=self.cert.ca_pem.decode())
+
+    def connect(self, source: str = "127.0.0.1") -> ssl.SSLSocket:
+        raw = socket.create_connection(("127.0.0.1", self.port), timeout=5, source_address=(source, 0))
+        return self.context.wrap_socket(raw, server_hostname="127.0.0.1")
+
+    def review(self, size: int, source: str = "127.0.0.1") -> bytes:
+        body = b'{"request": {"uid": "u-1", "object": {"pad": "' + b"x" * size + b'"}}}'
+        with self.connect(source) as conn:
+            conn.sendall(b"POST /inject-sidecar HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            return answer_of(conn, 5)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.serving.aclose(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+@pytest.fixture
+def admission(request: pytest.FixtureRequest) -> Iterator[Admission]:
+    server = Admission(**getattr(request, "param", {}))
+    yield server
+    server.close()
+
+
+def test_an_admission_review_of_a_large_pod_is_taken_and_a_larger_body_refused(admission: Admission) -> None:
+    """A pod update's review carries the pod twice, each up to etcd's 1.5 MiB: aiohttp's default
+    1 MiB refused it (and failurePolicy Ignore admitted the pod without its injected env)."""
+    from stepscope.operator.webhook import MAX_REVIEW_BYTES
+
+    assert admission.review(3 << 20).startswith(b"HTTP/1.1 200")
+    assert admission.review(MAX_REVIEW_BYTES + 1).startswith(b"HTTP/1.1 413")
+
+
+@pytest.mark.parametrize("admission", [{"max_per_peer": 4, "connection_s": 1.0, "grace_s": 1.0}], indirect=True)
+def test_admission_connections_are_capped_per_address_and_live_a_bounded_time(admission: Admission) -> None:
+    began = time.monotonic()
+    held = [admission.connect("127.0.0.2") for _ in range(4)]
+    try:
+        for conn in held:
+            conn.sendall(b"POST /inject-sidecar HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished
+        with pytest.raises(OSError):  # the fifth from that address is cut during or right after the handshake
+            extra = admission.connect("127.0.0.2")
+            extra.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            if not answer_of(extra, 2):
+                raise ConnectionResetError("closed at once")
+        assert admission.review(1000).startswith(b"HTTP/1.1 200"), "another address is still answered"
+        for conn in held:
+            answer_of(conn, 5)  # returns when the server closes it
+        assert time.monotonic() - began < 1.0 + 1.0 + 1.0, "the held connections end at their lifetime"
+    finally:
+        for conn in held:
+            conn.close()
