@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import socket
@@ -18,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from stepscope.bounded_http import RateLimitedLog
 from stepscope.local.launch import free_port
 from stepscope.sidecar.control import DEADLINE_S, MAX_BODY, MAX_PER_PEER
 from stepscope.sidecar.daemon import Sidecar
-from stepscope.sidecar_client import SidecarClient
+from stepscope.sidecar_client import SidecarClient, SidecarError
 from stepscope.signing import HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP
 from tests.sidecar.conftest import KEY
 from tests.sidecar.test_control_endpoint import trigger_body
@@ -181,3 +183,24 @@ def test_six_hundred_held_connections_from_one_pod_cost_the_sidecar_little_and_s
     assert during["threads"] - before["threads"] <= MAX_PER_PEER + 2, (before, during)
     assert during["rss_kb"] - before["rss_kb"] < 20_000, (before, during)
     assert answered_in < 2.0
+
+
+def test_refusals_are_logged_at_most_once_per_interval(sidecar: Sidecar, caplog: pytest.LogCaptureFixture) -> None:
+    """A flood of bad requests must not become a flood of log lines: one line, then one per
+    interval saying how many were left out."""
+    client = SidecarClient(sidecar.url, b"not the key", timeout=5)
+    with caplog.at_level("WARNING", logger="stepscope.sidecar.control"):
+        for _ in range(50):
+            with pytest.raises(SidecarError):
+                client.get_telemetry()
+    assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1
+
+    caplog.clear()
+    clock = [0.0]
+    refusals = RateLimitedLog(logging.getLogger("tests.refusals"), interval_s=10, clock=lambda: clock[0])
+    with caplog.at_level("WARNING", logger="tests.refusals"):
+        for t in (0, 1, 2, 9.9, 10, 10.5, 25):
+            clock[0] = t
+            refusals.warning("refused %s", "x")
+    assert [r.getMessage() for r in caplog.records] == ["refused x", "refused x (3 more since the last such line)",
+                                                        "refused x (1 more since the last such line)"]
