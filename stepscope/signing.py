@@ -29,7 +29,7 @@ DEFAULT_KEY_FILE = "/etc/stepscope/hmac/key"
 # only correctly signed requests enter it, so filling it needs the key.
 MAX_NONCES = 100_000
 # Whole Unix seconds, as sign() writes them: "nan", "inf" or "1e12" would pass a float comparison.
-_TIMESTAMP = re.compile(r"^[0-9]{1,12}$")
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
 
 
 class SignatureError(Exception):
@@ -104,7 +104,7 @@ class Verifier:
         for name in (HEADER_NONCE, HEADER_SIGNATURE):
             _header(headers, name)
         timestamp = _header(headers, HEADER_TIMESTAMP)
-        if not _TIMESTAMP.match(timestamp):
+        if not _TIMESTAMP.fullmatch(timestamp):
             raise SignatureError(f"{HEADER_TIMESTAMP} must be whole Unix seconds")
         now = time.time() if now is None else now
         if abs(now - int(timestamp)) > self._window_s:

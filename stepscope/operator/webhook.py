@@ -166,16 +166,16 @@ class _Bounded(asyncio.Protocol):
         self.timers: list[asyncio.TimerHandle] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)  # a stream server's, TLS or not
         peer = str((transport.get_extra_info("peername") or ("?",))[0])
         if not self.server.slots.admit(peer):
             self.server.refusals.warning("webhook: refused a connection from %s: %s", peer, self.server.slots.refusal())
-            assert isinstance(transport, asyncio.Transport)
             transport.abort()
             return
         self.peer = peer
         loop = asyncio.get_running_loop()
         self.timers = [loop.call_later(self.server.connection_s, self.inner.close),
-                       loop.call_later(self.server.connection_s + self.server.grace_s, transport.abort)]  # type: ignore[attr-defined]
+                       loop.call_later(self.server.connection_s + self.server.grace_s, transport.abort)]
         self.inner.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -218,7 +218,7 @@ class Admission:
         from stepscope.operator.webhook import InjectionServer
 
         self.cert = certs.generate(["127.0.0.1"])
-        self.server = InjectionServer(self.cert, addr="127.0.0.1", port=0, host="127.0.0.1", **bounds)  # type: ignore[arg-type]
+        self.server = InjectionServer(self.cert, addr="127.0.0.1", port=0, host="127.0.0.1", **bounds)
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
 
