@@ -170,6 +170,7 @@ def test_status_writer_spaces_writes_by_the_interval(monkeypatch: pytest.MonkeyP
 
 def test_no_key_in_the_reprs_of_what_holds_one() -> None:
     """A repr ends up in logs and tracebacks: the operator's key must never be in one."""
+    from stepscope.operator import certs
     from stepscope.operator.lifecycle import Context
     from stepscope.operator.settings import OperatorSettings
     from stepscope.sidecar_client import SidecarClient
@@ -178,3 +179,5 @@ def test_no_key_in_the_reprs_of_what_holds_one() -> None:
     key = b"operator-master-key-never-shown"
     for holder in (Context(OperatorSettings(), key), SidecarClient("http://10.0.0.5:7470", key), Verifier(key)):
         assert "operator-master-key" not in repr(holder), type(holder).__name__
+    serving = certs.generate(["127.0.0.1"])
+    assert b"PRIVATE KEY" in serving.key_pem and "PRIVATE" not in repr(serving)
