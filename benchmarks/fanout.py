@@ -37,7 +37,7 @@ def simulated_sidecars(port: int, ready: Event) -> None:
     from aiohttp import web
 
     from stepscope.operator.namespace_keys import namespace_key
-    from stepscope.signing import SignatureError, Verifier
+    from stepscope.signing import SignatureError, Verifier, target
 
     verifier = Verifier(namespace_key(KEY, "default"))  # the key of the pods' namespace, as injected
     accepted: dict[tuple[str, str], float] = {}
@@ -46,7 +46,7 @@ def simulated_sidecars(port: int, ready: Event) -> None:
     async def session(request: web.Request) -> web.Response:
         body = await request.read()
         try:
-            verifier.verify(request.method, request.path, body, request.headers)
+            verifier.verify(request.method, request.path, body, request.headers, targets={target(request.host.rsplit(':', 1)[0], int(request.host.rsplit(':', 1)[1]))})
         except SignatureError as exc:
             return web.json_response({"error": str(exc)}, status=401)
         pod, sid = request.host.rsplit(":", 1)[0], request.match_info["id"]

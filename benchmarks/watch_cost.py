@@ -22,6 +22,7 @@ which the operator makes every second while a session captures.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import statistics
@@ -31,6 +32,7 @@ import tempfile
 import time
 import timeit
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +105,7 @@ def simulated_telemetry(port: int, ranks_per_pod: int, slow_since: Any, ready: A
     from aiohttp import web
 
     from stepscope.operator.namespace_keys import namespace_key
-    from stepscope.signing import SignatureError, Verifier
+    from stepscope.signing import SignatureError, Verifier, target
 
     verifier = Verifier(namespace_key(KEY, "default"))
     start = time.time()
@@ -115,7 +117,7 @@ def simulated_telemetry(port: int, ranks_per_pod: int, slow_since: Any, ready: A
 
     async def telemetry(request: web.Request) -> web.Response:
         try:
-            verifier.verify(request.method, request.path, b"", request.headers)
+            verifier.verify(request.method, request.path, b"", request.headers, targets={target(request.host.rsplit(":", 1)[0], int(request.host.rsplit(":", 1)[1]))})
         except SignatureError as exc:
             return web.json_response({"error": str(exc)}, status=401)
         now, slow = time.time(), slow_since.value
@@ -129,7 +131,7 @@ def simulated_telemetry(port: int, ranks_per_pod: int, slow_since: Any, ready: A
 
     async def session(request: web.Request) -> web.Response:
         try:
-            verifier.verify(request.method, request.path, b"", request.headers)
+            verifier.verify(request.method, request.path, b"", request.headers, targets={target(request.host.rsplit(":", 1)[0], int(request.host.rsplit(":", 1)[1]))})
         except SignatureError as exc:
             return web.json_response({"error": str(exc)}, status=401)
         workers = {"total": ranks_per_pod, "triggered": ranks_per_pod, "capturing": ranks_per_pod, "captured": 0, "uploaded": 0, "failed": 0}
@@ -153,6 +155,7 @@ def operator_cost(pods: int, ranks_per_pod: int, interval_s: float, polls: int) 
     from stepscope.operator.settings import OperatorSettings
 
     settings = OperatorSettings()
+    pool = ThreadPoolExecutor(settings.fanout_concurrency, thread_name_prefix="stepscope-sidecar")  # the operator's Context makes it so
     spawn = multiprocessing.get_context("spawn")
     port, ready, slow_since = free_port(), spawn.Event(), spawn.Value("d", 0.0)
     server = spawn.Process(target=simulated_telemetry, args=(port, ranks_per_pod, slow_since, ready), daemon=True)
@@ -170,12 +173,12 @@ def operator_cost(pods: int, ranks_per_pod: int, interval_s: float, polls: int) 
             outcomes = poll()
             return time.process_time() - cpu, time.perf_counter() - wall, outcomes
 
-        reference = [timed_poll(lambda: fanout.poll(targets, "bench-session", key, concurrency=settings.fanout_concurrency,
-                                                    timeout=settings.sidecar_timeout_s)) for _ in range(polls)]
+        reference = [timed_poll(lambda: asyncio.run(fanout.poll(targets, "bench-session", key, pool=pool,
+                                                                timeout=settings.sidecar_timeout_s))) for _ in range(polls)]
         state, cpu, wall, failed, slowed, fired = triggers.State(), [], [], 0, 0.0, None
         for _ in range(200):
             began = time.time()
-            c, w, outcomes = timed_poll(lambda: fanout.telemetry(targets, key, concurrency=settings.fanout_concurrency, timeout=settings.sidecar_timeout_s))
+            c, w, outcomes = timed_poll(lambda: asyncio.run(fanout.telemetry(targets, key, pool=pool, timeout=settings.sidecar_timeout_s)))
             c0 = time.process_time()
             observation = triggers.Observation(began, detection.observe(began, [o.answer for o in outcomes if o.ok]))
             state, actions = triggers.step(state, observation, policy)

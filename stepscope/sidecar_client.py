@@ -1,18 +1,25 @@
 """Signed HTTP client for the sidecar's control endpoint (docs/wire.md), used by the operator and
-`stepscope capture`. Standard library only, so the operator needs no HTTP dependency for it."""
+`stepscope capture`. Standard library only, so the operator needs no HTTP dependency for it.
+
+Whatever answers on a pod's port is not trusted: a reply over MAX_REPLY bytes is refused unread,
+and `timeout` is the whole request's deadline (connect, send, every byte of the reply), so a
+peer that drips its answer cannot hold the caller longer. It speaks to the sidecar directly, never
+through a proxy: an HTTP_PROXY meant for the object store must not receive signed triggers and
+the store credentials in their body."""
 from __future__ import annotations
 
+import http.client
 import json
-import urllib.error
+import time
 import urllib.parse
-import urllib.request
 from typing import Any
 
-from stepscope.signing import sign
+from stepscope.bounded_http import WATCHDOG
+from stepscope.signing import sign, target
 
-# The sidecar is a pod address or localhost, never behind a proxy: an HTTP_PROXY meant for the
-# object store must not receive signed triggers and the store credentials in their body.
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# The largest answer of the wire API (a session with its ranks, or 64 step times per local rank)
+# is tens of KiB; a megabyte is room for many more ranks and no room for an attack.
+MAX_REPLY = 1 << 20
 
 
 class SidecarError(Exception):
@@ -58,20 +65,46 @@ class SidecarClient:
         return "/v1/sessions/" + urllib.parse.quote(session_id, safe="")
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *, signed: bool = True) -> dict[str, Any]:
+        parts = urllib.parse.urlsplit(self.base_url)
+        try:
+            host, port, path = parts.hostname, parts.port or 80, parts.path + path
+        except ValueError:  # a port that is not a number
+            host = None
+        if parts.scheme != "http" or not host:
+            raise SidecarError(0, f"the sidecar's address must be http://HOST:PORT, not {self.base_url!r}")
         data = json.dumps(body).encode() if body is not None else b""
         headers = {"Content-Type": "application/json"} if body is not None else {}
         if signed:
-            headers.update(sign(self._key, method, path, data))
-        request = urllib.request.Request(self.base_url + path, data=data if body is not None else None, method=method, headers=headers)
+            headers.update(sign(self._key, method, path, data, to=target(host, port)))
+        deadline = time.monotonic() + self.timeout
+        conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
         try:
-            with _DIRECT.open(request, timeout=self.timeout) as response:
-                return _json(response.read())
-        except urllib.error.HTTPError as exc:
-            payload = _json(exc.read())
-            raise SidecarError(exc.code, str(payload.get("error") or exc.reason)) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
+            conn.connect()
+            assert conn.sock is not None  # connect() made it
+            with WATCHDOG.watching(conn.sock, deadline):
+                conn.request(method, path, body=data if body is not None else None, headers=headers)
+                response = conn.getresponse()
+                raw = _read_capped(response)
+        except (OSError, http.client.HTTPException) as exc:
+            late = time.monotonic() >= deadline
+            reason = f"no complete answer within {self.timeout:g} s" if late else (str(exc) or type(exc).__name__)
             raise SidecarError(0, f"sidecar at {self.base_url} unreachable: {reason}") from None
+        finally:
+            conn.close()
+        if not 200 <= response.status < 300:
+            raise SidecarError(response.status, str(_json(raw).get("error") or response.reason))
+        return _json(raw)
+
+
+def _read_capped(response: http.client.HTTPResponse) -> bytes:
+    """The reply's body, refused (http.client.HTTPException) past MAX_REPLY bytes without reading on."""
+    declared = response.getheader("Content-Length")
+    if declared and declared.strip().isdigit() and int(declared) > MAX_REPLY:
+        raise http.client.HTTPException(f"the answer is over {MAX_REPLY} bytes")
+    raw = response.read(MAX_REPLY + 1)
+    if len(raw) > MAX_REPLY:
+        raise http.client.HTTPException(f"the answer is over {MAX_REPLY} bytes")
+    return raw
 
 
 def _json(raw: bytes) -> dict[str, Any]:

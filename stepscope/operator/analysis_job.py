@@ -11,8 +11,10 @@ import sys
 from typing import Any
 
 import msgspec
+import urllib3
+from kubernetes.client.rest import ApiException
 
-from stepscope import analysis, layout
+from stepscope import analysis, layout, retry
 from stepscope.operator import credentials, kube
 from stepscope.operator.record import destination
 from stepscope.operator.status import MAX_MESSAGE, STATUS_BUDGET, set_condition
@@ -23,6 +25,22 @@ MAX_DIAGNOSIS_BYTES = 24 * 1024
 # What the operator adds after the Job: phase, completionTime, the summary as status.message and
 # the Ready condition, each message at most MAX_MESSAGE.
 FINAL_WRITE_BYTES = 3 * MAX_MESSAGE
+# The result's write outlives an API server blip (a restart, a leader change, throttling): losing
+# it would fail the Job and rerun the whole analysis. About half a minute in all.
+WRITE_RETRY = retry.RetryPolicy(attempts=6, base_delay_s=1.0, max_delay_s=10.0)
+
+
+def _transient(exc: Exception) -> bool:
+    """API errors a retry may get past: throttling, the server's own failures, a dropped connection."""
+    if isinstance(exc, ApiException):
+        status = exc.status or 0
+        return status == 429 or status >= 500 or status == 0
+    return isinstance(exc, (urllib3.exceptions.HTTPError, OSError))
+
+
+def write_status(namespace: str, name: str, patch: dict[str, Any], policy: retry.RetryPolicy = WRITE_RETRY) -> None:
+    retry.call(lambda: kube.patch_session_status(namespace, name, patch), policy, transient=_transient,
+               what=f"status write of ProfileSession {namespace}/{name}")
 
 
 def compact_diagnosis(diagnosis: Any, budget: int = MAX_DIAGNOSIS_BYTES) -> dict[str, Any]:
@@ -62,10 +80,10 @@ def run_session_analysis(namespace: str, name: str) -> int:
     except Exception as exc:
         log.exception("analysis of %s/%s failed", namespace, name)
         message = f"analysis failed: {type(exc).__name__}: {exc}"[:1000]
-        kube.patch_session_status(namespace, name, {"conditions": set_condition(conditions, "Analyzed", False, "AnalysisFailed", message, generation)})
+        write_status(namespace, name, {"conditions": set_condition(conditions, "Analyzed", False, "AnalysisFailed", message, generation)})
         print(message, file=sys.stderr)
         return 1
     patch = diagnosed_status(status, diagnosis, dest, generation)
-    kube.patch_session_status(namespace, name, patch)
+    write_status(namespace, name, patch)
     print(patch["diagnosis"].get("summary", ""))
     return 0

@@ -11,7 +11,7 @@ import datetime as dt
 import ipaddress
 import ssl
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
@@ -24,7 +24,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 class ServingCert:
     ca_pem: bytes
     cert_pem: bytes
-    key_pem: bytes
+    key_pem: bytes = field(repr=False)  # the private key: never in a log or traceback
 
     def secret_data(self) -> dict[str, str]:
         """As a kubernetes.io/tls Secret's data (base64), with the CA beside it."""

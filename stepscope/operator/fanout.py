@@ -1,10 +1,15 @@
-"""Talking to many sidecars at once: trigger, poll and cancel, each through a bounded thread pool
-(the signed client is blocking; a pool bounds sockets and threads whatever the pod count)."""
+"""Talking to many sidecars at once: trigger, poll and cancel. The signed client is blocking, so
+each request runs on the operator's own bounded pool of sidecar threads (`pool`, the Context's),
+never on asyncio's default executor, which carries every session's API calls and status writes:
+a pod whose port answers slowly holds one sidecar thread for at most the client's total deadline
+(`timeout`, per attempt) and nothing else. The pool bounds sockets and threads whatever the pod
+count and however many sessions fan out at once."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -29,12 +34,9 @@ class Outcome:
     status: int = 0
 
 
-def _map(fn: Callable[[Target], Outcome], targets: Iterable[Target], concurrency: int) -> list[Outcome]:
-    targets = list(targets)
-    if not targets:
-        return []
-    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(targets))), thread_name_prefix="stepscope-fanout") as pool:
-        return list(pool.map(fn, targets))
+async def _map(fn: Callable[[Target], Outcome], targets: Iterable[Target], pool: Executor) -> list[Outcome]:
+    loop = asyncio.get_running_loop()
+    return list(await asyncio.gather(*(loop.run_in_executor(pool, fn, t) for t in targets)))
 
 
 def _transient(exc: Exception) -> bool:
@@ -59,28 +61,29 @@ def _call(target: Target, op: Callable[[SidecarClient], dict[str, Any]], key: by
         return Outcome(target, False, {}, exc.message, exc.status)
 
 
-def trigger(targets: Iterable[Target], session_id: str, body: dict[str, Any], key: bytes, *, concurrency: int, timeout: float, attempts: int, backoff_s: float = 0.2) -> list[Outcome]:
+async def trigger(targets: Iterable[Target], session_id: str, body: dict[str, Any], key: bytes, *, pool: Executor, timeout: float,
+                  attempts: int, backoff_s: float = 0.2) -> list[Outcome]:
     """PUT the session on every sidecar; the PUT is idempotent, so a retry never starts it twice."""
     def one(target: Target) -> Outcome:
         outcome = _call(target, lambda c: c.put_session(session_id, body), key, timeout, attempts, backoff_s)
         if outcome.ok:
             metrics.TRIGGERS.inc()
         return outcome
-    return _map(one, targets, concurrency)
+    return await _map(one, targets, pool)
 
 
-def poll(targets: Iterable[Target], session_id: str, key: bytes, *, concurrency: int, timeout: float) -> list[Outcome]:
+async def poll(targets: Iterable[Target], session_id: str, key: bytes, *, pool: Executor, timeout: float) -> list[Outcome]:
     """One GET per sidecar, no retry: the next poll is the retry."""
-    return _map(lambda t: _call(t, lambda c: c.get_session(session_id), key, timeout, 1, 0.0), targets, concurrency)
+    return await _map(lambda t: _call(t, lambda c: c.get_session(session_id), key, timeout, 1, 0.0), targets, pool)
 
 
-def cancel(targets: Iterable[Target], session_id: str, key: bytes, *, concurrency: int, timeout: float, attempts: int) -> list[Outcome]:
-    return _map(lambda t: _call(t, lambda c: c.delete_session(session_id), key, timeout, attempts, 0.2), targets, concurrency)
+async def cancel(targets: Iterable[Target], session_id: str, key: bytes, *, pool: Executor, timeout: float, attempts: int) -> list[Outcome]:
+    return await _map(lambda t: _call(t, lambda c: c.delete_session(session_id), key, timeout, attempts, 0.2), targets, pool)
 
 
-def telemetry(targets: Iterable[Target], key: bytes, *, concurrency: int, timeout: float) -> list[Outcome]:
+async def telemetry(targets: Iterable[Target], key: bytes, *, pool: Executor, timeout: float) -> list[Outcome]:
     """Every sidecar's step telemetry (GET /v1/telemetry), one try each: a trigger polls again anyway."""
-    return _map(lambda t: _call(t, lambda c: c.get_telemetry(), key, timeout, 1, 0.0), targets, concurrency)
+    return await _map(lambda t: _call(t, lambda c: c.get_telemetry(), key, timeout, 1, 0.0), targets, pool)
 
 
 def live_step_counts(answers: Iterable[Outcome]) -> list[int]:

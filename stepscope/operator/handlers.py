@@ -86,7 +86,7 @@ async def _cancel(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, uid: st
     except pod_record.PodRecordUnreadable as exc:
         kopf.warn(body, reason="PodRecordUnreadable", message=f"{exc}; cancelling the session on every selected sidecar")
         record = None
-    return await asyncio.to_thread(cancellation.cancel, namespace, dict(spec), uid, record.triggered if record else None, ctx.settings, ctx.key_for(namespace))
+    return await cancellation.cancel(namespace, dict(spec), uid, record.triggered if record else None, ctx.settings, ctx.key_for(namespace), ctx.sidecars)
 
 
 def register(registry: kopf.OperatorRegistry) -> None:

@@ -63,6 +63,8 @@ def sidecar_container(cfg: InjectionSettings) -> dict[str, Any]:
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            # The address requests are signed for (docs/wire.md): a request to another pod's sidecar is refused here.
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "STEPSCOPE_DIR", "value": SHARED_DIR},
             {"name": "STEPSCOPE_HMAC_KEY", "valueFrom": {"secretKeyRef": {"name": cfg.hmac_secret, "key": cfg.hmac_key, "optional": True}}},
             # NVML sees the node's GPUs without the sidecar requesting any (NVIDIA container runtime).

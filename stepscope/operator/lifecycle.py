@@ -9,7 +9,8 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 import kopf
@@ -39,9 +40,14 @@ def _api_message(exc: ApiException) -> str:
 
 @dataclass
 class Context:
-    """What every session's daemon shares: settings and the operator's HMAC key (never logged)."""
+    """What every session's and trigger's daemon shares: settings, the operator's HMAC key (never
+    logged, never in a repr) and the bounded pool that runs the requests to sidecars (fanout)."""
     settings: OperatorSettings
-    key: bytes
+    key: bytes = field(repr=False)
+    sidecars: ThreadPoolExecutor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.sidecars = ThreadPoolExecutor(max_workers=max(1, self.settings.fanout_concurrency), thread_name_prefix="stepscope-sidecar")
 
     def key_for(self, namespace: str) -> bytes:
         """What the sidecars of `namespace` verify with (stepscope.operator.namespace_keys)."""
@@ -190,11 +196,11 @@ class SessionRunner:
             raise Fail("PodRecordTooLarge", f"{exc}; no sidecar was triggered") from None
         s = self.settings
         # Pods align too: every sidecar gets the same absolute start step.
-        answers = await asyncio.to_thread(fanout.telemetry, todo, self.ctx.key_for(self.ns), concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s)
+        answers = await fanout.telemetry(todo, self.ctx.key_for(self.ns), pool=self.ctx.sidecars, timeout=s.sidecar_timeout_s)
         start_step = aligned_start_step(fanout.live_step_counts(answers), spec.capture.waitSteps)
         if start_step is not None:
             body["startStep"] = start_step
-        outcomes = await asyncio.to_thread(fanout.trigger, todo, self.uid, body, self.ctx.key_for(self.ns), concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
+        outcomes = await fanout.trigger(todo, self.uid, body, self.ctx.key_for(self.ns), pool=self.ctx.sidecars, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
         answers_seen = phases.TriggerAnswers(already, frozenset(o.target.pod for o in outcomes if o.ok),
                                              {o.target.pod: o.error for o in outcomes if not o.ok}, self.uninjected)
         for action in self._step(answers_seen):
@@ -223,7 +229,8 @@ class SessionRunner:
                 if isinstance(action, GiveUp):
                     for pod in action.pods:
                         progress[pod].lost = action.reason
-                    await asyncio.to_thread(cancellation.cancel, self.ns, self.obj.get("spec") or {}, self.uid, frozenset(action.pods), self.settings, self.ctx.key)
+                    await cancellation.cancel(self.ns, self.obj.get("spec") or {}, self.uid, frozenset(action.pods), self.settings,
+                                              self.ctx.key_for(self.ns), self.ctx.sidecars)
                 elif isinstance(action, Report):
                     patch = phases.progress_patch(self.status, action)
                     if patch is not None:
@@ -258,7 +265,7 @@ class SessionRunner:
                 p.lost = "pod deleted during capture" if pod not in pods else f"pod left Running ({pods[pod].status.phase}) during capture"
             else:
                 live.append(target)
-        for o in await asyncio.to_thread(fanout.poll, live, self.uid, self.ctx.key_for(self.ns), concurrency=s.fanout_concurrency, timeout=s.sidecar_timeout_s):
+        for o in await fanout.poll(live, self.uid, self.ctx.key_for(self.ns), pool=self.ctx.sidecars, timeout=s.sidecar_timeout_s):
             p = progress[o.target.pod]
             if o.ok:
                 p.answer, p.misses = o.answer, 0
@@ -362,7 +369,7 @@ class SessionRunner:
         except pod_record.PodRecordUnreadable:
             return  # the failure says so; the sidecars stop on their own after spec.timeoutSeconds
         if pods is not None:
-            await asyncio.to_thread(cancellation.cancel, self.ns, self.obj.get("spec") or {}, self.uid, pods.triggered, self.settings, self.ctx.key_for(self.ns))
+            await cancellation.cancel(self.ns, self.obj.get("spec") or {}, self.uid, pods.triggered, self.settings, self.ctx.key_for(self.ns), self.ctx.sidecars)
 
     async def _list_pods(self, selector: str) -> list[Any]:
         """The selected pods; on an error phases.step says whether to fail the session now or

@@ -9,6 +9,10 @@ namespace's key Secret can compute it but could sign sidecar requests there alre
 does not give the key back. A replayed token can do no more than fire, which the trigger's
 cooldown and hourly cap bound.
 
+The port is reachable from any pod, so the token is checked from the headers before the body is
+read, and the server is bounded (stepscope.bounded_http: body cap, connections in all and per
+peer, a total deadline per connection).
+
 The endpoint does not act on the alert itself: it writes it into the trigger's annotation
 `stepscope.io/alert`, which the trigger's daemon takes at its next poll (so it works whichever
 replica answers, and an operator restart loses nothing).
@@ -22,15 +26,20 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from email.message import Message
 from typing import Any
 
+from stepscope.bounded_http import BoundedHandler, BoundedHTTPServer, RateLimitedLog, Refused
 from stepscope.operator import kube, triggers
 from stepscope.operator.settings import GROUP, VERSION
 from stepscope.operator.status import now_iso
 
 ALERT_ANNOTATION = "stepscope.io/alert"
 MAX_BODY = 1 << 20  # Alertmanager groups alerts; a megabyte is thousands of them
+# Alertmanager posts one notification per group at a time, from one or a few replicas.
+MAX_CONNECTIONS = 32
+MAX_PER_PEER = 8
+DEADLINE_S = 10.0
 _CONTEXT = b"stepscope.io/alerts/v1"
 _PATH = re.compile(r"^/v1/alerts/([a-z0-9]([-a-z0-9]*[a-z0-9])?)/([a-z0-9]([-a-z0-9.]*[a-z0-9])?)$")
 
@@ -63,9 +72,9 @@ def firing_summary(payload: Any) -> str | None:
     return "; ".join(lines)[:triggers.MAX_TEXT] if lines else None
 
 
-def receive(path: str, headers: Mapping[str, str], body: bytes, key_for: Callable[[str], bytes],
-            annotate: Callable[[str, str, str], None]) -> dict[str, Any]:
-    """Check and take one webhook request; what to answer (an AlertError says why not)."""
+def authorize(path: str, headers: Mapping[str, str] | Message, key_for: Callable[[str], bytes]) -> tuple[str, str]:
+    """The trigger (namespace, name) a request may fire, from its path and token alone, before
+    its body is read; an AlertError says why not."""
     match = _PATH.match(path)
     if not match:
         raise AlertError(404, "POST /v1/alerts/<namespace>/<ProfileTrigger name>")
@@ -73,6 +82,11 @@ def receive(path: str, headers: Mapping[str, str], body: bytes, key_for: Callabl
     scheme, _, token = (headers.get("Authorization") or "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), alert_token(key_for(namespace)).encode()):
         raise AlertError(401, f"missing or wrong bearer token for namespace {namespace} (see docs/security.md: the alert token)")
+    return namespace, name
+
+
+def receive(namespace: str, name: str, body: bytes, annotate: Callable[[str, str, str], None]) -> dict[str, Any]:
+    """Take the payload of an authorized request; what to answer (an AlertError says why not)."""
     try:
         payload = json.loads(body)
     except ValueError:
@@ -90,38 +104,31 @@ def annotate_trigger(namespace: str, name: str, value: str) -> None:
                                                  {"metadata": {"annotations": {ALERT_ANNOTATION: value}}})
 
 
-def serve(host: str, port: int, key_for: Callable[[str], bytes]) -> ThreadingHTTPServer:
+def serve(host: str, port: int, key_for: Callable[[str], bytes], *, max_connections: int = MAX_CONNECTIONS,
+          max_per_peer: int = MAX_PER_PEER, deadline_s: float = DEADLINE_S) -> BoundedHTTPServer:
     """Serve the endpoint from a daemon thread; returns the server (its port when 0 was asked)."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(BoundedHandler):
         def do_POST(self) -> None:
             try:
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_BODY:
-                    raise AlertError(413, f"the body is over {MAX_BODY} bytes")
-                answer = receive(self.path, dict(self.headers.items()), self.rfile.read(length), key_for, annotate_trigger)
-                self._answer(202 if answer["fired"] else 200, answer)
+                namespace, name = authorize(self.path, self.headers, key_for)
+                answer = receive(namespace, name, self.read_body(MAX_BODY), annotate_trigger)
+                self.send_json(202 if answer["fired"] else 200, answer)
             except AlertError as exc:
-                self._answer(exc.status, {"error": exc.message})
+                if exc.status == 401:
+                    self.server.refusals.warning("alerts endpoint: refused %.200s from %s: %s", self.path, self.client_address[0], exc.message)
+                self.refuse(Refused(exc.status, exc.message))
+            except Refused as exc:
+                self.refuse(exc)
             except Exception as exc:  # noqa: BLE001 - any API server error: Alertmanager retries a 5xx
                 status = getattr(exc, "status", None)
                 if status == 404:
-                    self._answer(404, {"error": "no such ProfileTrigger"})
+                    self.send_json(404, {"error": "no such ProfileTrigger"})
                 else:
                     log.warning("alert for %s not taken: %s", self.path, kube.describe(exc))
-                    self._answer(503, {"error": f"not taken, retry: {kube.describe(exc)}"})
+                    self.send_json(503, {"error": f"not taken, retry: {kube.describe(exc)}"})
 
-        def _answer(self, status: int, body: dict[str, Any]) -> None:
-            raw = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
-        def log_message(self, format: str, *args: object) -> None:
-            log.debug("alerts endpoint: " + format, *args)
-
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = BoundedHTTPServer((host, port), Handler, max_connections=max_connections, max_per_peer=max_per_peer,
+                               deadline_s=deadline_s, refusals=RateLimitedLog(log))
     threading.Thread(target=server.serve_forever, name="stepscope-alerts", daemon=True).start()
     return server

@@ -71,8 +71,7 @@ class TriggerWatch:
         pods = await asyncio.to_thread(kube.core().list_namespaced_pod, self.ns, label_selector=selector)
         targets = select_targets(list(pods.items))
         settings = self.ctx.settings
-        outcomes = await asyncio.to_thread(fanout.telemetry, targets, self.ctx.key_for(self.ns),
-                                           concurrency=settings.fanout_concurrency, timeout=settings.sidecar_timeout_s)
+        outcomes = await fanout.telemetry(targets, self.ctx.key_for(self.ns), pool=self.ctx.sidecars, timeout=settings.sidecar_timeout_s)
         answers = [o.answer for o in outcomes if o.ok]
         telemetry = detection.observe(now, answers) if answers else None
         self.state, actions = triggers.step(self.state, triggers.Observation(now, telemetry, await self._take_alert()), policy)

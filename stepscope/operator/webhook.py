@@ -22,12 +22,15 @@ import datetime as dt
 import logging
 import os
 import ssl
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp.web
 import kopf
 from kubernetes.client.rest import ApiException
 
+from stepscope.bounded_http import ConnectionSlots, RateLimitedLog
 from stepscope.operator import certs, injection, kube, metrics
 from stepscope.operator.injection import InjectionSettings, inject
 from stepscope.operator.namespace_keys import MANAGED_LABEL, NamespaceKeys
@@ -101,16 +104,102 @@ def _event(pod: Any, name: str, reason: str, message: str, now: dt.datetime) -> 
         "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "stepscope-operator"}, "reportingComponent": "stepscope-operator"}
 
 
-class InjectionServer(kopf.WebhookServer):
-    """kopf's HTTPS server with a TLS context built here, from a certificate kept in memory
-    (kopf's own would want certificate files, or generate a certificate of its own)."""
+# Bounds of the admission server (as stepscope.bounded_http's for the other endpoints): any pod can
+# reach its port. An AdmissionReview of a pod update carries the pod twice, each at most etcd's
+# 1.5 MiB. The API server's replicas are its only clients and send admissions concurrently, so the
+# cap per address is high; a connection lives CONNECTION_S, then closes after its current request
+# (keep-alive reconnects), and is cut CONNECTION_GRACE_S later whatever it is doing.
+MAX_REVIEW_BYTES = 4 << 20
+MAX_CONNECTIONS = 64
+MAX_PER_PEER = 32
+CONNECTION_S = 30.0
+CONNECTION_GRACE_S = 10.0
 
-    def __init__(self, cert: certs.ServingCert, **kwargs: Any) -> None:
+
+class InjectionServer(kopf.WebhookServer):
+    """kopf's admission handling over an HTTPS server of our own: a TLS context built from a
+    certificate kept in memory (kopf's own server would want certificate files, or generate one),
+    and the bounds above, which kopf's server has none of."""
+
+    def __init__(self, cert: certs.ServingCert, *, max_connections: int = MAX_CONNECTIONS, max_per_peer: int = MAX_PER_PEER,
+                 connection_s: float = CONNECTION_S, grace_s: float = CONNECTION_GRACE_S, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.cert = cert
+        self.slots = ConnectionSlots(max_connections, max_per_peer)
+        self.connection_s, self.grace_s = connection_s, grace_s
+        self.refusals = RateLimitedLog(log)
 
     def _build_ssl(self) -> tuple[bytes | None, ssl.SSLContext | None]:
         return self.cert.ca_pem, self.cert.server_context()
+
+    async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
+        async def serve(request: aiohttp.web.Request) -> aiohttp.web.Response:
+            return await self._serve(fn, request)
+
+        cadata, context = self._build_ssl()
+        app = aiohttp.web.Application(client_max_size=MAX_REVIEW_BYTES)
+        app.add_routes([aiohttp.web.post(f"{(self.path or '').rstrip('/')}/{{id:.*}}", serve)])
+        runner = aiohttp.web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        handlers = runner.server
+        assert handlers is not None  # setup() made it
+        port = self.port or self._allocate_free_port()
+        listener = await asyncio.get_running_loop().create_server(lambda: _Bounded(handlers(), self), self.addr or None, port,
+                                                                  ssl=context, backlog=128, reuse_address=True)
+        try:
+            url = self._build_url("https", self.host or self._get_accessible_addr(self.addr), port, self.path or "")
+            config = kopf.WebhookClientConfig(url=url)
+            if cadata is not None:
+                config["caBundle"] = base64.b64encode(cadata).decode("ascii")
+            yield config
+            await asyncio.Event().wait()
+        finally:
+            listener.close()
+            await runner.cleanup()
+
+
+class _Bounded(asyncio.Protocol):
+    """aiohttp's protocol for one connection (it has __slots__, so it is wrapped, not patched):
+    admitted only under the server's caps, and given a lifetime."""
+
+    def __init__(self, inner: Any, server: InjectionServer) -> None:
+        self.inner, self.server = inner, server
+        self.peer: str | None = None
+        self.timers: list[asyncio.TimerHandle] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)  # a stream server's, TLS or not
+        peer = str((transport.get_extra_info("peername") or ("?",))[0])
+        if not self.server.slots.admit(peer):
+            self.server.refusals.warning("webhook: refused a connection from %s: %s", peer, self.server.slots.refusal())
+            transport.abort()
+            return
+        self.peer = peer
+        loop = asyncio.get_running_loop()
+        self.timers = [loop.call_later(self.server.connection_s, self.inner.close),
+                       loop.call_later(self.server.connection_s + self.server.grace_s, transport.abort)]
+        self.inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.peer is None:
+            return
+        for timer in self.timers:
+            timer.cancel()
+        self.server.slots.release(self.peer)
+        self.inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is not None:
+            self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received() if self.peer is not None else None
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
 
 
 @dataclass(frozen=True)

@@ -1,36 +1,60 @@
 """The sidecar's control endpoint (docs/wire.md): PUT/GET/DELETE /v1/sessions/{id}, GET /v1/telemetry,
 GET /healthz and GET /metrics. Every request but /healthz and /metrics (for Prometheus, which does
-not sign) must carry a valid signature; the body is read before verifying because the signature
-covers it, and is bounded so an unauthenticated client cannot exhaust memory."""
+not sign) must carry a valid signature for an address this sidecar is reached at. Any pod can reach
+the port, so the server is bounded (stepscope.bounded_http): the signature's headers and the
+timestamp are checked before the body is read, the body is capped at what the API needs, and
+connections are capped in all and per peer, each with a total deadline."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import re
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from stepscope.bounded_http import BoundedHandler, BoundedHTTPServer, RateLimitedLog, Refused
 from stepscope.sidecar.metrics import exposition
 from stepscope.sidecar.sessions import SessionManager
 from stepscope.sidecar.telemetry import StepTelemetry
-from stepscope.signing import SignatureError, Verifier
+from stepscope.signing import SignatureError, Verifier, target
 
 log = logging.getLogger(__name__)
 
-MAX_BODY = 1024 * 1024
+# The largest trigger the ProfileSession schema admits (a selector of 16 expressions of 64 values,
+# 32 labels, every string at its maxLength) is about 100 KiB with its credentials.
+MAX_BODY = 256 * 1024
+# The operator holds one connection per sidecar at a time, a local CLI one, Prometheus and the
+# kubelet's probes one each: 8 per address leave room, and a flood from one pod leaves the rest.
+MAX_CONNECTIONS = 32
+MAX_PER_PEER = 8
+# Every request of the wire API takes milliseconds; the operator gives up on one after 5 s.
+DEADLINE_S = 10.0
 _SESSION_PATH = re.compile(r"^/v1/sessions/([^/]+)$")
 TELEMETRY_PATH = "/v1/telemetry"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-class ControlServer(ThreadingHTTPServer):
-    daemon_threads = True
+def accepted_targets(pod_ip: str, host: str, port: int, peer: str) -> frozenset[str]:
+    """The addresses a request to this sidecar may have been signed for: its pod IP (and the
+    address it is bound to), and for a peer on this host only, the loopback names (the local CLI)."""
+    hosts = [h for h in (pod_ip, host) if h and h not in ("0.0.0.0", "::")]
+    try:
+        local = ipaddress.ip_address(peer.removeprefix("::ffff:")).is_loopback
+    except ValueError:
+        local = False
+    return frozenset(target(h, port) for h in hosts + (list(LOOPBACK) if local else []))
 
-    def __init__(self, address: tuple[str, int], manager: SessionManager, verifier: Verifier, telemetry: StepTelemetry) -> None:
-        super().__init__(address, ControlHandler)
+
+class ControlServer(BoundedHTTPServer):
+    def __init__(self, address: tuple[str, int], manager: SessionManager, verifier: Verifier, telemetry: StepTelemetry, *,
+                 pod_ip: str = "", max_connections: int = MAX_CONNECTIONS, max_per_peer: int = MAX_PER_PEER,
+                 deadline_s: float = DEADLINE_S) -> None:
+        super().__init__(address, ControlHandler, max_connections=max_connections, max_per_peer=max_per_peer,
+                         deadline_s=deadline_s, refusals=RateLimitedLog(log))
         self.manager = manager
         self.telemetry = telemetry
         self.verifier = verifier
+        self.pod_ip = pod_ip
 
     @property
     def url(self) -> str:
@@ -38,21 +62,24 @@ class ControlServer(ThreadingHTTPServer):
         assert isinstance(host, str)  # bound to a host name or address, never bytes
         return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
 
+    def targets_for(self, peer: str) -> frozenset[str]:
+        host, port = self.server_address[:2]
+        assert isinstance(host, str)
+        return accepted_targets(self.pod_ip, host, port, peer)
 
-class ControlHandler(BaseHTTPRequestHandler):
+
+class ControlHandler(BoundedHandler):
     server: ControlServer
     protocol_version = "HTTP/1.1"
     server_version = "stepscope-sidecar"
-    # A client that stops sending mid-request must not hold a handler thread forever.
-    timeout = 30
 
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
         if path == "/healthz":
-            self._reply(200, {"ok": True})
+            self.send_json(200, {"ok": True})
             return
         if path == "/metrics":
-            self._send(200, *exposition(self.server.telemetry))
+            self.send_bytes(200, *exposition(self.server.telemetry))
             return
         self._handle("GET")
 
@@ -63,31 +90,28 @@ class ControlHandler(BaseHTTPRequestHandler):
         self._handle("DELETE")
 
     def do_POST(self) -> None:
-        self._reply(405, {"error": "use PUT, GET or DELETE on /v1/sessions/{id}"})
+        self.refuse(Refused(405, "use PUT, GET or DELETE on /v1/sessions/{id}"))
 
     def _handle(self, method: str) -> None:
+        verifier = self.server.verifier
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if not 0 <= length <= MAX_BODY:
-            self.close_connection = True
-            self._reply(413, {"error": f"Content-Length must be a number of bytes up to {MAX_BODY}"})
-            return
-        body = self.rfile.read(length) if length else b""
-        try:
-            self.server.verifier.verify(method, self.path, body, self.headers)
+            verifier.check_fresh(self.headers)
+            body = self.read_body(MAX_BODY)
+            verifier.verify(method, self.path, body, self.headers, targets=self.server.targets_for(self.client_address[0]))
         except SignatureError as exc:
-            log.warning("refused %s %s from %s: %s", method, self.path, self.client_address[0], exc)
-            self._reply(401, {"error": str(exc)})
+            self.server.refusals.warning("refused %s %.200s from %s: %s", method, self.path, self.client_address[0], exc)
+            self.refuse(Refused(401, str(exc)))
+            return
+        except Refused as exc:
+            self.refuse(exc)
             return
         path = urlsplit(self.path).path
         if path == TELEMETRY_PATH and method == "GET":
-            self._reply(200, self.server.telemetry.to_dict(pod=self.server.manager.pod, node=self.server.manager.node))
+            self.send_json(200, self.server.telemetry.to_dict(pod=self.server.manager.pod, node=self.server.manager.node))
             return
         match = _SESSION_PATH.match(path)
         if not match:
-            self._reply(404, {"error": f"no such endpoint {urlsplit(self.path).path}"})
+            self.send_json(404, {"error": f"no such endpoint {urlsplit(self.path).path}"})
             return
         session_id = unquote(match.group(1))
         manager = self.server.manager
@@ -95,25 +119,12 @@ class ControlHandler(BaseHTTPRequestHandler):
             try:
                 payload = json.loads(body or b"null")
             except ValueError:
-                self._reply(400, {"error": "the body is not JSON"})
+                self.send_json(400, {"error": "the body is not JSON"})
                 return
-            self._reply(*manager.put(session_id, payload))
+            self.send_json(*manager.put(session_id, payload))
             return
         result = manager.get(session_id) if method == "GET" else manager.delete(session_id)
         if result is None:
-            self._reply(404, {"error": f"no session {session_id} on this sidecar"})
+            self.send_json(404, {"error": f"no session {session_id} on this sidecar"})
         else:
-            self._reply(200, result)
-
-    def _reply(self, status: int, payload: dict[str, Any]) -> None:
-        self._send(status, json.dumps(payload).encode(), "application/json")
-
-    def _send(self, status: int, data: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.client_address[0], format % args)
+            self.send_json(200, result)

@@ -30,7 +30,7 @@ class Sidecar:
     """The running parts of one sidecar; `run` adds signal handling around it."""
 
     def __init__(self, stepscope_dir: Path, key: bytes, *, host: str = "0.0.0.0", port: int = DEFAULT_PORT, pod: str = "",
-                 node: str = "", nvml_backend: Any = None, poll_interval_s: float = 0.5, upload_attempts: int = 6,
+                 node: str = "", pod_ip: str = "", nvml_backend: Any = None, poll_interval_s: float = 0.5, upload_attempts: int = 6,
                  upload_base_delay_s: float = 2.0, keep_local: bool = False, stale_after_s: float = STALE_AFTER_S,
                  export_grace_s: float = EXPORT_GRACE_S, leftover_ttl_s: float = LEFTOVER_TTL_S, max_local_mb: float = MAX_LOCAL_MB) -> None:
         self.dir = stepscope_dir
@@ -41,7 +41,7 @@ class Sidecar:
                                       stale_after_s=stale_after_s, export_grace_s=export_grace_s, leftover_ttl_s=leftover_ttl_s,
                                       max_local_mb=max_local_mb)
         self.telemetry = StepTelemetry(stepscope_dir, stale_after_s=stale_after_s)
-        self.server = ControlServer((host, port), self.manager, Verifier(key), self.telemetry)
+        self.server = ControlServer((host, port), self.manager, Verifier(key), self.telemetry, pod_ip=pod_ip)
         self._serving = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, name="stepscope-control", daemon=True)
         self._stop_telemetry = threading.Event()
         self._telemetry_thread = threading.Thread(target=self._fold_telemetry, name="stepscope-telemetry", daemon=True)
@@ -87,6 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key-file", default=None, help=f"HMAC key file (default $STEPSCOPE_HMAC_KEY, else {DEFAULT_KEY_FILE})")
     parser.add_argument("--pod", default=os.environ.get("POD_NAME") or socket.gethostname(), help="this pod's name (env POD_NAME)")
     parser.add_argument("--node", default=os.environ.get("NODE_NAME", ""), help="this node's name (env NODE_NAME)")
+    parser.add_argument("--pod-ip", default=os.environ.get("POD_IP", ""),
+                        help="this pod's IP (env POD_IP): requests from other pods must be signed for it and the port")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between reads of the ranks' state files")
     parser.add_argument("--upload-attempts", type=int, default=6, help="tries per store request that failed for a transient reason (a permanent one fails at once)")
     parser.add_argument("--keep-local", action="store_true", help="keep traces in the shared directory after their upload")
@@ -110,13 +112,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         stepscope_dir.mkdir(parents=True, exist_ok=True)
         install_bootstrap(stepscope_dir)
-        sidecar = Sidecar(stepscope_dir, key, host=args.host, port=args.port, pod=args.pod, node=args.node,
+        sidecar = Sidecar(stepscope_dir, key, host=args.host, port=args.port, pod=args.pod, node=args.node, pod_ip=args.pod_ip,
                           nvml_backend=default_backend(), poll_interval_s=args.poll_interval,
                           upload_attempts=args.upload_attempts, keep_local=args.keep_local,
                           leftover_ttl_s=args.leftover_ttl, max_local_mb=args.max_local_mb)
     except OSError as exc:
         print(f"stepscope sidecar: cannot start: {exc}", file=sys.stderr)
         return 1
+    if not args.pod_ip and args.host in ("0.0.0.0", "::"):
+        log.warning("no pod IP (env POD_IP, --pod-ip): only requests signed for a loopback address from this host are accepted")
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

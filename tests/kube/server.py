@@ -52,6 +52,18 @@ class Api:
         if token:
             self.users[token] = ADMIN
         self.closing = asyncio.Event()
+        # [method, path, code, times left]: the next requests that answer `code` instead (KubeTestServer.fail).
+        self.faults: list[list[Any]] = []
+
+    def _fault(self, request: web.Request) -> errors.ApiError | None:
+        for fault in self.faults:
+            method, path, code, _ = fault
+            if request.method == method and request.path == path:
+                fault[3] -= 1
+                if fault[3] <= 0:
+                    self.faults.remove(fault)
+                return errors.ApiError(code, "ServiceUnavailable" if code == 503 else "InternalError", f"injected failure {code}")
+        return None
 
     def _user(self, request: web.Request) -> rbac.User:
         if not self.token:
@@ -64,6 +76,8 @@ class Api:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append((request.method, request.path_qs))
+        if (fault := self._fault(request)) is not None:
+            return _json(fault.status(), fault.code)
         try:
             return await self._route(request, self._user(request))
         except errors.ApiError as e:
@@ -438,6 +452,11 @@ class KubeTestServer:
         async def _call() -> Any:
             return fn(self.api.store, *args)
         return asyncio.run_coroutine_threadsafe(_call(), self._loop).result(timeout=30)
+
+    def fail(self, method: str, path: str, code: int = 503, times: int = 1) -> None:
+        """The next `times` requests `method path` (no query) answer `code` with a Status, as an
+        API server blip would; the requests after them are served."""
+        self.call(lambda _store: self.api.faults.append([method, path, code, times]))
 
     def requests(self) -> list[tuple[str, str]]:
         """(method, path with query) of every request so far, in order."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import kubernetes
 import pytest
@@ -237,3 +238,45 @@ def test_an_analysis_job_that_cannot_create_its_pod_fails_the_session_with_the_r
         operator.stop()
     assert _condition(status, "Ready")["reason"] == "AnalysisNotStarted"
     assert status["message"].startswith(f"analysis Job {job} could not create its pod for 1s: {reason}; captures are kept in s3://")
+
+
+def test_a_given_up_pod_is_cancelled_on_its_sidecar_while_the_others_capture(
+        operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, tmp_path: Path) -> None:
+    """The cancel of a pod whose training never registered goes out signed with the namespace's
+    key (its sidecar refuses any other), so that sidecar is free for the next session at once."""
+    from tests.sidecar.conftest import SimulatedRanks
+
+    registered = Sidecar(tmp_path / "busy", KEY, host="127.0.0.1", port=0, pod="busy", poll_interval_s=0.2).start()
+    ranks = SimulatedRanks(tmp_path / "busy", 1)  # registers and never captures: the session stays Capturing
+    try:
+        pods.create("idle", {"job": "mixed"}, port=port_of(idle))
+        pods.create("busy", {"job": "mixed"}, port=port_of(registered))
+        operator.create_session("mixed", session_spec({"job": "mixed"}, s3_endpoint, registrationTimeoutSeconds=2, timeoutSeconds=120))
+        operator.wait_phase("mixed", ("Capturing",))
+        uid = operator.get("mixed")["metadata"]["uid"]
+        wait_for(lambda: (idle.manager.get(uid) or {}).get("phase") == "Cancelled", 15, "the given-up pod's cancel")
+        assert operator.status("mixed")["phase"] == "Capturing"
+        assert (registered.manager.get(uid) or {}).get("phase") != "Cancelled"
+    finally:
+        ranks.close()
+        registered.shutdown(1)
+
+
+def test_the_analysis_result_outlives_an_api_server_blip(cluster: Kube, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The analysis Job's one status write: a 503 from the API server is retried, not a failed
+    Job (which would rerun the whole analysis)."""
+    from stepscope.operator.analysis_job import run_session_analysis
+    from stepscope.operator.settings import GROUP, PLURAL, VERSION
+
+    custom = kubernetes.client.CustomObjectsApi(cluster.api_client)
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileSession", "metadata": {"name": "blip"},
+            "spec": session_spec({"job": "none"}, s3_endpoint, storage={"uri": "s3://no-such-bucket/x", "endpoint": s3_endpoint})}
+    custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing-key-id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret")
+    status_path = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}/blip/status"
+    cluster.server.fail("PATCH", status_path, 503, times=2)
+    assert run_session_analysis(NAMESPACE, "blip") == 1  # nothing to analyse there: the failure is the result to write
+    analyzed = _condition(custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "blip")["status"], "Analyzed")
+    assert analyzed["reason"] == "AnalysisFailed"
+    assert [m for m, p in cluster.server.requests() if p.split("?")[0] == status_path] == ["PATCH"] * 3

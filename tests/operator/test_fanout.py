@@ -2,19 +2,23 @@
 final answer, and the bounded pool."""
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from stepscope.operator import fanout
 from stepscope.operator.selection import Target
-from stepscope.signing import Verifier
+from stepscope.signing import Verifier, target
 from stepscope.wire import aligned_start_step
 
 KEY = b"fanout-test-key"
+# At most 4 requests at once, as the operator's pool of sidecar threads bounds them.
+POOL = ThreadPoolExecutor(4, thread_name_prefix="test-sidecars")
 
 
 class Flaky(ThreadingHTTPServer):
@@ -34,7 +38,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PUT(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.verifier.verify("PUT", self.path, body, self.headers)
+        host, port = self.server.server_address[:2]
+        self.server.verifier.verify("PUT", self.path, body, self.headers, targets={target(str(host), port)})
         with self.server.lock:
             self.server.puts[self.path] = self.server.puts.get(self.path, 0) + 1
             count = self.server.puts[self.path]
@@ -65,7 +70,7 @@ def server() -> Iterator[Flaky]:
 
 def test_trigger_retries_a_transient_failure_within_a_bounded_pool(server: Flaky) -> None:
     targets = [Target(f"p{i}", "127.0.0.1", server.server_address[1]) for i in range(12)]
-    outcomes = fanout.trigger(targets, "s1", {"session": "s1"}, KEY, concurrency=4, timeout=5, attempts=3, backoff_s=0.01)
+    outcomes = asyncio.run(fanout.trigger(targets, "s1", {"session": "s1"}, KEY, pool=POOL, timeout=5, attempts=3, backoff_s=0.01))
     assert all(o.ok for o in outcomes) and [o.target.pod for o in outcomes] == [f"p{i}" for i in range(12)]
     assert server.puts == {"/v1/sessions/s1": 13}  # the first attempt got 503, every other one 201
     assert server.peak <= 4
@@ -73,13 +78,13 @@ def test_trigger_retries_a_transient_failure_within_a_bounded_pool(server: Flaky
 
 def test_trigger_does_not_retry_a_final_answer(server: Flaky) -> None:
     target = Target("p", "127.0.0.1", server.server_address[1])
-    (outcome,) = fanout.trigger([target], "busy", {"session": "busy"}, KEY, concurrency=4, timeout=5, attempts=3, backoff_s=0.01)
+    (outcome,) = asyncio.run(fanout.trigger([target], "busy", {"session": "busy"}, KEY, pool=POOL, timeout=5, attempts=3, backoff_s=0.01))
     assert (outcome.ok, outcome.status, outcome.error) == (False, 409, "busy")
     assert server.puts == {"/v1/sessions/busy": 1}
 
 
 def test_unreachable_sidecar_is_an_outcome_not_an_exception(server: Flaky) -> None:
-    (outcome,) = fanout.poll([Target("gone", "127.0.0.1", 1)], "s1", KEY, concurrency=2, timeout=1)
+    (outcome,) = asyncio.run(fanout.poll([Target("gone", "127.0.0.1", 1)], "s1", KEY, pool=POOL, timeout=1))
     assert not outcome.ok and outcome.status == 0 and "unreachable" in outcome.error
 
 
@@ -94,6 +99,6 @@ def test_the_start_step_is_wait_steps_after_the_furthest_live_rank_of_any_pod(se
                fanout.Outcome(Target("c", "127.0.0.1", 1), False, {}, "unreachable", 0)]
     assert aligned_start_step(fanout.live_step_counts(answers), 5) == 47
     assert aligned_start_step(fanout.live_step_counts(answers[1:]), 0) == 42
-    old = fanout.telemetry([Target("old", "127.0.0.1", server.server_address[1])], KEY, concurrency=2, timeout=5)
+    old = asyncio.run(fanout.telemetry([Target("old", "127.0.0.1", server.server_address[1])], KEY, pool=POOL, timeout=5))
     assert not old[0].ok and aligned_start_step(fanout.live_step_counts(old), 5) is None
     assert aligned_start_step(fanout.live_step_counts([pod("idle", [])]), 5) is None

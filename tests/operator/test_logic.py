@@ -173,3 +173,18 @@ def test_the_analysis_pod_passes_pod_security_restricted() -> None:
     """In a namespace that enforces `restricted`, the Job controller can create it."""
     job = jobs.job("ml", "s1", "0123456789abcdef", OperatorSettings(), "store", {"accessKeyId": "AK", "secretAccessKey": "SK"})
     assert pod_security.violations({"spec": job["spec"]["template"]["spec"]}, "restricted") == []
+
+
+def test_no_key_in_the_reprs_of_what_holds_one() -> None:
+    """A repr ends up in logs and tracebacks: the operator's key must never be in one."""
+    from stepscope.operator import certs
+    from stepscope.operator.lifecycle import Context
+    from stepscope.operator.settings import OperatorSettings
+    from stepscope.sidecar_client import SidecarClient
+    from stepscope.signing import Verifier
+
+    key = b"operator-master-key-never-shown"
+    for holder in (Context(OperatorSettings(), key), SidecarClient("http://10.0.0.5:7470", key), Verifier(key)):
+        assert "operator-master-key" not in repr(holder), type(holder).__name__
+    serving = certs.generate(["127.0.0.1"])
+    assert b"PRIVATE KEY" in serving.key_pem and "PRIVATE" not in repr(serving)

@@ -154,6 +154,8 @@ def test_a_labelled_pod_gets_the_sidecar_through_the_api_server(injecting: Chart
     assert sidecar is not None and sidecar["image"] == "registry.example/stepscope:test" and sidecar["restartPolicy"] == "Always"
     assert pod["metadata"]["annotations"]["stepscope.io/injected"] == "true"
     assert _env(sidecar)["STEPSCOPE_HMAC_KEY"] == {"secretKeyRef": {"name": "stepscope-hmac", "key": "key", "optional": True}}
+    # The address the operator's requests are signed for (docs/wire.md): the pod's IP, from the downward API.
+    assert _env(sidecar)["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     training, logger = pod["spec"]["containers"]
     assert _env(training)["PYTHONPATH"] == f"{BOOTSTRAP_DIR}:/app/lib" and _env(logger)["PYTHONPATH"] == BOOTSTRAP_DIR
     unlabelled, warnings = injecting.create_pod("default", "web-0", labels={"app": "web"})

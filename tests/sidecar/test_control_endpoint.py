@@ -12,13 +12,20 @@ import pytest
 
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient, SidecarError
-from stepscope.signing import sign
+from stepscope.signing import sign, target
 from tests.sidecar.conftest import KEY
 
 
 def trigger_body(session: str, destination: str, **spec: Any) -> dict[str, Any]:
     spec = {"capture": {"waitSteps": 1, "steps": 2}, "storage": {"uri": destination}, **spec}
     return {"session": session, "namespace": "default", "name": "t", "destination": destination, "spec": spec}
+
+
+def to(sidecar: Sidecar) -> str:
+    """The address a request to `sidecar` is signed for (what SidecarClient signs)."""
+    parts = urlsplit(sidecar.url)
+    assert parts.hostname and parts.port
+    return target(parts.hostname, parts.port)
 
 
 def raw(sidecar: Sidecar, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
@@ -67,11 +74,11 @@ def test_bad_signatures_get_401(sidecar: Sidecar, tmp_path: Path, case: str) -> 
     body = json.dumps(trigger_body("s-1", (tmp_path / "s").as_uri())).encode()
     headers = {
         "missing": {},
-        "wrong-key": sign(b"not the key", "PUT", path, body),
-        "stale": sign(KEY, "PUT", path, body, now=time.time() - 301),
-        "future": sign(KEY, "PUT", path, body, now=time.time() + 301),
-        "tampered-body": sign(KEY, "PUT", path, body.replace(b'"steps": 2', b'"steps": 9')),
-        "other-path": sign(KEY, "PUT", "/v1/sessions/s-2", body),
+        "wrong-key": sign(b"not the key", "PUT", path, body, to=to(sidecar)),
+        "stale": sign(KEY, "PUT", path, body, to=to(sidecar), now=time.time() - 301),
+        "future": sign(KEY, "PUT", path, body, to=to(sidecar), now=time.time() + 301),
+        "tampered-body": sign(KEY, "PUT", path, body.replace(b'"steps": 2', b'"steps": 9'), to=to(sidecar)),
+        "other-path": sign(KEY, "PUT", "/v1/sessions/s-2", body, to=to(sidecar)),
     }[case]
     status, payload = raw(sidecar, "PUT", path, body, headers)
     assert status == 401 and payload["error"]
@@ -81,11 +88,11 @@ def test_bad_signatures_get_401(sidecar: Sidecar, tmp_path: Path, case: str) -> 
 def test_replayed_request_gets_401(sidecar: Sidecar, tmp_path: Path) -> None:
     path = "/v1/sessions/s-1"
     body = json.dumps(trigger_body("s-1", (tmp_path / "s").as_uri())).encode()
-    headers = sign(KEY, "PUT", path, body)
+    headers = sign(KEY, "PUT", path, body, to=to(sidecar))
     assert raw(sidecar, "PUT", path, body, headers)[0] == 201
     status, payload = raw(sidecar, "PUT", path, body, headers)
     assert status == 401 and "replayed" in payload["error"]
-    get_headers = sign(KEY, "GET", path, b"")
+    get_headers = sign(KEY, "GET", path, b"", to=to(sidecar))
     assert raw(sidecar, "GET", path, b"", get_headers)[0] == 200
     assert raw(sidecar, "GET", path, b"", get_headers)[0] == 401
 
@@ -117,7 +124,7 @@ def test_unknown_session_and_endpoint_get_404(client: SidecarClient, sidecar: Si
     with pytest.raises(SidecarError) as raised:
         client.get_session("nope")
     assert raised.value.status == 404
-    assert raw(sidecar, "GET", "/v2/other", b"", sign(KEY, "GET", "/v2/other", b""))[0] == 404
+    assert raw(sidecar, "GET", "/v2/other", b"", sign(KEY, "GET", "/v2/other", b"", to=to(sidecar)))[0] == 404
 
 
 def test_client_never_goes_through_an_environment_proxy(sidecar: Sidecar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
