@@ -29,6 +29,7 @@ class Cell:
     text: str = ""
     kind: str = ""  # "n" (a number, right-aligned), "name" (monospace) or ""
     title: str | None = None  # the full text on hover (text is shortened)
+    full: str | None = None  # a kernel's full name, shown on demand under its short form (text)
     badge: str | None = None  # a severity badge
     lines: tuple[str, ...] | None = None  # a folded stack, one frame a line
     waiting: bool = False  # a function that waits (locks, collectives)
@@ -182,7 +183,7 @@ def _slow_workers(full: list[Finding]) -> list[SlowWorker]:
             facts.append(f"kernel time {d['kernelRatio']:.2f}x its peers")
         if d.get("voteShare"):
             facts.append(f"last at {d['votes']} of {d['rounds']} matched collectives; others wait {d['peersWaitUsPerStep'] / 1000:,.1f} ms/step")
-        rows = [[Cell(short(k["name"], 90), "name", title=k["name"]), Cell(k["type"]),
+        rows = [[_kernel_name(k["name"]), Cell(k["type"]),
                  Cell(f'{k["ratio"]:.2f}x', "n"), Cell(_num(k["excessUsPerStep"] / 1000, 2), "n")] for k in d.get("slowKernels", [])]
         workers.append(SlowWorker(f.ranks[0], "; ".join(facts), Table(["kernel", "type", "time vs peers", "extra ms/step"], rows) if rows else None))
     return workers
@@ -201,13 +202,17 @@ def _hangs(full: list[Finding]) -> Table | None:
     return Table(["rank", "", "innermost user frame", "main thread (outermost first)"], rows, ["slow" if int(r) in culprits else "" for r in order])
 
 
+def _kernel_name(name: str) -> Cell:
+    return Cell(short(name, 90), "name", full=name)
+
+
 def _kernels(op_statistic: pd.DataFrame, limit: int = 20) -> Block:
     if op_statistic.empty:
         return Block(note="no GPU kernels in the traces")
-    rows = [[Cell(short(str(r["OP Type"]), 90), "name", title=str(r["OP Type"])), Cell(str(r["Core Type"])), Cell(f'{int(r["Count"]):,}', "n"),
+    rows = [[_kernel_name(str(r["OP Type"])), Cell(str(r["Core Type"])), Cell(f'{int(r["Count"]):,}', "n"),
              Cell(_num(r["Total Time(us)"] / 1000, 2), "n"), Cell(_num(r["Avg Time(us)"], 1), "n"), Cell(_num(r["Ratio(%)"], 1), "n"),
              Cell(str(int(r["Ranks"])), "n")] for _, r in op_statistic.head(limit).iterrows()]
-    return Block(table=Table(["kernel (hover for the full name)", "type", "count", "total ms", "avg us", "share %", "ranks"], rows))
+    return Block(table=Table(["kernel", "type", "count", "total ms", "avg us", "share %", "ranks"], rows))
 
 
 def _functions(tables: RankTables, limit: int = 20) -> Block:
