@@ -10,6 +10,7 @@ import pandas as pd
 from ..model import SUMMARY_VERSION, RankSummary, StepRow
 from . import breakdown, intervals
 from .collectives import collectives, cpu_time_in
+from .efficiency import device_of, efficiency
 from .gpu_scope import DEFAULT_COMM_KERNELS, CommKernels, gpu_scope
 from .gpu_steps import step_statistics
 from .kernels import comm_comp_overlap, compute_union, kernel_stats
@@ -72,11 +73,14 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
     gpu_union = intervals.merge(gpu_ts, np.maximum(gpu_ts + trace.dur[gpu_rows], gpu_ts))
     window_start = float(starts.min()) if len(starts) else float(trace.ts.min())
     busy = intervals.covered(gpu_union, np.array([window_start]), np.array([window_start + captured]))[0]
+    gpu = _main_gpu(trace, gpu_rows)
+    device = device_of(trace, gpu)
+    op_efficiency, kernel_efficiency = efficiency(trace, device, top=top)
     return RankSummary(
         version=SUMMARY_VERSION,
         rank=int(rank),
         worldSize=trace.world_size,
-        gpu=_main_gpu(trace, gpu_rows),
+        gpu=gpu,
         backend=trace.backend,
         pod=pod,
         node=node,
@@ -96,6 +100,9 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
         runtime=runtime_stats(trace, compute, captured),
         collectives=collectives(trace, compute, captured, comm=comm),
         functions=python_functions(trace, gpu_union, captured, top=top, steps=(starts, ends) if len(numbers) else None),
+        device=device,
+        opEfficiency=op_efficiency,
+        kernelEfficiency=kernel_efficiency,
         warnings=warnings,
     )
 

@@ -7,6 +7,7 @@ import pandas as pd
 from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.diagnosis.slow_workers import kernel_ratios
 from stepscope.analysis.diagnosis.wording import short
+from stepscope.analysis.model import RankSummary
 
 
 def step_trace_time(tables: RankTables) -> pd.DataFrame:
@@ -66,6 +67,23 @@ def communication(tables: RankTables) -> pd.DataFrame:
         "Bytes": c["bytes"], "Bus Bandwidth(GB/s)": c["busBandwidthGBs"], "Algorithm": c["algorithm"], "Protocol": c["protocol"],
         "Bottleneck Ratio": c["bottleneckRatio"],
     }).sort_values(["Rank", "Total Time(us)"], ascending=[True, False], kind="stable")
+
+
+EFFICIENCY_COLUMNS = ["Rank", "Kind", "Name", "Short Name", "Family", "Input Dims", "Dtype", "Count", "GPU Time(us)", "FLOPs", "Bytes",
+                      "FLOP/Byte", "TFLOP/s", "TB/s", "Peak TFLOP/s", "Peak TB/s", "% of Roofline", "Device", "Related"]
+
+
+def kernel_efficiency(summaries: list[RankSummary]) -> pd.DataFrame:
+    """Each rank's ops (Kind op) and kernels (Kind kernel) with FLOPs and bytes from shapes,
+    achieved rates and their place under the device's roofline (metrics/efficiency.py)."""
+    rows = [(s.rank, kind, e.name, e.family, e.shapes, e.dtype, e.count, e.gpuUs, e.flops, e.bytes, e.tflops, e.tbs, e.peakTflops,
+             e.peakTbs, e.pctOfPeak, s.device.model if s.device else "", e.related)
+            for s in summaries if not s.error for kind, items in (("op", s.opEfficiency), ("kernel", s.kernelEfficiency)) for e in items]
+    t = pd.DataFrame(rows, columns=["Rank", "Kind", "Name", "Family", "Input Dims", "Dtype", "Count", "GPU Time(us)", "FLOPs", "Bytes",
+                                    "TFLOP/s", "TB/s", "Peak TFLOP/s", "Peak TB/s", "% of Roofline", "Device", "Related"])
+    t["Short Name"] = _short_names(t["Name"]) if len(t) else pd.Series(dtype=str)
+    t["FLOP/Byte"] = t["FLOPs"] / t["Bytes"].where(t["Bytes"] > 0)
+    return t[EFFICIENCY_COLUMNS].sort_values(["Rank", "Kind", "GPU Time(us)"], ascending=[True, False, False], kind="stable")
 
 
 def report_tables(tables: RankTables) -> dict[str, pd.DataFrame]:
