@@ -218,27 +218,34 @@ def efficiency(trace: Trace, device: DeviceSpec | None, top: int = MAX_ROWS) -> 
     sh = trace.shapes
     if len(sh.row) == 0:
         return [], []
+    # GPU time of each op: its kernels share its External id. Only ops that launched kernels are costed.
+    kernels = np.flatnonzero(trace.cat_mask(KERNEL_CATS) & (trace.stream != -1) & (trace.external_id >= 0))
+    op_of_kernel = intervals.lookup(trace.external_id[sh.row], trace.external_id[kernels])
+    linked = op_of_kernel >= 0
+    kernels, op_of_kernel = kernels[linked], op_of_kernel[linked]
+    used = np.unique(op_of_kernel)
+    if len(used) == 0:
+        return [], []
     # Ops of one shape repeat thousands of times with the same recorded text: each is costed once.
-    keys = [b"\0".join((str(int(c)).encode(), d, t, x)) for c, d, t, x in zip(trace.name[sh.row], sh.dims, sh.types, sh.concrete)]
-    distinct, first, inverse = np.unique(np.array(keys, dtype=object), return_index=True, return_inverse=True)
+    keys = [b"\0".join((str(int(trace.name[sh.row[i]])).encode(), sh.dims[i], sh.types[i], sh.concrete[i])) for i in used]
+    distinct, first_used, inverse_used = np.unique(np.array(keys, dtype=object), return_index=True, return_inverse=True)
+    first = used[first_used]  # index into sh of each distinct op shape's first op
+    inverse = np.full(len(sh.row), -1)
+    inverse[used] = inverse_used.reshape(-1)
     costs = []
     for i in first:
         name = trace.names[int(trace.name[sh.row[i]])]
         costs.append(op_cost(name, _decode(sh.dims[i]), _decode(sh.types[i]), [str(v) for v in _decode(sh.concrete[i])]))
-    # GPU time of each op: its kernels share its External id.
-    kernels = np.flatnonzero(trace.cat_mask(KERNEL_CATS) & (trace.stream != -1) & (trace.external_id >= 0))
-    op_of_kernel = intervals.lookup(trace.external_id[sh.row], trace.external_id[kernels])
     costed = np.array([c is not None for c in costs], dtype=bool)
-    linked = op_of_kernel >= 0
-    kernels, op_of_kernel = kernels[linked], op_of_kernel[linked]
     keep = costed[inverse[op_of_kernel]]
     kernels, op_of_kernel = kernels[keep], op_of_kernel[keep]
     if len(kernels) == 0:
         return [], []
     dur = trace.dur[kernels]
     op_us = np.bincount(op_of_kernel, weights=dur, minlength=len(sh.row))
-    flops = np.array([c.flops if c else 0.0 for c in costs])[inverse]
-    nbytes = np.array([c.bytes if c else 0.0 for c in costs])[inverse]
+    # Ops without kernels (inverse -1) take the trailing 0.
+    flops = np.array([c.flops if c else 0.0 for c in costs] + [0.0])[inverse]
+    nbytes = np.array([c.bytes if c else 0.0 for c in costs] + [0.0])[inverse]
     ran = op_us > 0
     # Per distinct op shape.
     group = inverse[ran]

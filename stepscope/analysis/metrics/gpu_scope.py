@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 import numpy as np
 
@@ -49,12 +49,7 @@ class CommKernels:
 
     def library(self, name: str) -> str | None:
         """The library a communication kernel comes from ("NCCL" for HTA's), None for any other kernel."""
-        if _COMM_RE.match(name):
-            return "NCCL"
-        for label, pattern in _compiled(self.patterns):
-            if pattern.search(name) and not _MEM_RE.match(name):
-                return label
-        return None
+        return _library(self.patterns, name)
 
     def with_user(self, patterns: list[str]) -> CommKernels:
         """These kernels and the user's own regular expressions (re.error for a bad one)."""
@@ -68,6 +63,17 @@ DEFAULT_COMM_KERNELS = CommKernels()
 @cache
 def _compiled(patterns: tuple[tuple[str, str], ...]) -> list[tuple[str, re.Pattern[str]]]:
     return [(label, re.compile(p)) for label, p in patterns]
+
+
+# A trace's names are classified by several metrics, and a session's ranks share most of them.
+@lru_cache(maxsize=1 << 16)
+def _library(patterns: tuple[tuple[str, str], ...], name: str) -> str | None:
+    if _COMM_RE.match(name):
+        return "NCCL"
+    for label, pattern in _compiled(patterns):
+        if pattern.search(name) and not _MEM_RE.match(name):
+            return label
+    return None
 
 
 def kernel_type(name: str, comm: CommKernels = DEFAULT_COMM_KERNELS) -> int:
