@@ -62,6 +62,10 @@ def test_shapes_that_do_not_fit_the_signature_cost_nothing():
     assert op_cost("aten::cudnn_convolution", [[2, 8, 32, 32], [16, 8, 3, 3]], [F32, F32], ["", ""]) is None  # no stride recorded
     assert op_cost("aten::mul", [[3, 4], [5, 4]], [F32, F32], ["", ""]) is None  # not broadcastable
     assert op_cost("aten::_scaled_dot_product_flash_attention", [["x"], [1], [2]], [BF16] * 3, []) is None
+    # A corrupt or hostile trace: negative or absurd sizes give no figures, never an exception.
+    assert op_cost("aten::mm", [[-128, 64], [64, 32]], [BF16, BF16], ["", ""]) is None
+    assert op_cost("aten::mm", [[10 ** 200, 10 ** 200], [10 ** 200, 10 ** 200]], [BF16, BF16], ["", ""]) is None
+    assert op_cost("aten::mul", [[[1, 2]], [3]], [F32, F32], ["", ""]) is None
 
 
 @pytest.mark.parametrize("name, units, memory_gib, model, bf16, tbs", [

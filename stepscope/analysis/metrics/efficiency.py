@@ -50,6 +50,7 @@ _FLOPS_PER_ELEMENT = {"aten::_softmax": 5, "aten::_log_softmax": 5, "aten::nativ
                       "aten::sum": 1, "aten::mean": 1}
 _NO_FLOPS = ("aten::copy_", "aten::fill_")
 MAX_ROWS = 50
+MAX_SIZE = 1 << 40  # elements along one dimension: more is no tensor that ran
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,9 @@ def _elementwise(name: str, dims: list, types: list, concrete: list) -> Cost | N
 def op_cost(name: str, dims: list, types: list, concrete: list) -> Cost | None:
     """FLOPs and bytes of one op from its recorded inputs; None where the shapes do not say."""
     family: Callable[[str, list, list, list], Cost | None]
+    # Sizes of a corrupt or hostile trace (negative, absurd, not numbers) give no figures.
+    if any(not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < MAX_SIZE for d in dims if isinstance(d, list) for x in d):
+        return None
     if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm"):
         family = _gemm
     elif name in ("aten::cudnn_convolution", "aten::miopen_convolution", "aten::convolution_backward"):
