@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.diagnosis.rank_tables import build_tables
 from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
 from stepscope.analysis.loading.session_files import SessionFiles, SessionRanks, find_files, local_path, open_session, read_ranks
+from stepscope.analysis.metrics.gpu_scope import COMM_KERNEL_PATTERNS, DEFAULT_COMM_KERNELS, HTA_COMM_KERNELS, CommKernels
 from stepscope.analysis.model import Diagnosis, RankSummary
 from stepscope.analysis.reporting.report import write_report
 from stepscope.analysis.reporting.report_merge import MergePlan, MergeRank, expected_size, merge_order
@@ -99,11 +101,12 @@ def _merge_plan(files: SessionFiles, read: SessionRanks, diagnosis: Diagnosis, h
 
 
 def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None, progress: bool = True,
-                output: str | None = None, merged_limit_mb: int = MERGED_LIMIT_MB,
+                output: str | None = None, merged_limit_mb: int = MERGED_LIMIT_MB, comm: CommKernels = DEFAULT_COMM_KERNELS,
                 on_ranks: Callable[[int, int, list[str]], object] = lambda analysed, total, skipped: None) -> Diagnosis:
     """Diagnose the session at `uri` (folder, store URI or one trace file) and write its report
     into <uri>/report/ (or into `output`). Raises AnalysisError when there is nothing to analyse.
-    `on_ranks` hears how many ranks were analysed of how many, and which files were no traces."""
+    `on_ranks` hears how many ranks were analysed of how many, and which files were no traces.
+    `comm`: the kernels of raw traces counted as communication (uploaded summaries keep theirs)."""
     try:
         store, only = open_session(uri, endpoint=endpoint, region=region, credentials=credentials)
         files = find_files(store, only)
@@ -115,7 +118,7 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
     bar = tqdm(total=len(files.ranks) + 2, desc="stepscope analyze", unit="rank", file=sys.stderr, disable=not progress, leave=False)
     # One pool of worker processes summarises the raw traces, then rewrites the merged trace's ranks.
     with contextlib.closing(bar), worker_pool(analysis_workers(len(files.ranks))) as pool, contextlib.ExitStack() as local:
-        read = read_ranks(files, on_rank=lambda name: (bar.set_postfix_str(name, refresh=False), bar.update(1)), pool=pool)
+        read = read_ranks(files, on_rank=lambda name: (bar.set_postfix_str(name, refresh=False), bar.update(1)), pool=pool, comm=comm)
         summaries, stacks, problems = read.summaries, read.stacks, read.problems
         if not summaries:
             raise AnalysisError(f"nothing to analyse at {uri}: {', '.join(read.skipped)} are not traces (no traceEvents)")
@@ -146,6 +149,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merged-limit-mb", type=int, default=MERGED_LIMIT_MB,
                         help="uncompressed JSON the merged Perfetto trace may hold, in MiB (default %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    libraries = ", ".join(dict.fromkeys(label for label, _ in COMM_KERNEL_PATTERNS))
+    parser.add_argument("--comm-kernel", action="append", default=[], metavar="REGEX",
+                        help=f"count GPU kernels whose name matches REGEX (searched anywhere in the name) as communication, "
+                             f"besides NCCL's and the built-in patterns ({libraries}); repeatable")
+    parser.add_argument("--hta-comm-kernels", action="store_true",
+                        help="count only NCCL kernels as communication, as HTA does (HTA's own breakdown and overlap numbers)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -154,8 +163,13 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     counts: list[tuple[int, int, list[str]]] = []
     try:
+        comm = (HTA_COMM_KERNELS if args.hta_comm_kernels else DEFAULT_COMM_KERNELS).with_user(args.comm_kernel)
+    except re.error as exc:
+        print(f"stepscope analyze: --comm-kernel: not a regular expression: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
         diagnosis = analyze_uri(args.source, endpoint=args.endpoint, region=args.region, progress=not args.no_progress,
-                                output=args.output, merged_limit_mb=args.merged_limit_mb, on_ranks=lambda *c: counts.append(c))
+                                output=args.output, merged_limit_mb=args.merged_limit_mb, comm=comm, on_ranks=lambda *c: counts.append(c))
     except AnalysisError as exc:
         print(f"stepscope analyze: {exc}", file=sys.stderr)
         return EXIT_NONE

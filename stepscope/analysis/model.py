@@ -146,6 +146,35 @@ class FunctionStat(Struct):
     stepsUs: list[float] = []
 
 
+class DeviceSpec(Struct):
+    """The rank's GPU (deviceProperties' name) and its datasheet peaks (metrics/devices.py)."""
+    name: str
+    model: str  # the row of the device table it matched
+    tflops: dict[str, float] = {}  # dense TFLOP/s by dtype class: fp32, tf32, bf16, fp16, fp8
+    tbs: float = 0.0  # memory bandwidth, TB/s
+
+
+class OpEfficiency(Struct):
+    """FLOPs and bytes of an op, from its recorded shapes, over the time of the kernels it launched
+    (metrics/efficiency.py); for a kernel, its share of its ops' FLOPs and bytes."""
+    name: str  # op (aten::addmm) or kernel
+    family: str  # gemm | conv | attention | elementwise | reduction | normalization
+    count: int
+    gpuUs: float
+    flops: float
+    bytes: float
+    tflops: float = 0.0  # achieved
+    tbs: float = 0.0
+    dtype: str = ""
+    shapes: str = ""  # the op's input dims (for a kernel: those of its op of most time)
+    related: str = ""  # an op's kernel of most time; a kernel's op of most time
+    peakTflops: float = 0.0  # the device's for this dtype (0: unknown)
+    peakTbs: float = 0.0
+    # Achieved over the roofline at this arithmetic intensity, min(peak, intensity x bandwidth), in %;
+    # None without the device's peaks.
+    pctOfPeak: float | None = None
+
+
 class RankSummary(Struct):
     version: int
     rank: int
@@ -173,6 +202,9 @@ class RankSummary(Struct):
     runtime: list[RuntimeStat] = []
     collectives: list[CollectiveStat] = []
     functions: list[FunctionStat] = []
+    device: DeviceSpec | None = None
+    opEfficiency: list[OpEfficiency] = []  # the ops of most GPU time with FLOPs from their shapes
+    kernelEfficiency: list[OpEfficiency] = []
     # Per-step hardware statistics from the node's NVML samples (issue 5), keyed by metric name.
     hardware: dict[str, list[float]] = {}
     warnings: list[str] = []

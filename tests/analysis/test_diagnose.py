@@ -202,9 +202,27 @@ def test_cpu_only_gloo_run_weighs_collective_wait_against_python():
 
 
 def test_kernel_names_are_shortened_to_the_name_itself():
-    assert short("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int, float)") == "at::native::vectorized_elementwise_kernel"
+    assert short("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int, float)") == \
+        "native::vectorized_elementwise_kernel<native::FillFunctor>"
     assert short("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)") == "ncclKernel_AllReduce_RING_LL_Sum_float"
     assert short("volta_sgemm_128x32_nt") == "volta_sgemm_128x32_nt"
+
+
+def test_generic_kernel_names_keep_what_they_run_never_a_bare_namespace():
+    """Kernels of real traces whose name alone is a wrapper (cutlass::device_kernel, Kernel2) or
+    starts in an anonymous namespace: the short form names the kernel they instantiate."""
+    assert short("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+                 "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)") == "at::native::cunn_SoftMaxForward<float>"
+    flash = "void cutlass::device_kernel<flash::FlashAttnBwd<flash::CollectiveMainloopBwd<2, cute::tuple<cute::C<64>>>>>(flash::Params)"
+    assert short(flash, 90) == "cutlass::device_kernel<flash::FlashAttnBwd>"
+    gemm = "void cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_dptp128c_acc::GemmKernel>(dpsk::grouped_gemm::Params)"
+    assert short(gemm, 50) == "cutlass::device_kernel<GemmKernel>"
+    assert short(gemm, 90) == "cutlass::device_kernel<fp8_dptp128c_acc::GemmKernel>"
+    cutlass2 = "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>(cutlass_80_wmma::Params)"
+    assert short(cutlass2, 90) == "cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>"
+    assert short("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)") == \
+        "multimem_all_reduce_kernel<c10::BFloat16>"
+    assert short("void dpsk::ep::cuda::get_dispatch_layout<256, 32, 8>(long const*, int*)") == "dpsk::ep::cuda::get_dispatch_layout"
 
 
 def test_hang_with_two_ranks_the_one_outside_the_collective_is_the_culprit():

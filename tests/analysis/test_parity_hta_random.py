@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepscope.analysis.metrics.gpu_scope import gpu_scope
+from stepscope.analysis.metrics.gpu_scope import HTA_COMM_KERNELS, gpu_scope
 from stepscope.analysis.metrics.kernels import kernel_stats
 from stepscope.analysis.metrics.summary import summarize
 from stepscope.analysis.metrics.trace import load_trace
@@ -83,8 +83,8 @@ def test_random_trace_against_hta(tmp_path: Path, seed: int):
     run = json.loads((ref / "_run.json").read_text())
     assert run["errors"] == {}
     trace = load_trace(traces / "rank0.json")
-    summary = summarize(trace, rank=0)
-    case = (ref, run, {0: summary}, {0: kernel_stats(trace, gpu_scope(trace), summary.capturedUs, top=10**6)})
+    summary = summarize(trace, rank=0, comm=HTA_COMM_KERNELS)
+    case = (ref, run, {0: summary}, {0: kernel_stats(trace, gpu_scope(trace, HTA_COMM_KERNELS), summary.capturedUs, top=10**6)})
     for check in (parity.test_temporal_breakdown, parity.test_idle_time_breakdown, parity.test_kernel_type_breakdown,
                   parity.test_top_kernels, parity.test_comm_comp_overlap, parity.test_launch_statistics):
         check(case)

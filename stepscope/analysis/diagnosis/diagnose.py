@@ -16,6 +16,7 @@ import pandas as pd
 from stepscope.analysis.diagnosis.bottlenecks import all_checks
 from stepscope.analysis.diagnosis.causes import Cause
 from stepscope.analysis.diagnosis.consistency import CPU_ONLY, reconcile
+from stepscope.analysis.diagnosis.efficiency import efficiency_findings
 from stepscope.analysis.diagnosis.hangs import hang_findings
 from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables
 from stepscope.analysis.diagnosis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
@@ -254,7 +255,8 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
     evidence = {r: e for r, e in evidence.items() if e.holds_back}
     slow = [_slow_worker_finding(e, tables, median_step_us, python, explanations) for e in evidence.values()]
     hangs = hang_findings(stacks or {}, sorted(s.rank for s in summaries))
-    found = _ordered(reconcile([*slow, *skew, *waiting, *hangs, *_trace_findings(summaries), *hw_found, *checks], tables))
+    found = _ordered(reconcile([*slow, *skew, *waiting, *hangs, *_trace_findings(summaries), *hw_found, *checks,
+                                 *efficiency_findings(ok)], tables))
     info = {s.rank: s for s in ok}
     workers = [SlowWorker(rank=e.rank, stepTimeMs=round(float(tables.step_us.get(e.rank, np.nan)) / 1000.0, 3) if e.rank in steps.index else 0.0,
                           slowdown=round(e.slowdown(median_step_us), 3)) for e in evidence.values()]

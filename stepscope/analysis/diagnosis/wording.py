@@ -55,11 +55,46 @@ def function_text(name: str) -> str:
     return f"{m['func']} (built-in, {owner})"
 
 
+_ANONYMOUS = "(anonymous namespace)::"
+_LITERAL = re.compile(r"^(?:true|false|-?[\d.]+[a-z]*|\(.*\)-?[\d.]+[a-z]*)$")
+
+
+def _template_args(text: str) -> list[str]:
+    """The top-level arguments of the template argument list `text` opens with ('<...>...')."""
+    args: list[str] = []
+    depth, start = 0, 1
+    for i, c in enumerate(text):
+        if c in "<([":
+            depth += 1
+        elif c in ">)]":
+            depth -= 1
+            if depth == 0:
+                return [*args, text[start:i].strip()]
+        elif c == "," and depth == 1:
+            args.append(text[start:i].strip())
+            start = i + 1
+    return args
+
+
 def short(name: str, limit: int = 60) -> str:
-    """Kernel names run to hundreds of characters of template arguments and parameter lists:
-    keep the name itself ('void at::native::f<...>(...)' reads 'at::native::f')."""
-    base = name.removeprefix("void ")
-    cut = min((i for i in (base.find("<"), base.find("(")) if i > 0), default=len(base))
-    base = base[:cut].strip()
+    """Kernel names run to hundreds of characters of template arguments and parameter lists: keep
+    the name itself and its first type argument, which says what a generic kernel runs
+    ('void cutlass::device_kernel<flash::FlashAttnBwd<...>>(...)' reads
+    'cutlass::device_kernel<flash::FlashAttnBwd>'), never a bare namespace."""
+    base, rest = _name_itself(name)
+    arg = next((a for a in _template_args(rest) if not _LITERAL.match(a)), "") if rest[:1] == "<" else ""
+    if arg:
+        # Outer namespaces go first where the whole does not fit, the argument before the name.
+        arg_parts, parts = _name_itself(arg)[0].split("::"), base.split("::")
+        forms = [f"{'::'.join(parts[-k:])}<{'::'.join(arg_parts[-j:])}>" for k, j in ((len(parts), 2), (2, 2), (2, 1), (1, 1))]
+        base = next((f for f in forms if len(f) <= limit), forms[-1])
     return base if len(base) <= limit else base[: limit - 3] + "..."
+
+
+def _name_itself(name: str) -> tuple[str, str]:
+    """A C++ name without 'void ' and anonymous namespaces, cut before its template or parameter
+    list, and that list with what follows."""
+    base = name.removeprefix("void ").replace(_ANONYMOUS, "")
+    cut = min((i for i in (base.find("<"), base.find("(")) if i > 0), default=len(base))
+    return base[:cut].strip(), base[cut:]
 

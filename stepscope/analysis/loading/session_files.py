@@ -18,6 +18,7 @@ import msgspec
 
 from stepscope import layout
 from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
+from stepscope.analysis.metrics.gpu_scope import DEFAULT_COMM_KERNELS, CommKernels
 from stepscope.analysis.metrics.summary import rank_from_name
 from stepscope.analysis.metrics.trace import NOT_A_TRACE
 from stepscope.analysis.model import RANK_DIGITS, SUMMARY_VERSION, RankSummary, decode_summary
@@ -124,13 +125,15 @@ def failed(rank: int, error: str, **known: Any) -> RankSummary:
     return RankSummary(version=SUMMARY_VERSION, rank=rank, error=error, **known)
 
 
-def read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int = 50) -> RankSummary:
+def read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int = 50,
+                 comm: CommKernels = DEFAULT_COMM_KERNELS) -> RankSummary:
     """The rank's summary: the uploaded one, else one made now from its raw trace (keeping the
-    `top` kernels of each type and Python functions), else an error."""
-    return _read_summary(store, files, fallback_rank, top)[0]
+    `top` kernels of each type and Python functions, `comm` its communication kernels), else an error."""
+    return _read_summary(store, files, fallback_rank, top, comm)[0]
 
 
-def _read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int = 50) -> tuple[RankSummary, bool]:
+def _read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int = 50,
+                  comm: CommKernels = DEFAULT_COMM_KERNELS) -> tuple[RankSummary, bool]:
     """read_summary, and whether its raw trace was parsed whole doing it."""
     rank = files.rank if files.rank is not None else fallback_rank
     problem = ""
@@ -149,7 +152,7 @@ def _read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int =
         from stepscope.analysis.metrics.summary import summarize_file
         try:
             with local_path(store, files.trace) as path:
-                summary = summarize_file(path, rank=files.rank, top=top)
+                summary = summarize_file(path, rank=files.rank, top=top, comm=comm)
         except StoreError as exc:
             return failed(rank, f"cannot read {files.trace}: {exc}"), False
         if problem:
@@ -188,7 +191,8 @@ def missing_ranks(summaries: list[RankSummary]) -> list[int]:
     return sorted(set(range(min(known), max(known) + 1)) - known) if known else []
 
 
-def _summaries(files: SessionFiles, top: int, on_rank: Callable[[str], object], pool: Executor) -> list[tuple[RankSummary, bool]]:
+def _summaries(files: SessionFiles, top: int, on_rank: Callable[[str], object], pool: Executor,
+               comm: CommKernels) -> list[tuple[RankSummary, bool]]:
     """_read_summary of every rank, in files.ranks order. Large raw traces in a directory are
     summarised in the pool's processes (the summariser is single-threaded and streams, so a
     process holds a couple of hundred MB whatever the trace size)."""
@@ -198,10 +202,10 @@ def _summaries(files: SessionFiles, top: int, on_rank: Callable[[str], object], 
     if len(raw) < 2 or sum(p.stat().st_size for p in raw if p.exists()) < PARALLEL_BYTES:
         out = []
         for f, rank in jobs:
-            out.append(_read_summary(files.store, f, rank, top))
+            out.append(_read_summary(files.store, f, rank, top, comm))
             on_rank(f.trace or f.summary or f.stacks or "")
         return out
-    futures = {pool.submit(_read_summary, files.store, f, rank, top): f for f, rank in jobs}
+    futures = {pool.submit(_read_summary, files.store, f, rank, top, comm): f for f, rank in jobs}
     for done in as_completed(futures):
         f = futures[done]
         on_rank(f.trace or f.summary or f.stacks or "")
@@ -219,19 +223,19 @@ class SessionRanks:
 
 
 def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda name: None, top: int = 50,
-               pool: Executor | None = None) -> SessionRanks:
+               pool: Executor | None = None, comm: CommKernels = DEFAULT_COMM_KERNELS) -> SessionRanks:
     """Every rank's summary, stacks and problems; `on_rank` hears of each rank file set read.
-    Raw traces are summarised in `pool` (a pool of its own when None)."""
+    Raw traces are summarised in `pool` (a pool of its own when None), `comm` their communication kernels."""
     if pool is None:
         with worker_pool(analysis_workers(len(files.ranks))) as own:
-            return read_ranks(files, on_rank, top, own)
+            return read_ranks(files, on_rank, top, own, comm)
     summaries: dict[int, RankSummary] = {}
     stacks: dict[int, dict] = {}
     problems: dict[int, list[str]] = {}
     traces: dict[int, str] = {}
     parsed: set[int] = set()
     next_free = max([f.rank for f in files.ranks if f.rank is not None] + [-1]) + 1
-    read = list(zip(files.ranks, _summaries(files, top, on_rank, pool)))
+    read = list(zip(files.ranks, _summaries(files, top, on_rank, pool, comm)))
     # A file in a folder of traces that is no trace, with no rank in its name, is no rank at all.
     skipped = [f.trace for f, (s, _) in read if f.rank is None and f.trace and not f.summary and NOT_A_TRACE in s.error]
     read = [(f, sw) for f, sw in read if f.trace not in skipped or f.summary]

@@ -1,6 +1,8 @@
-"""Collectives by type: NCCL/RCCL kernels on GPU traces, gloo (or other CPU backend) calls on CPU-only traces.
+"""Collectives by type: communication kernels on GPU traces (NCCL/RCCL, and those gpu_scope's
+CommKernels recognises: DeepEP, NVSHMEM, all-to-alls), gloo (or other CPU backend) calls on CPU-only traces.
 
-Algorithm and protocol come from NCCL kernel names (ncclKernel_AllReduce_RING_LL_Sum_float);
+Algorithm and protocol come from NCCL kernel names (ncclKernel_AllReduce_RING_LL_Sum_float); other
+communication kernels take their kind from what their name says they do, their library as algorithm;
 message sizes from the collective arguments PyTorch records ("In msg nelems", "dtype",
 "Group size"), on the kernel itself or on the CPU op that launched it (same External id).
 """
@@ -13,7 +15,7 @@ import numpy as np
 
 from ..model import CollectiveStat
 from . import intervals
-from .gpu_scope import COMM, name_types
+from .gpu_scope import COMM, DEFAULT_COMM_KERNELS, CommKernels, name_types
 from .trace import Trace
 
 _PROTOCOLS = ("LL128", "LL", "SIMPLE")
@@ -34,6 +36,13 @@ _DTYPE_BYTES = {
 _BUS_FACTOR = {"AllReduce": lambda n: 2 * (n - 1) / n, "AllGather": lambda n: (n - 1) / n,
                "ReduceScatter": lambda n: (n - 1) / n, "AllToAll": lambda n: (n - 1) / n}
 _CPU_COLLECTIVE_RE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl):([a-z_]+)")
+# What a communication kernel outside NCCL does, from its own name (the part before its template
+# and parameter lists), first match wins: DeepEP's notify_dispatch exchanges counts before a dispatch.
+_PATTERN_KINDS = tuple((re.compile(p), kind) for p, kind in (
+    (r"notify", "Notify"), (r"dispatch", "Dispatch"), (r"combine", "Combine"),
+    (r"all_?to_?all|(?<![a-z0-9])a2a(?![a-z0-9])", "AllToAll"), (r"all_?reduce|cross_device_reduce", "AllReduce"),
+    (r"all_?gather", "AllGather"), (r"reduce_?scatter", "ReduceScatter"), (r"barrier", "Barrier"),
+    (r"broadcast", "Broadcast"), (r"(?<![a-z])(put|get|send|recv)", "SendRecv")))
 
 
 def normalise_kind(raw: str) -> str:
@@ -50,6 +59,15 @@ def parse_nccl_name(name: str) -> tuple[str, str, str]:
     protocol = next((t for t in tokens[2:] if t in _PROTOCOLS), "")
     algorithm = "_".join(t for t in tokens[2:tokens.index(protocol) if protocol else len(tokens)] if t.isupper())
     return kind, algorithm, protocol
+
+
+def comm_kernel_label(name: str, library: str) -> tuple[str, str, str]:
+    """(kind, algorithm, protocol) of a communication kernel of `library` (CommKernels.library)."""
+    if library == "NCCL":
+        return parse_nccl_name(name)
+    base = name.removeprefix("void ").split("<")[0].split("(")[0].lower()
+    kind = next((k for pattern, k in _PATTERN_KINDS if pattern.search(base)), "Other")
+    return kind, library, ""
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -107,17 +125,18 @@ def cpu_time_in(trace: Trace, starts: np.ndarray, ends: np.ndarray) -> np.ndarra
 
 
 def collectives(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_us: float,
-                keep_durations: int = 2000) -> list[CollectiveStat]:
+                keep_durations: int = 2000, comm: CommKernels = DEFAULT_COMM_KERNELS) -> list[CollectiveStat]:
     """Per collective kind: count, time, median, bus bandwidth, bottleneck ratio and per-instance durations.
 
     The per-instance durations (in issue order, at most `keep_durations`) let the diagnosis line up
     the i-th collective across ranks: the rank that arrives last waits least.
     """
     rows = trace.device_rows()
-    rows = rows[name_types(trace)[trace.name[rows]] == COMM]
+    rows = rows[name_types(trace, comm)[trace.name[rows]] == COMM]
     on_gpu = len(rows) > 0
     if on_gpu:
-        label_of = {int(c): parse_nccl_name(trace.names[int(c)]) for c in np.unique(trace.name[rows])}
+        label_of = {int(c): comm_kernel_label(trace.names[int(c)], comm.library(trace.names[int(c)]) or "")
+                    for c in np.unique(trace.name[rows])}
     else:
         label_of = {i: (normalise_kind(m.group(2)), "", "") for i, n in enumerate(trace.names)
                     if (m := _CPU_COLLECTIVE_RE.match(n))}

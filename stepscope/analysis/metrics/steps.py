@@ -11,7 +11,7 @@ import numpy as np
 
 from ..model import StepRow
 from . import intervals
-from .gpu_scope import COMM, COMP, gpu_filter_mask, name_types
+from .gpu_scope import COMM, COMP, DEFAULT_COMM_KERNELS, CommKernels, gpu_filter_mask, name_types
 from .trace import STEP_RE, Trace
 
 
@@ -53,7 +53,8 @@ def _per_step_union(seg: np.ndarray, ts: np.ndarray, end: np.ndarray, offset: fl
     return lengths, (ms, me)
 
 
-def step_rows(trace: Trace, spans: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[StepRow]:
+def step_rows(trace: Trace, spans: tuple[np.ndarray, np.ndarray, np.ndarray],
+              comm: CommKernels = DEFAULT_COMM_KERNELS) -> list[StepRow]:
     """The step tables for the spans step_spans() found; no spans make the whole trace step 0."""
     numbers, starts, ends = spans
     if len(numbers) == 0:
@@ -65,7 +66,7 @@ def step_rows(trace: Trace, spans: tuple[np.ndarray, np.ndarray, np.ndarray]) ->
     seg = np.searchsorted(starts, launched, side="right") - 1
     inside = (seg >= 0) & (launched < ends[np.maximum(seg, 0)])
     gpu, seg = gpu[inside], seg[inside]
-    types = name_types(trace)[trace.name[gpu]]
+    types = name_types(trace, comm)[trace.name[gpu]]
     t0 = min(float(trace.ts.min()), float(starts.min()))
     ts = trace.ts[gpu] - t0
     end = np.maximum(ts + trace.dur[gpu], ts)
@@ -77,9 +78,9 @@ def step_rows(trace: Trace, spans: tuple[np.ndarray, np.ndarray, np.ndarray]) ->
     np.maximum.at(span_hi, seg, end)
     span = np.where(np.isfinite(span_lo), span_hi - span_lo, 0.0)
     comp = types == COMP
-    comm = types == COMM
+    communicating = types == COMM
     computing, comp_set = _per_step_union(seg[comp], ts[comp], end[comp], offset, n)
-    communication, comm_set = _per_step_union(seg[comm], ts[comm], end[comm], offset, n)
+    communication, comm_set = _per_step_union(seg[communicating], ts[communicating], end[communicating], offset, n)
     times, running, seconds = intervals.sweep([comp_set, comm_set])
     both = running == 3
     overlapped = np.bincount((times[both] // offset).astype(np.int64), weights=seconds[both], minlength=n) \

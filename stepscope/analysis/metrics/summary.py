@@ -10,7 +10,8 @@ import pandas as pd
 from ..model import SUMMARY_VERSION, RankSummary, StepRow
 from . import breakdown, intervals
 from .collectives import collectives, cpu_time_in
-from .gpu_scope import gpu_scope
+from .efficiency import device_of, efficiency
+from .gpu_scope import DEFAULT_COMM_KERNELS, CommKernels, gpu_scope
 from .gpu_steps import step_statistics
 from .kernels import comm_comp_overlap, compute_union, kernel_stats
 from .launch import launch_stats, runtime_stats
@@ -45,8 +46,10 @@ def _with_collective_time(trace: Trace, steps: list[StepRow]) -> list[StepRow]:
     return steps
 
 
-def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str = "", top: int = 50) -> RankSummary:
-    """`top`: kernels of each type and Python functions kept (a diff of two runs wants them all)."""
+def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str = "", top: int = 50,
+              comm: CommKernels = DEFAULT_COMM_KERNELS) -> RankSummary:
+    """`top`: kernels of each type and Python functions kept (a diff of two runs wants them all).
+    `comm`: the kernels counted as communication (HTA_COMM_KERNELS for HTA's own numbers)."""
     warnings = list(trace.warnings)
     if rank is None:
         rank = trace.rank if trace.rank is not None else rank_from_name(trace.path)
@@ -64,17 +67,20 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
     has_gpu = len(gpu_rows) > 0
     if not has_gpu:
         warnings.append(f"{NO_GPU_EVENTS}: CPU-only trace (steps, collectives and Python functions only)")
-    scope = gpu_scope(trace)
+    scope = gpu_scope(trace, comm)
     compute = compute_union(trace, scope)
     gpu_ts = trace.ts[gpu_rows]
     gpu_union = intervals.merge(gpu_ts, np.maximum(gpu_ts + trace.dur[gpu_rows], gpu_ts))
     window_start = float(starts.min()) if len(starts) else float(trace.ts.min())
     busy = intervals.covered(gpu_union, np.array([window_start]), np.array([window_start + captured]))[0]
+    gpu = _main_gpu(trace, gpu_rows)
+    device = device_of(trace, gpu)
+    op_efficiency, kernel_efficiency = efficiency(trace, device, top=top)
     return RankSummary(
         version=SUMMARY_VERSION,
         rank=int(rank),
         worldSize=trace.world_size,
-        gpu=_main_gpu(trace, gpu_rows),
+        gpu=gpu,
         backend=trace.backend,
         pod=pod,
         node=node,
@@ -83,7 +89,7 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
         hasGpu=has_gpu,
         capturedUs=captured,
         gpuUtilizationPct=round(100 * float(busy) / captured, 2) if captured > 0 else 0.0,
-        steps=step_rows(trace, spans) if has_gpu else _with_collective_time(trace, step_rows(trace, spans)),
+        steps=step_rows(trace, spans, comm) if has_gpu else _with_collective_time(trace, step_rows(trace, spans)),
         temporal=breakdown.temporal(trace, scope),
         idle=breakdown.idle(trace, scope),
         kernelTypes=breakdown.kernel_types(trace, scope) if has_gpu else [],
@@ -92,14 +98,17 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
         launch=launch_stats(trace, scope),
         memoryOps=memory_ops(trace, compute, captured),
         runtime=runtime_stats(trace, compute, captured),
-        collectives=collectives(trace, compute, captured),
+        collectives=collectives(trace, compute, captured, comm=comm),
         functions=python_functions(trace, gpu_union, captured, top=top, steps=(starts, ends) if len(numbers) else None),
+        device=device,
+        opEfficiency=op_efficiency,
+        kernelEfficiency=kernel_efficiency,
         warnings=warnings,
     )
 
 
 def summarize_file(path: str | Path, *, rank: int | None = None, pod: str = "", node: str = "", top: int = 50,
-                   samples: pd.DataFrame | None = None) -> RankSummary:
+                   samples: pd.DataFrame | None = None, comm: CommKernels = DEFAULT_COMM_KERNELS) -> RankSummary:
     """Summarise a trace file; never raises: an unreadable trace gives a summary with `error` set.
     With `samples` (its node's GPU samples, loading.gpu_samples.read_metrics) the summary gets the
     per-step hardware statistics of its GPU."""
@@ -112,7 +121,7 @@ def summarize_file(path: str | Path, *, rank: int | None = None, pod: str = "", 
         failed.error = str(e)
         return failed
     try:
-        summary = summarize(trace, rank=rank, pod=pod, node=node, top=top)
+        summary = summarize(trace, rank=rank, pod=pod, node=node, top=top, comm=comm)
     except Exception as e:  # noqa: BLE001 - the edge must upload something for every rank, so analysis bugs become errors
         failed.error = f"{path}: analysis failed: {type(e).__name__}: {e}"
         return failed

@@ -40,6 +40,14 @@ MEMSET_CATS = ("gpu_memset", "Memset")
 RUNTIME_CATS = ("cuda_runtime", "Runtime", "cuda_driver")
 PYTHON_CAT = "python_function"
 STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+# Ops whose recorded shapes (record_shapes) are kept: the ones efficiency.py derives FLOPs and
+# bytes for. Only these, so that a trace with shapes on every op costs no memory for the rest.
+SHAPED_OPS = re.compile(
+    r"^(aten::(mm|addmm|bmm|baddbmm|_scaled_mm|cudnn_convolution|miopen_convolution|_convolution|convolution_backward"
+    r"|_scaled_dot_product_(flash|efficient|cudnn)_attention(_backward)?|_flash_attention_(forward|backward)"
+    r"|_efficient_attention_(forward|backward)|add|add_|sub|sub_|mul|mul_|div|div_|relu|relu_|gelu|silu|silu_|sigmoid|tanh"
+    r"|neg|exp|rsqrt|pow|where|copy_|fill_|_softmax|_log_softmax|sum|mean|native_layer_norm|_fused_rms_norm)"
+    r"|flash_attn::_flash_attn_(forward|backward))$")
 _ERROR_AT = re.compile(r"\(byte (\d+)\)")
 
 
@@ -53,6 +61,7 @@ NOT_A_TRACE = 'no "traceEvents" array: not a Kineto/Chrome trace'
 
 # Numbers as written by any profiler version: some write them as strings, some as null.
 _Num = int | float | str | None
+_NO_RAW = msgspec.Raw()
 
 
 class _Args(msgspec.Struct, gc=False, frozen=True):
@@ -68,6 +77,10 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
     out_nelems: _Num = msgspec.field(default=None, name="Out msg nelems")
     group_size: _Num = msgspec.field(default=None, name="Group size")
     dtype: str | None = None
+    # Kept raw (a slice of the piece, copied for SHAPED_OPS only): most ops' shapes are never read.
+    input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
+    concrete: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Concrete Inputs")
 
 
 _NO_ARGS = _Args()
@@ -98,6 +111,7 @@ class _Meta(msgspec.Struct):
     """The top-level keys the analysis reads; Kineto writes some before traceEvents, some after."""
     distributedInfo: Any = None
     baseTimeNanoseconds: int | None = None
+    deviceProperties: Any = None
 
 
 class _Tail(_Meta):
@@ -167,6 +181,16 @@ class Collectives:
 
 
 @dataclass
+class Shapes:
+    """The recorded inputs of SHAPED_OPS events: JSON text of their "Input Dims", "Input type" and
+    "Concrete Inputs" (b"" where absent)."""
+    row: np.ndarray
+    dims: list[bytes]
+    types: list[bytes]
+    concrete: list[bytes]
+
+
+@dataclass
 class Trace:
     path: str
     rank: int | None
@@ -190,6 +214,8 @@ class Trace:
     first_event_ts: float  # ts of traceEvents[0] when it is a kept row, else NaN (HTA links to it)
     warnings: list[str] = field(default_factory=list)
     base_ns: int = 0  # baseTimeNanoseconds: ts (µs) + base_ns / 1000 = Unix epoch µs
+    shapes: Shapes = field(default_factory=lambda: Shapes(np.empty(0, np.int64), [], [], []))
+    devices: list[tuple[str, int, int]] = field(default_factory=list)  # deviceProperties: (name, numSms, totalGlobalMem)
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -225,6 +251,8 @@ class _Columns:
             "cat", "name", "pid", "ts", "dur", "stream", "correlation", "external_id",
             "nbytes", "python_id", "python_parent")}
         self.coll: dict[str, list] = {k: [] for k in ("row", "name", "in_nelems", "out_nelems", "group_size", "dtype")}
+        self.shapes: dict[str, list] = {k: [] for k in ("row", "dims", "types", "concrete")}
+        self.shaped_names: list[bool] = []  # name code -> in SHAPED_OPS
         self.rows = 0
         self.first_event_ts = float("nan")
         self.seen_events = 0
@@ -258,7 +286,8 @@ class _Columns:
         p = self.parts
         p["cat"].append(cat)
         p["ts"].append(ts)
-        p["name"].append(_codes(self.name_codes, map(_get("name"), kept), n))
+        names = _codes(self.name_codes, map(_get("name"), kept), n)
+        p["name"].append(names)
         p["dur"].append(_floats(kept, "dur"))
         stream = _ints(kept, "args.stream")
         p["stream"].append(stream)
@@ -269,11 +298,15 @@ class _Columns:
         on_stream = stream != -1
         memory = np.isin(cat, [self.cat_codes[c] for c in MEMCPY_CATS + MEMSET_CATS if c in self.cat_codes])
         python = cat == self.cat_codes.get(PYTHON_CAT, -1)
+        shaped = self._shaped(names) & ~on_stream
+        if shaped.any():  # the ops of interest that carry shapes (record_shapes)
+            maybe = np.flatnonzero(shaped)
+            shaped[maybe] = np.fromiter(map(len, map(_get("args.input_dims"), compress(kept, shaped))), np.int64, len(maybe)) > 0
         for key, attr, rows in (("pid", "pid", on_stream), ("nbytes", "args.bytes", memory),
                                 ("python_id", "args.python_id", python),
                                 ("python_parent", "args.python_parent", python),
                                 # External ids link collective kernels to the op holding their sizes.
-                                ("external_id", "args.external_id", has_coll | on_stream)):
+                                ("external_id", "args.external_id", has_coll | on_stream | shaped)):
             column = np.full(n, -1, dtype=np.int64)
             if rows.any():
                 some = list(compress(kept, rows))
@@ -289,7 +322,19 @@ class _Columns:
             c["dtype"] += _strings(some, "args.dtype")
             for key in ("in_nelems", "out_nelems", "group_size"):
                 c[key].append(_ints(some, f"args.{key}"))
+        if shaped.any():
+            some = list(compress(kept, shaped))
+            self.shapes["row"].append(self.rows + np.flatnonzero(shaped))
+            for key, attr in (("dims", "args.input_dims"), ("types", "args.input_type"), ("concrete", "args.concrete")):
+                self.shapes[key] += list(map(bytes, map(_get(attr), some)))
         self.rows += n
+
+    def _shaped(self, names: np.ndarray) -> np.ndarray:
+        """Rows whose op is one of SHAPED_OPS, by a table over the name codes seen so far."""
+        table = self.shaped_names
+        if len(table) < len(self.name_codes):
+            table += [SHAPED_OPS.match(n) is not None for n in list(self.name_codes)[len(table):]]
+        return np.asarray(table, dtype=bool)[names]
 
     def _ids(self, events: list[_Event]) -> np.ndarray:
         """Process ids; the few string ids (and integers beyond int64) get negative codes."""
@@ -547,8 +592,19 @@ def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
                                 dtype=coll["dtype"]),
         rounded=rounded,
         first_event_ts=first_ts,
+        shapes=Shapes(_joined(cols.shapes["row"]), cols.shapes["dims"], cols.shapes["types"], cols.shapes["concrete"]),
+        devices=_devices(meta.deviceProperties),
         warnings=[] if info else ["the trace has no distributedInfo (rank and world size unknown)"],
     )
+
+
+def _devices(value: Any) -> list[tuple[str, int, int]]:
+    """(name, numSms, totalGlobalMem) of each entry of deviceProperties, in its order (at most
+    1,024: a hostile header gets no further); an entry that is no object is no device."""
+    if not isinstance(value, list):
+        return []
+    return [(str(d.get("name", ""))[:200], _int64(d.get("numSms")), _int64(d.get("totalGlobalMem")))
+            for d in value[:1024] if isinstance(d, dict)]
 
 
 def _joined(parts: list[np.ndarray], dtype: type = np.int64) -> np.ndarray:

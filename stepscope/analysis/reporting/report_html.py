@@ -29,6 +29,7 @@ class Cell:
     text: str = ""
     kind: str = ""  # "n" (a number, right-aligned), "name" (monospace) or ""
     title: str | None = None  # the full text on hover (text is shortened)
+    full: str | None = None  # a kernel's full name, shown on demand under its short form (text)
     badge: str | None = None  # a severity badge
     lines: tuple[str, ...] | None = None  # a folded stack, one frame a line
     waiting: bool = False  # a function that waits (locks, collectives)
@@ -68,10 +69,26 @@ class Chart:
 
 
 @dataclass(frozen=True)
+class Roofline:
+    """A log-log roofline: ticks (position, label) on both axes, each roof as SVG polyline points
+    with its label and colour, and dots (x, y, radius, colour, title)."""
+    width: int
+    height: int
+    left: int
+    bottom: int
+    xticks: list[tuple[float, str]]
+    yticks: list[tuple[float, str]]
+    roofs: list[tuple[str, str, float, float]]  # points, label, label x, label y
+    dots: list[tuple[float, float, float, str, str]]
+    legend: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Block:
     """A section's content: a table or a chart, with a note before or after it (or a note alone)."""
     table: Table | None = None
     chart: Chart | None = None
+    roofline: Roofline | None = None
     before: str = ""
     note: str = ""
 
@@ -182,7 +199,7 @@ def _slow_workers(full: list[Finding]) -> list[SlowWorker]:
             facts.append(f"kernel time {d['kernelRatio']:.2f}x its peers")
         if d.get("voteShare"):
             facts.append(f"last at {d['votes']} of {d['rounds']} matched collectives; others wait {d['peersWaitUsPerStep'] / 1000:,.1f} ms/step")
-        rows = [[Cell(short(k["name"], 90), "name", title=k["name"]), Cell(k["type"]),
+        rows = [[_kernel_name(k["name"]), Cell(k["type"]),
                  Cell(f'{k["ratio"]:.2f}x', "n"), Cell(_num(k["excessUsPerStep"] / 1000, 2), "n")] for k in d.get("slowKernels", [])]
         workers.append(SlowWorker(f.ranks[0], "; ".join(facts), Table(["kernel", "type", "time vs peers", "extra ms/step"], rows) if rows else None))
     return workers
@@ -201,13 +218,17 @@ def _hangs(full: list[Finding]) -> Table | None:
     return Table(["rank", "", "innermost user frame", "main thread (outermost first)"], rows, ["slow" if int(r) in culprits else "" for r in order])
 
 
+def _kernel_name(name: str) -> Cell:
+    return Cell(short(name, 90), "name", full=name)
+
+
 def _kernels(op_statistic: pd.DataFrame, limit: int = 20) -> Block:
     if op_statistic.empty:
         return Block(note="no GPU kernels in the traces")
-    rows = [[Cell(short(str(r["OP Type"]), 90), "name", title=str(r["OP Type"])), Cell(str(r["Core Type"])), Cell(f'{int(r["Count"]):,}', "n"),
+    rows = [[_kernel_name(str(r["OP Type"])), Cell(str(r["Core Type"])), Cell(f'{int(r["Count"]):,}', "n"),
              Cell(_num(r["Total Time(us)"] / 1000, 2), "n"), Cell(_num(r["Avg Time(us)"], 1), "n"), Cell(_num(r["Ratio(%)"], 1), "n"),
              Cell(str(int(r["Ranks"])), "n")] for _, r in op_statistic.head(limit).iterrows()]
-    return Block(table=Table(["kernel (hover for the full name)", "type", "count", "total ms", "avg us", "share %", "ranks"], rows))
+    return Block(table=Table(["kernel", "type", "count", "total ms", "avg us", "share %", "ranks"], rows))
 
 
 def _functions(tables: RankTables, limit: int = 20) -> Block:
@@ -242,6 +263,59 @@ def _communication(communication: pd.DataFrame) -> Block:
     rows = [[Cell(str(kind)), Cell(_num(r["count"], 0), "n"), Cell(_num(r["median"], 1), "n"), Cell(_num(r["bwmed"], 1), "n"), Cell(_num(r["bwmin"], 1), "n"),
              Cell(str(int(r["ranks"])), "n")] for kind, r in stats.iterrows()]
     return Block(table=Table(["collective", "count per rank", "median us", "bus GB/s (median)", "bus GB/s (lowest rank)", "ranks"], rows))
+
+
+_FAMILY_COLOURS = {"gemm": "var(--c1)", "conv": "var(--c4)", "attention": "var(--c3)", "elementwise": "var(--c2)",
+                   "reduction": "var(--c5)", "normalization": "#8b5cf6"}
+
+
+def _roofline(efficiency: pd.DataFrame, limit: int = 60) -> Block:
+    """The ops of most GPU time (summed over ranks) on the roofline of the ranks' most common
+    device: achieved TFLOP/s over arithmetic intensity, log-log, a roof per dtype seen."""
+    ops = efficiency[(efficiency["Kind"] == "op") & (efficiency["Device"] != "") & (efficiency["FLOPs"] > 0) & (efficiency["Bytes"] > 0)]
+    if ops.empty:
+        return Block(note="no op with recorded shapes ran on a device of the table (capture with record_shapes to see kernel efficiency)")
+    device = ops["Device"].mode().iloc[0]
+    ops = ops[ops["Device"] == device]
+    g = ops.groupby(["Name", "Input Dims", "Dtype", "Family"], as_index=False)[["GPU Time(us)", "FLOPs", "Bytes"]].sum()
+    g = g.merge(ops.groupby("Dtype", as_index=False)[["Peak TFLOP/s", "Peak TB/s"]].max(), on="Dtype")
+    g = g.nlargest(limit, "GPU Time(us)")
+    ai = g["FLOPs"].to_numpy() / g["Bytes"].to_numpy()
+    achieved = g["FLOPs"].to_numpy() / g["GPU Time(us)"].to_numpy() / 1e6
+    bandwidth = float(g["Peak TB/s"].max())
+    peaks = {d: float(p) for d, p in zip(g["Dtype"], g["Peak TFLOP/s"]) if p > 0}
+    ridges = [p / bandwidth for p in peaks.values()] if bandwidth > 0 else []
+    x_lo, x_hi = np.floor(np.log10(min(ai.min(), *ridges))), np.ceil(np.log10(max(ai.max(), *ridges))) + 0.5
+    y_lo = np.floor(np.log10(max(min(achieved.min(), bandwidth * 10 ** x_lo) if bandwidth else achieved.min(), 1e-6)))
+    y_hi = np.ceil(np.log10(2 * max([achieved.max(), *peaks.values()])))  # room above the highest roof for its label
+    width, height, left, bottom = 1100, 340, 64, 30
+
+    def x(v: float) -> float:
+        return left + (np.log10(v) - x_lo) / (x_hi - x_lo) * (width - left - 20)
+
+    def y(v: float) -> float:
+        return 10 + (y_hi - np.log10(max(v, 10 ** y_lo))) / (y_hi - y_lo) * (height - 20)
+
+    roofs = []
+    for dtype, peak in sorted(peaks.items(), key=lambda kv: -kv[1]):
+        ridge = peak / bandwidth
+        points = [(10 ** x_lo, bandwidth * 10 ** x_lo), (ridge, peak), (10 ** x_hi, peak)]
+        roofs.append((" ".join(f"{x(a):.1f},{y(b):.1f}" for a, b in points), f"{dtype.removeprefix('c10::')} {peak:,.0f} TFLOP/s",
+                      x(10 ** x_hi) - 4, y(peak) - 4))
+    total = float(g["GPU Time(us)"].sum())
+    dots = []
+    for (_, r), a, t in zip(g.iterrows(), ai, achieved):
+        bound = min(peaks.get(r["Dtype"], np.inf), a * bandwidth) if bandwidth else peaks.get(r["Dtype"], np.nan)
+        title = (f"{r['Name']} {r['Input Dims']} {r['Dtype']}: {t:,.2f} TFLOP/s at {a:,.1f} FLOP/byte, "
+                 f"{100 * t / bound:.0f}% of the roofline, {r['GPU Time(us)'] / 1000:,.2f} ms")
+        dots.append((x(a), y(t), 3 + 9 * np.sqrt(r["GPU Time(us)"] / total), _FAMILY_COLOURS.get(r["Family"], "var(--c5)"), title))
+    xticks = [(x(10.0 ** e), f"{10.0 ** e:g}") for e in range(int(x_lo), int(np.floor(x_hi)) + 1)]
+    yticks = [(y(10.0 ** e), f"{10.0 ** e:g}") for e in range(int(y_lo), int(y_hi) + 1)]
+    legend = [(f, c) for f, c in _FAMILY_COLOURS.items() if f in set(g["Family"])]
+    return Block(roofline=Roofline(width, height, left, bottom, xticks, yticks, roofs, dots, legend),
+                 before=f"{device}, {bandwidth:,.2f} TB/s: achieved TFLOP/s of the {len(g)} ops of most GPU time (FLOPs and bytes from "
+                        "their recorded shapes) over their arithmetic intensity; dot area by GPU time, hover for figures. "
+                        "Copies and fills (no FLOPs) are in kernel_efficiency.csv.")
 
 
 def _ranks(tables: RankTables, diagnosis: Diagnosis, problems: dict[int, list[str]]) -> Block:
@@ -287,4 +361,5 @@ def render_html(*, title: str, source: str, generated: str, diagnosis: Diagnosis
         findings=_findings(full), hangs=_hangs(full), slow_workers=_slow_workers(full),
         step_chart=_bar_chart(labels, ranks["stepUs"].to_numpy() / 1000.0, highlight, "ms", step.median if step else None),
         kernel_chart=kernel_chart, breakdown_chart=_stacked_chart(tables), kernels=_kernels(csv["op_statistic.csv"]), functions=_functions(tables),
-        communication=_communication(csv["communication.csv"]), ranks=_ranks(tables, diagnosis, problems), merged=merged)
+        communication=_communication(csv["communication.csv"]), ranks=_ranks(tables, diagnosis, problems), merged=merged,
+        efficiency=_roofline(csv["kernel_efficiency.csv"]) if "kernel_efficiency.csv" in csv else Block(note="no kernel efficiency table"))

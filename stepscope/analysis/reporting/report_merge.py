@@ -64,6 +64,7 @@ class _RawTail(msgspec.Struct):
     traceEvents: list[msgspec.Raw] = []
     distributedInfo: object = None
     baseTimeNanoseconds: int | None = None
+    deviceProperties: object = None  # every key of trace._Meta: decode_pieces copies them over
 
 
 class _Checked:
