@@ -62,6 +62,10 @@ DEFAULT_MAX_MEMORY_MB = 512
 DEFAULT_WAIT_STEPS = 5
 DEFAULT_CAPTURE_STEPS = 8
 DEFAULT_ACTIVITIES = ("CPU", "CUDA")
+# Operators' input shapes: the diagnosis tells a slower rank with the same shapes (a slow host or
+# device) from one with larger inputs (uneven shards) by them. Recorded for operators only, not for
+# Python events, so the stack budget above bounds them too (benchmarks/capture_cost.py).
+DEFAULT_RECORD_SHAPES = True
 DEFAULT_HANG_TIMEOUT_SECONDS = 300
 
 

@@ -313,7 +313,7 @@ class _Session:
         self.steps: int | None = None if self.duration is not None else int(capture.get("steps") or wire.DEFAULT_CAPTURE_STEPS)
         self.activities = [str(a) for a in (capture.get("activities") or wire.DEFAULT_ACTIVITIES)]
         self.with_stack = bool(capture.get("withStack", True))
-        self.record_shapes = bool(capture.get("recordShapes", False))
+        self.record_shapes = bool(capture.get("recordShapes", wire.DEFAULT_RECORD_SHAPES))
         self.profile_memory = bool(capture.get("profileMemory", False))
         self.with_flops = bool(capture.get("withFlops", False))
         self.hang_timeout = float(request.get("hangTimeoutSeconds") or wire.DEFAULT_HANG_TIMEOUT_SECONDS)

@@ -126,7 +126,7 @@ def test_good_specs_are_stored_with_defaults(api, spec):
     capture = stored["capture"]
     assert capture["waitSteps"] == spec.get("capture", {}).get("waitSteps", 5)
     assert capture["activities"] == spec.get("capture", {}).get("activities", ["CPU", "CUDA"])
-    assert (capture["withStack"], capture["recordShapes"], capture["profileMemory"], capture["withFlops"]) == (True, False, False, False)
+    assert (capture["withStack"], capture["recordShapes"], capture["profileMemory"], capture["withFlops"]) == (True, True, False, False)
     assert "steps" not in capture or "durationSeconds" not in capture
     assert stored["hardwareMetrics"]["intervalMicroseconds"] == spec.get("hardwareMetrics", {}).get("intervalMicroseconds", 1000)
     assert stored["saveRawTrace"] == spec.get("saveRawTrace", "all")

@@ -15,6 +15,7 @@ from .gpu_steps import step_statistics
 from .kernels import comm_comp_overlap, compute_union, kernel_stats
 from .launch import launch_stats, runtime_stats
 from .memory_ops import memory_ops
+from .operators import operator_stats
 from .python_functions import python_functions
 from .steps import step_rows, step_spans
 from .trace import Trace, TraceError, load_trace
@@ -94,6 +95,7 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
         runtime=runtime_stats(trace, compute, captured),
         collectives=collectives(trace, compute, captured),
         functions=python_functions(trace, gpu_union, captured, top=top, steps=(starts, ends) if len(numbers) else None),
+        operators=operator_stats(trace, (starts, ends) if len(numbers) else None, top=top),
         warnings=warnings,
     )
 

@@ -39,6 +39,9 @@ MEMCPY_CATS = ("gpu_memcpy", "Memcpy")
 MEMSET_CATS = ("gpu_memset", "Memset")
 RUNTIME_CATS = ("cuda_runtime", "Runtime", "cuda_driver")
 PYTHON_CAT = "python_function"
+OPERATOR_CAT = "cpu_op"
+# An operator's input shapes beyond this many bytes of JSON are cut (a list of thousands of tensors).
+MAX_SHAPES_TEXT = 256
 STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 _ERROR_AT = re.compile(r"\(byte (\d+)\)")
 
@@ -68,6 +71,8 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
     out_nelems: _Num = msgspec.field(default=None, name="Out msg nelems")
     group_size: _Num = msgspec.field(default=None, name="Group size")
     dtype: str | None = None
+    # Operators' input shapes (record_shapes), kept as their JSON text: only interned, never parsed.
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
 
 
 _NO_ARGS = _Args()
@@ -77,6 +82,7 @@ class _Event(msgspec.Struct, gc=False):
     cat: str | None = None
     name: str = ""
     pid: int | str = 0
+    tid: int | str = 0
     ts: float | None = None
     dur: float | None = None
     args: _Args = _NO_ARGS
@@ -186,6 +192,9 @@ class Trace:
     python_id: np.ndarray
     python_parent: np.ndarray
     collectives: Collectives
+    tid: np.ndarray  # int64 thread ids; string ids get negative codes
+    shape: np.ndarray  # int32 code of an operator's input shapes (shapes), -1 where not recorded
+    shapes: list[str]
     rounded: bool  # fractional timestamps were rounded inwards as HTA does
     first_event_ts: float  # ts of traceEvents[0] when it is a kept row, else NaN (HTA links to it)
     warnings: list[str] = field(default_factory=list)
@@ -223,7 +232,8 @@ class _Columns:
         self.id_codes: dict[str, int] = {}
         self.parts: dict[str, list[np.ndarray]] = {k: [] for k in (
             "cat", "name", "pid", "ts", "dur", "stream", "correlation", "external_id",
-            "nbytes", "python_id", "python_parent")}
+            "nbytes", "python_id", "python_parent", "tid", "shape")}
+        self.shape_codes: dict[str, int] = {}
         self.coll: dict[str, list] = {k: [] for k in ("row", "name", "in_nelems", "out_nelems", "group_size", "dtype")}
         self.rows = 0
         self.first_event_ts = float("nan")
@@ -269,6 +279,13 @@ class _Columns:
         on_stream = stream != -1
         memory = np.isin(cat, [self.cat_codes[c] for c in MEMCPY_CATS + MEMSET_CATS if c in self.cat_codes])
         python = cat == self.cat_codes.get(PYTHON_CAT, -1)
+        p["tid"].append(self._ids(kept, "tid"))
+        operator = cat == self.cat_codes.get(OPERATOR_CAT, -1)
+        shape = np.full(n, -1, dtype=np.int32)
+        if operator.any():
+            dims = [bytes(d)[:MAX_SHAPES_TEXT] for d in map(_get("args.input_dims"), compress(kept, operator))]
+            shape[operator] = _codes(self.shape_codes, (d.decode("utf-8", "replace") for d in dims), int(operator.sum()))
+        p["shape"].append(shape)
         for key, attr, rows in (("pid", "pid", on_stream), ("nbytes", "args.bytes", memory),
                                 ("python_id", "args.python_id", python),
                                 ("python_parent", "args.python_parent", python),
@@ -291,9 +308,9 @@ class _Columns:
                 c[key].append(_ints(some, f"args.{key}"))
         self.rows += n
 
-    def _ids(self, events: list[_Event]) -> np.ndarray:
-        """Process ids; the few string ids (and integers beyond int64) get negative codes."""
-        items = list(map(_get("pid"), events))
+    def _ids(self, events: list[_Event], attr: str = "pid") -> np.ndarray:
+        """Process or thread ids; the few string ids (and integers beyond int64) get negative codes."""
+        items = list(map(_get(attr), events))
         try:
             return np.array(items, dtype=np.int64)
         except (TypeError, ValueError, OverflowError):
@@ -545,6 +562,9 @@ def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
         collectives=Collectives(row=_joined(coll["row"]), name=coll["name"], in_nelems=_joined(coll["in_nelems"]),
                                 out_nelems=_joined(coll["out_nelems"]), group_size=_joined(coll["group_size"]),
                                 dtype=coll["dtype"]),
+        tid=cols.column("tid", np.int64),
+        shape=cols.column("shape", np.int32),
+        shapes=list(cols.shape_codes),
         rounded=rounded,
         first_event_ts=first_ts,
         warnings=[] if info else ["the trace has no distributedInfo (rank and world size unknown)"],
