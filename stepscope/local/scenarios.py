@@ -94,8 +94,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              causes=("block_forever",)),
     # The common stragglers of real fleets. A larger model (hidden 1024, batch 64) gives the
     # operators enough of the step for a slower host to show in them.
-    Scenario("slow-host", "one rank's operators run slower with the same shapes: a busy process shares its CPU core", "host",
-             causes=("same shapes",), extra=("--hidden", "1024", "--batch-size", "64")),
+    Scenario("slow-host", "one rank's operators run slower with the same shapes: its CPU is stopped 7 ms of every 10 ms", "host",
+             slow_ms=7.0, causes=("same shapes",), extra=("--hidden", "512", "--batch-size", "64")),
     Scenario("uneven-batches", "one rank's batches are 4x its peers' (uneven shards): more operator work, same code", "batch",
              causes=("larger", "uneven"), extra=("--hidden", "1024", "--batch-factor", "4")),
     Scenario("gil-thread", "a background thread of one rank runs pure Python 30 ms of every 50 ms (publish_metrics)", "thread",
@@ -109,8 +109,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "tens of thousands of tiny calls (its stacks beyond the capture budget)", "calls", slow_ms=20.0,
              causes=("tokenize_records",), extra=("--python-calls", "3000")),
     # Held aside: other magnitudes, functions, periods, rank positions and counts of the kinds above.
-    Scenario("slow-host-b", "the last rank's operators run slower with the same shapes (hidden 768, batch 96)", "host",
-             causes=("same shapes",), where="last", extra=("--hidden", "768", "--batch-size", "96"), held_aside=True),
+    Scenario("slow-host-b", "the last rank's operators run slower with the same shapes: its CPU is stopped 4 ms of every 10 ms "
+             "(hidden 768, batch 96)", "host", slow_ms=4.0, causes=("same shapes",), where="last", extra=("--hidden", "768", "--batch-size", "96"), held_aside=True),
     Scenario("uneven-batches-b", "rank 0's batches are 2.5x its peers' (uneven shards)", "batch", causes=("larger", "uneven"),
              where="first", extra=("--hidden", "1536", "--batch-factor", "2.5"), held_aside=True),
     Scenario("gil-thread-b", "a logging thread of the last rank formats records in pure Python 20 ms of every 40 ms (flush_log_records)",

@@ -13,8 +13,9 @@ It knows nothing of stepscope: the agent attaches through the bootstrap. Faults 
 - gc: garbage collection pauses (`release_memory` runs gc.collect() over many live objects)
 - log: a slow step between backward and the optimizer step (`log_gradients` blocks --slow-ms a
   step), so that the rank's steps end that much later than its peers'
-- host: the same operators run slower (a slow host or device): a busy process shares the rank's
-  CPU core with it, pinned there, so every operator of the rank takes longer with the same shapes
+- host: the same operators run slower (a slow host or device): the rank's CPU is throttled, as a
+  container's CPU quota does, stopped --slow-ms of every 10 ms by a helper process, so every
+  operator of the rank takes longer with the same shapes
 - batch: larger batches (uneven shards): the rank's DataLoader gives --batch-factor times the batch
 - thread: a background thread of the rank (--fault-function: publish_metrics or flush_log_records)
   runs pure Python for --slow-ms of every --period-ms, holding the GIL the training thread needs
@@ -35,6 +36,7 @@ import argparse
 import datetime
 import gc
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -190,15 +192,21 @@ PERIODIC_FUNCTIONS = {f.__name__: f for f in (save_checkpoint, run_evaluation)}
 CALLS_FUNCTIONS = {f.__name__: f for f in (tokenize_records, parse_annotations)}
 
 
-def share_a_core() -> subprocess.Popen:
-    """A slower host for this rank: pin it to one core with a busy process that runs until it ends,
-    so that the rank gets about half of that core."""
-    core = sorted(os.sched_getaffinity(0))[-1]
-    hog = subprocess.Popen([sys.executable, "-c", "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
-                                                  "    sum(range(10000))"])
-    for pid in (0, hog.pid):
-        os.sched_setaffinity(pid, {core})
-    return hog
+THROTTLE = """
+import os, signal, sys, time
+pid, stopped = int(sys.argv[1]), float(sys.argv[2]) / 1000.0
+while os.getppid() == pid:
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(stopped)
+    os.kill(pid, signal.SIGCONT)
+    time.sleep(0.010 - stopped)
+"""
+
+
+def throttle_cpu(stopped_ms: float) -> subprocess.Popen:
+    """A slower host for this rank: a helper process stops it `stopped_ms` of every 10 ms (as a CPU
+    quota throttles a container) until it ends."""
+    return subprocess.Popen([sys.executable, "-c", THROTTLE, str(os.getpid()), f"{min(stopped_ms, 9.0):g}"])
 
 
 def release_memory(live: list) -> None:
@@ -293,7 +301,7 @@ def train(args: argparse.Namespace) -> int:
     decode_ms = args.slow_ms / args.batch_size if slow and fault == "data" else 0.0
     batch_size = round(args.batch_size * args.batch_factor) if slow and fault == "batch" else args.batch_size
     batches = iter(DataLoader(SyntheticDataset(rank, decode_ms), batch_size=batch_size, num_workers=0))
-    hog = share_a_core() if slow and fault == "host" else None
+    hog = throttle_cpu(args.slow_ms) if slow and fault == "host" else None
     stop = threading.Event()
     if slow and fault == "thread":
         target = THREAD_FUNCTIONS[args.fault_function or "publish_metrics"]
@@ -347,6 +355,8 @@ def train(args: argparse.Namespace) -> int:
     stop.set()
     if hog is not None:
         hog.kill()
+        hog.wait()
+        os.kill(os.getpid(), signal.SIGCONT)
     dist.barrier()
     print(f"rank {rank}/{world}: {step} steps in {time.perf_counter() - started:.2f} s", flush=True)
     dist.destroy_process_group()

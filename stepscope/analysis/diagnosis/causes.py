@@ -47,6 +47,7 @@ _PHASES = (
     (re.compile(r"nn\.Module: |module\.py\(\d+\): _call_impl|\): forward$"), "forward"),
 )
 _BUILTIN = re.compile(r"^<(?:built-in|method) ")
+_ANONYMOUS = re.compile(r"\): <(?:genexpr|listcomp|dictcomp|setcomp|lambda|module)>$")
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,9 @@ def find_cause(tables: RankTables, rank: int, exploded: pd.DataFrame | None = No
     carrying = on_path[on_path["frame"].isin(excess.index[excess["excess"] >= floor])]
     deepest = carrying.groupby("frame")["depth"].max().sort_values(kind="stable")
     inner = str(deepest.index[-1])
-    user = [str(n) for n in deepest.index if not _BUILTIN.match(str(n)) and not str(n).startswith("nn.Module: ")]
+    # A generator expression, comprehension or lambda is part of the function that holds it: the
+    # deepest named function is the one to name.
+    user = [str(n) for n in deepest.index if not _BUILTIN.match(str(n)) and not str(n).startswith("nn.Module: ") and not _ANONYMOUS.search(str(n))]
     frame = user[-1] if user else inner
     path = on_path[on_path["frame"] == inner]["stack"].iloc[0].split(" > ")
     phase = next((label for pattern, label in _PHASES for f in reversed(path) if pattern.search(f)), "")

@@ -287,9 +287,9 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
     waiting: list[Finding] = []
     waiting_workers: list[SlowWorker] = []
     confidence: float | None = None
+    # The agent's capture budget says so in the summary's warnings (stepscope.wire.STACKS_DROPPED).
+    dropped = {r.rank for r in ok if any(w.startswith(STACKS_DROPPED) for w in r.warnings)}
     if verdict is not None:
-        # The agent's capture budget says so in the summary's warnings (stepscope.wire.STACKS_DROPPED).
-        dropped = {r.rank for r in ok if any(w.startswith(STACKS_DROPPED) for w in r.warnings)}
         straggler = find_straggler(tables, verdict, frozenset(dropped))
         waiting, waiting_workers = _straggler_findings(straggler, tables, dropped)
         if straggler.rank is None:
@@ -299,7 +299,7 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
             confidence = straggler.confidence if straggler.confidence >= DOUBT else round(1.0 - straggler.confidence, 2)
     _, kernels = kernel_ratios(tables)
     named = set(evidence) | {w.rank for w in waiting_workers}
-    checks = all_checks(tables, kernels, named, judged=verdict is not None)
+    checks = all_checks(tables, kernels, named, judged=verdict is not None, sampled=frozenset(dropped))
     # A slow worker's own unusual Python function is its explanation, so it joins that finding.
     python = {f.ranks[0]: _python_reason(f.data) for f in checks
               if f.category == "python" and len(f.ranks) == 1 and f.ranks[0] in evidence and "function" in f.data}

@@ -99,12 +99,15 @@ def _user_frame(cause: Cause) -> bool:
 def _best_cause(tables: RankTables, exploded: pd.DataFrame, rank: int, steps: pd.Index, sampled: frozenset[int]) -> Cause | None:
     """The rank's cause of the three kinds: a function on its training thread, its operators (longer
     than its peers', with the same or larger shapes), or a background thread running Python. A
-    function of the program's own that runs the operators stays the cause; torch's own frames
-    (forward, backward) that the operators stretch give way to them, and any function on the
-    training thread gives way to a background thread that holds the GIL longer than it takes."""
+    function of the program's own that runs operators its peers do not run stays the cause; torch's
+    own frames (forward, backward) that the operators stretch give way to them, and so does any
+    frame where the same operators with the same shapes as on its peers carry half of its excess
+    (a slower host stretches every frame of the rank, the training loop's too). Any function on
+    the training thread gives way to a background thread that holds the GIL longer than it takes."""
     cause = find_cause(tables, rank, exploded, sampled)
     ops = operator_cause(tables, rank, steps)
-    if ops is not None and (cause is None or (not _user_frame(cause) and ops.excessUsPerStep >= cause.excessUsPerStep)):
+    same = ops is not None and ops.sameShapes and ops.shapesKnown and cause is not None and ops.excessUsPerStep >= 0.5 * cause.excessUsPerStep
+    if ops is not None and (cause is None or same or (not _user_frame(cause) and ops.excessUsPerStep >= cause.excessUsPerStep)):
         cause = Cause(frame=ops.operator, inner="", phase="operators", excessUsPerStep=ops.excessUsPerStep, usPerStep=ops.usPerStep,
                       peersUsPerStep=ops.peersUsPerStep, callsPerStep=0.0, kind="operators", detail=ops.text())
     thread = thread_cause(tables, rank)
@@ -152,7 +155,9 @@ def _candidates(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, step
         if contested and cause.phase == "backward":
             continue
         steady, cause = _steady_or_pattern(tables, exploded, rank, cause, steps, v.stepUs)
-        if steady is None or steady == len(steps):
+        # A sampled rank's time in a frame per step is an estimate from a few samples, which
+        # swings from step to step: half of the steps will do, and the confidence says how many.
+        if steady is None or steady == len(steps) or (rank in sampled and 2 * steady >= len(steps)):
             out.append((rank, cause, len(steps) if steady is None else steady, contested))
     return sorted(out, key=lambda c: (c[3], -c[1].excessUsPerStep))
 
@@ -230,8 +235,10 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         others = _others(tables, v, candidates, comparable)
         # A second rank with a cause as large, and no slow worker of its own, leaves it open which
         # one the others wait for.
+        # (Extra time in backward beside a cause elsewhere is DDP's wait there for that rank.)
         rival = (len(candidates) > 1 and candidates[1][1].excessUsPerStep >= 0.5 * cause.excessUsPerStep and v.rank != rank
-                 and candidates[1][0] not in {o.rank for o in others})
+                 and candidates[1][0] not in {o.rank for o in others}
+                 and (candidates[1][1].phase != "backward" or cause.phase == "backward"))
         gap = float(np.median([w for r, w in v.waitUs.items() if r != rank]) - v.waitUs[rank])
         cost = max(gap, cause.excessUsPerStep)
         # The collectives agree when they name this rank (its peers wait for it in every step, if
