@@ -1071,9 +1071,10 @@ class _StackSampler:
         me = threading.get_ident()
         while not self._stop.wait(wire.STACK_SAMPLE_SECONDS) and frames < self.max_frames:
             now = _monotonic()
-            for ident, frame in sys._current_frames().items():
+            for ident, top in sys._current_frames().items():
                 if ident == me:
                     continue
+                frame: Any = top
                 stack: list[tuple[int, Any]] = []
                 while frame is not None:
                     stack.append((id(frame), frame.f_code))

@@ -147,6 +147,7 @@ def _what_if(step_us: float, without_us: float) -> str:
 def _other_finding(o: Straggler, first: Straggler, tables: RankTables, lost_us: float) -> tuple[Finding, SlowWorker]:
     """A further rank that holds the job back, with its own cause and what it costs the job: the
     step still waits for the first rank without it, and for it once the first one is fixed."""
+    assert o.rank is not None and first.rank is not None  # only named ranks come here
     without_us = o.stepUs
     after_first = o.stepUs - first.costUsPerStep + o.costUsPerStep
     slowdown = o.stepUs / max(without_us, 1.0)
@@ -185,7 +186,7 @@ def _straggler_findings(st: Straggler, tables: RankTables, stacks_dropped: set[i
         return [Finding("warning", "slow-worker", [], message, 0.0, data)], []
     # What if: a synchronous step waits for its slowest rank, so without this rank's cause alone
     # it would wait for the next slowest one.
-    costs = {st.rank: st.costUsPerStep, **{o.rank: o.costUsPerStep for o in st.others}}
+    costs = {st.rank: st.costUsPerStep, **{o.rank: o.costUsPerStep for o in st.others if o.rank is not None}}
     shares = lost_time_shares(costs, st.costUsPerStep)
     runner_up = max((o.costUsPerStep for o in st.others), default=0.0)
     without = st.stepUs - (st.costUsPerStep - runner_up)
@@ -203,10 +204,10 @@ def _straggler_findings(st: Straggler, tables: RankTables, stacks_dropped: set[i
     found = [Finding("critical" if slowdown >= 1.2 else "warning", "slow-worker", [st.rank], message, slowdown - 1.0, data)]
     workers = [worker]
     for o in st.others:
-        # Without this one's cause alone the step still waits for the named rank: no shorter.
-        finding, other = _other_finding(o, st, tables, shares[o.rank])
+        assert o.rank is not None  # further ranks are named ones
+        finding, further = _other_finding(o, st, tables, shares[o.rank])
         found.append(finding)
-        workers.append(other)
+        workers.append(further)
     return found, workers
 
 

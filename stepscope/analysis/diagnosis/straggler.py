@@ -132,9 +132,9 @@ def _steady_or_pattern(tables: RankTables, exploded: pd.DataFrame, rank: int, ca
     steps only but in a pattern (every Nth step): such a cause holds in every step, as its pattern
     says, and is told with the time of the steps it hits against the others'."""
     if cause.kind == "operators":
-        steady = _steady_operators(tables, rank, steps)
+        slower = _steady_operators(tables, rank, steps)
         # One step of more than three the other way is the machine's noise, not a faster rank.
-        return (len(steps) if len(steps) > 3 and steady >= len(steps) - 1 else steady), cause
+        return (len(steps) if len(steps) > 3 and slower >= len(steps) - 1 else slower), cause
     if cause.kind != "function":
         return len(steps), cause
     steady = _steady(tables, exploded, rank, cause, steps, step_us)
