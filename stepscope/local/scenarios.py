@@ -92,8 +92,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("healthy", "no fault: only the natural noise of a shared machine", None),
     Scenario("hang", "one rank blocks forever in block_forever, a non-collective function, after its optimizer step", "hang",
              causes=("block_forever",)),
-    # The common stragglers of real fleets. A larger model (hidden 1024, batch 64) gives the
-    # operators enough of the step for a slower host to show in them.
+    # The common stragglers of real fleets. Larger models give the operators enough of the step for
+    # a slower host or larger inputs to show in them.
     Scenario("slow-host", "one rank's operators run slower with the same shapes: its CPU is stopped 7 ms of every 10 ms", "host",
              slow_ms=7.0, causes=("same shapes",), extra=("--hidden", "512", "--batch-size", "64")),
     Scenario("uneven-batches", "one rank's batches are 4x its peers' (uneven shards): more operator work, same code", "batch",
