@@ -48,7 +48,7 @@ DEFAULT_MAX_STACK_EVENTS = 100_000
 # dropped its Python stacks: the diagnosis then says its function figures are sampled (below), or,
 # without samples, that it cannot name a function and why.
 STACKS_DROPPED = "Python stacks dropped"
-# Where the budget dropped them, the agent samples the training thread's stack this often instead
+# Where the budget dropped them, the agent samples every thread's stack this often instead
 # (python_function events with args "Sampled": true): +4 % CPU time a captured step on 2 loaded
 # cores (benchmarks/stack_sampler_cost.py), against several times the step for the tracer's calls
 # it replaces, and enough samples over a few steps to name a function that takes a few ms a step.

@@ -681,10 +681,10 @@ class Agent:
             over = f"{calls / seconds:,.0f} Python calls per second x {s.duration:g} s"
         if projected > s.max_stack_events:
             s.with_stack = False
-            # A few hundred samples of the training thread's stack still name where its time goes
+            # A few hundred samples of every thread's stack still name where the time goes
             # (a stepless program's probe ran on the watchdog thread, which is not worth sampling).
             s.sampler = None if s.on_watchdog else _StackSampler(threading.get_ident(), s.max_stack_events)
-            instead = "" if s.sampler is None else f", the training thread's stack is sampled every {wire.STACK_SAMPLE_SECONDS * 1000:g} ms instead"
+            instead = "" if s.sampler is None else f", every thread's stack is sampled every {wire.STACK_SAMPLE_SECONDS * 1000:g} ms instead"
             s.degraded.append(f"{wire.STACKS_DROPPED}: {over} = {projected:,} exceeds capture.limits.maxStackEvents={s.max_stack_events:,}{instead}; "
                               "set capture.withStack=false or raise capture.limits.maxStackEvents")
             log.warning("stepscope agent: session %s: %s", s.id, s.degraded[-1])
