@@ -43,7 +43,7 @@ def test_demo_help_lists_every_scenario(capsys, monkeypatch) -> None:
     from stepscope.cli import main
     from stepscope.local.scenarios import SCENARIOS
 
-    monkeypatch.setenv("COLUMNS", "2000")  # one line per option: no name broken at its hyphen
+    monkeypatch.setenv("COLUMNS", "100000")  # one line per option: no name broken at its hyphen
     with pytest.raises(SystemExit) as exit_info:
         main(["demo", "--help"])
     assert exit_info.value.code == 0
