@@ -6,7 +6,7 @@ and rank: the longest step during the capture and in the 10 steps right after it
 reference's longest), the process RSS before / peak during / after the capture, the trace size,
 events per step and the final state with its message.
 
-    .venv/bin/python benchmarks/capture_cost.py [--calls 100000] [--cases steps=2,steps=20,duration=2]
+    .venv/bin/python benchmarks/capture_cost.py [--calls 100000] [--cases steps=2,steps=20,duration=2,steps=8:noshapes]
 
 A rank writes one line per step ("step <index> <end time> <seconds>") to its log; the parent
 samples each rank's VmRSS every 50 ms. Step indices are zero-based, as the agent counts them.
@@ -157,7 +157,8 @@ FINAL = ("done", "failed", "cancelled", "refused", "hung")
 
 
 def measure(case: str, calls: int, timeout: float, agent: Path | None) -> list[dict[str, Any]]:
-    """One run: warm up, trigger `case` ("none", "steps=N" or "duration=S"), wait for every rank's
+    """One run: warm up, trigger `case` ("none", "steps=N" or "duration=S", with ":shapes" or
+    ":noshapes" to set capture.recordShapes, else its default), wait for every rank's
     final state, watch AFTER_STEPS more steps."""
     with tempfile.TemporaryDirectory(prefix="stepscope-cost-") as tmp:
         directory = Path(tmp)
@@ -167,8 +168,11 @@ def measure(case: str, calls: int, timeout: float, agent: Path | None) -> list[d
             triggered = time.time()
             session = "cost"
             if case != "none":
-                kind, value = case.split("=")
-                capture = {"steps": int(value)} if kind == "steps" else {"durationSeconds": float(value)}
+                window, _, shapes = case.partition(":")
+                kind, value = window.split("=")
+                capture: dict[str, Any] = {"steps": int(value)} if kind == "steps" else {"durationSeconds": float(value)}
+                if shapes:
+                    capture["recordShapes"] = shapes == "shapes"
                 spec = SessionSpec.from_dict({"capture": {"waitSteps": 1, **capture}, "storage": {"uri": "file:///unused"}})
                 shared_dir.write_request(directory, session, "capture", spec.to_dict()["capture"], spec.hangTimeoutSeconds)
                 deadline = time.monotonic() + timeout

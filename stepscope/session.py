@@ -15,6 +15,7 @@ from stepscope.wire import (
     DEFAULT_HANG_TIMEOUT_SECONDS,
     DEFAULT_MAX_MEMORY_MB,
     DEFAULT_MAX_STACK_EVENTS,
+    DEFAULT_RECORD_SHAPES,
     DEFAULT_WAIT_STEPS,
 )
 
@@ -43,7 +44,7 @@ class CaptureSpec:
     durationSeconds: float | None = None
     activities: tuple[str, ...] = DEFAULT_ACTIVITIES
     withStack: bool = True
-    recordShapes: bool = False
+    recordShapes: bool = DEFAULT_RECORD_SHAPES
     profileMemory: bool = False
     withFlops: bool = False
     limits: CaptureLimits = field(default_factory=CaptureLimits)

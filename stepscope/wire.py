@@ -48,7 +48,7 @@ DEFAULT_MAX_STACK_EVENTS = 100_000
 # dropped its Python stacks: the diagnosis then says its function figures are sampled (below), or,
 # without samples, that it cannot name a function and why.
 STACKS_DROPPED = "Python stacks dropped"
-# Where the budget dropped them, the agent samples the training thread's stack this often instead
+# Where the budget dropped them, the agent samples every thread's stack this often instead
 # (python_function events with args "Sampled": true): +4 % CPU time a captured step on 2 loaded
 # cores (benchmarks/stack_sampler_cost.py), against several times the step for the tracer's calls
 # it replaces, and enough samples over a few steps to name a function that takes a few ms a step.
@@ -62,6 +62,10 @@ DEFAULT_MAX_MEMORY_MB = 512
 DEFAULT_WAIT_STEPS = 5
 DEFAULT_CAPTURE_STEPS = 8
 DEFAULT_ACTIVITIES = ("CPU", "CUDA")
+# Operators' input shapes: the diagnosis tells a slower rank with the same shapes (a slow host or
+# device) from one with larger inputs (uneven shards) by them. Recorded for operators only, not for
+# Python events, so the stack budget above bounds them too (benchmarks/capture_cost.py).
+DEFAULT_RECORD_SHAPES = True
 DEFAULT_HANG_TIMEOUT_SECONDS = 300
 
 

@@ -43,9 +43,16 @@ def test_demo_help_lists_every_scenario(capsys, monkeypatch) -> None:
     from stepscope.cli import main
     from stepscope.local.scenarios import SCENARIOS
 
-    monkeypatch.setenv("COLUMNS", "2000")  # one line per option: no name broken at its hyphen
+    monkeypatch.setenv("COLUMNS", "100000")  # one line per option: no name broken at its hyphen
     with pytest.raises(SystemExit) as exit_info:
         main(["demo", "--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert all(f"{name}: {s.description}" in out for name, s in SCENARIOS.items())
+
+
+def test_a_scenario_of_two_slow_ranks_refuses_too_few_ranks(tmp_path: Path) -> None:
+    """Two slow ranks need a healthy one beside them: with 2 ranks both faults would land on one."""
+    result = subprocess.run([sys.executable, "-m", "stepscope.cli", "demo", "--scenario", "two-slow", "--ranks", "2", "--output-dir",
+                             str(tmp_path / "demo")], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "scenario two-slow needs --ranks 3 or more" in result.stderr, result.stderr

@@ -175,6 +175,16 @@ class OpEfficiency(Struct):
     pctOfPeak: float | None = None
 
 
+class OperatorStat(Struct):
+    """An operator with the same input shapes (innermost operators only, on the thread that runs
+    most of them: the time each takes itself), for the cross-rank comparison of operator time."""
+    name: str
+    shapes: str  # the profiler's "Input Dims" as JSON text ('' where shapes were not recorded)
+    count: int
+    sumUs: float
+    stepsUs: list[float] = []  # µs in each captured step (RankSummary.steps' order)
+
+
 class RankSummary(Struct):
     version: int
     rank: int
@@ -205,6 +215,7 @@ class RankSummary(Struct):
     device: DeviceSpec | None = None
     opEfficiency: list[OpEfficiency] = []  # the ops of most GPU time with FLOPs from their shapes
     kernelEfficiency: list[OpEfficiency] = []
+    operators: list[OperatorStat] = []
     # Per-step hardware statistics from the node's NVML samples (issue 5), keyed by metric name.
     hardware: dict[str, list[float]] = {}
     warnings: list[str] = []
@@ -219,6 +230,11 @@ class SlowWorker(Struct):
     slowdown: float
     pod: str = ""
     node: str = ""
+    cause: str = ""  # what it does while the others wait, in a few words
+    # What it costs the job per step: its share of the measured lost time (the shares of all slow
+    # workers add up to it), and the step without its cause alone.
+    lostMsPerStep: float = 0.0
+    stepWithoutMs: float = 0.0
 
 
 class Finding(Struct):

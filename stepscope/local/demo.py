@@ -150,8 +150,8 @@ def _start_text(scenario: Scenario | None, ranks: int, slow_ms: float) -> str:
     if scenario is None:
         return (f"starting {ranks} gloo ranks of stepscope/local/workload.py, unchanged; rank {SLOW_RANK} is slowed "
                 f"by {slow_ms:g} ms a step inside augment_batch_slowly()")
-    rank = scenario.slow_rank(ranks)
-    where = f" on rank {rank}" if rank is not None else ""
+    slow = sorted(scenario.slow_ranks(ranks))
+    where = f" on rank{'s' if len(slow) > 1 else ''} {', '.join(map(str, slow))}" if slow else ""
     return f"starting {ranks} gloo ranks of stepscope/local/workload.py, unchanged; scenario {scenario.name}{where}: {scenario.description}"
 
 
@@ -168,8 +168,8 @@ def run(args: argparse.Namespace) -> int:
         workload = ["--steps", "0", "--slow-rank", str(SLOW_RANK), "--slow-ms", str(args.slow_ms)]
         steps: int | None = 3 if args.steps is None else args.steps
     else:
-        if args.ranks < 2:
-            print("stepscope demo: a scenario needs --ranks 2 or more", file=sys.stderr)
+        if args.ranks < scenario.min_ranks:
+            print(f"stepscope demo: scenario {scenario.name} needs --ranks {scenario.min_ranks} or more", file=sys.stderr)
             return capture.EXIT_USAGE
         workload, steps = scenario.workload_args(args.ranks), args.steps
     store = out / "session"

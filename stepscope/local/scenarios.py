@@ -18,6 +18,19 @@ SLOW_MS = 40.0
 COMPUTE_FACTOR = 60
 
 
+def _position(where: str, ranks: int) -> int:
+    return {"middle": ranks // 2, "first": 0, "last": ranks - 1, "second": 1}[where]
+
+
+@dataclass(frozen=True)
+class Second:
+    """A second slow rank of a scenario, with its own fault and cause."""
+    fault: str
+    slow_ms: float
+    causes: tuple[str, ...]
+    where: str = "last"
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -25,14 +38,28 @@ class Scenario:
     fault: str | None  # workload.py's --fault; None: healthy, "hang": a hung rank
     slow_ms: float = SLOW_MS
     causes: tuple[str, ...] = ()  # words of which a right headline contains at least one
+    requires: tuple[str, ...] = ()  # words a right headline contains all of (a cause's pattern)
+    where: str = "middle"  # the slow rank: middle, first, second or last
+    extra: tuple[str, ...] = ()  # more workload.py arguments
+    second: Second | None = None
+    min_ranks: int = 2
+    held_aside: bool = False  # not developed against: run with the benchmark's --held-out only
 
     def slow_rank(self, ranks: int) -> int | None:
-        """The rank the fault is put on: the middle one, so neither rank 0 nor file order can
-        make a guess look right."""
-        return None if self.fault is None else ranks // 2
+        """The rank the fault is put on: the middle one unless said otherwise, so that neither
+        rank 0 nor file order can make a guess look right."""
+        return None if self.fault is None else _position(self.where, ranks)
+
+    def slow_ranks(self, ranks: int) -> dict[int, tuple[str, ...]]:
+        """Every slow rank with the words of its cause."""
+        rank = self.slow_rank(ranks)
+        out = {} if rank is None else {rank: self.causes}
+        if self.second is not None:
+            out[_position(self.second.where, ranks)] = self.second.causes
+        return out
 
     def workload_args(self, ranks: int, hang_at_step: int = 4) -> list[str]:
-        args = [*BASE_ARGS, "--steps", "0"]
+        args = [*BASE_ARGS, "--steps", "0", *self.extra]
         rank = self.slow_rank(ranks)
         if self.fault == "hang":
             return args + ["--hang-rank", str(rank), "--hang-at-step", str(hang_at_step)]
@@ -40,6 +67,8 @@ class Scenario:
             args += ["--slow-rank", str(rank), "--fault", self.fault, "--slow-ms", f"{self.slow_ms:g}"]
         if self.fault == "compute":
             args += ["--compute-factor", str(COMPUTE_FACTOR)]
+        if self.second is not None:
+            args += ["--also", f"{_position(self.second.where, ranks)}:{self.second.fault}:{self.second.slow_ms:g}"]
         return args
 
 
@@ -63,4 +92,37 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("healthy", "no fault: only the natural noise of a shared machine", None),
     Scenario("hang", "one rank blocks forever in block_forever, a non-collective function, after its optimizer step", "hang",
              causes=("block_forever",)),
+    # The common stragglers of real fleets. Larger models give the operators enough of the step for
+    # a slower host or larger inputs to show in them.
+    Scenario("slow-host", "one rank's operators run slower with the same shapes: its CPU is stopped 7 ms of every 10 ms", "host",
+             slow_ms=7.0, causes=("same shapes",), extra=("--hidden", "512", "--batch-size", "64")),
+    Scenario("uneven-batches", "one rank's batches are 4x its peers' (uneven shards): more operator work, same code", "batch",
+             causes=("larger", "uneven"), extra=("--hidden", "1024", "--batch-factor", "4")),
+    Scenario("gil-thread", "a background thread of one rank runs pure Python 30 ms of every 50 ms (publish_metrics)", "thread",
+             slow_ms=30.0, causes=("publish_metrics",), requires=("thread",), extra=("--period-ms", "50")),
+    Scenario("periodic-stall", "every 4th step one rank blocks 150 ms in save_checkpoint", "periodic", slow_ms=150.0,
+             causes=("save_checkpoint",), requires=("every 4",), extra=("--every-steps", "4")),
+    Scenario("two-slow", "two ranks slow for two reasons: 40 ms in augment_batch_slowly on one, 25 ms in fetch_remote_features "
+             "on the other", "cpu", causes=("augment_batch_slowly",), where="second",
+             second=Second("sleep", 25.0, ("fetch_remote_features",), "last"), min_ranks=3),
+    Scenario("python-heavy", "every rank makes 3,000 small calls a step; one rank also spends 20 ms a step in tokenize_records, "
+             "tens of thousands of tiny calls (its stacks beyond the capture budget)", "calls", slow_ms=20.0,
+             causes=("tokenize_records",), extra=("--python-calls", "3000")),
+    # Held aside: other magnitudes, functions, periods, rank positions and counts of the kinds above.
+    Scenario("slow-host-b", "the last rank's operators run slower with the same shapes: its CPU is stopped 4 ms of every 10 ms "
+             "(hidden 768, batch 96)", "host", slow_ms=4.0, causes=("same shapes",), where="last", extra=("--hidden", "768", "--batch-size", "96"), held_aside=True),
+    Scenario("uneven-batches-b", "rank 0's batches are 2.5x its peers' (uneven shards)", "batch", causes=("larger", "uneven"),
+             where="first", extra=("--hidden", "1536", "--batch-factor", "2.5"), held_aside=True),
+    Scenario("gil-thread-b", "a logging thread of the last rank formats records in pure Python 20 ms of every 40 ms (flush_log_records)",
+             "thread", slow_ms=20.0, causes=("flush_log_records",), requires=("thread",), where="last",
+             extra=("--period-ms", "40", "--fault-function", "flush_log_records"), held_aside=True),
+    Scenario("periodic-eval-b", "every 3rd step rank 0 computes 90 ms in run_evaluation", "periodic", slow_ms=90.0,
+             causes=("run_evaluation",), requires=("every 3",), where="first",
+             extra=("--every-steps", "3", "--fault-function", "run_evaluation"), held_aside=True),
+    Scenario("two-slow-b", "rank 0 blocks 50 ms a step in fetch_remote_features, the middle rank computes 30 ms in "
+             "augment_with_helpers", "sleep", slow_ms=50.0, causes=("fetch_remote_features",), where="first",
+             second=Second("helpers", 30.0, ("augment_with_helpers",), "middle"), min_ranks=3, held_aside=True),
+    Scenario("python-heavy-b", "every rank makes 5,000 small calls a step; the last rank also spends 15 ms a step in "
+             "parse_annotations, tens of thousands of tiny calls", "calls", slow_ms=15.0, causes=("parse_annotations",),
+             where="last", extra=("--python-calls", "5000", "--fault-function", "parse_annotations"), held_aside=True),
 )}

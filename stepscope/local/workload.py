@@ -13,6 +13,16 @@ It knows nothing of stepscope: the agent attaches through the bootstrap. Faults 
 - gc: garbage collection pauses (`release_memory` runs gc.collect() over many live objects)
 - log: a slow step between backward and the optimizer step (`log_gradients` blocks --slow-ms a
   step), so that the rank's steps end that much later than its peers'
+- host: the same operators run slower (a slow host or device): the rank's CPU is throttled, as a
+  container's CPU quota does, stopped --slow-ms of every 10 ms by a helper process, so every
+  operator of the rank takes longer with the same shapes
+- batch: larger batches (uneven shards): the rank's DataLoader gives --batch-factor times the batch
+- thread: a background thread of the rank (--fault-function: publish_metrics or flush_log_records)
+  runs pure Python for --slow-ms of every --period-ms, holding the GIL the training thread needs
+- periodic: every --every-steps steps the rank spends --slow-ms in --fault-function
+  (save_checkpoint, which blocks as a write does, or run_evaluation, which computes), not in the others
+- calls: Python-heavy work: --fault-function (tokenize_records or parse_annotations) makes tens of
+  thousands of tiny calls for --slow-ms a step, more than the capture budget's stacks hold
 
 and a hung rank (blocks in `block_forever` after its optimizer step, so its peers wait in the loss
 all-reduce; forever, or for --hang-seconds). Every rank reads its batches through a DataLoader
@@ -28,7 +38,10 @@ import argparse
 import datetime
 import gc
 import os
+import signal
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -38,7 +51,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
-FAULTS = ("cpu", "helpers", "sleep", "compute", "data", "hook", "gc", "log")
+FAULTS = ("cpu", "helpers", "sleep", "compute", "data", "hook", "gc", "log", "host", "batch", "thread", "periodic", "calls")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,6 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the cpu, helpers, sleep and gc faults start at this zero-based step (a slowdown mid-run)")
     p.add_argument("--compute-factor", type=int, default=4, help="--fault compute: how many times --slow-rank repeats its batch")
     p.add_argument("--python-calls", type=int, default=0, help="call a small Python helper this many times in every step")
+    p.add_argument("--also", action="append", default=[], metavar="RANK:FAULT:MS",
+                   help="one more slow rank with its own fault and milliseconds (repeatable)")
+    p.add_argument("--batch-factor", type=float, default=1.5, help="--fault batch: the rank's batch over its peers'")
+    p.add_argument("--every-steps", type=int, default=4, help="--fault periodic: the period in steps")
+    p.add_argument("--period-ms", type=float, default=100.0, help="--fault thread: the background thread's period")
+    p.add_argument("--fault-function", default="", help="the function the thread, periodic and calls faults run (see above)")
     p.add_argument("--hang-rank", type=int, default=None, help="this rank blocks forever at --hang-at-step")
     p.add_argument("--hang-at-step", type=int, default=None, help="zero-based step index where --hang-rank blocks")
     p.add_argument("--hang-seconds", type=float, default=0.0, help="block this long instead of forever (a hang that recovers)")
@@ -117,6 +136,82 @@ def fetch_remote_features(batch: torch.Tensor, milliseconds: float) -> torch.Ten
 def log_gradients(milliseconds: float) -> None:
     """Blocks after the gradients are reduced and before the optimizer step, as writing a log would."""
     time.sleep(milliseconds / 1000.0)
+
+
+def _busy(milliseconds: float) -> int:
+    """Pure Python work for about `milliseconds`: it holds the GIL but every switch interval."""
+    deadline = time.perf_counter() + milliseconds / 1000.0
+    acc = 0
+    while time.perf_counter() < deadline:
+        for i in range(200):
+            acc = (acc * 31 + i) % 1_000_003
+    return acc
+
+
+def publish_metrics(milliseconds: float, period_ms: float, stop: threading.Event) -> None:
+    """A metrics thread: every `period_ms` it aggregates in pure Python for `milliseconds`."""
+    while not stop.wait(max(period_ms - milliseconds, 1.0) / 1000.0):
+        _busy(milliseconds)
+
+
+def flush_log_records(milliseconds: float, period_ms: float, stop: threading.Event) -> None:
+    """A logging thread: every `period_ms` it formats records in pure Python for `milliseconds`."""
+    while not stop.wait(max(period_ms - milliseconds, 1.0) / 1000.0):
+        _busy(milliseconds)
+
+
+def save_checkpoint(milliseconds: float) -> None:
+    """A checkpoint write every few steps: blocks, as a write to remote storage does."""
+    time.sleep(milliseconds / 1000.0)
+
+
+def run_evaluation(milliseconds: float) -> None:
+    """An evaluation every few steps: computes in Python."""
+    _busy(milliseconds)
+
+
+def _token(i: int) -> int:
+    return (i * 7) % 13
+
+
+def tokenize_records(milliseconds: float) -> int:
+    """Python-heavy preprocessing: tiny calls, tens of thousands a step."""
+    deadline = time.perf_counter() + milliseconds / 1000.0
+    acc = 0
+    while time.perf_counter() < deadline:
+        acc += sum(_token(i) for i in range(100))
+    return acc
+
+
+def parse_annotations(milliseconds: float) -> int:
+    """Python-heavy parsing: tiny calls, tens of thousands a step."""
+    deadline = time.perf_counter() + milliseconds / 1000.0
+    acc = 0
+    while time.perf_counter() < deadline:
+        acc += sum(map(_token, range(100)))
+    return acc
+
+
+THREAD_FUNCTIONS = {f.__name__: f for f in (publish_metrics, flush_log_records)}
+PERIODIC_FUNCTIONS = {f.__name__: f for f in (save_checkpoint, run_evaluation)}
+CALLS_FUNCTIONS = {f.__name__: f for f in (tokenize_records, parse_annotations)}
+
+
+THROTTLE = """
+import os, signal, sys, time
+pid, stopped = int(sys.argv[1]), float(sys.argv[2]) / 1000.0
+while os.getppid() == pid:
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(stopped)
+    os.kill(pid, signal.SIGCONT)
+    time.sleep(0.010 - stopped)
+"""
+
+
+def throttle_cpu(stopped_ms: float) -> subprocess.Popen:
+    """A slower host for this rank: a helper process stops it `stopped_ms` of every 10 ms (as a CPU
+    quota throttles a container) until it ends."""
+    return subprocess.Popen([sys.executable, "-c", THROTTLE, str(os.getpid()), f"{min(stopped_ms, 9.0):g}"])
 
 
 def release_memory(live: list) -> None:
@@ -209,14 +304,24 @@ def train(args: argparse.Namespace) -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.collective_timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     model = DistributedDataParallel(build_model(args.hidden))
-    slow = rank == args.slow_rank and args.slow_ms > 0
     fault = args.fault if rank == args.slow_rank else None
+    for extra in args.also:
+        other, kind, ms = extra.split(":")
+        if int(other) == rank:
+            args.slow_rank, fault, args.slow_ms = rank, kind, float(ms)
+    slow = rank == args.slow_rank and args.slow_ms > 0
     if args.fault == "hook" and args.slow_rank is not None:
         # Every rank runs the hook; only the slow one works in it. DDP's default buckets of 25 MB
         # hold this model's gradients in one, so the hook runs once a step.
         model.register_comm_hook(args.slow_ms if slow else 0.0, compressing_allreduce_hook)
     decode_ms = args.slow_ms / args.batch_size if slow and fault == "data" else 0.0
-    batches = iter(DataLoader(SyntheticDataset(rank, decode_ms), batch_size=args.batch_size, num_workers=0))
+    batch_size = round(args.batch_size * args.batch_factor) if slow and fault == "batch" else args.batch_size
+    batches = iter(DataLoader(SyntheticDataset(rank, decode_ms), batch_size=batch_size, num_workers=0))
+    hog = throttle_cpu(args.slow_ms) if slow and fault == "host" else None
+    stop = threading.Event()
+    if slow and fault == "thread":
+        target = THREAD_FUNCTIONS[args.fault_function or "publish_metrics"]
+        threading.Thread(target=target, args=(args.slow_ms, args.period_ms, stop), name="metrics", daemon=True).start()
     # Live objects a collection must walk on the gc rank (about 1 ms of gc.collect() per 1,700 on
     # this 2-core machine under load).
     live = [[i] for i in range(int(1_700 * args.slow_ms))] if slow and fault == "gc" else []
@@ -237,6 +342,8 @@ def train(args: argparse.Namespace) -> int:
             batch = augment_with_helpers(batch, args.slow_ms)
         elif slow and fault == "sleep":
             batch = fetch_remote_features(batch, args.slow_ms)
+        elif slow and fault == "calls":
+            CALLS_FUNCTIONS[args.fault_function or "tokenize_records"](args.slow_ms)
         if args.python_calls > 0:
             call_many_small_functions(args.python_calls)
         loss = loss_fn(model(batch), target)
@@ -255,12 +362,19 @@ def train(args: argparse.Namespace) -> int:
                 mark_step()
         if slow and fault == "gc":
             release_memory(live)
+        if slow and fault == "periodic" and step % args.every_steps == args.every_steps - 1:
+            PERIODIC_FUNCTIONS[args.fault_function or "save_checkpoint"](args.slow_ms)
         if rank == args.hang_rank and step == args.hang_at_step:
             block_forever(step, args.hang_seconds)
         average_loss_across_ranks(loss)
         step += 1
         if step == args.restart_at_step:
             restart_in_place(sys.argv)
+    stop.set()
+    if hog is not None:
+        hog.kill()
+        hog.wait()
+        os.kill(os.getpid(), signal.SIGCONT)
     dist.barrier()
     print(f"rank {rank}/{world}: {step} steps in {time.perf_counter() - started:.2f} s", flush=True)
     dist.destroy_process_group()

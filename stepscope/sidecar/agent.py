@@ -314,7 +314,7 @@ class _Session:
         self.steps: int | None = None if self.duration is not None else int(capture.get("steps") or wire.DEFAULT_CAPTURE_STEPS)
         self.activities = [str(a) for a in (capture.get("activities") or wire.DEFAULT_ACTIVITIES)]
         self.with_stack = bool(capture.get("withStack", True))
-        self.record_shapes = bool(capture.get("recordShapes", False))
+        self.record_shapes = bool(capture.get("recordShapes", wire.DEFAULT_RECORD_SHAPES))
         self.profile_memory = bool(capture.get("profileMemory", False))
         self.with_flops = bool(capture.get("withFlops", False))
         self.hang_timeout = float(request.get("hangTimeoutSeconds") or wire.DEFAULT_HANG_TIMEOUT_SECONDS)
@@ -682,10 +682,10 @@ class Agent:
             over = f"{calls / seconds:,.0f} Python calls per second x {s.duration:g} s"
         if projected > s.max_stack_events:
             s.with_stack = False
-            # A few hundred samples of the training thread's stack still name where its time goes
+            # A few hundred samples of every thread's stack still name where the time goes
             # (a stepless program's probe ran on the watchdog thread, which is not worth sampling).
             s.sampler = None if s.on_watchdog else _StackSampler(threading.get_ident(), s.max_stack_events)
-            instead = "" if s.sampler is None else f", the training thread's stack is sampled every {wire.STACK_SAMPLE_SECONDS * 1000:g} ms instead"
+            instead = "" if s.sampler is None else f", every thread's stack is sampled every {wire.STACK_SAMPLE_SECONDS * 1000:g} ms instead"
             s.degraded.append(f"{wire.STACKS_DROPPED}: {over} = {projected:,} exceeds capture.limits.maxStackEvents={s.max_stack_events:,}{instead}; "
                               "set capture.withStack=false or raise capture.limits.maxStackEvents")
             log.warning("stepscope agent: session %s: %s", s.id, s.degraded[-1])
@@ -1032,17 +1032,18 @@ class _CallCounter:
 
 
 class _StackSampler:
-    """Samples one thread's Python stack every wire.STACK_SAMPLE_SECONDS while a capture whose
+    """Samples every thread's Python stack every wire.STACK_SAMPLE_SECONDS while a capture whose
     stacks the budget dropped records: a few hundred samples where the tracer would have recorded
     millions of events. At export they become the trace's python_function events (each sample
     lasts until the next; a frame on consecutive samples is one event), named as torch's tracer
-    names them, so the analysis can still name the function the time goes to. Samples stop once
-    they hold maxStackEvents frames."""
+    names them, so the analysis can still name the function the time goes to, on the training
+    thread (`thread_id`, whose events go on the steps' thread) and on any other thread of the
+    process (a logging thread that holds the GIL). Samples stop once they hold maxStackEvents frames."""
 
     def __init__(self, thread_id: int, max_frames: int) -> None:
         self.thread_id = thread_id
         self.max_frames = max_frames
-        self.samples: list[tuple[float, tuple[tuple[int, Any], ...]]] = []
+        self.samples: list[tuple[float, int, tuple[tuple[int, Any], ...]]] = []
         self.anchors: list[tuple[int, float]] = []  # (ProfilerStep number, monotonic time it began)
         # The frames running when sampling starts: the tracer names them by their current line
         # (later calls by their first line); held so that their ids are not reused meanwhile.
@@ -1068,16 +1069,20 @@ class _StackSampler:
 
     def _run(self) -> None:
         frames = 0
+        me = threading.get_ident()
         while not self._stop.wait(wire.STACK_SAMPLE_SECONDS) and frames < self.max_frames:
-            frame = sys._current_frames().get(self.thread_id)
             now = _monotonic()
-            stack: list[tuple[int, Any]] = []
-            while frame is not None:
-                stack.append((id(frame), frame.f_code))
-                frame = frame.f_back
-            stack.reverse()
-            self.samples.append((now, tuple(stack)))
-            frames += len(stack)
+            for ident, top in sys._current_frames().items():
+                if ident == me:
+                    continue
+                frame: Any = top
+                stack: list[tuple[int, Any]] = []
+                while frame is not None:
+                    stack.append((id(frame), frame.f_code))
+                    frame = frame.f_back
+                stack.reverse()
+                self.samples.append((now, ident, tuple(stack)))
+                frames += len(stack)
 
     def events(self, trace_events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The samples as python_function events in the clock of `trace_events`, placed by the
@@ -1102,22 +1107,28 @@ class _StackSampler:
             return names[id(code)]
 
         out: list[dict[str, Any]] = []
-        open_: list[tuple[int, Any, dict[str, Any]]] = []
-        ends = [t for t, _ in self.samples[1:]] + [self.samples[-1][0] + wire.STACK_SAMPLE_SECONDS]
-        for (t, stack), end in zip(self.samples, ends):
-            ts = t * 1e6 + offset
-            same = 0
-            while same < min(len(open_), len(stack)) and open_[same][0] == stack[same][0] and open_[same][1] is stack[same][1]:
-                same += 1
-            del open_[same:]
-            for key, code in stack[same:]:
-                event = {"ph": "X", "cat": "python_function", "name": name(key, code), "pid": first.get("pid"), "tid": first.get("tid"),
-                         "ts": ts, "dur": 0.0, "args": {"Python parent id": open_[-1][2]["args"]["Python id"] if open_ else None,
-                                                        "Python id": len(out) + 1, "Sampled": True}}
-                out.append(event)
-                open_.append((key, code, event))
-            for _, _, event in open_:
-                event["dur"] = end * 1e6 + offset - event["ts"]
+        by_thread: dict[int, list[tuple[float, tuple[tuple[int, Any], ...]]]] = {}
+        for t, ident, stack in self.samples:
+            by_thread.setdefault(ident, []).append((t, stack))
+        for ident, samples in by_thread.items():
+            # The training thread's events go on the steps' thread; another thread's on its own.
+            tid = first.get("tid") if ident == self.thread_id else ident
+            open_: list[tuple[int, Any, dict[str, Any]]] = []
+            ends = [t for t, _ in samples[1:]] + [samples[-1][0] + wire.STACK_SAMPLE_SECONDS]
+            for (t, stack), end in zip(samples, ends):
+                ts = t * 1e6 + offset
+                same = 0
+                while same < min(len(open_), len(stack)) and open_[same][0] == stack[same][0] and open_[same][1] is stack[same][1]:
+                    same += 1
+                del open_[same:]
+                for key, code in stack[same:]:
+                    event = {"ph": "X", "cat": "python_function", "name": name(key, code), "pid": first.get("pid"), "tid": tid,
+                             "ts": ts, "dur": 0.0, "args": {"Python parent id": open_[-1][2]["args"]["Python id"] if open_ else None,
+                                                            "Python id": len(out) + 1, "Sampled": True}}
+                    out.append(event)
+                    open_.append((key, code, event))
+                for _, _, event in open_:
+                    event["dur"] = end * 1e6 + offset - event["ts"]
         self.running.clear()
         return out
 

@@ -126,7 +126,7 @@ def test_good_specs_are_stored_with_defaults(api, spec):
     capture = stored["capture"]
     assert capture["waitSteps"] == spec.get("capture", {}).get("waitSteps", 5)
     assert capture["activities"] == spec.get("capture", {}).get("activities", ["CPU", "CUDA"])
-    assert (capture["withStack"], capture["recordShapes"], capture["profileMemory"], capture["withFlops"]) == (True, False, False, False)
+    assert (capture["withStack"], capture["recordShapes"], capture["profileMemory"], capture["withFlops"]) == (True, True, False, False)
     assert "steps" not in capture or "durationSeconds" not in capture
     assert stored["hardwareMetrics"]["intervalMicroseconds"] == spec.get("hardwareMetrics", {}).get("intervalMicroseconds", 1000)
     assert stored["saveRawTrace"] == spec.get("saveRawTrace", "all")
@@ -201,7 +201,8 @@ def test_status_keeps_every_field_of_the_analysis_diagnosis(api):
     diagnosis = Diagnosis(
         summary="rank 3 is 1.9x slower than the median: data loading",
         stepTimeMs=StepTime(min=101.5, median=104.0, max=197.25),
-        slowWorkers=[SlowWorker(rank=3, stepTimeMs=197.25, slowdown=1.9, pod="train-3", node="node-b")],
+        slowWorkers=[SlowWorker(rank=3, stepTimeMs=197.25, slowdown=1.9, pod="train-3", node="node-b", cause="save_checkpoint (train.py:9), every 4th step",
+                                lostMsPerStep=93.2, stepWithoutMs=104.0)],
         breakdown=Breakdown(computePct=61.0, commNotOverlappedPct=12.5, overlappedPct=8.0, memoryPct=2.5, idlePct=16.0),
         findings=[Finding(severity="critical", category="slow-worker", ranks=[3], message="rank 3 waits on its dataloader")])
     compact = msgspec.to_builtins(diagnosis)

@@ -95,8 +95,11 @@ def top_kernels(tables: RankTables, limit: int = 3) -> list[Finding]:
                     {"kernels": [{"name": n, "share": round(float(v), 4)} for n, v in share.head(20).items()]})]
 
 
-def python_outliers(tables: RankTables, median_step_us: float, slow_ranks: set[int], judged: bool = False) -> list[Finding]:
-    """Python functions whose exclusive time on one rank is far above their peers'. On a rank that
+def python_outliers(tables: RankTables, median_step_us: float, slow_ranks: set[int], judged: bool = False,
+                    sampled: frozenset[int] = frozenset()) -> list[Finding]:
+    """Python functions whose exclusive time on one rank is far above their peers'. Ranks whose
+    stacks were sampled (`sampled`) are compared with each other only, never with traced ones as
+    if both were exact: a sample's frame holds the time of the C functions under it. On a rank that
     is not slow itself while others are, such a function is most likely where it waits for them
     (DDP's backward blocks on the slow rank's gradients), so it is told as that. Where straggler.py
     has `judged` the job (whether a rank holds it back, and why), they are information only: a
@@ -113,6 +116,15 @@ def python_outliers(tables: RankTables, median_step_us: float, slow_ranks: set[i
     if names.empty:
         return []
     f = f[f["name"].isin(names)]
+    out = []
+    for group in (ranks[~np.isin(ranks, list(sampled))], ranks[np.isin(ranks, list(sampled))]):
+        if len(group) >= 2:
+            out += _python_outliers(f[f["rank"].isin(group)], group, median_step_us, min_excess, slow_ranks, judged)
+    return out
+
+
+def _python_outliers(f: pd.DataFrame, ranks: np.ndarray, median_step_us: float, min_excess: float, slow_ranks: set[int],
+                     judged: bool) -> list[Finding]:
     table = f.pivot_table(index="rank", columns="name", values="usPerStep", aggfunc="sum", fill_value=0.0).reindex(ranks, fill_value=0.0)
     values = table.to_numpy()
     peers = peer_median(values)
@@ -219,14 +231,15 @@ def cpu_only(tables: RankTables, median_step_us: float, slow_ranks: set[int]) ->
     return out
 
 
-def all_checks(tables: RankTables, kernels: pd.DataFrame, slow_ranks: set[int], judged: bool = False) -> list[Finding]:
+def all_checks(tables: RankTables, kernels: pd.DataFrame, slow_ranks: set[int], judged: bool = False,
+               sampled: frozenset[int] = frozenset()) -> list[Finding]:
     median_step_us = _median_step_us(tables)
     return [
         *one_percent_rule(tables.memory, "kind", "memory", "memory operations"),
         *one_percent_rule(tables.runtime, "name", "launch", "runtime calls"),
         *slower_kernels(kernels, median_step_us, slow_ranks),
         *top_kernels(tables),
-        *python_outliers(tables, median_step_us, slow_ranks, judged),
+        *python_outliers(tables, median_step_us, slow_ranks, judged, sampled),
         *communication(tables, median_step_us),
         *launch_overhead(tables),
         *cpu_only(tables, median_step_us, slow_ranks),

@@ -14,13 +14,13 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.diagnosis.bottlenecks import all_checks
-from stepscope.analysis.diagnosis.causes import Cause
+from stepscope.analysis.diagnosis.causes import PROFILED_CALL_US, Cause
 from stepscope.analysis.diagnosis.consistency import CPU_ONLY, reconcile
 from stepscope.analysis.diagnosis.efficiency import efficiency_findings
 from stepscope.analysis.diagnosis.hangs import hang_findings
 from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables
 from stepscope.analysis.diagnosis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
-from stepscope.analysis.diagnosis.straggler import MORE_STEPS, Straggler, find_straggler
+from stepscope.analysis.diagnosis.straggler import Straggler, find_straggler, lost_time_shares, more_steps
 from stepscope.analysis.diagnosis.wording import function_text, ms, ranks_text, short
 from stepscope.analysis.metrics.summary import NO_GPU_EVENTS
 from stepscope.analysis.model import Breakdown, Diagnosis, Finding, RankSummary, SlowWorker, StepTime
@@ -30,11 +30,8 @@ MAX_FINDINGS = 20
 MAX_SLOW_WORKERS = 16
 MAX_MESSAGE = 300
 MAX_RANKS = 32
+MAX_CAUSE = 200
 _SEVERITY = {"critical": 0, "warning": 1, "info": 2}
-# What torch's Python tracer adds to each profiled Python call (with_stack): 1.0 µs measured
-# with torch 2.13 on a loaded 2-core machine (0.4 µs calls took 1.5 µs profiled). A cause with
-# many calls is inflated by it, which the finding then says.
-PROFILED_CALL_US = 1.0
 
 
 def _trace_findings(summaries: list[RankSummary]) -> list[Finding]:
@@ -108,6 +105,8 @@ def _cause_text(cause: Cause | None, stacks_dropped: bool = False) -> str:
                 "dropped its Python stacks: capture steps: 1 with that limit raised to name the function")
     if cause is None or cause.excessUsPerStep <= 0:
         return "no Python function of it runs longer than on its peers (the time is in operators or threads the profiler does not attribute)"
+    if cause.detail:
+        return cause.detail
     overhead = cause.callsPerStep * PROFILED_CALL_US
     calls = (f"; {cause.callsPerStep:,.0f} profiled calls/step, about {ms(overhead)} of it the profiler's own cost"
              if overhead >= 0.1 * cause.excessUsPerStep and not stacks_dropped else "")
@@ -130,10 +129,46 @@ def _clean_confidence(v: WaitVerdict) -> float:
     return round(min(1.0, 0.5 + 0.2 * v.steps) * max(0.0, 1.0 - 0.5 * v.share / MIN_GAP_SHARE), 2)
 
 
-def _straggler_findings(st: Straggler, tables: RankTables, stacks_dropped: set[int]) -> tuple[list[Finding], SlowWorker | None]:
-    """The slow-worker finding (or that it cannot tell) and its SlowWorker entry."""
+def _worker_cause(cause: Cause | None) -> str:
+    """A slow worker's cause in a few words, for its status entry."""
+    if cause is None:
+        return ""
+    if cause.kind == "function":
+        text = function_text(cause.frame) + (f", {cause.pattern}" if cause.pattern else "")
+    else:
+        text = cause.text().removeprefix("its ")
+    return text if len(text) <= MAX_CAUSE else text[: MAX_CAUSE - 3] + "..."
+
+
+def _what_if(step_us: float, without_us: float) -> str:
+    return f"without it the step would take about {ms(without_us)} instead of {ms(step_us)} ({-100 * (1 - without_us / step_us):.0f} %)" \
+        if step_us > 0 else ""
+
+
+def _other_finding(o: Straggler, first: Straggler, tables: RankTables, lost_us: float) -> tuple[Finding, SlowWorker]:
+    """A further rank that holds the job back, with its own cause and what it costs the job: the
+    step still waits for the first rank without it, and for it once the first one is fixed."""
+    assert o.rank is not None and first.rank is not None  # only named ranks come here
+    without_us = o.stepUs
+    after_first = o.stepUs - first.costUsPerStep + o.costUsPerStep
+    slowdown = o.stepUs / max(without_us, 1.0)
+    message = (f"rank {o.rank} holds the job back too (confidence {o.confidence:.2f}): {_cause_text(o.cause)}; "
+               f"{o.steadySteps} of {o.steps} step(s) show it; its share of the job's lost time is {ms(lost_us)}/step; "
+               f"without rank {first.rank}'s cause the step would still take about {ms(after_first)} for it, "
+               f"{ms(o.stepUs - first.costUsPerStep)} without both")
+    step = float(tables.step_us.get(o.rank, np.nan))
+    worker = SlowWorker(rank=o.rank, stepTimeMs=round(step / 1000.0, 3) if step == step else 0.0, slowdown=round(slowdown, 3),
+                        cause=_worker_cause(o.cause), lostMsPerStep=round(lost_us / 1000.0, 3), stepWithoutMs=round(without_us / 1000.0, 3))
+    return Finding("critical" if slowdown >= 1.2 else "warning", "slow-worker", [o.rank], message, slowdown - 1.0,
+                   {"costUsPerStep": round(o.costUsPerStep, 1), "lostUsPerStep": round(lost_us, 1), "stepWithoutUs": round(without_us, 1),
+                    "confidence": o.confidence}), worker
+
+
+def _straggler_findings(st: Straggler, tables: RankTables, stacks_dropped: set[int]) -> tuple[list[Finding], list[SlowWorker]]:
+    """The slow-worker findings (or that it cannot tell) and their SlowWorker entries, the named
+    rank's first."""
     if st.rank is None or st.confidence < DOUBT:
-        return [], None
+        return [], []
     reason = _cause_text(st.cause, st.rank in stacks_dropped)
     held = f"{st.steadySteps} of {st.steps} step(s) captured by every rank show it"
     if st.gapUsPerStep >= 0.5 * st.costUsPerStep:
@@ -148,16 +183,33 @@ def _straggler_findings(st: Straggler, tables: RankTables, stacks_dropped: set[i
     if not st.named:
         other = f"; the collectives point at rank {st.waitNames}" if st.waitNames is not None and st.waitNames != st.rank else ""
         message = (f"cannot tell which rank holds the job back from {st.steps} step(s) captured by every rank (confidence {st.confidence:.2f}); "
-                   f"capture more steps (steps: {MORE_STEPS}) to know. Rank {st.rank} is the likeliest: {reason}, {waited}{other}")
-        return [Finding("warning", "slow-worker", [], message, 0.0, data)], None
-    slowdown = st.stepUs / max(st.stepUs - st.costUsPerStep, 1.0)
+                   f"capture more steps (steps: {more_steps(st.steps)}) to know. Rank {st.rank} is the likeliest: {reason}, {waited}{other}")
+        return [Finding("warning", "slow-worker", [], message, 0.0, data)], []
+    # What if: a synchronous step waits for its slowest rank, so without this rank's cause alone
+    # it would wait for the next slowest one.
+    costs = {st.rank: st.costUsPerStep, **{o.rank: o.costUsPerStep for o in st.others if o.rank is not None}}
+    shares = lost_time_shares(costs, st.costUsPerStep)
+    runner_up = max((o.costUsPerStep for o in st.others), default=0.0)
+    without = st.stepUs - (st.costUsPerStep - runner_up)
+    slowdown = st.stepUs / max(without, 1.0)
     data["slowdown"] = round(slowdown, 3)
+    data["lostUsPerStep"], data["stepWithoutUs"] = round(shares[st.rank], 1), round(without, 1)
+    split = (f"; the job loses {ms(st.costUsPerStep)}/step, {', '.join(f'{ms(shares[r])} to rank {r}' for r in shares)}"
+             if st.others else "")
     message = (f"rank {st.rank} holds the job back (confidence {st.confidence:.2f}): {reason}; {waited}; "
-               f"without it the step would take about {ms(st.stepUs - st.costUsPerStep)} ({slowdown:.2f}x faster)"
-               + _own_note(tables, st.rank, st.stepUs))
+               + _what_if(st.stepUs, without) + split + _own_note(tables, st.rank, st.stepUs))
     step = float(tables.step_us.get(st.rank, np.nan))
-    worker = SlowWorker(rank=st.rank, stepTimeMs=round(step / 1000.0, 3) if step == step else 0.0, slowdown=round(slowdown, 3))
-    return [Finding("critical" if slowdown >= 1.2 else "warning", "slow-worker", [st.rank], message, slowdown - 1.0, data)], worker
+    worker = SlowWorker(rank=st.rank, stepTimeMs=round(step / 1000.0, 3) if step == step else 0.0, slowdown=round(slowdown, 3),
+                        cause=_worker_cause(st.cause), lostMsPerStep=round(shares[st.rank] / 1000.0, 3),
+                        stepWithoutMs=round(without / 1000.0, 3))
+    found = [Finding("critical" if slowdown >= 1.2 else "warning", "slow-worker", [st.rank], message, slowdown - 1.0, data)]
+    workers = [worker]
+    for o in st.others:
+        assert o.rank is not None  # further ranks are named ones
+        finding, further = _other_finding(o, st, tables, shares[o.rank])
+        found.append(finding)
+        workers.append(further)
+    return found, workers
 
 
 def _python_reason(data: dict[str, Any]) -> str:
@@ -207,6 +259,9 @@ def _summary_line(found: list[Finding], tables: RankTables, ranks: int, failed: 
         # ("cannot tell" names no rank, and what to capture instead is its point.)
         slow = found[0].category == "slow-worker" and found[0].ranks
         line = "; ".join(found[0].message.split("; ")[:2]) if slow else found[0].message
+        also = [f for f in found[1:] if slow and f.category == "slow-worker" and f.ranks and f.ranks != found[0].ranks]
+        if also:
+            line = f"{ranks_text([found[0].ranks[0]] + [f.ranks[0] for f in also])} hold the job back: " + line
         # A hung rank never wrote its trace; saying so again under the hang adds nothing.
         if failed and found[0].category not in ("trace", "hang"):
             line += f" ({failed} of {ranks} rank(s) could not be analysed)"
@@ -232,21 +287,21 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
     # construction, and who waits for whom (straggler.py) replaces the step-time and vote tests.
     evidence = find_slow_workers(tables, ok, votes=verdict is None, steps=verdict is None)
     waiting: list[Finding] = []
-    waiting_worker: SlowWorker | None = None
+    waiting_workers: list[SlowWorker] = []
     confidence: float | None = None
+    # The agent's capture budget says so in the summary's warnings (stepscope.wire.STACKS_DROPPED).
+    dropped = {r.rank for r in ok if any(w.startswith(STACKS_DROPPED) for w in r.warnings)}
     if verdict is not None:
-        straggler = find_straggler(tables, verdict)
-        # The agent's capture budget says so in the summary's warnings (stepscope.wire.STACKS_DROPPED).
-        dropped = {r.rank for r in ok if any(w.startswith(STACKS_DROPPED) for w in r.warnings)}
-        waiting, waiting_worker = _straggler_findings(straggler, tables, dropped)
+        straggler = find_straggler(tables, verdict, frozenset(dropped))
+        waiting, waiting_workers = _straggler_findings(straggler, tables, dropped)
         if straggler.rank is None:
             confidence = _clean_confidence(verdict)
         else:
             # Too little for a doubt: the confidence that no rank holds the job back.
             confidence = straggler.confidence if straggler.confidence >= DOUBT else round(1.0 - straggler.confidence, 2)
     _, kernels = kernel_ratios(tables)
-    named = set(evidence) | ({waiting_worker.rank} if waiting_worker else set())
-    checks = all_checks(tables, kernels, named, judged=verdict is not None)
+    named = set(evidence) | {w.rank for w in waiting_workers}
+    checks = all_checks(tables, kernels, named, judged=verdict is not None, sampled=frozenset(dropped))
     # A slow worker's own unusual Python function is its explanation, so it joins that finding.
     python = {f.ranks[0]: _python_reason(f.data) for f in checks
               if f.category == "python" and len(f.ranks) == 1 and f.ranks[0] in evidence and "function" in f.data}
@@ -260,10 +315,10 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
     info = {s.rank: s for s in ok}
     workers = [SlowWorker(rank=e.rank, stepTimeMs=round(float(tables.step_us.get(e.rank, np.nan)) / 1000.0, 3) if e.rank in steps.index else 0.0,
                           slowdown=round(e.slowdown(median_step_us), 3)) for e in evidence.values()]
-    workers += [waiting_worker] if waiting_worker else []
+    workers += waiting_workers
     for w in workers:
         w.pod, w.node = info[w.rank].pod, info[w.rank].node
-    slow_workers = sorted(workers, key=lambda w: -w.slowdown)[:MAX_SLOW_WORKERS]
+    slow_workers = sorted(workers, key=lambda w: (-w.lostMsPerStep, -w.slowdown))[:MAX_SLOW_WORKERS]
     if hangs and any(f.severity == "critical" for f in hangs):
         confidence = None
     step_time = StepTime(min=round(float(steps.min()) / 1000.0, 3), median=round(median_step_us / 1000.0, 3),

@@ -8,7 +8,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.model import CollectiveStat, FunctionStat, KernelStat, MemoryOpStat, RankSummary, RuntimeStat, StepRow
+from stepscope.analysis.model import CollectiveStat, FunctionStat, KernelStat, MemoryOpStat, OperatorStat, RankSummary, RuntimeStat, StepRow
 
 _ADDRESS = r" at 0x[0-9a-fA-F]+"
 # stepscope's own agent (its heartbeat and watchdog threads, its step hook) and torch's profiler
@@ -79,6 +79,7 @@ class RankTables:
     memory: pd.DataFrame
     runtime: pd.DataFrame
     collectives: pd.DataFrame
+    operators: pd.DataFrame
     # Exclusive µs of stepscope's agent and torch's profiler on each rank's training thread, over
     # the capture: left out of `functions`, stated where it distorts a figure.
     ownUs: pd.Series
@@ -92,6 +93,20 @@ class RankTables:
         """A column divided by its rank's number of captured steps (1 where none were found)."""
         steps = frame["rank"].map(self.ranks.set_index("rank")["steps"].clip(lower=1))
         return frame[column] / steps.to_numpy(dtype=float)
+
+    def per_step_of(self, items: pd.DataFrame, steps: pd.Index) -> pd.DataFrame:
+        """Summed µs of `items` (rows of one of the tables with their rank and stepsUs) in each of
+        `steps` (rows) by rank (columns); items whose step times do not line up with their rank's
+        steps are left out."""
+        numbers = self.steps.groupby("rank")["step"].apply(list)
+        ranks = sorted(int(r) for r in self.ranks["rank"])
+        per = pd.DataFrame({"rank": items["rank"].to_numpy(), "step": [numbers.get(r, []) for r in items["rank"]],
+                            "us": items["stepsUs"].to_numpy()})
+        per = per[per["step"].map(len) == per["us"].map(len)].explode(["step", "us"]).dropna()
+        if per.empty:
+            return pd.DataFrame(0.0, index=steps, columns=ranks)
+        table = per.astype({"step": np.int64, "us": float}).pivot_table(index="step", columns="rank", values="us", aggfunc="sum")
+        return table.reindex(index=steps, columns=ranks).fillna(0.0)
 
     def collective_share(self) -> pd.Series:
         """Share (0..1) of each rank's step time spent in collectives, by rank: the union of the
@@ -147,5 +162,6 @@ def build_tables(summaries: list[RankSummary]) -> RankTables:
         memory=_items_frame(summaries, "memoryOps", MemoryOpStat),
         runtime=_items_frame(summaries, "runtime", RuntimeStat),
         collectives=_items_frame(summaries, "collectives", CollectiveStat, skip=("durationsUs",)),
+        operators=_items_frame(summaries, "operators", OperatorStat),
         ownUs=_own_time(functions),
     )

@@ -13,14 +13,19 @@ thin, the diagnosis says it cannot tell and what to capture instead; no evidence
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import re
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.diagnosis.causes import BACKWARD, Cause, find_cause, frame_per_step, frames
+from stepscope.analysis.diagnosis.causes import BACKWARD, Cause, find_cause, frame_per_step, frames, thread_cause
+from stepscope.analysis.diagnosis.operator_time import operator_cause
+from stepscope.analysis.diagnosis.patterns import intermittent
 from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.diagnosis.slow_workers import CONFIDENT, DOUBT, MIN_GAP_SHARE, WaitVerdict
+from stepscope.analysis.diagnosis.wording import ms
 
 # A cause holds in a step when its excess there is at least this share of its median excess per
 # step (not the mean: one step in which the process was descheduled inflates the mean, and the
@@ -34,8 +39,11 @@ FULL_GAP = 0.25
 # Also the steps that the waiting alone needs to name a rank no frame explains: a loaded machine
 # can deschedule a healthy rank for a few hundred ms, slowing everything it does a little.
 FULL_STEPS = 8
-# Steps to ask for when a capture could not tell who holds the job back.
+# Steps to ask for when a capture could not tell who holds the job back (at least; see more_steps).
 MORE_STEPS = 2 * FULL_STEPS
+# torch's own code: a frame there (forward, backward, a module's call) is stretched by slower
+# operators rather than the cause itself.
+TORCH_CODE = r"(?:^|[\\/])torch[\\/]|^nn\.Module: |^<built-in|^<method "
 # The collectives contradict a cause when even the top of their gap's noise band (this many
 # standard errors above its mean over the steps) is below half of what the cause costs.
 NOISE_BAND = 2.0
@@ -53,6 +61,9 @@ class Straggler:
     steps: int  # steps every rank captured
     steadySteps: int  # steps in which the evidence for it holds
     waitNames: int | None  # the rank the waiting evidence alone points at
+    # Further ranks that hold the others back, each with its own cause, largest cost first (their
+    # costUsPerStep: the cause's excess; no more than the named rank's).
+    others: list[Straggler] = field(default_factory=list)
 
 
 def _steady(tables: RankTables, exploded: pd.DataFrame, rank: int, cause: Cause, steps: pd.Index, step_us: float) -> int | None:
@@ -80,23 +91,87 @@ def _backward_per_step(tables: RankTables, exploded: pd.DataFrame, steps: pd.Ind
     return None if len(names) == 0 else frame_per_step(tables, exploded, str(names[0]), steps)
 
 
-def _candidates(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, steps: pd.Index) -> list[tuple[int, Cause, int, bool]]:
-    """Ranks with a cause worth a slow worker that holds in every step: (rank, cause, steady steps,
-    contested). Contested: the rank waits more than its peers, which says it is not the one they
-    wait for - unless a few noisy collectives (a rank descheduled in one of four steps) outweigh a
-    cause that holds in every step; it can then be no more than the likeliest."""
+def _user_frame(cause: Cause) -> bool:
+    """A function of the program's own (not torch's, not a built-in): its operators are its work."""
+    return cause.kind == "function" and not cause.inner == cause.frame and not re.search(TORCH_CODE, cause.frame)
+
+
+def _best_cause(tables: RankTables, exploded: pd.DataFrame, rank: int, steps: pd.Index, sampled: frozenset[int]) -> Cause | None:
+    """The rank's cause of the three kinds: a function on its training thread, its operators (longer
+    than its peers', with the same or larger shapes), or a background thread running Python. A
+    function of the program's own that runs operators its peers do not run stays the cause; torch's
+    own frames (forward, backward) that the operators stretch give way to them, and so does any
+    frame where the same operators with the same shapes as on its peers carry half of its excess
+    (a slower host stretches every frame of the rank, the training loop's too). Any function on
+    the training thread gives way to a background thread that holds the GIL longer than it takes."""
+    cause = find_cause(tables, rank, exploded, sampled)
+    ops = operator_cause(tables, rank, steps)
+    same = ops is not None and ops.sameShapes and ops.shapesKnown and cause is not None and ops.excessUsPerStep >= 0.5 * cause.excessUsPerStep
+    if ops is not None and (cause is None or same or (not _user_frame(cause) and ops.excessUsPerStep >= cause.excessUsPerStep)):
+        cause = Cause(frame=ops.operator, inner="", phase="operators", excessUsPerStep=ops.excessUsPerStep, usPerStep=ops.usPerStep,
+                      peersUsPerStep=ops.peersUsPerStep, callsPerStep=0.0, kind="operators", detail=ops.text())
+    thread = thread_cause(tables, rank)
+    if thread is not None and (cause is None or thread.excessUsPerStep >= cause.excessUsPerStep):
+        cause = thread
+    return cause
+
+
+def _steady_operators(tables: RankTables, rank: int, steps: pd.Index) -> int:
+    """Steps in which the rank's operators take longer than its peers'. A busy machine stretches
+    a step's operators by as much as a slower host does (one rank's operator time per step swung
+    7-37 ms on 2 loaded cores), so each step only tells which side it falls on; the typical excess
+    (operator_time) says how much."""
+    per_step = tables.per_step_of(tables.operators, steps)
+    excess = per_step[rank].to_numpy(dtype=float) - per_step.drop(columns=[rank]).median(axis=1).to_numpy(dtype=float)
+    return int(np.sum(excess > 0))
+
+
+def _steady_or_pattern(tables: RankTables, exploded: pd.DataFrame, rank: int, cause: Cause, steps: pd.Index,
+                       step_us: float) -> tuple[int | None, Cause]:
+    """Steps that show a function cause, and the cause with its pattern where it shows in some
+    steps only but in a pattern (every Nth step): such a cause holds in every step, as its pattern
+    says, and is told with the time of the steps it hits against the others'."""
+    if cause.kind == "operators":
+        slower = _steady_operators(tables, rank, steps)
+        # One step of more than three the other way is the machine's noise, not a faster rank.
+        return (len(steps) if len(steps) > 3 and slower >= len(steps) - 1 else slower), cause
+    if cause.kind != "function":
+        return len(steps), cause
+    steady = _steady(tables, exploded, rank, cause, steps, step_us)
+    table = frame_per_step(tables, exploded, cause.frame, steps)
+    if steady is None or steady == len(steps) or table is None:
+        return steady, cause
+    excess = table[rank].to_numpy(dtype=float) - table.drop(columns=[rank]).median(axis=1).to_numpy(dtype=float)
+    found = intermittent(excess, steps.to_numpy(), MIN_GAP_SHARE * step_us)
+    if found is None:
+        return steady, cause
+    durations = tables.steps.pivot_table(index="step", columns="rank", values="durationUs", aggfunc="sum").reindex(steps).median(axis=1)
+    hit, rest = float(durations[found.hits].mean()), float(durations[~found.hits].mean())
+    detail = (f"{found.text()} it spends {ms(float(excess[found.hits].mean()))} more than its peers in {cause.text()} "
+              f"({ms(cause.excessUsPerStep)}/step on average); those steps take {ms(hit)}, the others {ms(rest)}")
+    return (len(steps) if found.period is not None else int(found.hits.sum())), dataclasses.replace(cause, pattern=found.text(), detail=detail)
+
+
+def _candidates(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, steps: pd.Index,
+                sampled: frozenset[int] = frozenset()) -> list[tuple[int, Cause, int, bool]]:
+    """Ranks with a cause worth a slow worker that holds in every step (or in its pattern): (rank,
+    cause, steady steps, contested). Contested: the rank waits more than its peers, which says it
+    is not the one they wait for - unless a few noisy collectives (a rank descheduled in one of
+    four steps) outweigh a cause that holds in every step; it can then be no more than the likeliest."""
     out = []
     for rank, wait in v.waitUs.items():
         contested = wait - float(np.median([w for r, w in v.waitUs.items() if r != rank])) >= MIN_GAP_SHARE * v.stepUs
-        cause = find_cause(tables, rank, exploded)
+        cause = _best_cause(tables, exploded, rank, steps, sampled)
         if cause is None or cause.excessUsPerStep < MIN_GAP_SHARE * v.stepUs:
             continue
         # What looks like extra time in backward on a rank that waits more is its wait there (DDP
         # waits for the gradients inside backward): no cause.
         if contested and cause.phase == "backward":
             continue
-        steady = _steady(tables, exploded, rank, cause, steps, v.stepUs)
-        if steady is None or steady == len(steps):
+        steady, cause = _steady_or_pattern(tables, exploded, rank, cause, steps, v.stepUs)
+        # A sampled rank's time in a frame per step is an estimate from a few samples, which
+        # swings from step to step: half of the steps will do, and the confidence says how many.
+        if steady is None or steady == len(steps) or (rank in sampled and 2 * steady >= len(steps)):
             out.append((rank, cause, len(steps) if steady is None else steady, contested))
     return sorted(out, key=lambda c: (c[3], -c[1].excessUsPerStep))
 
@@ -117,20 +192,67 @@ def confidence(share: float, steady: int, steps: int, explained: float, agrees: 
     return round(base * (0.5 + 0.5 * min(1.0, steady / enough)), 2)
 
 
-def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
+def _others(tables: RankTables, v: WaitVerdict, candidates: list[tuple[int, Cause, int, bool]], comparable: bool) -> list[Straggler]:
+    """Candidates beyond the first that hold the others back too: each with its own cause in every
+    step, and (where the ranks' collectives can be compared) the ranks without a cause waiting for
+    it, within their noise, at least half of what its cause costs. A rank the first one holds back
+    waits for it too, so its peers' wait for it is measured against the ranks without a cause."""
+    slow = {c[0] for c in candidates}
+    healthy = [r for r in v.waitUs if r not in slow]
+    out = []
+    for rank, cause, steady, contested in candidates[1:]:
+        if contested:
+            continue
+        if comparable:
+            if not healthy:
+                continue
+            gaps = v.perStepUs[healthy].median(axis=1).to_numpy(dtype=float) - v.perStepUs[rank].to_numpy(dtype=float)
+            error = float(gaps.std(ddof=1) / np.sqrt(len(gaps))) if len(gaps) > 1 else float("inf")
+            if not (gaps.mean() > 0 and gaps.mean() + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep):
+                continue
+        conf = confidence(cause.excessUsPerStep / v.stepUs if v.stepUs else 0.0, steady, v.steps, 1.0, True)
+        if conf >= CONFIDENT:
+            out.append(Straggler(rank=rank, named=True, cause=cause, confidence=conf, gapUsPerStep=0.0, costUsPerStep=cause.excessUsPerStep,
+                                 stepUs=v.stepUs, steps=v.steps, steadySteps=steady, waitNames=v.rank))
+    return out
+
+
+def lost_time_shares(costs: dict[int, float], lost: float) -> dict[int, float]:
+    """The job's lost time per step split by rank: a synchronous step waits for its slowest rank, so
+    without rank r's cause it loses max(costs) - max(the others'). Each rank's share is its Shapley
+    value under that rule (sorted c1 >= c2 >= ...: rank i gets the sum over j >= i of
+    (c_j - c_j+1) / j), scaled so that the shares add up to the measured `lost` time."""
+    ranks = sorted(costs, key=lambda r: -costs[r])
+    c = np.maximum(np.array([costs[r] for r in ranks] + [0.0], dtype=float), 0.0)
+    steps = (c[:-1] - c[1:]) / np.arange(1, len(ranks) + 1)
+    shares = np.cumsum(steps[::-1])[::-1]
+    total = float(shares.sum())
+    scale = lost / total if total > 0 else 0.0
+    return {r: float(s) * scale for r, s in zip(ranks, shares)}
+
+
+def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] = frozenset()) -> Straggler:
     """The rank that holds the job back (or the likeliest one) from the waiting verdict and the
-    causes on the training threads."""
+    causes on the training threads, and any further ranks that do too. `sampled`: ranks whose
+    stacks the agent sampled; compared with traced ranks, their collectives are not (the tracer's
+    own cost stretches the traced ranks' steps, so they seem to wait less than they would)."""
     exploded = frames(tables)
     steps = v.commonSteps
-    candidates = _candidates(tables, exploded, v, steps)
+    comparable = not sampled or set(v.waitUs) <= set(sampled) or not set(v.waitUs) & set(sampled)
+    candidates = _candidates(tables, exploded, v, steps, sampled)
     if not candidates and v.rank is None:
         return Straggler(rank=None, named=False, cause=None, confidence=0.0, gapUsPerStep=0.0, costUsPerStep=0.0, stepUs=v.stepUs,
                          steps=v.steps, steadySteps=0, waitNames=None)
     waiting = confidence(v.share, v.agreeing, v.steps, 0.0, True) if v.rank is not None else 0.0
     if candidates and (not candidates[0][3] or waiting < CONFIDENT):
         rank, cause, steady, contested = candidates[0]
-        # A second rank with a cause as large leaves it open which one the others wait for.
-        rival = len(candidates) > 1 and candidates[1][1].excessUsPerStep >= 0.5 * cause.excessUsPerStep and v.rank != rank
+        others = _others(tables, v, candidates, comparable)
+        # A second rank with a cause as large, and no slow worker of its own, leaves it open which
+        # one the others wait for.
+        # (Extra time in backward beside a cause elsewhere is DDP's wait there for that rank.)
+        rival = (len(candidates) > 1 and candidates[1][1].excessUsPerStep >= 0.5 * cause.excessUsPerStep and v.rank != rank
+                 and candidates[1][0] not in {o.rank for o in others}
+                 and (candidates[1][1].phase != "backward" or cause.phase == "backward"))
         gap = float(np.median([w for r, w in v.waitUs.items() if r != rank]) - v.waitUs[rank])
         cost = max(gap, cause.excessUsPerStep)
         # The collectives agree when they name this rank (its peers wait for it in every step, if
@@ -143,18 +265,20 @@ def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
         mean, error = v.gap_band(rank, None if cause.phase == "backward" else _backward_per_step(tables, exploded, steps))
         waited_for = mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep
         elsewhere = v.rank is not None and 2 * v.agreeing >= v.steps
-        agrees = not rival and not contested and (v.rank == rank or (not elsewhere and waited_for))
+        agrees = not rival and not contested and (v.rank == rank or (not elsewhere and waited_for) or not comparable)
         conf = confidence(cost / v.stepUs if v.stepUs else 0.0, steady, v.steps, min(1.0, cause.excessUsPerStep / cost) if cost else 0.0, agrees)
         # A cause that holds in every step is never "no problem": at worst the diagnosis cannot tell.
         conf = max(conf, DOUBT)
         if contested:
             conf = min(conf, round(CONFIDENT - 0.01, 2))
-        return Straggler(rank=rank, named=conf >= CONFIDENT and agrees, cause=cause, confidence=conf, gapUsPerStep=max(gap, 0.0),
-                         costUsPerStep=cost, stepUs=v.stepUs, steps=v.steps, steadySteps=steady, waitNames=v.rank)
+        named = conf >= CONFIDENT and agrees
+        return Straggler(rank=rank, named=named, cause=cause, confidence=conf, gapUsPerStep=max(gap, 0.0),
+                         costUsPerStep=cost, stepUs=v.stepUs, steps=v.steps, steadySteps=steady, waitNames=v.rank,
+                         others=[o for o in others if o.costUsPerStep <= cost] if named else [])
     # Waiting alone: no steady frame of that rank explains it (operators the profiler does not
     # attribute to Python, another thread) - or a hiccup. Only a large, steady gap names it.
     assert v.rank is not None  # no candidates and no rank returned above
-    found = find_cause(tables, v.rank, exploded)
+    found = _best_cause(tables, exploded, v.rank, steps, sampled)
     if found is not None and found.excessUsPerStep < MIN_GAP_SHARE * v.stepUs:
         # A frame that explains next to nothing of the gap is no explanation of it.
         found = None
@@ -164,10 +288,15 @@ def find_straggler(tables: RankTables, v: WaitVerdict) -> Straggler:
     # below naming (a large gap is still worth "cannot tell", not "no problem").
     if found is None and v.steps < FULL_STEPS:
         conf = min(conf, round(CONFIDENT - 0.01, 2))
-    elif found is not None and 2 * v.agreeing >= v.steps and 2 * (_steady(tables, exploded, v.rank, found, steps, v.stepUs) or 0) >= v.steps:
+    elif found is not None and 2 * v.agreeing >= v.steps and 2 * (_steady_or_pattern(tables, exploded, v.rank, found, steps, v.stepUs)[0] or 0) >= v.steps:
         # Two kinds of evidence point at it, each in at least half of the steps: it may not be
         # named, but the job is not healthy either ("no problem" read 0.77 sure of a 4-step capture
         # whose peers waited 15 ms of a 91 ms step for the slow-compute rank, 2 steps of 4 clearly).
         conf = max(conf, DOUBT)
     return Straggler(rank=v.rank, named=conf >= CONFIDENT, cause=found, confidence=conf, gapUsPerStep=v.gapUsPerStep,
                      costUsPerStep=v.gapUsPerStep, stepUs=v.stepUs, steps=v.steps, steadySteps=v.agreeing, waitNames=v.rank)
+
+
+def more_steps(captured: int) -> int:
+    """Steps to capture to tell what `captured` steps could not: never fewer than were captured."""
+    return max(MORE_STEPS, 2 * captured)

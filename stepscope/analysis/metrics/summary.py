@@ -16,6 +16,7 @@ from .gpu_steps import step_statistics
 from .kernels import comm_comp_overlap, compute_union, kernel_stats
 from .launch import launch_stats, runtime_stats
 from .memory_ops import memory_ops
+from .operators import operator_stats
 from .python_functions import python_functions
 from .steps import step_rows, step_spans
 from .trace import Trace, TraceError, load_trace
@@ -103,6 +104,7 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
         device=device,
         opEfficiency=op_efficiency,
         kernelEfficiency=kernel_efficiency,
+        operators=operator_stats(trace, (starts, ends) if len(numbers) else None, top=top),
         warnings=warnings,
     )
 

@@ -39,6 +39,9 @@ MEMCPY_CATS = ("gpu_memcpy", "Memcpy")
 MEMSET_CATS = ("gpu_memset", "Memset")
 RUNTIME_CATS = ("cuda_runtime", "Runtime", "cuda_driver")
 PYTHON_CAT = "python_function"
+OPERATOR_CAT = "cpu_op"
+# An operator's input shapes beyond this many bytes of JSON are cut (a list of thousands of tensors).
+MAX_SHAPES_TEXT = 256
 STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 # Ops whose recorded shapes (record_shapes) are kept: the ones efficiency.py derives FLOPs and
 # bytes for. Only these, so that a trace with shapes on every op costs no memory for the rest.
@@ -90,6 +93,7 @@ class _Event(msgspec.Struct, gc=False):
     cat: str | None = None
     name: str = ""
     pid: int | str = 0
+    tid: int | str = 0
     ts: float | None = None
     dur: float | None = None
     args: _Args = _NO_ARGS
@@ -210,6 +214,9 @@ class Trace:
     python_id: np.ndarray
     python_parent: np.ndarray
     collectives: Collectives
+    tid: np.ndarray  # int64 thread ids; string ids get negative codes
+    shape: np.ndarray  # int32 code of an operator's input shapes (shape_texts), -1 where not recorded
+    shape_texts: list[str]
     rounded: bool  # fractional timestamps were rounded inwards as HTA does
     first_event_ts: float  # ts of traceEvents[0] when it is a kept row, else NaN (HTA links to it)
     warnings: list[str] = field(default_factory=list)
@@ -249,7 +256,8 @@ class _Columns:
         self.id_codes: dict[str, int] = {}
         self.parts: dict[str, list[np.ndarray]] = {k: [] for k in (
             "cat", "name", "pid", "ts", "dur", "stream", "correlation", "external_id",
-            "nbytes", "python_id", "python_parent")}
+            "nbytes", "python_id", "python_parent", "tid", "shape")}
+        self.shape_codes: dict[str, int] = {}
         self.coll: dict[str, list] = {k: [] for k in ("row", "name", "in_nelems", "out_nelems", "group_size", "dtype")}
         self.shapes: dict[str, list] = {k: [] for k in ("row", "dims", "types", "concrete")}
         self.shaped_names: list[bool] = []  # name code -> in SHAPED_OPS
@@ -302,6 +310,13 @@ class _Columns:
         if shaped.any():  # the ops of interest that carry shapes (record_shapes)
             maybe = np.flatnonzero(shaped)
             shaped[maybe] = np.fromiter(map(len, map(_get("args.input_dims"), compress(kept, shaped))), np.int64, len(maybe)) > 0
+        p["tid"].append(self._ids(kept, "tid"))
+        operator = cat == self.cat_codes.get(OPERATOR_CAT, -1)
+        shape = np.full(n, -1, dtype=np.int32)
+        if operator.any():
+            dims = [bytes(d)[:MAX_SHAPES_TEXT] for d in map(_get("args.input_dims"), compress(kept, operator))]
+            shape[operator] = _codes(self.shape_codes, (d.decode("utf-8", "replace") for d in dims), int(operator.sum()))
+        p["shape"].append(shape)
         for key, attr, rows in (("pid", "pid", on_stream), ("nbytes", "args.bytes", memory),
                                 ("python_id", "args.python_id", python),
                                 ("python_parent", "args.python_parent", python),
@@ -336,9 +351,9 @@ class _Columns:
             table += [SHAPED_OPS.match(n) is not None for n in list(self.name_codes)[len(table):]]
         return np.asarray(table, dtype=bool)[names]
 
-    def _ids(self, events: list[_Event]) -> np.ndarray:
-        """Process ids; the few string ids (and integers beyond int64) get negative codes."""
-        items = list(map(_get("pid"), events))
+    def _ids(self, events: list[_Event], attr: str = "pid") -> np.ndarray:
+        """Process or thread ids; the few string ids (and integers beyond int64) get negative codes."""
+        items = list(map(_get(attr), events))
         try:
             return np.array(items, dtype=np.int64)
         except (TypeError, ValueError, OverflowError):
@@ -590,6 +605,9 @@ def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
         collectives=Collectives(row=_joined(coll["row"]), name=coll["name"], in_nelems=_joined(coll["in_nelems"]),
                                 out_nelems=_joined(coll["out_nelems"]), group_size=_joined(coll["group_size"]),
                                 dtype=coll["dtype"]),
+        tid=cols.column("tid", np.int64),
+        shape=cols.column("shape", np.int32),
+        shape_texts=list(cols.shape_codes),
         rounded=rounded,
         first_event_ts=first_ts,
         shapes=Shapes(_joined(cols.shapes["row"]), cols.shapes["dims"], cols.shapes["types"], cols.shapes["concrete"]),

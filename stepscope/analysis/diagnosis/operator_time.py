@@ -1,0 +1,87 @@
+"""Operators compared across ranks, with their input shapes: a rank whose operators take longer than
+its peers' is slowed either by its device or host (the same shapes take longer) or by its inputs
+(larger shapes: uneven shards or batches). Both are causes in their own right, from each step's
+operator time (OperatorStat.stepsUs, the operators' own time on the training thread).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from stepscope.analysis.diagnosis.rank_tables import RankTables
+from stepscope.analysis.diagnosis.wording import ms
+
+# Operators take this many times their peers' time (all operators of the rank together) before
+# the difference is a cause: a loaded machine stretches every rank's operators by some per cent.
+OPERATOR_RATIO = 1.3
+# The rank's operator time in (name, shapes) its peers also run, as a share of its operator time,
+# from which its shapes are "the same": a few extra small operators do not make larger inputs.
+SAME_SHAPES = 0.8
+
+
+@dataclass(frozen=True)
+class OperatorCause:
+    excessUsPerStep: float  # the rank's operator time per step minus its peers' median
+    usPerStep: float
+    peersUsPerStep: float
+    stepsUs: tuple[float, ...]  # the excess in each common step
+    sameShapes: bool
+    shapesKnown: bool  # the capture recorded input shapes (capture.recordShapes)
+    operator: str  # the operator with the most excess
+    shapes: str  # its input shapes on the rank
+    peersShapes: str  # and on its peers
+
+    @property
+    def ratio(self) -> float:
+        return self.usPerStep / self.peersUsPerStep if self.peersUsPerStep > 0 else float("inf")
+
+    def text(self) -> str:
+        times = f"{self.ratio:.1f}x its peers'" if self.peersUsPerStep > 0 else "where its peers take none"
+        head = f"its operators compute {ms(self.excessUsPerStep)}/step more than its peers' ({ms(self.usPerStep)} vs {ms(self.peersUsPerStep)}, {times})"
+        if not self.shapesKnown:
+            return (f"{head}, most in {self.operator}; their input shapes were not recorded (capture.recordShapes), so a slow device "
+                    "or host cannot be told from larger inputs")
+        if self.sameShapes:
+            return f"{head} with the same shapes, most in {self.operator} {self.shapes}: a slow device or host"
+        return f"{head}, as its inputs are larger: {self.operator} takes {self.shapes} against {self.peersShapes} on its peers: uneven shards or batches"
+
+
+def _dominant_shapes(ops: pd.DataFrame) -> pd.Series:
+    """(rank, name) -> the input shapes it spends most time in."""
+    top = ops.sort_values("sumUs", ascending=False, kind="stable").drop_duplicates(["rank", "name"])
+    return top.set_index(["rank", "name"])["shapes"]
+
+
+def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCause | None:
+    """The operators' part of `rank`'s extra time over `steps` (those every rank captured); None
+    when its operators take no longer than its peers' (by OPERATOR_RATIO), or none were recorded."""
+    ops = tables.operators
+    ranks = sorted(int(r) for r in tables.ranks["rank"])
+    if ops.empty or rank not in set(ops["rank"]) or len(ranks) < 2 or len(steps) == 0:
+        return None
+    per_step = tables.per_step_of(ops, steps)
+    peers = per_step.drop(columns=[rank]).median(axis=1).to_numpy(dtype=float)
+    mine = per_step[rank].to_numpy(dtype=float)
+    excess = mine - peers
+    typical = float(np.median(excess))
+    if typical <= 0 or float(np.median(mine)) < OPERATOR_RATIO * float(np.median(peers)):
+        return None
+    # Which of its operators carry the excess, and whether its peers run them with the same shapes.
+    by_name = ops.groupby(["name", "rank"])["sumUs"].sum().unstack("rank").reindex(columns=ranks).fillna(0.0)
+    counts = tables.ranks.set_index("rank")["steps"].clip(lower=1).reindex(ranks).to_numpy(dtype=float)
+    by_name = by_name / counts
+    name_excess = by_name[rank] - by_name.drop(columns=[rank]).median(axis=1)
+    operator = str(name_excess.idxmax())
+    keys = ops["name"] + "\0" + ops["shapes"]
+    others = set(keys[ops["rank"] != rank])
+    own = ops[ops["rank"] == rank]
+    shared = float(own.loc[keys[own.index].isin(others), "sumUs"].sum()) / max(float(own["sumUs"].sum()), 1e-9)
+    dominant = _dominant_shapes(ops)
+    peer_shapes = [str(dominant[(r, operator)]) for r in ranks if r != rank and (r, operator) in dominant.index]
+    return OperatorCause(excessUsPerStep=typical, usPerStep=float(np.median(mine)), peersUsPerStep=float(np.median(peers)),
+                         stepsUs=tuple(float(e) for e in excess), sameShapes=shared >= SAME_SHAPES,
+                         shapesKnown=bool((own["shapes"] != "").any()), operator=operator,
+                         shapes=str(dominant.get((rank, operator), "")),
+                         peersShapes=max(set(peer_shapes), key=peer_shapes.count) if peer_shapes else "")
