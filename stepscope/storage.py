@@ -125,7 +125,9 @@ class FileStore:
     def list(self, prefix: str = "") -> list[str]:
         if not self.root.is_dir():
             return []
-        keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file() and not p.name.endswith(PARTIAL_SUFFIX))
+        # A link to a file outside the folder is no object of it: a session's files never point out.
+        keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*")
+                if p.is_file() and not p.name.endswith(PARTIAL_SUFFIX) and p.resolve().is_relative_to(self.root))
         return sorted(k for k in keys if k.startswith(prefix))
 
     def exists(self, key: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,8 +20,16 @@ from tqdm import tqdm
 
 from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.diagnosis.rank_tables import build_tables
+from stepscope.analysis.loading.gpu_samples import DEFAULT_MAX_METRICS_MB, MAX_METRICS_MB_ENV, max_metrics_bytes, read_metrics
 from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
 from stepscope.analysis.loading.session_files import SessionFiles, SessionRanks, find_files, local_path, open_session, read_ranks
+from stepscope.analysis.metrics.trace import (
+    DEFAULT_MAX_TRACE_EVENTS,
+    DEFAULT_MAX_TRACE_MB,
+    MAX_TRACE_EVENTS_ENV,
+    MAX_TRACE_MB_ENV,
+    limits_from,
+)
 from stepscope.analysis.model import Diagnosis, RankSummary
 from stepscope.analysis.reporting.report import write_report
 from stepscope.analysis.reporting.report_merge import MergePlan, MergeRank, expected_size, merge_order
@@ -47,7 +56,6 @@ class AnalysisError(ValueError):
 def _read_metrics(files: SessionFiles, problems: dict[int, list[str]], summaries: list[RankSummary]) -> dict[str, pd.DataFrame]:
     if not files.metrics:
         return {}
-    from stepscope.analysis.loading.gpu_samples import read_metrics
     metrics: dict[str, pd.DataFrame] = {}
     for pod, key in files.metrics.items():
         try:
@@ -103,7 +111,13 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
                 on_ranks: Callable[[int, int, list[str]], object] = lambda analysed, total, skipped: None) -> Diagnosis:
     """Diagnose the session at `uri` (folder, store URI or one trace file) and write its report
     into <uri>/report/ (or into `output`). Raises AnalysisError when there is nothing to analyse.
-    `on_ranks` hears how many ranks were analysed of how many, and which files were no traces."""
+    `on_ranks` hears how many ranks were analysed of how many, and which files were no traces.
+    The caps on each rank's trace and each node's metrics are the environment's (limits_from)."""
+    try:
+        limits_from(os.environ)
+        max_metrics_bytes(os.environ)
+    except ValueError as exc:
+        raise AnalysisError(str(exc)) from exc
     try:
         store, only = open_session(uri, endpoint=endpoint, region=region, credentials=credentials)
         files = find_files(store, only)
@@ -146,6 +160,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merged-limit-mb", type=int, default=MERGED_LIMIT_MB,
                         help="uncompressed JSON the merged Perfetto trace may hold, in MiB (default %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    # Traces are untrusted input: what one rank or node may cost is capped, and what is over a cap is cut and reported.
+    parser.add_argument("--max-trace-mb", type=_positive, metavar="MiB",
+                        help=f"uncompressed JSON read of each rank's trace, in MiB; the rest is cut and reported "
+                             f"(default ${MAX_TRACE_MB_ENV} or {DEFAULT_MAX_TRACE_MB})")
+    parser.add_argument("--max-trace-events", type=_positive, metavar="N",
+                        help=f"events with a duration kept of each rank's trace (default ${MAX_TRACE_EVENTS_ENV} or {DEFAULT_MAX_TRACE_EVENTS})")
+    parser.add_argument("--max-metrics-mb", type=_positive, metavar="MiB",
+                        help=f"uncompressed CSV read of each node's GPU metrics, in MiB (default ${MAX_METRICS_MB_ENV} or {DEFAULT_MAX_METRICS_MB})")
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
+    return int(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -153,6 +181,11 @@ def run(args: argparse.Namespace) -> int:
         print("stepscope analyze: give a session folder, store URI or trace file (or --session NS/NAME)", file=sys.stderr)
         return EXIT_USAGE
     counts: list[tuple[int, int, list[str]]] = []
+    # Through the environment, which the worker processes inherit.
+    for env, value in ((MAX_TRACE_MB_ENV, args.max_trace_mb), (MAX_TRACE_EVENTS_ENV, args.max_trace_events),
+                       (MAX_METRICS_MB_ENV, args.max_metrics_mb)):
+        if value is not None:
+            os.environ[env] = str(value)
     try:
         diagnosis = analyze_uri(args.source, endpoint=args.endpoint, region=args.region, progress=not args.no_progress,
                                 output=args.output, merged_limit_mb=args.merged_limit_mb, on_ranks=lambda *c: counts.append(c))

@@ -6,6 +6,7 @@ Reading never raises for one bad rank: each problem is kept with its rank for th
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import tempfile
 from collections.abc import Callable, Iterator
@@ -141,7 +142,7 @@ def _read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int =
                 summary.warnings.append(f"{files.summary} says rank {summary.rank}; shown as rank {rank}")
                 summary.rank = rank
             return summary, False
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError) as exc:
             problem = f"{files.summary} is not a valid summary ({exc})"
         except StoreError as exc:
             problem = f"cannot read {files.summary}: {exc}"
@@ -170,7 +171,7 @@ def read_stacks(store: Store, files: RankFiles) -> tuple[dict | None, str]:
         return None, ""
     try:
         data = msgspec.json.decode(store.get_bytes(files.stacks))
-    except (msgspec.DecodeError, StoreError) as exc:
+    except (msgspec.DecodeError, StoreError, RecursionError) as exc:
         return None, f"{files.stacks} cannot be read: {exc}"
     if not isinstance(data, dict):
         return None, f"{files.stacks} is not a stacks file (expected a JSON object)"
@@ -198,14 +199,23 @@ def _summaries(files: SessionFiles, top: int, on_rank: Callable[[str], object], 
     if len(raw) < 2 or sum(p.stat().st_size for p in raw if p.exists()) < PARALLEL_BYTES:
         out = []
         for f, rank in jobs:
-            out.append(_read_summary(files.store, f, rank, top))
+            out.append(_outcome(functools.partial(_read_summary, files.store, f, rank, top), f, rank))
             on_rank(f.trace or f.summary or f.stacks or "")
         return out
-    futures = {pool.submit(_read_summary, files.store, f, rank, top): f for f, rank in jobs}
+    futures = {pool.submit(_read_summary, files.store, f, rank, top): (f, rank) for f, rank in jobs}
     for done in as_completed(futures):
-        f = futures[done]
+        f = futures[done][0]
         on_rank(f.trace or f.summary or f.stacks or "")
-    return [future.result() for future in futures]
+    return [_outcome(future.result, *futures[future]) for future in futures]
+
+
+def _outcome(read: Callable[[], tuple[RankSummary, bool]], files: RankFiles, rank: int) -> tuple[RankSummary, bool]:
+    """The rank's summary, or a failed one saying why: a rank whose reading fails in a way
+    nobody foresaw (its worker process killed, an analysis bug) costs that rank alone."""
+    try:
+        return read()
+    except Exception as exc:  # noqa: BLE001 - one bad rank never stops the others
+        return failed(rank, f"{files.trace or files.summary or files.stacks}: reading failed: {type(exc).__name__}: {exc}"), False
 
 
 @dataclass
