@@ -108,7 +108,8 @@ def _merge_plan(files: SessionFiles, read: SessionRanks, diagnosis: Diagnosis, h
 
 def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None, progress: bool = True,
                 output: str | None = None, merged_limit_mb: int = MERGED_LIMIT_MB,
-                on_ranks: Callable[[int, int, list[str]], object] = lambda analysed, total, skipped: None) -> Diagnosis:
+                on_ranks: Callable[[int, int, list[str]], object] = lambda analysed, total, skipped: None,
+                ambient_credentials: bool = True) -> Diagnosis:
     """Diagnose the session at `uri` (folder, store URI or one trace file) and write its report
     into <uri>/report/ (or into `output`). Raises AnalysisError when there is nothing to analyse.
     `on_ranks` hears how many ranks were analysed of how many, and which files were no traces.
@@ -119,7 +120,7 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
     except ValueError as exc:
         raise AnalysisError(str(exc)) from exc
     try:
-        store, only = open_session(uri, endpoint=endpoint, region=region, credentials=credentials)
+        store, only = open_session(uri, endpoint=endpoint, region=region, credentials=credentials, ambient_credentials=ambient_credentials)
         files = find_files(store, only)
     except StoreError as exc:
         raise AnalysisError(str(exc)) from exc
@@ -138,7 +139,8 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
         bar.set_postfix_str("diagnosing", refresh=False)
         diagnosis, full = diagnose(summaries, stacks=stacks, hardware=hardware)
         bar.update(1)
-        out_store = open_store(output, endpoint=endpoint, region=region, credentials=credentials) if output else store
+        out_store = (open_store(output, endpoint=endpoint, region=region, credentials=credentials, ambient_credentials=ambient_credentials)
+                     if output else store)
         plan = _merge_plan(files, read, diagnosis, hardware, merged_limit_mb << 20, local)
         bar.total += len(plan.ranks)
         try:

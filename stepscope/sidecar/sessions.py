@@ -234,8 +234,9 @@ class SessionManager:
             if not isinstance(destination, str) or not destination:
                 return 400, {"error": "body.destination (the session's folder in the store) is required"}
             try:
+                # The operator's credentials from the session's Secret, never the pod's or node's cloud identity.
                 store = open_store(destination, endpoint=spec.storage.endpoint, region=spec.storage.region,
-                                   credentials=body.get("credentials") or None, retry=self._retry)
+                                   credentials=body.get("credentials") or None, retry=self._retry, ambient_credentials=False)
             except StoreError as exc:
                 return 400, {"error": str(exc)}
             # The session folder is the agents' to create: they may run as another user than the sidecar.

@@ -213,3 +213,31 @@ def test_a_finished_sessions_ttl_can_be_extended(operator: OperatorHarness, s3_e
     assert not operator.gone("extended")
     operator.custom.patch_namespaced_custom_object("stepscope.io", "v1alpha1", NAMESPACE, "profilesessions", "extended", {"spec": {"ttlSecondsAfterFinished": 0}})
     wait_for(lambda: operator.gone("extended"), 10, "the shortened TTL to delete the session")
+
+
+def _crd_before_storage_rules(kube: Kube) -> None:
+    """The ProfileSession CRD as it was before it required credentialsSecret and refused file://
+    (a cluster that has not upgraded its CRDs yet): the operator must refuse such sessions itself."""
+    api = kubernetes.client.ApiextensionsV1Api(kube.api_client)
+    crd = api.read_custom_resource_definition("profilesessions.stepscope.io").to_dict()
+    storage = crd["spec"]["versions"][0]["schema"]["open_apiv3_schema"]["properties"]["spec"]["properties"]["storage"]
+    storage["x_kubernetes_validations"] = []
+    api.replace_custom_resource_definition("profilesessions.stepscope.io", kube.api_client.sanitize_for_serialization(
+        kubernetes.client.V1CustomResourceDefinition(**{k: crd[k] for k in ("api_version", "kind", "metadata", "spec")})))
+
+
+@pytest.mark.parametrize("storage, said", [
+    ({"uri": "file:///var/lib/stepscope"}, "spec.storage.uri must be s3://bucket/prefix or oss://bucket/prefix on the cluster, got "
+                                           "'file:///var/lib/stepscope'; file:// is for the local CLI only"),
+    ({"uri": "s3://bucket/sessions"}, "spec.storage.credentialsSecret is required on the cluster: name a Secret in the session's "
+                                      "namespace with accessKeyId and secretAccessKey; the operator's, nodes' and pods' own cloud "
+                                      "identities are never used"),
+], ids=["file-uri", "no-secret"])
+def test_storage_the_cluster_must_not_use_fails_naming_what_to_change(operator: OperatorHarness, s3_endpoint: str,
+                                                                       storage: dict, said: str) -> None:
+    _crd_before_storage_rules(operator.kube)
+    operator.create_session("ambient", session_spec({"job": "train"}, s3_endpoint, storage={**storage, "endpoint": s3_endpoint}))
+    status = operator.wait_phase("ambient", ("Failed",), timeout=15)
+    assert _condition(status, "Ready")["reason"] == "InvalidSpec"
+    assert status["message"] == said
+    assert _condition(status, "Triggered")["status"] == "False"

@@ -264,6 +264,23 @@ def test_uploads_to_s3_with_the_triggers_credentials_which_never_leak(client: Si
         assert secret not in text and "AKIDFROMTRIGGER" not in text
 
 
+def test_s3_without_the_sessions_credentials_is_refused_whatever_the_pod_may_reach(client: SidecarClient, moto_endpoint: str, s3,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sidecar's own environment (keys, IRSA, the node's role) is never the session's storage
+    identity: a trigger without the session's credentials is refused before anything is written."""
+    from stepscope.sidecar_client import SidecarError
+
+    s3.create_bucket(Bucket="sidecar-ambient")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDSIDECARPOD")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "pod-secret")
+    body = trigger_body("s-amb", "s3://sidecar-ambient/team/default/run-1a2b3c4d",
+                        storage={"uri": "s3://sidecar-ambient/team", "endpoint": moto_endpoint})
+    with pytest.raises(SidecarError) as raised:
+        client.put_session("s-amb", body)
+    assert raised.value.status == 400 and "no credentials for s3:// from spec.storage.credentialsSecret" in raised.value.message
+    assert "Contents" not in s3.list_objects_v2(Bucket="sidecar-ambient")
+
+
 def test_malformed_agent_files_neither_crash_nor_stall_the_sidecar(client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path,
                                                                   tmp_path: Path, real_traces: dict[int, Path]) -> None:
     store = tmp_path / "store"

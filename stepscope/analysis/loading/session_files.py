@@ -70,14 +70,15 @@ class SessionFiles:
     layout: str = "stepscope"  # or "flat": a folder of traces (HTA's layout, the agent's folder)
 
 
-def open_session(source: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None) -> tuple[Store, str | None]:
+def open_session(source: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None,
+                 ambient_credentials: bool = True) -> tuple[Store, str | None]:
     """The store holding a session, and the one file to analyse when `source` is a single trace."""
     path = Path(source.removeprefix("file://")) if "://" not in source or source.startswith("file://") else None
     if path is not None and not path.exists():
         raise StoreError(f"{source} does not exist")
     if "://" not in source and path is not None and path.is_file():
         return open_store(str(path.resolve().parent)), path.name
-    return open_store(source, endpoint=endpoint, region=region, credentials=credentials), None
+    return open_store(source, endpoint=endpoint, region=region, credentials=credentials, ambient_credentials=ambient_credentials), None
 
 
 def find_files(store: Store, only: str | None = None) -> SessionFiles:
