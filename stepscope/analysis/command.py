@@ -59,7 +59,9 @@ def _read_metrics(files: SessionFiles, problems: dict[int, list[str]], summaries
     metrics: dict[str, pd.DataFrame] = {}
     for pod, key in files.metrics.items():
         try:
-            metrics[pod] = read_metrics(files.store.get_bytes(key))
+            # From a file, read in chunks: the object may be far larger than the cap on what is read of it.
+            with local_path(files.store, key) as path:
+                metrics[pod] = read_metrics(path)
         except (StoreError, ValueError, OSError, EOFError) as exc:
             _pod_problem(pod, f"GPU metrics of pod {pod} unreadable ({key}): {exc}", len(files.metrics), problems, summaries)
             continue

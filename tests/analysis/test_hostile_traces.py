@@ -301,3 +301,21 @@ def test_metrics_with_too_many_values_are_cut(tmp_path: Path) -> None:
     frame = read_metrics(gzip.compress(header + row * 12_000))
     assert len(frame) == 32_000_000 // 3002
     assert any("cut after" in w and "values" in w for w in frame.attrs["warnings"])
+
+
+def test_a_nodes_metrics_bomb_is_cut_and_reported_by_the_cli(tmp_path: Path, shared_traces: Path) -> None:
+    """A session (stepscope's layout) whose node metrics file inflates to 560 MB: the analysis
+    reads the first 16 MiB of it, says so for the node's ranks, diagnoses them, under 1 GiB."""
+    root = tmp_path / "session"
+    (root / "ranks").mkdir(parents=True)
+    for rank in (0, 1):
+        shutil.copy(shared_traces / GOOD / f"sampled_rank-{rank}.json.gz", root / "ranks" / f"rank-{rank}.trace.json.gz")
+    header = b"ts_us,gpu,sm_clock_mhz,power_w\n"
+    rows = b"".join(b"%d,0,1410,300\n" % (1_700_000_000_000_000 + i) for i in range(20_000))
+    (root / "nodes" / "pod-a").mkdir(parents=True)
+    (root / "nodes" / "pod-a" / "gpu-metrics.csv.gz").write_bytes(gzip.compress(header) + gzip.compress(rows, 9) * 1000)
+    run = analyze(root, "--max-metrics-mb", "16")
+    assert run.rc == 0 and "Traceback" not in run.stderr, run.stderr
+    problems = run.diagnosis["problems"]
+    assert all(any("gpu metrics file cut after 16 MiB of CSV" in p for p in problems[r]) for r in ("0", "1")), problems
+    assert run.max_rss < GIB
