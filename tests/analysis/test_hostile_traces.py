@@ -319,3 +319,18 @@ def test_a_nodes_metrics_bomb_is_cut_and_reported_by_the_cli(tmp_path: Path, sha
     problems = run.diagnosis["problems"]
     assert all(any("gpu metrics file cut after 16 MiB of CSV" in p for p in problems[r]) for r in ("0", "1")), problems
     assert run.max_rss < GIB
+
+
+def test_oversized_summary_and_stacks_files_are_refused_unread(tmp_path: Path, shared_traces: Path) -> None:
+    root = tmp_path / "session"
+    (root / "ranks").mkdir(parents=True)
+    for rank in (0, 1):
+        shutil.copy(shared_traces / GOOD / f"sampled_rank-{rank}.json.gz", root / "ranks" / f"rank-{rank}.trace.json.gz")
+    (root / "ranks" / "rank-2.summary.json").write_bytes(b'{"version": 1, "rank": 2, "warnings": [' + b'"x",' * (10 << 20) + b'"x"]}')
+    (root / "ranks" / "rank-1.stacks.json").write_bytes(b'{"step": 3, "threads": [' + b"[1.5]," * (7 << 20) + b"[1]]}")
+    run = analyze(root)
+    assert run.rc == 3 and "Traceback" not in run.stderr, run.stderr
+    problems = run.diagnosis["problems"]
+    assert any("ranks/rank-2.summary.json holds 42 MB, more than the 32 MiB such a file may" in p for p in problems["2"]), problems
+    assert any("ranks/rank-1.stacks.json cannot be read: " in p and "more than the 32 MiB" in p for p in problems["1"]), problems
+    assert run.diagnosis["ranks"]["analysed"] == 2 and run.max_rss < GIB

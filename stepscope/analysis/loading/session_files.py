@@ -34,6 +34,9 @@ PARALLEL_BYTES = 64 << 20
 # name) is not taken to mean that every rank up to it is missing. The merged trace numbers pids
 # for as many ranks.
 MAX_RANKS = 10 ** RANK_DIGITS
+# A rank's summary or stacks file is a few tens of KB (41 KB for the benchmark's 286 MB rank); one
+# far larger is no such file, and decoding it would hold several times its size.
+MAX_JSON_FILE_BYTES = 32 << 20
 
 
 class _Frame(msgspec.Struct):
@@ -122,6 +125,19 @@ def local_path(store: Store, key: str) -> Iterator[Path]:
         yield store.download(key, Path(tmp) / Path(key).name)
 
 
+def read_small(store: Store, key: str) -> bytes:
+    """The object's bytes, when it holds at most MAX_JSON_FILE_BYTES (its size is checked before
+    it is read); else StoreError."""
+    with local_path(store, key) as path:
+        try:
+            size = path.stat().st_size
+            if size > MAX_JSON_FILE_BYTES:
+                raise StoreError(f"{key} holds {size / 1e6:,.0f} MB, more than the {MAX_JSON_FILE_BYTES >> 20} MiB such a file may")
+            return path.read_bytes()
+        except OSError as exc:
+            raise StoreError(f"cannot read {key}: {exc.strerror or exc}") from exc
+
+
 def failed(rank: int, error: str, **known: Any) -> RankSummary:
     return RankSummary(version=SUMMARY_VERSION, rank=rank, error=error, **known)
 
@@ -138,7 +154,7 @@ def _read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int =
     problem = ""
     if files.summary:
         try:
-            summary = decode_summary(store.get_bytes(files.summary))
+            summary = decode_summary(read_small(store, files.summary))
             if summary.rank < 0:
                 summary.warnings.append(f"{files.summary} says rank {summary.rank}; shown as rank {rank}")
                 summary.rank = rank
@@ -171,7 +187,7 @@ def read_stacks(store: Store, files: RankFiles) -> tuple[dict | None, str]:
     if not files.stacks:
         return None, ""
     try:
-        data = msgspec.json.decode(store.get_bytes(files.stacks))
+        data = msgspec.json.decode(read_small(store, files.stacks))
     except (msgspec.DecodeError, StoreError, RecursionError) as exc:
         return None, f"{files.stacks} cannot be read: {exc}"
     if not isinstance(data, dict):
