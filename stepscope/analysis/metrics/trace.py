@@ -46,12 +46,14 @@ _ERROR_AT = re.compile(r"\(byte (\d+)\)")
 # or starting this far from the trace's median start, is a corrupt number.
 MAX_EVENT_US = 86_400e6
 
-# Caps per rank, chosen from measurements (docs/security.md): the largest real trace read in the
-# tests is 54 MB of JSON with 123 k rows kept, the benchmark's ranks 286 MB with 740 k; a process
-# summarising 4 M rows peaks under 1 GiB.
+# Caps per rank, from measurements: the largest real trace of the tests is 54 MB of JSON with 123 k
+# rows kept, the benchmark's ranks 286 MB with 740 k (a summarising process peaks at ~210 MiB). A
+# process summarising 2 M rows peaks at ~410 MiB, what the worker pool plans a worker to hold
+# (loading.parallel.WORKER_BYTES), so a hostile rank does not take a worker's neighbours' memory;
+# 2 GiB of JSON take ~15 s to read.
 MAX_TRACE_MB_ENV, MAX_TRACE_EVENTS_ENV = "STEPSCOPE_MAX_TRACE_MB", "STEPSCOPE_MAX_TRACE_EVENTS"
 DEFAULT_MAX_TRACE_MB = 2048
-DEFAULT_MAX_TRACE_EVENTS = 4_000_000
+DEFAULT_MAX_TRACE_EVENTS = 2_000_000
 # Distinct names and string process ids are held as Python strings (about 100 bytes each besides
 # their text): a trace of unique names would hold more than its columns. The largest real trace
 # has 69 KB of distinct names.
