@@ -132,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("stepscope.sidecar").addHandler(said)
     logging.getLogger("stepscope.sidecar").setLevel(logging.INFO)
     key = secrets.token_hex(32)
-    sidecar = Sidecar(run_dir, key.encode(), host="127.0.0.1", port=0, pod=POD, nvml_backend=backend, poll_interval_s=0.1).start()
+    # This machine's GPUs are the user's: the simulated one is kept though the CPU loop names none.
+    sidecar = Sidecar(run_dir, key.encode(), host="127.0.0.1", port=0, pod=POD, nvml_backend=backend, poll_interval_s=0.1,
+                      own_every_gpu=True).start()
     env = {**training_env(run_dir), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     loop = subprocess.Popen([sys.executable, "-c", LOOP, device], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

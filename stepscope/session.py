@@ -22,6 +22,12 @@ from stepscope.wire import (
 ACTIVITIES = ("CPU", "CUDA")
 SAVE_RAW_TRACE = ("none", "master", "all")
 STORAGE_SCHEMES = ("s3", "oss", "file")
+# The capture budget's upper bounds (the CRDs' maxima): what an agent can hold. A Python event
+# costs the training thread 40-170 us and ~3 KB when the profiler stops (stepscope.wire), so a
+# million is minutes and 3 GB; the memory bound is checked between steps, so one far above a
+# training pod's memory would let the profiler take it before the agent acts.
+MAX_STACK_EVENTS = 1_000_000
+MAX_MEMORY_MB = 16_384
 
 
 class SpecError(ValueError):
@@ -125,8 +131,9 @@ class SessionSpec:
             raise SpecError(f"spec.capture.steps must be within 1..50, got {c.steps}")
         if c.durationSeconds is not None and not 0 < c.durationSeconds <= 3600:
             raise SpecError(f"spec.capture.durationSeconds must be within (0, 3600], got {c.durationSeconds}")
-        if c.limits.maxStackEvents < 0 or c.limits.maxMemoryMB < 1:
-            raise SpecError(f"spec.capture.limits: maxStackEvents must be >= 0 and maxMemoryMB >= 1, got {c.limits}")
+        if not 0 <= c.limits.maxStackEvents <= MAX_STACK_EVENTS or not 1 <= c.limits.maxMemoryMB <= MAX_MEMORY_MB:
+            raise SpecError(f"spec.capture.limits: maxStackEvents must be within 0..{MAX_STACK_EVENTS:,} and maxMemoryMB within "
+                            f"1..{MAX_MEMORY_MB:,}, got {c.limits}")
         if c.waitSteps < 0:
             raise SpecError(f"spec.capture.waitSteps must be >= 0, got {c.waitSteps}")
         bad = [a for a in c.activities if a not in ACTIVITIES]
@@ -144,6 +151,18 @@ class SessionSpec:
             raise SpecError("spec.timeoutSeconds must be >= 1")
         if self.registrationTimeoutSeconds < 1:
             raise SpecError("spec.registrationTimeoutSeconds must be >= 1")
+
+    def validate_for_cluster(self) -> None:
+        """What a session on the cluster needs besides `validate` (the CRD's rules): an object store
+        reached with the credentials of spec.storage.credentialsSecret, never the operator's,
+        nodes' or pods' own cloud identity, and no file://, which the sidecars and the analysis
+        Job share no folder for (and which would write to nodes' disks)."""
+        if self.storage.scheme not in ("s3", "oss"):
+            raise SpecError(f"spec.storage.uri must be s3://bucket/prefix or oss://bucket/prefix on the cluster, got {self.storage.uri!r}; "
+                            "file:// is for the local CLI only")
+        if not self.storage.credentialsSecret:
+            raise SpecError("spec.storage.credentialsSecret is required on the cluster: name a Secret in the session's namespace with "
+                            "accessKeyId and secretAccessKey; the operator's, nodes' and pods' own cloud identities are never used")
 
     def to_dict(self) -> dict[str, Any]:
         """The spec back in its stored camelCase form, every default filled in."""

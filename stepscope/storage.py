@@ -125,7 +125,9 @@ class FileStore:
     def list(self, prefix: str = "") -> list[str]:
         if not self.root.is_dir():
             return []
-        keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file() and not p.name.endswith(PARTIAL_SUFFIX))
+        # A link to a file outside the folder is no object of it: a session's files never point out.
+        keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*")
+                if p.is_file() and not p.name.endswith(PARTIAL_SUFFIX) and p.resolve().is_relative_to(self.root))
         return sorted(k for k in keys if k.startswith(prefix))
 
     def exists(self, key: str) -> bool:
@@ -135,11 +137,15 @@ class FileStore:
         return _join(self.uri, _clean_key(key)) if key else self.uri
 
 
-def _credentials(scheme: str, given: dict[str, Any] | None) -> dict[str, str | None] | None:
+def _credentials(scheme: str, given: dict[str, Any] | None, ambient: bool = True) -> dict[str, str | None] | None:
     """Access key triple from the caller, a mounted Secret, or the environment; None lets boto3's
-    own chain (instance role, IRSA, ~/.aws) decide for s3://."""
+    own chain (instance role, IRSA, ~/.aws) decide for s3://. Without `ambient`, the caller's
+    alone: a cluster session's storage is reached with its credentialsSecret, never with the
+    identity of the process or node that happens to run it."""
     if given and given.get("accessKeyId"):
         return {"accessKeyId": given["accessKeyId"], "secretAccessKey": given.get("secretAccessKey"), "sessionToken": given.get("sessionToken")}
+    if not ambient:
+        raise StoreError(f"no credentials for {scheme}:// from spec.storage.credentialsSecret; a session on the cluster uses no other")
     folder = os.environ.get(CREDENTIALS_DIR_ENV)
     if folder:
         files = {name: Path(folder, name) for name in ("accessKeyId", "secretAccessKey", "sessionToken")}
@@ -159,7 +165,8 @@ class S3Store:
     """A bucket and prefix on S3 or an S3-compatible service (OSS, MinIO)."""
 
     def __init__(self, scheme: str, bucket: str, prefix: str, *, endpoint: str | None, region: str | None,
-                 credentials: dict[str, Any] | None, retry: RetryPolicy, proxies: dict[str, str] | None = None) -> None:
+                 credentials: dict[str, Any] | None, retry: RetryPolicy, proxies: dict[str, str] | None = None,
+                 ambient_credentials: bool = True) -> None:
         import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
@@ -183,7 +190,7 @@ class S3Store:
             request_checksum_calculation="when_required" if endpoint or scheme == "oss" else "when_supported",
             response_checksum_validation="when_required" if endpoint or scheme == "oss" else "when_supported",
         )
-        creds = _credentials(scheme, credentials)
+        creds = _credentials(scheme, credentials, ambient_credentials)
         kwargs: dict[str, Any] = {"endpoint_url": endpoint, "config": config}
         if creds:
             kwargs.update(aws_access_key_id=creds["accessKeyId"], aws_secret_access_key=creds["secretAccessKey"], aws_session_token=creds["sessionToken"])
@@ -284,11 +291,13 @@ def _classify(exc: Exception, what: str, store: S3Store) -> StoreError:
 
 
 def open_store(uri: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None,
-               retry: RetryPolicy | None = None, proxies: dict[str, str] | None = None) -> FileStore | S3Store:
+               retry: RetryPolicy | None = None, proxies: dict[str, str] | None = None, ambient_credentials: bool = True) -> FileStore | S3Store:
     """The store at `uri` (file:///dir, a plain directory path, s3://bucket/prefix or oss://bucket/prefix).
 
     oss:// needs `region` (endpoint https://oss-<region>.aliyuncs.com) or an explicit `endpoint`.
     `proxies` is botocore's proxy map, for networks that reach the store through a proxy.
+    `ambient_credentials` False: s3:// and oss:// only with the given `credentials`, neither the
+    environment's nor boto3's chain (the cluster's parts, which run with identities of their own).
     """
     if "://" not in uri:
         if not uri:
@@ -314,4 +323,5 @@ def open_store(uri: str, *, endpoint: str | None = None, region: str | None = No
     if scheme == "oss" and region:
         # OSS signs with the bare region id (cn-hangzhou), whichever form the user wrote.
         region = region.removeprefix("oss-")
-    return S3Store(scheme, parsed.netloc, parsed.path, endpoint=endpoint, region=region, credentials=credentials, retry=retry or RetryPolicy(), proxies=proxies)
+    return S3Store(scheme, parsed.netloc, parsed.path, endpoint=endpoint, region=region, credentials=credentials, retry=retry or RetryPolicy(),
+                   proxies=proxies, ambient_credentials=ambient_credentials)

@@ -65,15 +65,16 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
 
 def report(source: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None, progress: bool = True,
            output: str | None = None, merged_limit_mb: int | None = None,
-           on_ranks: Callable[[int, int, list[str]], object] | None = None) -> Diagnosis:
+           on_ranks: Callable[[int, int, list[str]], object] | None = None, ambient_credentials: bool = True) -> Diagnosis:
     """Diagnose the session at `source` and write its report into <source>/report/ (or `output`);
     what `stepscope analyze` and the analysis Job run. Returns the Diagnosis; raises a ValueError
     (command.AnalysisError) when there is nothing to analyse. `on_ranks` hears how many ranks were
-    analysed of how many, and which files were no traces."""
+    analysed of how many, and which files were no traces. `ambient_credentials` False: the store
+    only with `credentials` (storage.open_store), as the analysis Job of a cluster session."""
     from stepscope.analysis.command import MERGED_LIMIT_MB, analyze_uri
     return analyze_uri(source, endpoint=endpoint, region=region, credentials=credentials, progress=progress, output=output,
                        merged_limit_mb=MERGED_LIMIT_MB if merged_limit_mb is None else merged_limit_mb,
-                       on_ranks=on_ranks or (lambda analysed, total, skipped: None))
+                       on_ranks=on_ranks or (lambda analysed, total, skipped: None), ambient_credentials=ambient_credentials)
 
 
 def diff(a: str, b: str, *, endpoint: str | None = None, region: str | None = None, min_change: float | None = None) -> tuple[RunDiff, bool]:

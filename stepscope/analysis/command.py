@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -20,9 +21,17 @@ from tqdm import tqdm
 
 from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.diagnosis.rank_tables import build_tables
+from stepscope.analysis.loading.gpu_samples import DEFAULT_MAX_METRICS_MB, MAX_METRICS_MB_ENV, max_metrics_bytes, read_metrics
 from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
 from stepscope.analysis.loading.session_files import SessionFiles, SessionRanks, find_files, local_path, open_session, read_ranks
 from stepscope.analysis.metrics.gpu_scope import COMM_KERNEL_PATTERNS, DEFAULT_COMM_KERNELS, HTA_COMM_KERNELS, CommKernels
+from stepscope.analysis.metrics.trace import (
+    DEFAULT_MAX_TRACE_EVENTS,
+    DEFAULT_MAX_TRACE_MB,
+    MAX_TRACE_EVENTS_ENV,
+    MAX_TRACE_MB_ENV,
+    limits_from,
+)
 from stepscope.analysis.model import Diagnosis, RankSummary
 from stepscope.analysis.reporting.report import write_report
 from stepscope.analysis.reporting.report_merge import MergePlan, MergeRank, expected_size, merge_order
@@ -49,11 +58,12 @@ class AnalysisError(ValueError):
 def _read_metrics(files: SessionFiles, problems: dict[int, list[str]], summaries: list[RankSummary]) -> dict[str, pd.DataFrame]:
     if not files.metrics:
         return {}
-    from stepscope.analysis.loading.gpu_samples import read_metrics
     metrics: dict[str, pd.DataFrame] = {}
     for pod, key in files.metrics.items():
         try:
-            metrics[pod] = read_metrics(files.store.get_bytes(key))
+            # From a file, read in chunks: the object may be far larger than the cap on what is read of it.
+            with local_path(files.store, key) as path:
+                metrics[pod] = read_metrics(path)
         except (StoreError, ValueError, OSError, EOFError) as exc:
             _pod_problem(pod, f"GPU metrics of pod {pod} unreadable ({key}): {exc}", len(files.metrics), problems, summaries)
             continue
@@ -102,13 +112,20 @@ def _merge_plan(files: SessionFiles, read: SessionRanks, diagnosis: Diagnosis, h
 
 def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None, progress: bool = True,
                 output: str | None = None, merged_limit_mb: int = MERGED_LIMIT_MB, comm: CommKernels = DEFAULT_COMM_KERNELS,
-                on_ranks: Callable[[int, int, list[str]], object] = lambda analysed, total, skipped: None) -> Diagnosis:
+                on_ranks: Callable[[int, int, list[str]], object] = lambda analysed, total, skipped: None,
+                ambient_credentials: bool = True) -> Diagnosis:
     """Diagnose the session at `uri` (folder, store URI or one trace file) and write its report
     into <uri>/report/ (or into `output`). Raises AnalysisError when there is nothing to analyse.
     `on_ranks` hears how many ranks were analysed of how many, and which files were no traces.
-    `comm`: the kernels of raw traces counted as communication (uploaded summaries keep theirs)."""
+    `comm`: the kernels of raw traces counted as communication (uploaded summaries keep theirs).
+    The caps on each rank's trace and each node's metrics are the environment's (limits_from)."""
     try:
-        store, only = open_session(uri, endpoint=endpoint, region=region, credentials=credentials)
+        limits_from(os.environ)
+        max_metrics_bytes(os.environ)
+    except ValueError as exc:
+        raise AnalysisError(str(exc)) from exc
+    try:
+        store, only = open_session(uri, endpoint=endpoint, region=region, credentials=credentials, ambient_credentials=ambient_credentials)
         files = find_files(store, only)
     except StoreError as exc:
         raise AnalysisError(str(exc)) from exc
@@ -127,7 +144,8 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
         bar.set_postfix_str("diagnosing", refresh=False)
         diagnosis, full = diagnose(summaries, stacks=stacks, hardware=hardware)
         bar.update(1)
-        out_store = open_store(output, endpoint=endpoint, region=region, credentials=credentials) if output else store
+        out_store = (open_store(output, endpoint=endpoint, region=region, credentials=credentials, ambient_credentials=ambient_credentials)
+                     if output else store)
         plan = _merge_plan(files, read, diagnosis, hardware, merged_limit_mb << 20, local)
         bar.total += len(plan.ranks)
         try:
@@ -155,6 +173,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"besides NCCL's and the built-in patterns ({libraries}); repeatable")
     parser.add_argument("--hta-comm-kernels", action="store_true",
                         help="count only NCCL kernels as communication, as HTA does (HTA's own breakdown and overlap numbers)")
+    # Traces are untrusted input: what one rank or node may cost is capped, and what is over a cap is cut and reported.
+    parser.add_argument("--max-trace-mb", type=_positive, metavar="MiB",
+                        help=f"uncompressed JSON read of each rank's trace, in MiB; the rest is cut and reported "
+                             f"(default ${MAX_TRACE_MB_ENV} or {DEFAULT_MAX_TRACE_MB})")
+    parser.add_argument("--max-trace-events", type=_positive, metavar="N",
+                        help=f"events with a duration kept of each rank's trace (default ${MAX_TRACE_EVENTS_ENV} or {DEFAULT_MAX_TRACE_EVENTS})")
+    parser.add_argument("--max-metrics-mb", type=_positive, metavar="MiB",
+                        help=f"uncompressed CSV read of each node's GPU metrics, in MiB (default ${MAX_METRICS_MB_ENV} or {DEFAULT_MAX_METRICS_MB})")
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
+    return int(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,6 +194,11 @@ def run(args: argparse.Namespace) -> int:
         print("stepscope analyze: give a session folder, store URI or trace file (or --session NS/NAME)", file=sys.stderr)
         return EXIT_USAGE
     counts: list[tuple[int, int, list[str]]] = []
+    # Through the environment, which the worker processes inherit.
+    for env, value in ((MAX_TRACE_MB_ENV, args.max_trace_mb), (MAX_TRACE_EVENTS_ENV, args.max_trace_events),
+                       (MAX_METRICS_MB_ENV, args.max_metrics_mb)):
+        if value is not None:
+            os.environ[env] = str(value)
     try:
         comm = (HTA_COMM_KERNELS if args.hta_comm_kernels else DEFAULT_COMM_KERNELS).with_user(args.comm_kernel)
     except re.error as exc:

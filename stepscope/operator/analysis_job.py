@@ -76,7 +76,8 @@ def run_session_analysis(namespace: str, name: str) -> int:
     try:
         spec = SessionSpec.from_dict(obj.get("spec") or {})
         dest = destination(spec, namespace, name, meta["uid"])
-        diagnosis = analysis.report(dest, endpoint=spec.storage.endpoint, region=spec.storage.region, credentials=credentials.from_env(), progress=False)
+        diagnosis = analysis.report(dest, endpoint=spec.storage.endpoint, region=spec.storage.region, credentials=credentials.from_env(), progress=False,
+                                    ambient_credentials=False)
     except Exception as exc:
         log.exception("analysis of %s/%s failed", namespace, name)
         message = f"analysis failed: {type(exc).__name__}: {exc}"[:1000]

@@ -123,6 +123,7 @@ class SessionRunner:
     async def _drive(self) -> None:
         try:
             spec = SessionSpec.from_dict(self.obj.get("spec") or {})
+            spec.validate_for_cluster()
             selector = label_selector(spec.selector)
         except (SpecError, TypeError, ValueError) as exc:
             raise Fail("InvalidSpec", str(exc)) from None
@@ -166,10 +167,7 @@ class SessionRunner:
             if not self.phase:  # the first write doubles as the check that the store is usable
                 await asyncio.to_thread(self.record.append, "Pending", "created")
         except Exception as exc:  # noqa: BLE001 - any failure to reach the store is the user's to fix
-            if spec.storage.scheme in ("s3", "oss"):
-                raise Fail("StorageUnreachable", f"storage {spec.storage.uri} is not usable: {exc}; check spec.storage (bucket, endpoint, region) and its credentials") from None
-            self.log.warning("session.json not written to %s: %s", self.dest, exc)
-            self.record = None
+            raise Fail("StorageUnreachable", f"storage {spec.storage.uri} is not usable: {exc}; check spec.storage (bucket, endpoint, region) and its credentials") from None
 
     async def _await_targets(self, selector: str) -> list[Target]:
         """Running pods with a sidecar; waits the selection grace for pods still starting."""

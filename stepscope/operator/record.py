@@ -17,9 +17,12 @@ def destination(spec: SessionSpec, namespace: str, name: str, uid: str) -> str:
     return spec.storage.uri.rstrip("/") + "/" + layout.session_prefix(namespace, name, uid)
 
 
-def open_destination(spec: SessionSpec, dest: str, credentials: dict[str, Any] | None) -> Any:
+def open_destination(spec: SessionSpec, dest: str, credentials: dict[str, Any] | None, *, ambient_credentials: bool = False) -> Any:
+    """The session's folder in its store, by default with the session's credentials only, never
+    the identity of the process (the operator's own cloud role)."""
     from stepscope.storage import open_store  # boto3 loads only when a session needs a store
-    return open_store(dest, endpoint=spec.storage.endpoint, region=spec.storage.region, credentials=credentials)
+    return open_store(dest, endpoint=spec.storage.endpoint, region=spec.storage.region, credentials=credentials,
+                      ambient_credentials=ambient_credentials)
 
 
 class SessionRecord:

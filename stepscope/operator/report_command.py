@@ -155,7 +155,8 @@ def _report(args: argparse.Namespace) -> int:
         return 1
     spec = SessionSpec.from_dict(obj.get("spec") or {})
     creds = credentials.from_secret(namespace, spec.storage.credentialsSecret) if spec.storage.credentialsSecret else credentials.from_env()
-    store = open_destination(spec, destination(spec, namespace, args.name, obj["metadata"]["uid"]), creds)
+    # The user's own command: their identity may reach the store where the Secret is not theirs to read.
+    store = open_destination(spec, destination(spec, namespace, args.name, obj["metadata"]["uid"]), creds, ambient_credentials=True)
     out = args.output or Path("stepscope-report") / args.name
     html = store.download(layout.REPORT_HTML, out / "index.html")
     diagnosis_file = store.download(layout.REPORT_DIAGNOSIS, out / "diagnosis.json")

@@ -32,14 +32,15 @@ class Sidecar:
     def __init__(self, stepscope_dir: Path, key: bytes, *, host: str = "0.0.0.0", port: int = DEFAULT_PORT, pod: str = "",
                  node: str = "", pod_ip: str = "", nvml_backend: Any = None, poll_interval_s: float = 0.5, upload_attempts: int = 6,
                  upload_base_delay_s: float = 2.0, keep_local: bool = False, stale_after_s: float = STALE_AFTER_S,
-                 export_grace_s: float = EXPORT_GRACE_S, leftover_ttl_s: float = LEFTOVER_TTL_S, max_local_mb: float = MAX_LOCAL_MB) -> None:
+                 export_grace_s: float = EXPORT_GRACE_S, leftover_ttl_s: float = LEFTOVER_TTL_S, max_local_mb: float = MAX_LOCAL_MB,
+                 own_every_gpu: bool = False) -> None:
         self.dir = stepscope_dir
         self.uploader = Uploader()
         self.manager = SessionManager(stepscope_dir, pod=pod or socket.gethostname(), node=node, uploader=self.uploader,
                                       retry=RetryPolicy(attempts=upload_attempts, base_delay_s=upload_base_delay_s, max_delay_s=60.0),
                                       nvml_backend=nvml_backend, poll_interval_s=poll_interval_s, keep_local=keep_local,
                                       stale_after_s=stale_after_s, export_grace_s=export_grace_s, leftover_ttl_s=leftover_ttl_s,
-                                      max_local_mb=max_local_mb)
+                                      max_local_mb=max_local_mb, own_every_gpu=own_every_gpu)
         self.telemetry = StepTelemetry(stepscope_dir, stale_after_s=stale_after_s)
         self.server = ControlServer((host, port), self.manager, Verifier(key), self.telemetry, pod_ip=pod_ip)
         self._serving = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, name="stepscope-control", daemon=True)

@@ -53,6 +53,7 @@ class SessionView:
     recording: bool = False
     metrics_queued: bool = False
     metrics_pending: bool = False  # the GPU metrics' upload has not finished
+    metrics_withheld: str = ""  # why no GPU metrics were uploaded, though sampled
 
 
 @dataclass(frozen=True)
@@ -177,4 +178,6 @@ def phase_of(view: SessionView) -> tuple[str, str]:
     degraded = [r for r in ranks if r.degraded]
     if degraded and phase in FINISHED_PHASES:
         message += f"; {len(degraded)} rank(s) degraded by the capture budget, rank {degraded[0].rank}: {'; '.join(degraded[0].degraded)}"
+    if view.metrics_withheld and phase in FINISHED_PHASES:
+        message += f"; GPU metrics not uploaded: {view.metrics_withheld}"
     return phase, message

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 HISTORY = 32
+# The sidecar may see the node's every GPU; a pod's samples are those of the GPUs its ranks name.
+NO_RANK_GPU = "no rank of this pod named the GPU it computes on (CPU ranks, or an agent that does not report it), and other GPUs of the node are not the pod's to upload"
 # The agent's watchdog rewrites its registry file every second and its state file on every
 # transition; neither for this long means the process is gone. Liveness goes by these files, as
 # the sidecar need not share the training container's pid namespace.
@@ -126,6 +128,7 @@ class Session:
     metrics: Any = None  # pandas.DataFrame of the node's samples, once the recorder stopped
     metrics_queued: bool = False
     metrics_pending: bool = False
+    metrics_withheld: str = ""  # why the samples were not uploaded (session_phases.SessionView)
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -135,13 +138,13 @@ class Session:
     def view(self, agents_dir: Path, metrics_wanted: bool = False) -> SessionView:
         return SessionView(self.phase, self.destination, str(agents_dir), self.spec.timeoutSeconds, self.spec.capture.waitSteps, self.accepted_at,
                            tuple(r.view() for _, r in sorted(self.ranks.items())), self.cancel_requested, self.timed_out, metrics_wanted,
-                           self.recorder is not None, self.metrics_queued, self.metrics_pending)
+                           self.recorder is not None, self.metrics_queued, self.metrics_pending, self.metrics_withheld)
 
-    def rank_gpus(self) -> dict[str, int] | None:
-        """GPU UUID -> the CUDA index its rank computes on, for the GPU metrics; None when no rank
-        reported one (CPU ranks, or an older agent): then every GPU the sidecar sees is kept."""
-        gpus = {r.gpu_uuid: r.gpu for r in self.ranks.values() if r.gpu_uuid and r.gpu >= 0}
-        return gpus or None
+    def rank_gpus(self) -> dict[str, int]:
+        """GPU UUID -> the CUDA index its rank computes on, for the GPU metrics. Only these GPUs'
+        rows are kept: the sidecar may see every GPU of the node (NVIDIA_VISIBLE_DEVICES=all),
+        other tenants' too, so with no rank naming its GPU (CPU ranks, an older agent) none is."""
+        return {r.gpu_uuid: r.gpu for r in self.ranks.values() if r.gpu_uuid and r.gpu >= 0}
 
     def workers(self) -> dict[str, int]:
         ranks = self.ranks.values()
@@ -167,8 +170,9 @@ class SessionManager:
     def __init__(self, stepscope_dir: Path, *, pod: str, node: str, uploader: Uploader, retry: RetryPolicy | None = None, nvml_backend: Any = None,
                  poll_interval_s: float = 0.5, keep_local: bool = False, stale_after_s: float = STALE_AFTER_S,
                  export_grace_s: float = EXPORT_GRACE_S, leftover_ttl_s: float = LEFTOVER_TTL_S,
-                 max_local_mb: float = MAX_LOCAL_MB) -> None:
+                 max_local_mb: float = MAX_LOCAL_MB, own_every_gpu: bool = False) -> None:
         self.dir = stepscope_dir
+        self._own_every_gpu = own_every_gpu
         self.pod, self.node = pod, node
         self._uploader = uploader
         self._retry = retry
@@ -196,8 +200,8 @@ class SessionManager:
         with self._lock:
             recording = [s for s in self._sessions.values() if s.recorder is not None and not s.metrics_queued]
         for session in recording:
-            # Keeps what was sampled next to the traces, which also stay on the shared volume.
-            session.recorder.stop(shared_dir.metrics_file(self.dir, session.id))
+            # Keeps what was sampled of the ranks' GPUs next to the traces, which also stay on the shared volume.
+            session.recorder.stop(shared_dir.metrics_file(self.dir, session.id), gpus=self._metrics_gpus(session))
 
     def active(self) -> Session | None:
         with self._lock:
@@ -230,8 +234,9 @@ class SessionManager:
             if not isinstance(destination, str) or not destination:
                 return 400, {"error": "body.destination (the session's folder in the store) is required"}
             try:
+                # The operator's credentials from the session's Secret, never the pod's or node's cloud identity.
                 store = open_store(destination, endpoint=spec.storage.endpoint, region=spec.storage.region,
-                                   credentials=body.get("credentials") or None, retry=self._retry)
+                                   credentials=body.get("credentials") or None, retry=self._retry, ambient_credentials=False)
             except StoreError as exc:
                 return 400, {"error": str(exc)}
             # The session folder is the agents' to create: they may run as another user than the sidecar.
@@ -432,6 +437,12 @@ class SessionManager:
 
     # -- upload jobs ------------------------------------------------------------------------
 
+    def _metrics_gpus(self, session: Session) -> dict[str, int] | None:
+        """The GPUs whose samples a session keeps (recorder.stop's `gpus`): its ranks'; every GPU
+        (None) only where no rank named one and the machine's GPUs are all the user's."""
+        gpus = session.rank_gpus()
+        return None if not gpus and self._own_every_gpu else gpus
+
     def _metrics_job(self, session: Session) -> Job:
         local = shared_dir.metrics_file(self.dir, session.id)
         key = layout.node_metrics(self.pod)
@@ -439,14 +450,20 @@ class SessionManager:
         def run() -> None:
             if session.metrics is None:
                 if not local.is_file():
-                    session.recorder.stop(local, gpus=session.rank_gpus())
+                    session.recorder.stop(local, gpus=self._metrics_gpus(session))
                 session.metrics = analysis.read_metrics(local)
+            if session.metrics.empty:
+                session.metrics_withheld = NO_RANK_GPU if not session.rank_gpus() else "NVML shows none of the ranks' GPUs"
+                session.metrics = None  # no samples to join to the summaries
+                return
             session.store.put_file(key, local)
 
         def done(error: str | None) -> None:
             with self._lock:
                 session.metrics_pending = False
-                if error is None:
+                if error is None and session.metrics_withheld:
+                    self._remove_local(local)
+                elif error is None:
                     session.artifacts.append(key)
                     self._remove_local(local)
                 else:

@@ -12,16 +12,21 @@ from tests.kube.fixtures import CRD_PATH
 from tests.kube.helpers import GROUP, PLURAL, VERSION, refused, session
 
 MATCH_EXPRESSIONS = {"matchExpressions": [{"key": "app", "operator": "In"}]}
+URI = "uri must be s3://bucket/prefix or oss://bucket/prefix; file:// is for the local CLI only (the sidecars and the analysis Job share no folder)"
+NO_CREDENTIALS = ("credentialsSecret is required: a Secret in the session's namespace with accessKeyId and secretAccessKey; "
+                  "the operator's, nodes' and pods' own cloud identities are never used for a session's storage")
 # (case, spec overrides, field the API server names, the rule's message)
 RULE_CASES = [
     ("steps-and-duration", {"capture": {"steps": 3, "durationSeconds": 10}}, "spec.capture",
      "steps and durationSeconds are exclusive; set one of them"),
-    ("http-uri", {"storage": {"uri": "http://bucket/prefix"}}, "spec.storage.uri",
-     "uri must be s3://bucket/prefix, oss://bucket/prefix or file:///absolute/path"),
-    ("relative-file-uri", {"storage": {"uri": "file://relative/path"}}, "spec.storage.uri",
-     "uri must be s3://bucket/prefix, oss://bucket/prefix or file:///absolute/path"),
-    ("s3-without-bucket", {"storage": {"uri": "s3:///prefix"}}, "spec.storage.uri",
-     "uri must be s3://bucket/prefix, oss://bucket/prefix or file:///absolute/path"),
+    ("http-uri", {"storage": {"uri": "http://bucket/prefix", "credentialsSecret": "s"}}, "spec.storage.uri",
+     URI),
+    ("relative-file-uri", {"storage": {"uri": "file://relative/path", "credentialsSecret": "s"}}, "spec.storage.uri",
+     URI),
+    ("s3-without-bucket", {"storage": {"uri": "s3:///prefix", "credentialsSecret": "s"}}, "spec.storage.uri",
+     URI),
+    ("absolute-file-uri", {"storage": {"uri": "file:///var/lib/stepscope", "credentialsSecret": "s"}}, "spec.storage.uri", URI),
+    ("no-credentials", {"storage": {"uri": "s3://bucket/prefix"}}, "spec.storage.credentialsSecret", NO_CREDENTIALS),
     ("metrics-too-fast", {"hardwareMetrics": {"intervalMicroseconds": 99}}, "spec.hardwareMetrics.intervalMicroseconds",
      "intervalMicroseconds must be at least 100 (NVML cannot sample faster than 10 kHz)"),
     ("empty-selector", {"selector": {"matchLabels": {}}}, "spec.selector",
@@ -53,6 +58,12 @@ SCHEMA_CASES = [
      "spec.selector.matchExpressions[0].key", "should match"),
     ("bad-operator", {"selector": {"matchExpressions": [{"key": "a", "operator": "Maybe"}]}},
      "spec.selector.matchExpressions[0].operator", 'Unsupported value: "Maybe"'),
+    ("too-many-stack-events", {"capture": {"steps": 2, "limits": {"maxStackEvents": 1_000_001}}},
+     "spec.capture.limits.maxStackEvents", "should be less than or equal to 1000000"),
+    ("too-much-memory", {"capture": {"steps": 2, "limits": {"maxMemoryMB": 16_385}}},
+     "spec.capture.limits.maxMemoryMB", "should be less than or equal to 16384"),
+    ("empty-secret-name", {"storage": {"uri": "s3://bucket/prefix", "credentialsSecret": ""}},
+     "spec.storage.credentialsSecret", "should be at least 1 chars long"),
 ]
 
 
@@ -116,11 +127,11 @@ def test_selector_and_storage_are_required(api):
     {"capture": {"durationSeconds": 30}},
     {"capture": {"steps": 50, "waitSteps": 0, "activities": ["CPU"]}},
     {"storage": {"uri": "oss://my-bucket/traces", "endpoint": "https://oss-cn-hangzhou.aliyuncs.com", "credentialsSecret": "oss"}},
-    {"storage": {"uri": "file:///var/lib/stepscope"}},
     {"selector": {"matchExpressions": [{"key": "stepscope.io/inject", "operator": "Exists"},
                                       {"key": "app", "operator": "In", "values": ["trainer"]}]}},
     {"hardwareMetrics": {"enabled": False, "intervalMicroseconds": 100}, "saveRawTrace": "master", "ttlSecondsAfterFinished": 0},
-], ids=["minimal", "duration", "bounds", "oss", "file", "expressions", "options"])
+    {"capture": {"steps": 2, "limits": {"maxStackEvents": 1_000_000, "maxMemoryMB": 16_384}}},
+], ids=["minimal", "duration", "bounds", "oss", "expressions", "options", "largest-budget"])
 def test_good_specs_are_stored_with_defaults(api, spec):
     stored = _create(api, session("good", **spec))["spec"]
     capture = stored["capture"]

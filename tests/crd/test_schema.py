@@ -128,3 +128,31 @@ def test_kubectl_explain_states_the_default_steps_the_operator_uses(crd):
     assert f"({CaptureSpec.steps} when neither steps nor durationSeconds is set)" in capture["steps"]["description"]
     trigger = yaml.safe_load((CRD_PATH.parent / "profiletrigger.yaml").read_text())
     assert f"({CaptureSpec.steps} when neither" in yaml.safe_dump(trigger, width=10_000)
+
+
+def test_capture_budget_bounds_are_the_session_models_and_kubectl_explain_says_why(crd):
+    """maxStackEvents and maxMemoryMB: the CRD's maxima are the model's (a spec the CLI takes, the
+    API server takes), and their descriptions state the bound and what it protects."""
+    from stepscope.session import MAX_MEMORY_MB, MAX_STACK_EVENTS, SpecError
+
+    limits = _schema(crd)["properties"]["spec"]["properties"]["capture"]["properties"]["limits"]["properties"]
+    assert (limits["maxStackEvents"]["maximum"], limits["maxMemoryMB"]["maximum"]) == (MAX_STACK_EVENTS, MAX_MEMORY_MB)
+    assert "at most 1,000,000" in limits["maxStackEvents"]["description"] and "3 GB" in limits["maxStackEvents"]["description"]
+    assert "at most 16384" in limits["maxMemoryMB"]["description"]
+    storage = {"uri": "s3://bucket/prefix", "credentialsSecret": "s"}
+    SessionSpec.from_dict({"storage": storage, "capture": {"limits": {"maxStackEvents": MAX_STACK_EVENTS, "maxMemoryMB": MAX_MEMORY_MB}}})
+    for limits_given in ({"maxStackEvents": MAX_STACK_EVENTS + 1}, {"maxMemoryMB": MAX_MEMORY_MB + 1}, {"maxStackEvents": 10 ** 8},
+                         {"maxMemoryMB": 1 << 20}):
+        with pytest.raises(SpecError, match=r"maxStackEvents must be within 0\.\.1,000,000 and maxMemoryMB within 1\.\.16,384"):
+            SessionSpec.from_dict({"storage": storage, "capture": {"limits": limits_given}})
+
+
+def test_the_cluster_refuses_file_stores_and_ambient_credentials_the_cli_keeps_them():
+    from stepscope.session import SpecError
+
+    local = SessionSpec.from_dict({"storage": {"uri": "file:///tmp/sessions"}})  # `stepscope capture` on the user's machine
+    with pytest.raises(SpecError, match="file:// is for the local CLI only"):
+        local.validate_for_cluster()
+    with pytest.raises(SpecError, match="spec.storage.credentialsSecret is required on the cluster"):
+        SessionSpec.from_dict({"storage": {"uri": "oss://bucket/p", "region": "cn-hangzhou"}}).validate_for_cluster()
+    SessionSpec.from_dict({"storage": {"uri": "s3://bucket/p", "credentialsSecret": "store"}}).validate_for_cluster()

@@ -17,7 +17,7 @@ from tests.kube.helpers import refused
 from tests.kube.schema import apply_defaults, prune, structural_errors
 
 TRIGGER_CRD = REPO / "crds" / "profiletrigger.yaml"
-SPEC = {"selector": {"matchLabels": {"job": "train"}}, "sessionTemplate": {"storage": {"uri": "s3://bucket/auto"}}}
+SPEC = {"selector": {"matchLabels": {"job": "train"}}, "sessionTemplate": {"storage": {"uri": "s3://bucket/auto", "credentialsSecret": "store-credentials"}}}
 
 
 def _schema(path=TRIGGER_CRD) -> dict:

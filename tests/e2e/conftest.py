@@ -11,7 +11,8 @@ What the suite sets up there, for one run (names carry a random run id) and remo
   the TokenRequest API, so every call it makes is authorized by the real RBAC;
 - training pods as objects the test marks Running with podIP 127.0.0.1 (no kubelet runs them),
   whose `stepscope` port is a real sidecar in this process in front of a real 2-rank gloo training
-  (tests/operator's fixtures); storage is a file:// folder on this machine.
+  (tests/operator's fixtures); storage is moto's S3 server over HTTP on this machine, reached with
+  the credentials of a Secret in the session namespace (a cluster session has no other).
 """
 from __future__ import annotations
 
@@ -33,10 +34,11 @@ from stepscope.operator.namespace_keys import namespace_key
 from stepscope.sidecar.daemon import Sidecar
 from tests.chart.conftest import apply_rbac, helm, render  # noqa: F401 (helm is a fixture)
 from tests.kube.fixtures import CRD_PATH
-from tests.operator.conftest import training  # noqa: F401 (a fixture)
-from tests.operator.harness import OPERATOR_KEY
+from tests.operator.conftest import CREDENTIALS, s3_endpoint, training  # noqa: F401 (fixtures)
+from tests.operator.harness import BUCKET, OPERATOR_KEY
 
 ENV = "STEPSCOPE_E2E_KUBECONFIG"
+STORE_SECRET = "e2e-store"
 
 
 @dataclass
@@ -46,7 +48,7 @@ class Cluster:
     namespace: str  # where sessions and training pods live (operator.namespaces)
     release_namespace: str
     fullname: str
-    store: Path  # the file:// store on this machine
+    s3_endpoint: str  # moto's S3 server on this machine; the sessions' Secret is STORE_SECRET
     workdir: Path
 
     @property
@@ -106,7 +108,7 @@ def _install_crd(api_client: kubernetes.client.ApiClient) -> None:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory, helm: str) -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory, helm: str, s3_endpoint: str) -> Iterator[Cluster]:
     kubeconfig = os.environ.get(ENV)
     if not kubeconfig:
         pytest.skip(f"{ENV} is not set: the end-to-end tests need a real Kubernetes API server (tests/e2e/README.md)")
@@ -121,13 +123,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, helm: str) -> Iterator[Clu
     for ns in (namespace, release):
         core.create_namespace({"metadata": {"name": ns, "labels": {"stepscope-e2e": run_id}}})
         ensure_default_service_account(core, ns)
+    core.create_namespaced_secret(namespace, {"metadata": {"name": STORE_SECRET}, "stringData": dict(CREDENTIALS)})
     docs = render(helm, f"operator.namespaces={{{namespace}}}", f"fullnameOverride={fullname}", "webhook.enabled=false", namespace=release)
     identity = [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
                                                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
     admission = kubernetes.client.AdmissionregistrationV1Api(api_client)
     try:
         apply_rbac(api_client, identity)
-        yield Cluster(api_client, Path(kubeconfig), namespace, release, fullname, workdir / "store", workdir)
+        yield Cluster(api_client, Path(kubeconfig), namespace, release, fullname, s3_endpoint, workdir)
     finally:
         for doc in identity:
             name = doc["metadata"]["name"]
@@ -198,5 +201,6 @@ def running_pod(cluster: Cluster, name: str, labels: dict[str, str], port: int) 
 def session_body(cluster: Cluster, name: str, selector: dict[str, str], **spec: Any) -> dict[str, Any]:
     return {"apiVersion": "stepscope.io/v1alpha1", "kind": "ProfileSession", "metadata": {"name": name},
             "spec": {"selector": {"matchLabels": selector}, "capture": {"waitSteps": 3, "steps": 2, "activities": ["CPU"]},
-                     "hardwareMetrics": {"enabled": False}, "storage": {"uri": cluster.store.as_uri()}, "timeoutSeconds": 120,
+                     "hardwareMetrics": {"enabled": False}, "timeoutSeconds": 120,
+                     "storage": {"uri": f"s3://{BUCKET}/e2e", "endpoint": cluster.s3_endpoint, "region": "us-east-1", "credentialsSecret": STORE_SECRET},
                      "hangTimeoutSeconds": 60, **spec}}

@@ -4,6 +4,7 @@ the operator and the analysis Job (real authorization, the chart's admission pol
 operator creates); the real garbage collector; the failures that must say why."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -84,9 +85,15 @@ def test_defaults_and_printer_columns(cluster: Cluster) -> None:
 # -- sessions through the real operator ------------------------------------------------------
 
 def _run_analysis_as_its_service_account(cluster: Cluster, name: str, account: str) -> subprocess.CompletedProcess[str]:
-    """What the Job's pod would run, with the Job's own identity (no kubelet runs the Job here)."""
+    """What the Job's pod would run, with the Job's own identity and the env its secretKeyRefs give
+    (no kubelet runs the Job here)."""
     kubeconfig = cluster.token_kubeconfig(cluster.namespace, account)
+    job = kubernetes.client.BatchV1Api(cluster.api_client).read_namespaced_job(_get(cluster, name)["status"]["analysisJob"], cluster.namespace)
+    core = kubernetes.client.CoreV1Api(cluster.api_client)
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    for item in job.spec.template.spec.containers[0].env or []:
+        ref = item.value_from.secret_key_ref
+        env[item.name] = base64.b64decode(core.read_namespaced_secret(ref.name, cluster.namespace).data[ref.key]).decode()
     return subprocess.run([sys.executable, "-m", "stepscope.cli", "analyze", "--session", f"{cluster.namespace}/{name}"],
                           env=env, capture_output=True, text=True, timeout=300)
 

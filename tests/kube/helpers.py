@@ -20,7 +20,7 @@ def pod(name: str, labels: dict[str, str] | None = None, **spec: Any) -> dict[st
 
 def session(name: str, **spec: Any) -> dict[str, Any]:
     """A ProfileSession with a valid minimal spec, overridden by `spec`."""
-    body = {"selector": {"matchLabels": {"app": "trainer"}}, "storage": {"uri": "s3://bucket/prefix"}}
+    body = {"selector": {"matchLabels": {"app": "trainer"}}, "storage": {"uri": "s3://bucket/prefix", "credentialsSecret": "store-credentials"}}
     body.update(spec)
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileSession", "metadata": {"name": name}, "spec": body}
 

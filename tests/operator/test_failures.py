@@ -270,7 +270,7 @@ def test_the_analysis_result_outlives_an_api_server_blip(cluster: Kube, s3_endpo
 
     custom = kubernetes.client.CustomObjectsApi(cluster.api_client)
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileSession", "metadata": {"name": "blip"},
-            "spec": session_spec({"job": "none"}, s3_endpoint, storage={"uri": "s3://no-such-bucket/x", "endpoint": s3_endpoint})}
+            "spec": session_spec({"job": "none"}, s3_endpoint, storage={"uri": "s3://no-such-bucket/x", "endpoint": s3_endpoint, "credentialsSecret": "s3-credentials"})}
     custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing-key-id")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret")
@@ -280,3 +280,31 @@ def test_the_analysis_result_outlives_an_api_server_blip(cluster: Kube, s3_endpo
     analyzed = _condition(custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "blip")["status"], "Analyzed")
     assert analyzed["reason"] == "AnalysisFailed"
     assert [m for m, p in cluster.server.requests() if p.split("?")[0] == status_path] == ["PATCH"] * 3
+
+
+def _crd_before_storage_rules(kube: Kube) -> None:
+    """The ProfileSession CRD as it was before it required credentialsSecret and refused file://
+    (a cluster that has not upgraded its CRDs yet): the operator must refuse such sessions itself."""
+    api = kubernetes.client.ApiextensionsV1Api(kube.api_client)
+    crd = api.read_custom_resource_definition("profilesessions.stepscope.io").to_dict()
+    storage = crd["spec"]["versions"][0]["schema"]["open_apiv3_schema"]["properties"]["spec"]["properties"]["storage"]
+    storage["x_kubernetes_validations"] = []
+    api.replace_custom_resource_definition("profilesessions.stepscope.io", kube.api_client.sanitize_for_serialization(
+        kubernetes.client.V1CustomResourceDefinition(**{k: crd[k] for k in ("api_version", "kind", "metadata", "spec")})))
+
+
+@pytest.mark.parametrize("storage, said", [
+    ({"uri": "file:///var/lib/stepscope"}, "spec.storage.uri must be s3://bucket/prefix or oss://bucket/prefix on the cluster, got "
+                                           "'file:///var/lib/stepscope'; file:// is for the local CLI only"),
+    ({"uri": "s3://bucket/sessions"}, "spec.storage.credentialsSecret is required on the cluster: name a Secret in the session's "
+                                      "namespace with accessKeyId and secretAccessKey; the operator's, nodes' and pods' own cloud "
+                                      "identities are never used"),
+], ids=["file-uri", "no-secret"])
+def test_storage_the_cluster_must_not_use_fails_naming_what_to_change(operator: OperatorHarness, s3_endpoint: str,
+                                                                       storage: dict, said: str) -> None:
+    _crd_before_storage_rules(operator.kube)
+    operator.create_session("ambient", session_spec({"job": "train"}, s3_endpoint, storage={**storage, "endpoint": s3_endpoint}))
+    status = operator.wait_phase("ambient", ("Failed",), timeout=15)
+    assert _condition(status, "Ready")["reason"] == "InvalidSpec"
+    assert status["message"] == said
+    assert _condition(status, "Triggered")["status"] == "False"

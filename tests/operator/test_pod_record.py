@@ -66,7 +66,7 @@ def test_pod_record_of_3000_pods_through_the_api_server(cluster: Kube) -> None:
     custom = kubernetes.client.CustomObjectsApi(cluster.api_client)
     session = custom.create_namespaced_custom_object("stepscope.io", "v1alpha1", "default", "profilesessions", {
         "apiVersion": "stepscope.io/v1alpha1", "kind": "ProfileSession", "metadata": {"name": "big"},
-        "spec": {"selector": {"matchLabels": {"job": "big"}}, "storage": {"uri": "s3://bucket/sessions"}}})
+        "spec": {"selector": {"matchLabels": {"job": "big"}}, "storage": {"uri": "s3://bucket/sessions", "credentialsSecret": "store-credentials"}}})
     uid = session["metadata"]["uid"]
     names = [f"train-{i}" for i in range(PODS)]
     assert pod_record.read("default", "big", uid) is None

@@ -62,7 +62,7 @@ def listening(port: int) -> bool:
 
 def test_an_alert_fires_the_trigger_into_a_session(alerting: tuple[Kube, int], operator: OperatorHarness) -> None:
     _, port = alerting
-    spec = {"selector": {"matchLabels": {"job": "none"}}, "sessionTemplate": {"storage": {"uri": "s3://bucket/auto"}}}
+    spec = {"selector": {"matchLabels": {"job": "none"}}, "sessionTemplate": {"storage": {"uri": "s3://bucket/auto", "credentialsSecret": "store-credentials"}}}
     operator.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, TRIGGER_PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileTrigger", "metadata": {"name": "alerted"}, "spec": spec})
     path = f"/v1/alerts/{NAMESPACE}/alerted"
@@ -90,7 +90,7 @@ def test_an_alert_fires_the_trigger_into_a_session(alerting: tuple[Kube, int], o
 
 
 def test_a_label_key_the_schema_cannot_check_makes_the_trigger_invalid(alerting: tuple[Kube, int], operator: OperatorHarness) -> None:
-    spec = {"selector": {"matchLabels": {"bad key!": "x"}}, "sessionTemplate": {"storage": {"uri": "s3://bucket/auto"}}}
+    spec = {"selector": {"matchLabels": {"bad key!": "x"}}, "sessionTemplate": {"storage": {"uri": "s3://bucket/auto", "credentialsSecret": "store-credentials"}}}
     operator.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, TRIGGER_PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileTrigger", "metadata": {"name": "bad-key"}, "spec": spec})
     status = wait_for(lambda: (s := operator.custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, TRIGGER_PLURAL, "bad-key").get("status") or {})

@@ -25,7 +25,7 @@ def test_a_trigger_fires_under_the_charts_rbac(cluster, chart_operator, monkeypa
     operator.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, TRIGGER_PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileTrigger",
         "metadata": {"name": "rbac-watch", "annotations": {ALERT_ANNOTATION: alert}},
-        "spec": {"selector": {"matchLabels": {"job": "none"}}, "sessionTemplate": {"storage": {"uri": "s3://bucket/auto"}}}})
+        "spec": {"selector": {"matchLabels": {"job": "none"}}, "sessionTemplate": {"storage": {"uri": "s3://bucket/auto", "credentialsSecret": "store-credentials"}}}})
     [session] = wait_for(lambda: operator.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, label_selector=f"{TRIGGER_LABEL}=rbac-watch")["items"],
                          20, "the trigger's session")
     assert session["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True

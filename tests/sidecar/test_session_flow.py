@@ -214,6 +214,34 @@ def test_gpu_metrics_are_recorded_uploaded_and_joined_to_the_summaries(stepscope
     assert clocks == {0: [1980.0, 1980.0], 1: [1100.0, 1100.0]}
 
 
+def test_no_gpu_metrics_are_uploaded_when_no_rank_names_its_gpu(stepscope_dir: Path, ranks: SimulatedRanks, tmp_path: Path,
+                                                                 real_traces: dict[int, Path]) -> None:
+    """The sidecar samples the node's four GPUs (NVIDIA_VISIBLE_DEVICES=all), other tenants'
+    among them; ranks that name no GPU get none of them uploaded, and the session says why."""
+    backend = SimulatedBackend(gpus=4)
+    sidecar = Sidecar(stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-c", node="node-a", nvml_backend=backend,
+                      poll_interval_s=0.05, upload_attempts=2, upload_base_delay_s=0.05).start()
+    try:
+        client = SidecarClient(sidecar.url, KEY)
+        store = tmp_path / "store"
+        trigger(client, "s-c", store, hardwareMetrics={"enabled": True, "intervalMicroseconds": 2000})
+        for rank in (0, 1):
+            ranks.state("s-c", rank, "capturing")
+        wait_for(client, "s-c", lambda s: s["phase"] == "Capturing")
+        time.sleep(0.3)
+        for rank in (0, 1):
+            ranks.state("s-c", rank, "done", trace_from=real_traces[rank])
+        status = wait_for(client, "s-c", lambda s: s["phase"] in ("Succeeded", "Failed"))
+    finally:
+        sidecar.shutdown(5)
+    assert status["phase"] == "Succeeded", status
+    assert layout.node_metrics("pod-c") not in status["artifacts"] and not (store / layout.node_metrics("pod-c")).exists()
+    assert "GPU metrics not uploaded: no rank of this pod named the GPU it computes on" in status["message"]
+    assert not list(stepscope_dir.rglob("*gpu-metrics*")), "nothing of the node's GPUs is left on the shared volume either"
+    for rank in (0, 1):
+        assert not decode_summary((store / layout.rank_summary(rank)).read_bytes()).hardware
+
+
 def test_uploads_to_s3_with_the_triggers_credentials_which_never_leak(client: SidecarClient, ranks: SimulatedRanks, moto_endpoint: str,
                                                                       s3, real_traces: dict[int, Path], caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
@@ -234,6 +262,23 @@ def test_uploads_to_s3_with_the_triggers_credentials_which_never_leak(client: Si
     assert proxy.headers and all("Credential=AKIDFROMTRIGGER/" in h["authorization"] for h in proxy.headers)
     for text in (json.dumps(accepted), json.dumps(status), caplog.text):
         assert secret not in text and "AKIDFROMTRIGGER" not in text
+
+
+def test_s3_without_the_sessions_credentials_is_refused_whatever_the_pod_may_reach(client: SidecarClient, moto_endpoint: str, s3,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sidecar's own environment (keys, IRSA, the node's role) is never the session's storage
+    identity: a trigger without the session's credentials is refused before anything is written."""
+    from stepscope.sidecar_client import SidecarError
+
+    s3.create_bucket(Bucket="sidecar-ambient")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDSIDECARPOD")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "pod-secret")
+    body = trigger_body("s-amb", "s3://sidecar-ambient/team/default/run-1a2b3c4d",
+                        storage={"uri": "s3://sidecar-ambient/team", "endpoint": moto_endpoint})
+    with pytest.raises(SidecarError) as raised:
+        client.put_session("s-amb", body)
+    assert raised.value.status == 400 and "no credentials for s3:// from spec.storage.credentialsSecret" in raised.value.message
+    assert "Contents" not in s3.list_objects_v2(Bucket="sidecar-ambient")
 
 
 def test_malformed_agent_files_neither_crash_nor_stall_the_sidecar(client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path,
@@ -304,12 +349,13 @@ def test_real_nvml_samples_are_uploaded_for_the_capture_window(stepscope_dir: Pa
     try:
         client = SidecarClient(sidecar.url, KEY)
         trigger(client, "s-gpu", tmp_path / "store")
+        gpu = (0, backend.devices()[0].uuid)  # both ranks on the first GPU: only its samples are the pod's
         for rank in (0, 1):
-            ranks.state("s-gpu", rank, "capturing")
+            ranks.state("s-gpu", rank, "capturing", gpu=gpu)
         wait_for(client, "s-gpu", lambda s: s["phase"] == "Capturing")
         time.sleep(0.5)
         for rank in (0, 1):
-            ranks.state("s-gpu", rank, "done", trace_from=real_traces[rank])
+            ranks.state("s-gpu", rank, "done", trace_from=real_traces[rank], gpu=gpu)
         status = wait_for(client, "s-gpu", lambda s: s["phase"] in ("Succeeded", "Failed"))
     finally:
         sidecar.shutdown(5)

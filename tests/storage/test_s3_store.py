@@ -159,3 +159,34 @@ def test_bad_credentials_are_named_and_not_retried(moto_endpoint: str, bucket: s
         with pytest.raises(StoreError, match=r"access denied \(InvalidAccessKeyId\); check the credentials"):
             store.put_bytes("k", b"x")
     assert len(proxy.seen) == 1
+
+
+def test_without_ambient_credentials_only_the_given_ones_are_used(moto_endpoint: str, bucket: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster part (operator, sidecar, analysis Job) runs with an identity of its own (env keys,
+    a mounted folder, IRSA or the node role through boto3's chain): none of it reaches the store of
+    a session, only the session's own credentials do."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDAMBIENTPROCESS")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "ambient")
+    (tmp_path / "accessKeyId").write_text("AKIDAMBIENTFOLDER")
+    (tmp_path / "secretAccessKey").write_text("ambient")
+    monkeypatch.setenv("STEPSCOPE_CREDENTIALS_DIR", str(tmp_path))
+    with Proxy(moto_endpoint.removeprefix("http://")) as proxy:
+        for scheme in ("s3", "oss"):
+            with pytest.raises(StoreError, match=f"no credentials for {scheme}:// from spec.storage.credentialsSecret"):
+                open_store(f"{scheme}://{bucket}/p", endpoint=proxy.url, ambient_credentials=False)
+        open_store(f"s3://{bucket}/p", endpoint=proxy.url, credentials=CREDENTIALS, ambient_credentials=False).put_bytes("k", b"x")
+        open_store(f"s3://{bucket}/p", endpoint=proxy.url).put_bytes("k", b"x")  # the local CLI: the user's own identity
+    keys = [h["authorization"].split("Credential=")[1].split("/")[0] for h in proxy.headers]
+    assert keys == [CREDENTIALS["accessKeyId"], "AKIDAMBIENTFOLDER"]
+
+
+def test_the_analysis_of_a_cluster_session_reads_its_store_with_the_sessions_credentials_only(
+        moto_endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the analysis Job runs (ambient_credentials=False): its pod's own identity reads nothing."""
+    from stepscope import analysis
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDJOBPOD")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "pod-secret")
+    with pytest.raises(ValueError, match="no credentials for s3:// from spec.storage.credentialsSecret"):
+        analysis.report(f"s3://{bucket}/session", endpoint=moto_endpoint, progress=False, ambient_credentials=False)

@@ -6,6 +6,7 @@ Reading never raises for one bad rank: each problem is kept with its rank for th
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import tempfile
 from collections.abc import Callable, Iterator
@@ -34,6 +35,9 @@ PARALLEL_BYTES = 64 << 20
 # name) is not taken to mean that every rank up to it is missing. The merged trace numbers pids
 # for as many ranks.
 MAX_RANKS = 10 ** RANK_DIGITS
+# A rank's summary or stacks file is a few tens of KB (41 KB for the benchmark's 286 MB rank); one
+# far larger is no such file, and decoding it would hold several times its size.
+MAX_JSON_FILE_BYTES = 32 << 20
 
 
 class _Frame(msgspec.Struct):
@@ -70,14 +74,15 @@ class SessionFiles:
     layout: str = "stepscope"  # or "flat": a folder of traces (HTA's layout, the agent's folder)
 
 
-def open_session(source: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None) -> tuple[Store, str | None]:
+def open_session(source: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None,
+                 ambient_credentials: bool = True) -> tuple[Store, str | None]:
     """The store holding a session, and the one file to analyse when `source` is a single trace."""
     path = Path(source.removeprefix("file://")) if "://" not in source or source.startswith("file://") else None
     if path is not None and not path.exists():
         raise StoreError(f"{source} does not exist")
     if "://" not in source and path is not None and path.is_file():
         return open_store(str(path.resolve().parent)), path.name
-    return open_store(source, endpoint=endpoint, region=region, credentials=credentials), None
+    return open_store(source, endpoint=endpoint, region=region, credentials=credentials, ambient_credentials=ambient_credentials), None
 
 
 def find_files(store: Store, only: str | None = None) -> SessionFiles:
@@ -121,6 +126,19 @@ def local_path(store: Store, key: str) -> Iterator[Path]:
         yield store.download(key, Path(tmp) / Path(key).name)
 
 
+def read_small(store: Store, key: str) -> bytes:
+    """The object's bytes, when it holds at most MAX_JSON_FILE_BYTES (its size is checked before
+    it is read); else StoreError."""
+    with local_path(store, key) as path:
+        try:
+            size = path.stat().st_size
+            if size > MAX_JSON_FILE_BYTES:
+                raise StoreError(f"{key} holds {size / 1e6:,.0f} MB, more than the {MAX_JSON_FILE_BYTES >> 20} MiB such a file may")
+            return path.read_bytes()
+        except OSError as exc:
+            raise StoreError(f"cannot read {key}: {exc.strerror or exc}") from exc
+
+
 def failed(rank: int, error: str, **known: Any) -> RankSummary:
     return RankSummary(version=SUMMARY_VERSION, rank=rank, error=error, **known)
 
@@ -139,12 +157,12 @@ def _read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int =
     problem = ""
     if files.summary:
         try:
-            summary = decode_summary(store.get_bytes(files.summary))
+            summary = decode_summary(read_small(store, files.summary))
             if summary.rank < 0:
                 summary.warnings.append(f"{files.summary} says rank {summary.rank}; shown as rank {rank}")
                 summary.rank = rank
             return summary, False
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError) as exc:
             problem = f"{files.summary} is not a valid summary ({exc})"
         except StoreError as exc:
             problem = f"cannot read {files.summary}: {exc}"
@@ -172,8 +190,8 @@ def read_stacks(store: Store, files: RankFiles) -> tuple[dict | None, str]:
     if not files.stacks:
         return None, ""
     try:
-        data = msgspec.json.decode(store.get_bytes(files.stacks))
-    except (msgspec.DecodeError, StoreError) as exc:
+        data = msgspec.json.decode(read_small(store, files.stacks))
+    except (msgspec.DecodeError, StoreError, RecursionError) as exc:
         return None, f"{files.stacks} cannot be read: {exc}"
     if not isinstance(data, dict):
         return None, f"{files.stacks} is not a stacks file (expected a JSON object)"
@@ -202,14 +220,23 @@ def _summaries(files: SessionFiles, top: int, on_rank: Callable[[str], object], 
     if len(raw) < 2 or sum(p.stat().st_size for p in raw if p.exists()) < PARALLEL_BYTES:
         out = []
         for f, rank in jobs:
-            out.append(_read_summary(files.store, f, rank, top, comm))
+            out.append(_outcome(functools.partial(_read_summary, files.store, f, rank, top, comm), f, rank))
             on_rank(f.trace or f.summary or f.stacks or "")
         return out
-    futures = {pool.submit(_read_summary, files.store, f, rank, top, comm): f for f, rank in jobs}
+    futures = {pool.submit(_read_summary, files.store, f, rank, top, comm): (f, rank) for f, rank in jobs}
     for done in as_completed(futures):
-        f = futures[done]
+        f = futures[done][0]
         on_rank(f.trace or f.summary or f.stacks or "")
-    return [future.result() for future in futures]
+    return [_outcome(future.result, *futures[future]) for future in futures]
+
+
+def _outcome(read: Callable[[], tuple[RankSummary, bool]], files: RankFiles, rank: int) -> tuple[RankSummary, bool]:
+    """The rank's summary, or a failed one saying why: a rank whose reading fails in a way
+    nobody foresaw (its worker process killed, an analysis bug) costs that rank alone."""
+    try:
+        return read()
+    except Exception as exc:  # noqa: BLE001 - one bad rank never stops the others
+        return failed(rank, f"{files.trace or files.summary or files.stacks}: reading failed: {type(exc).__name__}: {exc}"), False
 
 
 @dataclass

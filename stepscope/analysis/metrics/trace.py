@@ -15,11 +15,12 @@ so every interval metric can be checked against HTA number by number.
 from __future__ import annotations
 
 import ast
+import os
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 from operator import attrgetter, is_not
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, Protocol, Union, overload
@@ -32,7 +33,7 @@ CHUNK_BYTES = 16 << 20
 # A metadata header larger than this before "traceEvents" is not a Kineto trace, and neither is
 # an event list with no event boundary in this many bytes.
 MAX_HEADER_BYTES = 64 << 20
-MAX_WINDOW_BYTES = 256 << 20
+MAX_WINDOW_BYTES = 64 << 20
 # Category names of PyTorch 1.8's Kineto next to today's.
 KERNEL_CATS = ("kernel", "Kernel")
 MEMCPY_CATS = ("gpu_memcpy", "Memcpy")
@@ -52,10 +53,56 @@ SHAPED_OPS = re.compile(
     r"|neg|exp|rsqrt|pow|where|copy_|fill_|_softmax|_log_softmax|sum|mean|native_layer_norm|_fused_rms_norm)"
     r"|flash_attn::_flash_attn_(forward|backward))$")
 _ERROR_AT = re.compile(r"\(byte (\d+)\)")
+# No op of a training step lasts a day, and a trace spans seconds to minutes: a row over this long,
+# or starting this far from the trace's median start, is a corrupt number.
+MAX_EVENT_US = 86_400e6
+
+# Caps per rank, from measurements: the largest real trace of the tests is 54 MB of JSON with 123 k
+# rows kept, the benchmark's ranks 286 MB with 740 k (a summarising process peaks at ~210 MiB). A
+# process summarising 2 M rows peaks at ~410 MiB, what the worker pool plans a worker to hold
+# (loading.parallel.WORKER_BYTES), so a hostile rank does not take a worker's neighbours' memory;
+# 2 GiB of JSON take ~15 s to read.
+MAX_TRACE_MB_ENV, MAX_TRACE_EVENTS_ENV = "STEPSCOPE_MAX_TRACE_MB", "STEPSCOPE_MAX_TRACE_EVENTS"
+DEFAULT_MAX_TRACE_MB = 2048
+DEFAULT_MAX_TRACE_EVENTS = 2_000_000
+# Distinct names and string process ids are held as Python strings (about 100 bytes each besides
+# their text): a trace of unique names would hold more than its columns. The largest real trace
+# has 69 KB of distinct names.
+MAX_STRING_BYTES = 128 << 20
+_STRING_OVERHEAD = 100
 
 
 class TraceError(Exception):
     """The trace cannot be read; the message names the file and says why."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much of one rank's trace is read: uncompressed bytes, rows kept (events with a duration)."""
+    max_bytes: int = DEFAULT_MAX_TRACE_MB << 20
+    max_events: int = DEFAULT_MAX_TRACE_EVENTS
+
+
+def limits_from(environ: Mapping[str, str]) -> Limits:
+    """The caps the environment sets (the analysis Job's env; `stepscope analyze` sets them from its
+    options, so that its worker processes see them too). Raises ValueError for a value that is not
+    a positive integer."""
+    def positive(name: str, default: int) -> int:
+        text = environ.get(name, "").strip()
+        if not text:
+            return default
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"{name} must be a positive integer, not {text!r}")
+        return int(text)
+    return Limits(positive(MAX_TRACE_MB_ENV, DEFAULT_MAX_TRACE_MB) << 20, positive(MAX_TRACE_EVENTS_ENV, DEFAULT_MAX_TRACE_EVENTS))
+
+
+class TraceCut(ValueError):
+    """The trace goes on past a cap of `Limits`: what was read before it is whole events."""
+
+    def __init__(self, reason: str, meta: _Meta | None = None) -> None:
+        super().__init__(reason)
+        self.meta = meta
 
 
 # A JSON file without trace events (hparams.json, a config beside the traces): no trace at all.
@@ -250,7 +297,8 @@ class Trace:
 class _Columns:
     """Accumulates the columns of one trace piece by piece."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_events: int = DEFAULT_MAX_TRACE_EVENTS) -> None:
+        self.max_events = max_events
         self.cat_codes: dict[str, int] = {}
         self.name_codes: dict[str, int] = {}
         self.id_codes: dict[str, int] = {}
@@ -262,6 +310,7 @@ class _Columns:
         self.shapes: dict[str, list] = {k: [] for k in ("row", "dims", "types", "concrete")}
         self.shaped_names: list[bool] = []  # name code -> in SHAPED_OPS
         self.rows = 0
+        self.string_bytes = 0
         self.first_event_ts = float("nan")
         self.seen_events = 0
         self.old_external_ids = False
@@ -270,15 +319,24 @@ class _Columns:
         """Append the kept rows of decoded events; `collectives` False when the piece has no collective args.
 
         C-level iteration (map/attrgetter/compress) keeps the cost to a few tens of ns per event and
-        column; arguments only some rows carry are read for those rows only.
+        column; arguments only some rows carry are read for those rows only. Raises TraceCut once
+        `max_events` rows are kept, having kept the first of them.
         """
         kept = list(compress(events, map(is_not, map(_get("dur"), events), repeat(None))))
+        cut = len(kept) > self.max_events - self.rows
+        if cut:
+            kept = kept[: max(self.max_events - self.rows, 0)]
         if self.seen_events == 0 and events:
             first = events[0]
             if first.dur is not None and first.cat not in (None, "Trace") and first.ts is not None:
                 self.first_event_ts = first.ts
             self.old_external_ids = any(e.args.external_id_old != -1 for e in kept[:1000])
         self.seen_events += len(events)
+        self._add_kept(kept, collectives)
+        if cut:
+            raise TraceCut(f"cut after {self.max_events:,} events with a duration ({MAX_TRACE_EVENTS_ENV})")
+
+    def _add_kept(self, kept: list[_Event], collectives: bool) -> None:
         if not kept:
             return
         cat = _codes(self.cat_codes, map(_get("cat"), kept), len(kept))
@@ -294,6 +352,7 @@ class _Columns:
         p = self.parts
         p["cat"].append(cat)
         p["ts"].append(ts)
+        before = [(table, len(table)) for table in (self.name_codes, self.id_codes, self.shape_codes)]
         names = _codes(self.name_codes, map(_get("name"), kept), n)
         p["name"].append(names)
         p["dur"].append(_floats(kept, "dur"))
@@ -341,8 +400,22 @@ class _Columns:
             some = list(compress(kept, shaped))
             self.shapes["row"].append(self.rows + np.flatnonzero(shaped))
             for key, attr in (("dims", "args.input_dims"), ("types", "args.input_type"), ("concrete", "args.concrete")):
-                self.shapes[key] += list(map(bytes, map(_get(attr), some)))
+                texts = list(map(bytes, map(_get(attr), some)))
+                self.shapes[key] += texts
+                self.string_bytes += sum(map(len, texts))
         self.rows += n
+        for table, count in before:
+            self._count_strings(table, count)
+
+    def _count_strings(self, table: dict[str, int], before: int) -> None:
+        """Count the strings added to `table` since it held `before` (they are at its end); raise
+        TraceCut past MAX_STRING_BYTES."""
+        new = len(table) - before
+        if not new:
+            return
+        self.string_bytes += sum(map(len, islice(reversed(table), new))) + _STRING_OVERHEAD * new
+        if self.string_bytes > MAX_STRING_BYTES:
+            raise TraceCut(f"cut after {MAX_STRING_BYTES >> 20} MiB of distinct event names and recorded input shapes")
 
     def _shaped(self, names: np.ndarray) -> np.ndarray:
         """Rows whose op is one of SHAPED_OPS, by a table over the name codes seen so far."""
@@ -430,22 +503,28 @@ def open_trace(path: Path) -> BinaryIO:
 class _Window:
     """A byte window over the stream, refilled in place so that pieces cost no new allocations."""
 
-    def __init__(self, stream: BinaryIO) -> None:
+    def __init__(self, stream: BinaryIO, max_bytes: int) -> None:
         self.stream: Any = stream  # BinaryIO has no readinto in typeshed; gzip/isal/open files have
-        self.buf = bytearray(CHUNK_BYTES)
+        self.buf = bytearray(min(CHUNK_BYTES, max_bytes + 1))
         self.filled = 0
         self.eof = False
+        self.capped = False  # the stream goes on past max_bytes
+        self.max_bytes = max_bytes
         self.dropped = 0  # bytes of the stream before buf[0], to name positions in error messages
 
     def fill(self) -> None:
-        """Read until the window is full or the stream ends."""
+        """Read until the window is full, the stream ends or max_bytes of it are read."""
+        end = min(len(self.buf), self.max_bytes - self.dropped)
         with memoryview(self.buf) as view:
-            while self.filled < len(self.buf):
-                n = self.stream.readinto(view[self.filled:])
+            while self.filled < end:
+                n = self.stream.readinto(view[self.filled: end])
                 if not n:
                     self.eof = True
                     return
                 self.filled += n
+        if end < len(self.buf) and not self.eof:
+            self.eof = not self.stream.read(1)
+            self.capped = not self.eof
 
     def grow(self) -> None:
         self.buf += bytearray(len(self.buf))
@@ -462,14 +541,16 @@ class _Window:
         return bytes(self.buf[: self.filled])
 
 
-def decode_pieces(stream: BinaryIO, cols: Sink, decoders: Decoders | None = None) -> _Meta:
+def decode_pieces(stream: BinaryIO, cols: Sink, decoders: Decoders | None = None, max_bytes: int | None = None) -> _Meta:
     """Split the stream at event boundaries, decode each piece into `cols` (with the loader's
-    decoders unless given others), return the trace metadata."""
+    decoders unless given others), return the trace metadata. Past `max_bytes` of the stream
+    (by default the environment's cap, limits_from) the whole events before are decoded and
+    TraceCut is raised with the metadata known so far; so is a TraceCut of the sink."""
     decoders = decoders or _typed()
-    win = _Window(stream)
+    win = _Window(stream, limits_from(os.environ).max_bytes if max_bytes is None else max_bytes)
     win.fill()
     key = win.buf.find(b'"traceEvents"', 0, win.filled)
-    while key < 0 and not win.eof and win.filled < MAX_HEADER_BYTES and win.buf[:1024].lstrip()[:1] != b"[":
+    while key < 0 and not win.eof and not win.capped and win.filled < MAX_HEADER_BYTES and win.buf[:1024].lstrip()[:1] != b"[":
         win.grow()
         win.fill()
         key = win.buf.find(b'"traceEvents"', 0, win.filled)
@@ -490,8 +571,18 @@ def decode_pieces(stream: BinaryIO, cols: Sink, decoders: Decoders | None = None
         if start < 0:
             raise ValueError("no event list after \"traceEvents\"")
     win.keep_from(start)
+    try:
+        return _decode_events(win, cols, decoders, bare, meta)
+    except TraceCut as cut:
+        raise TraceCut(str(cut), meta) from None
+
+
+def _decode_events(win: _Window, cols: Sink, decoders: Decoders, bare: bool, meta: _Meta) -> _Meta:
     while True:
         win.fill()
+        if win.capped:
+            _decode_front(win, cols, decoders)
+            raise TraceCut(f"cut after {win.max_bytes >> 20:,} MiB of JSON ({MAX_TRACE_MB_ENV})")
         if win.eof:
             break
         if not _decode_front(win, cols, decoders):
@@ -549,13 +640,20 @@ def _decode_front(win: _Window, cols: Sink, decoders: Decoders) -> bool:
     return False
 
 
-def load_trace(path: str | Path) -> Trace:
-    """Read a Kineto trace (.json or .json.gz). Raises TraceError naming the file when it cannot."""
+def load_trace(path: str | Path, limits: Limits | None = None) -> Trace:
+    """Read a Kineto trace (.json or .json.gz), within `limits` (by default the environment's,
+    limits_from). Raises TraceError naming the file when it cannot."""
     path = Path(path)
-    cols = _Columns()
+    limits = limits or limits_from(os.environ)
+    cols = _Columns(limits.max_events)
+    cut = ""
     try:
         with open_trace(path) as stream:
-            meta = decode_pieces(stream, cols)
+            meta = decode_pieces(stream, cols, max_bytes=limits.max_bytes)
+    except TraceCut as e:
+        meta, cut = e.meta or _Meta(), f"the trace was {e}: only its beginning is analysed"
+    except RecursionError:
+        raise TraceError(f"{path}: JSON nested too deeply (a Kineto trace nests a few levels)") from None
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file") from None
     except msgspec.ValidationError as e:
@@ -567,13 +665,56 @@ def load_trace(path: str | Path) -> Trace:
     except ValueError as e:
         raise TraceError(f"{path}: {e}") from None
     if cols.rows == 0:
-        raise TraceError(f"{path}: the trace has no events with a duration ({cols.seen_events} events in all)")
-    return _build(path, meta, cols)
+        raise TraceError(f"{path}: the trace has no events with a duration ({cols.seen_events} events in all)"
+                         + (f"; {cut}" if cut else ""))
+    trace = _build(path, meta, cols)
+    if not len(trace):
+        raise TraceError(f"{path}: the trace has no events with a duration left: {trace.warnings[-1]}")
+    if cut:
+        trace.warnings.append(cut)
+    return trace
+
+
+def impossible_times(ts: np.ndarray, dur: np.ndarray) -> dict[str, np.ndarray]:
+    """Masks of the rows whose times no profiler writes, by reason (a row may have several). JSON
+    holds no NaN or infinity, and rows without a start are dropped as they are read."""
+    middle = float(np.median(ts))
+    return {"negative duration": dur < 0, "longer than a day": dur > MAX_EVENT_US,
+            "starting over a day away from the trace's other events": np.abs(ts - middle) > MAX_EVENT_US}
+
+
+def _sane_rows(columns: dict[str, np.ndarray], coll: Collectives, shapes: Shapes) -> tuple[dict[str, np.ndarray], Collectives, Shapes, str]:
+    """The columns without rows of impossible times, and a warning counting them ("" if none)."""
+    ts, dur = columns["ts"], columns["dur"]
+    # The usual case in four reductions.
+    if len(ts) and dur.min() >= 0 and dur.max() <= MAX_EVENT_US and ts.max() - ts.min() <= MAX_EVENT_US:
+        return columns, coll, shapes, ""
+    reasons = impossible_times(ts, dur)
+    bad = np.logical_or.reduce(list(reasons.values()))
+    if not bad.any():
+        return columns, coll, shapes, ""
+    keep = ~bad
+    counts = ", ".join(f"{int(mask.sum()):,} {why}" for why, mask in reasons.items() if mask.any())
+    warning = f"dropped {int(bad.sum()):,} of {len(bad):,} events with impossible times ({counts})"
+    renumber = np.cumsum(keep) - 1
+    held = keep[coll.row]
+    coll = Collectives(row=renumber[coll.row[held]], name=list(compress(coll.name, held)), in_nelems=coll.in_nelems[held],
+                       out_nelems=coll.out_nelems[held], group_size=coll.group_size[held], dtype=list(compress(coll.dtype, held)))
+    held = keep[shapes.row]
+    shapes = Shapes(row=renumber[shapes.row[held]], dims=list(compress(shapes.dims, held)), types=list(compress(shapes.types, held)),
+                    concrete=list(compress(shapes.concrete, held)))
+    return {k: v[keep] for k, v in columns.items()}, coll, shapes, warning
 
 
 def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
-    ts = cols.column("ts", np.float64)
-    dur = cols.column("dur", np.float64)
+    c = cols.coll
+    columns, coll, shapes, dropped = _sane_rows(
+        {key: cols.column(key, np.float64 if key in ("ts", "dur") else np.int32 if key in ("cat", "name", "shape") else np.int64)
+         for key in cols.parts},
+        Collectives(row=_joined(c["row"]), name=c["name"], in_nelems=_joined(c["in_nelems"]), out_nelems=_joined(c["out_nelems"]),
+                    group_size=_joined(c["group_size"]), dtype=c["dtype"]),
+        Shapes(_joined(cols.shapes["row"]), cols.shapes["dims"], cols.shapes["types"], cols.shapes["concrete"]))
+    ts, dur = columns["ts"], columns["dur"]
     first_ts = cols.first_event_ts
     rounded = bool((ts != np.floor(ts)).any())
     if rounded:
@@ -582,7 +723,7 @@ def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
         dur = end - ts
         first_ts = float(np.ceil(first_ts))
     info = _distributed_info(meta.distributedInfo)
-    coll = cols.coll
+    warnings = [] if info else ["the trace has no distributedInfo (rank and world size unknown)"]
     return Trace(
         path=str(path),
         base_ns=int(meta.baseTimeNanoseconds or 0),
@@ -591,28 +732,26 @@ def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
         backend=str(info.get("backend") or ""),
         cats=list(cols.cat_codes),
         names=list(cols.name_codes),
-        cat=cols.column("cat", np.int32),
-        name=cols.column("name", np.int32),
-        pid=cols.column("pid", np.int64),
+        cat=columns["cat"],
+        name=columns["name"],
+        pid=columns["pid"],
         ts=ts,
         dur=dur,
-        stream=cols.column("stream", np.int64),
-        correlation=cols.column("correlation", np.int64),
-        external_id=cols.column("external_id", np.int64),
-        nbytes=cols.column("nbytes", np.int64),
-        python_id=cols.column("python_id", np.int64),
-        python_parent=cols.column("python_parent", np.int64),
-        collectives=Collectives(row=_joined(coll["row"]), name=coll["name"], in_nelems=_joined(coll["in_nelems"]),
-                                out_nelems=_joined(coll["out_nelems"]), group_size=_joined(coll["group_size"]),
-                                dtype=coll["dtype"]),
-        tid=cols.column("tid", np.int64),
-        shape=cols.column("shape", np.int32),
+        stream=columns["stream"],
+        correlation=columns["correlation"],
+        external_id=columns["external_id"],
+        nbytes=columns["nbytes"],
+        python_id=columns["python_id"],
+        python_parent=columns["python_parent"],
+        collectives=coll,
+        tid=columns["tid"],
+        shape=columns["shape"],
         shape_texts=list(cols.shape_codes),
+        shapes=shapes,
+        devices=_devices(meta.deviceProperties),
         rounded=rounded,
         first_event_ts=first_ts,
-        shapes=Shapes(_joined(cols.shapes["row"]), cols.shapes["dims"], cols.shapes["types"], cols.shapes["concrete"]),
-        devices=_devices(meta.deviceProperties),
-        warnings=[] if info else ["the trace has no distributedInfo (rank and world size unknown)"],
+        warnings=warnings + [dropped] * bool(dropped),
     )
 
 

@@ -413,7 +413,7 @@ def _rank_segment(job: MergeRank, folder: str) -> _Segment:
             if meta:
                 out.write(meta if rewriter.first else b"," + meta)
             out.close()
-    except (OSError, EOFError, ValueError, msgspec.DecodeError) as exc:  # ValidationError is a DecodeError
+    except (OSError, EOFError, ValueError, RecursionError, msgspec.DecodeError) as exc:  # ValidationError is a DecodeError
         path.unlink(missing_ok=True)
         return _Segment(job.rank, "", 0, 0, f"left out of the merged trace: {type(exc).__name__}: {exc}")
     return _Segment(job.rank, str(path), out.size, out.crc)
