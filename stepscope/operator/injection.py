@@ -6,12 +6,14 @@ before the training containers; it installs the agent's bootstrap into the share
 is mounted in every container, and PYTHONPATH/STEPSCOPE_DIR on the training containers make their
 Python start the agent with no code change.
 
-A broken sidecar never holds the training: there is no startupProbe (which would keep the
-training containers waiting until it passed, and for ever on a sidecar that cannot start), and
-the key is an optional secretKeyRef (a missing key Secret would stop the pod at
-CreateContainerConfigError). A sidecar that does not come up installs no bootstrap, and the
-training's Python starts as without stepscope. The kubelet still waits for the sidecar's image
-to be pulled, as for any init container."""
+The training containers start once the bootstrap is in place, and a broken sidecar never holds
+them: the sidecar's postStart hook (`stepscope sidecar --bootstrap-only`) installs the bootstrap
+and always succeeds within 20 s (the kubelet starts the next container only after a sidecar's
+postStart hook has finished), there is no startupProbe (which would keep the training waiting
+until it passed, and for ever on a sidecar that cannot start), and the key is an optional
+secretKeyRef (a missing key Secret would stop the pod at CreateContainerConfigError). A sidecar
+that does not come up serves no session, and the training runs as without its server. The
+kubelet still waits for the sidecar's image to be pulled, as for any init container."""
 from __future__ import annotations
 
 import copy
@@ -70,6 +72,7 @@ def sidecar_container(cfg: InjectionSettings) -> dict[str, Any]:
             # NVML sees the node's GPUs without the sidecar requesting any (NVIDIA container runtime).
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
         ],
+        "lifecycle": {"postStart": {"exec": {"command": ["stepscope", "sidecar", "--bootstrap-only"]}}},
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": SIDECAR_PORT_NAME}, "periodSeconds": 2},
         "resources": copy.deepcopy(cfg.resources),
         "volumeMounts": [{"name": VOLUME_NAME, "mountPath": SHARED_DIR}, {"name": TMP_VOLUME_NAME, "mountPath": "/tmp"}],

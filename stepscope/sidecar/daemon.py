@@ -98,9 +98,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-local-mb", type=float, default=MAX_LOCAL_MB,
                         help="bound on sessions' files in the shared directory; the oldest unneeded go first (default %(default)s)")
     parser.add_argument("--shutdown-grace", type=float, default=20.0, help="seconds given to outstanding uploads on SIGTERM")
+    parser.add_argument("--bootstrap-only", action="store_true",
+                        help="install the agent's bootstrap into --dir and exit 0 whatever happens (the injected sidecar's "
+                             "postStart hook: the training containers start once it is there, never held by a broken sidecar)")
+
+
+# The postStart hook's bound: the kubelet gives an exec hook no deadline of its own, and the
+# training containers wait for it.
+BOOTSTRAP_ONLY_DEADLINE_S = 20
+
+
+def bootstrap_only(stepscope_dir: Path) -> int:
+    """Install the bootstrap, or say why not; always 0, within BOOTSTRAP_ONLY_DEADLINE_S: a failing
+    postStart hook would have the kubelet restart the sidecar, and hold the training meanwhile."""
+    from stepscope.sidecar.bootstrap import install_bootstrap
+
+    signal.signal(signal.SIGALRM, lambda *_: os._exit(0))
+    signal.alarm(BOOTSTRAP_ONLY_DEADLINE_S)
+    try:
+        install_bootstrap(stepscope_dir)
+    except Exception as exc:  # noqa: BLE001 - the training starts without the agent rather than not at all
+        print(f"stepscope sidecar: no bootstrap installed in {stepscope_dir}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.bootstrap_only:
+        return bootstrap_only(args.dir)
     try:
         key = load_key(args.key_file)
     except KeyLoadError as exc:

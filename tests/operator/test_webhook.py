@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -404,17 +405,30 @@ def test_point8_uninstalling_the_webhook_configuration_takes_the_key_secrets_alo
     wait_for(lambda: injecting.key_secret("default") is None and injecting.key_secret("secure") is None, 10, "the garbage collector")
 
 
-def test_a_broken_sidecar_never_holds_the_training_containers() -> None:
-    """The kubelet starts a pod's containers only once each native sidecar before them has started,
-    and with a startupProbe only once that passes: a sidecar that cannot come up (its key Secret
-    missing, a crash) must not hold the training. Nothing on the sidecar gates it: no startupProbe,
-    no postStart hook, and the key is optional (a missing Secret would stop the pod at
-    CreateContainerConfigError)."""
+def test_a_broken_sidecar_never_holds_the_training_containers(tmp_path: Path) -> None:
+    """The kubelet starts a pod's containers only once each native sidecar before them has started:
+    with a startupProbe only once that passes, with a postStart hook only once that has finished. A
+    sidecar that cannot come up (its key Secret missing, a crash) must not hold the training: no
+    startupProbe, the key optional (a missing Secret would stop the pod at
+    CreateContainerConfigError), and the one postStart hook, which puts the bootstrap in place
+    before the training's Python starts, succeeds whatever happens (a failing hook restarts the
+    sidecar and holds the training meanwhile)."""
     fields = inject({"containers": [{"name": "pytorch", "image": "pytorch/pytorch"}]},
                     InjectionSettings("registry.example/stepscope:test", "IfNotPresent", "stepscope-hmac", "key"))
     assert fields is not None
     (sidecar,) = fields["initContainers"]
-    assert "startupProbe" not in sidecar and "lifecycle" not in sidecar
+    assert "startupProbe" not in sidecar
+    hook = sidecar["lifecycle"]["postStart"]["exec"]["command"]
+    env = {"PATH": os.environ["PATH"], "STEPSCOPE_DIR": str(tmp_path / "shared")}  # no key: the Secret is missing
+    started = time.monotonic()
+    done = subprocess.run([str(Path(sys.executable).parent / hook[0]), *hook[1:]], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert {"sitecustomize.py", "stepscope_agent.py"} <= {p.name for p in (tmp_path / "shared" / "bootstrap").iterdir()}
+    (tmp_path / "file").write_text("")
+    blocked = subprocess.run([str(Path(sys.executable).parent / hook[0]), *hook[1:]], env={**env, "STEPSCOPE_DIR": str(tmp_path / "file" / "x")},
+                             capture_output=True, text=True, timeout=60)
+    assert blocked.returncode == 0 and "no bootstrap installed" in blocked.stderr
+    assert time.monotonic() - started < 30
     refs = [e["valueFrom"][kind] for c in fields["initContainers"] + fields["containers"] for e in c.get("env") or []
             for kind in ("secretKeyRef", "configMapKeyRef") if kind in e.get("valueFrom", {})]
     assert refs and all(ref.get("optional") is True for ref in refs)
