@@ -72,3 +72,23 @@ def test_the_readme_table_has_the_crd_columns() -> None:
     columns = ["NAME"] + [c["name"].upper() for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
     header = next(line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("# NAME "))
     assert re.split(r"\s{2,}", header.removeprefix("# ").strip()) == columns
+
+
+def test_the_readme_upgrades_and_uninstalls_every_crd_and_what_the_operator_leaves(helm: str) -> None:
+    """Helm never upgrades or deletes a chart's CRDs, and the operator creates Secrets Helm does not
+    know: the README's commands must name them all, so that neither an upgrade nor an uninstall
+    leaves a CRD or a key behind."""
+    text = (REPO / "README.md").read_text()
+    crd_folder = "helm/stepscope/crds/"
+    assert sorted(p.name for p in (REPO / crd_folder).glob("*.yaml")) == ["kopfpeering.yaml", "profilesession.yaml", "profiletrigger.yaml"]
+    assert f"kubectl apply --server-side -f {crd_folder}" in text
+    assert f"kubectl delete -f {crd_folder}" in text
+    docs = render(helm)
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0].get("env") or []}
+    created = {v for k, v in env.items() if k.endswith("_SECRET") and v}
+    assert len(created) >= 2, f"the Secrets the operator creates are no longer found in its env: {env}"
+    deletes = re.search(r"^kubectl -n stepscope delete secret (.+)$", text, re.M)
+    assert deletes and created <= set(deletes.group(1).split())
+    # Each kind that carries the operator's finalizer gets it removed when the operator is gone.
+    assert re.search(r"for kind in profilesessions profiletriggers; do", text)
