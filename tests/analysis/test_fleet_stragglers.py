@@ -158,3 +158,26 @@ def test_a_sampled_rank_names_the_function_not_its_generator_nor_traced_built_in
     # Function by function, a sampled rank is compared with sampled ranks only.
     assert python_outliers(tables, STEP_US, set(), sampled=frozenset({1})) == []
     assert python_outliers(tables, STEP_US, set()) != []
+
+
+def test_the_function_of_its_own_is_named_with_its_hot_helper_not_the_helper():
+    # Every 3rd step rank 0 computes 90 ms in run_evaluation, all of it in its helper _busy: the
+    # function a user knows is run_evaluation (the helper may be anything it calls).
+    steps = 9
+    pattern = [90_000.0 if (10 + i) % 3 == 2 else 0.0 for i in range(steps)]
+    busy = _fn(f"{ROOT} > workload.py(163): run_evaluation > workload.py(136): _busy", pattern)
+    diagnosis, _ = diagnose(lockstep(3, steps, {0: pattern}, functions={0: [busy]}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [0]
+    assert "in run_evaluation (workload.py:163), mostly in its helper _busy (workload.py:136)" in diagnosis.summary
+    assert "every 3rd step" in diagnosis.summary
+
+
+def test_a_cause_three_calls_deep_is_named_by_its_outermost_function_not_the_training_loop():
+    # 45 ms a step three calls deep; the training loop and <module> carry the excess too, but every
+    # rank spends most of its step there.
+    steps = 8
+    deep = _fn(f"{ROOT} > workload.py(190): refresh_embeddings > workload.py(186): _rebuild_index > workload.py(182): _score_rows",
+               [45_000.0] * steps)
+    diagnosis, _ = diagnose(lockstep(4, steps, {2: [45_000.0] * steps}, functions={2: [deep]}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [2]
+    assert "more than its peers in refresh_embeddings (workload.py:190), mostly in its helper _score_rows" in diagnosis.summary
