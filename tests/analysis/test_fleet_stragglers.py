@@ -181,3 +181,30 @@ def test_a_cause_three_calls_deep_is_named_by_its_outermost_function_not_the_tra
     diagnosis, _ = diagnose(lockstep(4, steps, {2: [45_000.0] * steps}, functions={2: [deep]}))
     assert [w.rank for w in diagnosis.slowWorkers] == [2]
     assert "more than its peers in refresh_embeddings (workload.py:190), mostly in its helper _score_rows" in diagnosis.summary
+
+
+def _collectives_noise(ranks: int, steps: int, slow: int, gap_us: float) -> dict[int, list[float]]:
+    """Each rank's work swings by 6 ms from step to step; `slow` works `gap_us` more on average: its
+    peers' wait for it is within the collectives' noise, and they name no rank."""
+    rng = np.random.default_rng(2)
+    extra = {r: list(rng.normal(0.0, 6_000.0, steps)) for r in range(ranks)}
+    extra[slow] = [x + gap_us for x in extra[slow]]
+    return extra
+
+
+def test_a_gil_thread_of_its_own_in_every_step_is_named_when_the_collectives_show_little():
+    # The thread runs 20-40 ms of Python each step; the training thread mostly sleeps meanwhile, so
+    # its peers wait only ~2.5 ms for it, less than the collectives' noise band asks of a 27 ms cause.
+    steps = 8
+    per_step = [20_000.0, 40_000.0, 20_000.0, 20_000.0, 40_000.0, 20_000.0, 20_000.0, 40_000.0]
+    thread = _fn(THREAD.replace("publish_metrics", "flush_log_records"), per_step)
+    diagnosis, _ = diagnose(lockstep(3, steps, _collectives_noise(3, steps, 2, 2_500.0), functions={2: [thread]}))
+    assert diagnosis.summary.startswith("rank 2 holds the job back"), diagnosis.summary
+    assert "background thread in flush_log_records" in diagnosis.summary
+
+
+def test_a_gil_thread_in_some_steps_only_still_needs_the_collectives():
+    steps = 8
+    per_step = [30_000.0, 0.0, 0.0, 30_000.0, 0.0, 0.0, 0.0, 30_000.0]
+    diagnosis, _ = diagnose(lockstep(3, steps, _collectives_noise(3, steps, 2, 2_500.0), functions={2: [_fn(THREAD, per_step)]}))
+    assert diagnosis.summary.startswith("cannot tell which rank"), diagnosis.summary

@@ -169,14 +169,30 @@ def frame_per_step(tables: RankTables, exploded: pd.DataFrame, frame: str, steps
     return tables.per_step_of(f.loc[rows], steps)
 
 
+def _thread_python(tables: RankTables) -> pd.DataFrame:
+    """The Python frames of threads other than the training thread (not the built-ins, which mostly
+    release the GIL: sleeps, waits, I/O): time the training thread cannot run Python in."""
+    f = tables.functions
+    return f[(f["thread"] != MAIN_THREAD) & ~f["name"].str.match(_BUILTIN) & ~f["stack"].str.contains(WAITING)]
+
+
+def thread_per_step(tables: RankTables, thread: str, steps: pd.Index) -> pd.DataFrame | None:
+    """The Python µs of background thread `thread` in each of `steps` (rows) by rank (columns);
+    None without per-step function times."""
+    f = tables.functions
+    if "stepsUs" not in f or f.empty or not f["stepsUs"].map(len).any():
+        return None
+    python = _thread_python(tables)
+    return tables.per_step_of(python[python["thread"] == thread], steps)
+
+
 def thread_cause(tables: RankTables, rank: int) -> Cause | None:
     """The background thread of `rank` that runs the most pure Python beyond its peers' threads of
-    the same function: the time its Python frames (not the built-ins, which mostly release the GIL:
-    sleeps, waits, I/O) take, which the training thread cannot run Python in. None without one."""
+    the same function (_thread_python). None without one."""
     f = tables.functions
     if f.empty or rank not in set(f["rank"]):
         return None
-    f = f[(f["thread"] != MAIN_THREAD) & ~f["name"].str.match(_BUILTIN) & ~f["stack"].str.contains(WAITING)]
+    f = _thread_python(tables)
     steps = f["rank"].map(tables.ranks.set_index("rank")["steps"].clip(lower=1)).to_numpy(dtype=float)
     ranks = sorted(int(r) for r in tables.ranks["rank"])
     per = (f["exclusiveUs"] / steps).groupby([f["thread"], f["rank"]]).sum().unstack("rank").reindex(columns=ranks).fillna(0.0)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.diagnosis.causes import BACKWARD, Cause, find_cause, frame_per_step, frames, thread_cause
+from stepscope.analysis.diagnosis.causes import BACKWARD, OWN_SHARE, Cause, find_cause, frame_per_step, frames, thread_cause, thread_per_step
 from stepscope.analysis.diagnosis.operator_time import operator_cause
 from stepscope.analysis.diagnosis.patterns import intermittent
 from stepscope.analysis.diagnosis.rank_tables import RankTables
@@ -114,6 +114,20 @@ def _best_cause(tables: RankTables, exploded: pd.DataFrame, rank: int, steps: pd
     if thread is not None and (cause is None or thread.excessUsPerStep >= cause.excessUsPerStep):
         cause = thread
     return cause
+
+
+def _thread_in_every_step(tables: RankTables, rank: int, cause: Cause, steps: pd.Index) -> bool:
+    """A background thread's Python time that is the rank's own (its peers' threads of the same
+    function run next to none of it) and that holds in every step (STEADY of its median excess; all
+    but one step of more than three): evidence that does not need the collectives, whose gap is a
+    fraction of the thread's time where the training thread spends much of its step without the
+    GIL (sleeping, in I/O) and swings with the machine's load."""
+    table = thread_per_step(tables, cause.frame, steps)
+    if cause.kind != "thread" or table is None or cause.peersUsPerStep > OWN_SHARE * cause.excessUsPerStep:
+        return False
+    excess = table[rank].to_numpy(dtype=float) - table.drop(columns=[rank]).median(axis=1).to_numpy(dtype=float)
+    holds = int(np.sum((excess > 0) & (excess >= STEADY * float(np.median(excess)))))
+    return holds == len(steps) or (len(steps) > 3 and holds >= len(steps) - 1)
 
 
 def _steady_operators(tables: RankTables, rank: int, steps: pd.Index) -> int:
@@ -265,7 +279,10 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         mean, error = v.gap_band(rank, None if cause.phase == "backward" else _backward_per_step(tables, exploded, steps))
         waited_for = mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep
         elsewhere = v.rank is not None and 2 * v.agreeing >= v.steps
-        agrees = not rival and not contested and (v.rank == rank or (not elsewhere and waited_for) or not comparable)
+        # A thread of its own in every step needs no more from the collectives than that its peers
+        # wait for it at all.
+        own_thread = mean > 0 and not elsewhere and _thread_in_every_step(tables, rank, cause, steps)
+        agrees = not rival and not contested and (v.rank == rank or (not elsewhere and waited_for) or own_thread or not comparable)
         conf = confidence(cost / v.stepUs if v.stepUs else 0.0, steady, v.steps, min(1.0, cause.excessUsPerStep / cost) if cost else 0.0, agrees)
         # A cause that holds in every step is never "no problem": at worst the diagnosis cannot tell.
         conf = max(conf, DOUBT)
