@@ -208,3 +208,22 @@ def test_a_gil_thread_in_some_steps_only_still_needs_the_collectives():
     per_step = [30_000.0, 0.0, 0.0, 30_000.0, 0.0, 0.0, 0.0, 30_000.0]
     diagnosis, _ = diagnose(lockstep(3, steps, _collectives_noise(3, steps, 2, 2_500.0), functions={2: [_fn(THREAD, per_step)]}))
     assert diagnosis.summary.startswith("cannot tell which rank"), diagnosis.summary
+
+
+def test_a_slow_host_whose_operators_carry_part_of_the_gap_is_named_with_the_waiting():
+    # Rank 1's CPU is throttled: its aten::mm takes 1.35x its peers' with the same shapes (2.8 ms a
+    # step, under 5 % of the step), its Python between the operators is stretched too, and its peers
+    # wait 5 ms a step for it. The operators alone explain too little to be a cause of their own.
+    steps = 8
+    rng = np.random.default_rng(3)
+    slow = [_op(MM, SHAPES, list(rng.uniform(10_600, 11_000, steps)))]
+    diagnosis, _ = diagnose(lockstep(3, steps, {1: [5_000.0] * steps}, operators={1: slow}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [1]
+    assert diagnosis.summary.startswith("rank 1 holds the job back"), diagnosis.summary
+    assert "with the same shapes" in diagnosis.summary and "slow device or host" in diagnosis.summary
+
+
+def test_a_rank_the_collectives_name_without_slower_operators_is_no_slow_host():
+    steps = 8
+    diagnosis, _ = diagnose(lockstep(3, steps, {1: [5_000.0] * steps}))
+    assert "same shapes" not in diagnosis.summary
