@@ -43,7 +43,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: bool = False  # not developed against: run with the benchmark's --held-out only
+    held_aside: str = ""  # the held-aside set ("b", "c") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -108,21 +108,52 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("python-heavy", "every rank makes 3,000 small calls a step; one rank also spends 20 ms a step in tokenize_records, "
              "tens of thousands of tiny calls (its stacks beyond the capture budget)", "calls", slow_ms=20.0,
              causes=("tokenize_records",), extra=("--python-calls", "3000")),
-    # Held aside: other magnitudes, functions, periods, rank positions and counts of the kinds above.
+    # Held aside (set b, since scored and developed on): other magnitudes, functions, periods, rank positions and counts of the kinds above.
     Scenario("slow-host-b", "the last rank's operators run slower with the same shapes: its CPU is stopped 4 ms of every 10 ms "
-             "(hidden 768, batch 96)", "host", slow_ms=4.0, causes=("same shapes",), where="last", extra=("--hidden", "768", "--batch-size", "96"), held_aside=True),
+             "(hidden 768, batch 96)", "host", slow_ms=4.0, causes=("same shapes",), where="last", extra=("--hidden", "768", "--batch-size", "96"), held_aside="b"),
     Scenario("uneven-batches-b", "rank 0's batches are 2.5x its peers' (uneven shards)", "batch", causes=("larger", "uneven"),
-             where="first", extra=("--hidden", "1536", "--batch-factor", "2.5"), held_aside=True),
+             where="first", extra=("--hidden", "1536", "--batch-factor", "2.5"), held_aside="b"),
     Scenario("gil-thread-b", "a logging thread of the last rank formats records in pure Python 20 ms of every 40 ms (flush_log_records)",
              "thread", slow_ms=20.0, causes=("flush_log_records",), requires=("thread",), where="last",
-             extra=("--period-ms", "40", "--fault-function", "flush_log_records"), held_aside=True),
+             extra=("--period-ms", "40", "--fault-function", "flush_log_records"), held_aside="b"),
     Scenario("periodic-eval-b", "every 3rd step rank 0 computes 90 ms in run_evaluation", "periodic", slow_ms=90.0,
              causes=("run_evaluation",), requires=("every 3",), where="first",
-             extra=("--every-steps", "3", "--fault-function", "run_evaluation"), held_aside=True),
+             extra=("--every-steps", "3", "--fault-function", "run_evaluation"), held_aside="b"),
     Scenario("two-slow-b", "rank 0 blocks 50 ms a step in fetch_remote_features, the middle rank computes 30 ms in "
              "augment_with_helpers", "sleep", slow_ms=50.0, causes=("fetch_remote_features",), where="first",
-             second=Second("helpers", 30.0, ("augment_with_helpers",), "middle"), min_ranks=3, held_aside=True),
+             second=Second("helpers", 30.0, ("augment_with_helpers",), "middle"), min_ranks=3, held_aside="b"),
     Scenario("python-heavy-b", "every rank makes 5,000 small calls a step; the last rank also spends 15 ms a step in "
              "parse_annotations, tens of thousands of tiny calls", "calls", slow_ms=15.0, causes=("parse_annotations",),
-             where="last", extra=("--python-calls", "5000", "--fault-function", "parse_annotations"), held_aside=True),
+             where="last", extra=("--python-calls", "5000", "--fault-function", "parse_annotations"), held_aside="b"),
+
+    # Held aside (set c): other functions and call structures (a cause two or three calls deep, a
+    # caller with several helpers), magnitudes, periods, rank positions and counts.
+    Scenario("slow-host-c", "the second rank's operators run slower with the same shapes: its CPU is stopped 5 ms of every 10 ms "
+             "(hidden 640, batch 80)", "host", slow_ms=5.0, causes=("same shapes",), where="second",
+             extra=("--hidden", "640", "--batch-size", "80"), held_aside="c"),
+    Scenario("slow-host-c6", "the middle rank's CPU is stopped 6 ms of every 10 ms (hidden 896, batch 48)", "host", slow_ms=6.0,
+             causes=("same shapes",), extra=("--hidden", "896", "--batch-size", "48"), held_aside="c"),
+    Scenario("uneven-batches-c", "the second rank's batches are 3x its peers' (uneven shards)", "batch", causes=("larger", "uneven"),
+             where="second", extra=("--hidden", "1280", "--batch-factor", "3"), held_aside="c"),
+    Scenario("gil-thread-c", "a telemetry thread of the middle rank encodes records in pure Python 12 ms of every 30 ms "
+             "(compress_telemetry, its work in a helper)", "thread", slow_ms=12.0, causes=("compress_telemetry",),
+             requires=("thread",), extra=("--period-ms", "30", "--fault-function", "compress_telemetry"), held_aside="c"),
+    Scenario("gil-thread-c70", "a telemetry thread of the second rank encodes records 35 ms of every 50 ms (compress_telemetry)",
+             "thread", slow_ms=35.0, causes=("compress_telemetry",), requires=("thread",), where="second",
+             extra=("--period-ms", "50", "--fault-function", "compress_telemetry"), held_aside="c"),
+    Scenario("periodic-refresh-c", "every 2nd step the second rank computes 70 ms in refresh_embeddings, three calls deep",
+             "periodic", slow_ms=70.0, causes=("refresh_embeddings",), requires=("every 2",), where="second",
+             extra=("--every-steps", "2", "--fault-function", "refresh_embeddings"), held_aside="c"),
+    Scenario("periodic-validate-c", "every 5th step the middle rank computes 150 ms in validate_model, in two helpers of its own",
+             "periodic", slow_ms=150.0, causes=("validate_model",), requires=("every 5",),
+             extra=("--every-steps", "5", "--fault-function", "validate_model"), held_aside="c"),
+    Scenario("prepare-features-c", "the middle rank computes 35 ms a step in prepare_features, spread over three helpers of its own",
+             "cpu", slow_ms=35.0, causes=("prepare_features",), extra=("--fault-function", "prepare_features"), held_aside="c"),
+    Scenario("python-heavy-c", "every rank makes 4,000 small calls a step; the second rank also spends 25 ms a step in "
+             "normalize_text, tiny calls two deep", "calls", slow_ms=25.0, causes=("normalize_text",), where="second",
+             extra=("--python-calls", "4000", "--fault-function", "normalize_text"), held_aside="c"),
+    Scenario("two-slow-c", "rank 0 blocks 35 ms a step in load_side_inputs, the middle rank computes 30 ms in prepare_features",
+             "sleep", slow_ms=35.0, causes=("load_side_inputs",), where="first",
+             second=Second("cpu", 30.0, ("prepare_features",), "middle"), min_ranks=3,
+             extra=("--fault-function", "load_side_inputs,prepare_features"), held_aside="c"),
 )}

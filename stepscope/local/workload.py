@@ -4,9 +4,11 @@ per rank, with torchrun's environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZ
 It knows nothing of stepscope: the agent attaches through the bootstrap. Faults can be injected on
 --slow-rank (--fault, each with a known cause, for stepscope's fault-injection scenarios):
 
-- cpu: extra CPU work in the Python function `augment_batch_slowly` (--slow-ms a step)
+- cpu: extra CPU work in the Python function `augment_batch_slowly` (--slow-ms a step), or in
+  `prepare_features` (--fault-function), which spreads it over several helpers of its own
 - helpers: CPU work spread over many calls of small helpers, made by `augment_with_helpers`
-- sleep: blocking, not computing: `fetch_remote_features` sleeps --slow-ms a step
+- sleep: blocking, not computing: `fetch_remote_features` (or `load_side_inputs`, --fault-function)
+  sleeps --slow-ms a step
 - compute: more operator work (its batch repeated --compute-factor times), no Python function of its own
 - data: slow data loading: the rank's Dataset decodes each sample for --slow-ms / batch size
 - hook: a slow DDP communication hook (`compressing_allreduce_hook` works --slow-ms a step)
@@ -17,12 +19,16 @@ It knows nothing of stepscope: the agent attaches through the bootstrap. Faults 
   container's CPU quota does, stopped --slow-ms of every 10 ms by a helper process, so every
   operator of the rank takes longer with the same shapes
 - batch: larger batches (uneven shards): the rank's DataLoader gives --batch-factor times the batch
-- thread: a background thread of the rank (--fault-function: publish_metrics or flush_log_records)
+- thread: a background thread of the rank (--fault-function: publish_metrics, flush_log_records or
+  compress_telemetry)
   runs pure Python for --slow-ms of every --period-ms, holding the GIL the training thread needs
 - periodic: every --every-steps steps the rank spends --slow-ms in --fault-function
-  (save_checkpoint, which blocks as a write does, or run_evaluation, which computes), not in the others
-- calls: Python-heavy work: --fault-function (tokenize_records or parse_annotations) makes tens of
-  thousands of tiny calls for --slow-ms a step, more than the capture budget's stacks hold
+  (save_checkpoint, which blocks as a write does; run_evaluation, refresh_embeddings, three calls
+  deep, or validate_model, in two helpers, which compute), not in the others
+- calls: Python-heavy work: --fault-function (tokenize_records, parse_annotations or normalize_text)
+  makes tens of thousands of tiny calls for --slow-ms a step, more than the capture budget's stacks hold
+
+--fault-function may name several functions (comma-separated): each fault takes the first of its own.
 
 and a hung rank (blocks in `block_forever` after its optimizer step, so its peers wait in the loss
 all-reduce; forever, or for --hang-seconds). Every rank reads its batches through a DataLoader
@@ -133,6 +139,12 @@ def fetch_remote_features(batch: torch.Tensor, milliseconds: float) -> torch.Ten
     return batch
 
 
+def load_side_inputs(batch: torch.Tensor, milliseconds: float) -> torch.Tensor:
+    """Blocks on a side input (a lookup table, a feature store), using no CPU."""
+    time.sleep(milliseconds / 1000.0)
+    return batch
+
+
 def log_gradients(milliseconds: float) -> None:
     """Blocks after the gradients are reduced and before the optimizer step, as writing a log would."""
     time.sleep(milliseconds / 1000.0)
@@ -170,6 +182,78 @@ def run_evaluation(milliseconds: float) -> None:
     _busy(milliseconds)
 
 
+def _score_rows(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def _rebuild_index(milliseconds: float) -> int:
+    return _score_rows(milliseconds)
+
+
+def refresh_embeddings(milliseconds: float) -> None:
+    """A periodic refresh of an embedding index: its work is three calls deep."""
+    _rebuild_index(milliseconds)
+
+
+def _eval_batches(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def _accumulate_metrics(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def validate_model(milliseconds: float) -> None:
+    """A validation pass every few steps: its time in two helpers of its own."""
+    _eval_batches(milliseconds * 0.7)
+    _accumulate_metrics(milliseconds * 0.3)
+
+
+def _normalize(batch: torch.Tensor, milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def _pad(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def _hash_features(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def prepare_features(batch: torch.Tensor, milliseconds: float) -> torch.Tensor:
+    """Feature preparation in Python, its time spread over three helpers of its own."""
+    acc = _normalize(batch, milliseconds * 0.4) + _pad(milliseconds * 0.25) + _hash_features(milliseconds * 0.35)
+    return batch + (acc % 7) * 1e-6
+
+
+def _encode_record(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def compress_telemetry(milliseconds: float, period_ms: float, stop: threading.Event) -> None:
+    """A telemetry thread: every `period_ms` it encodes records in pure Python for `milliseconds`."""
+    while not stop.wait(max(period_ms - milliseconds, 1.0) / 1000.0):
+        _encode_record(milliseconds)
+
+
+def _lower_word(i: int) -> int:
+    return (i * 5) % 11
+
+
+def _split_words(count: int) -> int:
+    return sum(_lower_word(i) for i in range(count))
+
+
+def normalize_text(milliseconds: float) -> int:
+    """Python-heavy text normalisation: tiny calls two deep, tens of thousands a step."""
+    deadline = time.perf_counter() + milliseconds / 1000.0
+    acc = 0
+    while time.perf_counter() < deadline:
+        acc += _split_words(100)
+    return acc
+
+
 def _token(i: int) -> int:
     return (i * 7) % 13
 
@@ -192,9 +276,16 @@ def parse_annotations(milliseconds: float) -> int:
     return acc
 
 
-THREAD_FUNCTIONS = {f.__name__: f for f in (publish_metrics, flush_log_records)}
-PERIODIC_FUNCTIONS = {f.__name__: f for f in (save_checkpoint, run_evaluation)}
-CALLS_FUNCTIONS = {f.__name__: f for f in (tokenize_records, parse_annotations)}
+THREAD_FUNCTIONS = {f.__name__: f for f in (publish_metrics, flush_log_records, compress_telemetry)}
+PERIODIC_FUNCTIONS = {f.__name__: f for f in (save_checkpoint, run_evaluation, refresh_embeddings, validate_model)}
+CALLS_FUNCTIONS = {f.__name__: f for f in (tokenize_records, parse_annotations, normalize_text)}
+CPU_FUNCTIONS = {f.__name__: f for f in (augment_batch_slowly, prepare_features)}
+SLEEP_FUNCTIONS = {f.__name__: f for f in (fetch_remote_features, load_side_inputs)}
+
+
+def fault_function(table: dict[str, Callable], names: str) -> Callable:
+    """The first of the comma-separated `names` that `table` holds, else its first function."""
+    return next((table[n] for n in names.split(",") if n in table), next(iter(table.values())))
 
 
 THROTTLE = """
@@ -320,7 +411,7 @@ def train(args: argparse.Namespace) -> int:
     hog = throttle_cpu(args.slow_ms) if slow and fault == "host" else None
     stop = threading.Event()
     if slow and fault == "thread":
-        target = THREAD_FUNCTIONS[args.fault_function or "publish_metrics"]
+        target = fault_function(THREAD_FUNCTIONS, args.fault_function)
         threading.Thread(target=target, args=(args.slow_ms, args.period_ms, stop), name="metrics", daemon=True).start()
     # Live objects a collection must walk on the gc rank (about 1 ms of gc.collect() per 1,700 on
     # this 2-core machine under load).
@@ -337,13 +428,13 @@ def train(args: argparse.Namespace) -> int:
         if fault == "compute":
             batch, target = batch.repeat(args.compute_factor, 1), target.repeat(args.compute_factor)
         if slow and fault == "cpu":
-            batch = augment_batch_slowly(batch, args.slow_ms)
+            batch = fault_function(CPU_FUNCTIONS, args.fault_function)(batch, args.slow_ms)
         elif slow and fault == "helpers":
             batch = augment_with_helpers(batch, args.slow_ms)
         elif slow and fault == "sleep":
-            batch = fetch_remote_features(batch, args.slow_ms)
+            batch = fault_function(SLEEP_FUNCTIONS, args.fault_function)(batch, args.slow_ms)
         elif slow and fault == "calls":
-            CALLS_FUNCTIONS[args.fault_function or "tokenize_records"](args.slow_ms)
+            fault_function(CALLS_FUNCTIONS, args.fault_function)(args.slow_ms)
         if args.python_calls > 0:
             call_many_small_functions(args.python_calls)
         loss = loss_fn(model(batch), target)
@@ -363,7 +454,7 @@ def train(args: argparse.Namespace) -> int:
         if slow and fault == "gc":
             release_memory(live)
         if slow and fault == "periodic" and step % args.every_steps == args.every_steps - 1:
-            PERIODIC_FUNCTIONS[args.fault_function or "save_checkpoint"](args.slow_ms)
+            fault_function(PERIODIC_FUNCTIONS, args.fault_function)(args.slow_ms)
         if rank == args.hang_rank and step == args.hang_at_step:
             block_forever(step, args.hang_seconds)
         average_loss_across_ranks(loss)

@@ -1031,14 +1031,34 @@ class _CallCounter:
                 sys.setprofile(None)
 
 
+def sample_spans(times: list[float], interval: float) -> list[tuple[float, float]]:
+    """The span of time each sample of a thread's stack (taken at `times`, in order) stands for.
+
+    The sampler needs the GIL to take a sample: while a thread runs pure Python, the sampler waits
+    for it until the interpreter's switch interval makes that thread let go, and a sample comes
+    late. The time it waited beyond its interval was spent in what that late sample shows (the
+    thread that held the GIL ran it until then), not in what the sample before showed, which
+    lasts one interval. Each sample so stands for the time from the end of its predecessor's
+    interval (or its own time, if sooner) to the next sample's start; the last one for an interval."""
+    starts = [times[0]] + [min(t, before + interval) for before, t in zip(times, times[1:])]
+    return list(zip(starts, starts[1:] + [times[-1] + interval]))
+
+
+# While the sampler samples, the interpreter asks a thread that runs Python to let go of the GIL
+# after this long (rather than its default 5 ms), so that samples come no later than this: the
+# switch costs microseconds and happens only when another thread (the sampler) waits for the GIL.
+SAMPLING_SWITCH_SECONDS = wire.STACK_SAMPLE_SECONDS / 4
+
+
 class _StackSampler:
     """Samples every thread's Python stack every wire.STACK_SAMPLE_SECONDS while a capture whose
     stacks the budget dropped records: a few hundred samples where the tracer would have recorded
     millions of events. At export they become the trace's python_function events (each sample
-    lasts until the next; a frame on consecutive samples is one event), named as torch's tracer
-    names them, so the analysis can still name the function the time goes to, on the training
-    thread (`thread_id`, whose events go on the steps' thread) and on any other thread of the
-    process (a logging thread that holds the GIL). Samples stop once they hold maxStackEvents frames."""
+    stands for the span sample_spans gives it; a frame on consecutive samples is one event), named
+    as torch's tracer names them, so the analysis can still name the function the time goes to, on
+    the training thread (`thread_id`, whose events go on the steps' thread) and on any other
+    thread of the process (a logging thread that holds the GIL). Samples stop once they hold
+    maxStackEvents frames."""
 
     def __init__(self, thread_id: int, max_frames: int) -> None:
         self.thread_id = thread_id
@@ -1068,6 +1088,14 @@ class _StackSampler:
         self._stop.set()
 
     def _run(self) -> None:
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, SAMPLING_SWITCH_SECONDS))
+        try:
+            self._sample()
+        finally:
+            sys.setswitchinterval(switch)
+
+    def _sample(self) -> None:
         frames = 0
         me = threading.get_ident()
         while not self._stop.wait(wire.STACK_SAMPLE_SECONDS) and frames < self.max_frames:
@@ -1114,9 +1142,9 @@ class _StackSampler:
             # The training thread's events go on the steps' thread; another thread's on its own.
             tid = first.get("tid") if ident == self.thread_id else ident
             open_: list[tuple[int, Any, dict[str, Any]]] = []
-            ends = [t for t, _ in samples[1:]] + [samples[-1][0] + wire.STACK_SAMPLE_SECONDS]
-            for (t, stack), end in zip(samples, ends):
-                ts = t * 1e6 + offset
+            spans = sample_spans([t for t, _ in samples], wire.STACK_SAMPLE_SECONDS)
+            for (_, stack), (begin, end) in zip(samples, spans):
+                ts = begin * 1e6 + offset
                 same = 0
                 while same < min(len(open_), len(stack)) and open_[same][0] == stack[same][0] and open_[same][1] is stack[same][1]:
                     same += 1

@@ -158,3 +158,72 @@ def test_a_sampled_rank_names_the_function_not_its_generator_nor_traced_built_in
     # Function by function, a sampled rank is compared with sampled ranks only.
     assert python_outliers(tables, STEP_US, set(), sampled=frozenset({1})) == []
     assert python_outliers(tables, STEP_US, set()) != []
+
+
+def test_the_function_of_its_own_is_named_with_its_hot_helper_not_the_helper():
+    # Every 3rd step rank 0 computes 90 ms in run_evaluation, all of it in its helper _busy: the
+    # function a user knows is run_evaluation (the helper may be anything it calls).
+    steps = 9
+    pattern = [90_000.0 if (10 + i) % 3 == 2 else 0.0 for i in range(steps)]
+    busy = _fn(f"{ROOT} > workload.py(163): run_evaluation > workload.py(136): _busy", pattern)
+    diagnosis, _ = diagnose(lockstep(3, steps, {0: pattern}, functions={0: [busy]}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [0]
+    assert "in run_evaluation (workload.py:163), mostly in its helper _busy (workload.py:136)" in diagnosis.summary
+    assert "every 3rd step" in diagnosis.summary
+
+
+def test_a_cause_three_calls_deep_is_named_by_its_outermost_function_not_the_training_loop():
+    # 45 ms a step three calls deep; the training loop and <module> carry the excess too, but every
+    # rank spends most of its step there.
+    steps = 8
+    deep = _fn(f"{ROOT} > workload.py(190): refresh_embeddings > workload.py(186): _rebuild_index > workload.py(182): _score_rows",
+               [45_000.0] * steps)
+    diagnosis, _ = diagnose(lockstep(4, steps, {2: [45_000.0] * steps}, functions={2: [deep]}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [2]
+    assert "more than its peers in refresh_embeddings (workload.py:190), mostly in its helper _score_rows" in diagnosis.summary
+
+
+def _collectives_noise(ranks: int, steps: int, slow: int, gap_us: float) -> dict[int, list[float]]:
+    """Each rank's work swings by 6 ms from step to step; `slow` works `gap_us` more on average: its
+    peers' wait for it is within the collectives' noise, and they name no rank."""
+    rng = np.random.default_rng(2)
+    extra = {r: list(rng.normal(0.0, 6_000.0, steps)) for r in range(ranks)}
+    extra[slow] = [x + gap_us for x in extra[slow]]
+    return extra
+
+
+def test_a_gil_thread_of_its_own_in_every_step_is_named_when_the_collectives_show_little():
+    # The thread runs 20-40 ms of Python each step; the training thread mostly sleeps meanwhile, so
+    # its peers wait only ~2.5 ms for it, less than the collectives' noise band asks of a 27 ms cause.
+    steps = 8
+    per_step = [20_000.0, 40_000.0, 20_000.0, 20_000.0, 40_000.0, 20_000.0, 20_000.0, 40_000.0]
+    thread = _fn(THREAD.replace("publish_metrics", "flush_log_records"), per_step)
+    diagnosis, _ = diagnose(lockstep(3, steps, _collectives_noise(3, steps, 2, 2_500.0), functions={2: [thread]}))
+    assert diagnosis.summary.startswith("rank 2 holds the job back"), diagnosis.summary
+    assert "background thread in flush_log_records" in diagnosis.summary
+
+
+def test_a_gil_thread_in_some_steps_only_still_needs_the_collectives():
+    steps = 8
+    per_step = [30_000.0, 0.0, 0.0, 30_000.0, 0.0, 0.0, 0.0, 30_000.0]
+    diagnosis, _ = diagnose(lockstep(3, steps, _collectives_noise(3, steps, 2, 2_500.0), functions={2: [_fn(THREAD, per_step)]}))
+    assert diagnosis.summary.startswith("cannot tell which rank"), diagnosis.summary
+
+
+def test_a_slow_host_whose_operators_carry_part_of_the_gap_is_named_with_the_waiting():
+    # Rank 1's CPU is throttled: its aten::mm takes 1.35x its peers' with the same shapes (2.8 ms a
+    # step, under 5 % of the step), its Python between the operators is stretched too, and its peers
+    # wait 5 ms a step for it. The operators alone explain too little to be a cause of their own.
+    steps = 8
+    rng = np.random.default_rng(3)
+    slow = [_op(MM, SHAPES, list(rng.uniform(10_600, 11_000, steps)))]
+    diagnosis, _ = diagnose(lockstep(3, steps, {1: [5_000.0] * steps}, operators={1: slow}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [1]
+    assert diagnosis.summary.startswith("rank 1 holds the job back"), diagnosis.summary
+    assert "with the same shapes" in diagnosis.summary and "slow device or host" in diagnosis.summary
+
+
+def test_a_rank_the_collectives_name_without_slower_operators_is_no_slow_host():
+    steps = 8
+    diagnosis, _ = diagnose(lockstep(3, steps, {1: [5_000.0] * steps}))
+    assert "same shapes" not in diagnosis.summary

@@ -1,6 +1,9 @@
 """Where one rank spends the time its peers spend waiting: the Python frame (function, operator
 call or phase) on the training thread whose inclusive time per step exceeds its peers' by the
-most, narrowed to the deepest frame that still carries most of that excess.
+most, named as a user would: the outermost function of the program's own that carries most of
+that excess and that its peers spend little time in (run_evaluation, not the helper it calls, nor
+the training loop every rank runs), with the deepest frame that still carries most of it as its
+detail (the helper the time is spent in).
 
 Inputs are the `functions` table of rank_tables (exclusive time per call stack, stepscope's own
 frames already left out). A frame's inclusive time is the exclusive time of every stack it is on,
@@ -35,6 +38,11 @@ BACKWARD = re.compile(r"<built-in method run_backward")
 PROFILED_CALL_US = 1.0
 # The deepest frame that still holds this share of the top frame's excess is the one named.
 CARRIES = 0.7
+# The function named spends no more than this share of its excess on the peers: the training loop
+# (every rank runs it; its excess is a fraction of its time) is where the cause is called from.
+OWN_SHARE = 0.1
+# torch's and the interpreter's own frames, not the program's: never the function named.
+LIBRARY = re.compile(r"(?:^|[\\/])torch[\\/]|^nn\.Module: |^<(?:built-in|method|frozen) ")
 # A cause takes at least this many times its peers' time there: a frame every rank spends most
 # of its step in (the training loop) is a few per cent slower on a busy machine, not a cause.
 CAUSE_RATIO = 1.5
@@ -63,11 +71,14 @@ class Cause:
     kind: str = "function"  # function | operators | thread
     detail: str = ""  # how an operators or thread cause reads (a function's is built from the frame)
     pattern: str = ""  # an intermittent cause's steps: "every 4th step", "in 2 of 8 steps"
+    helper: str = ""  # the function's callee (of the program's own) that carries most of its excess
 
     def text(self) -> str:
         if self.detail:
             return self.detail
         where = function_text(self.frame)
+        if self.helper:
+            where += f", mostly in its helper {function_text(self.helper)}"
         if self.inner and self.inner != self.frame:
             where += f", in {function_text(self.inner)}"
         return where + (f" ({self.phase})" if self.phase and self.phase not in where else "")
@@ -132,10 +143,11 @@ def find_cause(tables: RankTables, rank: int, exploded: pd.DataFrame | None = No
     carrying = on_path[on_path["frame"].isin(excess.index[excess["excess"] >= floor])]
     deepest = carrying.groupby("frame")["depth"].max().sort_values(kind="stable")
     inner = str(deepest.index[-1])
-    # A generator expression, comprehension or lambda is part of the function that holds it: the
-    # deepest named function is the one to name.
+    # A generator expression, comprehension or lambda is part of the function that holds it.
     user = [str(n) for n in deepest.index if not _BUILTIN.match(str(n)) and not str(n).startswith("nn.Module: ") and not _ANONYMOUS.search(str(n))]
-    frame = user[-1] if user else inner
+    own = [n for n in user if not LIBRARY.search(n) and float(excess.loc[n, "peers"]) <= OWN_SHARE * float(excess.loc[n, "excess"])]
+    frame = own[0] if own else user[-1] if user else inner
+    helper = user[-1] if own and user[-1] != frame and not LIBRARY.search(user[-1]) else ""
     path = on_path[on_path["frame"] == inner]["stack"].iloc[0].split(" > ")
     phase = next((label for pattern, label in _PHASES for f in reversed(path) if pattern.search(f)), "")
     # Every profiled call under the cause (each stack's calls once), for the profiler's cost in it.
@@ -143,7 +155,7 @@ def find_cause(tables: RankTables, rank: int, exploded: pd.DataFrame | None = No
     calls = float(under.loc[mine.loc[mine["frame"] == frame, "index"].unique()].sum())
     row = excess.loc[frame]
     return Cause(frame=frame, inner=inner if _BUILTIN.match(inner) else "", phase=phase, excessUsPerStep=float(row["excess"]),
-                 usPerStep=float(row["mine"]), peersUsPerStep=float(row["peers"]), callsPerStep=calls)
+                 usPerStep=float(row["mine"]), peersUsPerStep=float(row["peers"]), callsPerStep=calls, helper=helper)
 
 
 
@@ -157,14 +169,30 @@ def frame_per_step(tables: RankTables, exploded: pd.DataFrame, frame: str, steps
     return tables.per_step_of(f.loc[rows], steps)
 
 
+def _thread_python(tables: RankTables) -> pd.DataFrame:
+    """The Python frames of threads other than the training thread (not the built-ins, which mostly
+    release the GIL: sleeps, waits, I/O): time the training thread cannot run Python in."""
+    f = tables.functions
+    return f[(f["thread"] != MAIN_THREAD) & ~f["name"].str.match(_BUILTIN) & ~f["stack"].str.contains(WAITING)]
+
+
+def thread_per_step(tables: RankTables, thread: str, steps: pd.Index) -> pd.DataFrame | None:
+    """The Python µs of background thread `thread` in each of `steps` (rows) by rank (columns);
+    None without per-step function times."""
+    f = tables.functions
+    if "stepsUs" not in f or f.empty or not f["stepsUs"].map(len).any():
+        return None
+    python = _thread_python(tables)
+    return tables.per_step_of(python[python["thread"] == thread], steps)
+
+
 def thread_cause(tables: RankTables, rank: int) -> Cause | None:
     """The background thread of `rank` that runs the most pure Python beyond its peers' threads of
-    the same function: the time its Python frames (not the built-ins, which mostly release the GIL:
-    sleeps, waits, I/O) take, which the training thread cannot run Python in. None without one."""
+    the same function (_thread_python). None without one."""
     f = tables.functions
     if f.empty or rank not in set(f["rank"]):
         return None
-    f = f[(f["thread"] != MAIN_THREAD) & ~f["name"].str.match(_BUILTIN) & ~f["stack"].str.contains(WAITING)]
+    f = _thread_python(tables)
     steps = f["rank"].map(tables.ranks.set_index("rank")["steps"].clip(lower=1)).to_numpy(dtype=float)
     ranks = sorted(int(r) for r in tables.ranks["rank"])
     per = (f["exclusiveUs"] / steps).groupby([f["thread"], f["rank"]]).sum().unstack("rank").reindex(columns=ranks).fillna(0.0)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.diagnosis.causes import BACKWARD, Cause, find_cause, frame_per_step, frames, thread_cause
-from stepscope.analysis.diagnosis.operator_time import operator_cause
+from stepscope.analysis.diagnosis.causes import BACKWARD, OWN_SHARE, Cause, find_cause, frame_per_step, frames, thread_cause, thread_per_step
+from stepscope.analysis.diagnosis.operator_time import OperatorCause, operator_cause
 from stepscope.analysis.diagnosis.patterns import intermittent
 from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.diagnosis.slow_workers import CONFIDENT, DOUBT, MIN_GAP_SHARE, WaitVerdict
@@ -96,6 +96,11 @@ def _user_frame(cause: Cause) -> bool:
     return cause.kind == "function" and not cause.inner == cause.frame and not re.search(TORCH_CODE, cause.frame)
 
 
+def _operators(ops: OperatorCause) -> Cause:
+    return Cause(frame=ops.operator, inner="", phase="operators", excessUsPerStep=ops.excessUsPerStep, usPerStep=ops.usPerStep,
+                 peersUsPerStep=ops.peersUsPerStep, callsPerStep=0.0, kind="operators", detail=ops.text())
+
+
 def _best_cause(tables: RankTables, exploded: pd.DataFrame, rank: int, steps: pd.Index, sampled: frozenset[int]) -> Cause | None:
     """The rank's cause of the three kinds: a function on its training thread, its operators (longer
     than its peers', with the same or larger shapes), or a background thread running Python. A
@@ -108,12 +113,39 @@ def _best_cause(tables: RankTables, exploded: pd.DataFrame, rank: int, steps: pd
     ops = operator_cause(tables, rank, steps)
     same = ops is not None and ops.sameShapes and ops.shapesKnown and cause is not None and ops.excessUsPerStep >= 0.5 * cause.excessUsPerStep
     if ops is not None and (cause is None or same or (not _user_frame(cause) and ops.excessUsPerStep >= cause.excessUsPerStep)):
-        cause = Cause(frame=ops.operator, inner="", phase="operators", excessUsPerStep=ops.excessUsPerStep, usPerStep=ops.usPerStep,
-                      peersUsPerStep=ops.peersUsPerStep, callsPerStep=0.0, kind="operators", detail=ops.text())
+        cause = _operators(ops)
     thread = thread_cause(tables, rank)
     if thread is not None and (cause is None or thread.excessUsPerStep >= cause.excessUsPerStep):
         cause = thread
     return cause
+
+
+def _thread_in_every_step(tables: RankTables, rank: int, cause: Cause, steps: pd.Index) -> bool:
+    """A background thread's Python time that is the rank's own (its peers' threads of the same
+    function run next to none of it) and that holds in every step (STEADY of its median excess; all
+    but one step of more than three): evidence that does not need the collectives, whose gap is a
+    fraction of the thread's time where the training thread spends much of its step without the
+    GIL (sleeping, in I/O) and swings with the machine's load."""
+    table = thread_per_step(tables, cause.frame, steps)
+    if cause.kind != "thread" or table is None or cause.peersUsPerStep > OWN_SHARE * cause.excessUsPerStep:
+        return False
+    excess = table[rank].to_numpy(dtype=float) - table.drop(columns=[rank]).median(axis=1).to_numpy(dtype=float)
+    holds = int(np.sum((excess > 0) & (excess >= STEADY * float(np.median(excess)))))
+    return holds == len(steps) or (len(steps) > 3 and holds >= len(steps) - 1)
+
+
+def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> Cause | None:
+    """The waiting rank's operators as its cause where the collectives name it in at least half of
+    the steps and its operators run OPERATOR_RATIO times its peers' with the same shapes in at
+    least half of them: a slower host or device stretches all of the rank's work, its Python
+    between the operators too, so the operators' own excess is a part of the gap, and the gap
+    (not that part) is what the rank costs its peers."""
+    if v.rank is None or 2 * v.agreeing < v.steps:
+        return None
+    ops = operator_cause(tables, v.rank, steps)
+    if ops is None or not (ops.sameShapes and ops.shapesKnown) or 2 * _steady_operators(tables, v.rank, steps) < len(steps):
+        return None
+    return _operators(ops)
 
 
 def _steady_operators(tables: RankTables, rank: int, steps: pd.Index) -> int:
@@ -265,7 +297,10 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         mean, error = v.gap_band(rank, None if cause.phase == "backward" else _backward_per_step(tables, exploded, steps))
         waited_for = mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep
         elsewhere = v.rank is not None and 2 * v.agreeing >= v.steps
-        agrees = not rival and not contested and (v.rank == rank or (not elsewhere and waited_for) or not comparable)
+        # A thread of its own in every step needs no more from the collectives than that its peers
+        # wait for it at all.
+        own_thread = mean > 0 and not elsewhere and _thread_in_every_step(tables, rank, cause, steps)
+        agrees = not rival and not contested and (v.rank == rank or (not elsewhere and waited_for) or own_thread or not comparable)
         conf = confidence(cost / v.stepUs if v.stepUs else 0.0, steady, v.steps, min(1.0, cause.excessUsPerStep / cost) if cost else 0.0, agrees)
         # A cause that holds in every step is never "no problem": at worst the diagnosis cannot tell.
         conf = max(conf, DOUBT)
@@ -279,10 +314,13 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
     # attribute to Python, another thread) - or a hiccup. Only a large, steady gap names it.
     assert v.rank is not None  # no candidates and no rank returned above
     found = _best_cause(tables, exploded, v.rank, steps, sampled)
-    if found is not None and found.excessUsPerStep < MIN_GAP_SHARE * v.stepUs:
+    host = _slow_host(tables, v, steps)
+    if host is not None:
+        found = host
+    elif found is not None and found.excessUsPerStep < MIN_GAP_SHARE * v.stepUs:
         # A frame that explains next to nothing of the gap is no explanation of it.
         found = None
-    conf = confidence(v.share, v.agreeing, v.steps, 0.0, True)
+    conf = confidence(v.share, v.agreeing, v.steps, 1.0 if host is not None else 0.0, True)
     # A frame of it that takes longer than on its peers is a second kind of evidence; without one,
     # only more steps than a descheduled healthy rank stays behind for: until then, it stays just
     # below naming (a large gap is still worth "cannot tell", not "no problem").
