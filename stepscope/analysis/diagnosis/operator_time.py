@@ -54,9 +54,9 @@ def _dominant_shapes(ops: pd.DataFrame) -> pd.Series:
     return top.set_index(["rank", "name"])["shapes"]
 
 
-def operator_cause(tables: RankTables, rank: int, steps: pd.Index, ratio: float = OPERATOR_RATIO) -> OperatorCause | None:
+def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCause | None:
     """The operators' part of `rank`'s extra time over `steps` (those every rank captured); None
-    when its operators take no longer than its peers' (by `ratio`), or none were recorded."""
+    when its operators take no longer than its peers' (by OPERATOR_RATIO), or none were recorded."""
     ops = tables.operators
     ranks = sorted(int(r) for r in tables.ranks["rank"])
     if ops.empty or rank not in set(ops["rank"]) or len(ranks) < 2 or len(steps) == 0:
@@ -66,7 +66,7 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index, ratio: float 
     mine = per_step[rank].to_numpy(dtype=float)
     excess = mine - peers
     typical = float(np.median(excess))
-    if typical <= 0 or float(np.median(mine)) < ratio * float(np.median(peers)):
+    if typical <= 0 or float(np.median(mine)) < OPERATOR_RATIO * float(np.median(peers)):
         return None
     # Which of its operators carry the excess, and whether its peers run them with the same shapes.
     by_name = ops.groupby(["name", "rank"])["sumUs"].sum().unstack("rank").reindex(columns=ranks).fillna(0.0)

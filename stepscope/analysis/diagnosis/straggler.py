@@ -149,38 +149,6 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> Cause | N
     return _operators(ops)
 
 
-def _slower_everywhere(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, steps: pd.Index,
-                       sampled: frozenset[int]) -> tuple[int, Cause, int] | None:
-    """A rank slower at everything: its own time per step (the step less its wait in collectives)
-    exceeds its peers' by MIN_GAP_SHARE of the step (the median over the steps) in all but one step
-    of more than three, its operators take longer than its peers' with the same shapes in at least
-    half of the steps, and no function or thread of it carries half of that excess. A throttled CPU
-    or a slower device stretches all of a rank's work alike, so no single cause shows; the
-    collectives' share of the step swings by more than that excess on a loaded machine and can name
-    no rank. (rank, its cause, steps that show it)."""
-    durations = tables.steps.pivot_table(index="step", columns="rank", values="durationUs", aggfunc="sum").reindex(steps)
-    own = durations[v.perStepUs.columns] - v.perStepUs
-    peers = np.stack([own.drop(columns=[r]).median(axis=1).to_numpy(dtype=float) for r in own.columns], axis=1)
-    excess = own.to_numpy(dtype=float) - peers
-    typical = np.median(excess, axis=0)
-    at = int(np.argmax(typical))
-    rank, above = int(own.columns[at]), int(np.sum(excess[:, at] > 0))
-    if typical[at] < MIN_GAP_SHARE * v.stepUs or above < (len(steps) - 1 if len(steps) > 3 else len(steps)):
-        return None
-    ops = operator_cause(tables, rank, steps, ratio=1.0)
-    if ops is None or not (ops.sameShapes and ops.shapesKnown) or 2 * _steady_operators(tables, rank, steps) < len(steps):
-        return None
-    single = [find_cause(tables, rank, exploded, sampled), thread_cause(tables, rank)]
-    if any(c is not None and c.kind != "operators" and c.excessUsPerStep >= 0.5 * typical[at] for c in single):
-        return None
-    mine = float(np.median(own[rank]))
-    detail = (f"everything on it takes {mine / (mine - typical[at]):.2f}x its peers' time with the same shapes, a slow device or host: its "
-              f"own time (the step less its wait in collectives) is {ms(typical[at])}/step more than theirs ({ms(mine)} vs "
-              f"{ms(mine - typical[at])}) in {above} of {len(steps)} steps, spread over its operators ({ops.ratio:.2f}x its peers', most in "
-              f"{ops.operator}) and its Python alike, no function or thread of its own carrying it")
-    return rank, dataclasses.replace(_operators(ops), excessUsPerStep=float(typical[at]), detail=detail), above
-
-
 def _steady_operators(tables: RankTables, rank: int, steps: pd.Index) -> int:
     """Steps in which the rank's operators take longer than its peers'. A busy machine stretches
     a step's operators by as much as a slower host does (one rank's operator time per step swung
@@ -305,13 +273,6 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
     steps = v.commonSteps
     comparable = not sampled or set(v.waitUs) <= set(sampled) or not set(v.waitUs) & set(sampled)
     candidates = _candidates(tables, exploded, v, steps, sampled)
-    slower = None if candidates or _slow_host(tables, v, steps) is not None else _slower_everywhere(tables, exploded, v, steps, sampled)
-    if slower is not None:
-        rank, cause, steady = slower
-        # Its own time per step, not the collectives, is the evidence: they swing by more than it.
-        conf = confidence(cause.excessUsPerStep / v.stepUs, steady, v.steps, 1.0, True)
-        return Straggler(rank=rank, named=conf >= CONFIDENT, cause=cause, confidence=max(conf, DOUBT), gapUsPerStep=max(v.gap_band(rank)[0], 0.0),
-                         costUsPerStep=cause.excessUsPerStep, stepUs=v.stepUs, steps=v.steps, steadySteps=steady, waitNames=v.rank)
     if not candidates and v.rank is None:
         return Straggler(rank=None, named=False, cause=None, confidence=0.0, gapUsPerStep=0.0, costUsPerStep=0.0, stepUs=v.stepUs,
                          steps=v.steps, steadySteps=0, waitNames=None)
@@ -366,7 +327,7 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
     conf = confidence(v.share, v.agreeing, v.steps, 1.0 if host is not None else 0.0, True)
     once = None if found is None or host is not None else _once(tables, exploded, v, found, steps)
     if once is not None:
-        # One step is no pattern (a period, a hiccup of that function?): not "no problem" either.
+        # One step is no pattern (every Nth step, or once?), but no healthy job either.
         found = once[0]
         conf = min(max(conf, DOUBT), round(CONFIDENT - 0.01, 2))
     # A frame of it that takes longer than on its peers is a second kind of evidence; without one,
@@ -388,8 +349,8 @@ def _once(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, cause: Cau
     """A function of the waited-for rank that costs it FULL_GAP of a step or more beyond its peers
     in one captured step, next to nothing in the others (QUIET), while its peers wait for it in that
     step at least half of that: the cause, told with that step, and the steps to capture to see it
-    three times (a cost every Nth step with one hit in the capture comes at most every so many)."""
-    table = frame_per_step(tables, exploded, cause.frame, steps) if cause.kind == "function" and v.rank is not None else None
+    three times (no second hit in the capture: the next one is further away than either end of it)."""
+    table = frame_per_step(tables, exploded, cause.frame, steps) if cause.kind == "function" else None
     if table is None or v.rank is None:
         return None
     excess = table[v.rank].to_numpy(dtype=float) - table.drop(columns=[v.rank]).median(axis=1).to_numpy(dtype=float)
