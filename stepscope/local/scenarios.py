@@ -43,7 +43,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b", "c") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b", "c", "d") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -156,4 +156,34 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "sleep", slow_ms=35.0, causes=("load_side_inputs",), where="first",
              second=Second("cpu", 30.0, ("prepare_features",), "middle"), min_ranks=3,
              extra=("--fault-function", "load_side_inputs,prepare_features"), held_aside="c"),
+
+    # Held aside (set d): other throttles (3, 5, 7 of 10 ms), periods (every 3rd and 6th step of the
+    # captured 8), functions and rank positions, and one of each earlier fleet kind with new names.
+    Scenario("slow-host-d3", "rank 0's CPU is stopped 3 ms of every 10 ms (hidden 704, batch 72)", "host", slow_ms=3.0,
+             causes=("same shapes",), where="first", extra=("--hidden", "704", "--batch-size", "72"), held_aside="d"),
+    Scenario("slow-host-d5", "the last rank's CPU is stopped 5 ms of every 10 ms (hidden 576, batch 112)", "host", slow_ms=5.0,
+             causes=("same shapes",), where="last", extra=("--hidden", "576", "--batch-size", "112"), held_aside="d"),
+    Scenario("slow-host-d7", "the second rank's CPU is stopped 7 ms of every 10 ms (hidden 960, batch 40)", "host", slow_ms=7.0,
+             causes=("same shapes",), where="second", extra=("--hidden", "960", "--batch-size", "40"), held_aside="d"),
+    Scenario("periodic-vocab-d", "every 3rd step the last rank computes 80 ms in rebuild_vocab", "periodic", slow_ms=80.0,
+             causes=("rebuild_vocab",), requires=("every 3",), where="last",
+             extra=("--every-steps", "3", "--fault-function", "rebuild_vocab"), held_aside="d"),
+    Scenario("periodic-snapshot-d", "every 6th step the second rank computes 130 ms in snapshot_optimizer, in one helper",
+             "periodic", slow_ms=130.0, causes=("snapshot_optimizer",), requires=("every 6",), where="second",
+             extra=("--every-steps", "6", "--fault-function", "snapshot_optimizer"), held_aside="d"),
+    Scenario("uneven-batches-d", "rank 0's batches are 2x its peers' (uneven shards)", "batch", causes=("larger", "uneven"),
+             where="first", extra=("--hidden", "1152", "--batch-factor", "2"), held_aside="d"),
+    Scenario("gil-thread-d", "a configuration thread of rank 0 diffs feature flags in pure Python 18 ms of every 45 ms "
+             "(sync_feature_flags, its work in a helper)", "thread", slow_ms=18.0, causes=("sync_feature_flags",),
+             requires=("thread",), where="first", extra=("--period-ms", "45", "--fault-function", "sync_feature_flags"),
+             held_aside="d"),
+    Scenario("mix-samples-d", "the last rank computes 30 ms a step in mix_samples, in two helpers of its own", "cpu",
+             slow_ms=30.0, causes=("mix_samples",), where="last", extra=("--fault-function", "mix_samples"), held_aside="d"),
+    Scenario("python-heavy-d", "every rank makes 3,500 small calls a step; rank 0 also spends 20 ms a step in "
+             "canonicalize_tokens, tens of thousands of tiny calls", "calls", slow_ms=20.0, causes=("canonicalize_tokens",),
+             where="first", extra=("--python-calls", "3500", "--fault-function", "canonicalize_tokens"), held_aside="d"),
+    Scenario("two-slow-d", "the last rank blocks 40 ms a step in await_feature_store, the second rank computes 30 ms in "
+             "mix_samples", "sleep", slow_ms=40.0, causes=("await_feature_store",), where="last",
+             second=Second("cpu", 30.0, ("mix_samples",), "second"), min_ranks=3,
+             extra=("--fault-function", "await_feature_store,mix_samples"), held_aside="d"),
 )}

@@ -5,9 +5,9 @@ It knows nothing of stepscope: the agent attaches through the bootstrap. Faults 
 --slow-rank (--fault, each with a known cause, for stepscope's fault-injection scenarios):
 
 - cpu: extra CPU work in the Python function `augment_batch_slowly` (--slow-ms a step), or in
-  `prepare_features` (--fault-function), which spreads it over several helpers of its own
+  `prepare_features` or `mix_samples` (--fault-function), which spread it over helpers of their own
 - helpers: CPU work spread over many calls of small helpers, made by `augment_with_helpers`
-- sleep: blocking, not computing: `fetch_remote_features` (or `load_side_inputs`, --fault-function)
+- sleep: blocking, not computing: `fetch_remote_features` (or `load_side_inputs`, `await_feature_store`, --fault-function)
   sleeps --slow-ms a step
 - compute: more operator work (its batch repeated --compute-factor times), no Python function of its own
 - data: slow data loading: the rank's Dataset decodes each sample for --slow-ms / batch size
@@ -19,13 +19,15 @@ It knows nothing of stepscope: the agent attaches through the bootstrap. Faults 
   container's CPU quota does, stopped --slow-ms of every 10 ms by a helper process, so every
   operator of the rank takes longer with the same shapes
 - batch: larger batches (uneven shards): the rank's DataLoader gives --batch-factor times the batch
-- thread: a background thread of the rank (--fault-function: publish_metrics, flush_log_records or
-  compress_telemetry)
+- thread: a background thread of the rank (--fault-function: publish_metrics, flush_log_records,
+  compress_telemetry or sync_feature_flags)
   runs pure Python for --slow-ms of every --period-ms, holding the GIL the training thread needs
 - periodic: every --every-steps steps the rank spends --slow-ms in --fault-function
   (save_checkpoint, which blocks as a write does; run_evaluation, refresh_embeddings, three calls
-  deep, or validate_model, in two helpers, which compute), not in the others
-- calls: Python-heavy work: --fault-function (tokenize_records, parse_annotations or normalize_text)
+  deep, validate_model, in two helpers, rebuild_vocab or snapshot_optimizer, in one helper, which
+  compute), not in the others
+- calls: Python-heavy work: --fault-function (tokenize_records, parse_annotations, normalize_text or
+  canonicalize_tokens)
   makes tens of thousands of tiny calls for --slow-ms a step, more than the capture budget's stacks hold
 
 --fault-function may name several functions (comma-separated): each fault takes the first of its own.
@@ -145,6 +147,12 @@ def load_side_inputs(batch: torch.Tensor, milliseconds: float) -> torch.Tensor:
     return batch
 
 
+def await_feature_store(batch: torch.Tensor, milliseconds: float) -> torch.Tensor:
+    """Blocks on a feature store's answer, using no CPU."""
+    time.sleep(milliseconds / 1000.0)
+    return batch
+
+
 def log_gradients(milliseconds: float) -> None:
     """Blocks after the gradients are reduced and before the optimizer step, as writing a log would."""
     time.sleep(milliseconds / 1000.0)
@@ -237,6 +245,57 @@ def compress_telemetry(milliseconds: float, period_ms: float, stop: threading.Ev
         _encode_record(milliseconds)
 
 
+def _diff_flags(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def sync_feature_flags(milliseconds: float, period_ms: float, stop: threading.Event) -> None:
+    """A configuration thread: every `period_ms` it diffs feature flags in pure Python for `milliseconds`."""
+    while not stop.wait(max(period_ms - milliseconds, 1.0) / 1000.0):
+        _diff_flags(milliseconds)
+
+
+def rebuild_vocab(milliseconds: float) -> None:
+    """A vocabulary rebuild every few steps: computes in Python."""
+    _busy(milliseconds)
+
+
+def _pack_state(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def snapshot_optimizer(milliseconds: float) -> None:
+    """An in-memory optimizer snapshot every few steps: its work in one helper."""
+    _pack_state(milliseconds)
+
+
+def _shuffle_rows(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def _blend_pairs(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def mix_samples(batch: torch.Tensor, milliseconds: float) -> torch.Tensor:
+    """Sample mixing in Python, its time in two helpers of its own."""
+    acc = _shuffle_rows(milliseconds * 0.55) + _blend_pairs(milliseconds * 0.45)
+    return batch + (acc % 5) * 1e-6
+
+
+def _fold_case(i: int) -> int:
+    return (i * 3) % 17
+
+
+def canonicalize_tokens(milliseconds: float) -> int:
+    """Python-heavy canonicalisation: tiny calls, tens of thousands a step."""
+    deadline = time.perf_counter() + milliseconds / 1000.0
+    acc = 0
+    while time.perf_counter() < deadline:
+        acc += sum(_fold_case(i) for i in range(100))
+    return acc
+
+
 def _lower_word(i: int) -> int:
     return (i * 5) % 11
 
@@ -276,11 +335,12 @@ def parse_annotations(milliseconds: float) -> int:
     return acc
 
 
-THREAD_FUNCTIONS = {f.__name__: f for f in (publish_metrics, flush_log_records, compress_telemetry)}
-PERIODIC_FUNCTIONS = {f.__name__: f for f in (save_checkpoint, run_evaluation, refresh_embeddings, validate_model)}
-CALLS_FUNCTIONS = {f.__name__: f for f in (tokenize_records, parse_annotations, normalize_text)}
-CPU_FUNCTIONS = {f.__name__: f for f in (augment_batch_slowly, prepare_features)}
-SLEEP_FUNCTIONS = {f.__name__: f for f in (fetch_remote_features, load_side_inputs)}
+THREAD_FUNCTIONS = {f.__name__: f for f in (publish_metrics, flush_log_records, compress_telemetry, sync_feature_flags)}
+PERIODIC_FUNCTIONS = {f.__name__: f for f in (save_checkpoint, run_evaluation, refresh_embeddings, validate_model, rebuild_vocab,
+                                             snapshot_optimizer)}
+CALLS_FUNCTIONS = {f.__name__: f for f in (tokenize_records, parse_annotations, normalize_text, canonicalize_tokens)}
+CPU_FUNCTIONS = {f.__name__: f for f in (augment_batch_slowly, prepare_features, mix_samples)}
+SLEEP_FUNCTIONS = {f.__name__: f for f in (fetch_remote_features, load_side_inputs, await_feature_store)}
 
 
 def fault_function(table: dict[str, Callable], names: str) -> Callable:

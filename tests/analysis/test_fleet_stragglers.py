@@ -227,3 +227,34 @@ def test_a_rank_the_collectives_name_without_slower_operators_is_no_slow_host():
     steps = 8
     diagnosis, _ = diagnose(lockstep(3, steps, {1: [5_000.0] * steps}))
     assert "same shapes" not in diagnosis.summary
+
+
+def test_a_gil_thread_whose_rank_spends_longer_in_backward_is_still_named():
+    # The thread takes the GIL from the training thread's backward as well: rank 2 spends 6 ms a
+    # step longer there than its peers. That is its own slowness, not DDP waiting for its peers,
+    # so it does not outweigh the peers' small wait for it (before: "cannot tell").
+    steps = 8
+    thread = _fn(THREAD.replace("publish_metrics", "compress_telemetry"), [12_000.0, 24_000.0] * (steps // 2))
+    backward = f"{ROOT} > torch/_tensor.py(626): backward > <built-in method run_backward of torch._C._EngineBase object>"
+    functions = {r: [_fn(backward, [10_000.0 + (6_000.0 if r == 2 else 0.0)] * steps)] for r in range(3)}
+    functions[2].append(thread)
+    diagnosis, _ = diagnose(lockstep(3, steps, _collectives_noise(3, steps, 2, 1_000.0), functions=functions))
+    assert diagnosis.summary.startswith("rank 2 holds the job back"), diagnosis.summary
+    assert "background thread in compress_telemetry" in diagnosis.summary
+
+
+def test_a_cost_in_one_captured_step_cannot_tell_but_names_the_rank_and_function():
+    # 150 ms in validate_model in one step of 8 (every 5th step): one step is no pattern, but it is
+    # no healthy job either (before: "no problem found").
+    steps = 8
+    once = [150_000.0 if i == 4 else 0.0 for i in range(steps)]
+    validate = _fn(f"{ROOT} > workload.py(206): validate_model > workload.py(150): _busy", once)
+    diagnosis, _ = diagnose(lockstep(3, steps, {1: once}, functions={1: [validate]}))
+    assert diagnosis.summary.startswith("cannot tell which rank"), diagnosis.summary
+    assert "Rank 1 is the likeliest: in 1 of 8 steps (step 14) it spends 150 ms more than its peers in validate_model" in diagnosis.summary
+    # At most one hit in steps 10-17 at 14: another is 5 or more steps away; three hits need 15 steps.
+    assert "(steps: 16)" in diagnosis.summary
+    early = [150_000.0 if i == 1 else 0.0 for i in range(steps)]
+    diagnosis, _ = diagnose(lockstep(3, steps, {1: early}, functions={1: [_fn(validate.stack, early)]}))
+    assert "(steps: 21)" in diagnosis.summary, diagnosis.summary
+

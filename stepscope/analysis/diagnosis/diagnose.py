@@ -183,7 +183,7 @@ def _straggler_findings(st: Straggler, tables: RankTables, stacks_dropped: set[i
     if not st.named:
         other = f"; the collectives point at rank {st.waitNames}" if st.waitNames is not None and st.waitNames != st.rank else ""
         message = (f"cannot tell which rank holds the job back from {st.steps} step(s) captured by every rank (confidence {st.confidence:.2f}); "
-                   f"capture more steps (steps: {more_steps(st.steps)}) to know. Rank {st.rank} is the likeliest: {reason}, {waited}{other}")
+                   f"capture more steps (steps: {max(more_steps(st.steps), st.askSteps)}) to know. Rank {st.rank} is the likeliest: {reason}, {waited}{other}")
         return [Finding("warning", "slow-worker", [], message, 0.0, data)], []
     # What if: a synchronous step waits for its slowest rank, so without this rank's cause alone
     # it would wait for the next slowest one.

@@ -22,7 +22,7 @@ import pandas as pd
 
 from stepscope.analysis.diagnosis.causes import BACKWARD, OWN_SHARE, Cause, find_cause, frame_per_step, frames, thread_cause, thread_per_step
 from stepscope.analysis.diagnosis.operator_time import OperatorCause, operator_cause
-from stepscope.analysis.diagnosis.patterns import intermittent
+from stepscope.analysis.diagnosis.patterns import QUIET, intermittent
 from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.diagnosis.slow_workers import CONFIDENT, DOUBT, MIN_GAP_SHARE, WaitVerdict
 from stepscope.analysis.diagnosis.wording import ms
@@ -61,6 +61,7 @@ class Straggler:
     steps: int  # steps every rank captured
     steadySteps: int  # steps in which the evidence for it holds
     waitNames: int | None  # the rank the waiting evidence alone points at
+    askSteps: int = 0  # steps to capture to know, where the evidence itself asks for more than more_steps
     # Further ranks that hold the others back, each with its own cause, largest cost first (their
     # costUsPerStep: the cause's excess; no more than the named rank's).
     others: list[Straggler] = field(default_factory=list)
@@ -294,7 +295,10 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         # rank nobody waits for holds no one back.
         # Collectives that point at another rank in fewer than half of the steps (a mean pulled by
         # a few) do not contradict a cause that holds in every step.
-        mean, error = v.gap_band(rank, None if cause.phase == "backward" else _backward_per_step(tables, exploded, steps))
+        # A background thread that holds the GIL stretches the rank's own backward (autograd and
+        # DDP's reducer take the GIL too): its time there beyond its peers' is no wait for them.
+        own_backward = cause.phase == "backward" or cause.kind == "thread"
+        mean, error = v.gap_band(rank, None if own_backward else _backward_per_step(tables, exploded, steps))
         waited_for = mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep
         elsewhere = v.rank is not None and 2 * v.agreeing >= v.steps
         # A thread of its own in every step needs no more from the collectives than that its peers
@@ -321,6 +325,11 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         # A frame that explains next to nothing of the gap is no explanation of it.
         found = None
     conf = confidence(v.share, v.agreeing, v.steps, 1.0 if host is not None else 0.0, True)
+    once = None if found is None or host is not None else _once(tables, exploded, v, found, steps)
+    if once is not None:
+        # One step is no pattern (every Nth step, or once?), but no healthy job either.
+        found = once[0]
+        conf = min(max(conf, DOUBT), round(CONFIDENT - 0.01, 2))
     # A frame of it that takes longer than on its peers is a second kind of evidence; without one,
     # only more steps than a descheduled healthy rank stays behind for: until then, it stays just
     # below naming (a large gap is still worth "cannot tell", not "no problem").
@@ -332,7 +341,29 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         # whose peers waited 15 ms of a 91 ms step for the slow-compute rank, 2 steps of 4 clearly).
         conf = max(conf, DOUBT)
     return Straggler(rank=v.rank, named=conf >= CONFIDENT, cause=found, confidence=conf, gapUsPerStep=v.gapUsPerStep,
-                     costUsPerStep=v.gapUsPerStep, stepUs=v.stepUs, steps=v.steps, steadySteps=v.agreeing, waitNames=v.rank)
+                     costUsPerStep=v.gapUsPerStep, stepUs=v.stepUs, steps=v.steps, steadySteps=1 if once else v.agreeing, waitNames=v.rank,
+                     askSteps=once[1] if once else 0)
+
+
+def _once(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, cause: Cause, steps: pd.Index) -> tuple[Cause, int] | None:
+    """A function of the waited-for rank that costs it FULL_GAP of a step or more beyond its peers
+    in one captured step, next to nothing in the others (QUIET), while its peers wait for it in that
+    step at least half of that: the cause, told with that step, and the steps to capture to see it
+    three times (no second hit in the capture: the next one is further away than either end of it)."""
+    table = frame_per_step(tables, exploded, cause.frame, steps) if cause.kind == "function" else None
+    if table is None or v.rank is None:
+        return None
+    excess = table[v.rank].to_numpy(dtype=float) - table.drop(columns=[v.rank]).median(axis=1).to_numpy(dtype=float)
+    at = int(np.argmax(excess))
+    peak = float(excess[at])
+    waits = v.perStepUs.iloc[at]
+    waited = float(waits.drop(v.rank).median() - waits[v.rank])
+    if peak < FULL_GAP * v.stepUs or (np.delete(excess, at) >= QUIET * peak).any() or waited < 0.5 * peak:
+        return None
+    apart = max(at + 1, len(steps) - at)
+    detail = (f"in 1 of {len(steps)} steps (step {steps[at]}) it spends {ms(peak)} more than its peers in {cause.text()}, and they wait "
+              f"{ms(waited)} for it there; one step is no pattern")
+    return dataclasses.replace(cause, pattern=f"in 1 of {len(steps)} steps", detail=detail), 3 * apart
 
 
 def more_steps(captured: int) -> int:
