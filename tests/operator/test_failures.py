@@ -243,7 +243,7 @@ def test_an_analysis_job_that_cannot_create_its_pod_fails_the_session_with_the_r
 def test_a_given_up_pod_is_cancelled_on_its_sidecar_while_the_others_capture(
         operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, tmp_path: Path) -> None:
     """The cancel of a pod whose training never registered goes out signed with the namespace's
-    key (its sidecar refuses any other), so that sidecar is free for the next session at once."""
+    key (its sidecar refuses any other), so that sidecar is free for the next ProfileSession at once."""
     from tests.sidecar.conftest import SimulatedRanks
 
     registered = Sidecar(tmp_path / "busy", KEY, host="127.0.0.1", port=0, pod="busy", poll_interval_s=0.2).start()
