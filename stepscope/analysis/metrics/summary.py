@@ -10,6 +10,7 @@ import pandas as pd
 from ..model import SUMMARY_VERSION, RankSummary, StepRow
 from . import breakdown, intervals
 from .collectives import collectives, cpu_time_in
+from .critical_path import critical_path, path_summary
 from .efficiency import device_of, efficiency
 from .gpu_scope import DEFAULT_COMM_KERNELS, CommKernels, gpu_scope
 from .gpu_steps import step_statistics
@@ -77,6 +78,9 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
     gpu = _main_gpu(trace, gpu_rows)
     device = device_of(trace, gpu)
     op_efficiency, kernel_efficiency = efficiency(trace, device, top=top)
+    # Over the profiled steps (HTA's annotation "ProfilerStep", all instances), of the rows HTA keeps.
+    path = critical_path(trace, scope.rows, float(starts.min()) if len(numbers) else None,
+                         float(ends.max()) if len(numbers) else None, comm=comm)
     return RankSummary(
         version=SUMMARY_VERSION,
         rank=int(rank),
@@ -105,6 +109,7 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
         opEfficiency=op_efficiency,
         kernelEfficiency=kernel_efficiency,
         operators=operator_stats(trace, (starts, ends) if len(numbers) else None, top=top),
+        criticalPath=path_summary(trace, path) if path is not None and len(path.weight) else None,
         warnings=warnings,
     )
 
