@@ -189,6 +189,10 @@ def _critical_path(trace: Trace, start: float | None, end: float | None, comm: C
                              | (gpu_in & has_call & on_cpu[call] & cpu_in[call]))
     if not cpu_in.any():
         return None
+    # Kernels none of which has a launching call (an Ascend capture) are out of reach of the graph:
+    # a path of the CPU alone would pass for the whole.
+    if (~on_cpu).any() and not (~on_cpu & has_call).any():
+        return None
     # Nodes: 2k is the start of node_ev[k], 2k+1 its end.
     slot = np.full(n, -1, dtype=np.int64)
     slot[node_ev] = np.arange(len(node_ev))

@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..model import SUMMARY_VERSION, RankSummary, StepRow
 from . import breakdown, intervals
+from .ascend import TRACE_VIEW, capture_dir, load_capture
 from .collectives import collectives, cpu_time_in
 from .critical_path import critical_path, path_summary
 from .efficiency import device_of, efficiency
@@ -123,7 +124,8 @@ def summarize_file(path: str | Path, *, rank: int | None = None, pod: str = "", 
     failed = RankSummary(version=SUMMARY_VERSION, rank=-1 if known_rank is None else known_rank, pod=pod,
                          node=node, source=Path(path).name)
     try:
-        trace = load_trace(path)
+        ascend = capture_dir(Path(path)) if Path(path).name == TRACE_VIEW else None
+        trace = load_capture(ascend) if ascend is not None else load_trace(path)
     except TraceError as e:
         failed.error = str(e)
         return failed
