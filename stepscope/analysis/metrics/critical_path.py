@@ -80,15 +80,17 @@ class CriticalPath:
 
 def _launchers(trace: Trace) -> np.ndarray:
     """For each row, the CPU runtime/driver call with its correlation when the row is on a GPU stream,
-    the GPU row with its correlation when the row is such a call; -1 otherwise (HTA's index_correlation)."""
+    the GPU row with its correlation when the row is such a call (of several, as HTA's
+    index_correlation: the last to start); -1 otherwise."""
     n = len(trace)
     out = np.full(n, -1, dtype=np.int64)
     runtime = np.flatnonzero(trace.cat_mask(RUNTIME_CATS) & (trace.correlation >= 0) & (trace.stream == -1))
     gpu = np.flatnonzero((trace.stream != -1) & (trace.correlation >= 0))
     j = intervals.lookup(trace.correlation[runtime], trace.correlation[gpu])
     out[gpu[j >= 0]] = runtime[j[j >= 0]]
-    k = intervals.lookup(trace.correlation[gpu], trace.correlation[runtime])
-    out[runtime[k >= 0]] = gpu[k[k >= 0]]
+    latest = gpu[np.lexsort((gpu, trace.ts[gpu]))[::-1]]
+    k = intervals.lookup(trace.correlation[latest], trace.correlation[runtime])
+    out[runtime[k >= 0]] = latest[k[k >= 0]]
     return out
 
 
@@ -147,22 +149,24 @@ def _previous_launch(trace: Trace, corr: np.ndarray, launch: np.ndarray, at_rows
 
 
 def critical_path(trace: Trace, rows: np.ndarray | None = None, start: float | None = None, end: float | None = None,
-                  comm: CommKernels = HTA_COMM_KERNELS) -> CriticalPath | None:
+                  comm: CommKernels = HTA_COMM_KERNELS, hta: bool = False) -> CriticalPath | None:
     """The critical path of the events in [start, end] (default: all), as HTA's critical_path_analysis
     clips them: CPU events starting in the window, GPU events whose launching call starts in it.
     `rows`: the rows HTA analyses (gpu_scope's, without the last step's). None when the window holds
-    no CPU op or call."""
+    no CPU op or call. `hta`: HTA's own clipping, which keeps of the kernels of one launch (a CUDA
+    graph's) only the one the call is linked to; by default all of them are on the graph, chained
+    along their stream."""
     if rows is not None:
         rows = np.unique(rows)
         cols = ("cat", "name", "pid", "ts", "dur", "stream", "correlation", "tid", "wait_record", "wait_stream")
-        found = _critical_path(replace(trace, **{c: getattr(trace, c)[rows] for c in cols}), start, end, comm)
+        found = _critical_path(replace(trace, **{c: getattr(trace, c)[rows] for c in cols}), start, end, comm, hta)
         if found is not None:
             found.row = np.where(found.row >= 0, rows[np.maximum(found.row, 0)], -1)
         return found
-    return _critical_path(trace, start, end, comm)
+    return _critical_path(trace, start, end, comm, hta)
 
 
-def _critical_path(trace: Trace, start: float | None, end: float | None, comm: CommKernels) -> CriticalPath | None:
+def _critical_path(trace: Trace, start: float | None, end: float | None, comm: CommKernels, hta: bool) -> CriticalPath | None:
     n = len(trace)
     if n == 0:
         return None
@@ -183,8 +187,8 @@ def _critical_path(trace: Trace, start: float | None, end: float | None, comm: C
     cpu_in = on_cpu & (ts >= lo) & (ts <= hi) & (dur > 0)
     has_call = corr >= 0
     call = np.where(has_call, corr, 0)
-    gpu_in = ~on_cpu & ((has_call & (ts[call] >= lo) & (ts[call] <= hi) & (dur[call] > 0) & on_cpu[call])
-                        | named(("Stream Wait Event",)))
+    gpu_in = ~on_cpu & ((has_call & (ts[call] >= lo) & (ts[call] <= hi) & (dur[call] > 0) & on_cpu[call]
+                         & (~hta | (corr[call] == np.arange(n)))) | named(("Stream Wait Event",)))
     node_ev = np.flatnonzero((cpu_in & trace.cat_mask((OPERATOR_CAT, *RUNTIME_CATS)))
                              | (gpu_in & has_call & on_cpu[call] & cpu_in[call]))
     if not cpu_in.any():
@@ -292,7 +296,8 @@ def _critical_path(trace: Trace, start: float | None, end: float | None, comm: C
     kk[kern[after_kernel]] = True
     # A kernel overlapping the one before it on its stream (HTA refuses such a graph) gets a 0-weight edge.
     gap = np.maximum(ts[ks] - end_ts[np.maximum(prev_kernel[ks], 0)], 0)
-    g_w = np.stack([np.where(kk[ks], gap, -1), dur[ks]], axis=1).ravel()
+    # A sub-µs kernel rounded inwards ends a µs before it starts: HTA weighs that -1 as 0.
+    g_w = np.stack([np.where(kk[ks], gap, -1), np.maximum(dur[ks], 0)], axis=1).ravel()
     g_kind = np.stack([np.where(kk[ks], KERNEL_KERNEL, -1), np.full(len(ks), OPERATOR)], axis=1).ravel()
     g_attr = np.stack([np.where(kk[ks], prev_kernel[ks], -1), ks], axis=1).ravel()
     seq = np.concatenate([tok_node, gpu_nodes])
