@@ -34,7 +34,7 @@ from stepscope.analysis.metrics.trace import (
 )
 from stepscope.analysis.model import Diagnosis, RankSummary
 from stepscope.analysis.reporting.report import write_report
-from stepscope.analysis.reporting.report_merge import MergePlan, MergeRank, expected_size, merge_order
+from stepscope.analysis.reporting.report_merge import MergePlan, MergeRank, critical_path_events, expected_size, merge_order
 from stepscope.storage import StoreError, open_store
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,9 @@ def _merge_plan(files: SessionFiles, read: SessionRanks, diagnosis: Diagnosis, h
             left_out[rank] = f"left out of the merged trace: {exc}"
             continue
         shift = round(known[rank].traceBaseUs - base_us) if known[rank].traceBaseUs > 0 else 0
-        ranks.append(MergeRank(rank, path, why=why, shift_us=shift, checked=rank in read.parsed, size_hint=size))
-        expected += size
+        extra = critical_path_events(rank, known[rank].criticalPath, shift)
+        ranks.append(MergeRank(rank, path, why=why, shift_us=shift, checked=rank in read.parsed, size_hint=size + len(extra), extra=extra))
+        expected += size + len(extra)
     counters = []
     if hardware:
         from stepscope.analysis.reporting.gpu_counters import counter_events

@@ -169,8 +169,10 @@ class CriticalPathSummary(Struct):
     endUs: float
     byBound: dict[str, float] = {}  # µs on the path by what bounds it
     top: list[PathShare] = []  # the ops and kernels of most time on the path
-    # The longest edges of the path, [start µs, duration µs, index into `top` or -1], for the merged trace.
-    spans: list[tuple[float, float, int]] = []
+    # The longest edges of the path for the merged trace: [start µs, duration µs, index into
+    # spanNames (the op, kernel or gap), boundBy].
+    spans: list[tuple[float, float, int, str]] = []
+    spanNames: list[str] = []
 
 
 class OpEfficiency(Struct):

@@ -10,6 +10,7 @@ sub-µs kernel rounded inwards ends a µs before it starts; HTA's longest-path s
 """
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 from pathlib import Path
@@ -17,12 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stepscope.analysis.command import EXIT_OK
 from stepscope.analysis.metrics.critical_path import OPERATOR, CriticalPath, critical_path
 from stepscope.analysis.metrics.gpu_scope import HTA_COMM_KERNELS, gpu_scope
 from stepscope.analysis.metrics.summary import summarize
 from stepscope.analysis.metrics.trace import load_trace
 from stepscope.analysis.reporting.report_html import _critical_path
+from stepscope.analysis.reporting.report_merge import path_pid
 from stepscope.analysis.reporting.report_tables import critical_path as critical_path_table
+from stepscope.cli import main
 from tests.conftest import SHARED
 
 HTA_PYTHON = Path.home() / ".cache" / "stepscope" / "hta-venv" / "bin" / "python"
@@ -106,7 +110,7 @@ def test_alexnet_summary_and_report_table():
     assert round(100 * cp.byBound["cpu_bound"] / cp.totalUs, 2) == 99.83
     assert cp.top[0].name == "cudaDeviceGetStreamPriorityRange" and cp.top[0].boundBy == "cpu_bound"
     assert sum(p.us for p in cp.top) <= cp.totalUs
-    assert len(cp.spans) == 200 and all(d > 0 for _, d, _ in cp.spans)
+    assert len(cp.spans) == 200 and all(d > 0 for _, d, _, _ in cp.spans)
     table = critical_path_table([summary])
     assert table.loc[table["Name"] == "", "Time(us)"].sum() == cp.totalUs
     html = _critical_path(table).table
@@ -120,3 +124,25 @@ def test_cpu_only_trace_has_a_cpu_path():
         pytest.skip(f"the shared real traces ({TRACES}) are missing")
     path, _ = _ours("hta__rank_non_gpu")
     assert path is not None and path.total_us > 0 and set(path.breakdown()) == {"cpu_bound"}
+
+
+def test_merged_trace_has_the_path_as_a_track(tmp_path: Path):
+    """`stepscope analyze` puts each rank's critical path in the merged trace: a process of its own
+    with the path's longest parts as slices on the rank's time base, named after what they are."""
+    trace_dir = TRACES / "hta__critical_path_alexnet"
+    if not trace_dir.is_dir():
+        pytest.skip(f"the shared real traces ({TRACES}) are missing")
+    assert main(["analyze", str(trace_dir), "--output", str(tmp_path), "--no-progress"]) == EXIT_OK
+    with gzip.open(tmp_path / "merged.trace.json.gz") as f:
+        events = json.load(f)["traceEvents"]
+    path = [e for e in events if e.get("cat") == "critical_path"]
+    pid = path_pid(0)
+    assert len(path) == 200 and {e["pid"] for e in path} == {pid}
+    names = {e["args"].get("name", "") for e in events if e.get("ph") == "M" and e["pid"] == pid}
+    assert "rank 0: critical path" in names and any(n.startswith("critical path: 43,355.65 ms") for n in names)
+    longest = max(path, key=lambda e: e["dur"])
+    assert longest["name"] == "cudaDeviceGetStreamPriorityRange" and longest["args"]["boundBy"] == "cpu_bound"
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    assert min(e["ts"] for e in path) >= min(e["ts"] for e in events if e.get("ph") == "X" and e.get("cat") != "critical_path")
+    assert max(e["ts"] + e["dur"] for e in path) <= max(e["ts"] + e["dur"] for e in kernels + path)
+    assert sum(e["dur"] for e in path) <= 43_355_655

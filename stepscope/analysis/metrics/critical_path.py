@@ -464,6 +464,8 @@ def _bounds(trace: Trace, kind: np.ndarray, row: np.ndarray, comm: CommKernels) 
     return out.tolist()
 
 
+# A span's name in the summary is cut here (kernel names run to thousands of characters).
+_SPAN_NAME_CHARS = 300
 # What the path's edges without an op of their own are called in its top contributors.
 _GAP_NAMES = {KERNEL_OVERHEAD: "gap between kernels on a stream", LAUNCH_OVERHEAD: "kernel launch delay"}
 
@@ -482,15 +484,14 @@ def path_summary(trace: Trace, path: CriticalPath, top: int = 15, spans: int = 2
     order = np.argsort(-sums, kind="stable")[:top]
     shares = [PathShare(name=str(uniq[i]).split("\0", 1)[1], boundBy=str(uniq[i]).split("\0", 1)[0], us=float(sums[i]))
               for i in order]
-    rank_of = np.full(len(uniq), -1, dtype=np.int64)
-    rank_of[order] = np.arange(len(order))
     kept_rows = np.flatnonzero(keep)
     longest = kept_rows[np.argsort(-weight[kept_rows], kind="stable")[:spans]]
     longest = longest[np.argsort(path.src_ts[longest], kind="stable")]
-    where = np.searchsorted(kept_rows, longest)
+    span_names, name_of = np.unique(label[longest].astype(str), return_inverse=True)
     return CriticalPathSummary(
         totalUs=float(weight.sum()), startUs=float(path.src_ts.min()) if len(weight) else 0.0,
         endUs=float(path.dst_ts.max()) if len(weight) else 0.0,
         byBound={k: float(v) for k, v in sorted(path.breakdown().items())}, top=shares,
-        spans=[(float(a), float(b), int(c)) for a, b, c in zip(
-            path.src_ts[longest].tolist(), weight[longest].tolist(), rank_of[inverse[where]].tolist())])
+        spans=[(float(a), float(b), int(c), str(d)) for a, b, c, d in zip(
+            path.src_ts[longest].tolist(), weight[longest].tolist(), name_of.tolist(), bound[longest].tolist())],
+        spanNames=[str(n)[:_SPAN_NAME_CHARS] for n in span_names])
