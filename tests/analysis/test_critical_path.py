@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -146,3 +147,18 @@ def test_merged_trace_has_the_path_as_a_track(tmp_path: Path):
     assert min(e["ts"] for e in path) >= min(e["ts"] for e in events if e.get("ph") == "X" and e.get("cat") != "critical_path")
     assert max(e["ts"] + e["dur"] for e in path) <= max(e["ts"] + e["dur"] for e in kernels + path)
     assert sum(e["dur"] for e in path) <= 43_355_655
+
+
+def test_report_section_in_a_real_browser(tmp_path: Path):
+    """The report's critical path section as headless Chromium renders it (its scripts run)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    trace_dir = TRACES / "hta__critical_path_alexnet"
+    if chromium is None or not trace_dir.is_dir():
+        pytest.skip("needs Chromium (Debian's chromium package) and the shared real traces")
+    assert main(["analyze", str(trace_dir), "--output", str(tmp_path), "--no-progress"]) == EXIT_OK
+    dom = subprocess.run([chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                          (tmp_path / "index.html").as_uri()], capture_output=True, text=True, timeout=120, check=True).stdout
+    section = dom[dom.index("<h2>Critical path</h2>"):]
+    section = section[: section.index("</section>")]
+    assert "<th>GPU compute %</th>" in section and ">43,355.65<" in section and ">99.8<" in section
+    assert "cudaDeviceGetStreamPriorityRange 69.0%" in section

@@ -325,7 +325,7 @@ _BOUND_COLUMNS = (("cpu_bound", "CPU"), ("gpu_compute_bound", "GPU compute"), ("
 def _critical_path(path: pd.DataFrame, contributors: int = 3) -> Block:
     """Per rank: the critical path's length, its share by what bounds it, and what lies longest on it."""
     if path.empty:
-        return Block(note="no critical path (needs CPU ops in the traces)")
+        return Block(note="no critical path: the traces hold no CPU ops, or no kernel with its launching call (Ascend captures)")
     rows = []
     for rank, r in path.groupby("Rank", sort=True):
         shares = r[r["Name"] == ""].set_index("Bound By")["Path Share(%)"]
@@ -335,7 +335,8 @@ def _critical_path(path: pd.DataFrame, contributors: int = 3) -> Block:
                      Cell("; ".join(f"{short(str(t['Name']), 60)} {t['Path Share(%)']:.1f}%" for _, t in top.iterrows()), "name")])
     return Block(table=Table(["rank", "path ms", *[f"{label} %" for _, label in _BOUND_COLUMNS], "longest on the path"], rows),
                  note="The longest chain of dependent CPU ops, kernel launches, kernels and synchronisations over the profiled steps "
-                      "(HTA's critical path); critical_path.csv has each rank's top contributors.")
+                      "(the whole trace without steps; HTA's critical path); critical_path.csv has each rank's top contributors, "
+                      "the merged trace each rank's path as a track.")
 
 
 def _ranks(tables: RankTables, diagnosis: Diagnosis, problems: dict[int, list[str]]) -> Block:
