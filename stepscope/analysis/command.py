@@ -23,7 +23,7 @@ from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.diagnosis.rank_tables import build_tables
 from stepscope.analysis.loading.gpu_samples import DEFAULT_MAX_METRICS_MB, MAX_METRICS_MB_ENV, max_metrics_bytes, read_metrics
 from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
-from stepscope.analysis.loading.session_files import SessionFiles, SessionRanks, find_files, local_path, open_session, read_ranks
+from stepscope.analysis.loading.session_files import SessionFiles, SessionRanks, find_files, is_ascend_capture, local_path, open_session, read_ranks
 from stepscope.analysis.metrics.gpu_scope import COMM_KERNEL_PATTERNS, DEFAULT_COMM_KERNELS, HTA_COMM_KERNELS, CommKernels
 from stepscope.analysis.metrics.trace import (
     DEFAULT_MAX_TRACE_EVENTS,
@@ -91,6 +91,10 @@ def _merge_plan(files: SessionFiles, read: SessionRanks, diagnosis: Diagnosis, h
     base_us = min(bases) if bases else 0.0
     ranks, expected, left_out = [], 0, {}
     for rank, why in order:
+        if is_ascend_capture(read.traces[rank]):
+            left_out[rank] = ("left out of the merged trace: an Ascend capture (its times are strings of epoch µs); "
+                              f"open {read.traces[rank]} in MindStudio Insight")
+            continue
         if expected >= limit_bytes:  # nothing more fits: not worth a download
             left_out[rank] = f"left out of the merged trace: the ranks before it fill its {limit_bytes / 1e6:,.0f} MB limit"
             continue

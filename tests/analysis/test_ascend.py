@@ -80,6 +80,8 @@ def test_analyze_reads_a_folder_of_real_captures(tmp_path: Path, capsys: pytest.
     assert comm and "not overlapped" in comm[0]["message"] and comm[0]["ranks"] == [0, 1]
     with (tmp_path / "communication.csv").open() as f:
         assert {r["Rank"] for r in csv.DictReader(f)} == {"0", "1"}
+    # Its times are strings of epoch µs, which the merged trace's rewriting does not move.
+    assert set(diagnosis["mergedTrace"]["leftOut"]) == {"0", "1"} and "Ascend capture" in diagnosis["mergedTrace"]["leftOut"]["0"]
     assert "Traceback" not in capsys.readouterr().err
 
 

@@ -119,6 +119,11 @@ def find_files(store: Store, only: str | None = None) -> SessionFiles:
     return SessionFiles(store, flat, {}, layout="flat")
 
 
+def is_ascend_capture(key: str) -> bool:
+    """The key is an Ascend NPU capture's trace_view.json (its times are epoch µs as strings)."""
+    return _ASCEND_TRACE.match(key) is not None
+
+
 @contextlib.contextmanager
 def local_path(store: Store, key: str) -> Iterator[Path]:
     """A file on this machine with the object's content: the file itself for a directory store,
