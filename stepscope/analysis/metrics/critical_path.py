@@ -48,21 +48,23 @@ LAUNCH_CALLS = ("cudaMemsetAsync", "cudaMemcpyAsync", "cudaLaunchKernel", "cudaL
                 "hipMemcpyAsync", "hipMemsetAsync", "hipMemcpyWithStream")
 OPERATOR, DEPENDENCY, LAUNCH_DELAY, KERNEL_KERNEL, SYNC = range(5)
 EDGE_TYPES = ("operator", "dependency", "kernel_launch_delay", "kernel_kernel_delay", "sync_dependency")
-CPU_BOUND, GPU_COMPUTE, GPU_COMM, KERNEL_OVERHEAD, LAUNCH_OVERHEAD, NO_BOUND = (
-    "cpu_bound", "gpu_compute_bound", "gpu_communication_bound", "gpu_kernel_kernel_overhead",
-    "gpu_kernel_launch_overhead", "")
+# HTA's bound_by of an edge, by code; "" for the edges of no weight (dependencies and syncs).
+BOUNDS = ("cpu_bound", "gpu_compute_bound", "gpu_communication_bound", "gpu_kernel_kernel_overhead",
+          "gpu_kernel_launch_overhead", "")
+CPU_BOUND, GPU_COMPUTE, GPU_COMM, KERNEL_OVERHEAD, LAUNCH_OVERHEAD, NO_BOUND = range(len(BOUNDS))
 
 
 @dataclass
 class CriticalPath:
     """The path's edges in time order: source and destination times (µs), weight, edge type (index
-    into EDGE_TYPES), the trace row the edge is attributed to (-1 for none) and its bound_by."""
+    into EDGE_TYPES), the trace row the edge is attributed to (-1 for none) and its bound_by (index
+    into BOUNDS)."""
     src_ts: np.ndarray
     dst_ts: np.ndarray
     weight: np.ndarray
     kind: np.ndarray
     row: np.ndarray
-    bound: list[str]
+    bound: np.ndarray
     rounds: int
 
     @property
@@ -71,11 +73,9 @@ class CriticalPath:
 
     def breakdown(self) -> dict[str, float]:
         """Time on the path by what bounds it (HTA's bound_by), edges of no weight left out."""
-        out: dict[str, float] = {}
-        for b, w in zip(self.bound, self.weight.tolist()):
-            if b:
-                out[b] = out.get(b, 0.0) + w
-        return out
+        sums = np.bincount(self.bound, weights=self.weight, minlength=len(BOUNDS))
+        present = np.bincount(self.bound, minlength=len(BOUNDS)) > 0
+        return {BOUNDS[i]: float(sums[i]) for i in range(NO_BOUND) if present[i]}
 
 
 def _launchers(trace: Trace) -> np.ndarray:
@@ -445,7 +445,7 @@ def _longest(node_ts: np.ndarray, node_row: np.ndarray, seq: np.ndarray, in_w: n
         node = int(xs[e])
     if not pieces:
         empty = np.empty(0, np.int64)
-        return CriticalPath(empty, empty, empty, empty, empty, [], rounds)
+        return CriticalPath(empty, empty, empty, empty, empty, empty, rounds)
     parts = [np.concatenate(x) for x in zip(*pieces)]
     order = np.lexsort((parts[1], parts[0]))
     src_ts, dst_ts, weight, kind, row = (x[order] for x in parts)
@@ -453,7 +453,7 @@ def _longest(node_ts: np.ndarray, node_row: np.ndarray, seq: np.ndarray, in_w: n
                         _bounds(trace, kind, row, comm), rounds)
 
 
-def _bounds(trace: Trace, kind: np.ndarray, row: np.ndarray, comm: CommKernels) -> list[str]:
+def _bounds(trace: Trace, kind: np.ndarray, row: np.ndarray, comm: CommKernels) -> np.ndarray:
     """HTA's bound_by of each edge."""
     on_gpu = (row >= 0) & (trace.stream[np.maximum(row, 0)] != -1)
     is_comm = trace.name_mask(lambda s: comm.library(s) is not None, np.maximum(row, 0))
@@ -461,7 +461,7 @@ def _bounds(trace: Trace, kind: np.ndarray, row: np.ndarray, comm: CommKernels) 
         kind == LAUNCH_DELAY, LAUNCH_OVERHEAD, np.where(
             (kind == DEPENDENCY) | (kind == SYNC), NO_BOUND, np.where(
                 ~on_gpu, CPU_BOUND, np.where(is_comm, GPU_COMM, GPU_COMPUTE)))))
-    return out.tolist()
+    return out.astype(np.int64)
 
 
 # A span's name in the summary is cut here (kernel names run to thousands of characters).
@@ -474,24 +474,24 @@ def path_summary(trace: Trace, path: CriticalPath, top: int = 15, spans: int = 2
     """The path's total, its time by bound, the ops and kernels of most time on it, and its longest
     edges (for the merged trace)."""
     weight = path.weight.astype(np.float64)
-    bound = np.array(path.bound, dtype=object)
-    label = np.where(path.row >= 0, np.array(trace.names + [""], dtype=object)[trace.name[np.maximum(path.row, 0)]],
-                     [_GAP_NAMES.get(b, "") for b in path.bound])
-    keep = (weight > 0) & (bound != NO_BOUND)
-    keys = np.array([f"{b}\0{n}" for b, n in zip(bound[keep], label[keep])], dtype=object)
-    uniq, inverse = np.unique(keys, return_inverse=True) if len(keys) else (np.empty(0, object), np.empty(0, np.int64))
+    # Each edge's label: its op's name code, or past the names one per bound for the gaps.
+    label = np.where(path.row >= 0, trace.name[np.maximum(path.row, 0)], len(trace.names) + path.bound)
+    labels = trace.names + [_GAP_NAMES.get(b, BOUNDS[b]) for b in range(len(BOUNDS))]
+    keep = (weight > 0) & (path.bound != NO_BOUND)
+    keys = path.bound[keep] * len(labels) + label[keep]
+    uniq, inverse = np.unique(keys, return_inverse=True)
     sums = np.bincount(inverse, weights=weight[keep], minlength=len(uniq))
     order = np.argsort(-sums, kind="stable")[:top]
-    shares = [PathShare(name=str(uniq[i]).split("\0", 1)[1], boundBy=str(uniq[i]).split("\0", 1)[0], us=float(sums[i]))
+    shares = [PathShare(name=labels[int(uniq[i]) % len(labels)], boundBy=BOUNDS[int(uniq[i]) // len(labels)], us=float(sums[i]))
               for i in order]
     kept_rows = np.flatnonzero(keep)
     longest = kept_rows[np.argsort(-weight[kept_rows], kind="stable")[:spans]]
     longest = longest[np.argsort(path.src_ts[longest], kind="stable")]
-    span_names, name_of = np.unique(label[longest].astype(str), return_inverse=True)
+    span_labels, name_of = np.unique(label[longest], return_inverse=True)
     return CriticalPathSummary(
         totalUs=float(weight.sum()), startUs=float(path.src_ts.min()) if len(weight) else 0.0,
         endUs=float(path.dst_ts.max()) if len(weight) else 0.0,
-        byBound={k: float(v) for k, v in sorted(path.breakdown().items())}, top=shares,
-        spans=[(float(a), float(b), int(c), str(d)) for a, b, c, d in zip(
-            path.src_ts[longest].tolist(), weight[longest].tolist(), name_of.tolist(), bound[longest].tolist())],
-        spanNames=[str(n)[:_SPAN_NAME_CHARS] for n in span_names])
+        byBound=dict(sorted(path.breakdown().items())), top=shares,
+        spans=[(float(a), float(b), int(c), BOUNDS[d]) for a, b, c, d in zip(
+            path.src_ts[longest].tolist(), weight[longest].tolist(), name_of.tolist(), path.bound[longest].tolist())],
+        spanNames=[labels[int(i)][:_SPAN_NAME_CHARS] for i in span_labels])
