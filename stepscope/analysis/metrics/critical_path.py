@@ -30,7 +30,7 @@ edges. HTA's parity tests state the tolerance.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -78,14 +78,14 @@ class CriticalPath:
         return {BOUNDS[i]: float(sums[i]) for i in range(NO_BOUND) if present[i]}
 
 
-def _launchers(trace: Trace) -> np.ndarray:
+def _launchers(trace: Trace, keep: np.ndarray) -> np.ndarray:
     """For each row, the CPU runtime/driver call with its correlation when the row is on a GPU stream,
     the GPU row with its correlation when the row is such a call (of several, as HTA's
     index_correlation: the last to start); -1 otherwise."""
     n = len(trace)
     out = np.full(n, -1, dtype=np.int64)
-    runtime = np.flatnonzero(trace.cat_mask(RUNTIME_CATS) & (trace.correlation >= 0) & (trace.stream == -1))
-    gpu = np.flatnonzero((trace.stream != -1) & (trace.correlation >= 0))
+    runtime = np.flatnonzero(trace.cat_mask(RUNTIME_CATS) & (trace.correlation >= 0) & (trace.stream == -1) & keep)
+    gpu = np.flatnonzero((trace.stream != -1) & (trace.correlation >= 0) & keep)
     j = intervals.lookup(trace.correlation[runtime], trace.correlation[gpu])
     out[gpu[j >= 0]] = runtime[j[j >= 0]]
     latest = gpu[np.lexsort((gpu, trace.ts[gpu]))[::-1]]
@@ -156,26 +156,24 @@ def critical_path(trace: Trace, rows: np.ndarray | None = None, start: float | N
     no CPU op or call. `hta`: HTA's own clipping, which keeps of the kernels of one launch (a CUDA
     graph's) only the one the call is linked to; by default all of them are on the graph, chained
     along their stream."""
+    keep = np.ones(len(trace), dtype=bool)
     if rows is not None:
-        rows = np.unique(rows)
-        cols = ("cat", "name", "pid", "ts", "dur", "stream", "correlation", "tid", "wait_record", "wait_stream")
-        found = _critical_path(replace(trace, **{c: getattr(trace, c)[rows] for c in cols}), start, end, comm, hta)
-        if found is not None:
-            found.row = np.where(found.row >= 0, rows[np.maximum(found.row, 0)], -1)
-        return found
-    return _critical_path(trace, start, end, comm, hta)
+        keep[:] = False
+        keep[rows] = True
+    return _critical_path(trace, keep, start, end, comm, hta)
 
 
-def _critical_path(trace: Trace, start: float | None, end: float | None, comm: CommKernels, hta: bool) -> CriticalPath | None:
+def _critical_path(trace: Trace, keep: np.ndarray, start: float | None, end: float | None, comm: CommKernels,
+                   hta: bool) -> CriticalPath | None:
     n = len(trace)
-    if n == 0:
+    if n == 0 or not keep.any():
         return None
     ts = np.rint(trace.ts).astype(np.int64)
     dur = np.rint(trace.dur).astype(np.int64)
     end_ts = ts + dur
-    lo = int(ts.min()) if start is None else start
-    hi = int(end_ts.max()) if end is None else end
-    corr = _launchers(trace)
+    lo = int(ts[keep].min()) if start is None else start
+    hi = int(end_ts[keep].max()) if end is None else end
+    corr = _launchers(trace, keep)
     on_cpu = trace.stream == -1
     sync_cat = trace.cat_mask(SYNC_CAT)
     names = np.array(trace.names + [""], dtype=object)
@@ -184,53 +182,28 @@ def _critical_path(trace: Trace, start: float | None, end: float | None, comm: C
     def named(values: tuple[str, ...]) -> np.ndarray:
         return trace.name_mask(lambda s: s in values)
 
-    cpu_in = on_cpu & (ts >= lo) & (ts <= hi) & (dur > 0)
+    cpu_in = keep & on_cpu & (ts >= lo) & (ts <= hi) & (dur > 0)
     has_call = corr >= 0
     call = np.where(has_call, corr, 0)
-    gpu_in = ~on_cpu & ((has_call & (ts[call] >= lo) & (ts[call] <= hi) & (dur[call] > 0) & on_cpu[call]
-                         & (~hta | (corr[call] == np.arange(n)))) | named(("Stream Wait Event",)))
+    gpu_in = keep & ~on_cpu & ((has_call & (ts[call] >= lo) & (ts[call] <= hi) & (dur[call] > 0) & on_cpu[call]
+                                & (~hta | (corr[call] == np.arange(n)))) | named(("Stream Wait Event",)))
     node_ev = np.flatnonzero((cpu_in & trace.cat_mask((OPERATOR_CAT, *RUNTIME_CATS)))
                              | (gpu_in & has_call & on_cpu[call] & cpu_in[call]))
     if not cpu_in.any():
         return None
     # Kernels none of which has a launching call (an Ascend capture) are out of reach of the graph:
     # a path of the CPU alone would pass for the whole.
-    if (~on_cpu).any() and not (~on_cpu & has_call).any():
+    if (keep & ~on_cpu).any() and not (keep & ~on_cpu & has_call).any():
         return None
     # Nodes: 2k is the start of node_ev[k], 2k+1 its end.
-    slot = np.full(n, -1, dtype=np.int64)
-    slot[node_ev] = np.arange(len(node_ev))
+    # Node and row numbers fit an int32 (a trace holds a few million rows at most): half the memory.
+    slot = np.full(n, -1, dtype=np.int32)
+    slot[node_ev] = np.arange(len(node_ev), dtype=np.int32)
     node_ts = np.empty(2 * len(node_ev), dtype=np.int64)
     node_ts[0::2], node_ts[1::2] = ts[node_ev], end_ts[node_ev]
-    node_row = np.repeat(node_ev, 2)
-    blocking = named(BLOCKING_CALLS)
+    node_row = np.repeat(node_ev.astype(np.int32), 2)
 
-    # --- CPU threads: starts and ends in call-stack order.
-    cpu_ev = node_ev[on_cpu[node_ev]]
-    k = len(cpu_ev)
-    tok_node = np.concatenate([2 * slot[cpu_ev], 2 * slot[cpu_ev] + 1])
-    tok_start = np.concatenate([np.ones(k, bool), np.zeros(k, bool)])
-    tok_ts = np.concatenate([ts[cpu_ev], end_ts[cpu_ev]])
-    tok_tid = np.concatenate([trace.tid[cpu_ev], trace.tid[cpu_ev]])
-    # At one time: ends before starts; of two starts the longer (the parent) first; of two ends the
-    # later-started (the child) first.
-    tie = np.concatenate([-dur[cpu_ev], -ts[cpu_ev]])
-    order = np.lexsort((np.concatenate([cpu_ev, -cpu_ev]), tie, tok_start, tok_ts, tok_tid))
-    tok_node, tok_start, tok_ts, tok_tid = tok_node[order], tok_start[order], tok_ts[order], tok_tid[order]
-    depth_after = np.cumsum(np.where(tok_start, 1, -1))
-    depth_before = depth_after - np.where(tok_start, 1, -1)
-    tok_row = node_row[tok_node]
-    parent = _parents(tok_start, depth_after, tok_row)
-    same = np.concatenate([[False], tok_tid[1:] == tok_tid[:-1]])
-    prev_start = np.concatenate([[False], tok_start[:-1]])
-    prev_row = np.concatenate([[-1], tok_row[:-1]])
-    prev_ts = np.concatenate([[0], tok_ts[:-1]])
-    dependency = tok_start & (depth_before == 0)
-    cpu_w = np.where(dependency | (~tok_start & blocking[tok_row]), 0, tok_ts - prev_ts)
-    cpu_kind = np.where(dependency, DEPENDENCY, OPERATOR)
-    # HTA's attribution: start->x to the start's op, end->end to the outer op, end->start to their parent.
-    cpu_attr = np.where(prev_start, prev_row, np.where(~tok_start, tok_row, parent[np.maximum(prev_row, 0)]))
-    cpu_attr = np.where(dependency, -1, cpu_attr)
+    cpu_seq, cpu_w, cpu_kind, cpu_attr = _cpu_chains(trace, node_ev[on_cpu[node_ev]], slot, ts, dur, node_row, named(BLOCKING_CALLS))
 
     # --- GPU: kernels in HTA's order (syncs by their end), per stream.
     gpu_ev = node_ev[~on_cpu[node_ev] & ~sync_cat[node_ev]]
@@ -251,7 +224,7 @@ def _critical_path(trace: Trace, start: float | None, end: float | None, comm: C
     prev_kernel = np.full(n, -1, dtype=np.int64)
     prev_kernel[ks[~first_on_stream]] = ks[np.flatnonzero(~first_on_stream) - 1]
 
-    launch = named(LAUNCH_CALLS) & on_cpu
+    launch = named(LAUNCH_CALLS) & on_cpu & keep
     q = _queue_lengths(trace, corr, launch)
 
     # Stream Wait Event: the kernel launched last before the cudaEventRecord, on the recorded stream,
@@ -261,7 +234,7 @@ def _critical_path(trace: Trace, start: float | None, end: float | None, comm: C
     kind_name = name_of[syncs]
     waits = syncs[(kind_name == "Stream Wait Event") | (kind_name == "Event Sync")]
     if len(waits):
-        src = _record_source(trace, corr, launch, waits)
+        src = _record_source(trace, keep, corr, launch, waits)
         wait_calls = corr[waits]
         stream_wait = name_of[waits] == "Stream Wait Event"
         dest = np.full(len(waits), -1, dtype=np.int64)
@@ -300,10 +273,11 @@ def _critical_path(trace: Trace, start: float | None, end: float | None, comm: C
     g_w = np.stack([np.where(kk[ks], gap, -1), np.maximum(dur[ks], 0)], axis=1).ravel()
     g_kind = np.stack([np.where(kk[ks], KERNEL_KERNEL, -1), np.full(len(ks), OPERATOR)], axis=1).ravel()
     g_attr = np.stack([np.where(kk[ks], prev_kernel[ks], -1), ks], axis=1).ravel()
-    seq = np.concatenate([tok_node, gpu_nodes])
-    in_w = np.concatenate([np.where(same, cpu_w, -1), g_w])
-    in_kind = np.concatenate([np.where(same, cpu_kind, -1), g_kind])
-    in_attr = np.concatenate([np.where(same, cpu_attr, -1), g_attr])
+    seq = np.concatenate([cpu_seq, gpu_nodes]).astype(np.int32)
+    in_w = np.concatenate([cpu_w, g_w])
+    in_kind = np.concatenate([cpu_kind, g_kind]).astype(np.int8)
+    in_attr = np.concatenate([cpu_attr, g_attr]).astype(np.int32)
+    del cpu_seq, cpu_w, cpu_kind, cpu_attr, gpu_nodes, g_w, g_kind, g_attr, prev_kernel, kk, q
 
     # --- Edges between chains.
     x_src: list[np.ndarray] = []
@@ -323,7 +297,45 @@ def _critical_path(trace: Trace, start: float | None, end: float | None, comm: C
     x_kind.append(np.full(len(s_src), SYNC))
     xs, xd, xk = np.concatenate(x_src), np.concatenate(x_dst), np.concatenate(x_kind)
     xw = np.where(xk == LAUNCH_DELAY, node_ts[xd] - node_ts[xs], 0)
-    return _longest(node_ts, node_row, seq, in_w, in_kind, in_attr, xs, xd, xw, xk, trace, comm)
+    del position, name_of, corr, slot, ts, dur, end_ts
+    del node_row
+    return _longest(node_ts, seq, in_w, in_kind, in_attr, xs, xd, xw, xk, trace, comm)
+
+
+def _cpu_chains(trace: Trace, cpu_ev: np.ndarray, slot: np.ndarray, ts: np.ndarray, dur: np.ndarray,
+                node_row: np.ndarray, blocking: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each CPU thread's chain: the nodes of its ops' starts and ends in call-stack order, and the
+    in-edge of each along the chain (weight, -1 at a thread's first; type; attributed row)."""
+    k = len(cpu_ev)
+    end_ts = ts[cpu_ev] + dur[cpu_ev]
+    tok_start = np.concatenate([np.ones(k, bool), np.zeros(k, bool)])
+    # Sorted by thread, time, then at one time: ends before starts; of two starts the longer (the
+    # parent) first; of two ends the later-started (the child) first; then the row. One stable sort
+    # per key from the last (a lexsort would hold all the keys at once).
+    order = np.argsort(np.concatenate([cpu_ev, -cpu_ev]), kind="stable")
+    for key in (np.concatenate([-dur[cpu_ev], -ts[cpu_ev]]), tok_start, np.concatenate([ts[cpu_ev], end_ts]),
+                np.concatenate([trace.tid[cpu_ev], trace.tid[cpu_ev]])):
+        order = order[np.argsort(key[order], kind="stable")]
+        del key
+    tok_node = np.concatenate([2 * slot[cpu_ev], 2 * slot[cpu_ev] + 1])[order]
+    tok_ts = np.concatenate([ts[cpu_ev], end_ts])[order]
+    tok_tid = np.concatenate([trace.tid[cpu_ev], trace.tid[cpu_ev]])[order]
+    tok_start = tok_start[order]
+    del order, end_ts
+    depth_after = np.cumsum(np.where(tok_start, 1, -1))
+    dependency = tok_start & (depth_after == 1)  # a top-level op starts
+    tok_row = node_row[tok_node]
+    parent = _parents(tok_start, depth_after, tok_row)
+    del depth_after
+    same = np.concatenate([[False], tok_tid[1:] == tok_tid[:-1]])
+    prev_start = np.concatenate([[False], tok_start[:-1]])
+    prev_row = np.concatenate([[-1], tok_row[:-1]])
+    weight = np.where(dependency | (~tok_start & blocking[tok_row]), 0, tok_ts - np.concatenate([[0], tok_ts[:-1]]))
+    kind = np.where(dependency, DEPENDENCY, OPERATOR)
+    # HTA's attribution: start->x to the start's op, end->end to the outer op, end->start to their parent.
+    attr = np.where(prev_start, prev_row, np.where(~tok_start, tok_row, parent[np.maximum(prev_row, 0)]))
+    return (tok_node, np.where(same, weight, -1), np.where(same, kind, -1).astype(np.int8),
+            np.where(same & ~dependency, attr, -1).astype(np.int32))
 
 
 def _parents(tok_start: np.ndarray, depth_after: np.ndarray, tok_row: np.ndarray) -> np.ndarray:
@@ -341,12 +353,12 @@ def _parents(tok_start: np.ndarray, depth_after: np.ndarray, tok_row: np.ndarray
     return out
 
 
-def _record_source(trace: Trace, corr: np.ndarray, launch: np.ndarray, waits: np.ndarray) -> np.ndarray:
+def _record_source(trace: Trace, keep: np.ndarray, corr: np.ndarray, launch: np.ndarray, waits: np.ndarray) -> np.ndarray:
     """For each Stream Wait Event / Event Sync row, the GPU row of the kernel launched last, on the
     recorded stream, before the cudaEventRecord it waits on; -1 where unknown."""
     out = np.full(len(waits), -1, dtype=np.int64)
-    records = np.flatnonzero(trace.name_mask(lambda s: s == "cudaEventRecord") & (trace.stream == -1))
-    known = np.flatnonzero(trace.wait_stream > -1)
+    records = np.flatnonzero(trace.name_mask(lambda s: s == "cudaEventRecord") & (trace.stream == -1) & keep)
+    known = np.flatnonzero((trace.wait_stream > -1) & keep)
     if len(records) == 0 or len(known) == 0:
         return out
     # The stream (and GPU) each recorded event was recorded on, from any wait on it.
@@ -391,43 +403,52 @@ def _cpu_syncs(trace: Trace, syncs: np.ndarray, name_of: np.ndarray, position: n
     return s[ok], d[ok]
 
 
-def _longest(node_ts: np.ndarray, node_row: np.ndarray, seq: np.ndarray, in_w: np.ndarray, in_kind: np.ndarray,
-             in_attr: np.ndarray, xs: np.ndarray, xd: np.ndarray, xw: np.ndarray, xk: np.ndarray, trace: Trace,
-             comm: CommKernels) -> CriticalPath:
+def _longest(node_ts: np.ndarray, seq: np.ndarray, in_w: np.ndarray, in_kind: np.ndarray, in_attr: np.ndarray,
+             xs: np.ndarray, xd: np.ndarray, xw: np.ndarray, xk: np.ndarray, trace: Trace, comm: CommKernels) -> CriticalPath:
     m = len(node_ts)
     # A break in a chain weighs less than any path can gain after it (paths are at most the span long).
     big = 2 * int(node_ts.max() - node_ts.min()) + 1 if m else 1
-    chain_w = np.where(in_w < 0, -big, in_w).astype(np.int64)
-    chain_w[:1] = -big
-    prefix = np.cumsum(chain_w)
+    breaks = in_w < 0
+    breaks[:1] = True
+    prefix = np.cumsum(np.where(breaks, -big, in_w))
+    del in_w
     dist = np.zeros(m, dtype=np.int64)
+    best = np.zeros(m, dtype=np.int64)
     rounds = 0
     while True:
         rounds += 1
-        best = np.zeros(m, dtype=np.int64)
-        if len(xs):
-            np.maximum.at(best, xd, dist[xs] + xw)
-        new = np.zeros(m, dtype=np.int64)
-        new[seq] = prefix + np.maximum.accumulate(best[seq] - prefix)
-        if np.array_equal(new, dist) or rounds > len(xs) + 1:
-            break
-        dist = new
-    best = np.zeros(m, dtype=np.int64)
-    if len(xs):
+        best.fill(0)
         np.maximum.at(best, xd, dist[xs] + xw)
+        along_chain = best[seq]
+        along_chain -= prefix
+        np.maximum.accumulate(along_chain, out=along_chain)
+        along_chain += prefix
+        if np.array_equal(along_chain, dist[seq]) or rounds > len(xs) + 1:
+            break
+        dist[seq] = along_chain
+    del along_chain
     # Where the path into each chain position comes from: along the chain (ties go to it) or across.
     along = np.zeros(len(seq), bool)
-    along[1:] = (in_w[1:] >= 0) & (dist[seq[:-1]] + chain_w[1:] >= best[seq[1:]])
-    taken = (dist[xs] + xw == dist[xd]) & (dist[xd] > 0) if len(xs) else np.zeros(0, bool)
-    cross_of = np.full(m, -1, dtype=np.int64)
-    hits = np.flatnonzero(taken)[::-1]
+    gain = dist[seq[:-1]]
+    gain += prefix[1:]
+    gain -= prefix[:-1]
+    along[1:] = gain >= best[seq[1:]]
+    along &= ~breaks
+    del best, gain, breaks
+    taken = (dist[xs] + xw == dist[xd]) & (dist[xd] > 0)
+    cross_of = np.full(m, -1, dtype=np.int32)
+    hits = np.flatnonzero(taken)[::-1].astype(np.int32)
     cross_of[xd[hits]] = hits  # the first cross edge giving each node its distance
-    place = np.full(m, -1, dtype=np.int64)
-    place[seq] = np.arange(len(seq))
+    place = np.full(m, -1, dtype=np.int32)
+    place[seq] = np.arange(len(seq), dtype=np.int32)
     # The start of the run along the chain that each position belongs to.
-    run_start = np.maximum.accumulate(np.where(~along, np.arange(len(seq)), 0))
+    run_start = np.arange(len(seq), dtype=np.int32)
+    run_start[along] = 0
+    np.maximum.accumulate(run_start, out=run_start)
+    del along
     end_nodes = np.flatnonzero(dist == dist.max())
     node = int(end_nodes[np.argmin(node_ts[end_nodes])])
+    del dist, taken, hits, end_nodes
     pieces: list[tuple[np.ndarray, ...]] = []
     while True:
         p = int(place[node])
@@ -436,19 +457,21 @@ def _longest(node_ts: np.ndarray, node_row: np.ndarray, seq: np.ndarray, in_w: n
         r = int(run_start[p])
         if p > r:  # chain edges into positions r+1..p
             pos = np.arange(r + 1, p + 1)
-            pieces.append((node_ts[seq[pos - 1]], node_ts[seq[pos]], chain_w[pos], in_kind[pos], in_attr[pos]))
-        head = int(seq[r])
-        e = int(cross_of[head])
+            pieces.append((node_ts[seq[pos - 1]], node_ts[seq[pos]], prefix[pos] - prefix[pos - 1], in_kind[pos], in_attr[pos]))
+        e = int(cross_of[seq[r]])
         if e < 0:
             break
         pieces.append((node_ts[xs[e:e + 1]], node_ts[xd[e:e + 1]], xw[e:e + 1], xk[e:e + 1], np.array([-1])))
         node = int(xs[e])
+    del place, run_start, cross_of, prefix
     if not pieces:
         empty = np.empty(0, np.int64)
         return CriticalPath(empty, empty, empty, empty, empty, empty, rounds)
     parts = [np.concatenate(x) for x in zip(*pieces)]
+    del pieces
     order = np.lexsort((parts[1], parts[0]))
     src_ts, dst_ts, weight, kind, row = (x[order] for x in parts)
+    del parts, order
     return CriticalPath(src_ts, dst_ts, weight.astype(np.int64), kind.astype(np.int64), row.astype(np.int64),
                         _bounds(trace, kind, row, comm), rounds)
 
