@@ -3,8 +3,8 @@ compute / communication / overlap / free table against the capture's own step_tr
 rank from profiler_info_<rank>.json, the diagnosis, and bad captures reported without a traceback.
 
 The real captures are MindStudio Insight's test data (two ranks of an ImageNet AlexNet training
-step on Ascend NPUs, profiler levels 0, 1 and 2; see docs/analysis.md for the repository, path and
-commit), read from $STEPSCOPE_EXTDATA/ascend/msinsight (default: ../extdata next to the checkout);
+step on Ascend NPUs, profiler levels 0, 1 and 2; docs/architecture.md names the repository, path
+and commit), read from $STEPSCOPE_EXTDATA/ascend/msinsight (default: ../extdata next to the checkout);
 the tests on them skip without it. The small capture of the other tests is written here by the
 documented schema.
 """
