@@ -165,7 +165,7 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (f"exit status: {EXIT_OK} every rank analysed, {EXIT_PARTIAL} some ranks could not be analysed, "
                      f"{EXIT_NONE} none could (or nothing to analyse), {EXIT_USAGE} bad arguments")
-    parser.add_argument("source", nargs="?", help="session folder, store URI (file://, s3://, oss://), folder of Kineto traces, or one trace file")
+    parser.add_argument("source", nargs="?", help="session folder, store URI (file://, s3://, oss://), folder of Kineto traces or of Ascend NPU captures (torch_npu's *_ascend_pt folders), or one trace file")
     parser.add_argument("--endpoint", help="object-store endpoint (MinIO, OSS)")
     parser.add_argument("--region", help="object-store region (needed for oss:// without --endpoint)")
     parser.add_argument("--output", help="write the report files here instead of <source>/report/")
