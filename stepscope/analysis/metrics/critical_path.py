@@ -24,9 +24,11 @@ the longest path changes chains, plus one. The path's edges are classified as HT
 (an op's own time on a thread), GPU compute or communication (a kernel's time), kernel launch
 overhead, kernel-kernel overhead (the gap between kernels on a stream).
 
-Where HTA's choice between equally long paths rests on its graph's insertion order, this takes the
-edge along the chain; the path's length is the same, and its breakdown may differ by the tied
-edges. HTA's parity tests state the tolerance.
+Between equally long ways into a node this takes the one along the chain, HTA the first edge its
+graph was given; on the shared real traces the two give the same path. A sub-µs kernel rounded
+inwards ends a µs before it starts: its edge weighs 0, as in HTA's search (HTA's breakdown then
+reports it as -1 µs). Of the kernels of one cudaGraphLaunch, HTA's clipping keeps only the one
+its call is linked to (`hta=True`); by default all are on the graph.
 """
 from __future__ import annotations
 
@@ -126,7 +128,7 @@ def _previous_launch(trace: Trace, corr: np.ndarray, launch: np.ndarray, at_rows
     thread_a = tids if tids is not None else np.zeros(len(at_rows), np.int64)
     keys_c = np.stack([trace.pid[kernels], trace.stream[kernels], thread_c], axis=1)
     keys_a = np.stack([pids, streams, thread_a], axis=1)
-    groups, inverse = np.unique(np.concatenate([keys_c, keys_a]), axis=0, return_inverse=True)
+    _, inverse = np.unique(np.concatenate([keys_c, keys_a]), axis=0, return_inverse=True)
     inverse = inverse.ravel()
     gc, ga = inverse[: len(calls)], inverse[len(calls):]
     # Each group's launches on a time axis of its own: the group's offset keeps them apart.
@@ -186,7 +188,7 @@ def _critical_path(trace: Trace, keep: np.ndarray, start: float | None, end: flo
     has_call = corr >= 0
     call = np.where(has_call, corr, 0)
     gpu_in = keep & ~on_cpu & ((has_call & (ts[call] >= lo) & (ts[call] <= hi) & (dur[call] > 0) & on_cpu[call]
-                                & (~hta | (corr[call] == np.arange(n)))) | named(("Stream Wait Event",)))
+                                & ((not hta) | (corr[call] == np.arange(n)))) | named(("Stream Wait Event",)))
     node_ev = np.flatnonzero((cpu_in & trace.cat_mask((OPERATOR_CAT, *RUNTIME_CATS)))
                              | (gpu_in & has_call & on_cpu[call] & cpu_in[call]))
     if not cpu_in.any():
