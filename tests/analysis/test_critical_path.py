@@ -28,6 +28,7 @@ from stepscope.analysis.reporting.report_html import _critical_path
 from stepscope.analysis.reporting.report_merge import path_pid
 from stepscope.analysis.reporting.report_tables import critical_path as critical_path_table
 from stepscope.cli import main
+from tests.analysis.test_metrics import ev, gpu
 from tests.conftest import SHARED
 
 HTA_PYTHON = Path.home() / ".cache" / "stepscope" / "hta-venv" / "bin" / "python"
@@ -162,3 +163,26 @@ def test_report_section_in_a_real_browser(tmp_path: Path):
     section = section[: section.index("</section>")]
     assert "<th>GPU compute %</th>" in section and ">43,355.65<" in section and ">99.8<" in section
     assert "cudaDeviceGetStreamPriorityRange 69.0%" in section
+
+
+def test_small_graph_by_hand(tmp_path: Path):
+    """A launch, a kernel and a synchronisation: the CPU runs 0-100 (a launch at 10-15, a
+    cudaStreamSynchronize 20-90), the kernel 40-80 on stream 7. The path is the CPU to the launch,
+    its delay, the kernel, then the sync's end (the wait weighs 0) and the CPU after it; a trace of
+    annotations alone has no path and its summary says nothing of one."""
+    events = [ev("cpu_op", "aten::step", 0, 100), ev("cuda_runtime", "cudaLaunchKernel", 10, 5, correlation=1),
+              ev("cuda_runtime", "cudaStreamSynchronize", 20, 70, correlation=2), gpu("gemm", 40, 40, 1),
+              ev("cuda_sync", "Stream Sync", 79, 11, tid=7, pid=0, stream=7, correlation=2)]
+    path_file = tmp_path / "rank-0.json"
+    path_file.write_text(json.dumps({"traceEvents": events}))
+    path = critical_path(load_trace(path_file))
+    assert path is not None
+    assert path.breakdown() == {"cpu_bound": 10 + 10, "gpu_kernel_launch_overhead": 30, "gpu_compute_bound": 40}
+    assert path.total_us == 90  # 0-10 on the CPU, launch 10->40, kernel 40-80, sync end 90 -> op end 100
+    annotations = tmp_path / "rank-1.json"
+    annotations.write_text(json.dumps({"traceEvents": [ev("user_annotation", "ProfilerStep#1", 0, 100),
+                                                       ev("user_annotation", "gloo:all_reduce", 10, 80)]}))
+    trace = load_trace(annotations)
+    assert critical_path(trace) is None
+    summary = summarize(trace)
+    assert summary.criticalPath is None and not any("critical path" in w for w in summary.warnings)

@@ -191,7 +191,7 @@ def _critical_path(trace: Trace, keep: np.ndarray, start: float | None, end: flo
                                 & ((not hta) | (corr[call] == np.arange(n)))) | named(("Stream Wait Event",)))
     node_ev = np.flatnonzero((cpu_in & trace.cat_mask((OPERATOR_CAT, *RUNTIME_CATS)))
                              | (gpu_in & has_call & on_cpu[call] & cpu_in[call]))
-    if not cpu_in.any():
+    if not cpu_in.any() or not (cpu_in[node_ev]).any():  # no CPU op or call: nothing to start a path
         return None
     # Kernels none of which has a launching call (an Ascend capture) are out of reach of the graph:
     # a path of the CPU alone would pass for the whole.

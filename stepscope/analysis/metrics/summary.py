@@ -80,8 +80,12 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
     device = device_of(trace, gpu)
     op_efficiency, kernel_efficiency = efficiency(trace, device, top=top)
     # Over the profiled steps (HTA's annotation "ProfilerStep", all instances), of the rows HTA keeps.
-    path = critical_path(trace, scope.rows, float(starts.min()) if len(numbers) else None,
-                         float(ends.max()) if len(numbers) else None, comm=comm)
+    try:
+        path = critical_path(trace, scope.rows, float(starts.min()) if len(numbers) else None,
+                             float(ends.max()) if len(numbers) else None, comm=comm)
+    except Exception as exc:  # noqa: BLE001 - a path the trace's graph cannot give must not cost the rank's summary
+        path = None
+        warnings.append(f"no critical path: {type(exc).__name__}: {exc}")
     return RankSummary(
         version=SUMMARY_VERSION,
         rank=int(rank),
