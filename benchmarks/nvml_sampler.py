@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the simulated no
 
 from stepscope.analysis.loading.gpu_samples import read_metrics
 from stepscope.sidecar.nvml import MetricsRecorder, NvmlBackend, default_backend
-from tests.nvml.simulated import SimulatedBackend
+from stepscope.testing.nvml.simulated import SimulatedBackend
 
 
 def process_cpu_share(seconds: float, recorder: MetricsRecorder | None) -> tuple[float, float]:

@@ -2,7 +2,8 @@
 analysis imports only the core; the agent, which runs inside training processes, imports only the
 standard library and the wire vocabulary the bootstrap copies beside it; the sidecar and the
 operator import the analysis and the core, never each other (the sidecar also the agent, whose
-files it installs); only the roof (stepscope.cli, stepscope.local) imports everything, and nothing imports
+files it installs); the test doubles (stepscope.testing) may import every part and no part imports
+them; only the roof (stepscope.cli, stepscope.local) imports everything, and nothing imports
 the roof. Outside the analysis, code imports only its facade (stepscope.analysis) and its types
 (stepscope.analysis.model); inside, each stage imports only the stages before it. Checked over the
 source's AST, so an import inside a function counts as much as one at the top, and no module is
@@ -25,6 +26,9 @@ PARTS = ("operator", "sidecar", "analysis")
 # the core (under their bootstrap names), so it may import nothing else of stepscope.
 AGENT = "stepscope.agent"
 AGENT_MAY_IMPORT = ("stepscope.wire",)
+# The doubles the tests and benchmarks share (an API server, a GPU node, rank summaries): they
+# stand in for what the parts talk to, so no part may lean on them.
+TESTING = "stepscope.testing"
 BOOTSTRAP_NAMES = (WIRE_MODULE,)
 ROOF = ("stepscope.cli", "stepscope.local")
 # What each layer may import besides itself.
@@ -35,6 +39,7 @@ ALLOWED = {
     "sidecar": {"core", "analysis", "agent"},
     "operator": {"core", "analysis"},
     "roof": {"core", "analysis", "sidecar", "operator", "agent"},
+    "testing": {"core", "analysis", "sidecar", "operator", "agent"},
 }
 # Layers that must never load torch: the operator's and the analysis Job's images have none.
 NO_TORCH = ("core", "analysis", "operator")
@@ -64,6 +69,8 @@ def layer(module: str) -> str:
         return parts[1]
     if module == AGENT or module.startswith(AGENT + "."):
         return "agent"
+    if module == TESTING or module.startswith(TESTING + "."):
+        return "testing"
     if any(module == roof or module.startswith(roof + ".") for roof in ROOF):
         return "roof"
     return "core"
@@ -163,8 +170,10 @@ def test_the_check_sees_back_edges() -> None:
         "stepscope.analysis.metrics.steps": {"stepscope.analysis"},
         "stepscope.agent.capture": {"stepscope.files", "numpy"},
         "stepscope.operator.handlers": {"stepscope.agent"},
+        "stepscope.local.demo": {"stepscope.testing.nvml.simulated"},
+        "stepscope.testing.kube.server": {"tests.polling"},
     }
-    assert len(violations(planted)) == 13
+    assert len(violations(planted)) == 15
     edges = graph()
     assert "stepscope.operator.analysis_job" in edges["stepscope.cli"]  # found inside a function
     assert "stepscope.layout" in edges["stepscope.analysis.reporting.report"]  # `from stepscope import layout`
@@ -178,6 +187,13 @@ def test_parts_live_under_their_import_names() -> None:
         assert home.is_dir() and not home.is_symlink(), f"stepscope/{part} must hold the code"
         link = REPO / part
         assert link.is_symlink() and link.resolve() == home, f"{part}/ must link to stepscope/{part}"
+
+
+def test_the_benchmarks_import_no_tests() -> None:
+    """The benchmarks share the tests' doubles through stepscope.testing, never through tests.*."""
+    found = [f"{path.name} imports {target}" for path in sorted((REPO / "benchmarks").glob("*.py"))
+             for target in sorted(imports(path, f"benchmarks.{path.stem}")) if target.split(".")[0] == "tests"]
+    assert not found, "\n".join(found)
 
 
 @pytest.mark.parametrize("name", ["tests", "helm", "benchmarks"])

@@ -3,7 +3,7 @@
    Why native: at 1 ms on a node of 8 GPUs the Python round costs 3-7 us per GPU on cold caches,
    on top of the wake-up, which puts the sampler at 6-9 % of a core on a VM; this loop costs the
    wake-up and well under a microsecond per GPU. It knows nothing of Python: it calls the NVML
-   functions it is given (the real libnvidia-ml's, or the simulation's below) for every GPU at
+   functions it is given (the real libnvidia-ml's, or a simulation's) for every GPU at
    every deadline, adds power, temperature and memory used every slow_period_ns, and writes one
    row of doubles per GPU into a ring that Python allocated and reads once the thread has
    stopped. Python keeps what queues up in the driver (utilization buffers, XID events) and
@@ -13,29 +13,17 @@
    (the Makefile and the Dockerfile do it; without the library the sampler runs in Python). */
 #include <math.h>
 #include <pthread.h>
-#include <stdint.h>
-#include <time.h>
 
-enum { NVML_SUCCESS = 0, NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_FUNCTION_NOT_FOUND = 13 };
-enum { NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2 };
+#include "nvml_abi.h"
+
 enum { READ_CLOCKS, READ_REASONS, READ_FIELDS, READ_POWER, READ_TEMPERATURE, READ_MEMORY, READS };
-enum { NVML_TEMPERATURE_GPU = 0 };
 enum { MAX_LATE_WAKE_NS = 150000 };
-
-/* nvmlFieldValue_t (nvml.h). */
-typedef struct {
-    unsigned int fieldId, scopeId;
-    long long timestamp, latencyUsec;
-    unsigned int valueType, nvmlReturn;
-    union { double d; unsigned int ui; unsigned long ul; unsigned long long ull; long long sll; int si; unsigned short us; } value;
-} field_value_t;
 
 typedef int (*clock_info_fn)(void *device, unsigned int type, unsigned int *mhz);
 typedef int (*reasons_fn)(void *device, unsigned long long *reasons);
 typedef int (*field_values_fn)(void *device, int count, field_value_t *values);
 typedef int (*power_fn)(void *device, unsigned int *milliwatts);
 typedef int (*temperature_fn)(void *device, unsigned int sensor, unsigned int *celsius);
-typedef struct { unsigned long long total, free, used; } memory_t; /* nvmlMemory_t */
 typedef int (*memory_fn)(void *device, memory_t *memory);
 
 typedef struct {
@@ -69,12 +57,6 @@ typedef struct {
     int64_t errors[READS];
     pthread_t thread;
 } sampler_t;
-
-static int64_t now_ns(clockid_t clock) {
-    struct timespec t;
-    clock_gettime(clock, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
 static void sleep_until(int64_t deadline_ns) {
     struct timespec t = {deadline_ns / 1000000000, deadline_ns % 1000000000};
@@ -192,77 +174,3 @@ static void *run(void *arg) {
 int ss_sampler_size(void) { return (int)sizeof(sampler_t); }
 int ss_start(sampler_t *s) { s->stop = 0; return pthread_create(&s->thread, NULL, run, s); }
 int ss_stop(sampler_t *s) { s->stop = 1; return pthread_join(s->thread, NULL); }
-
-/* ---- The simulation: tests/nvml/simulated.py's fast reads, as NVML functions over a
-   sim_gpu_t "device", so that the tests and the benchmark run this loop on the same simulated
-   node. Built only with -DSTEPSCOPE_SIMULATION (make's build; the image's build leaves it out). ---- */
-#ifdef STEPSCOPE_SIMULATION
-
-typedef struct {
-    double sm_mhz, mem_mhz;
-    unsigned long long reasons;
-    double nvlink_kib_per_us, pcie_bytes_per_us, ecc_sbe, ecc_dbe;
-    int nvlinks;
-    int64_t origin_us, step_us, event_us;
-    double comm_us;
-    double power_w, temperature_c;
-    unsigned long long memory_used_bytes;
-} sim_gpu_t;
-
-int ss_sim_power(void *device, unsigned int *milliwatts) {
-    *milliwatts = (unsigned int)(((const sim_gpu_t *)device)->power_w * 1000.0 + 0.5);
-    return NVML_SUCCESS;
-}
-
-int ss_sim_temperature(void *device, unsigned int sensor, unsigned int *celsius) {
-    (void)sensor;
-    *celsius = (unsigned int)((const sim_gpu_t *)device)->temperature_c;
-    return NVML_SUCCESS;
-}
-
-int ss_sim_memory_info(void *device, memory_t *memory) {
-    memory->used = ((const sim_gpu_t *)device)->memory_used_bytes;
-    memory->total = memory->used * 2;
-    memory->free = memory->total - memory->used;
-    return NVML_SUCCESS;
-}
-
-int ss_sim_clock_info(void *device, unsigned int type, unsigned int *mhz) {
-    const sim_gpu_t *g = device;
-    *mhz = (unsigned int)(type == NVML_CLOCK_SM ? g->sm_mhz : g->mem_mhz);
-    return NVML_SUCCESS;
-}
-
-int ss_sim_reasons(void *device, unsigned long long *reasons) {
-    *reasons = ((const sim_gpu_t *)device)->reasons;
-    return NVML_SUCCESS;
-}
-
-int ss_sim_field_values(void *device, int count, field_value_t *values) {
-    const sim_gpu_t *g = device;
-    int64_t now = now_ns(CLOCK_REALTIME) / 1000, since = now > g->origin_us ? now - g->origin_us : 0;
-    /* Time spent communicating since the origin: the last comm_us of every step. */
-    double compute_us = g->step_us - g->comm_us, within = (double)(since % g->step_us);
-    double comm = (double)(since / g->step_us) * g->comm_us + (within > compute_us ? within - compute_us : 0.0);
-    int due = now >= g->event_us;
-    for (int i = 0; i < count; i++) {
-        field_value_t *v = &values[i];
-        v->nvmlReturn = NVML_SUCCESS;
-        v->valueType = 3; /* unsigned long long */
-        switch (v->fieldId) {
-        case 197: case 198: v->value.ull = (unsigned long long)(comm * g->pcie_bytes_per_us); break; /* PCIe tx, rx */
-        case 3: v->value.ull = due ? (unsigned long long)g->ecc_sbe : 0; break;
-        case 4: v->value.ull = due ? (unsigned long long)g->ecc_dbe : 0; break;
-        case 138: case 139: /* NVLink tx, rx of link scopeId */
-            if ((int)v->scopeId < g->nvlinks) {
-                v->value.ull = (unsigned long long)(comm * g->nvlink_kib_per_us);
-                break;
-            }
-            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
-            break;
-        default: v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
-        }
-    }
-    return NVML_SUCCESS;
-}
-#endif /* STEPSCOPE_SIMULATION */

@@ -2,7 +2,7 @@
 
 The sampler (nvml_recorder) talks to NVML only through `NvmlBackend`, so the same code runs on a
 real GPU (nvml_pynvml.PynvmlBackend), on the deterministic simulation the tests and benchmarks use
-(tests/nvml/simulated.py), or on a recording. The field ids, clock-event bits and file columns are the
+(stepscope/testing/nvml/simulated.py), or on a recording. The field ids, clock-event bits and file columns are the
 core's (stepscope.gpu_metrics), shared with the analysis that reads the file.
 """
 from __future__ import annotations

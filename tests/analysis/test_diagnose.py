@@ -1,16 +1,16 @@
-"""The cross-rank diagnosis on synthetic summaries of a synchronous job (tests/analysis/synthetic_ranks.py)."""
+"""The cross-rank diagnosis on synthetic summaries of a synchronous job (stepscope/testing/synthetic_ranks.py)."""
 from __future__ import annotations
 
 import re
 
 import msgspec
 import pytest
-from synthetic_ranks import make_summaries
 
 from stepscope.analysis.diagnosis.diagnose import MAX_FINDINGS, diagnose
 from stepscope.analysis.diagnosis.outliers import peer_median
 from stepscope.analysis.diagnosis.wording import short
 from stepscope.analysis.model import RankSummary, encode
+from stepscope.testing.synthetic_ranks import make_summaries
 
 
 def _by_category(full: list[dict], category: str) -> list[dict]:

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from synthetic_ranks import make_summaries
 
 from stepscope.analysis.comparison.diff import diff_runs, format_table
 from stepscope.analysis.comparison.diff_command import compare
 from stepscope.analysis.model import FunctionStat, KernelStat, encode
 from stepscope.cli import main
+from stepscope.testing.synthetic_ranks import make_summaries
 
 
 def _changed_run():

@@ -7,10 +7,10 @@ import html
 from pathlib import Path
 
 import msgspec
-from synthetic_ranks import make_summaries
 
 from stepscope.analysis.command import analyze_uri
 from stepscope.analysis.model import encode
+from stepscope.testing.synthetic_ranks import make_summaries
 
 HOSTILE = '<img src=x onerror="alert(1)">&'
 

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import pytest
-from synthetic_ranks import make_summaries
 
 from stepscope.analysis.diagnosis.rank_tables import build_tables
 from stepscope.analysis.reporting.report_tables import report_tables
+from stepscope.testing.synthetic_ranks import make_summaries
 
 
 def test_tables_add_up():

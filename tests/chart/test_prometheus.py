@@ -1,7 +1,7 @@
 """The chart's optional Prometheus Operator objects (values.prometheus), rendered by the real helm.
 
 Their fields are checked against the Prometheus Operator's CRD schemas as the API server applies
-them (tests.kube.schema: no field pruned as unknown, every value valid): PodMonitor and
+them (stepscope.testing.kube.schema: no field pruned as unknown, every value valid): PodMonitor and
 PrometheusRule are monitoring.coreos.com/v1, AlertmanagerConfig monitoring.coreos.com/v1alpha1
 (https://prometheus-operator.dev/docs/api-reference/api/); an AlertmanagerConfig's child routes,
 which the API server keeps as they come, against the Route schema the operator applies to them.
@@ -24,9 +24,9 @@ import pytest
 
 from stepscope import detection
 from stepscope.operator.settings import INJECT_LABEL
+from stepscope.testing.kube.schema import prune, validate_value
 from stepscope.wire import PORT_NAME
 from tests.chart.conftest import RELEASE_NAMESPACE, Failed, render_templates
-from tests.kube.schema import prune, validate_value
 
 SCHEMAS = json.loads((Path(__file__).parent / "prometheus_operator_schemas.json").read_text())
 ON = {"prometheus": {"enabled": True}}

@@ -12,8 +12,8 @@ import pytest
 
 from stepscope.operator import jobs
 from stepscope.operator.settings import OperatorSettings
+from stepscope.testing.kube.helpers import refused
 from tests.chart.conftest import RELEASE_NAMESPACE, REPO, apply_rbac, render
-from tests.kube.helpers import refused
 
 NAMESPACES = ("team-a", "team-b")
 SETS = ("operator.namespaces={team-a,team-b}",)

@@ -12,8 +12,8 @@ import yaml
 from kubernetes.client import ApiException
 
 from stepscope.session import CaptureSpec, SessionSpec
-from tests.kube.fixtures import CRD_PATH
-from tests.kube.schema import apply_defaults, prune, structural_errors
+from stepscope.testing.kube.fixtures import CRD_PATH
+from stepscope.testing.kube.schema import apply_defaults, prune, structural_errors
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from stepscope.local.demo import LocalRun
 from stepscope.local.scenarios import BASE_ARGS
 from stepscope.local.watch import Budget, Policy, admit
 from stepscope.sidecar_client import SidecarClient
-from tests.polling import wait_for
+from stepscope.testing.polling import wait_for
 
 SLOW = Fire(SLOWDOWN, "slow", (0, 1))
 HUNG = Fire(HANG, "hung", (0, 1))

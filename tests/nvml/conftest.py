@@ -12,7 +12,7 @@ import pytest
 from stepscope.analysis.loading.gpu_samples import read_metrics
 from stepscope.analysis.model import SUMMARY_VERSION, RankSummary, StepRow
 from stepscope.sidecar.nvml import MetricsRecorder
-from tests.nvml.simulated import SimulatedBackend
+from stepscope.testing.nvml.simulated import SimulatedBackend
 
 STEP_US = 50_000
 COMM_FRACTION = 0.3

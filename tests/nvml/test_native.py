@@ -11,10 +11,10 @@ import pytest
 from stepscope.analysis.loading.gpu_samples import read_metrics
 from stepscope.sidecar import nvml_native
 from stepscope.sidecar.nvml import BackendError, MetricsRecorder
-from tests.nvml.simulated import SimulatedBackend
+from stepscope.testing.nvml.simulated import SIMULATION_LIBRARY, SimulatedBackend, simulation_library
 
-pytestmark = pytest.mark.skipif(nvml_native.library() is None,
-                                reason=f"{nvml_native.LIBRARY.name} is not built (make builds it with the machine's C compiler)")
+pytestmark = pytest.mark.skipif(nvml_native.library() is None or simulation_library() is None,
+                                reason=f"{nvml_native.LIBRARY.name} or {SIMULATION_LIBRARY.name} is not built (make builds them with the machine's C compiler)")
 
 
 def node() -> SimulatedBackend:
@@ -117,3 +117,11 @@ def test_switched_off_failing_or_not_offered_it_samples_in_python(tmp_path: Path
     # A simulation whose reads a test changed is not one the C simulation reproduces.
     assert SimulatedBackend(1, error_every=3).native_reads() is None
     assert SimulatedBackend(1, clock_ns=lambda: 0).native_reads() is None
+
+
+def test_the_sampler_the_image_ships_carries_no_simulation() -> None:
+    """The simulated GPU node's C functions live in their own test library, not in the sampler."""
+    assert "ss_sim_" not in (Path(nvml_native.__file__).with_name("fast_sampler.c")).read_text()
+    lib = nvml_native.library()
+    assert lib is not None and not hasattr(lib, "ss_sim_power")
+    assert hasattr(simulation_library(), "ss_sim_power")

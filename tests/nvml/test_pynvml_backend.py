@@ -21,8 +21,7 @@ from stepscope.gpu_metrics import (  # noqa: E402 (after the importorskip)
 from stepscope.sidecar import nvml  # noqa: E402 (after the importorskip)
 from stepscope.sidecar.nvml import MetricsRecorder, default_backend  # noqa: E402 (after the importorskip)
 from stepscope.sidecar.nvml_pynvml import PynvmlBackend  # noqa: E402 (after the importorskip)
-
-from .fake_libnvml import FakeGpu, FakeNvmlLib  # noqa: E402 (after the importorskip)
+from stepscope.testing.nvml.fake_libnvml import FakeGpu, FakeNvmlLib  # noqa: E402 (after the importorskip)
 
 UUIDS = ["GPU-0a0a0a0a-1111", "GPU-1b1b1b1b-2222", "GPU-2c2c2c2c-3333"]
 

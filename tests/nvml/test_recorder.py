@@ -17,7 +17,7 @@ from stepscope.gpu_metrics import BASE_COLUMNS, nvlink_columns
 from stepscope.sidecar import nvml
 from stepscope.sidecar.nvml import BackendError, MetricsRecorder, default_backend
 from stepscope.sidecar.nvml_pynvml import visible_device_ids
-from tests.nvml.simulated import SimulatedBackend
+from stepscope.testing.nvml.simulated import SimulatedBackend
 
 from .conftest import Profiled
 

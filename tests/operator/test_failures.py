@@ -13,8 +13,8 @@ from stepscope.operator import metrics, pod_record
 from stepscope.operator.pod_record import PodRecord
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient, SidecarError
-from tests.kube.fixtures import Kube
-from tests.kube.helpers import wait_for
+from stepscope.testing.kube.fixtures import Kube
+from stepscope.testing.kube.helpers import wait_for
 from tests.operator.harness import KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec, stop_before_capturing
 
 

@@ -14,7 +14,7 @@ import yaml
 
 from stepscope.operator.injection import InjectionSettings, inject
 from stepscope.operator.settings import OperatorSettings
-from tests.kube.fixtures import Kube
+from stepscope.testing.kube.fixtures import Kube
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "stepscope"

@@ -23,8 +23,8 @@ from stepscope.operator.settings import GROUP, PLURAL, VERSION
 from stepscope.operator.triggers import TRIGGER_LABEL, TRIGGER_PLURAL
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
-from tests.kube.fixtures import REPO, Kube
-from tests.kube.helpers import wait_for
+from stepscope.testing.kube.fixtures import REPO, Kube
+from stepscope.testing.kube.helpers import wait_for
 from tests.operator.conftest import CREDENTIALS
 from tests.operator.harness import BUCKET, KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec
 

@@ -13,8 +13,8 @@ import kubernetes
 import pytest
 
 from stepscope.operator import certs
-from tests.kube.fixtures import Kube
-from tests.kube.helpers import pod, refused
+from stepscope.testing.kube.fixtures import Kube
+from stepscope.testing.kube.helpers import pod, refused
 
 SMP = "application/strategic-merge-patch+json"
 PYTHONPATH = [{"name": "PYTHONPATH", "value": "/app"}]

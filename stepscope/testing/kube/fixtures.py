@@ -1,6 +1,6 @@
 """pytest fixtures for the test API server. Use them from any test folder with
 
-    from tests.kube.fixtures import kube  # noqa: F401  (in that folder's conftest.py)
+    from stepscope.testing.kube.fixtures import kube  # noqa: F401  (in that folder's conftest.py)
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import yaml
 
 from .server import KubeTestServer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CRD_PATH = REPO / "crds" / "profilesession.yaml"
 
 

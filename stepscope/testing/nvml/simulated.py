@@ -15,6 +15,8 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import cache
+from pathlib import Path
 from typing import Literal, TypeVar
 
 from stepscope.gpu_metrics import (
@@ -46,10 +48,21 @@ T = TypeVar("T")
 
 Throttle = Literal["power", "thermal"]
 SlowLink = Literal["nvlink", "pcie"]
+# The fast reads in C (simulated_nvml.c), built by `make` beside this file.
+SIMULATION_LIBRARY = Path(__file__).with_name("_simulated_nvml.so")
+
+
+@cache
+def simulation_library() -> ctypes.CDLL | None:
+    """The built C simulation, or None where `make` has not built it."""
+    try:
+        return ctypes.CDLL(str(SIMULATION_LIBRARY)) if SIMULATION_LIBRARY.is_file() else None
+    except OSError:
+        return None
 
 
 class SimGpu(ctypes.Structure):
-    """fast_sampler.c's sim_gpu_t (built with -DSTEPSCOPE_SIMULATION, as make does): one simulated GPU as a "device" of the ss_sim_* functions."""
+    """simulated_nvml.c's sim_gpu_t: one simulated GPU as a "device" of the ss_sim_* functions."""
     _fields_ = [("sm_mhz", ctypes.c_double), ("mem_mhz", ctypes.c_double), ("reasons", ctypes.c_ulonglong),
                 ("nvlink_kib_per_us", ctypes.c_double), ("pcie_bytes_per_us", ctypes.c_double), ("ecc_sbe", ctypes.c_double),
                 ("ecc_dbe", ctypes.c_double), ("nvlinks", ctypes.c_int), ("origin_us", ctypes.c_int64), ("step_us", ctypes.c_int64),
@@ -200,11 +213,11 @@ class SimulatedBackend:
         configuration), so that the native fast tier samples this node too; None where it is not
         built, or where a subclass, error_every or another clock than the system's changes the reads
         in ways the C simulation does not."""
-        lib = nvml_native.library()
+        lib = simulation_library()
         reads = ("clocks_mhz", "clock_event_reasons", "field_values", "power_w", "temperature_c", "memory_used_bytes")
         own = all(getattr(type(self), name) is getattr(SimulatedBackend, name) for name in reads)
-        if lib is None or not hasattr(lib, "ss_sim_power") or not own or self._error_every or self._clock_ns is not time.time_ns:
-            return None  # hasattr: the image's build (Dockerfile) leaves the simulation out
+        if lib is None or nvml_native.library() is None or not own or self._error_every or self._clock_ns is not time.time_ns:
+            return None
         gpus = [SimGpu(
             sm_mhz=self._clocks[g][0], mem_mhz=self._clocks[g][1], reasons=self._reasons[g], nvlink_kib_per_us=self._rates[g][0],
             pcie_bytes_per_us=self._rates[g][1], ecc_sbe=self._rates[g][2], ecc_dbe=self._rates[g][3], nvlinks=self._nvlinks,

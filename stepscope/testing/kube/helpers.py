@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiException
 
-from tests.polling import wait_for  # noqa: F401 (imported from here by the tests)
+from stepscope.testing.polling import wait_for  # noqa: F401 (imported from here by the tests)
 
 GROUP, VERSION, PLURAL = "stepscope.io", "v1alpha1", "profilesessions"
 

@@ -13,7 +13,7 @@ import pytest
 import urllib3
 from kubernetes.client import ApiException
 
-from tests.kube.helpers import GROUP, PLURAL, VERSION, job, owner_ref, pod, refused, session, wait_for
+from stepscope.testing.kube.helpers import GROUP, PLURAL, VERSION, job, owner_ref, pod, refused, session, wait_for
 
 
 @pytest.fixture

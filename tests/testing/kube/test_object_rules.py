@@ -5,7 +5,7 @@ from __future__ import annotations
 import kubernetes
 import pytest
 
-from tests.kube.helpers import job, pod, refused
+from stepscope.testing.kube.helpers import job, pod, refused
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_pods_need_named_containers_with_images(core):
     empty["spec"]["containers"] = []
     assert _causes(lambda: core.create_namespaced_pod("default", empty)) == {"spec.containers": "Required value"}
     core.create_namespaced_pod("default", pod("ok"))
-    # Containers merge by name (an image is all a pod update may change: tests/kube/test_pod_update.py).
+    # Containers merge by name (an image is all a pod update may change: tests/testing/kube/test_pod_update.py).
     image = [{"name": "train", "image": "trainer:2"}]
     assert [(c.name, c.image) for c in core.patch_namespaced_pod("ok", "default", {"spec": {"containers": image}}).spec.containers] == [("train", "trainer:2")]
     twice = [{"op": "add", "path": "/spec/volumes", "value": [{"name": "v", "emptyDir": {}}, {"name": "v", "emptyDir": {}}]}]

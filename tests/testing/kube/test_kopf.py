@@ -7,7 +7,7 @@ import pytest
 from kopf.testing import KopfRunner
 from kubernetes.client import ApiException
 
-from tests.kube.helpers import GROUP, PLURAL, VERSION, session, wait_for
+from stepscope.testing.kube.helpers import GROUP, PLURAL, VERSION, session, wait_for
 
 
 def _registry() -> kopf.OperatorRegistry:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import kubernetes
 
-from tests.kube.helpers import GROUP, PLURAL, VERSION, pod, refused, session
+from stepscope.testing.kube.helpers import GROUP, PLURAL, VERSION, pod, refused, session
 
 ROLE = {"metadata": {"name": "analysis-s"}, "rules": [
     {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": ["s"], "verbs": ["get"]},

@@ -7,7 +7,7 @@ import copy
 import kubernetes
 import pytest
 
-from tests.kube.helpers import refused
+from stepscope.testing.kube.helpers import refused
 
 GROUP, VERSION, PLURAL = "example.test", "v1", "widgets"
 WIDGET_SCHEMA = {
@@ -144,7 +144,7 @@ def test_defaults_are_checked_against_their_schema_and_pruning(kube):
 
 
 def test_rules_on_maps_methods_and_preserved_fields_are_not_flagged():
-    from tests.kube.schema import _undefined_fields
+    from stepscope.testing.kube.schema import _undefined_fields
     spec = WIDGET_SCHEMA["properties"]["spec"]
     assert _undefined_fields("self.label.startsWith('w-') && self.free.anything.goes && self.nested.inner.size() > 0", spec, False) == []
     assert _undefined_fields("self.metadata.name == 'x' && self.spec.size > 0", WIDGET_SCHEMA, True) == []
