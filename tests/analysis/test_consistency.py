@@ -2,16 +2,15 @@
 one-time setup calls told as setup, and warnings only for what costs the step something."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from stepscope.analysis.diagnosis.consistency import CONTRADICTIONS
 from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.loading.session_files import find_files, open_session, read_ranks
+from tests.conftest import TRACES as SHARED
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces"
 SETS = sorted(p.name for p in SHARED.iterdir()) if SHARED.is_dir() else []
+pytestmark = pytest.mark.skipif(not SETS, reason=f"no shared trace sets at {SHARED} (set STEPSCOPE_SHARED to the shared folder)")
 
 
 def _findings(name: str) -> list[dict]:
@@ -20,7 +19,6 @@ def _findings(name: str) -> list[dict]:
     return diagnose(read.summaries, stacks=read.stacks)[1]
 
 
-@pytest.mark.skipif(not SETS, reason="no shared trace sets beside the checkout")
 @pytest.mark.parametrize("name", SETS)
 def test_no_two_findings_contradict_each_other(name: str):
     found = _findings(name)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from stepscope.session import CaptureSpec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_demo_finds_the_slowed_rank_and_its_function(tmp_path: Path) -> None:
