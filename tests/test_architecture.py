@@ -46,16 +46,17 @@ NO_TORCH = ("core", "analysis", "operator")
 # Folders a module started in the repository root could import under a second, top-level name
 # (`operator` is not among them: without an __init__.py it never wins over the standard library's).
 SECOND_NAMES = ("sidecar", "analysis", "tests", "benchmarks")
-# The analysis's stages (its subpackages, and model.py, the types they exchange) and which of the
-# others each may import: each those before it. The facade (stepscope/analysis/__init__.py) and
+# The analysis's stages (its subpackages, model.py, the types they exchange, and settings.py, what
+# it reads from the environment) and which of the others each may import: each those before it. The facade (stepscope/analysis/__init__.py) and
 # `stepscope analyze` (command.py) sit above them all.
 STAGES = {
-    "model": set(),
-    "metrics": {"model"},
-    "loading": {"model", "metrics"},
-    "diagnosis": {"model", "metrics", "loading"},
-    "reporting": {"model", "metrics", "loading", "diagnosis"},
-    "comparison": {"model", "metrics", "loading", "diagnosis"},
+    "settings": set(),
+    "model": {"settings"},
+    "metrics": {"settings", "model"},
+    "loading": {"settings", "model", "metrics"},
+    "diagnosis": {"settings", "model", "metrics", "loading"},
+    "reporting": {"settings", "model", "metrics", "loading", "diagnosis"},
+    "comparison": {"settings", "model", "metrics", "loading", "diagnosis"},
 }
 # All the analysis that code outside it may import: the facade and the types.
 ANALYSIS_FACE = ("stepscope.analysis", "stepscope.analysis.model")
@@ -187,6 +188,53 @@ def test_parts_live_under_their_import_names() -> None:
         assert home.is_dir() and not home.is_symlink(), f"stepscope/{part} must hold the code"
         link = REPO / part
         assert link.is_symlink() and link.resolve() == home, f"{part}/ must link to stepscope/{part}"
+
+
+# Where the environment is read: each part's settings module, and the agent's own reader (the agent
+# runs in training processes and imports nothing of the parts).
+ENVIRONMENT_READERS = ("settings.py", "stepscope/agent/environment.py")
+
+
+def environment_reads(path: Path) -> list[str]:
+    """Each place `path` reads a variable of the environment (`os.environ.get`, `os.environ[...]`,
+    `in os.environ`, `os.getenv`, the whole mapping picked by a condition), as "line: code".
+    Writes (`os.environ[k] = v`, `setdefault`) and the whole environment handed on as an argument
+    (`dict(os.environ)`, `{**os.environ}`: what a child process starts with) are not reads."""
+    tree = ast.parse(path.read_text(), str(path))
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def is_environ(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name) and node.value.id == "os"
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "getenv" and isinstance(node.value, ast.Name) and node.value.id == "os":
+            found.append(node)
+        elif is_environ(node):
+            parent = parents[node]
+            written = (isinstance(parent, ast.Subscript) and isinstance(parent.ctx, ast.Store | ast.Del)) or (
+                isinstance(parent, ast.Attribute) and parent.attr in ("setdefault", "update", "pop"))
+            handed_on = (isinstance(parent, ast.Call) and node in parent.args) or (isinstance(parent, ast.Dict) and None in parent.keys)
+            if not (written or handed_on):
+                found.append(node)
+    return [f"{node.lineno}: {ast.get_source_segment(path.read_text(), parents[node]) or ''}" for node in sorted(found, key=lambda n: (n.lineno, n.col_offset))]
+
+
+def test_only_settings_modules_read_the_environment() -> None:
+    found = [f"{path.relative_to(REPO)}:{read}" for path in sorted((REPO / "stepscope").rglob("*.py"))
+             if not (path.name == ENVIRONMENT_READERS[0] or str(path.relative_to(REPO)) in ENVIRONMENT_READERS[1:]
+                     or path.is_relative_to(REPO / "stepscope" / "testing"))
+             for read in environment_reads(path)]
+    assert not found, "the environment read outside a settings module:\n" + "\n".join(found)
+
+
+def test_the_check_sees_environment_reads(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text("import os\n"
+                       "a = os.environ.get('A')\nb = os.environ['B']\nc = 'C' in os.environ\nd = os.getenv('D')\n"
+                       "e = os.environ if a else {}\n"
+                       "os.environ['F'] = '1'\nos.environ.setdefault('G', '1')\nchild = dict(os.environ)\nalso = {**os.environ, 'H': '1'}\n")
+    assert [line.split(":")[0] for line in environment_reads(planted)] == ["2", "3", "4", "5", "6"]
 
 
 def test_the_benchmarks_import_no_tests() -> None:

@@ -21,20 +21,23 @@ from tqdm import tqdm
 
 from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.diagnosis.rank_tables import build_tables
-from stepscope.analysis.loading.gpu_samples import DEFAULT_MAX_METRICS_MB, MAX_METRICS_MB_ENV, max_metrics_bytes, read_metrics
+from stepscope.analysis.loading.gpu_samples import read_metrics
 from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
 from stepscope.analysis.loading.session_files import SessionFiles, SessionRanks, find_files, local_path, open_session, read_ranks
 from stepscope.analysis.metrics.gpu_scope import COMM_KERNEL_PATTERNS, DEFAULT_COMM_KERNELS, HTA_COMM_KERNELS, CommKernels
-from stepscope.analysis.metrics.trace import (
-    DEFAULT_MAX_TRACE_EVENTS,
-    DEFAULT_MAX_TRACE_MB,
-    MAX_TRACE_EVENTS_ENV,
-    MAX_TRACE_MB_ENV,
-    limits_from,
-)
 from stepscope.analysis.model import Diagnosis, RankSummary
 from stepscope.analysis.reporting.report import write_report
 from stepscope.analysis.reporting.report_merge import MergePlan, MergeRank, expected_size, merge_order
+from stepscope.analysis.settings import (
+    DEFAULT_MAX_METRICS_MB,
+    DEFAULT_MAX_TRACE_EVENTS,
+    DEFAULT_MAX_TRACE_MB,
+    MAX_METRICS_MB_ENV,
+    MAX_TRACE_EVENTS_ENV,
+    MAX_TRACE_MB_ENV,
+    metrics_cap_bytes,
+    trace_caps,
+)
 from stepscope.storage import StoreError, open_store
 
 log = logging.getLogger(__name__)
@@ -118,10 +121,10 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
     into <uri>/report/ (or into `output`). Raises AnalysisError when there is nothing to analyse.
     `on_ranks` hears how many ranks were analysed of how many, and which files were no traces.
     `comm`: the kernels of raw traces counted as communication (uploaded summaries keep theirs).
-    The caps on each rank's trace and each node's metrics are the environment's (limits_from)."""
+    The caps on each rank's trace and each node's metrics are the environment's (stepscope.analysis.settings)."""
     try:
-        limits_from(os.environ)
-        max_metrics_bytes(os.environ)
+        trace_caps()
+        metrics_cap_bytes()
     except ValueError as exc:
         raise AnalysisError(str(exc)) from exc
     try:

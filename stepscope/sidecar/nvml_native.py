@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from stepscope.sidecar.settings import native_sampler
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class NativeReads:
 @cache
 def library() -> ctypes.CDLL | None:
     """The built library, or None (said once): not built here, or switched off."""
-    if os.environ.get("STEPSCOPE_NATIVE_SAMPLER", "1") == "0":
+    if native_sampler() == "0":
         log.info("NVML sampler: native fast tier switched off (STEPSCOPE_NATIVE_SAMPLER=0)")
         return None
     if not LIBRARY.is_file():

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import struct
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +16,7 @@ from typing import Any
 from stepscope.sidecar import nvml_native
 from stepscope.sidecar.nvml_api import BackendError, DeviceInfo, UtilizationKind
 from stepscope.sidecar.nvml_native import NativeReads
+from stepscope.sidecar.settings import device_visibility, native_sampler
 
 FI_NVLINK_LINK_COUNT = 91
 _HIDDEN = {"", "none", "void", "nodevfiles", "-1"}
@@ -66,7 +66,7 @@ class PynvmlBackend:
         with self._errors:
             pynvml.nvmlInit()
         try:
-            self._handles, self._devices = self._resolve(visible_device_ids(os.environ if env is None else env))
+            self._handles, self._devices = self._resolve(visible_device_ids(device_visibility() if env is None else env))
             self._index_of_uuid = {d.uuid: d.index for d in self._devices}
             self._events = self._register_xid_events()
             with self._errors:
@@ -201,7 +201,7 @@ class PynvmlBackend:
         """The driver's own C functions and device handles for the native fast tier, only with
         STEPSCOPE_NATIVE_SAMPLER=1 until a run on a real GPU has checked that path (benchmarks/
         gpu_check.py --native); None as well where the library under pynvml is not a C one."""
-        if os.environ.get("STEPSCOPE_NATIVE_SAMPLER") != "1" or nvml_native.library() is None:
+        if native_sampler() != "1" or nvml_native.library() is None:
             return None
         if not self._clock_calls:
             return None

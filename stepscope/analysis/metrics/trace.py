@@ -15,10 +15,9 @@ so every interval metric can be checked against HTA number by number.
 from __future__ import annotations
 
 import ast
-import os
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import compress, islice, repeat
 from operator import attrgetter, is_not
@@ -28,6 +27,8 @@ from typing import Any, BinaryIO, NamedTuple, Protocol, Union, overload
 import msgspec
 import numpy as np
 from isal import igzip
+
+from stepscope.analysis.settings import DEFAULT_MAX_TRACE_EVENTS, DEFAULT_MAX_TRACE_MB, MAX_TRACE_EVENTS_ENV, MAX_TRACE_MB_ENV, trace_caps
 
 CHUNK_BYTES = 16 << 20
 # A metadata header larger than this before "traceEvents" is not a Kineto trace, and neither is
@@ -57,14 +58,6 @@ _ERROR_AT = re.compile(r"\(byte (\d+)\)")
 # or starting this far from the trace's median start, is a corrupt number.
 MAX_EVENT_US = 86_400e6
 
-# Caps per rank, from measurements: the largest real trace of the tests is 54 MB of JSON with 123 k
-# rows kept, the benchmark's ranks 286 MB with 740 k (a summarising process peaks at ~210 MiB). A
-# process summarising 2 M rows peaks at ~410 MiB, what the worker pool plans a worker to hold
-# (loading.parallel.WORKER_BYTES), so a hostile rank does not take a worker's neighbours' memory;
-# 2 GiB of JSON take ~15 s to read.
-MAX_TRACE_MB_ENV, MAX_TRACE_EVENTS_ENV = "STEPSCOPE_MAX_TRACE_MB", "STEPSCOPE_MAX_TRACE_EVENTS"
-DEFAULT_MAX_TRACE_MB = 2048
-DEFAULT_MAX_TRACE_EVENTS = 2_000_000
 # Distinct names and string process ids are held as Python strings (about 100 bytes each besides
 # their text): a trace of unique names would hold more than its columns. The largest real trace
 # has 69 KB of distinct names.
@@ -81,20 +74,6 @@ class Limits:
     """How much of one rank's trace is read: uncompressed bytes, rows kept (events with a duration)."""
     max_bytes: int = DEFAULT_MAX_TRACE_MB << 20
     max_events: int = DEFAULT_MAX_TRACE_EVENTS
-
-
-def limits_from(environ: Mapping[str, str]) -> Limits:
-    """The caps the environment sets (the analysis Job's env; `stepscope analyze` sets them from its
-    options, so that its worker processes see them too). Raises ValueError for a value that is not
-    a positive integer."""
-    def positive(name: str, default: int) -> int:
-        text = environ.get(name, "").strip()
-        if not text:
-            return default
-        if not text.isdigit() or int(text) < 1:
-            raise ValueError(f"{name} must be a positive integer, not {text!r}")
-        return int(text)
-    return Limits(positive(MAX_TRACE_MB_ENV, DEFAULT_MAX_TRACE_MB) << 20, positive(MAX_TRACE_EVENTS_ENV, DEFAULT_MAX_TRACE_EVENTS))
 
 
 class TraceCut(ValueError):
@@ -544,10 +523,10 @@ class _Window:
 def decode_pieces(stream: BinaryIO, cols: Sink, decoders: Decoders | None = None, max_bytes: int | None = None) -> _Meta:
     """Split the stream at event boundaries, decode each piece into `cols` (with the loader's
     decoders unless given others), return the trace metadata. Past `max_bytes` of the stream
-    (by default the environment's cap, limits_from) the whole events before are decoded and
+    (by default the environment's cap, stepscope.analysis.settings) the whole events before are decoded and
     TraceCut is raised with the metadata known so far; so is a TraceCut of the sink."""
     decoders = decoders or _typed()
-    win = _Window(stream, limits_from(os.environ).max_bytes if max_bytes is None else max_bytes)
+    win = _Window(stream, trace_caps()[0] if max_bytes is None else max_bytes)
     win.fill()
     key = win.buf.find(b'"traceEvents"', 0, win.filled)
     while key < 0 and not win.eof and not win.capped and win.filled < MAX_HEADER_BYTES and win.buf[:1024].lstrip()[:1] != b"[":
@@ -642,9 +621,9 @@ def _decode_front(win: _Window, cols: Sink, decoders: Decoders) -> bool:
 
 def load_trace(path: str | Path, limits: Limits | None = None) -> Trace:
     """Read a Kineto trace (.json or .json.gz), within `limits` (by default the environment's,
-    limits_from). Raises TraceError naming the file when it cannot."""
+    stepscope.analysis.settings). Raises TraceError naming the file when it cannot."""
     path = Path(path)
-    limits = limits or limits_from(os.environ)
+    limits = limits or Limits(*trace_caps())
     cols = _Columns(limits.max_events)
     cut = ""
     try:
