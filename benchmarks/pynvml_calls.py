@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pynvml as nv
 
-from stepscope.gpu_metrics import round_fields
-from stepscope.sidecar.nvml_pynvml import UNION_MEMBER, PynvmlBackend
+from stepscope.gpu_sample_file import round_fields
+from stepscope.sidecar.nvml.pynvml_backend import UNION_MEMBER, PynvmlBackend
 from stepscope.testing.nvml.fake_libnvml import FakeGpu, FakeNvmlLib
 
 ROUND_CALLS = ("nvmlDeviceGetFieldValues", "nvmlDeviceGetClockInfo", "nvmlDeviceGetCurrentClocksEventReasons")

@@ -48,15 +48,16 @@ NO_TORCH = ("core", "analysis", "operator")
 SECOND_NAMES = ("sidecar", "analysis", "tests", "benchmarks")
 # The analysis's stages (its subpackages, model.py, the types they exchange, and settings.py, what
 # it reads from the environment) and which of the others each may import: each those before it. The facade (stepscope/analysis/__init__.py) and
-# `stepscope analyze` (command.py) sit above them all.
+# `stepscope analyze` (pipeline.py) sit above them all.
 STAGES = {
     "settings": set(),
     "model": {"settings"},
-    "metrics": {"settings", "model"},
-    "loading": {"settings", "model", "metrics"},
-    "diagnosis": {"settings", "model", "metrics", "loading"},
-    "reporting": {"settings", "model", "metrics", "loading", "diagnosis"},
-    "comparison": {"settings", "model", "metrics", "loading", "diagnosis"},
+    "loading": {"settings", "model"},
+    "statistics": {"settings", "model", "loading"},
+    "gathering": {"settings", "model", "loading", "statistics"},
+    "diagnosis": {"settings", "model", "loading", "statistics", "gathering"},
+    "reporting": {"settings", "model", "loading", "statistics", "gathering", "diagnosis"},
+    "comparison": {"settings", "model", "loading", "statistics", "gathering", "diagnosis"},
 }
 # All the analysis that code outside it may import: the facade and the types.
 ANALYSIS_FACE = ("stepscope.analysis", "stepscope.analysis.model")
@@ -78,7 +79,7 @@ def layer(module: str) -> str:
 
 
 def stage(module: str) -> str:
-    """The analysis stage a module of stepscope.analysis belongs to ("top": the facade, command)."""
+    """The analysis stage a module of stepscope.analysis belongs to ("top": the facade, the pipeline)."""
     parts = module.split(".")
     return parts[2] if len(parts) > 2 and parts[2] in STAGES else "top"
 
@@ -161,20 +162,21 @@ def test_the_check_sees_back_edges() -> None:
     """The check itself: each kind of back-edge, at the top or inside a function, is reported."""
     planted = {
         "stepscope.storage": {"stepscope.analysis.model"},
-        "stepscope.analysis.diagnosis.hardware": {"stepscope.sidecar.nvml_api"},
+        "stepscope.analysis.diagnosis.hardware": {"stepscope.sidecar.nvml.api"},
         "stepscope.sidecar.sessions": {"stepscope.operator.kube"},
-        "stepscope.operator.metrics": {"stepscope.sidecar.metrics"},
-        "stepscope.analysis.metrics.summary": {"stepscope.local.launch", "torch"},
+        "stepscope.operator.metrics": {"stepscope.sidecar.prometheus"},
+        "stepscope.analysis.statistics.summary": {"stepscope.local.launch", "torch"},
         "stepscope.sidecar.uploads": {"sidecar.nvml"},
-        "stepscope.sidecar.daemon": {"stepscope.analysis.metrics.summary"},
-        "stepscope.analysis.loading.session_files": {"stepscope.analysis.reporting.report_merge"},
-        "stepscope.analysis.metrics.steps": {"stepscope.analysis"},
+        "stepscope.sidecar.daemon": {"stepscope.analysis.statistics.summary"},
+        "stepscope.analysis.gathering.session_files": {"stepscope.analysis.reporting.merged_trace"},
+        "stepscope.analysis.statistics.steps": {"stepscope.analysis"},
         "stepscope.agent.capture": {"stepscope.files", "numpy"},
         "stepscope.operator.handlers": {"stepscope.agent"},
         "stepscope.local.demo": {"stepscope.testing.nvml.simulated"},
         "stepscope.testing.kube.server": {"tests.polling"},
+        "stepscope.analysis.loading.trace": {"stepscope.analysis.statistics.steps"},
     }
-    assert len(violations(planted)) == 15
+    assert len(violations(planted)) == 16
     edges = graph()
     assert "stepscope.operator.analysis_job" in edges["stepscope.cli"]  # found inside a function
     assert "stepscope.layout" in edges["stepscope.analysis.reporting.report"]  # `from stepscope import layout`

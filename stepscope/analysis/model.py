@@ -216,7 +216,7 @@ class RankSummary(Struct):
     opEfficiency: list[OpEfficiency] = []  # the ops of most GPU time with FLOPs from their shapes
     kernelEfficiency: list[OpEfficiency] = []
     operators: list[OperatorStat] = []
-    # Per-step hardware statistics from the node's NVML samples (issue 5), keyed by metric name.
+    # Per-step hardware statistics from the node's NVML samples, keyed by metric name.
     hardware: dict[str, list[float]] = {}
     warnings: list[str] = []
     error: str = ""  # set when the trace could not be summarised; the diagnosis reports it

@@ -9,7 +9,7 @@ from pathlib import Path
 from stepscope.wire import DEFAULT_DIR, DEFAULT_PORT, DIR_ENV
 
 NATIVE_SAMPLER_ENV = "STEPSCOPE_NATIVE_SAMPLER"
-# The variables that say which GPUs the pod's training container sees (nvml_pynvml.visible_device_ids).
+# The variables that say which GPUs the pod's training container sees (nvml.pynvml_backend.visible_device_ids).
 DEVICE_VISIBILITY_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 
 

@@ -12,8 +12,8 @@ import boto3
 import pandas as pd
 import pytest
 
-from stepscope.analysis.command import EXIT_PARTIAL, AnalysisError, analyze_uri
 from stepscope.analysis.model import encode
+from stepscope.analysis.pipeline import EXIT_PARTIAL, AnalysisError, analyze_uri
 from stepscope.cli import main
 from stepscope.testing.synthetic_ranks import make_summaries
 from tests.storage.conftest import moto_endpoint  # noqa: F401  (moto's S3 server over HTTP, one per module)

@@ -110,7 +110,7 @@ def test_the_rules_follow_the_conditions_and_name_the_trigger_to_fire() -> None:
         assert rule["labels"] == {"severity": "warning", "namespace": RELEASE_NAMESPACE,
                                   "stepscope_namespace": "{{ $labels.namespace }}", "stepscope_trigger": "watch-llm"}
         assert "{{ $labels.job }}" in rule["annotations"]["summary"] and "humanize " not in rule["annotations"]["summary"]
-    # Every metric a rule reads is one the sidecar serves (stepscope.sidecar.metrics) or one the group records.
+    # Every metric a rule reads is one the sidecar serves (stepscope.sidecar.prometheus) or one the group records.
     recorded = {name for name in rules if name.startswith("stepscope:")}
     for rule in [r for group in rules.values() for r in group]:
         assert set(re.findall(r"stepscope[_:][\w:]+", rule["expr"])) <= recorded | {
@@ -144,7 +144,7 @@ def test_each_namespaces_alerts_go_to_its_trigger_on_the_operators_alerts_endpoi
         assert validate_value(child, route_schema) == [] and prune(child, route_schema) == child
         assert child["matchers"] == [{"name": "stepscope_namespace", "matchType": "=", "value": namespace}]
         (hook,) = receivers[child["receiver"]]["webhookConfigs"]
-        # operator/triggers_alerts.py (issue 15 part A): POST /v1/alerts/<namespace>/<trigger> on the
+        # operator/triggers_alerts.py: POST /v1/alerts/<namespace>/<trigger> on the
         # Service <release>-alerts, port 80, with the namespace's bearer token.
         assert hook["url"] == f"http://stepscope-alerts.{RELEASE_NAMESPACE}.svc:80/v1/alerts/{namespace}/watch-llm"
         assert hook["httpConfig"] == {"authorization": {"type": "Bearer", "credentials": {"name": "tokens", "key": namespace}}}

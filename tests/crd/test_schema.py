@@ -96,7 +96,7 @@ def test_schema_defaults_agree_with_the_session_model(crd, capture, steps):
 
 def test_the_api_server_accepts_the_crd(kube, crd):
     """kube-apiserver checks every default against the rules of its node when the CRD is created
-    (issue 9: the first CRD was refused for hardwareMetrics' `{}` default)."""
+    (an earlier CRD was refused for hardwareMetrics' `{}` default)."""
     created = kube.apply_crd()
     assert created["metadata"]["name"] == crd["metadata"]["name"]
     assert structural_errors(_schema(crd), "spec.validation.openAPIV3Schema") == []

@@ -1,4 +1,4 @@
-"""Issue 15's acceptance: the real operator (kopf against the test API server) watches a real
+"""ProfileTrigger end to end: the real operator (kopf against the test API server) watches a real
 2-rank gloo training (zero-code agent) through its real sidecar. After a healthy baseline one
 rank slows down mid-run, or hangs: the ProfileTrigger creates a ProfileSession within 60 s, and
 the session's diagnosis names that rank (its Python stacks for the hang).

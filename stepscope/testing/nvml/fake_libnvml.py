@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pynvml as nv
 
-from stepscope.sidecar.nvml_pynvml import UNION_MEMBER
+from stepscope.sidecar.nvml.pynvml_backend import UNION_MEMBER
 
 
 @dataclass

@@ -19,7 +19,8 @@ from functools import cache
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from stepscope.gpu_metrics import (
+import stepscope.sidecar.nvml.native as nvml_native
+from stepscope.gpu_sample_file import (
     FI_ECC_DBE_VOL_TOTAL,
     FI_ECC_SBE_VOL_TOTAL,
     FI_NVLINK_THROUGHPUT_DATA_RX,
@@ -29,9 +30,8 @@ from stepscope.gpu_metrics import (
     REASON_SW_POWER_CAP,
     REASON_SW_THERMAL,
 )
-from stepscope.sidecar import nvml_native
-from stepscope.sidecar.nvml_api import BackendError, DeviceInfo, UtilizationKind
-from stepscope.sidecar.nvml_native import NativeReads
+from stepscope.sidecar.nvml.api import BackendError, DeviceInfo, UtilizationKind
+from stepscope.sidecar.nvml.native import NativeReads
 
 SM_CLOCK_MHZ = 1980.0
 THROTTLED_SM_CLOCK_MHZ = 1100.0

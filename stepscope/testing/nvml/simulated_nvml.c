@@ -1,10 +1,10 @@
 /* A simulated GPU node's fast reads as NVML functions (stepscope/testing/nvml/simulated.py's
    reads, over a sim_gpu_t "device"), so that the tests and the benchmarks run the native sampler's
-   loop (stepscope/sidecar/fast_sampler.c) on the same simulated node as the Python tier. A test
+   loop (stepscope/sidecar/nvml/fast_sampler.c) on the same simulated node as the Python tier. A test
    double: built beside simulated.py as _simulated_nvml.so by `make`, never into the sampler the
    image ships.
 
-   Build: cc -O2 -shared -fPIC -I stepscope/sidecar -o stepscope/testing/nvml/_simulated_nvml.so
+   Build: cc -O2 -shared -fPIC -I stepscope/sidecar/nvml -o stepscope/testing/nvml/_simulated_nvml.so
           stepscope/testing/nvml/simulated_nvml.c */
 #include "nvml_abi.h"
 
