@@ -41,7 +41,7 @@ class OperatorSettings:
     # started job take a moment to reach Running, so failing at once would race the scheduler.
     selection_grace_s: float = field(default_factory=lambda: _float("STEPSCOPE_SELECTION_GRACE_S", 30.0))
     poll_interval_s: float = field(default_factory=lambda: _float("STEPSCOPE_POLL_INTERVAL_S", 1.0))
-    # The floor between two status writes of one session (ARCHITECTURE.md: at most one per second).
+    # The floor between two status writes of one session (docs/design.md: at most one per second).
     status_interval_s: float = field(default_factory=lambda: _float("STEPSCOPE_STATUS_INTERVAL_S", 1.0))
     fanout_concurrency: int = field(default_factory=lambda: _int("STEPSCOPE_FANOUT_CONCURRENCY", 64))
     sidecar_timeout_s: float = field(default_factory=lambda: _float("STEPSCOPE_SIDECAR_TIMEOUT_S", 5.0))

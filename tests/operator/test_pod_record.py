@@ -1,4 +1,4 @@
-"""The status of a session over thousands of pods stays under ARCHITECTURE.md's 32 KiB, because the
+"""The status of a session over thousands of pods stays under the 32 KiB of docs/design.md, because the
 pod names live in the session's pod record (a ConfigMap it owns), which an operator restart reads."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Writes a session's report into a store: diagnosis.json, index.html, the CSV tables and the
-merged Perfetto trace (ARCHITECTURE.md, "Object-store layout")."""
+merged Perfetto trace (docs/design.md, "Object-store layout")."""
 from __future__ import annotations
 
 import tempfile
