@@ -75,7 +75,7 @@ EFFICIENCY_COLUMNS = ["Rank", "Kind", "Name", "Short Name", "Family", "Input Dim
 
 def kernel_efficiency(summaries: list[RankSummary]) -> pd.DataFrame:
     """Each rank's ops (Kind op) and kernels (Kind kernel) with FLOPs and bytes from shapes,
-    achieved rates and their place under the device's roofline (metrics/efficiency.py)."""
+    achieved rates and their place under the device's roofline (statistics/efficiency.py)."""
     rows = [(s.rank, kind, e.name, e.family, e.shapes, e.dtype, e.count, e.gpuUs, e.flops, e.bytes, e.tflops, e.tbs, e.peakTflops,
              e.peakTbs, e.pctOfPeak, s.device.model if s.device else "", e.related)
             for s in summaries if not s.error for kind, items in (("op", s.opEfficiency), ("kernel", s.kernelEfficiency)) for e in items]

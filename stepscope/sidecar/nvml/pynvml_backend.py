@@ -1,6 +1,6 @@
 """NvmlBackend over NVIDIA's Python bindings (nvidia-ml-py, imported as `pynvml`).
 
-Only a real GPU exercises this module (tests/nvml marks those tests `gpu`). pynvml is imported
+Only a real GPU exercises this module (tests/sidecar/nvml marks those tests `gpu`). pynvml is imported
 when a backend is made, so the rest of the sidecar imports without it.
 """
 from __future__ import annotations
