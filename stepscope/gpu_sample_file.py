@@ -1,4 +1,4 @@
-"""The GPU metrics file's vocabulary, shared by the sidecar that writes it and the analysis that
+"""The GPU sample file's vocabulary, shared by the sidecar that writes it and the analysis that
 reads it: NVML's field ids and clock-event bits (NVML's own numbers, so that neither side has to
 import pynvml) and the columns of gpu-metrics.csv.gz.
 """
