@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_gpu_check_reads_out_rate_metrics_tracks_and_findings(tmp_path: Path) -> None:
