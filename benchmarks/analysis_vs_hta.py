@@ -5,7 +5,7 @@ Every side runs as a child process on the same files in the same run (page cache
 peak memory is the largest sum of RSS over the child's process tree, sampled from /proc every
 20 ms; CPU is user + system of the tree. With --repeat N the sides run N times, interleaved.
 
-  HTA:       /work/shared/tools/run_hta.py DIR --mode full: TraceAnalysis(trace_dir=DIR) plus its
+  HTA:       $STEPSCOPE_SHARED/tools/run_hta.py DIR --mode full: TraceAnalysis(trace_dir=DIR) plus its
              temporal, idle-time, kernel, overlap and launch analyses (HTA 0.5.0 with pandas 2.3.3
              in its own virtual environment, created once under ~/.cache/stepscope/hta-venv: HTA
              pulls Jupyter and breaks on pandas 3).
@@ -14,8 +14,8 @@ peak memory is the largest sum of RSS over the child's process tree, sampled fro
   merge:     write_merged_trace of the ranks the report held, beside reading (gunzipping) the same
              files, in one process: MB/s of uncompressed JSON per CPU second each.
 
-Make the sets once, outside the repository:
-  python3 /work/shared/tools/make_scaled_trace.py --out /tmp/scaled_8rank
+Make the sets once, outside the repository ($STEPSCOPE_SHARED: the shared folder, ../shared by default):
+  python3 $STEPSCOPE_SHARED/tools/make_scaled_trace.py --out /tmp/scaled_8rank
   .venv/bin/python benchmarks/analysis_vs_hta.py /tmp/scaled_8rank --repeat 2
 """
 from __future__ import annotations
@@ -183,7 +183,7 @@ def main() -> int:
         merge_child(a.report, a.trace_dir)
         return 0
     if not a.trace_dir.is_dir():
-        raise SystemExit(f"{a.trace_dir} not found; make it with python3 /work/shared/tools/make_scaled_trace.py "
+        raise SystemExit(f"{a.trace_dir} not found; make it with python3 $STEPSCOPE_SHARED/tools/make_scaled_trace.py "
                          f"--out {a.trace_dir}")
     files = trace_files(a.trace_dir)
     size = sum(p.stat().st_size for p in files)
