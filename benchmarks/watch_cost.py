@@ -1,4 +1,4 @@
-"""What the always-on step telemetry costs a training step (issue 15, goal <= 5 us a step): in a
+"""What the always-on step telemetry costs a training step (goal <= 5 us a step): in a
 fresh interpreter started the zero-code way, once the agent has mapped its ring file, rounds of
 the same optimizer-step loop with the telemetry on and off (its ring's record replaced by a no-op
 method, so the difference is the two struct writes into the mapped file), back to back in random
@@ -66,7 +66,7 @@ def child(steps: int, rounds: int) -> None:
     param = torch.zeros(16, requires_grad=True)
     param.grad = torch.ones(16)
     optimizer = torch.optim.SGD([param], lr=0.0)
-    agent = sys.modules["stepscope_agent"]._AGENT
+    agent = sys.modules["stepscope_agent"].current()
     deadline = time.monotonic() + 30
     while agent.ring.path is None:  # the watchdog maps the ring file at its first beat after a step
         optimizer.step()

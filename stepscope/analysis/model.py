@@ -147,7 +147,7 @@ class FunctionStat(Struct):
 
 
 class DeviceSpec(Struct):
-    """The rank's GPU (deviceProperties' name) and its datasheet peaks (metrics/devices.py)."""
+    """The rank's GPU (deviceProperties' name) and its datasheet peaks (statistics/devices.py)."""
     name: str
     model: str  # the row of the device table it matched
     tflops: dict[str, float] = {}  # dense TFLOP/s by dtype class: fp32, tf32, bf16, fp16, fp8
@@ -177,7 +177,7 @@ class CriticalPathSummary(Struct):
 
 class OpEfficiency(Struct):
     """FLOPs and bytes of an op, from its recorded shapes, over the time of the kernels it launched
-    (metrics/efficiency.py); for a kernel, its share of its ops' FLOPs and bytes."""
+    (statistics/efficiency.py); for a kernel, its share of its ops' FLOPs and bytes."""
     name: str  # op (aten::addmm) or kernel
     family: str  # gemm | conv | attention | elementwise | reduction | normalization
     count: int
@@ -238,7 +238,7 @@ class RankSummary(Struct):
     kernelEfficiency: list[OpEfficiency] = []
     operators: list[OperatorStat] = []
     criticalPath: CriticalPathSummary | None = None
-    # Per-step hardware statistics from the node's NVML samples (issue 5), keyed by metric name.
+    # Per-step hardware statistics from the node's NVML samples, keyed by metric name.
     hardware: dict[str, list[float]] = {}
     warnings: list[str] = []
     error: str = ""  # set when the trace could not be summarised; the diagnosis reports it

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import re
 import sys
 import time
@@ -14,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from stepscope import analysis, layout
+from stepscope.local import settings
 from stepscope.session import SAVE_RAW_TRACE, CaptureSpec, HardwareMetricsSpec, SessionSpec, SpecError
 from stepscope.sidecar_client import SidecarClient, SidecarError
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, load_key
 from stepscope.storage import StoreError, open_store
-from stepscope.wire import DEFAULT_MAX_MEMORY_MB, DEFAULT_MAX_STACK_EVENTS, DEFAULT_PORT
+from stepscope.wire import DEFAULT_MAX_MEMORY_MB, DEFAULT_MAX_STACK_EVENTS
 
 FINISHED = ("Succeeded", "Failed", "Cancelled")
 # Exit codes a script can tell apart.
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", type=Path, default=None, metavar="DIR", help="where the artifacts go (default ./stepscope-<time>)")
     parser.add_argument("--save-raw-trace", choices=SAVE_RAW_TRACE, default=SessionSpec.saveRawTrace, help="raw traces to keep (summaries always)")
     parser.add_argument("--analyze", action="store_true", help="diagnose the capture and write the report into DIR/report")
-    parser.add_argument("--sidecar", type=_sidecar_url, default=os.environ.get("STEPSCOPE_SIDECAR", f"http://127.0.0.1:{DEFAULT_PORT}"), metavar="URL",
+    parser.add_argument("--sidecar", type=_sidecar_url, default=settings.sidecar_url(), metavar="URL",
                         help="the sidecar's control endpoint (env STEPSCOPE_SIDECAR, default %(default)s)")
     parser.add_argument("--key-file", default=None, help=f"HMAC key file (default $STEPSCOPE_HMAC_KEY, else {DEFAULT_KEY_FILE})")
     parser.add_argument("--timeout", type=int, default=SessionSpec.timeoutSeconds, metavar="S", help="give up after S seconds (default %(default)s)")

@@ -19,7 +19,7 @@ from stepscope.operator.selection import label_selector
 from stepscope.operator.settings import OperatorSettings
 from stepscope.operator.status import MAX_FAILED_WORKERS, PodProgress, StatusWriter, aggregate, set_condition
 from stepscope.session import SpecError
-from tests.kube import pod_security
+from stepscope.testing.kube import pod_security
 
 
 def test_label_selector_takes_every_valid_label() -> None:
