@@ -13,7 +13,7 @@ NATIVE := stepscope/sidecar/_fast_sampler.so
 # A real helm for the chart tests (helm/install_helm.py); without it they skip and say why.
 HELM := $(BIN)/helm
 
-.PHONY: demo test lint install bench clean promtool
+.PHONY: demo test lint install bench clean promtool crds
 
 install: $(STAMP) $(HELM)
 
@@ -51,6 +51,10 @@ promtool:
 
 test: $(STAMP) $(NATIVE) $(HELM) promtool lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+# The CRDs from their types (stepscope/contracts); tests/crd/test_generated.py fails when they are stale.
+crds: $(STAMP)
+	$(BIN)/python -m stepscope.crds helm/stepscope/crds
 
 bench: $(STAMP) $(NATIVE)
 	$(BIN)/python benchmarks/agent_overhead.py

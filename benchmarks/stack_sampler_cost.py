@@ -17,8 +17,8 @@ import time
 
 import torch
 
+from stepscope.contracts.wire import DEFAULT_MAX_STACK_EVENTS
 from stepscope.sidecar.agent import _StackSampler
-from stepscope.wire import DEFAULT_MAX_STACK_EVENTS
 
 
 def helper(i: int) -> int:

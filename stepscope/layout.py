@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from stepscope import wire
+from stepscope.contracts import wire
 
 
 def session_prefix(namespace: str, name: str, uid: str) -> str:

@@ -180,3 +180,20 @@ def test_the_linter_reads_every_part() -> None:
         assert ("stepscope", part) in checked, f"ruff skips stepscope/{part}/"
         assert (part,) not in {p[:1] for p in checked}, f"ruff reads {part}/ twice, through its link"
     assert ("tests", "analysis") in checked, "ruff skips tests/analysis/"
+
+
+def outside_the_standard_library(edges: dict[str, set[str]]) -> list[str]:
+    """The contracts' imports of anything but the standard library and the contracts."""
+    return [f"{module} imports {target}" for module, targets in sorted(edges.items()) if module.startswith("stepscope.contracts")
+            for target in sorted(targets) if target.split(".")[0] not in sys.stdlib_module_names and not target.startswith("stepscope.contracts")]
+
+
+def test_the_contracts_import_the_standard_library_alone() -> None:
+    """stepscope.contracts is what the agent reads in every training process and what the CRDs are
+    generated from: it imports nothing but the standard library and itself."""
+    edges = graph()
+    assert "stepscope.contracts.session" in edges
+    found = outside_the_standard_library(edges)
+    assert not found, "\n".join(found)
+    planted = {"stepscope.contracts.session": {"yaml", "enum", "stepscope.contracts.schema"}, "stepscope.contracts.states": {"stepscope.wire"}}
+    assert outside_the_standard_library(planted) == ["stepscope.contracts.session imports yaml", "stepscope.contracts.states imports stepscope.wire"]

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepscope import detection
+from stepscope.contracts.wire import DEFAULT_PORT
 from stepscope.local import capture
 from stepscope.sidecar_client import SidecarClient, SidecarError
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, load_key
-from stepscope.wire import DEFAULT_PORT
 
 _BASE = detection.Conditions()
 # Conditions' fields by the option that sets them: its errors name the field, the user typed the option.

@@ -15,10 +15,10 @@ import urllib3
 from kubernetes.client.rest import ApiException
 
 from stepscope import analysis, layout, retry
+from stepscope.contracts.session import SessionSpec
 from stepscope.operator import credentials, kube
 from stepscope.operator.record import destination
 from stepscope.operator.status import MAX_MESSAGE, STATUS_BUDGET, set_condition
-from stepscope.session import SessionSpec
 
 log = logging.getLogger(__name__)
 MAX_DIAGNOSIS_BYTES = 24 * 1024

@@ -20,10 +20,10 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepscope import wire
+from stepscope.contracts import wire
+from stepscope.contracts.wire import DEFAULT_PORT as SIDECAR_PORT
+from stepscope.contracts.wire import PORT_NAME as SIDECAR_PORT_NAME
 from stepscope.operator.settings import OperatorSettings
-from stepscope.wire import DEFAULT_PORT as SIDECAR_PORT
-from stepscope.wire import PORT_NAME as SIDECAR_PORT_NAME
 
 SIDECAR_NAME = "stepscope-sidecar"
 VOLUME_NAME = "stepscope-run"

@@ -16,6 +16,9 @@ from typing import Any, NoReturn
 import kopf
 from kubernetes.client.rest import ApiException
 
+from stepscope.contracts.session import SessionSpec, SpecError
+from stepscope.contracts.sidecar_api import SessionRequest, StoreCredentials
+from stepscope.contracts.wire import aligned_start_step
 from stepscope.operator import cancellation, credentials, fanout, jobs, kube, metrics, phases, pod_record
 from stepscope.operator.namespace_keys import namespace_key
 from stepscope.operator.phases import Action, Captured, Failure, Finish, GiveUp, ReadAnalysis, RecordPods, Report, Retry, RunState, Trigger, Wait
@@ -24,8 +27,6 @@ from stepscope.operator.record import SessionRecord, destination, open_destinati
 from stepscope.operator.selection import Target, label_selector, not_injected, select_targets, target_of
 from stepscope.operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
 from stepscope.operator.status import MAX_MESSAGE, PodProgress, StatusWriter, now_iso, parse_iso, pod_counts, set_condition
-from stepscope.session import SessionSpec, SpecError
-from stepscope.wire import aligned_start_step
 
 TERMINAL = ("Succeeded", "Failed")
 TTL_RECHECK_S = 30.0  # how stale a changed ttlSecondsAfterFinished may be while a finished session waits
@@ -124,13 +125,13 @@ class SessionRunner:
         try:
             spec = SessionSpec.from_dict(self.obj.get("spec") or {})
             spec.validate_for_cluster()
-            selector = label_selector(spec.selector)
+            selector = label_selector(spec.selector.to_dict() if spec.selector else {})
         except (SpecError, TypeError, ValueError) as exc:
             raise Fail("InvalidSpec", str(exc)) from None
         creds = await self._credentials(spec)
         self.dest = destination(spec, self.ns, self.name, self.uid)
         self.state = RunState(self.phase, self.ns, selector, self.dest, spec.timeoutSeconds, self.settings.selection_grace_s,
-                              spec.registrationTimeoutSeconds, spec.analysisEnabled, analysis_start_grace_s=self.settings.analysis_start_grace_s)
+                              spec.registrationTimeoutSeconds, spec.analysis.enabled, analysis_start_grace_s=self.settings.analysis_start_grace_s)
         await self._open_record(spec, creds)
         if self.phase in ("", "Pending"):
             if not self.phase:
@@ -159,7 +160,7 @@ class SessionRunner:
             await self._sleep(min(1.0, self.settings.selection_grace_s))
 
     async def _open_record(self, spec: SessionSpec, creds: dict[str, Any] | None) -> None:
-        snapshot = {"session": self.uid, "namespace": self.ns, "name": self.name, "destination": self.dest, "spec": spec.to_dict()}
+        snapshot = self._request(spec).to_dict()
         try:
             store = await asyncio.to_thread(open_destination, spec, self.dest, creds)
             self.record = SessionRecord(store, snapshot)
@@ -181,10 +182,11 @@ class SessionRunner:
                     _end(action)
             await self._sleep(min(1.0, self.settings.selection_grace_s))
 
+    def _request(self, spec: SessionSpec, **more: Any) -> SessionRequest:
+        """The session as a sidecar takes it (PUT), and as its session.json in the store (no credentials)."""
+        return SessionRequest(session=self.uid, namespace=self.ns, name=self.name, destination=self.dest, spec=spec, **more)
+
     async def _trigger(self, spec: SessionSpec, creds: dict[str, Any] | None, targets: list[Target]) -> None:
-        body = {"session": self.uid, "namespace": self.ns, "name": self.name, "destination": self.dest, "spec": spec.to_dict()}
-        if creds:
-            body["credentials"] = creds
         previous = await self._read_pods()  # left by an earlier operator process
         already = previous.triggered if previous else frozenset()
         todo = [t for t in targets if t.pod not in already]
@@ -196,9 +198,8 @@ class SessionRunner:
         # Pods align too: every sidecar gets the same absolute start step.
         answers = await fanout.telemetry(todo, self.ctx.key_for(self.ns), pool=self.ctx.sidecars, timeout=s.sidecar_timeout_s)
         start_step = aligned_start_step(fanout.live_step_counts(answers), spec.capture.waitSteps)
-        if start_step is not None:
-            body["startStep"] = start_step
-        outcomes = await fanout.trigger(todo, self.uid, body, self.ctx.key_for(self.ns), pool=self.ctx.sidecars, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
+        request = self._request(spec, credentials=StoreCredentials(**creds) if creds else None, startStep=start_step)
+        outcomes = await fanout.trigger(todo, request, self.ctx.key_for(self.ns), pool=self.ctx.sidecars, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
         answers_seen = phases.TriggerAnswers(already, frozenset(o.target.pod for o in outcomes if o.ok),
                                              {o.target.pod: o.error for o in outcomes if not o.ok}, self.uninjected)
         for action in self._step(answers_seen):

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from stepscope import layout
-from stepscope.session import SessionSpec
+from stepscope.contracts.session import SessionSpec
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ import kubernetes
 import urllib3
 
 from stepscope import layout
+from stepscope.contracts.session import SessionSpec
 from stepscope.operator import credentials, kube
 from stepscope.operator.record import destination, open_destination
 from stepscope.operator.settings import GROUP, PLURAL, VERSION
-from stepscope.session import SessionSpec
 
 COLUMNS = ("NAME", "PHASE", "WORKERS", "SLOWEST RANK", "SUMMARY", "AGE")  # kubectl get's header for the CRD
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")

@@ -11,10 +11,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepscope.contracts.wire import FAILED_STATES, HUNG
 from stepscope.operator import kube, metrics
 from stepscope.operator.pod_record import PodRecord
 from stepscope.operator.settings import INJECT_LABEL
-from stepscope.wire import FAILED_STATES, HUNG
 
 STATUS_BUDGET = 32 * 1024  # ARCHITECTURE.md: the whole status, as JSON
 MAX_MESSAGE = 1024  # status.message and each condition's message

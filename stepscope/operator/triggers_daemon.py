@@ -14,12 +14,12 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from stepscope import detection
+from stepscope.contracts.session import SpecError
 from stepscope.operator import fanout, kube, triggers, triggers_alerts
 from stepscope.operator.lifecycle import Context
 from stepscope.operator.selection import label_selector, select_targets
 from stepscope.operator.settings import GROUP, PLURAL, VERSION
 from stepscope.operator.status import set_condition
-from stepscope.session import SpecError
 
 # Readings change every poll; the status gets them at most this often unless something else changed
 # (state, a fire, the pods), so that a trigger costs the API server little.

@@ -58,7 +58,7 @@ import time
 import weakref
 
 if __package__:  # stepscope.sidecar.agent, imported from the stepscope package
-    from stepscope import wire
+    from stepscope.contracts import wire
 else:  # the bootstrap's copy (stepscope_agent), beside the bootstrap's stepscope_wire
     import stepscope_wire as wire  # type: ignore[no-redef,import-not-found]  # only a training pod has this copy
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from operator import methodcaller
 from pathlib import Path
 
-from stepscope import wire
+from stepscope.contracts import wire
+from stepscope.contracts.wire import AGENT_MODULE, BOOTSTRAP_FOLDER, WIRE_MODULE
 from stepscope.files import write_atomically
-from stepscope.wire import AGENT_MODULE, BOOTSTRAP_FOLDER, WIRE_MODULE
 
 AGENT_SOURCE = Path(__file__).with_name("agent.py")
 WIRE_SOURCE = Path(wire.__file__)

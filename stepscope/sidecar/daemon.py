@@ -13,13 +13,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from stepscope.contracts.wire import DEFAULT_DIR, DEFAULT_PORT, DIR_ENV
 from stepscope.retry import RetryPolicy
 from stepscope.sidecar.control import ControlServer
 from stepscope.sidecar.sessions import EXPORT_GRACE_S, LEFTOVER_TTL_S, MAX_LOCAL_MB, STALE_AFTER_S, SessionManager
 from stepscope.sidecar.telemetry import StepTelemetry
 from stepscope.sidecar.uploads import Uploader
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, Verifier, load_key
-from stepscope.wire import DEFAULT_DIR, DEFAULT_PORT, DIR_ENV
 
 log = logging.getLogger(__name__)
 

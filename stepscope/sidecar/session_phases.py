@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from stepscope import wire
+from stepscope.contracts import wire
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
 PENDING = "pending"  # a rank with no state file yet: its agent has not seen the request

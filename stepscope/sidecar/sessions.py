@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stepscope import analysis, layout, wire
+from stepscope import analysis, layout
+from stepscope.contracts import wire
+from stepscope.contracts.session import SessionSpec, SpecError
+from stepscope.contracts.sidecar_api import CANCEL, CAPTURE, SessionRequest
 from stepscope.retry import RetryPolicy
-from stepscope.session import SessionSpec, SpecError
 from stepscope.sidecar import session_phases, shared_dir
 from stepscope.sidecar.session_phases import FINISHED_PHASES, Limits, QueueMetrics, QueueRank, RankView, SessionView, StartRecorder, TimeOut, Verdict
 from stepscope.sidecar.telemetry import live_step_counts
@@ -224,19 +226,14 @@ class SessionManager:
             if other is not None:
                 return 409, {"error": f"session {other.id} is still {other.phase} on this sidecar; delete it or wait for it to finish"}
             try:
-                spec = SessionSpec.from_dict(body.get("spec") or {})
-            except (SpecError, TypeError) as exc:
-                return 400, {"error": f"bad spec: {exc}"}
-            start_step = body.get("startStep")
-            if start_step is not None and (type(start_step) is not int or start_step < 0):
-                return 400, {"error": f"body.startStep must be a step number >= 0, got {start_step!r}"}
-            destination = body.get("destination")
-            if not isinstance(destination, str) or not destination:
-                return 400, {"error": "body.destination (the session's folder in the store) is required"}
+                request = SessionRequest.from_dict({"session": session_id, **body}, "body")
+            except SpecError as exc:
+                return 400, {"error": f"bad spec: {exc}" if str(exc).startswith("body.spec") else str(exc)}
+            spec, destination, start_step = request.spec, request.destination, request.startStep
             try:
                 # The operator's credentials from the session's Secret, never the pod's or node's cloud identity.
                 store = open_store(destination, endpoint=spec.storage.endpoint, region=spec.storage.region,
-                                   credentials=body.get("credentials") or None, retry=self._retry, ambient_credentials=False)
+                                   credentials=request.credentials.to_dict() if request.credentials else None, retry=self._retry, ambient_credentials=False)
             except StoreError as exc:
                 return 400, {"error": str(exc)}
             # The session folder is the agents' to create: they may run as another user than the sidecar.
@@ -245,11 +242,11 @@ class SessionManager:
                 # Every local rank starts at the same absolute step (they step in lockstep), not
                 # waitSteps after whichever step each happens to read the request at.
                 start_step = wire.aligned_start_step(live_step_counts(self.dir, stale_after_s=self._stale_after_s), spec.capture.waitSteps)
-            shared_dir.write_request(self.dir, session_id, "capture", spec.to_dict()["capture"], spec.hangTimeoutSeconds, start_step)
+            shared_dir.write_request(self.dir, session_id, CAPTURE, spec, start_step)
             self._transition(session, "Pending")
             self._sessions[session_id] = session
             self._forget_old()
-            log.info("session %s accepted: capture %s, upload to %s", session_id, spec.to_dict()["capture"], destination)
+            log.info("session %s accepted: capture %s, upload to %s", session_id, spec.capture, destination)
             return 201, session.to_dict()
 
     def get(self, session_id: str) -> dict[str, Any] | None:
@@ -264,7 +261,7 @@ class SessionManager:
                 return None
             if not session.finished and not session.cancel_requested:
                 session.cancel_requested = True
-                shared_dir.write_request(self.dir, session_id, "cancel", session.spec.to_dict()["capture"], session.spec.hangTimeoutSeconds)
+                shared_dir.write_request(self.dir, session_id, CANCEL, session.spec)
                 log.info("session %s: cancel requested", session_id)
                 self._update_phase(session)
             return session.to_dict()
@@ -398,7 +395,7 @@ class SessionManager:
 
     def _time_out(self, session: Session) -> None:
         session.timed_out = True
-        shared_dir.write_request(self.dir, session.id, "cancel", session.spec.to_dict()["capture"], session.spec.hangTimeoutSeconds)
+        shared_dir.write_request(self.dir, session.id, CANCEL, session.spec)
         log.warning("session %s timed out after %d s", session.id, session.spec.timeoutSeconds)
 
     def _start_recorder(self, session: Session) -> None:

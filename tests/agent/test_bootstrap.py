@@ -8,11 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stepscope import AGENT_MODULE, wire
+from stepscope import AGENT_MODULE
+from stepscope.contracts import wire
+from stepscope.contracts.wire import WIRE_MODULE
 from stepscope.sidecar import agent as sidecar_agent
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
 from stepscope.sidecar.sessions import RankProgress
-from stepscope.wire import WIRE_MODULE
 
 
 def run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 import time
 
+from stepscope.contracts.wire import STACK_SAMPLE_SECONDS
 from stepscope.sidecar.agent import _StackSampler, sample_spans
-from stepscope.wire import STACK_SAMPLE_SECONDS
 
 
 def test_a_late_sample_stands_for_the_time_the_sampler_waited_for_it():

@@ -49,10 +49,10 @@ def test_a_rank_before_start_step_waits_for_it_and_one_past_it_starts_at_its_nex
 
 
 def test_a_hand_written_request_gets_the_specs_defaults_for_what_it_leaves_out() -> None:
-    """One home for the capture's defaults (stepscope.wire): the spec and the agent agree, and only
+    """One home for the capture's defaults (stepscope.contracts.wire): the spec and the agent agree, and only
     a missing field takes one (waitSteps 0 is a choice)."""
-    from stepscope.session import SessionSpec
-    from stepscope.wire import DEFAULT_ACTIVITIES
+    from stepscope.contracts.session import SessionSpec
+    from stepscope.contracts.wire import DEFAULT_ACTIVITIES
 
     spec = SessionSpec()
     bare = agent_module._Session({"session": "s-bare"}, 3, "unused")

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from stepscope import detection
+from stepscope.contracts.wire import PORT_NAME
 from stepscope.operator.settings import INJECT_LABEL
-from stepscope.wire import PORT_NAME
 from tests.chart.conftest import RELEASE_NAMESPACE, Failed, render_templates
 from tests.kube.schema import prune, validate_value
 

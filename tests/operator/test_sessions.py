@@ -122,7 +122,7 @@ def test_operator_restart_mid_capture_resumes_without_a_second_trigger(operator:
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     bodies: list[dict[str, Any]] = []
     trigger = fanout.trigger
-    monkeypatch.setattr(fanout, "trigger", lambda targets, session, body, *args, **kwargs: bodies.append(body) or trigger(targets, session, body, *args, **kwargs))
+    monkeypatch.setattr(fanout, "trigger", lambda targets, request, *args, **kwargs: bodies.append(request.to_dict()) or trigger(targets, request, *args, **kwargs))
     pods.create("train-a", SELECTOR, port=port_of(sidecar_a))
     spec = session_spec(SELECTOR, s3_endpoint, analysis={"enabled": False})
     spec["capture"]["waitSteps"] = 60  # a few seconds of capture for the restart to land in

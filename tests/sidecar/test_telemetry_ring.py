@@ -8,7 +8,7 @@ import struct
 import time
 from pathlib import Path
 
-from stepscope import wire
+from stepscope.contracts import wire
 from stepscope.sidecar.agent import _StepRing
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar.telemetry import read_ring
