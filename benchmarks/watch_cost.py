@@ -66,7 +66,7 @@ def child(steps: int, rounds: int) -> None:
     param = torch.zeros(16, requires_grad=True)
     param.grad = torch.ones(16)
     optimizer = torch.optim.SGD([param], lr=0.0)
-    agent = sys.modules["stepscope_agent"]._AGENT
+    agent = sys.modules["stepscope_agent"].current()
     deadline = time.monotonic() + 30
     while agent.ring.path is None:  # the watchdog maps the ring file at its first beat after a step
         optimizer.step()

@@ -1,6 +1,8 @@
 """Dependencies point one way (docs/architecture.md): the core imports none of the parts; the
-analysis imports only the core; the sidecar and the operator import the analysis and the core, never
-each other; only the roof (stepscope.cli, stepscope.local) imports everything, and nothing imports
+analysis imports only the core; the agent, which runs inside training processes, imports only the
+standard library and the wire vocabulary the bootstrap copies beside it; the sidecar and the
+operator import the analysis and the core, never each other (the sidecar also the agent, whose
+files it installs); only the roof (stepscope.cli, stepscope.local) imports everything, and nothing imports
 the roof. Outside the analysis, code imports only its facade (stepscope.analysis) and its types
 (stepscope.analysis.model); inside, each stage imports only the stages before it. Checked over the
 source's AST, so an import inside a function counts as much as one at the top, and no module is
@@ -15,16 +17,24 @@ from pathlib import Path
 
 import pytest
 
+from stepscope.contracts.wire import WIRE_MODULE
+
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("operator", "sidecar", "analysis")
+# The agent's package: copied whole into training pods by the bootstrap, beside these modules of
+# the core (under their bootstrap names), so it may import nothing else of stepscope.
+AGENT = "stepscope.agent"
+AGENT_MAY_IMPORT = ("stepscope.contracts", "stepscope.contracts.wire")
+BOOTSTRAP_NAMES = (WIRE_MODULE,)
 ROOF = ("stepscope.cli", "stepscope.local")
 # What each layer may import besides itself.
 ALLOWED = {
     "core": set(),
+    "agent": {"core"},
     "analysis": {"core"},
-    "sidecar": {"core", "analysis"},
+    "sidecar": {"core", "analysis", "agent"},
     "operator": {"core", "analysis"},
-    "roof": {"core", "analysis", "sidecar", "operator"},
+    "roof": {"core", "analysis", "sidecar", "operator", "agent"},
 }
 # Layers that must never load torch: the operator's and the analysis Job's images have none.
 NO_TORCH = ("core", "analysis", "operator")
@@ -52,6 +62,8 @@ def layer(module: str) -> str:
         raise ValueError(f"{module} is outside the package")
     if len(parts) > 1 and parts[1] in PARTS:
         return parts[1]
+    if module == AGENT or module.startswith(AGENT + "."):
+        return "agent"
     if any(module == roof or module.startswith(roof + ".") for roof in ROOF):
         return "roof"
     return "core"
@@ -98,6 +110,14 @@ def graph() -> dict[str, set[str]]:
     return {module: imports(path, module) for module, path in sources().items()}
 
 
+def agent_may_import(target: str) -> bool:
+    """The standard library, torch (once the program imported it), the agent's own modules, and the
+    core's modules that the bootstrap copies beside it, under either name."""
+    top = target.split(".")[0]
+    return (top in sys.stdlib_module_names or top == "torch" or target == "stepscope" or target in AGENT_MAY_IMPORT
+            or target in BOOTSTRAP_NAMES or target == AGENT or target.startswith(AGENT + "."))
+
+
 def violations(edges: dict[str, set[str]]) -> list[str]:
     """One line per import that goes against the layering."""
     found = []
@@ -105,7 +125,9 @@ def violations(edges: dict[str, set[str]]) -> list[str]:
         here = layer(source)
         for target in sorted(targets):
             top = target.split(".")[0]
-            if top in SECOND_NAMES:
+            if here == "agent" and not agent_may_import(target):
+                found.append(f"{source} (agent) imports {target}: the agent's package runs in training pods, with the standard library and {', '.join(AGENT_MAY_IMPORT)} alone")
+            elif top in SECOND_NAMES:
                 found.append(f"{source} imports {target}: a second name for a folder of the repository")
             elif top == "torch" and here in NO_TORCH:
                 found.append(f"{source} ({here}) imports torch")
@@ -139,8 +161,10 @@ def test_the_check_sees_back_edges() -> None:
         "stepscope.sidecar.daemon": {"stepscope.analysis.metrics.summary"},
         "stepscope.analysis.loading.session_files": {"stepscope.analysis.reporting.report_merge"},
         "stepscope.analysis.metrics.steps": {"stepscope.analysis"},
+        "stepscope.agent.capture": {"stepscope.files", "numpy"},
+        "stepscope.operator.handlers": {"stepscope.agent"},
     }
-    assert len(violations(planted)) == 10
+    assert len(violations(planted)) == 13
     edges = graph()
     assert "stepscope.operator.analysis_job" in edges["stepscope.cli"]  # found inside a function
     assert "stepscope.layout" in edges["stepscope.analysis.reporting.report"]  # `from stepscope import layout`

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.sidecar import agent as agent_module
+from stepscope.agent import agent as agent_module
+from stepscope.agent.session import Session
 from tests.agent.protocol import read_state, stepscope_dir, wait_for_state, write_request  # noqa: F401  (fixture)
 
 
@@ -55,7 +56,7 @@ def test_a_hand_written_request_gets_the_specs_defaults_for_what_it_leaves_out()
     from stepscope.contracts.wire import DEFAULT_ACTIVITIES
 
     spec = SessionSpec()
-    bare = agent_module._Session({"session": "s-bare"}, 3, "unused")
+    bare = Session({"session": "s-bare"}, 3, "unused")
     assert (bare.wait_steps, bare.steps, bare.hang_timeout) == (spec.capture.waitSteps, spec.capture.steps, spec.hangTimeoutSeconds)
     assert tuple(bare.activities) == DEFAULT_ACTIVITIES == spec.capture.activities and bare.start_at == 3 + spec.capture.waitSteps
-    assert agent_module._Session({"session": "s-now", "capture": {"waitSteps": 0}}, 3, "unused").start_at == 3
+    assert Session({"session": "s-now", "capture": {"waitSteps": 0}}, 3, "unused").start_at == 3

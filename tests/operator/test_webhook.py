@@ -423,7 +423,7 @@ def test_a_broken_sidecar_never_holds_the_training_containers(tmp_path: Path) ->
     started = time.monotonic()
     done = subprocess.run([str(Path(sys.executable).parent / hook[0]), *hook[1:]], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert {"sitecustomize.py", "stepscope_agent.py"} <= {p.name for p in (tmp_path / "shared" / "bootstrap").iterdir()}
+    assert {"sitecustomize.py", "stepscope_agent"} <= {p.name for p in (tmp_path / "shared" / "bootstrap").iterdir()}
     (tmp_path / "file").write_text("")
     blocked = subprocess.run([str(Path(sys.executable).parent / hook[0]), *hook[1:]], env={**env, "STEPSCOPE_DIR": str(tmp_path / "file" / "x")},
                              capture_output=True, text=True, timeout=60)

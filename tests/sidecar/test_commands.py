@@ -47,7 +47,7 @@ def sidecar_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str, Pat
 
 def test_sidecar_installs_the_bootstrap_serves_and_stops_on_sigterm(sidecar_process) -> None:
     process, url, shared = sidecar_process
-    assert (shared / "bootstrap" / "sitecustomize.py").is_file() and (shared / "bootstrap" / "stepscope_agent.py").is_file()
+    assert (shared / "bootstrap" / "sitecustomize.py").is_file() and (shared / "bootstrap" / "stepscope_agent" / "__init__.py").is_file()
     client = SidecarClient(url, KEY)
     assert client.healthz()
     with pytest.raises(SidecarError) as raised:
