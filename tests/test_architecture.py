@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.contracts.wire import WIRE_MODULE
+from stepscope.contracts.wire import CONTRACTS_MODULE
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("operator", "sidecar", "analysis")
-# The agent's package: copied whole into training pods by the bootstrap, beside these modules of
-# the core (under their bootstrap names), so it may import nothing else of stepscope.
+# The agent's package: copied whole into training pods by the bootstrap, beside the contracts
+# (under their bootstrap name), so it may import nothing else of stepscope.
 AGENT = "stepscope.agent"
-AGENT_MAY_IMPORT = ("stepscope.contracts", "stepscope.contracts.wire")
-BOOTSTRAP_NAMES = (WIRE_MODULE,)
+AGENT_MAY_IMPORT = ("stepscope.contracts",)
+BOOTSTRAP_NAMES = (CONTRACTS_MODULE,)
 ROOF = ("stepscope.cli", "stepscope.local")
 # What each layer may import besides itself.
 ALLOWED = {
@@ -114,8 +114,7 @@ def agent_may_import(target: str) -> bool:
     """The standard library, torch (once the program imported it), the agent's own modules, and the
     core's modules that the bootstrap copies beside it, under either name."""
     top = target.split(".")[0]
-    return (top in sys.stdlib_module_names or top == "torch" or target == "stepscope" or target in AGENT_MAY_IMPORT
-            or target in BOOTSTRAP_NAMES or target == AGENT or target.startswith(AGENT + "."))
+    return (top in sys.stdlib_module_names or top == "torch" or target == "stepscope" or any(target == m or target.startswith(m + ".") for m in (*AGENT_MAY_IMPORT, *BOOTSTRAP_NAMES)) or target == AGENT or target.startswith(AGENT + "."))
 
 
 def violations(edges: dict[str, set[str]]) -> list[str]:

@@ -1,7 +1,7 @@
 """The words of the wire (docs/wire.md): rank states and their sets, shared-directory file names,
 versions, id rules, defaults and the control port. The one home of each: the sidecar, operator,
-CLI and tests import it, and the sidecar's bootstrap copies this file next to the agent (as
-`stepscope_wire`), which imports it from there. Standard library only, and cheap to import:
+CLI and tests import it, and the sidecar's bootstrap copies the contracts next to the agent (as
+`stepscope_contracts`), which imports them from there. Standard library only, and cheap to import:
 every Python process of a training pod loads it at start.
 """
 
@@ -26,7 +26,7 @@ BOOTSTRAP_FOLDER = "bootstrap"
 SIDECAR_FOLDER = "sidecar"  # the sidecar's own files (GPU metrics, session records)
 TELEMETRY_FOLDER = "telemetry"  # each rank's step ring (below)
 AGENT_MODULE = "stepscope_agent"
-WIRE_MODULE = "stepscope_wire"
+CONTRACTS_MODULE = "stepscope_contracts"  # the bootstrap's copy of stepscope.contracts
 
 # A rank's states in its state file. `hung` is not final: a rank whose steps resume goes back to
 # `waiting` or `capturing` and may still end `done` with a trace.

@@ -58,5 +58,5 @@ def test_a_hand_written_request_gets_the_specs_defaults_for_what_it_leaves_out()
     spec = SessionSpec()
     bare = Session({"session": "s-bare"}, 3, "unused")
     assert (bare.wait_steps, bare.steps, bare.hang_timeout) == (spec.capture.waitSteps, spec.capture.steps, spec.hangTimeoutSeconds)
-    assert tuple(bare.activities) == DEFAULT_ACTIVITIES == spec.capture.activities and bare.start_at == 3 + spec.capture.waitSteps
+    assert bare.capture == spec.capture and tuple(bare.capture.activities) == DEFAULT_ACTIVITIES and bare.start_at == 3 + spec.capture.waitSteps
     assert Session({"session": "s-now", "capture": {"waitSteps": 0}}, 3, "unused").start_at == 3
