@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from . import wire
+
 
 class SessionPhase(StrEnum):
     """status.phase of a ProfileSession."""
@@ -37,19 +39,19 @@ SIDECAR_FINAL = frozenset({SidecarPhase.SUCCEEDED, SidecarPhase.FAILED, SidecarP
 
 
 class RankState(StrEnum):
-    """A rank's state in its state file. `hung` is not final: a rank whose steps resume goes back
-    to `waiting` or `capturing` and may still end `done` with a trace. `pending` is the sidecar's
-    word for a rank with no state file yet (its agent has not seen the request)."""
-
+    """A rank's state in its state file (the words are wire's, which the agent imports alone at
+    start). `hung` is not final: a rank whose steps resume goes back to `waiting` or `capturing`
+    and may still end `done` with a trace. `pending` is the sidecar's word for a rank with no
+    state file yet (its agent has not seen the request)."""
     PENDING = "pending"
-    WAITING = "waiting"
-    CAPTURING = "capturing"
-    WRITING = "writing"
-    HUNG = "hung"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    REFUSED = "refused"
+    WAITING = wire.WAITING
+    CAPTURING = wire.CAPTURING
+    WRITING = wire.WRITING
+    HUNG = wire.HUNG
+    DONE = wire.DONE
+    FAILED = wire.FAILED
+    CANCELLED = wire.CANCELLED
+    REFUSED = wire.REFUSED
 
 
 class ConditionType(StrEnum):

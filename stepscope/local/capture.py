@@ -16,12 +16,12 @@ from typing import Any
 from stepscope import analysis, layout
 from stepscope.contracts.session import DEFAULT_CAPTURE_STEPS, SAVE_RAW_TRACE, CaptureLimits, CaptureSpec, HardwareMetricsSpec, SessionSpec, SpecError
 from stepscope.contracts.sidecar_api import SessionRequest
+from stepscope.contracts.states import SIDECAR_FINAL, SidecarPhase
 from stepscope.contracts.wire import DEFAULT_PORT
 from stepscope.sidecar_client import SidecarClient, SidecarError
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, load_key
 from stepscope.storage import StoreError, open_store
 
-FINISHED = ("Succeeded", "Failed", "Cancelled")
 # Exit codes a script can tell apart.
 EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_UNAUTHORIZED, EXIT_BUSY, EXIT_TIMEOUT, EXIT_INTERRUPTED = 1, 2, 3, 4, 5, 6, 130
 CANCEL_GRACE_S = 60.0
@@ -107,7 +107,7 @@ def _progress_line(status: dict[str, Any]) -> str:
             f"uploaded {w.get('uploaded', 0)}/{total}")
     line += f", failed {w['failed']}" if w.get("failed") else ""
     # Before any rank captures, the sidecar's message says what it waits for (no training process yet?).
-    return line + (f" - {status['message']}" if status.get("phase") == "Pending" and status.get("message") else "")
+    return line + (f" - {status['message']}" if status.get("phase") == SidecarPhase.PENDING and status.get("message") else "")
 
 
 class _Progress:
@@ -153,7 +153,7 @@ def _follow(client: SidecarClient, session_id: str, deadline: float, progress: _
     deliver it before print returns); a second one leaves."""
     interrupted = False
     status: dict[str, Any] | None = None
-    while status is None or status["phase"] not in FINISHED:
+    while status is None or status["phase"] not in SIDECAR_FINAL:
         try:
             if announce:
                 print(announce, flush=True)
@@ -244,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
         _analyze(out_dir)
     if code is not None:
         return code
-    return 0 if status["phase"] == "Succeeded" else EXIT_FAILED
+    return 0 if status["phase"] == SidecarPhase.SUCCEEDED else EXIT_FAILED
 
 
 def _artifact_counts(keys: list[str]) -> str:

@@ -16,6 +16,7 @@ from kubernetes.client.rest import ApiException
 
 from stepscope import analysis, layout, retry
 from stepscope.contracts.session import SessionSpec
+from stepscope.contracts.states import ConditionType
 from stepscope.operator import credentials, kube
 from stepscope.operator.record import destination
 from stepscope.operator.status import MAX_MESSAGE, STATUS_BUDGET, set_condition
@@ -57,7 +58,7 @@ def diagnosed_status(status: dict[str, Any], diagnosis: Any, dest: str, generati
     """The status patch of a finished analysis. The diagnosis gets what the rest of the status
     leaves of its 32 KiB (at most MAX_DIAGNOSIS_BYTES), so the whole status stays within budget."""
     summary = msgspec.to_builtins(diagnosis).get("summary", "")
-    patch = {"artifacts": artifacts(dest), "conditions": set_condition(list(status.get("conditions") or []), "Analyzed", True, "Analyzed", summary, generation)}
+    patch = {"artifacts": artifacts(dest), "conditions": set_condition(list(status.get("conditions") or []), ConditionType.ANALYZED, True, "Analyzed", summary, generation)}
     rest = len(json.dumps({**status, **patch, "diagnosis": None}).encode())
     return {**patch, "diagnosis": compact_diagnosis(diagnosis, min(MAX_DIAGNOSIS_BYTES, STATUS_BUDGET - rest - FINAL_WRITE_BYTES))}
 
@@ -81,7 +82,7 @@ def run_session_analysis(namespace: str, name: str) -> int:
     except Exception as exc:
         log.exception("analysis of %s/%s failed", namespace, name)
         message = f"analysis failed: {type(exc).__name__}: {exc}"[:1000]
-        write_status(namespace, name, {"conditions": set_condition(conditions, "Analyzed", False, "AnalysisFailed", message, generation)})
+        write_status(namespace, name, {"conditions": set_condition(conditions, ConditionType.ANALYZED, False, "AnalysisFailed", message, generation)})
         print(message, file=sys.stderr)
         return 1
     patch = diagnosed_status(status, diagnosis, dest, generation)

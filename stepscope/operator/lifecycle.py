@@ -18,6 +18,7 @@ from kubernetes.client.rest import ApiException
 
 from stepscope.contracts.session import SessionSpec, SpecError
 from stepscope.contracts.sidecar_api import SessionRequest, StoreCredentials
+from stepscope.contracts.states import SESSION_FINAL, ConditionType, SessionPhase
 from stepscope.contracts.wire import aligned_start_step
 from stepscope.operator import cancellation, credentials, fanout, jobs, kube, metrics, phases, pod_record
 from stepscope.operator.namespace_keys import namespace_key
@@ -28,7 +29,7 @@ from stepscope.operator.selection import Target, label_selector, not_injected, s
 from stepscope.operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
 from stepscope.operator.status import MAX_MESSAGE, PodProgress, StatusWriter, now_iso, parse_iso, pod_counts, set_condition
 
-TERMINAL = ("Succeeded", "Failed")
+TERMINAL = SESSION_FINAL
 TTL_RECHECK_S = 30.0  # how stale a changed ttlSecondsAfterFinished may be while a finished session waits
 
 
@@ -98,7 +99,7 @@ class SessionRunner:
         return self.status.get("phase") or ""
 
     async def run(self) -> None:
-        metrics.SESSIONS.set(self.uid, self.phase or "Pending")
+        metrics.SESSIONS.set(self.uid, self.phase or SessionPhase.PENDING)
         try:
             if self.phase not in TERMINAL:
                 await self._drive()
@@ -106,13 +107,13 @@ class SessionRunner:
             return
         except Fail as exc:
             await self._cancel_triggered()
-            await self._finish("Failed", exc.reason, exc.message)
+            await self._finish(SessionPhase.FAILED, exc.reason, exc.message)
         await self._expire()
 
     def _step(self, obs: phases.Observation) -> list[Action]:
         """phases.step on the state as status now says it; the caller applies the actions in order."""
         assert self.state is not None, "the spec is read first"
-        triggered = next((c.get("lastTransitionTime") for c in self.status.get("conditions") or [] if c.get("type") == "Triggered"), None)
+        triggered = next((c.get("lastTransitionTime") for c in self.status.get("conditions") or [] if c.get("type") == ConditionType.TRIGGERED), None)
         start = self.status.get("startTime")
         state = replace(self.state, phase=self.phase, start=parse_iso(start) if isinstance(start, str) and start else None,
                         triggered=parse_iso(triggered) if triggered else None)
@@ -133,14 +134,14 @@ class SessionRunner:
         self.state = RunState(self.phase, self.ns, selector, self.dest, spec.timeoutSeconds, self.settings.selection_grace_s,
                               spec.registrationTimeoutSeconds, spec.analysis.enabled, analysis_start_grace_s=self.settings.analysis_start_grace_s)
         await self._open_record(spec, creds)
-        if self.phase in ("", "Pending"):
+        if self.phase in ("", SessionPhase.PENDING):
             if not self.phase:
-                await self._transition("Pending", "Created", f"selecting pods ({selector})", startTime=now_iso(), artifacts={"prefix": self.dest})
+                await self._transition(SessionPhase.PENDING, "Created", f"selecting pods ({selector})", startTime=now_iso(), artifacts={"prefix": self.dest})
             targets = await self._await_targets(selector)
             await self._trigger(spec, creds, targets)
-        if self.phase == "Capturing":
+        if self.phase == SessionPhase.CAPTURING:
             await self._follow_capture(selector, spec)
-        if self.phase == "Analyzing":
+        if self.phase == SessionPhase.ANALYZING:
             await self._follow_analysis()
 
     async def _credentials(self, spec: SessionSpec) -> dict[str, Any] | None:
@@ -210,8 +211,8 @@ class SessionRunner:
                 record = await asyncio.to_thread(pod_record.write, self.ns, self.name, self.uid, self.pods)
             except pod_record.PodRecordTooLarge as exc:  # the split outgrew the room checked above: undo the fan-out
                 raise Fail("PodRecordTooLarge", f"{exc}; the {len(self.pods.triggered)} triggered sidecar(s) are cancelled") from None
-            conditions = set_condition(self.status.get("conditions") or [], "Triggered", True, "Triggered", action.message, self.generation)
-            await self._transition("Capturing", "Triggered", action.message, pods=pod_counts(record, self.pods),
+            conditions = set_condition(self.status.get("conditions") or [], ConditionType.TRIGGERED, True, "Triggered", action.message, self.generation)
+            await self._transition(SessionPhase.CAPTURING, "Triggered", action.message, pods=pod_counts(record, self.pods),
                                    failedWorkers=list(action.failed_workers), conditions=conditions)
 
     async def _follow_capture(self, selector: str, spec: SessionSpec) -> None:
@@ -243,13 +244,13 @@ class SessionRunner:
                     _end(action)
 
     async def _captured(self, spec: SessionSpec, captured: Captured) -> None:
-        conditions = set_condition(self.status.get("conditions") or [], "Captured", True, "Captured", captured.message, self.generation)
+        conditions = set_condition(self.status.get("conditions") or [], ConditionType.CAPTURED, True, "Captured", captured.message, self.generation)
         if not captured.analyze:
-            await self._finish("Succeeded", "Captured", captured.message + "; analysis disabled", conditions=conditions)
+            await self._finish(SessionPhase.SUCCEEDED, "Captured", captured.message + "; analysis disabled", conditions=conditions)
             return
         job = await asyncio.to_thread(jobs.create_analysis, self.ns, self.name, self.uid, self.settings, spec.storage.credentialsSecret, await self._secret_keys(spec))
         metrics.ANALYSIS_JOBS.inc()
-        await self._transition("Analyzing", "Captured", f"{captured.message}; analysis Job {job} created", conditions=conditions, analysisJob=job)
+        await self._transition(SessionPhase.ANALYZING, "Captured", f"{captured.message}; analysis Job {job} created", conditions=conditions, analysisJob=job)
 
     async def _poll(self, selector: str, progress: dict[str, PodProgress]) -> None:
         """One round: mark pods that went away as lost, ask the others' sidecars."""
@@ -307,13 +308,13 @@ class SessionRunner:
         fresh = await asyncio.to_thread(kube.get_session, self.ns, self.name)
         fresh_status = fresh.get("status") or {}
         conditions = self.status["conditions"] = fresh_status.get("conditions") or []
-        analyzed: dict[str, Any] = next((c for c in conditions if c.get("type") == "Analyzed"), {})
+        analyzed: dict[str, Any] = next((c for c in conditions if c.get("type") == ConditionType.ANALYZED), {})
         summary = (fresh_status.get("diagnosis") or {}).get("summary", "analysis done")
         for action in self._step(phases.AnalysisStatus(ended.outcome, ended.message, analyzed, summary)):
             if not isinstance(action, Finish):
                 _end(action)
             self.status.update({k: fresh_status[k] for k in ("diagnosis", "artifacts") if k in fresh_status})
-            await self._finish("Succeeded", action.reason, action.message, conditions=conditions)
+            await self._finish(SessionPhase.SUCCEEDED, action.reason, action.message, conditions=conditions)
 
     # -- status, events, timeline ----------------------------------------------------------
 
@@ -326,14 +327,14 @@ class SessionRunner:
         patch = {"phase": phase, "message": message[:MAX_MESSAGE], **fields}
         conditions = fields.get("conditions") or self.status.get("conditions") or []
         if phase in TERMINAL:
-            ready = phase == "Succeeded"
-            conditions = set_condition(conditions, "Ready", ready, reason, message, self.generation)
+            ready = phase == SessionPhase.SUCCEEDED
+            conditions = set_condition(conditions, ConditionType.READY, ready, reason, message, self.generation)
             patch["completionTime"] = now_iso()
         patch["conditions"] = conditions
         await self._write(patch)
         metrics.SESSIONS.set(self.uid, phase)
         # kopf.events takes the object as a plain mapping too (it reads apiVersion, kind and metadata)
-        (kopf.warn if phase == "Failed" else kopf.info)(self.obj, reason=reason, message=f"{phase}: {message}")  # type: ignore[arg-type]  # see above
+        (kopf.warn if phase == SessionPhase.FAILED else kopf.info)(self.obj, reason=reason, message=f"{phase}: {message}")  # type: ignore[arg-type]  # see above
         self.log.info("%s/%s -> %s (%s): %s", self.ns, self.name, phase, reason, message)
         if self.record is not None:
             try:
@@ -343,8 +344,8 @@ class SessionRunner:
 
     async def _finish(self, phase: str, reason: str, message: str, **fields: Any) -> None:
         conditions = fields.pop("conditions", None) or self.status.get("conditions") or []
-        if phase == "Failed":
-            pending = [t for t in ("Triggered", "Captured", "Analyzed") if not any(c.get("type") == t for c in conditions)]
+        if phase == SessionPhase.FAILED:
+            pending = [t for t in (ConditionType.TRIGGERED, ConditionType.CAPTURED, ConditionType.ANALYZED) if not any(c.get("type") == t for c in conditions)]
             for t in pending:
                 conditions = set_condition(conditions, t, False, reason, message, self.generation)
         await self._transition(phase, reason, message, conditions=conditions, **fields)
@@ -361,7 +362,7 @@ class SessionRunner:
         """A session failing before its capture ended is cancelled on the sidecars its pod record
         lists, in Pending too: a restarted operator may fail it there (its Secret or store gone)
         after an earlier process triggered them. They keep what they captured."""
-        if self.phase not in ("", "Pending", "Capturing"):
+        if self.phase not in ("", SessionPhase.PENDING, SessionPhase.CAPTURING):
             return
         try:
             pods = self.pods or await asyncio.to_thread(pod_record.read, self.ns, self.name, self.uid)

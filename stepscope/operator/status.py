@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepscope.contracts.states import SIDECAR_FINAL, ConditionType, SidecarPhase
 from stepscope.contracts.wire import FAILED_STATES, HUNG
 from stepscope.operator import kube, metrics
 from stepscope.operator.pod_record import PodRecord
@@ -20,9 +21,8 @@ STATUS_BUDGET = 32 * 1024  # ARCHITECTURE.md: the whole status, as JSON
 MAX_MESSAGE = 1024  # status.message and each condition's message
 MAX_FAILED_WORKERS = 20
 WORKER_FIELDS = ("total", "triggered", "capturing", "captured", "uploaded", "failed")
-SIDECAR_DONE = {"Succeeded", "Failed", "Cancelled"}
 RANK_FAILED = FAILED_STATES
-CONDITION_TYPES = ("Triggered", "Captured", "Analyzed", "Ready")
+CONDITION_TYPES = tuple(ConditionType)
 
 
 def now_iso() -> str:
@@ -42,7 +42,7 @@ class PodProgress:
 
     @property
     def done(self) -> bool:
-        return bool(self.lost) or self.answer.get("phase") in SIDECAR_DONE
+        return bool(self.lost) or self.answer.get("phase") in SIDECAR_FINAL
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def aggregate(progress: dict[str, PodProgress]) -> Aggregate:
             hung += r.get("state") == HUNG
             if r.get("state") in RANK_FAILED or r.get("error"):
                 failed.append(failed_worker(pod, r.get("rank"), str(r.get("error") or r.get("state"))))
-        if p.answer.get("phase") == "Failed" and not any(f["pod"] == pod for f in failed):
+        if p.answer.get("phase") == SidecarPhase.FAILED and not any(f["pod"] == pod for f in failed):
             failed.append(failed_worker(pod, _rank_of(p.answer), str(p.answer.get("message") or "sidecar failed")))
     done = bool(progress) and all(p.done for p in progress.values())
     return Aggregate(workers, failed[:MAX_FAILED_WORKERS], done, hung)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepscope import detection
+from stepscope.contracts.states import TriggerState
 from stepscope.operator.settings import GROUP, KIND, VERSION
 
 TRIGGER_KIND = "ProfileTrigger"
@@ -25,7 +26,7 @@ HOUR_S = 3600.0
 MAX_RECENT = 20  # status.recentSessions (the CRD's maxItems; maxSessionsPerHour is at most as many)
 MAX_TEXT = 1024
 
-LEARNING, WATCHING, COOLING_DOWN, CAPPED, SUSPENDED, INVALID = "Learning", "Watching", "CoolingDown", "Capped", "Suspended", "Invalid"
+LEARNING, WATCHING, COOLING_DOWN, CAPPED, SUSPENDED, INVALID = TriggerState
 
 # spec.conditions' keys for detection's conditions.
 _SPEC_KEY = {detection.SLOWDOWN: "stepTime", detection.DIVERGENCE: "rankDivergence", detection.HANG: "hang"}

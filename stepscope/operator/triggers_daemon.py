@@ -15,6 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from stepscope import detection
 from stepscope.contracts.session import SpecError
+from stepscope.contracts.states import ConditionType
 from stepscope.operator import fanout, kube, triggers, triggers_alerts
 from stepscope.operator.lifecycle import Context
 from stepscope.operator.selection import label_selector, select_targets
@@ -117,7 +118,7 @@ class TriggerWatch:
 
     async def _write(self, now: float, fields: dict[str, Any], ready: bool, reason: str, message: str) -> None:
         generation = self.body["metadata"].get("generation")
-        conditions = set_condition(list((self.body.get("status") or {}).get("conditions") or []), "Ready", ready, reason, message, generation)
+        conditions = set_condition(list((self.body.get("status") or {}).get("conditions") or []), ConditionType.READY, ready, reason, message, generation)
         patch = {**fields, "message": message[:triggers.MAX_TEXT], "observedGeneration": generation, "conditions": conditions}
         quiet = {k: v for k, v in patch.items() if k not in _READINGS}
         if quiet == self.written and now - self.written_at < STATUS_REFRESH_S:

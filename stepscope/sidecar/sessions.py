@@ -27,6 +27,7 @@ from stepscope import analysis, layout
 from stepscope.contracts import wire
 from stepscope.contracts.session import SessionSpec, SpecError
 from stepscope.contracts.sidecar_api import CANCEL, CAPTURE, SessionRequest
+from stepscope.contracts.states import RankState, SidecarPhase
 from stepscope.retry import RetryPolicy
 from stepscope.sidecar import session_phases, shared_dir
 from stepscope.sidecar.session_phases import FINISHED_PHASES, Limits, QueueMetrics, QueueRank, RankView, SessionView, StartRecorder, TimeOut, Verdict
@@ -75,7 +76,7 @@ class RankProgress:
     stacks: str | None = None
     queued_state: str | None = None  # the state whose artifacts were last queued
     sent: set[str] = field(default_factory=set)  # local files queued for upload
-    agent_state: str = "pending"  # as the agent last wrote it; `state` may be the sidecar's verdict
+    agent_state: str = RankState.PENDING  # as the agent last wrote it; `state` may be the sidecar's verdict
     degraded: list[str] = field(default_factory=list)
     captured_trace: bool = False
     jobs_left: int = 0
@@ -122,7 +123,7 @@ class Session:
     accepted_at: float
     ranks: dict[int, RankProgress] = field(default_factory=dict)
     artifacts: list[str] = field(default_factory=list)
-    phase: str = "Pending"
+    phase: str = SidecarPhase.PENDING
     message: str = "waiting for the training processes to see the request"
     cancel_requested: bool = False
     timed_out: bool = False
@@ -152,7 +153,7 @@ class Session:
         ranks = self.ranks.values()
         return {
             "total": len(self.ranks),
-            "triggered": sum(r.state != "pending" for r in ranks),
+            "triggered": sum(r.state != RankState.PENDING for r in ranks),
             "capturing": sum(r.state in (wire.CAPTURING, wire.WRITING) for r in ranks),
             "captured": sum(r.state == wire.DONE for r in ranks),
             "uploaded": sum(r.uploaded for r in ranks),
@@ -243,7 +244,7 @@ class SessionManager:
                 # waitSteps after whichever step each happens to read the request at.
                 start_step = wire.aligned_start_step(live_step_counts(self.dir, stale_after_s=self._stale_after_s), spec.capture.waitSteps)
             shared_dir.write_request(self.dir, session_id, CAPTURE, spec, start_step)
-            self._transition(session, "Pending")
+            self._transition(session, SidecarPhase.PENDING)
             self._sessions[session_id] = session
             self._forget_old()
             log.info("session %s accepted: capture %s, upload to %s", session_id, spec.capture, destination)
@@ -325,7 +326,7 @@ class SessionManager:
         states = shared_dir.rank_states(self.dir, session.id)
         with self._lock:
             for rank in set(agents) | set(states):
-                if rank not in session.ranks and (session.phase in ("Pending", "Capturing") or rank in states):
+                if rank not in session.ranks and (session.phase in (SidecarPhase.PENDING, SidecarPhase.CAPTURING) or rank in states):
                     session.ranks[rank] = RankProgress(rank, last_sign_of_life=now)
             for rank, progress in session.ranks.items():
                 if not progress.terminal:
