@@ -13,7 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from stepscope import analysis, layout
+from stepscope import analysis
+from stepscope.contracts import layout
 from stepscope.contracts.session import DEFAULT_CAPTURE_STEPS, SAVE_RAW_TRACE, CaptureLimits, CaptureSpec, HardwareMetricsSpec, SessionSpec, SpecError
 from stepscope.contracts.sidecar_api import SessionRequest
 from stepscope.contracts.states import SIDECAR_FINAL, SidecarPhase

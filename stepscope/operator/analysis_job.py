@@ -1,91 +1,59 @@
 """What the analysis Job runs (`stepscope analyze --session NS/NAME`): read the session, diagnose
-its store folder, and put the compact diagnosis and the artifact URIs into its status.
+its store folder, and leave the result there (report/result.json, beside report/diagnosis.json)
+for the operator, which alone writes the session's status.
 
-It runs as the session's own ServiceAccount, which may only get this session and patch its
-status; store credentials arrive as env from the session's Secret."""
+It runs as the session's own ServiceAccount, which may only get this session; store credentials
+arrive as env from the session's Secret."""
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from typing import Any
 
 import msgspec
-import urllib3
-from kubernetes.client.rest import ApiException
 
-from stepscope import analysis, layout, retry
+from stepscope import analysis
+from stepscope.contracts.layout import REPORT_RESULT, AnalysisResult
 from stepscope.contracts.session import SessionSpec
-from stepscope.contracts.states import ConditionType
 from stepscope.operator import credentials, kube
-from stepscope.operator.record import destination
-from stepscope.operator.status import MAX_MESSAGE, STATUS_BUDGET, set_condition
+from stepscope.operator.record import destination, open_destination
 
 log = logging.getLogger(__name__)
-MAX_DIAGNOSIS_BYTES = 24 * 1024
-# What the operator adds after the Job: phase, completionTime, the summary as status.message and
-# the Ready condition, each message at most MAX_MESSAGE.
-FINAL_WRITE_BYTES = 3 * MAX_MESSAGE
-# The result's write outlives an API server blip (a restart, a leader change, throttling): losing
-# it would fail the Job and rerun the whole analysis. About half a minute in all.
-WRITE_RETRY = retry.RetryPolicy(attempts=6, base_delay_s=1.0, max_delay_s=10.0)
-
-
-def _transient(exc: Exception) -> bool:
-    """API errors a retry may get past: throttling, the server's own failures, a dropped connection."""
-    if isinstance(exc, ApiException):
-        status = exc.status or 0
-        return status == 429 or status >= 500 or status == 0
-    return isinstance(exc, (urllib3.exceptions.HTTPError, OSError))
-
-
-def write_status(namespace: str, name: str, patch: dict[str, Any], policy: retry.RetryPolicy = WRITE_RETRY) -> None:
-    retry.call(lambda: kube.patch_session_status(namespace, name, patch), policy, transient=_transient,
-               what=f"status write of ProfileSession {namespace}/{name}")
-
-
-def compact_diagnosis(diagnosis: Any, budget: int = MAX_DIAGNOSIS_BYTES) -> dict[str, Any]:
-    """The Diagnosis as status JSON, dropping the least severe findings until it fits `budget` bytes."""
-    data = msgspec.to_builtins(diagnosis)
-    while len(json.dumps(data)) > budget and data.get("findings"):
-        data["findings"] = data["findings"][:-1]
-    while len(json.dumps(data)) > budget and data.get("slowWorkers"):
-        data["slowWorkers"] = data["slowWorkers"][:-1]
-    return data
-
-
-def diagnosed_status(status: dict[str, Any], diagnosis: Any, dest: str, generation: int | None) -> dict[str, Any]:
-    """The status patch of a finished analysis. The diagnosis gets what the rest of the status
-    leaves of its 32 KiB (at most MAX_DIAGNOSIS_BYTES), so the whole status stays within budget."""
-    summary = msgspec.to_builtins(diagnosis).get("summary", "")
-    patch = {"artifacts": artifacts(dest), "conditions": set_condition(list(status.get("conditions") or []), ConditionType.ANALYZED, True, "Analyzed", summary, generation)}
-    rest = len(json.dumps({**status, **patch, "diagnosis": None}).encode())
-    return {**patch, "diagnosis": compact_diagnosis(diagnosis, min(MAX_DIAGNOSIS_BYTES, STATUS_BUDGET - rest - FINAL_WRITE_BYTES))}
-
-
-def artifacts(dest: str) -> dict[str, str]:
-    return {"prefix": dest, "report": f"{dest}/{layout.REPORT_HTML}", "diagnosis": f"{dest}/{layout.REPORT_DIAGNOSIS}"}
 
 
 def run_session_analysis(namespace: str, name: str) -> int:
-    """Diagnose one session and write the result into its status; 0 on success, 1 on failure
-    (the reason goes into the Analyzed condition, where the operator picks it up)."""
+    """Diagnose one session and leave the result in its store folder; 0 on success, 1 on failure
+    (the reason goes into the result, which the operator reads; where even the store cannot be
+    reached, the operator says the Job failed)."""
     obj = kube.get_session(namespace, name)
-    meta, status = obj["metadata"], obj.get("status") or {}
-    conditions = list(status.get("conditions") or [])
-    generation = meta.get("generation")
+    store = None
     try:
         spec = SessionSpec.from_dict(obj.get("spec") or {})
-        dest = destination(spec, namespace, name, meta["uid"])
-        diagnosis = analysis.report(dest, endpoint=spec.storage.endpoint, region=spec.storage.region, credentials=credentials.from_env(), progress=False,
+        dest = destination(spec, namespace, name, obj["metadata"]["uid"])
+        creds = credentials.from_env()
+        store = open_destination(spec, dest, creds)
+        diagnosis = analysis.report(dest, endpoint=spec.storage.endpoint, region=spec.storage.region, credentials=creds, progress=False,
                                     ambient_credentials=False)
     except Exception as exc:
         log.exception("analysis of %s/%s failed", namespace, name)
         message = f"analysis failed: {type(exc).__name__}: {exc}"[:1000]
-        write_status(namespace, name, {"conditions": set_condition(conditions, ConditionType.ANALYZED, False, "AnalysisFailed", message, generation)})
+        _leave(store, AnalysisResult(analyzed=False, reason="AnalysisFailed", message=message))
         print(message, file=sys.stderr)
         return 1
-    patch = diagnosed_status(status, diagnosis, dest, generation)
-    write_status(namespace, name, patch)
-    print(patch["diagnosis"].get("summary", ""))
+    summary = str(msgspec.to_builtins(diagnosis).get("summary", ""))
+    if not _leave(store, AnalysisResult(analyzed=True, reason="Analyzed", message=summary)):
+        return 1
+    print(summary)
     return 0
+
+
+def _leave(store: Any, result: AnalysisResult) -> bool:
+    """Write the result; False (logged) where the store refuses it."""
+    try:
+        if store is None:
+            raise OSError("the store could not be opened")
+        store.put_bytes(REPORT_RESULT, msgspec.json.encode(result.to_dict()))
+    except Exception:
+        log.exception("the analysis result could not be written to the store")
+        return False
+    return True

@@ -1,7 +1,7 @@
 """The analysis Job of a session.
 
 It runs as the chart's analysis ServiceAccount of the namespace (settings.analysis_account: get
-ProfileSessions, get and patch their status; helm/stepscope/templates/rbac.yaml), so the operator
+ProfileSessions, nothing else; helm/stepscope/templates/rbac.yaml), so the operator
 creates no identity; the chart's ValidatingAdmissionPolicy refuses any other Job of the operator's
 (image, account, privilege). The pod spec passes Pod Security `restricted`. The Job is owned by
 the session, so deleting the session garbage-collects it."""

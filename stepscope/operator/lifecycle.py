@@ -16,6 +16,8 @@ from typing import Any, NoReturn
 import kopf
 from kubernetes.client.rest import ApiException
 
+from stepscope.contracts import layout
+from stepscope.contracts.layout import AnalysisResult
 from stepscope.contracts.session import SessionSpec, SpecError
 from stepscope.contracts.sidecar_api import SessionRequest, StoreCredentials
 from stepscope.contracts.states import SESSION_FINAL, ConditionType, SessionPhase
@@ -27,8 +29,9 @@ from stepscope.operator.pod_record import PodRecord
 from stepscope.operator.record import SessionRecord, destination, open_destination
 from stepscope.operator.selection import Target, label_selector, not_injected, select_targets, target_of
 from stepscope.operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
-from stepscope.operator.status import MAX_MESSAGE, PodProgress, StatusWriter, now_iso, parse_iso, pod_counts, set_condition
+from stepscope.operator.status import MAX_MESSAGE, PodProgress, StatusWriter, diagnosed_status, now_iso, parse_iso, pod_counts, set_condition
 
+log = logging.getLogger(__name__)
 TERMINAL = SESSION_FINAL
 TTL_RECHECK_S = 30.0  # how stale a changed ttlSecondsAfterFinished may be while a finished session waits
 
@@ -66,6 +69,15 @@ class Fail(Exception):
 
 class Stopped(Exception):
     """The daemon is being stopped (operator shutdown or session deletion): leave state as is."""
+
+
+def _analysis_result(found: dict[str, Any] | None) -> AnalysisResult | None:
+    """The Job's result, or None where it left none that can be read (the Job's own outcome then speaks)."""
+    try:
+        return AnalysisResult.from_dict(found, layout.REPORT_RESULT) if found is not None else None
+    except SpecError as exc:
+        log.warning("%s", exc)
+        return None
 
 
 def _end(action: Action) -> NoReturn:
@@ -304,17 +316,20 @@ class SessionRunner:
             await self._sleep(self.settings.poll_interval_s)
 
     async def _follow_analysis(self) -> None:
+        """The Job leaves its result in the store; the operator alone writes it into the status."""
         ended = await self._await_job()
-        fresh = await asyncio.to_thread(kube.get_session, self.ns, self.name)
-        fresh_status = fresh.get("status") or {}
-        conditions = self.status["conditions"] = fresh_status.get("conditions") or []
-        analyzed: dict[str, Any] = next((c for c in conditions if c.get("type") == ConditionType.ANALYZED), {})
-        summary = (fresh_status.get("diagnosis") or {}).get("summary", "analysis done")
+        assert self.record is not None, "the store is opened first"
+        result, report = await asyncio.gather(asyncio.to_thread(self.record.read_json, layout.REPORT_RESULT),
+                                              asyncio.to_thread(self.record.read_json, layout.REPORT_DIAGNOSIS))
+        found = _analysis_result(result)
+        analyzed = {"status": "True" if found.analyzed else "False", "message": found.message} if found else {}
+        diagnosis = (report or {}).get("diagnosis")  # the report's document: the diagnosis beside the full findings and tables
+        summary = str((diagnosis or {}).get("summary", "analysis done"))
         for action in self._step(phases.AnalysisStatus(ended.outcome, ended.message, analyzed, summary)):
             if not isinstance(action, Finish):
                 _end(action)
-            self.status.update({k: fresh_status[k] for k in ("diagnosis", "artifacts") if k in fresh_status})
-            await self._finish(SessionPhase.SUCCEEDED, action.reason, action.message, conditions=conditions)
+            patch = diagnosed_status(self.status, diagnosis or {"summary": summary}, self.dest, self.generation)
+            await self._finish(SessionPhase.SUCCEEDED, action.reason, action.message, **patch)
 
     # -- status, events, timeline ----------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import Any
 import kubernetes
 import urllib3
 
-from stepscope import layout
+from stepscope.contracts import layout
 from stepscope.contracts.session import SessionSpec
 from stepscope.contracts.states import SessionPhase
 from stepscope.operator import credentials, kube

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from stepscope.contracts import layout
 from stepscope.contracts.states import SIDECAR_FINAL, ConditionType, SidecarPhase
 from stepscope.contracts.wire import FAILED_STATES, HUNG
 from stepscope.operator import kube, metrics
@@ -23,6 +27,36 @@ MAX_FAILED_WORKERS = 20
 WORKER_FIELDS = ("total", "triggered", "capturing", "captured", "uploaded", "failed")
 RANK_FAILED = FAILED_STATES
 CONDITION_TYPES = tuple(ConditionType)
+
+
+MAX_DIAGNOSIS_BYTES = 24 * 1024
+# What the operator writes with the diagnosis: phase, completionTime, the summary as status.message
+# and the Ready condition, each message at most MAX_MESSAGE.
+FINAL_WRITE_BYTES = 3 * MAX_MESSAGE
+
+
+def compact_diagnosis(diagnosis: Any, budget: int = MAX_DIAGNOSIS_BYTES) -> dict[str, Any]:
+    """The Diagnosis as status JSON, dropping the least severe findings until it fits `budget` bytes."""
+    data = dict(msgspec.to_builtins(diagnosis))
+    while len(json.dumps(data)) > budget and data.get("findings"):
+        data["findings"] = data["findings"][:-1]
+    while len(json.dumps(data)) > budget and data.get("slowWorkers"):
+        data["slowWorkers"] = data["slowWorkers"][:-1]
+    return data
+
+
+def diagnosed_status(status: dict[str, Any], diagnosis: Any, dest: str, generation: int | None) -> dict[str, Any]:
+    """The status patch of a finished analysis. The diagnosis gets what the rest of the status
+    leaves of its 32 KiB (at most MAX_DIAGNOSIS_BYTES), so the whole status stays within budget."""
+    summary = msgspec.to_builtins(diagnosis).get("summary", "")
+    patch = {"artifacts": artifacts(dest), "conditions": set_condition(list(status.get("conditions") or []), ConditionType.ANALYZED, True,
+                                                                      "Analyzed", summary, generation)}
+    rest = len(json.dumps({**status, **patch, "diagnosis": None}).encode())
+    return {**patch, "diagnosis": compact_diagnosis(diagnosis, min(MAX_DIAGNOSIS_BYTES, STATUS_BUDGET - rest - FINAL_WRITE_BYTES))}
+
+
+def artifacts(dest: str) -> dict[str, str]:
+    return {"prefix": dest, "report": f"{dest}/{layout.REPORT_HTML}", "diagnosis": f"{dest}/{layout.REPORT_DIAGNOSIS}"}
 
 
 def now_iso() -> str:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stepscope import analysis, layout
-from stepscope.contracts import wire
+from stepscope import analysis
+from stepscope.contracts import layout, wire
 from stepscope.contracts.session import SessionSpec, SpecError
 from stepscope.contracts.sidecar_api import CANCEL, CAPTURE, SessionRequest
 from stepscope.contracts.states import RankState, SidecarPhase

@@ -6,10 +6,10 @@ import json
 import shutil
 from pathlib import Path
 
-from stepscope import layout
 from stepscope.analysis.command import analyze_uri
 from stepscope.analysis.metrics.summary import summarize_file
 from stepscope.analysis.model import encode
+from stepscope.contracts import layout
 
 from .conftest import Profiled, Run
 

@@ -14,11 +14,10 @@ import pytest
 from stepscope.analysis.model import Diagnosis, Finding, SlowWorker, StepTime
 from stepscope.contracts.session import SpecError
 from stepscope.operator import jobs, kube
-from stepscope.operator.analysis_job import MAX_DIAGNOSIS_BYTES, compact_diagnosis
 from stepscope.operator.report_command import age, format_table, missing_report_reason, row
 from stepscope.operator.selection import label_selector
 from stepscope.operator.settings import OperatorSettings
-from stepscope.operator.status import MAX_FAILED_WORKERS, PodProgress, StatusWriter, aggregate, set_condition
+from stepscope.operator.status import MAX_DIAGNOSIS_BYTES, MAX_FAILED_WORKERS, PodProgress, StatusWriter, aggregate, compact_diagnosis, set_condition
 from tests.kube import pod_security
 
 

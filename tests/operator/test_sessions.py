@@ -14,8 +14,8 @@ import boto3
 import kubernetes
 import pytest
 
-from stepscope import layout
 from stepscope.cli import main
+from stepscope.contracts import layout
 from stepscope.operator import cancellation, fanout, metrics
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
