@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 
 from .decisions import CaptureView
-from .vocabulary import capture_request, wire
+from .vocabulary import wire
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from stepscope.contracts.sidecar_api import CaptureRequest
 
     from .budget import CallCounter
     from .stacks import StackSampler
@@ -23,8 +25,7 @@ ALIGN_SLACK_STEPS = 100
 class Session:
     """One capture request on this rank, from trigger to a final state."""
 
-    def __init__(self, request: dict[str, Any], trigger_step: int, folder: str) -> None:
-        parsed = capture_request(request)
+    def __init__(self, parsed: CaptureRequest, trigger_step: int, folder: str) -> None:
         self.id: str = parsed.session
         self.folder = folder
         self.capture = parsed.capture  # the spec's own type, its defaults filled in (stepscope.contracts.session)

@@ -7,6 +7,7 @@ Python process of a training pod imports, reads capture requests with these type
 
 from __future__ import annotations
 
+import json
 import re
 
 TYPE_CHECKING = False
@@ -320,6 +321,20 @@ class Record:
         result = cls(**values)
         result.check(path)
         return result
+
+    @classmethod
+    def from_json(cls, data: bytes, path: str) -> Self:
+        """Read the JSON form straight into the type (a SpecError where it is no JSON object)."""
+        try:
+            value = json.loads(data)
+        except ValueError as exc:
+            raise SpecError(f"{path} is not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise SpecError(f"{path} must be a JSON object, got {type(value).__name__}")
+        return cls.from_dict(value, path)
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
 
     @classmethod
     def default_of(cls, name: str) -> Any:

@@ -13,7 +13,7 @@ from .wire import DEFAULT_HANG_TIMEOUT_SECONDS, MAX_SESSION_ID, WIRE_VERSION
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    pass
 
 CAPTURE, CANCEL = "capture", "cancel"  # request.json's actions
 
@@ -85,7 +85,7 @@ class CaptureRequest(Record):
 
 def capture_request(
     session: str, action: str, spec: SessionSpec, start_step: int | None, issued_at: float
-) -> dict[str, Any]:
+) -> CaptureRequest:
     """request.json for a session, as the sidecar writes it."""
     return CaptureRequest(
         version=WIRE_VERSION,
@@ -95,4 +95,4 @@ def capture_request(
         hangTimeoutSeconds=spec.hangTimeoutSeconds,
         issuedAt=issued_at,
         startStep=start_step,
-    ).to_dict()
+    )

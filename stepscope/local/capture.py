@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.time()
     progress = _Progress()
     try:
-        client.put_session(session_id, request.to_dict())
+        client.put_session(session_id, request)
         # The sidecar enforces spec.timeoutSeconds; the CLI waits a little longer for its verdict.
         status, code = _follow(client, session_id, time.monotonic() + args.timeout + 30, progress,
                                f"session {session_id}: capturing {_window(spec)} on every rank behind {args.sidecar}")

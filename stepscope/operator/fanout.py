@@ -66,7 +66,7 @@ async def trigger(targets: Iterable[Target], request: SessionRequest, key: bytes
                   attempts: int, backoff_s: float = 0.2) -> list[Outcome]:
     """PUT the session on every sidecar; the PUT is idempotent, so a retry never starts it twice."""
     def one(target: Target) -> Outcome:
-        outcome = _call(target, lambda c: c.put_session(request.session, request.to_dict()), key, timeout, attempts, backoff_s)
+        outcome = _call(target, lambda c: c.put_session(request.session, request), key, timeout, attempts, backoff_s)
         if outcome.ok:
             metrics.TRIGGERS.inc()
         return outcome

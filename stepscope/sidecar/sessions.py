@@ -212,13 +212,16 @@ class SessionManager:
 
     # -- control endpoint -------------------------------------------------------------------
 
-    def put(self, session_id: str, body: Any) -> tuple[int, dict[str, Any]]:
+    def put(self, session_id: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """A trigger (PUT /v1/sessions/{id}): the body read straight into the contract's SessionRequest."""
         if not wire.valid_session_id(session_id):
             return 400, {"error": f"invalid session id {session_id!r}: letters, digits, '.', '_', '-' only"}
-        if not isinstance(body, dict):
-            return 400, {"error": "the body must be a JSON object"}
-        if body.get("session", session_id) != session_id:
-            return 400, {"error": f"body.session {body.get('session')!r} does not match the path's {session_id!r}"}
+        try:
+            request = SessionRequest.from_json(body, "body")
+        except SpecError as exc:
+            return 400, {"error": f"bad spec: {exc}" if str(exc).startswith("body.spec") else str(exc)}
+        if request.session not in (None, session_id):
+            return 400, {"error": f"body.session {request.session!r} does not match the path's {session_id!r}"}
         with self._lock:
             known = self._sessions.get(session_id)
             if known is not None:
@@ -226,10 +229,6 @@ class SessionManager:
             other = self.active()
             if other is not None:
                 return 409, {"error": f"session {other.id} is still {other.phase} on this sidecar; delete it or wait for it to finish"}
-            try:
-                request = SessionRequest.from_dict({"session": session_id, **body}, "body")
-            except SpecError as exc:
-                return 400, {"error": f"bad spec: {exc}" if str(exc).startswith("body.spec") else str(exc)}
             spec, destination, start_step = request.spec, request.destination, request.startStep
             try:
                 # The operator's credentials from the session's Secret, never the pod's or node's cloud identity.

@@ -89,7 +89,8 @@ def local_file(stepscope_dir: Path, session_id: str, name: Any) -> Path | None:
 
 
 def write_request(stepscope_dir: Path, session_id: str, action: str, spec: SessionSpec, start_step: int | None = None) -> None:
-    write_json_atomic(stepscope_dir / wire.REQUEST_FILE, capture_request(session_id, action, spec, start_step, time.time()))
+    request = capture_request(session_id, action, spec, start_step, time.time())
+    write_atomically(stepscope_dir / wire.REQUEST_FILE, lambda out: out.write(request.to_json()))
 
 
 @dataclass(frozen=True)

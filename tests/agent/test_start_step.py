@@ -11,6 +11,7 @@ import pytest
 
 from stepscope.agent import agent as agent_module
 from stepscope.agent.session import Session
+from stepscope.agent.vocabulary import capture_request
 from tests.agent.protocol import read_state, stepscope_dir, wait_for_state, write_request  # noqa: F401  (fixture)
 
 
@@ -56,7 +57,7 @@ def test_a_hand_written_request_gets_the_specs_defaults_for_what_it_leaves_out()
     from stepscope.contracts.wire import DEFAULT_ACTIVITIES
 
     spec = SessionSpec()
-    bare = Session({"session": "s-bare"}, 3, "unused")
+    bare = Session(capture_request(b'{"session": "s-bare"}'), 3, "unused")
     assert (bare.wait_steps, bare.steps, bare.hang_timeout) == (spec.capture.waitSteps, spec.capture.steps, spec.hangTimeoutSeconds)
     assert bare.capture == spec.capture and tuple(bare.capture.activities) == DEFAULT_ACTIVITIES and bare.start_at == 3 + spec.capture.waitSteps
-    assert Session({"session": "s-now", "capture": {"waitSteps": 0}}, 3, "unused").start_at == 3
+    assert Session(capture_request(b'{"session": "s-now", "capture": {"waitSteps": 0}}'), 3, "unused").start_at == 3
