@@ -112,8 +112,8 @@ def ensure_hta_venv() -> Path:
 
 
 def _summarize(path: str) -> tuple[str, float, float, bytes]:
-    from stepscope.analysis.metrics.summary import summarize_file
     from stepscope.analysis.model import encode
+    from stepscope.analysis.statistics.summary import summarize_file
     wall, cpu = time.perf_counter(), time.process_time()
     summary = summarize_file(path)
     return path, time.perf_counter() - wall, time.process_time() - cpu, encode(summary)
@@ -144,8 +144,8 @@ def merge_child(report: Path, trace_dir: Path) -> None:
     """The measured child: read (gunzip) the merged ranks' files, then write the merged trace of the
     same ranks as the report did (same order and limit); print one JSON line."""
     from stepscope.analysis.loading.parallel import worker_pool
-    from stepscope.analysis.metrics.trace import open_trace
-    from stepscope.analysis.reporting.report_merge import MergePlan, MergeRank, expected_size, write_merged_trace
+    from stepscope.analysis.loading.trace import open_trace
+    from stepscope.analysis.reporting.merged_trace import MergePlan, MergeRank, expected_size, write_merged_trace
     merged = json.loads((report / "diagnosis.json").read_text())["mergedTrace"]
     ranks = [MergeRank(h["rank"], trace_dir / h["source"], h["why"], h["shiftUs"], checked=True, size_hint=expected_size(trace_dir / h["source"]))
              for h in merged["held"]]

@@ -37,7 +37,7 @@ from stepscope.local import capture
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar.nvml import NvmlBackend, default_backend
-from tests.nvml.simulated import SimulatedBackend
+from stepscope.testing.nvml.simulated import SimulatedBackend
 
 POD = "gpu-check"
 LOOP = """

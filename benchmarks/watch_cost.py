@@ -1,4 +1,4 @@
-"""What the always-on step telemetry costs a training step (issue 15, goal <= 5 us a step): in a
+"""What the always-on step telemetry costs a training step (goal <= 5 us a step): in a
 fresh interpreter started the zero-code way, once the agent has mapped its ring file, rounds of
 the same optimizer-step loop with the telemetry on and off (its ring's record replaced by a no-op
 method, so the difference is the two struct writes into the mapped file), back to back in random

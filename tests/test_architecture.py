@@ -2,7 +2,8 @@
 analysis imports only the core; the agent, which runs inside training processes, imports only the
 standard library and the wire vocabulary the bootstrap copies beside it; the sidecar and the
 operator import the analysis and the core, never each other (the sidecar also the agent, whose
-files it installs); only the roof (stepscope.cli, stepscope.local) imports everything, and nothing imports
+files it installs); the test doubles (stepscope.testing) may import every part and no part imports
+them; only the roof (stepscope.cli, stepscope.local) imports everything, and nothing imports
 the roof. Outside the analysis, code imports only its facade (stepscope.analysis) and its types
 (stepscope.analysis.model); inside, each stage imports only the stages before it. Checked over the
 source's AST, so an import inside a function counts as much as one at the top, and no module is
@@ -25,6 +26,9 @@ PARTS = ("operator", "sidecar", "analysis")
 # (under their bootstrap name), so it may import nothing else of stepscope.
 AGENT = "stepscope.agent"
 AGENT_MAY_IMPORT = ("stepscope.contracts",)
+# The doubles the tests and benchmarks share (an API server, a GPU node, rank summaries): they
+# stand in for what the parts talk to, so no part may lean on them.
+TESTING = "stepscope.testing"
 BOOTSTRAP_NAMES = (CONTRACTS_MODULE,)
 ROOF = ("stepscope.cli", "stepscope.local")
 # What each layer may import besides itself.
@@ -35,22 +39,25 @@ ALLOWED = {
     "sidecar": {"core", "analysis", "agent"},
     "operator": {"core", "analysis"},
     "roof": {"core", "analysis", "sidecar", "operator", "agent"},
+    "testing": {"core", "analysis", "sidecar", "operator", "agent"},
 }
 # Layers that must never load torch: the operator's and the analysis Job's images have none.
 NO_TORCH = ("core", "analysis", "operator")
 # Folders a module started in the repository root could import under a second, top-level name
 # (`operator` is not among them: without an __init__.py it never wins over the standard library's).
 SECOND_NAMES = ("sidecar", "analysis", "tests", "benchmarks")
-# The analysis's stages (its subpackages, and model.py, the types they exchange) and which of the
-# others each may import: each those before it. The facade (stepscope/analysis/__init__.py) and
-# `stepscope analyze` (command.py) sit above them all.
+# The analysis's stages (its subpackages, model.py, the types they exchange, and settings.py, what
+# it reads from the environment) and which of the others each may import: each those before it. The facade (stepscope/analysis/__init__.py) and
+# `stepscope analyze` (pipeline.py) sit above them all.
 STAGES = {
-    "model": set(),
-    "metrics": {"model"},
-    "loading": {"model", "metrics"},
-    "diagnosis": {"model", "metrics", "loading"},
-    "reporting": {"model", "metrics", "loading", "diagnosis"},
-    "comparison": {"model", "metrics", "loading", "diagnosis"},
+    "settings": set(),
+    "model": {"settings"},
+    "loading": {"settings", "model"},
+    "statistics": {"settings", "model", "loading"},
+    "gathering": {"settings", "model", "loading", "statistics"},
+    "diagnosis": {"settings", "model", "loading", "statistics", "gathering"},
+    "reporting": {"settings", "model", "loading", "statistics", "gathering", "diagnosis"},
+    "comparison": {"settings", "model", "loading", "statistics", "gathering", "diagnosis"},
 }
 # All the analysis that code outside it may import: the facade and the types.
 ANALYSIS_FACE = ("stepscope.analysis", "stepscope.analysis.model")
@@ -64,13 +71,15 @@ def layer(module: str) -> str:
         return parts[1]
     if module == AGENT or module.startswith(AGENT + "."):
         return "agent"
+    if module == TESTING or module.startswith(TESTING + "."):
+        return "testing"
     if any(module == roof or module.startswith(roof + ".") for roof in ROOF):
         return "roof"
     return "core"
 
 
 def stage(module: str) -> str:
-    """The analysis stage a module of stepscope.analysis belongs to ("top": the facade, command)."""
+    """The analysis stage a module of stepscope.analysis belongs to ("top": the facade, the pipeline)."""
     parts = module.split(".")
     return parts[2] if len(parts) > 2 and parts[2] in STAGES else "top"
 
@@ -158,18 +167,21 @@ def test_the_check_sees_back_edges() -> None:
     """The check itself: each kind of back-edge, at the top or inside a function, is reported."""
     planted = {
         "stepscope.storage": {"stepscope.analysis.model"},
-        "stepscope.analysis.diagnosis.hardware": {"stepscope.sidecar.nvml_api"},
+        "stepscope.analysis.diagnosis.hardware": {"stepscope.sidecar.nvml.api"},
         "stepscope.sidecar.sessions": {"stepscope.operator.kube"},
-        "stepscope.operator.metrics": {"stepscope.sidecar.metrics"},
-        "stepscope.analysis.metrics.summary": {"stepscope.local.launch", "torch"},
+        "stepscope.operator.metrics": {"stepscope.sidecar.prometheus"},
+        "stepscope.analysis.statistics.summary": {"stepscope.local.launch", "torch"},
         "stepscope.sidecar.uploads": {"sidecar.nvml"},
-        "stepscope.sidecar.daemon": {"stepscope.analysis.metrics.summary"},
-        "stepscope.analysis.loading.session_files": {"stepscope.analysis.reporting.report_merge"},
-        "stepscope.analysis.metrics.steps": {"stepscope.analysis"},
+        "stepscope.sidecar.daemon": {"stepscope.analysis.statistics.summary"},
+        "stepscope.analysis.gathering.session_files": {"stepscope.analysis.reporting.merged_trace"},
+        "stepscope.analysis.statistics.steps": {"stepscope.analysis"},
         "stepscope.agent.capture": {"stepscope.files", "numpy"},
         "stepscope.operator.handlers": {"stepscope.agent"},
+        "stepscope.local.demo": {"stepscope.testing.nvml.simulated"},
+        "stepscope.testing.kube.server": {"tests.polling"},
+        "stepscope.analysis.loading.trace": {"stepscope.analysis.statistics.steps"},
     }
-    assert len(violations(planted)) == 13
+    assert len(violations(planted)) == 16
     edges = graph()
     assert "stepscope.operator.analysis_job" in edges["stepscope.cli"]  # found inside a function
     assert "stepscope.contracts.layout" in edges["stepscope.analysis.reporting.report"]  # `from stepscope.contracts import layout`
@@ -183,6 +195,60 @@ def test_parts_live_under_their_import_names() -> None:
         assert home.is_dir() and not home.is_symlink(), f"stepscope/{part} must hold the code"
         link = REPO / part
         assert link.is_symlink() and link.resolve() == home, f"{part}/ must link to stepscope/{part}"
+
+
+# Where the environment is read: each part's settings module, and the agent's own reader (the agent
+# runs in training processes and imports nothing of the parts).
+ENVIRONMENT_READERS = ("settings.py", "stepscope/agent/environment.py")
+
+
+def environment_reads(path: Path) -> list[str]:
+    """Each place `path` reads a variable of the environment (`os.environ.get`, `os.environ[...]`,
+    `in os.environ`, `os.getenv`, the whole mapping picked by a condition), as "line: code".
+    Writes (`os.environ[k] = v`, `setdefault`) and the whole environment handed on as an argument
+    (`dict(os.environ)`, `{**os.environ}`: what a child process starts with) are not reads."""
+    tree = ast.parse(path.read_text(), str(path))
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def is_environ(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name) and node.value.id == "os"
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "getenv" and isinstance(node.value, ast.Name) and node.value.id == "os":
+            found.append(node)
+        elif is_environ(node):
+            parent = parents[node]
+            written = (isinstance(parent, ast.Subscript) and isinstance(parent.ctx, ast.Store | ast.Del)) or (
+                isinstance(parent, ast.Attribute) and parent.attr in ("setdefault", "update", "pop"))
+            handed_on = (isinstance(parent, ast.Call) and node in parent.args) or (isinstance(parent, ast.Dict) and None in parent.keys)
+            if not (written or handed_on):
+                found.append(node)
+    return [f"{node.lineno}: {ast.get_source_segment(path.read_text(), parents[node]) or ''}" for node in sorted(found, key=lambda n: (n.lineno, n.col_offset))]
+
+
+def test_only_settings_modules_read_the_environment() -> None:
+    found = [f"{path.relative_to(REPO)}:{read}" for path in sorted((REPO / "stepscope").rglob("*.py"))
+             if not (path.name == ENVIRONMENT_READERS[0] or str(path.relative_to(REPO)) in ENVIRONMENT_READERS[1:]
+                     or path.is_relative_to(REPO / "stepscope" / "testing"))
+             for read in environment_reads(path)]
+    assert not found, "the environment read outside a settings module:\n" + "\n".join(found)
+
+
+def test_the_check_sees_environment_reads(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text("import os\n"
+                       "a = os.environ.get('A')\nb = os.environ['B']\nc = 'C' in os.environ\nd = os.getenv('D')\n"
+                       "e = os.environ if a else {}\n"
+                       "os.environ['F'] = '1'\nos.environ.setdefault('G', '1')\nchild = dict(os.environ)\nalso = {**os.environ, 'H': '1'}\n")
+    assert [line.split(":")[0] for line in environment_reads(planted)] == ["2", "3", "4", "5", "6"]
+
+
+def test_the_benchmarks_import_no_tests() -> None:
+    """The benchmarks share the tests' doubles through stepscope.testing, never through tests.*."""
+    found = [f"{path.name} imports {target}" for path in sorted((REPO / "benchmarks").glob("*.py"))
+             for target in sorted(imports(path, f"benchmarks.{path.stem}")) if target.split(".")[0] == "tests"]
+    assert not found, "\n".join(found)
 
 
 @pytest.mark.parametrize("name", ["tests", "helm", "benchmarks"])

@@ -1,4 +1,4 @@
-"""The `stepscope` command's rough edges (issue 9, point 10): --version, a reader that goes away,
+"""The `stepscope` command's rough edges: --version, a reader that goes away,
 option errors that name the option and what to type instead."""
 from __future__ import annotations
 

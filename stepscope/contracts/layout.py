@@ -1,4 +1,4 @@
-"""Object-store keys of one session: every part builds
+"""Object-store keys of one session (docs/design.md, "Object-store layout"); every part builds
 its keys here so that writers and readers cannot drift apart."""
 from __future__ import annotations
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import re
 import sys
 import time
@@ -18,7 +17,7 @@ from stepscope.contracts import layout
 from stepscope.contracts.session import DEFAULT_CAPTURE_STEPS, SAVE_RAW_TRACE, CaptureLimits, CaptureSpec, HardwareMetricsSpec, SessionSpec, SpecError
 from stepscope.contracts.sidecar_api import SessionRequest
 from stepscope.contracts.states import SIDECAR_FINAL, SidecarPhase
-from stepscope.contracts.wire import DEFAULT_PORT
+from stepscope.local import settings
 from stepscope.sidecar_client import SidecarClient, SidecarError
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, load_key
 from stepscope.storage import StoreError, open_store
@@ -36,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", type=Path, default=None, metavar="DIR", help="where the artifacts go (default ./stepscope-<time>)")
     parser.add_argument("--save-raw-trace", choices=SAVE_RAW_TRACE, default=SessionSpec.default_of("saveRawTrace"), help="raw traces to keep (summaries always)")
     parser.add_argument("--analyze", action="store_true", help="diagnose the capture and write the report into DIR/report")
-    parser.add_argument("--sidecar", type=_sidecar_url, default=os.environ.get("STEPSCOPE_SIDECAR", f"http://127.0.0.1:{DEFAULT_PORT}"), metavar="URL",
+    parser.add_argument("--sidecar", type=_sidecar_url, default=settings.sidecar_url(), metavar="URL",
                         help="the sidecar's control endpoint (env STEPSCOPE_SIDECAR, default %(default)s)")
     parser.add_argument("--key-file", default=None, help=f"HMAC key file (default $STEPSCOPE_HMAC_KEY, else {DEFAULT_KEY_FILE})")
     parser.add_argument("--timeout", type=int, default=SessionSpec.default_of("timeoutSeconds"), metavar="S", help="give up after S seconds (default %(default)s)")

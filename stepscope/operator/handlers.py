@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from typing import Any
 
 import kopf
@@ -14,7 +13,8 @@ from stepscope.contracts.session import SessionSpec
 from stepscope.operator import cancellation, fanout, kube, metrics, pod_record
 from stepscope.operator.lifecycle import TERMINAL, Context, SessionRunner
 from stepscope.operator.settings import FINALIZER, GROUP, PLURAL, VERSION, OperatorSettings
-from stepscope.signing import KEY_FILE_ENV, load_key
+from stepscope.settings import hmac_key_file
+from stepscope.signing import load_key
 
 
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -24,8 +24,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.stepscope.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kopf.stepscope.io")
     settings.posting.level = logging.INFO
-    settings.watching.server_timeout = int(os.environ.get("STEPSCOPE_WATCH_TIMEOUT_S", 300))
-    memo.ctx = Context(OperatorSettings(), load_key(os.environ.get(KEY_FILE_ENV)))
+    operator = OperatorSettings()
+    settings.watching.server_timeout = operator.watch_timeout_s
+    memo.ctx = Context(operator, load_key(hmac_key_file()))
 
 
 def login(**_: Any) -> kopf.ConnectionInfo:

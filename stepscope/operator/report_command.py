@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
 import webbrowser
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from stepscope.contracts.session import SessionSpec
 from stepscope.contracts.states import SessionPhase
 from stepscope.operator import credentials, kube
 from stepscope.operator.record import destination, open_destination
-from stepscope.operator.settings import GROUP, PLURAL, VERSION
+from stepscope.operator.settings import GROUP, PLURAL, VERSION, kubeconfig
 
 COLUMNS = ("NAME", "PHASE", "WORKERS", "SLOWEST RANK", "SUMMARY", "AGE")  # kubectl get's header for the CRD
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -31,7 +30,7 @@ def current_namespace() -> str:
     if SERVICE_ACCOUNT_NAMESPACE.is_file():
         return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
     try:
-        _, active = kubernetes.config.list_kube_config_contexts(config_file=os.environ.get("KUBECONFIG"))
+        _, active = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig())
     except kubernetes.config.ConfigException:
         return "default"
     return (active or {}).get("context", {}).get("namespace") or "default"

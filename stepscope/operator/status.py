@@ -1,7 +1,7 @@
 """What the operator writes into a ProfileSession's status: worker counts aggregated from the
 sidecars, the bounded list of failed workers, conditions, and the throttle that keeps every
 session at or below one status write per second. Nothing here grows with the pod count: the
-whole status stays under 32 KiB (ARCHITECTURE.md); pod names go to the session's pod record."""
+whole status stays under 32 KiB (docs/design.md); pod names go to the session's pod record."""
 from __future__ import annotations
 
 import asyncio
@@ -21,7 +21,7 @@ from stepscope.operator import kube, metrics
 from stepscope.operator.pod_record import PodRecord
 from stepscope.operator.settings import INJECT_LABEL
 
-STATUS_BUDGET = 32 * 1024  # ARCHITECTURE.md: the whole status, as JSON
+STATUS_BUDGET = 32 * 1024  # docs/design.md: the whole status, as JSON
 MAX_MESSAGE = 1024  # status.message and each condition's message
 MAX_FAILED_WORKERS = 20
 WORKER_FIELDS = ("total", "triggered", "capturing", "captured", "uploaded", "failed")

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import datetime as dt
 import logging
-import os
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -35,7 +35,7 @@ from stepscope.operator import certs, injection, kube, metrics
 from stepscope.operator.injection import InjectionSettings, inject
 from stepscope.operator.namespace_keys import MANAGED_LABEL, NamespaceKeys
 from stepscope.operator.selection import started_without_sidecar
-from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION, INJECTION_WARNING_ANNOTATION, OperatorSettings
+from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION, INJECTION_WARNING_ANNOTATION, OperatorSettings, WebhookSettings
 
 HANDLER_ID = "inject-sidecar"
 log = logging.getLogger(__name__)
@@ -215,12 +215,7 @@ class Endpoint:
 
     @classmethod
     def from_env(cls) -> Endpoint:
-        service = os.environ.get("STEPSCOPE_WEBHOOK_SERVICE") or None
-        return cls(config=os.environ.get("STEPSCOPE_WEBHOOK_CONFIG", "stepscope-injector.stepscope.io"),
-                   tls_secret=os.environ.get("STEPSCOPE_WEBHOOK_TLS_SECRET", "stepscope-webhook-tls"),
-                   service=service, namespace=os.environ.get("STEPSCOPE_WEBHOOK_NAMESPACE") or os.environ.get("POD_NAMESPACE", "stepscope"),
-                   url=os.environ.get("STEPSCOPE_WEBHOOK_URL") or None,
-                   addr=os.environ.get("STEPSCOPE_WEBHOOK_ADDR", "0.0.0.0"), port=int(os.environ.get("STEPSCOPE_WEBHOOK_PORT", 9443)))
+        return cls(**dataclasses.asdict(WebhookSettings()))
 
     @property
     def hook_name(self) -> str:
@@ -257,7 +252,7 @@ class Injector:
         self.settings, self.endpoint = settings, endpoint
         self.keys = NamespaceKeys(settings, key)
         self.ca_bundle = base64.b64encode(ca_pem).decode()
-        self.interval_s = float(os.environ.get("STEPSCOPE_INJECTION_RESYNC_S", 15))
+        self.interval_s = settings.injection_resync_s
         self.namespaces: set[str] = set(n for n in settings.namespaces if settings.injects_into(n))
         self.reported: set[str] = set()  # uids of labelled pods already looked at (and given their Event)
         self._config_state = ""

@@ -83,7 +83,7 @@ def install_bootstrap(stepscope_dir: Path) -> Path:
 
 def training_env(stepscope_dir: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables a training process needs for the bootstrap (PYTHONPATH first, STEPSCOPE_DIR)."""
-    base = os.environ if base is None else base
+    base = dict(os.environ) if base is None else base
     folder = str(Path(stepscope_dir).resolve() / BOOTSTRAP_FOLDER)
     existing = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and p != folder]
     return {"PYTHONPATH": os.pathsep.join([folder, *existing]), wire.DIR_ENV: str(Path(stepscope_dir).resolve())}

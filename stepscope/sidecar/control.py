@@ -12,7 +12,7 @@ import re
 from urllib.parse import unquote, urlsplit
 
 from stepscope.bounded_http import BoundedHandler, BoundedHTTPServer, RateLimitedLog, Refused
-from stepscope.sidecar.metrics import exposition
+from stepscope.sidecar.prometheus import exposition
 from stepscope.sidecar.sessions import SessionManager
 from stepscope.sidecar.telemetry import StepTelemetry
 from stepscope.signing import SignatureError, Verifier, target

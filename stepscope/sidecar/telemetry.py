@@ -1,6 +1,6 @@
 """The sidecar's side of the step telemetry (docs/wire.md, "Step telemetry"): it reads each rank's
 step ring without a lock and folds the new steps into per-rank totals and a histogram, which the
-Prometheus exposition (stepscope.sidecar.metrics) and GET /v1/telemetry serve."""
+Prometheus exposition (stepscope.sidecar.prometheus) and GET /v1/telemetry serve."""
 from __future__ import annotations
 
 import bisect

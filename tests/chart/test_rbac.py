@@ -12,8 +12,8 @@ import pytest
 
 from stepscope.operator import jobs
 from stepscope.operator.settings import OperatorSettings
+from stepscope.testing.kube.helpers import refused
 from tests.chart.conftest import RELEASE_NAMESPACE, REPO, apply_rbac, render
-from tests.kube.helpers import refused
 
 NAMESPACES = ("team-a", "team-b")
 SETS = ("operator.namespaces={team-a,team-b}",)
@@ -194,7 +194,7 @@ def test_owner_references_may_block_deletion(rendered):
 
 
 def test_the_check_finds_what_the_first_chart_granted():
-    """The rules of the chart as issue 9 found it, bound cluster-wide."""
+    """The rules of the first chart, bound cluster-wide."""
     first = {Grant(v, g, r, (), "cluster") for g, r, vs in (
         ("", "secrets", ("get", "create")), ("batch", "jobs", ("get", "create")), ("rbac.authorization.k8s.io", "roles", ("create",)),
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", ("get", "create", "patch"))) for v in vs}

@@ -8,7 +8,7 @@ from stepscope import crds
 from stepscope.contracts.openapi import CRDS
 from stepscope.contracts.schema import Field, Record, SpecError
 from stepscope.contracts.session import SessionSpec
-from tests.kube.fixtures import REPO
+from stepscope.testing.kube.fixtures import REPO
 
 STORAGE = {"uri": "s3://bucket/p", "credentialsSecret": "store"}
 

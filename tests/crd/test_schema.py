@@ -12,8 +12,8 @@ import yaml
 from kubernetes.client import ApiException
 
 from stepscope.contracts.session import DEFAULT_CAPTURE_STEPS, SessionSpec
-from tests.kube.fixtures import CRD_PATH
-from tests.kube.schema import apply_defaults, prune, structural_errors
+from stepscope.testing.kube.fixtures import CRD_PATH
+from stepscope.testing.kube.schema import apply_defaults, prune, structural_errors
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_schema_defaults_agree_with_the_session_model(crd, capture, steps):
 
 def test_the_api_server_accepts_the_crd(kube, crd):
     """kube-apiserver checks every default against the rules of its node when the CRD is created
-    (issue 9: the first CRD was refused for hardwareMetrics' `{}` default)."""
+    (an earlier CRD was refused for hardwareMetrics' `{}` default)."""
     created = kube.apply_crd()
     assert created["metadata"]["name"] == crd["metadata"]["name"]
     assert structural_errors(_schema(crd), "spec.validation.openAPIV3Schema") == []

@@ -12,9 +12,9 @@ import yaml
 
 from stepscope.operator.settings import GROUP, VERSION
 from stepscope.operator.triggers import TRIGGER_PLURAL, Policy
-from tests.kube.fixtures import CRD_PATH, REPO
-from tests.kube.helpers import refused
-from tests.kube.schema import apply_defaults, prune, structural_errors
+from stepscope.testing.kube.fixtures import CRD_PATH, REPO
+from stepscope.testing.kube.helpers import refused
+from stepscope.testing.kube.schema import apply_defaults, prune, structural_errors
 
 TRIGGER_CRD = REPO / "crds" / "profiletrigger.yaml"
 SPEC = {"selector": {"matchLabels": {"job": "train"}}, "sessionTemplate": {"storage": {"uri": "s3://bucket/auto", "credentialsSecret": "store-credentials"}}}

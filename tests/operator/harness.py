@@ -16,7 +16,7 @@ from stepscope.operator import registry
 from stepscope.operator.lifecycle import SessionRunner, Stopped
 from stepscope.operator.namespace_keys import namespace_key
 from stepscope.operator.settings import GROUP, PLURAL, VERSION
-from tests.kube.helpers import wait_for
+from stepscope.testing.kube.helpers import wait_for
 
 NAMESPACE = "default"
 OPERATOR_KEY = b"operator-test-hmac-key-0123456789"

@@ -14,8 +14,8 @@ from stepscope.operator import metrics, pod_record
 from stepscope.operator.pod_record import PodRecord
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient, SidecarError
-from tests.kube.fixtures import Kube
-from tests.kube.helpers import wait_for
+from stepscope.testing.kube.fixtures import Kube
+from stepscope.testing.kube.helpers import wait_for
 from tests.operator.conftest import CREDENTIALS
 from tests.operator.harness import BUCKET, KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec, stop_before_capturing
 
@@ -190,7 +190,7 @@ def test_no_registered_training_process_fails_the_pod_after_the_registration_tim
 
 def test_a_secret_created_just_after_the_session_is_waited_for(operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str) -> None:
     """`kubectl apply` of a file with the session before its Secret: the operator retries the
-    read within the selection grace instead of failing at once (issue 9: 1 apply in 5 failed)."""
+    read within the selection grace instead of failing at once (without the retry, 1 apply in 5 failed)."""
     pods.create("idle", {"job": "idle"}, port=port_of(idle))
     spec = session_spec({"job": "idle"}, s3_endpoint, registrationTimeoutSeconds=1)
     spec["storage"]["credentialsSecret"] = "late"
@@ -205,7 +205,7 @@ def test_a_secret_created_just_after_the_session_is_waited_for(operator: Operato
 
 
 def test_a_finished_sessions_ttl_can_be_extended(operator: OperatorHarness, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """ttlSecondsAfterFinished is the one spec field that may change after the trigger (issue 9):
+    """ttlSecondsAfterFinished is the one spec field that may change after the trigger:
     the operator reads it again before deleting."""
     from stepscope.operator import lifecycle
     monkeypatch.setattr(lifecycle, "TTL_RECHECK_S", 0.5)

@@ -18,7 +18,7 @@ from stepscope.bounded_http import BoundedHTTPServer
 from stepscope.operator import fanout, triggers_alerts
 from stepscope.operator.selection import Target
 from stepscope.sidecar_client import MAX_REPLY, SidecarClient, SidecarError
-from tests.kube.helpers import wait_for
+from stepscope.testing.kube.helpers import wait_for
 
 KEY = b"alerts-test-namespace-key"
 PATH = "/v1/alerts/default/train-watch"

@@ -18,7 +18,7 @@ from stepscope.operator.report_command import age, format_table, missing_report_
 from stepscope.operator.selection import label_selector
 from stepscope.operator.settings import OperatorSettings
 from stepscope.operator.status import MAX_DIAGNOSIS_BYTES, MAX_FAILED_WORKERS, PodProgress, StatusWriter, aggregate, compact_diagnosis, set_condition
-from tests.kube import pod_security
+from stepscope.testing.kube import pod_security
 
 
 def test_label_selector_takes_every_valid_label() -> None:

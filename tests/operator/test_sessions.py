@@ -19,7 +19,7 @@ from stepscope.contracts import layout
 from stepscope.operator import cancellation, fanout, metrics
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
-from tests.kube.helpers import wait_for
+from stepscope.testing.kube.helpers import wait_for
 from tests.operator.conftest import CREDENTIALS
 from tests.operator.harness import BUCKET, KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec
 

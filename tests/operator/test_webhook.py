@@ -1,7 +1,7 @@
 """The injection webhook on the test API server, as a cluster runs it: the chart's own
 MutatingWebhookConfiguration, RBAC and ServiceAccount are applied, the operator runs as that
 ServiceAccount (not as admin), and pods are created through the API server, which calls the
-webhook over HTTPS through the chart's Service (tests/kube/admission.py) and applies Pod Security
+webhook over HTTPS through the chart's Service (stepscope/testing/kube/admission.py) and applies Pod Security
 admission after it."""
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ from stepscope.operator import kube as operator_kube
 from stepscope.operator import metrics, registry
 from stepscope.operator.injection import BOOTSTRAP_DIR, SIDECAR_NAME, InjectionSettings, inject, reinject
 from stepscope.operator.namespace_keys import namespace_key
+from stepscope.testing.kube.fixtures import Kube
+from stepscope.testing.kube.helpers import wait_for
 from tests.chart.conftest import CHART
 from tests.chart.conftest import render_templates as render
-from tests.kube.fixtures import Kube
-from tests.kube.helpers import wait_for
 from tests.operator.harness import KEY, OPERATOR_KEY, OperatorHarness, session_spec
 
 RELEASE_NS = "stepscope"

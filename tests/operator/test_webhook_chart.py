@@ -9,9 +9,9 @@ import pytest
 
 from stepscope.operator.settings import SYSTEM_NAMESPACES, OperatorSettings
 from stepscope.operator.webhook import HANDLER_ID
+from stepscope.testing.kube.admission import _matches
 from tests.chart.conftest import Failed
 from tests.chart.conftest import render_templates as render
-from tests.kube.admission import _matches
 from tests.operator.test_manifests import K8S_VERSION
 
 TEMPLATES = ("rbac-webhook.yaml", "webhook.yaml", "deployment.yaml")

@@ -22,8 +22,8 @@ from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables
 from stepscope.analysis.diagnosis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
 from stepscope.analysis.diagnosis.straggler import Straggler, find_straggler, lost_time_shares, more_steps
 from stepscope.analysis.diagnosis.wording import function_text, ms, ranks_text, short
-from stepscope.analysis.metrics.summary import NO_GPU_EVENTS
 from stepscope.analysis.model import Breakdown, Diagnosis, Finding, RankSummary, SlowWorker, StepTime
+from stepscope.analysis.statistics.summary import NO_GPU_EVENTS
 from stepscope.contracts.wire import STACK_SAMPLE_SECONDS, STACKS_DROPPED
 
 MAX_FINDINGS = 20
