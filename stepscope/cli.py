@@ -32,8 +32,8 @@ COMMANDS: dict[str, Command] = {
     "diff": Command("stepscope.analysis", "compare two captured sessions or traces: kernels and functions added, removed, slower, faster",
                     "add_diff_arguments", "run_diff"),
     "operator": Command("stepscope.operator.command", "run the Kubernetes operator (kopf)"),
-    "get": Command("stepscope.operator.report_command", "list ProfileSessions like kubectl get does", "add_get_arguments", "run_get"),
-    "report": Command("stepscope.operator.report_command", "download a session's report from the object store and print or open it",
+    "get": Command("stepscope.operator.sessions.report_command", "list ProfileSessions like kubectl get does", "add_get_arguments", "run_get"),
+    "report": Command("stepscope.operator.sessions.report_command", "download a session's report from the object store and print or open it",
                       "add_report_arguments", "run_report"),
 }
 
@@ -62,7 +62,7 @@ def _run_session_analysis(session: str) -> int:
     if not namespace or not name:
         print(f"stepscope analyze: --session wants NAMESPACE/NAME, got {session!r}", file=sys.stderr)
         return 2
-    from stepscope.operator.analysis_job import run_session_analysis
+    from stepscope.operator.sessions.analysis_job import run_session_analysis
     return run_session_analysis(namespace, name)
 
 

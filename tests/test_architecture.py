@@ -176,14 +176,14 @@ def test_the_check_sees_back_edges() -> None:
         "stepscope.analysis.gathering.session_files": {"stepscope.analysis.reporting.merged_trace"},
         "stepscope.analysis.statistics.steps": {"stepscope.analysis"},
         "stepscope.agent.capture": {"stepscope.files", "numpy"},
-        "stepscope.operator.handlers": {"stepscope.agent"},
+        "stepscope.operator.sessions.handlers": {"stepscope.agent"},
         "stepscope.local.demo": {"stepscope.testing.nvml.simulated"},
         "stepscope.testing.kube.server": {"tests.polling"},
         "stepscope.analysis.loading.trace": {"stepscope.analysis.statistics.steps"},
     }
     assert len(violations(planted)) == 16
     edges = graph()
-    assert "stepscope.operator.analysis_job" in edges["stepscope.cli"]  # found inside a function
+    assert "stepscope.operator.sessions.analysis_job" in edges["stepscope.cli"]  # found inside a function
     assert "stepscope.contracts.layout" in edges["stepscope.analysis.reporting.report"]  # `from stepscope.contracts import layout`
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from stepscope.operator import jobs
+from stepscope.operator.sessions import jobs
 from stepscope.operator.settings import OperatorSettings
 from stepscope.testing.kube.helpers import refused
 from tests.chart.conftest import RELEASE_NAMESPACE, REPO, apply_rbac, render

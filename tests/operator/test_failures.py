@@ -10,8 +10,9 @@ import kubernetes
 import pytest
 
 from stepscope.local.launch import free_port
-from stepscope.operator import metrics, pod_record
-from stepscope.operator.pod_record import PodRecord
+from stepscope.operator import metrics
+from stepscope.operator.sessions import pod_record
+from stepscope.operator.sessions.pod_record import PodRecord
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient, SidecarError
 from stepscope.testing.kube.fixtures import Kube
@@ -207,7 +208,7 @@ def test_a_secret_created_just_after_the_session_is_waited_for(operator: Operato
 def test_a_finished_sessions_ttl_can_be_extended(operator: OperatorHarness, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """ttlSecondsAfterFinished is the one spec field that may change after the trigger:
     the operator reads it again before deleting."""
-    from stepscope.operator import lifecycle
+    from stepscope.operator.sessions import lifecycle
     monkeypatch.setattr(lifecycle, "TTL_RECHECK_S", 0.5)
     operator.create_session("extended", session_spec({"job": "none"}, s3_endpoint, ttlSecondsAfterFinished=3))
     operator.wait_phase("extended", ("Failed",))
@@ -271,7 +272,7 @@ def test_the_analysis_job_writes_its_result_to_the_store_never_the_status(cluste
     import boto3
 
     from stepscope.contracts.layout import REPORT_RESULT, session_prefix
-    from stepscope.operator.analysis_job import run_session_analysis
+    from stepscope.operator.sessions.analysis_job import run_session_analysis
     from stepscope.operator.settings import GROUP, PLURAL, VERSION
 
     custom = kubernetes.client.CustomObjectsApi(cluster.api_client)

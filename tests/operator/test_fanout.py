@@ -14,8 +14,8 @@ import pytest
 from stepscope.contracts.session import SessionSpec
 from stepscope.contracts.sidecar_api import SessionRequest
 from stepscope.contracts.wire import aligned_start_step
-from stepscope.operator import fanout
-from stepscope.operator.selection import Target
+from stepscope.operator.sessions import fanout
+from stepscope.operator.sessions.selection import Target
 from stepscope.signing import Verifier, target
 
 KEY = b"fanout-test-key"

@@ -16,7 +16,8 @@ import pytest
 
 from stepscope.cli import main
 from stepscope.contracts import layout
-from stepscope.operator import cancellation, fanout, metrics
+from stepscope.operator import metrics
+from stepscope.operator.sessions import cancellation, fanout
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
 from stepscope.testing.kube.helpers import wait_for

@@ -1,4 +1,4 @@
-"""The ProfileTrigger's pure transition (stepscope.operator.triggers) driven poll by poll: which
+"""The ProfileTrigger's pure transition (stepscope.operator.triggers.policy) driven poll by poll: which
 fires create a session, which the cooldown, the hourly cap or suspend hold back, and what a
 restarted operator restores from the status."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 
 from stepscope import detection
 from stepscope.contracts.session import SessionSpec
-from stepscope.operator import triggers
-from stepscope.operator.triggers import CreateSession, HoldBack, Observation, Policy, State, step
+from stepscope.operator.triggers import policy as triggers
+from stepscope.operator.triggers.policy import CreateSession, HoldBack, Observation, Policy, State, step
 
 POLL_S = 5.0
 T0 = 1_764_000_000.0  # 2025-11-24T16:00:00Z

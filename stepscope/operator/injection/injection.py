@@ -1,5 +1,5 @@
 """What injection adds to a pod that opts in with `stepscope.io/inject: "true"` (pure: the
-webhook in stepscope.operator.webhook serves it).
+webhook in stepscope.operator.injection.webhook serves it).
 
 The sidecar goes in as a native sidecar (an init container with restartPolicy Always), started
 before the training containers; it installs the agent's bootstrap into the shared emptyDir, which

@@ -18,7 +18,7 @@ from stepscope.contracts import layout
 from stepscope.contracts.session import SessionSpec
 from stepscope.contracts.states import SessionPhase
 from stepscope.operator import credentials, kube
-from stepscope.operator.record import destination, open_destination
+from stepscope.operator.sessions.record import destination, open_destination
 from stepscope.operator.settings import GROUP, PLURAL, VERSION, kubeconfig
 
 COLUMNS = ("NAME", "PHASE", "WORKERS", "SLOWEST RANK", "SUMMARY", "AGE")  # kubectl get's header for the CRD

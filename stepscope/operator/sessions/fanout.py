@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from stepscope import retry
 from stepscope.contracts.sidecar_api import SessionRequest
 from stepscope.operator import metrics
-from stepscope.operator.selection import Target
+from stepscope.operator.sessions.selection import Target
 from stepscope.sidecar_client import SidecarClient, SidecarError
 
 T = TypeVar("T")

@@ -10,8 +10,9 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from stepscope.contracts.session import SessionSpec
-from stepscope.operator import cancellation, fanout, kube, metrics, pod_record
-from stepscope.operator.lifecycle import TERMINAL, Context, SessionRunner
+from stepscope.operator import kube, metrics
+from stepscope.operator.sessions import cancellation, fanout, pod_record
+from stepscope.operator.sessions.lifecycle import TERMINAL, Context, SessionRunner
 from stepscope.operator.settings import FINALIZER, GROUP, PLURAL, VERSION, OperatorSettings
 from stepscope.settings import hmac_key_file
 from stepscope.signing import load_key

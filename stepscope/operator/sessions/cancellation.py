@@ -7,8 +7,9 @@ from concurrent.futures import Executor
 from typing import Any
 
 from stepscope.contracts.session import SpecError
-from stepscope.operator import fanout, kube
-from stepscope.operator.selection import label_selector, target_of
+from stepscope.operator import kube
+from stepscope.operator.sessions import fanout
+from stepscope.operator.sessions.selection import label_selector, target_of
 from stepscope.operator.settings import OperatorSettings
 
 

@@ -1,6 +1,6 @@
 """One ProfileSession from creation to its end: Pending -> Capturing -> Analyzing -> Succeeded or
 Failed. Runs as the session's kopf daemon, so an operator restart resumes it from its status and
-its pod record (stepscope.operator.pod_record): the phase says where it was, the record which
+its pod record (stepscope.operator.sessions.pod_record): the phase says where it was, the record which
 sidecars were triggered, and those are never triggered again (the PUT is idempotent too, for a
 restart between the PUT and the record's write)."""
 from __future__ import annotations
@@ -22,14 +22,15 @@ from stepscope.contracts.session import SessionSpec, SpecError
 from stepscope.contracts.sidecar_api import SessionRequest, StoreCredentials
 from stepscope.contracts.states import SESSION_FINAL, ConditionType, SessionPhase
 from stepscope.contracts.wire import aligned_start_step
-from stepscope.operator import cancellation, credentials, fanout, jobs, kube, metrics, phases, pod_record
-from stepscope.operator.namespace_keys import namespace_key
-from stepscope.operator.phases import Action, Captured, Failure, Finish, GiveUp, ReadAnalysis, RecordPods, Report, Retry, RunState, Trigger, Wait
-from stepscope.operator.pod_record import PodRecord
-from stepscope.operator.record import SessionRecord, destination, open_destination
-from stepscope.operator.selection import Target, label_selector, not_injected, select_targets, target_of
+from stepscope.operator import credentials, kube, metrics
+from stepscope.operator.injection.namespace_keys import namespace_key
+from stepscope.operator.sessions import cancellation, fanout, jobs, phases, pod_record
+from stepscope.operator.sessions.phases import Action, Captured, Failure, Finish, GiveUp, ReadAnalysis, RecordPods, Report, Retry, RunState, Trigger, Wait
+from stepscope.operator.sessions.pod_record import PodRecord
+from stepscope.operator.sessions.record import SessionRecord, destination, open_destination
+from stepscope.operator.sessions.selection import Target, label_selector, not_injected, select_targets, target_of
+from stepscope.operator.sessions.status import MAX_MESSAGE, PodProgress, StatusWriter, diagnosed_status, now_iso, parse_iso, pod_counts, set_condition
 from stepscope.operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
-from stepscope.operator.status import MAX_MESSAGE, PodProgress, StatusWriter, diagnosed_status, now_iso, parse_iso, pod_counts, set_condition
 
 log = logging.getLogger(__name__)
 TERMINAL = SESSION_FINAL
@@ -55,7 +56,7 @@ class Context:
         self.sidecars = ThreadPoolExecutor(max_workers=max(1, self.settings.fanout_concurrency), thread_name_prefix="stepscope-sidecar")
 
     def key_for(self, namespace: str) -> bytes:
-        """What the sidecars of `namespace` verify with (stepscope.operator.namespace_keys)."""
+        """What the sidecars of `namespace` verify with (stepscope.operator.injection.namespace_keys)."""
         return namespace_key(self.key, namespace)
 
 
@@ -88,7 +89,7 @@ def _end(action: Action) -> NoReturn:
 
 
 class SessionRunner:
-    """The I/O shell around stepscope.operator.phases: it observes the pods, sidecars and the
+    """The I/O shell around stepscope.operator.sessions.phases: it observes the pods, sidecars and the
     analysis Job, asks `phases.step` what to do, and does it."""
 
     def __init__(self, obj: dict[str, Any], ctx: Context, stopped: Any, logger: logging.Logger | logging.LoggerAdapter) -> None:

@@ -16,7 +16,7 @@ from stepscope import analysis
 from stepscope.contracts.layout import REPORT_RESULT, AnalysisResult
 from stepscope.contracts.session import SessionSpec
 from stepscope.operator import credentials, kube
-from stepscope.operator.record import destination, open_destination
+from stepscope.operator.sessions.record import destination, open_destination
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 stepscope.detection judges the conditions on the ranks' telemetry; this module adds what the
 trigger resource promises on top: which conditions are on, alerts fired from Alertmanager, the
 cooldown and the hourly cap, the name and body of each ProfileSession it creates, and the status
-that says why. No I/O and no clock: stepscope.operator.triggers_daemon polls and writes.
+that says why. No I/O and no clock: stepscope.operator.triggers.daemon polls and writes.
 """
 from __future__ import annotations
 

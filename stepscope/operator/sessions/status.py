@@ -18,7 +18,7 @@ from stepscope.contracts import layout
 from stepscope.contracts.states import SIDECAR_FINAL, ConditionType, SidecarPhase
 from stepscope.contracts.wire import FAILED_STATES, HUNG
 from stepscope.operator import kube, metrics
-from stepscope.operator.pod_record import PodRecord
+from stepscope.operator.sessions.pod_record import PodRecord
 from stepscope.operator.settings import INJECT_LABEL
 
 STATUS_BUDGET = 32 * 1024  # docs/design.md: the whole status, as JSON

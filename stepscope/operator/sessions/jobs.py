@@ -14,7 +14,7 @@ from kubernetes.client.rest import ApiException
 
 from stepscope.operator import kube
 from stepscope.operator.credentials import ENV_OF_FIELD
-from stepscope.operator.injection import SIDECAR_UID
+from stepscope.operator.injection.injection import SIDECAR_UID
 from stepscope.operator.settings import GROUP, KIND, SESSION_LABEL, VERSION, OperatorSettings
 
 # Pod Security "restricted" (the image's USER is named, so runAsNonRoot holds before it is pulled).
