@@ -36,7 +36,7 @@ def simulated_sidecars(port: int, ready: Event) -> None:
     """One aiohttp server for every pod (it tells pods apart by the address they dialled)."""
     from aiohttp import web
 
-    from stepscope.operator.injection.namespace_keys import namespace_key
+    from stepscope.operator.namespace_keys import namespace_key
     from stepscope.signing import SignatureError, Verifier, target
 
     verifier = Verifier(namespace_key(KEY, "default"))  # the key of the pods' namespace, as injected

@@ -104,7 +104,7 @@ def simulated_telemetry(port: int, ranks_per_pod: int, slow_since: Any, ready: A
     once `slow_since` (shared, Unix seconds; 0 while healthy) passed."""
     from aiohttp import web
 
-    from stepscope.operator.injection.namespace_keys import namespace_key
+    from stepscope.operator.namespace_keys import namespace_key
     from stepscope.signing import SignatureError, Verifier, target
 
     verifier = Verifier(namespace_key(KEY, "default"))
@@ -149,7 +149,7 @@ def operator_cost(pods: int, ranks_per_pod: int, interval_s: float, polls: int) 
 
     from stepscope import detection
     from stepscope.local.launch import free_port
-    from stepscope.operator.injection.namespace_keys import namespace_key
+    from stepscope.operator.namespace_keys import namespace_key
     from stepscope.operator.sessions import fanout
     from stepscope.operator.sessions.selection import Target
     from stepscope.operator.settings import OperatorSettings

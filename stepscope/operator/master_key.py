@@ -1,4 +1,4 @@
-"""The operator's master HMAC key (stepscope.operator.injection.namespace_keys derives each namespace's from
+"""The operator's master HMAC key (stepscope.operator.namespace_keys derives each namespace's from
 it), kept in a Secret of the operator's namespace that Helm never renders: `helm template` (Argo
 CD, Flux) would render a new random key at every sync, and every running sidecar would then refuse
 the operator. The first operator to start creates it; nothing ever overwrites it, so a key the
@@ -12,7 +12,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from stepscope.operator import kube
-from stepscope.operator.injection.namespace_keys import MANAGED_LABEL
+from stepscope.operator.namespace_keys import MANAGED_LABEL
 from stepscope.signing import KeyLoadError
 
 

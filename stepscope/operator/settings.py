@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-GROUP = "stepscope.io"
-VERSION = "v1alpha1"
-PLURAL = "profilesessions"
-KIND = "ProfileSession"
+from stepscope.contracts import session as session_contract
+
+GROUP, VERSION, PLURAL, KIND = session_contract.GROUP, session_contract.VERSION, session_contract.PLURAL, session_contract.KIND
+# The image's USER (Dockerfile), which the sidecar and the analysis Job run as; named here so that
+# runAsNonRoot can be checked before the image is pulled.
+IMAGE_UID = 10001
 FINALIZER = "stepscope.io/finalizer"
 INJECT_LABEL = "stepscope.io/inject"
 SESSION_LABEL = "stepscope.io/session"

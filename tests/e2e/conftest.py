@@ -30,7 +30,7 @@ from kopf.testing import KopfRunner
 
 from stepscope.operator import kube as operator_kube
 from stepscope.operator import registry
-from stepscope.operator.injection.namespace_keys import namespace_key
+from stepscope.operator.namespace_keys import namespace_key
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.testing.kube.fixtures import CRD_PATH
 from tests.chart.conftest import apply_rbac, helm, render  # noqa: F401 (helm is a fixture)

@@ -13,7 +13,7 @@ from kopf.testing import KopfRunner
 
 from stepscope.contracts.wire import PORT_NAME as SIDECAR_PORT_NAME
 from stepscope.operator import registry
-from stepscope.operator.injection.namespace_keys import namespace_key
+from stepscope.operator.namespace_keys import namespace_key
 from stepscope.operator.sessions.lifecycle import SessionRunner, Stopped
 from stepscope.operator.settings import GROUP, PLURAL, VERSION
 from stepscope.testing.kube.helpers import wait_for

@@ -12,7 +12,7 @@ the API server holds the operator to that: the chart's ValidatingAdmissionPolicy
 change of its to the configuration but caBundle (the URL is for a local operator without it).
 
 Admission only computes a patch: nothing there calls the API server, so nothing there can fail a
-pod. The namespaces' key Secrets are written beside it (stepscope.operator.injection.namespace_keys), and a
+pod. The namespaces' key Secrets are written beside it (stepscope.operator.namespace_keys), and a
 labelled pod that got no sidecar is found by a periodic scan that posts an Event on it."""
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from stepscope.bounded_http import ConnectionSlots, RateLimitedLog
 from stepscope.operator import kube, metrics
 from stepscope.operator.injection import certs, injection
 from stepscope.operator.injection.injection import InjectionSettings, inject
-from stepscope.operator.injection.namespace_keys import MANAGED_LABEL, NamespaceKeys
+from stepscope.operator.namespace_keys import MANAGED_LABEL, NamespaceKeys
 from stepscope.operator.sessions.selection import started_without_sidecar
 from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION, INJECTION_WARNING_ANNOTATION, OperatorSettings, WebhookSettings
 

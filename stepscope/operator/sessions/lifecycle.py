@@ -23,7 +23,7 @@ from stepscope.contracts.sidecar_api import SessionRequest, StoreCredentials
 from stepscope.contracts.states import SESSION_FINAL, ConditionType, SessionPhase
 from stepscope.contracts.wire import aligned_start_step
 from stepscope.operator import credentials, kube, metrics
-from stepscope.operator.injection.namespace_keys import namespace_key
+from stepscope.operator.namespace_keys import namespace_key
 from stepscope.operator.sessions import cancellation, fanout, jobs, phases, pod_record
 from stepscope.operator.sessions.phases import Action, Captured, Failure, Finish, GiveUp, ReadAnalysis, RecordPods, Report, Retry, RunState, Trigger, Wait
 from stepscope.operator.sessions.pod_record import PodRecord
@@ -56,7 +56,7 @@ class Context:
         self.sidecars = ThreadPoolExecutor(max_workers=max(1, self.settings.fanout_concurrency), thread_name_prefix="stepscope-sidecar")
 
     def key_for(self, namespace: str) -> bytes:
-        """What the sidecars of `namespace` verify with (stepscope.operator.injection.namespace_keys)."""
+        """What the sidecars of `namespace` verify with (stepscope.operator.namespace_keys)."""
         return namespace_key(self.key, namespace)
 
 
