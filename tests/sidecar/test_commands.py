@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from stepscope import layout
 from stepscope.analysis.model import decode_summary
+from stepscope.contracts import layout
 from stepscope.local import capture
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient, SidecarError
@@ -183,4 +183,4 @@ def test_capture_without_training_processes_times_out_with_a_reason(sidecar: Sid
     assert "ranks 0: capturing 0" in out and "waiting for training processes to register" in out
     assert "timed out after 1 s" in out and "no training process registered" in out
     record = json.loads((tmp_path / "t" / layout.session_json()).read_text())
-    assert record["phase"] == "Failed" and record["spec"]["capture"]["durationSeconds"] == 1 and record["spec"]["capture"]["steps"] is None
+    assert record["phase"] == "Failed" and record["spec"]["capture"]["durationSeconds"] == 1 and "steps" not in record["spec"]["capture"]

@@ -11,7 +11,7 @@ from stepscope.analysis.diagnosis.patterns import intermittent
 from stepscope.analysis.diagnosis.rank_tables import build_tables
 from stepscope.analysis.diagnosis.straggler import lost_time_shares, more_steps
 from stepscope.analysis.model import SUMMARY_VERSION, CollectiveStat, FunctionStat, OperatorStat, RankSummary, StepRow
-from stepscope.wire import STACKS_DROPPED
+from stepscope.contracts.wire import STACKS_DROPPED
 
 ROOT = "workload.py(300): <module> > workload.py(250): train"
 SHARD = f"{ROOT} > workload.py(101): read_shard > <built-in function sleep>"
