@@ -19,6 +19,8 @@ Choices the operator and users rely on:
 
 from __future__ import annotations
 
+import re
+
 from .schema import Record, Rule, SpecError, array, boolean, integer, mapping, number, record, string
 from .states import ConditionStatus, SessionPhase, Severity
 from .wire import (
@@ -231,6 +233,21 @@ class AnalysisSpec(Record):
         "Run the analysis after the capture; false ends the session Succeeded once the captures are uploaded.",
         default=True,
     )
+    commKernelPatterns: tuple[str, ...] = array(
+        "The job's own communication kernels, beside NCCL's, RCCL's, DeepEP's and NVSHMEM's: regular expressions "
+        "(Python syntax) searched in kernel names. Kernels they match count as communication in the summaries, the "
+        "breakdown, the overlap and the communication table.",
+        string(None, min_length=1, max_length=256),
+        default=[],
+        max_items=16,
+    )
+
+    def check(self, path: str) -> None:
+        for n, pattern in enumerate(self.commKernelPatterns):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise SpecError(f"{path}.commKernelPatterns[{n}] is not a regular expression: {exc}") from None
 
 
 class SessionSpec(Record):

@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", type=Path, default=None, metavar="DIR", help="where the artifacts go (default ./stepscope-<time>)")
     parser.add_argument("--save-raw-trace", choices=SAVE_RAW_TRACE, default=SessionSpec.default_of("saveRawTrace"), help="raw traces to keep (summaries always)")
     parser.add_argument("--analyze", action="store_true", help="diagnose the capture and write the report into DIR/report")
+    parser.add_argument("--comm-kernel", action="append", default=[], metavar="REGEX",
+                        help="a communication kernel of this job's own (spec.analysis.commKernelPatterns; repeatable)")
     parser.add_argument("--sidecar", type=_sidecar_url, default=settings.sidecar_url(), metavar="URL",
                         help="the sidecar's control endpoint (env STEPSCOPE_SIDECAR, default %(default)s)")
     parser.add_argument("--key-file", default=None, help=f"HMAC key file (default $STEPSCOPE_HMAC_KEY, else {DEFAULT_KEY_FILE})")
@@ -56,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 OPTION_OF_FIELD = {
     "spec.capture.steps": "--steps", "spec.capture.durationSeconds": "--duration", "spec.capture.waitSteps": "--wait",
     "spec.capture": "--steps/--duration", "spec.hardwareMetrics.intervalMicroseconds": "--metrics-interval-us",
-    "spec.saveRawTrace": "--save-raw-trace", "spec.timeoutSeconds": "--timeout", "spec.hangTimeoutSeconds": "--hang-timeout",
+    "spec.saveRawTrace": "--save-raw-trace", "spec.analysis.commKernelPatterns": "--comm-kernel", "spec.timeoutSeconds": "--timeout", "spec.hangTimeoutSeconds": "--hang-timeout",
 }
 
 
@@ -97,6 +99,7 @@ def _spec(args: argparse.Namespace, destination: str) -> SessionSpec:
         "storage": {"uri": destination},
         "hangTimeoutSeconds": args.hang_timeout,
         "timeoutSeconds": args.timeout,
+        "analysis": {"commKernelPatterns": args.comm_kernel},
     })
 
 
@@ -187,9 +190,9 @@ def _write_session_json(out_dir: Path, session_id: str, url: str, spec: SessionS
     open_store(out_dir.as_uri()).put_bytes(layout.session_json(), json.dumps(record, indent=1).encode())
 
 
-def _analyze(out_dir: Path) -> None:
+def _analyze(out_dir: Path, spec: SessionSpec) -> None:
     try:
-        diagnosis = analysis.report(str(out_dir), progress=sys.stderr.isatty())
+        diagnosis = analysis.report(str(out_dir), progress=sys.stderr.isatty(), comm_kernel_patterns=spec.analysis.commKernelPatterns)
     except (ValueError, OSError, StoreError) as exc:
         print(f"stepscope capture: the analysis failed: {exc}; the capture is intact, retry with `stepscope analyze {out_dir}`", file=sys.stderr)
         return
@@ -241,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{status['phase']}: {status.get('message', '')}")
     print(f"artifacts in {out_dir}: {_artifact_counts(status.get('artifacts') or [])}")
     if args.analyze and any(a.endswith(".summary.json") for a in status.get("artifacts") or []):
-        _analyze(out_dir)
+        _analyze(out_dir, spec)
     if code is not None:
         return code
     return 0 if status["phase"] == SidecarPhase.SUCCEEDED else EXIT_FAILED

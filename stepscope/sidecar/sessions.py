@@ -514,7 +514,8 @@ class SessionManager:
                                   pod=self.pod, node=self.node, error=progress.error or f"no trace ({progress.state})",
                                   warnings=list(progress.degraded))
             return encode(summary)
-        summary = analysis.summarize(trace, rank=progress.rank, pod=self.pod, node=self.node, samples=session.metrics)
+        summary = analysis.summarize(trace, rank=progress.rank, pod=self.pod, node=self.node, samples=session.metrics,
+                                     comm_kernel_patterns=session.spec.analysis.commKernelPatterns)
         # What the capture budget dropped or cut reaches the diagnosis and the report.
         summary.warnings = [*progress.degraded, *summary.warnings]
         if summary.error:

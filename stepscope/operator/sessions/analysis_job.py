@@ -33,7 +33,7 @@ def run_session_analysis(namespace: str, name: str) -> int:
         creds = credentials.from_env()
         store = open_destination(spec, dest, creds)
         diagnosis = analysis.report(dest, endpoint=spec.storage.endpoint, region=spec.storage.region, credentials=creds, progress=False,
-                                    ambient_credentials=False)
+                                    ambient_credentials=False, comm_kernel_patterns=spec.analysis.commKernelPatterns)
     except Exception as exc:
         log.exception("analysis of %s/%s failed", namespace, name)
         message = f"analysis failed: {type(exc).__name__}: {exc}"[:1000]
