@@ -51,6 +51,8 @@ class OperatorCause:
                     "or host cannot be told from larger inputs")
         if self.sameShapes:
             return f"{head} with the same shapes, most in {self.operator} {self.shapes}: a slow device or host"
+        if not self.larger:
+            return f"{head}, with other input shapes than its peers': {self.operator} takes {self.shapes} against {self.peersShapes} on its peers"
         return f"{head}, as its inputs are larger: {self.operator} takes {self.shapes} against {self.peersShapes} on its peers: uneven shards or batches"
 
 
@@ -103,7 +105,10 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
     known, same = bool((own["shapes"] != "").any()), shared >= SAME_SHAPES
     larger = known and not same and f"{operator}\0{shapes}" not in others and _elements(shapes) > _elements(peers_shapes)
     ratio = float(np.median(mine)) / max(float(np.median(peers)), 1e-9)
-    if not larger and ratio < OPERATOR_RATIO:
+    # Smaller inputs that take longer are neither uneven shards of its own nor its peers' work run
+    # slower: the operators tell nothing of it (a peer with the larger inputs may be the one).
+    smaller = known and not same and _elements(shapes) < _elements(peers_shapes)
+    if smaller or (not larger and ratio < OPERATOR_RATIO):
         return None
     return OperatorCause(excessUsPerStep=typical, usPerStep=float(np.median(mine)), peersUsPerStep=float(np.median(peers)),
                          stepsUs=tuple(float(e) for e in excess), sameShapes=same, shapesKnown=known, operator=operator,

@@ -145,13 +145,21 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cau
     of the gap, and the gap (not that part) is what the rank costs its peers. Each step tells only
     which side of its peers the rank falls on: the mean gap (the verdict's, MIN_GAP_SHARE of the
     step) says how much, and with more ranks on a loaded machine a step rarely leaves one rank alone
-    by that much (WaitVerdict.agreeing)."""
+    by that much (WaitVerdict.agreeing). A host slower at everything stretches its operators at
+    least by their share of its peers' own time (the step less their wait, sleeps included) times
+    the gap: operators whose typical excess falls short of that swing with the machine's load,
+    while something else (the load itself, on a rank the scheduler favours less) holds it back."""
     if v.rank is None:
         return None
-    waited = int(np.sum(v.perStepUs.drop(columns=[v.rank]).median(axis=1).to_numpy(dtype=float) > v.perStepUs[v.rank].to_numpy(dtype=float)))
+    peers = v.perStepUs.drop(columns=[v.rank])
+    waited = int(np.sum(peers.median(axis=1).to_numpy(dtype=float) > v.perStepUs[v.rank].to_numpy(dtype=float)))
     ops = operator_cause(tables, v.rank, steps)
     if (2 * waited < v.steps or ops is None or not (ops.sameShapes and ops.shapesKnown) or ops.ratio < OPERATOR_RATIO
             or 2 * _steady_operators(tables, v.rank, steps) < len(steps)):
+        return None
+    durations = tables.steps.pivot_table(index="step", columns="rank", values="durationUs", aggfunc="sum").reindex(index=steps, columns=peers.columns)
+    own_us = float(np.median((durations - peers).median(axis=1)))
+    if own_us <= 0 or ops.excessUsPerStep < ops.peersUsPerStep / own_us * v.gapUsPerStep:
         return None
     return _operators(ops), waited
 
