@@ -340,3 +340,15 @@ def test_smaller_inputs_that_take_longer_are_not_told_as_larger_ones():
     diagnosis, _ = diagnose(lockstep(3, steps, {0: [4_000.0] * steps}, operators=operators))
     assert "larger" not in diagnosis.summary and "uneven" not in diagnosis.summary, diagnosis.summary
     assert all("uneven" not in w.cause for w in diagnosis.slowWorkers)
+
+
+def test_larger_inputs_are_told_from_all_calls_of_the_operator_not_its_dominant_shapes():
+    # Rank 0's batches are 4x its peers': most of its aten::mm time is the weight gradient
+    # ([1024, 128] x [128, 1024]), most of theirs the forward ([32, 1024] x [1024, 1024]). Compared
+    # call by call over all of them, its inputs are the larger ones.
+    steps = 8
+    theirs = [_op(MM, "[[1024, 32], [32, 1024]]", [5_000.0] * steps), _op(MM, "[[32, 1024], [1024, 1024]]", [11_000.0] * steps)]
+    mine = [_op(MM, "[[1024, 128], [128, 1024]]", [12_000.0] * steps), _op(MM, "[[128, 1024], [1024, 1024]]", [8_000.0] * steps)]
+    diagnosis, _ = diagnose(lockstep(3, steps, {0: [4_000.0] * steps}, operators={0: mine, 1: theirs, 2: theirs}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [0], diagnosis.summary
+    assert "its inputs are larger" in diagnosis.summary and "uneven shards" in diagnosis.summary

@@ -103,12 +103,17 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
     shapes = str(dominant.get((rank, operator), ""))
     peers_shapes = max(set(peer_shapes), key=peer_shapes.count) if peer_shapes else ""
     known, same = bool((own["shapes"] != "").any()), shared >= SAME_SHAPES
-    larger = known and not same and f"{operator}\0{shapes}" not in others and _elements(shapes) > _elements(peers_shapes)
+    # Its inputs to that operator over all of its calls (each shape's calls times its elements: the
+    # dominant shapes of an operator may be different calls of it on different ranks) against its
+    # peers' median.
+    calls = ops[ops["name"] == operator]
+    work = (calls["count"] * calls["shapes"].map(_elements)).groupby(calls["rank"]).sum().reindex(ranks).fillna(0.0)
+    inputs = float(work[rank]) - float(work.drop(rank).median())
+    larger = known and not same and f"{operator}\0{shapes}" not in others and inputs > 0
     ratio = float(np.median(mine)) / max(float(np.median(peers)), 1e-9)
     # Smaller inputs that take longer are neither uneven shards of its own nor its peers' work run
     # slower: the operators tell nothing of it (a peer with the larger inputs may be the one).
-    smaller = known and not same and _elements(shapes) < _elements(peers_shapes)
-    if smaller or (not larger and ratio < OPERATOR_RATIO):
+    if (known and not same and inputs < 0) or (not larger and ratio < OPERATOR_RATIO):
         return None
     return OperatorCause(excessUsPerStep=typical, usPerStep=float(np.median(mine)), peersUsPerStep=float(np.median(peers)),
                          stepsUs=tuple(float(e) for e in excess), sameShapes=same, shapesKnown=known, operator=operator,
