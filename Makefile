@@ -16,7 +16,7 @@ SIMULATION := stepscope/testing/nvml/_simulated_nvml.so
 # A real helm for the chart tests (helm/install_helm.py); without it they skip and say why.
 HELM := $(BIN)/helm
 
-.PHONY: demo test lint install bench clean promtool
+.PHONY: demo test lint install bench clean promtool crds
 
 install: $(STAMP) $(HELM)
 
@@ -55,6 +55,10 @@ promtool:
 
 test: $(STAMP) $(NATIVE) $(SIMULATION) $(HELM) promtool lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+# The CRDs from their types (stepscope/contracts); tests/crd/test_generated.py fails when they are stale.
+crds: $(STAMP)
+	$(BIN)/python -m stepscope.crds helm/stepscope/crds
 
 bench: $(STAMP) $(NATIVE) $(SIMULATION)
 	$(BIN)/python benchmarks/agent_overhead.py

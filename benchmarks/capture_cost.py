@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from stepscope import AGENT_MODULE
+from stepscope.contracts.session import SessionSpec
 from stepscope.local.launch import free_port
-from stepscope.session import SessionSpec
 from stepscope.sidecar import shared_dir
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
 

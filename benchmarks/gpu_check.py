@@ -31,8 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the simulated node lives in tests/
 
-from stepscope import layout
 from stepscope.analysis.loading.gpu_samples import read_metrics
+from stepscope.contracts import layout
 from stepscope.local import capture
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
 from stepscope.sidecar.daemon import Sidecar

@@ -18,7 +18,7 @@ import time
 import torch
 
 from stepscope.agent.stacks import StackSampler
-from stepscope.wire import DEFAULT_MAX_STACK_EVENTS
+from stepscope.contracts.wire import DEFAULT_MAX_STACK_EVENTS
 
 
 def helper(i: int) -> int:

@@ -18,18 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.wire import WIRE_MODULE
+from stepscope.contracts.wire import CONTRACTS_MODULE
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("operator", "sidecar", "analysis")
-# The agent's package: copied whole into training pods by the bootstrap, beside these modules of
-# the core (under their bootstrap names), so it may import nothing else of stepscope.
+# The agent's package: copied whole into training pods by the bootstrap, beside the contracts
+# (under their bootstrap name), so it may import nothing else of stepscope.
 AGENT = "stepscope.agent"
-AGENT_MAY_IMPORT = ("stepscope.wire",)
+AGENT_MAY_IMPORT = ("stepscope.contracts",)
 # The doubles the tests and benchmarks share (an API server, a GPU node, rank summaries): they
 # stand in for what the parts talk to, so no part may lean on them.
 TESTING = "stepscope.testing"
-BOOTSTRAP_NAMES = (WIRE_MODULE,)
+BOOTSTRAP_NAMES = (CONTRACTS_MODULE,)
 ROOF = ("stepscope.cli", "stepscope.local")
 # What each layer may import besides itself.
 ALLOWED = {
@@ -93,6 +93,12 @@ def module_name(path: Path) -> str:
     return ".".join(names)
 
 
+def is_module(name: str) -> bool:
+    """A module or package of the repository (what `from stepscope.contracts import layout` names)."""
+    path = REPO.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def imports(path: Path, module: str) -> set[str]:
     """Every module `path` imports, absolute, wherever in the file the import sits."""
     found: set[str] = set()
@@ -106,8 +112,8 @@ def imports(path: Path, module: str) -> set[str]:
                 anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{anchor}.{base}" if base else anchor
             found.add(base)
-            # `from stepscope import layout` imports the module stepscope.layout
-            found.update(f"{base}.{alias.name}" for alias in node.names if base == "stepscope")
+            # `from stepscope.contracts import layout` imports the module stepscope.contracts.layout
+            found.update(f"{base}.{alias.name}" for alias in node.names if is_module(f"{base}.{alias.name}"))
     return found
 
 
@@ -123,8 +129,7 @@ def agent_may_import(target: str) -> bool:
     """The standard library, torch (once the program imported it), the agent's own modules, and the
     core's modules that the bootstrap copies beside it, under either name."""
     top = target.split(".")[0]
-    return (top in sys.stdlib_module_names or top == "torch" or target == "stepscope" or target in AGENT_MAY_IMPORT
-            or target in BOOTSTRAP_NAMES or target == AGENT or target.startswith(AGENT + "."))
+    return (top in sys.stdlib_module_names or top == "torch" or target == "stepscope" or any(target == m or target.startswith(m + ".") for m in (*AGENT_MAY_IMPORT, *BOOTSTRAP_NAMES)) or target == AGENT or target.startswith(AGENT + "."))
 
 
 def violations(edges: dict[str, set[str]]) -> list[str]:
@@ -171,15 +176,15 @@ def test_the_check_sees_back_edges() -> None:
         "stepscope.analysis.gathering.session_files": {"stepscope.analysis.reporting.merged_trace"},
         "stepscope.analysis.statistics.steps": {"stepscope.analysis"},
         "stepscope.agent.capture": {"stepscope.files", "numpy"},
-        "stepscope.operator.handlers": {"stepscope.agent"},
+        "stepscope.operator.sessions.handlers": {"stepscope.agent"},
         "stepscope.local.demo": {"stepscope.testing.nvml.simulated"},
         "stepscope.testing.kube.server": {"tests.polling"},
         "stepscope.analysis.loading.trace": {"stepscope.analysis.statistics.steps"},
     }
     assert len(violations(planted)) == 16
     edges = graph()
-    assert "stepscope.operator.analysis_job" in edges["stepscope.cli"]  # found inside a function
-    assert "stepscope.layout" in edges["stepscope.analysis.reporting.report"]  # `from stepscope import layout`
+    assert "stepscope.operator.sessions.analysis_job" in edges["stepscope.cli"]  # found inside a function
+    assert "stepscope.contracts.layout" in edges["stepscope.analysis.reporting.report"]  # `from stepscope.contracts import layout`
 
 
 def test_parts_live_under_their_import_names() -> None:
@@ -270,3 +275,20 @@ def test_the_linter_reads_every_part() -> None:
         assert ("stepscope", part) in checked, f"ruff skips stepscope/{part}/"
         assert (part,) not in {p[:1] for p in checked}, f"ruff reads {part}/ twice, through its link"
     assert ("tests", "analysis") in checked, "ruff skips tests/analysis/"
+
+
+def outside_the_standard_library(edges: dict[str, set[str]]) -> list[str]:
+    """The contracts' imports of anything but the standard library and the contracts."""
+    return [f"{module} imports {target}" for module, targets in sorted(edges.items()) if module.startswith("stepscope.contracts")
+            for target in sorted(targets) if target.split(".")[0] not in sys.stdlib_module_names and not target.startswith("stepscope.contracts")]
+
+
+def test_the_contracts_import_the_standard_library_alone() -> None:
+    """stepscope.contracts is what the agent reads in every training process and what the CRDs are
+    generated from: it imports nothing but the standard library and itself."""
+    edges = graph()
+    assert "stepscope.contracts.session" in edges
+    found = outside_the_standard_library(edges)
+    assert not found, "\n".join(found)
+    planted = {"stepscope.contracts.session": {"yaml", "enum", "stepscope.contracts.schema"}, "stepscope.contracts.states": {"stepscope.wire"}}
+    assert outside_the_standard_library(planted) == ["stepscope.contracts.session imports yaml", "stepscope.contracts.states imports stepscope.wire"]

@@ -17,11 +17,13 @@ from .files import unlink
 from .log import log
 from .session import Session
 from .torch_hooks import track_ddp
-from .vocabulary import wire
+from .vocabulary import answer_only, capture_request, wire
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from stepscope.contracts.sidecar_api import CaptureRequest
 
 
 # An idle agent looks for request.json at most this often. On this project's VMs a system call
@@ -45,6 +47,16 @@ COLLECTIVE_WAIT_SAMPLES = 3
 
 _stat = os.stat
 _monotonic = time.monotonic
+
+
+def _envelope(raw: bytes) -> dict[str, Any] | None:
+    """What a request this agent cannot take says of itself (its session, action, version), so that
+    the answer goes where the sidecar looks; None where it is no JSON object."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 class Agent(Capture):
@@ -190,17 +202,24 @@ class Agent(Capture):
             return
         try:
             with open(self.request_path, "rb") as f:
-                request = json.loads(f.read())
-            if not isinstance(request, dict):
-                raise ValueError("request.json is not a JSON object")
-        except (OSError, ValueError) as e:
+                raw = f.read()
+        except OSError as e:
             log.warning("stepscope agent: cannot read %s: %s", self.request_path, e)
             return
-        session_id = request.get("session")
+        problem: ValueError | None = None
+        try:
+            request: CaptureRequest | None = capture_request(raw)
+        except ValueError as e:  # not a request this agent can take: answered below, where its session is named
+            request, problem = None, e
+        envelope = _envelope(raw) if request is None else {"session": request.session, "action": request.action, "version": request.version}
+        if envelope is None:
+            log.warning("stepscope agent: cannot read %s: %s", self.request_path, problem)
+            return
+        session_id = envelope.get("session")
         if not wire.valid_session_id(session_id):
             log.warning("stepscope agent: request.json has no usable session id (%r); ignored", session_id)
             return
-        action = request.get("action")
+        action = envelope.get("action")
         active = self._session
         folder = os.path.join(self.directory, session_id)
         if action == "cancel":
@@ -213,19 +232,18 @@ class Agent(Capture):
         if session_id in self._handled or (active is not None and active.id == session_id):
             return
         self._handled.add(session_id)
-        if action != "capture" or request.get("version") != wire.WIRE_VERSION:
-            self._answer_without_capture(session_id, folder, wire.FAILED, f"unsupported request: version {request.get('version')!r}, action {action!r} (this agent speaks version {wire.WIRE_VERSION}, actions capture and cancel)")
+        if action != "capture" or envelope.get("version") != wire.WIRE_VERSION:
+            self._answer_without_capture(session_id, folder, wire.FAILED, f"unsupported request: version {envelope.get('version')!r}, action {action!r} (this agent speaks version {wire.WIRE_VERSION}, actions capture and cancel)")
             return
         if active is not None:
             self._answer_without_capture(session_id, folder, wire.REFUSED, f"session {active.id} is still active on this rank ({active.state}); one session at a time")
             return
         if self._already_final(folder):
             return
-        try:
-            session = Session(request, self.step_count, folder)
-        except (TypeError, ValueError, KeyError) as e:
-            self._answer_without_capture(session_id, folder, wire.FAILED, f"bad capture request: {e}")
+        if request is None:
+            self._answer_without_capture(session_id, folder, wire.FAILED, f"bad capture request: {problem}")
             return
+        session = Session(request, self.step_count, folder)
         self._session = session
         self._write_state(session, message=f"triggered at step {session.trigger_step}; capturing from step {session.start_at}")
 
@@ -239,7 +257,7 @@ class Agent(Capture):
 
     def _answer_without_capture(self, session_id: str, folder: str, state: str, reason: str) -> None:
         log.warning("stepscope agent: session %s %s: %s", session_id, state, reason)
-        answer = Session({"session": session_id}, self.step_count, folder)
+        answer = Session(answer_only(session_id), self.step_count, folder)
         answer.state = state
         answer.error = None if state == wire.CANCELLED else reason
         self._write_state(answer, message=reason)

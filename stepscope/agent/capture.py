@@ -105,13 +105,13 @@ class Capture(Rank):
         else:
             projected = int(calls / seconds * (s.duration or 0))
             over = f"{calls / seconds:,.0f} Python calls per second x {s.duration:g} s"
-        if projected > s.max_stack_events:
+        if projected > s.capture.limits.maxStackEvents:
             s.with_stack = False
             # A few hundred samples of every thread's stack still name where the time goes
             # (a stepless program's probe ran on the watchdog thread, which is not worth sampling).
-            s.sampler = None if s.on_watchdog else StackSampler(threading.get_ident(), s.max_stack_events)
+            s.sampler = None if s.on_watchdog else StackSampler(threading.get_ident(), s.capture.limits.maxStackEvents)
             instead = "" if s.sampler is None else f", every thread's stack is sampled every {wire.STACK_SAMPLE_SECONDS * 1000:g} ms instead"
-            s.degraded.append(f"{wire.STACKS_DROPPED}: {over} = {projected:,} exceeds capture.limits.maxStackEvents={s.max_stack_events:,}{instead}; "
+            s.degraded.append(f"{wire.STACKS_DROPPED}: {over} = {projected:,} exceeds capture.limits.maxStackEvents={s.capture.limits.maxStackEvents:,}{instead}; "
                               "set capture.withStack=false or raise capture.limits.maxStackEvents")
             log.warning("stepscope agent: session %s: %s", s.id, s.degraded[-1])
         return False
@@ -140,9 +140,9 @@ class Capture(Rank):
             from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
             activities = []
-            if "CPU" in s.activities:
+            if "CPU" in s.capture.activities:
                 activities.append(ProfilerActivity.CPU)
-            if "CUDA" in s.activities:
+            if "CUDA" in s.capture.activities:
                 if torch.cuda.is_available():
                     activities.append(ProfilerActivity.CUDA)
                 else:
@@ -159,7 +159,7 @@ class Capture(Rank):
             # ProfilerStep#N annotations. Starting at step_num = steps done so far makes N the
             # step's zero-based index, the numbers of the state file's startStep/endStep.
             prof = profile(activities=activities, schedule=lambda _: ProfilerAction.RECORD, with_stack=s.with_stack,
-                           record_shapes=s.record_shapes, profile_memory=s.profile_memory, with_flops=s.with_flops, **extra)
+                           record_shapes=s.capture.recordShapes, profile_memory=s.capture.profileMemory, with_flops=s.capture.withFlops, **extra)
             prof.step_num = self.step_count
             prof.start()
         except Exception as e:  # noqa: BLE001 - a profiler that cannot start fails the session, never the training

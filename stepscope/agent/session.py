@@ -11,6 +11,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from stepscope.contracts.sidecar_api import CaptureRequest
+
     from .budget import CallCounter
     from .stacks import StackSampler
 
@@ -23,25 +25,12 @@ ALIGN_SLACK_STEPS = 100
 class Session:
     """One capture request on this rank, from trigger to a final state."""
 
-    def __init__(self, request: dict[str, Any], trigger_step: int, folder: str) -> None:
-        capture = request.get("capture") or {}
-        self.id: str = request["session"]
+    def __init__(self, parsed: CaptureRequest, trigger_step: int, folder: str) -> None:
+        self.id: str = parsed.session
         self.folder = folder
-        # A request the sidecar writes is complete; one written by hand gets the spec's defaults,
-        # and only a missing field does (waitSteps 0 is a choice).
-        self.wait_steps = int(wire.DEFAULT_WAIT_STEPS if capture.get("waitSteps") is None else capture["waitSteps"])
-        self.duration: float | None = float(capture["durationSeconds"]) if capture.get("durationSeconds") is not None else None
-        self.steps: int | None = None if self.duration is not None else int(capture.get("steps") or wire.DEFAULT_CAPTURE_STEPS)
-        self.activities = [str(a) for a in (capture.get("activities") or wire.DEFAULT_ACTIVITIES)]
-        self.with_stack = bool(capture.get("withStack", True))
-        self.record_shapes = bool(capture.get("recordShapes", wire.DEFAULT_RECORD_SHAPES))
-        self.profile_memory = bool(capture.get("profileMemory", False))
-        self.with_flops = bool(capture.get("withFlops", False))
-        self.hang_timeout = float(request.get("hangTimeoutSeconds") or wire.DEFAULT_HANG_TIMEOUT_SECONDS)
-        limits = capture.get("limits") or {}
-        # 0 is a budget too (no stacks at all); only a missing field takes the default.
-        self.max_stack_events = int(wire.DEFAULT_MAX_STACK_EVENTS if limits.get("maxStackEvents") is None else limits["maxStackEvents"])
-        self.max_memory_mb = float(wire.DEFAULT_MAX_MEMORY_MB if limits.get("maxMemoryMB") is None else limits["maxMemoryMB"])
+        self.capture = parsed.capture  # the spec's own type, its defaults filled in (stepscope.contracts.session)
+        self.hang_timeout = float(parsed.hangTimeoutSeconds)
+        self.with_stack = self.capture.withStack  # the capture budget may drop the stacks
         self.probe: CallCounter | None = None  # counts one step's Python calls before a withStack capture
         self.probed = False
         self.sampler: StackSampler | None = None  # samples the training thread where the budget dropped its stacks
@@ -53,10 +42,10 @@ class Session:
         # (DDP ranks step in lockstep); a rank already past it begins at its next step.
         # A startStep far beyond this rank's own count (its process restarted, or it counts steps
         # differently) would never come within the session: then it waits as if none were given.
-        start = request.get("startStep")
+        start = parsed.startStep
         start_at = trigger_step + self.wait_steps
-        if start is not None and int(start) <= start_at + ALIGN_SLACK_STEPS:
-            start_at = max(int(start), trigger_step)
+        if start is not None and start <= start_at + ALIGN_SLACK_STEPS:
+            start_at = max(start, trigger_step)
         self.start_at = start_at
         self.start_step: int | None = None
         self.end_step: int | None = None
@@ -76,6 +65,22 @@ class Session:
         self.notes: list[str] = []
         self.degraded: list[str] = []  # what the capture budget dropped or cut, and why
         self.gpu: tuple[int, str] = (-1, "")  # (CUDA index, UUID) once the program has initialised CUDA
+
+    @property
+    def wait_steps(self) -> int:
+        return self.capture.waitSteps
+
+    @property
+    def steps(self) -> int | None:
+        return self.capture.steps
+
+    @property
+    def duration(self) -> float | None:
+        return self.capture.durationSeconds
+
+    @property
+    def max_memory_mb(self) -> float:
+        return float(self.capture.limits.maxMemoryMB)
 
     def view(self) -> CaptureView:
         return CaptureView(self.state, self.prof is not None, self.on_watchdog, self.all_threads, self.cancel, self.hung, self.hung_step,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
     import pandas as pd
@@ -30,12 +30,15 @@ if TYPE_CHECKING:
 
 
 def summarize(trace: str | Path, *, rank: int | None = None, pod: str = "", node: str = "", samples: pd.DataFrame | None = None,
-              top: int = 50) -> RankSummary:
+              top: int = 50, comm_kernel_patterns: Sequence[str] = ()) -> RankSummary:
     """One rank's trace file as its RankSummary, the top `top` kernels and functions of each kind;
-    with `samples` (read_metrics of its node's GPU samples) its GPU's per-step statistics too.
+    with `samples` (read_metrics of its node's GPU samples) its GPU's per-step statistics too;
+    `comm_kernel_patterns` (spec.analysis.commKernelPatterns) count as communication too.
     Never raises: a trace that cannot be summarised gives a summary with `error` set."""
+    from stepscope.analysis.statistics.gpu_scope import DEFAULT_COMM_KERNELS
     from stepscope.analysis.statistics.summary import summarize_file
-    return summarize_file(trace, rank=rank, pod=pod, node=node, top=top, samples=samples)
+    return summarize_file(trace, rank=rank, pod=pod, node=node, top=top, samples=samples,
+                          comm=DEFAULT_COMM_KERNELS.with_user(list(comm_kernel_patterns)))
 
 
 def read_metrics(data: bytes | Path) -> pd.DataFrame:
@@ -65,16 +68,20 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
 
 def report(source: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None, progress: bool = True,
            output: str | None = None, merged_limit_mb: int | None = None,
-           on_ranks: Callable[[int, int, list[str]], object] | None = None, ambient_credentials: bool = True) -> Diagnosis:
+           on_ranks: Callable[[int, int, list[str]], object] | None = None, ambient_credentials: bool = True,
+           comm_kernel_patterns: Sequence[str] = ()) -> Diagnosis:
     """Diagnose the session at `source` and write its report into <source>/report/ (or `output`);
     what `stepscope analyze` and the analysis Job run. Returns the Diagnosis; raises a ValueError
     (command.AnalysisError) when there is nothing to analyse. `on_ranks` hears how many ranks were
     analysed of how many, and which files were no traces. `ambient_credentials` False: the store
-    only with `credentials` (storage.open_store), as the analysis Job of a cluster session."""
+    only with `credentials` (storage.open_store), as the analysis Job of a cluster session.
+    `comm_kernel_patterns` (spec.analysis.commKernelPatterns) count as communication in raw traces."""
     from stepscope.analysis.pipeline import MERGED_LIMIT_MB, analyze_uri
+    from stepscope.analysis.statistics.gpu_scope import DEFAULT_COMM_KERNELS
     return analyze_uri(source, endpoint=endpoint, region=region, credentials=credentials, progress=progress, output=output,
                        merged_limit_mb=MERGED_LIMIT_MB if merged_limit_mb is None else merged_limit_mb,
-                       on_ranks=on_ranks or (lambda analysed, total, skipped: None), ambient_credentials=ambient_credentials)
+                       on_ranks=on_ranks or (lambda analysed, total, skipped: None), ambient_credentials=ambient_credentials,
+                       comm=DEFAULT_COMM_KERNELS.with_user(list(comm_kernel_patterns)))
 
 
 def diff(a: str, b: str, *, endpoint: str | None = None, region: str | None = None, min_change: float | None = None) -> tuple[RunDiff, bool]:

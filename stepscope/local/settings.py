@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from stepscope.wire import DEFAULT_PORT
+from stepscope.contracts.wire import DEFAULT_PORT
 
 
 def sidecar_url() -> str:

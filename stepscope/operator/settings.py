@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-GROUP = "stepscope.io"
-VERSION = "v1alpha1"
-PLURAL = "profilesessions"
-KIND = "ProfileSession"
+from stepscope.contracts import session as session_contract
+
+GROUP, VERSION, PLURAL, KIND = session_contract.GROUP, session_contract.VERSION, session_contract.PLURAL, session_contract.KIND
+# The image's USER (Dockerfile), which the sidecar and the analysis Job run as; named here so that
+# runAsNonRoot can be checked before the image is pulled.
+IMAGE_UID = 10001
 FINALIZER = "stepscope.io/finalizer"
 INJECT_LABEL = "stepscope.io/inject"
 SESSION_LABEL = "stepscope.io/session"
@@ -51,7 +53,7 @@ class OperatorSettings:
     # How often a ProfileTrigger reads its pods' telemetry: detection's delay is its sustained
     # window plus up to one interval (benchmarks/watch_cost.py measures the cost per pod).
     trigger_poll_interval_s: float = field(default_factory=lambda: _float("STEPSCOPE_TRIGGER_POLL_INTERVAL_S", 10.0))
-    # The Alertmanager webhook endpoint (stepscope.operator.triggers_alerts); 0 serves none.
+    # The Alertmanager webhook endpoint (stepscope.operator.triggers.alerts); 0 serves none.
     alerts_port: int = field(default_factory=lambda: _int("STEPSCOPE_ALERTS_PORT", 0))
     image: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_IMAGE", "ghcr.io/stepscope/stepscope:0.1.0"))
     image_pull_policy: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_IMAGE_PULL_POLICY", "IfNotPresent"))

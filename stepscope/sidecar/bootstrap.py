@@ -1,7 +1,7 @@
 """Puts the zero-code-change bootstrap into a shared directory.
 
 `install_bootstrap` copies the agent's package (stepscope/agent, standard library only) and the
-wire vocabulary it imports next to a `sitecustomize.py`;
+contracts it reads (stepscope/contracts) next to a `sitecustomize.py`;
 a training process whose PYTHONPATH starts with that folder (`training_env`) then runs the image's
 own `sitecustomize` first, if it has one, and starts the agent. The training image needs torch and
 nothing of stepscope.
@@ -14,12 +14,13 @@ from collections.abc import Mapping
 from operator import methodcaller
 from pathlib import Path
 
-from stepscope import agent, wire
+from stepscope import agent
+from stepscope.contracts import wire
+from stepscope.contracts.wire import AGENT_MODULE, BOOTSTRAP_FOLDER, CONTRACTS_MODULE
 from stepscope.files import write_atomically
-from stepscope.wire import AGENT_MODULE, BOOTSTRAP_FOLDER, WIRE_MODULE
 
 AGENT_SOURCE = Path(agent.__file__).parent
-WIRE_SOURCE = Path(wire.__file__)
+CONTRACTS_SOURCE = Path(wire.__file__).parent
 
 # site.py imports this in every interpreter; it must never stop one from starting.
 SITECUSTOMIZE = f'''"""stepscope bootstrap (written by the stepscope sidecar): chain-load the image's own
@@ -61,15 +62,16 @@ _stepscope_start()
 
 
 def install_bootstrap(stepscope_dir: Path) -> Path:
-    """Write `<dir>/bootstrap/{sitecustomize.py, stepscope_agent/, stepscope_wire.py}`; returns the bootstrap folder."""
+    """Write `<dir>/bootstrap/{sitecustomize.py, stepscope_agent/, stepscope_contracts/}`; returns the bootstrap folder."""
     folder = Path(stepscope_dir) / BOOTSTRAP_FOLDER
-    (folder / AGENT_MODULE).mkdir(parents=True, exist_ok=True)
-    # The vocabulary first, the package's __init__ after its modules: a process that starts
-    # during a first install finds no agent to start until every module it imports is there.
-    modules = sorted(AGENT_SOURCE.glob("*.py"), key=lambda p: p.name == "__init__.py")
-    files = [(folder / f"{WIRE_MODULE}.py", WIRE_SOURCE.read_bytes()),
-             *((folder / AGENT_MODULE / module.name, module.read_bytes()) for module in modules),
-             (folder / "sitecustomize.py", SITECUSTOMIZE.encode())]
+    # The contracts first, the agent's __init__ last: a process that starts during a first
+    # install finds no agent to start until every module it imports is there.
+    files = []
+    for package, name in ((CONTRACTS_SOURCE, CONTRACTS_MODULE), (AGENT_SOURCE, AGENT_MODULE)):
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        modules = sorted(package.glob("*.py"), key=lambda p: p.name == "__init__.py")
+        files += [(folder / name / module.name, module.read_bytes()) for module in modules]
+    files.append((folder / "sitecustomize.py", SITECUSTOMIZE.encode()))
     for path, source in files:
         write_atomically(path, methodcaller("write", source))
         # Every Python process in the pod loads these at start. Images often set

@@ -7,7 +7,6 @@ connections are capped in all and per peer, each with a total deadline."""
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import re
 from urllib.parse import unquote, urlsplit
@@ -116,12 +115,7 @@ class ControlHandler(BoundedHandler):
         session_id = unquote(match.group(1))
         manager = self.server.manager
         if method == "PUT":
-            try:
-                payload = json.loads(body or b"null")
-            except ValueError:
-                self.send_json(400, {"error": "the body is not JSON"})
-                return
-            self.send_json(*manager.put(session_id, payload))
+            self.send_json(*manager.put(session_id, body))
             return
         result = manager.get(session_id) if method == "GET" else manager.delete(session_id)
         if result is None:

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from stepscope.contracts.wire import DEFAULT_PORT
 from stepscope.retry import RetryPolicy
 from stepscope.sidecar import settings
 from stepscope.sidecar.control import ControlServer
@@ -20,7 +21,6 @@ from stepscope.sidecar.sessions import EXPORT_GRACE_S, LEFTOVER_TTL_S, MAX_LOCAL
 from stepscope.sidecar.telemetry import StepTelemetry
 from stepscope.sidecar.uploads import Uploader
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, Verifier, load_key
-from stepscope.wire import DEFAULT_PORT
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import os
 import socket
 from pathlib import Path
 
-from stepscope.wire import DEFAULT_DIR, DEFAULT_PORT, DIR_ENV
+from stepscope.contracts.wire import DEFAULT_DIR, DEFAULT_PORT, DIR_ENV
 
 NATIVE_SAMPLER_ENV = "STEPSCOPE_NATIVE_SAMPLER"
 # The variables that say which GPUs the pod's training container sees (nvml.pynvml_backend.visible_device_ids).

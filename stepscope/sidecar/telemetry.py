@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepscope import wire
+from stepscope.contracts import wire
 from stepscope.sidecar import shared_dir
 
 _HEADER = struct.Struct(wire.TELEMETRY_HEADER)

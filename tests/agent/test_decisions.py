@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from stepscope.agent.decisions import CANCEL_UNSTARTED, FIRST_STEP_GRACE_SECONDS, HEARTBEAT_SECONDS, PROBE, RESUME, START, STEP, STOP, CaptureView, Tick, decide, hangs, starts_stepless, watchdog_wait
-from stepscope.wire import CANCELLED, CAPTURING, DONE, FAILED, HUNG, WAITING
+from stepscope.contracts.wire import CANCELLED, CAPTURING, DONE, FAILED, HUNG, WAITING
 
 T = 1000.0
 WAITING_VIEW = CaptureView(state=WAITING, profiling=False, on_watchdog=False, all_threads=False, cancel=False, hung=False, hung_step=0,

@@ -7,7 +7,7 @@ import sys
 import time
 
 from stepscope.agent.stacks import StackSampler, sample_spans
-from stepscope.wire import STACK_SAMPLE_SECONDS
+from stepscope.contracts.wire import STACK_SAMPLE_SECONDS
 
 
 def test_a_late_sample_stands_for_the_time_the_sampler_waited_for_it():

@@ -5,8 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stepscope import analysis, layout
+from synthetic_ranks import make_summaries
+
+from stepscope import analysis
 from stepscope.analysis.model import encode
+from stepscope.contracts import layout
 from stepscope.testing.synthetic_ranks import make_summaries
 
 

@@ -12,9 +12,9 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from stepscope.operator import jobs
+from stepscope.operator.injection.webhook import Endpoint
+from stepscope.operator.sessions import jobs
 from stepscope.operator.settings import OperatorSettings
-from stepscope.operator.webhook import Endpoint
 from stepscope.testing.kube.admission_policy import refusals
 from tests.chart.conftest import RELEASE_NAMESPACE
 from tests.chart.conftest import render_templates as render

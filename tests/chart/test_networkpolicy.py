@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from stepscope.operator.injection import SIDECAR_PORT
+from stepscope.operator.injection.injection import SIDECAR_PORT
 from stepscope.testing.kube.admission import _matches
 from tests.chart.conftest import RELEASE_NAMESPACE
 from tests.chart.conftest import render_templates as render

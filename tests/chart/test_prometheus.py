@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from stepscope import detection
+from stepscope.contracts.wire import PORT_NAME
 from stepscope.operator.settings import INJECT_LABEL
 from stepscope.testing.kube.schema import prune, validate_value
-from stepscope.wire import PORT_NAME
 from tests.chart.conftest import RELEASE_NAMESPACE, Failed, render_templates
 
 SCHEMAS = json.loads((Path(__file__).parent / "prometheus_operator_schemas.json").read_text())
@@ -144,7 +144,7 @@ def test_each_namespaces_alerts_go_to_its_trigger_on_the_operators_alerts_endpoi
         assert validate_value(child, route_schema) == [] and prune(child, route_schema) == child
         assert child["matchers"] == [{"name": "stepscope_namespace", "matchType": "=", "value": namespace}]
         (hook,) = receivers[child["receiver"]]["webhookConfigs"]
-        # operator/triggers_alerts.py: POST /v1/alerts/<namespace>/<trigger> on the
+        # operator/triggers/alerts.py: POST /v1/alerts/<namespace>/<trigger> on the
         # Service <release>-alerts, port 80, with the namespace's bearer token.
         assert hook["url"] == f"http://stepscope-alerts.{RELEASE_NAMESPACE}.svc:80/v1/alerts/{namespace}/watch-llm"
         assert hook["httpConfig"] == {"authorization": {"type": "Bearer", "credentials": {"name": "tokens", "key": namespace}}}

@@ -26,7 +26,7 @@ from urllib.request import urlopen
 import pytest
 import yaml
 
-from stepscope import wire
+from stepscope.contracts import wire
 from stepscope.local.launch import free_port, launch_ranks
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar.telemetry import Ring, read_ring

@@ -10,7 +10,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from stepscope.operator import jobs
+from stepscope.operator.sessions import jobs
 from stepscope.operator.settings import OperatorSettings
 from stepscope.testing.kube.helpers import refused
 from tests.chart.conftest import RELEASE_NAMESPACE, REPO, apply_rbac, render
@@ -174,9 +174,8 @@ def test_the_check_finds_what_the_chart_granted_before_its_admission_policies():
 
 def test_the_analysis_account_reads_its_namespaces_sessions_only(rendered):
     account = f"system:serviceaccount:{NAMESPACES[0]}:stepscope-analysis"
-    assert grants(rendered, account) == {Grant("get", "stepscope.io", "profilesessions", (), NAMESPACES[0]),
-                                         Grant("get", "stepscope.io", "profilesessions/status", (), NAMESPACES[0]),
-                                         Grant("patch", "stepscope.io", "profilesessions/status", (), NAMESPACES[0])}
+    """It reads the session; its result goes to the store, and the operator alone writes the status."""
+    assert grants(rendered, account) == {Grant("get", "stepscope.io", "profilesessions", (), NAMESPACES[0])}
 
 
 def test_peering_is_granted_without_the_webhook(helm):

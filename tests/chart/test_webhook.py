@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from stepscope.operator import registry
+from stepscope.operator.injection.webhook import HANDLER_ID
 from stepscope.operator.settings import INJECTED_ANNOTATION
-from stepscope.operator.webhook import HANDLER_ID
 from stepscope.testing.kube.admission import _conditions_hold, _rule_matches
 from tests.chart.conftest import render_templates as render
 

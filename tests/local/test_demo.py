@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stepscope.session import CaptureSpec
+from stepscope.contracts.session import DEFAULT_CAPTURE_STEPS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def test_demo_scenario_names_the_blocked_rank_and_where_it_blocks(tmp_path: Path
     assert "diagnosis: rank 1 holds the job back (confidence " in result.stdout, result.stdout[-3000:]
     assert "fetch_remote_features (workload.py:" in result.stdout
     session = json.loads((out / "session" / "session.json").read_text())
-    assert session["spec"]["capture"]["steps"] == CaptureSpec.steps
+    assert session["spec"]["capture"]["steps"] == DEFAULT_CAPTURE_STEPS
 
 
 def test_demo_help_lists_every_scenario(capsys, monkeypatch) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from stepscope.operator import handlers, pod_record
+from stepscope.operator.sessions import handlers, pod_record
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
 from stepscope.testing.kube.helpers import wait_for

@@ -12,7 +12,7 @@ import kubernetes
 import kubernetes_validate
 import yaml
 
-from stepscope.operator.injection import InjectionSettings, inject
+from stepscope.operator.injection.injection import InjectionSettings, inject
 from stepscope.operator.settings import OperatorSettings
 from stepscope.testing.kube.fixtures import Kube
 

@@ -20,7 +20,7 @@ import pytest
 
 from stepscope.local.launch import LocalJob, launch_ranks
 from stepscope.operator.settings import GROUP, PLURAL, VERSION
-from stepscope.operator.triggers import TRIGGER_LABEL, TRIGGER_PLURAL
+from stepscope.operator.triggers.policy import TRIGGER_LABEL, TRIGGER_PLURAL
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
 from stepscope.testing.kube.fixtures import REPO, Kube

@@ -8,8 +8,8 @@ import json
 import kubernetes
 
 from stepscope.operator.settings import GROUP, PLURAL, VERSION
-from stepscope.operator.triggers import TRIGGER_LABEL, TRIGGER_PLURAL
-from stepscope.operator.triggers_alerts import ALERT_ANNOTATION
+from stepscope.operator.triggers.alerts import ALERT_ANNOTATION
+from stepscope.operator.triggers.policy import TRIGGER_LABEL, TRIGGER_PLURAL
 from stepscope.testing.kube.fixtures import REPO
 from stepscope.testing.kube.helpers import wait_for
 from tests.chart.conftest import helm  # noqa: F401 (a fixture chart_operator uses)

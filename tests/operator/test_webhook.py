@@ -25,7 +25,7 @@ from kopf.testing import KopfRunner
 from stepscope.local.launch import free_port
 from stepscope.operator import kube as operator_kube
 from stepscope.operator import metrics, registry
-from stepscope.operator.injection import BOOTSTRAP_DIR, SIDECAR_NAME, InjectionSettings, inject, reinject
+from stepscope.operator.injection.injection import BOOTSTRAP_DIR, SIDECAR_NAME, InjectionSettings, inject, reinject
 from stepscope.operator.namespace_keys import namespace_key
 from stepscope.testing.kube.fixtures import Kube
 from stepscope.testing.kube.helpers import wait_for

@@ -7,8 +7,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from stepscope.operator.injection.webhook import HANDLER_ID
 from stepscope.operator.settings import SYSTEM_NAMESPACES, OperatorSettings
-from stepscope.operator.webhook import HANDLER_ID
 from stepscope.testing.kube.admission import _matches
 from tests.chart.conftest import Failed
 from tests.chart.conftest import render_templates as render

@@ -7,8 +7,8 @@ import os
 import time
 from pathlib import Path
 
-from stepscope import layout
 from stepscope.analysis.model import decode_summary
+from stepscope.contracts import layout
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
 from tests.sidecar.conftest import KEY, SimulatedRanks, wait_for

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stepscope import layout
 from stepscope.analysis.model import decode_summary
+from stepscope.contracts import layout
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
 from stepscope.testing.nvml.simulated import SimulatedBackend

@@ -8,8 +8,8 @@ import struct
 import time
 from pathlib import Path
 
-from stepscope import wire
 from stepscope.agent.step_ring import StepRing
+from stepscope.contracts import wire
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar.telemetry import read_ring
 from tests.sidecar.conftest import write_json

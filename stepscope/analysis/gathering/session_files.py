@@ -17,12 +17,12 @@ from typing import Any
 
 import msgspec
 
-from stepscope import layout
 from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
 from stepscope.analysis.loading.trace import NOT_A_TRACE
 from stepscope.analysis.model import RANK_DIGITS, SUMMARY_VERSION, RankSummary, decode_summary
 from stepscope.analysis.statistics.gpu_scope import DEFAULT_COMM_KERNELS, CommKernels
 from stepscope.analysis.statistics.summary import rank_from_name
+from stepscope.contracts import layout
 from stepscope.storage import Store, StoreError, open_store
 
 _RAW_TRACE = re.compile(r"^[^/]+\.json(?:\.gz)?$")

@@ -13,12 +13,12 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from stepscope import layout
 from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.model import Diagnosis, Finding, RankSummary
 from stepscope.analysis.reporting.html import render_html
 from stepscope.analysis.reporting.merged_trace import MergePlan, describe, sentence, write_merged_trace
 from stepscope.analysis.reporting.tables import critical_path, kernel_efficiency, report_tables
+from stepscope.contracts import layout
 from stepscope.storage import Store
 
 REPORT_VERSION = 1

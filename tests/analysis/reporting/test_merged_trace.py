@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from stepscope import layout
 from stepscope.analysis.loading.parallel import pool_workers, worker_pool
 from stepscope.analysis.pipeline import analyze_uri
 from stepscope.analysis.reporting.merged_trace import MergedTrace, MergePlan, MergeRank, expected_size, merge_order, shift_ts, write_merged_trace
+from stepscope.contracts import layout
 
 
 def _write(path: Path, events: list[dict], text: str | None = None, base_ns: int = 0) -> Path:

@@ -144,3 +144,19 @@ def test_deepseek_v3_expert_parallel_communication_is_counted(deepseek_train):
     # time, beside HTA's 15 µs of copies.
     assert s.temporal.computeUs < hta.temporal.computeUs and {t.type for t in s.kernelTypes} >= {"COMP+COMM", "COMM"}
     assert s.temporal.nonComputeUs == step.commNotOverlappedUs + hta.temporal.nonComputeUs
+
+
+def test_a_sessions_own_patterns_reach_the_summaries_and_the_report(tmp_path: Path):
+    """spec.analysis.commKernelPatterns, as the sidecar (summaries) and the analysis Job (raw
+    traces) pass them through the facade: the job's own kernel counts as communication."""
+    from stepscope import analysis
+    from stepscope.contracts.session import SessionSpec
+
+    spec = SessionSpec.from_dict({"storage": {"uri": tmp_path.as_uri()}, "analysis": {"commKernelPatterns": ["halo_swap"]}})
+    trace = _ep_trace(tmp_path / "rank-0.json", exchange="void halo_swap<4>(float*)")
+    mine = analysis.summarize(trace, comm_kernel_patterns=spec.analysis.commKernelPatterns)
+    plain = analysis.summarize(trace)
+    assert (mine.steps[0].communicationUs, plain.steps[0].communicationUs) == (140, 40)
+    analysis.report(str(trace), output=str(tmp_path / "out"), progress=False, comm_kernel_patterns=spec.analysis.commKernelPatterns)
+    with open(tmp_path / "out" / "communication.csv", newline="") as f:
+        assert {(r["Collective"], r["Algorithm"]) for r in csv.DictReader(f)} == {("Other", "user"), ("Combine", "DeepEP")}

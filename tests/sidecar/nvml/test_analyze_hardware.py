@@ -6,10 +6,10 @@ import json
 import shutil
 from pathlib import Path
 
-from stepscope import layout
 from stepscope.analysis.model import encode
 from stepscope.analysis.pipeline import analyze_uri
 from stepscope.analysis.statistics.summary import summarize_file
+from stepscope.contracts import layout
 
 from .conftest import Profiled, Run
 

@@ -12,7 +12,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from stepscope.operator import certs
+from stepscope.operator.injection import certs
 from stepscope.testing.kube.fixtures import Kube
 from stepscope.testing.kube.helpers import pod, refused
 

@@ -1,5 +1,5 @@
 """What injection adds to a pod that opts in with `stepscope.io/inject: "true"` (pure: the
-webhook in stepscope.operator.webhook serves it).
+webhook in stepscope.operator.injection.webhook serves it).
 
 The sidecar goes in as a native sidecar (an init container with restartPolicy Always), started
 before the training containers; it installs the agent's bootstrap into the shared emptyDir, which
@@ -20,10 +20,10 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepscope import wire
-from stepscope.operator.settings import OperatorSettings
-from stepscope.wire import DEFAULT_PORT as SIDECAR_PORT
-from stepscope.wire import PORT_NAME as SIDECAR_PORT_NAME
+from stepscope.contracts import wire
+from stepscope.contracts.wire import DEFAULT_PORT as SIDECAR_PORT
+from stepscope.contracts.wire import PORT_NAME as SIDECAR_PORT_NAME
+from stepscope.operator.settings import IMAGE_UID, OperatorSettings
 
 SIDECAR_NAME = "stepscope-sidecar"
 VOLUME_NAME = "stepscope-run"
@@ -31,11 +31,9 @@ SHARED_DIR = wire.DEFAULT_DIR
 BOOTSTRAP_DIR = f"{SHARED_DIR}/{wire.BOOTSTRAP_FOLDER}"
 # The sidecar's own scratch space: its root filesystem is read-only.
 TMP_VOLUME_NAME = "stepscope-tmp"
-# The image's USER (Dockerfile); named here so that runAsNonRoot can be checked before the image is pulled.
-SIDECAR_UID = 10001
 # Pod Security "restricted" for the sidecar, whatever the pod's own securityContext says.
 SIDECAR_SECURITY_CONTEXT = {
-    "runAsNonRoot": True, "runAsUser": SIDECAR_UID, "runAsGroup": SIDECAR_UID,
+    "runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID,
     "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
 }

@@ -14,11 +14,12 @@ from typing import Any
 import kubernetes
 import urllib3
 
-from stepscope import layout
+from stepscope.contracts import layout
+from stepscope.contracts.session import SessionSpec
+from stepscope.contracts.states import SessionPhase
 from stepscope.operator import credentials, kube
-from stepscope.operator.record import destination, open_destination
+from stepscope.operator.sessions.record import destination, open_destination
 from stepscope.operator.settings import GROUP, PLURAL, VERSION, kubeconfig
-from stepscope.session import SessionSpec
 
 COLUMNS = ("NAME", "PHASE", "WORKERS", "SLOWEST RANK", "SUMMARY", "AGE")  # kubectl get's header for the CRD
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -50,7 +51,7 @@ def row(obj: dict[str, Any], now: dt.datetime | None = None) -> tuple[str, ...]:
     diagnosis = status.get("diagnosis") or {}
     slow = diagnosis.get("slowWorkers") or []
     summary = diagnosis.get("summary") or status.get("message") or ""
-    return (obj["metadata"]["name"], status.get("phase") or "Pending", status.get("workersReady") or "-",
+    return (obj["metadata"]["name"], status.get("phase") or SessionPhase.PENDING, status.get("workersReady") or "-",
             str(slow[0]["rank"]) if slow else "-", summary[:80], age(obj["metadata"]["creationTimestamp"], now))
 
 
@@ -127,11 +128,11 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
 
 def missing_report_reason(status: dict[str, Any]) -> str:
     """Why a session has no report to fetch, or "" when it has one."""
-    phase = status.get("phase") or "Pending"
+    phase = status.get("phase") or SessionPhase.PENDING
     artifacts = status.get("artifacts") or {}
-    if phase == "Failed":
+    if phase == SessionPhase.FAILED:
         return f"failed: {status.get('message', '')}" + (f"; its captures are in {artifacts['prefix']}" if artifacts.get("prefix") else "")
-    if phase != "Succeeded":
+    if phase != SessionPhase.SUCCEEDED:
         return f"is {phase}; its report comes when it has Succeeded (watch: kubectl get profilesessions -w)"
     if not artifacts.get("report"):
         return f"has no report (spec.analysis.enabled is false); its captures are in {artifacts.get('prefix', 'the store')}"

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from stepscope import retry
+from stepscope.contracts.sidecar_api import SessionRequest
 from stepscope.operator import metrics
-from stepscope.operator.selection import Target
+from stepscope.operator.sessions.selection import Target
 from stepscope.sidecar_client import SidecarClient, SidecarError
 
 T = TypeVar("T")
@@ -61,11 +62,11 @@ def _call(target: Target, op: Callable[[SidecarClient], dict[str, Any]], key: by
         return Outcome(target, False, {}, exc.message, exc.status)
 
 
-async def trigger(targets: Iterable[Target], session_id: str, body: dict[str, Any], key: bytes, *, pool: Executor, timeout: float,
+async def trigger(targets: Iterable[Target], request: SessionRequest, key: bytes, *, pool: Executor, timeout: float,
                   attempts: int, backoff_s: float = 0.2) -> list[Outcome]:
     """PUT the session on every sidecar; the PUT is idempotent, so a retry never starts it twice."""
     def one(target: Target) -> Outcome:
-        outcome = _call(target, lambda c: c.put_session(session_id, body), key, timeout, attempts, backoff_s)
+        outcome = _call(target, lambda c: c.put_session(request.session, request), key, timeout, attempts, backoff_s)
         if outcome.ok:
             metrics.TRIGGERS.inc()
         return outcome

@@ -9,10 +9,11 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
-from stepscope.operator import cancellation, fanout, kube, metrics, pod_record
-from stepscope.operator.lifecycle import TERMINAL, Context, SessionRunner
+from stepscope.contracts.session import SessionSpec
+from stepscope.operator import kube, metrics
+from stepscope.operator.sessions import cancellation, fanout, pod_record
+from stepscope.operator.sessions.lifecycle import TERMINAL, Context, SessionRunner
 from stepscope.operator.settings import FINALIZER, GROUP, PLURAL, VERSION, OperatorSettings
-from stepscope.session import SessionSpec
 from stepscope.settings import hmac_key_file
 from stepscope.signing import load_key
 
@@ -63,7 +64,7 @@ async def cancel_on_delete(body: kopf.Body, spec: kopf.Spec, status: kopf.Status
     errors are retried DELETE_ATTEMPTS times and each sidecar a bounded number of times."""
     assert namespace is not None
     metrics.SESSIONS.set(uid, None)
-    stops_alone = f"they stop on their own after spec.timeoutSeconds={spec.get('timeoutSeconds', SessionSpec.timeoutSeconds)}s"
+    stops_alone = f"they stop on their own after spec.timeoutSeconds={spec.get('timeoutSeconds', SessionSpec.default_of('timeoutSeconds'))}s"
     try:
         outcomes = await _cancel(body, spec, status, uid, namespace, name, memo.ctx)
     except Exception as exc:  # noqa: BLE001 - the API server: retried, then the session goes without the cancel

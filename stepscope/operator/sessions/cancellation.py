@@ -6,10 +6,11 @@ import asyncio
 from concurrent.futures import Executor
 from typing import Any
 
-from stepscope.operator import fanout, kube
-from stepscope.operator.selection import label_selector, target_of
+from stepscope.contracts.session import SpecError
+from stepscope.operator import kube
+from stepscope.operator.sessions import fanout
+from stepscope.operator.sessions.selection import label_selector, target_of
 from stepscope.operator.settings import OperatorSettings
-from stepscope.session import SpecError
 
 
 async def cancel(namespace: str, spec: dict[str, Any], uid: str, pods: frozenset[str] | None, settings: OperatorSettings, key: bytes,

@@ -1,4 +1,4 @@
-"""The I/O shell of a ProfileTrigger (stepscope.operator.triggers): one kopf daemon per trigger
+"""The I/O shell of a ProfileTrigger (stepscope.operator.triggers.policy): one kopf daemon per trigger
 polls its pods' sidecars' signed GET /v1/telemetry through the bounded fan-out pool every
 STEPSCOPE_TRIGGER_POLL_INTERVAL_S, steps the pure trigger, creates the ProfileSessions it asks
 for with an Event each, and writes the status."""
@@ -14,12 +14,16 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from stepscope import detection
-from stepscope.operator import fanout, kube, triggers, triggers_alerts
-from stepscope.operator.lifecycle import Context
-from stepscope.operator.selection import label_selector, select_targets
+from stepscope.contracts.session import SpecError
+from stepscope.contracts.states import ConditionType
+from stepscope.operator import kube
+from stepscope.operator.sessions import fanout
+from stepscope.operator.sessions.lifecycle import Context
+from stepscope.operator.sessions.selection import label_selector, select_targets
+from stepscope.operator.sessions.status import set_condition
 from stepscope.operator.settings import GROUP, PLURAL, VERSION
-from stepscope.operator.status import set_condition
-from stepscope.session import SpecError
+from stepscope.operator.triggers import alerts as triggers_alerts
+from stepscope.operator.triggers import policy as triggers
 
 # Readings change every poll; the status gets them at most this often unless something else changed
 # (state, a fire, the pods), so that a trigger costs the API server little.
@@ -88,7 +92,7 @@ class TriggerWatch:
             await self._write(now, fields, True, "Watching", f"watching {fields['pods']['ranks']} rank(s) on {len(answers)} of {len(targets)} pod(s)")
 
     async def _take_alert(self) -> tuple[str, ...]:
-        """The alert the Alertmanager endpoint wrote into the trigger (stepscope.operator.triggers_alerts),
+        """The alert the Alertmanager endpoint wrote into the trigger (stepscope.operator.triggers.alerts),
         removed once taken; the live body may show it until the removal's watch event comes back."""
         raw = (self.body["metadata"].get("annotations") or {}).get(triggers_alerts.ALERT_ANNOTATION)
         if not raw or raw == self.alert_taken:
@@ -117,7 +121,7 @@ class TriggerWatch:
 
     async def _write(self, now: float, fields: dict[str, Any], ready: bool, reason: str, message: str) -> None:
         generation = self.body["metadata"].get("generation")
-        conditions = set_condition(list((self.body.get("status") or {}).get("conditions") or []), "Ready", ready, reason, message, generation)
+        conditions = set_condition(list((self.body.get("status") or {}).get("conditions") or []), ConditionType.READY, ready, reason, message, generation)
         patch = {**fields, "message": message[:triggers.MAX_TEXT], "observedGeneration": generation, "conditions": conditions}
         quiet = {k: v for k, v in patch.items() if k not in _READINGS}
         if quiet == self.written and now - self.written_at < STATUS_REFRESH_S:
@@ -145,7 +149,7 @@ def stop_alerts(memo: kopf.Memo, **_: Any) -> None:
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    """Put the ProfileTrigger daemon into `registry` (after stepscope.operator.handlers.register,
+    """Put the ProfileTrigger daemon into `registry` (after stepscope.operator.sessions.handlers.register,
     whose startup handler makes the context it shares)."""
     kopf.on.startup(registry=registry)(serve_alerts)
     kopf.on.cleanup(registry=registry)(stop_alerts)

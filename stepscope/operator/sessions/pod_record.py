@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from kubernetes.client.rest import ApiException
 
 from stepscope.operator import kube
-from stepscope.operator.jobs import owner_reference
+from stepscope.operator.sessions.jobs import owner_reference
 from stepscope.operator.settings import SESSION_LABEL
 
 # The API server refuses a ConfigMap whose data and binaryData (decoded) exceed 1 MiB in all.

@@ -1,19 +1,19 @@
 """The decisions of a ProfileSession's life as one pure function, `step(state, observation) ->
 (state, actions)`: which phase comes next, when to wait, give up on a pod, or fail and with what
-message. stepscope.operator.lifecycle is the shell: it observes (lists pods, polls sidecars,
+message. stepscope.operator.sessions.lifecycle is the shell: it observes (lists pods, polls sidecars,
 reads the analysis Job), calls `step`, and applies the actions (status writes, events, the pod
 record, cancellations, the Job). The clock is the observation's `now`, so tests drive every
-transition directly (tests/operator/test_phases.py), as operator/status.py's `aggregate`."""
+transition directly (tests/operator/test_phases.py), as operator/sessions/status.py's `aggregate`."""
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from stepscope.operator.pod_record import PodRecord
-from stepscope.operator.selection import Target
+from stepscope.operator.sessions.pod_record import PodRecord
+from stepscope.operator.sessions.selection import Target
+from stepscope.operator.sessions.status import MAX_FAILED_WORKERS, MAX_MESSAGE, WAITING, PodProgress, aggregate, failed_worker, registration_wait, unregistered, unregistered_reason
 from stepscope.operator.settings import INJECT_LABEL
-from stepscope.operator.status import MAX_FAILED_WORKERS, MAX_MESSAGE, WAITING, PodProgress, aggregate, failed_worker, registration_wait, unregistered, unregistered_reason
 
 # What a refused pod list means for the user: the answer is final, retrying cannot help.
 LIST_REFUSALS = {

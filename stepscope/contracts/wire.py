@@ -1,9 +1,10 @@
 """The words of the wire (docs/wire.md): rank states and their sets, shared-directory file names,
 versions, id rules, defaults and the control port. The one home of each: the sidecar, operator,
-CLI and tests import it, and the sidecar's bootstrap copies this file next to the agent (as
-`stepscope_wire`), which imports it from there. Standard library only, and cheap to import:
+CLI and tests import it, and the sidecar's bootstrap copies the contracts next to the agent (as
+`stepscope_contracts`), which imports them from there. Standard library only, and cheap to import:
 every Python process of a training pod loads it at start.
 """
+
 from __future__ import annotations
 
 TYPE_CHECKING = False
@@ -25,7 +26,7 @@ BOOTSTRAP_FOLDER = "bootstrap"
 SIDECAR_FOLDER = "sidecar"  # the sidecar's own files (GPU metrics, session records)
 TELEMETRY_FOLDER = "telemetry"  # each rank's step ring (below)
 AGENT_MODULE = "stepscope_agent"
-WIRE_MODULE = "stepscope_wire"
+CONTRACTS_MODULE = "stepscope_contracts"  # the bootstrap's copy of stepscope.contracts
 
 # A rank's states in its state file. `hung` is not final: a rank whose steps resume goes back to
 # `waiting` or `capturing` and may still end `done` with a trace.
@@ -54,9 +55,9 @@ STACKS_DROPPED = "Python stacks dropped"
 # it replaces, and enough samples over a few steps to name a function that takes a few ms a step.
 STACK_SAMPLE_SECONDS = 0.002
 DEFAULT_MAX_MEMORY_MB = 512
-# The capture's other defaults, for the spec (stepscope.session), the CRDs' schemas (tests/crd
-# checks them against the spec) and the agent, which fills in what a hand-written request.json
-# leaves out. Eight steps: on a loaded machine four cannot tell a modest straggler (10 % of the step)
+# The capture's defaults, which the spec's fields (stepscope.contracts.session, and so the CRDs)
+# take, kept here beside the agent's other words: the agent fills them into what a hand-written
+# request.json leaves out. Eight steps: on a loaded machine four cannot tell a modest straggler (10 % of the step)
 # from a healthy rank that the load held back as long (benchmarks/diagnosis_accuracy.py,
 # docs/benchmarks.md); eight can, for 4 more profiled steps (0.2-0.6 s, twice the trace).
 DEFAULT_WAIT_STEPS = 5
@@ -75,6 +76,7 @@ def aligned_start_step(completed: Sequence[int], wait_steps: int) -> int | None:
     agree to a step). The operator takes the counts of every selected pod, a sidecar without a
     startStep those of its own ranks; None when no live rank has counted a step."""
     return max(completed) + wait_steps if completed else None
+
 
 # Step telemetry: every training process keeps its latest steps in `telemetry/rank-<r>.steps`, a
 # ring that the agent writes at each step boundary and the sidecar reads, with no lock (one writer;
@@ -100,13 +102,19 @@ MAX_SESSION_ID = 128
 
 def valid_session_id(value: object) -> TypeGuard[str]:
     """Session ids become folder names: a letter or digit, then letters, digits, '.', '_', '-'."""
-    return (isinstance(value, str) and 0 < len(value) <= MAX_SESSION_ID and value[0] in _ID_FIRST
-            and all(c in _ID_REST for c in value))
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_SESSION_ID
+        and value[0] in _ID_FIRST
+        and all(c in _ID_REST for c in value)
+    )
 
 
 def valid_file_name(value: object) -> bool:
     """A plain file name (what an agent may name in its state file), nothing that leaves the folder."""
-    return isinstance(value, str) and 0 < len(value) <= 255 and value[0] in _ID_FIRST and all(c in _ID_REST for c in value)
+    return (
+        isinstance(value, str) and 0 < len(value) <= 255 and value[0] in _ID_FIRST and all(c in _ID_REST for c in value)
+    )
 
 
 def agent_file(rank: int) -> str:

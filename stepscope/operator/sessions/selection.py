@@ -6,9 +6,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from stepscope.contracts.session import SpecError
+from stepscope.contracts.wire import PORT_NAME as SIDECAR_PORT_NAME
 from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION
-from stepscope.session import SpecError
-from stepscope.wire import PORT_NAME as SIDECAR_PORT_NAME
 
 
 @dataclass(frozen=True)

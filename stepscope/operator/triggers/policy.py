@@ -3,7 +3,7 @@
 stepscope.detection judges the conditions on the ranks' telemetry; this module adds what the
 trigger resource promises on top: which conditions are on, alerts fired from Alertmanager, the
 cooldown and the hourly cap, the name and body of each ProfileSession it creates, and the status
-that says why. No I/O and no clock: stepscope.operator.triggers_daemon polls and writes.
+that says why. No I/O and no clock: stepscope.operator.triggers.daemon polls and writes.
 """
 from __future__ import annotations
 
@@ -13,53 +13,44 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepscope import detection
+from stepscope.contracts import trigger as trigger_contract
+from stepscope.contracts.states import TriggerState
+from stepscope.contracts.trigger import TriggerSpec
 from stepscope.operator.settings import GROUP, KIND, VERSION
 
-TRIGGER_KIND = "ProfileTrigger"
-TRIGGER_PLURAL = "profiletriggers"
+TRIGGER_KIND, TRIGGER_PLURAL = trigger_contract.KIND, trigger_contract.PLURAL
 # The label every session a trigger created carries (its value: the trigger's name, when it fits).
 TRIGGER_LABEL = "stepscope.io/trigger"
 REASON_ANNOTATION = "stepscope.io/trigger-reason"
 ALERT = "Alert"  # a fire from an Alertmanager webhook, beside detection's conditions
 HOUR_S = 3600.0
-MAX_RECENT = 20  # status.recentSessions (the CRD's maxItems; maxSessionsPerHour is at most as many)
+MAX_RECENT = trigger_contract.MAX_RECENT
 MAX_TEXT = 1024
 
-LEARNING, WATCHING, COOLING_DOWN, CAPPED, SUSPENDED, INVALID = "Learning", "Watching", "CoolingDown", "Capped", "Suspended", "Invalid"
-
-# spec.conditions' keys for detection's conditions.
-_SPEC_KEY = {detection.SLOWDOWN: "stepTime", detection.DIVERGENCE: "rankDivergence", detection.HANG: "hang"}
-_DEFAULT_COOLDOWN_S = 900
-_DEFAULT_MAX_PER_HOUR = 4
-
+LEARNING, WATCHING, COOLING_DOWN, CAPPED, SUSPENDED, INVALID = TriggerState
 
 @dataclass(frozen=True)
 class Policy:
     """What the trigger's spec asks for, in the units detection works in."""
     name: str
     conditions: detection.Conditions = detection.Conditions()
-    enabled: frozenset[str] = frozenset(_SPEC_KEY)
-    cooldown_s: float = _DEFAULT_COOLDOWN_S
-    max_per_hour: int = _DEFAULT_MAX_PER_HOUR
+    enabled: frozenset[str] = frozenset({detection.SLOWDOWN, detection.DIVERGENCE, detection.HANG})
+    cooldown_s: float = TriggerSpec.default_of("cooldownSeconds")
+    max_per_hour: int = TriggerSpec.default_of("maxSessionsPerHour")
     suspended: bool = False
 
     @classmethod
     def from_spec(cls, name: str, spec: Mapping[str, Any]) -> Policy:
-        """The policy of a trigger's spec (the API server filled in the schema's defaults; the same
-        defaults apply here for a spec that has none). A value detection refuses is a ValueError."""
-        given = spec.get("conditions") or {}
-        step, divergence, hang = (given.get(_SPEC_KEY[c]) or {} for c in (detection.SLOWDOWN, detection.DIVERGENCE, detection.HANG))
-        base = detection.Conditions()
+        """The policy of a trigger's spec, read as the contract's TriggerSpec: the schema's defaults
+        for what a spec leaves out, a SpecError (a ValueError) naming what the schema refuses."""
+        c = (trigger := TriggerSpec.from_dict(dict(spec), "spec")).conditions
         conditions = detection.Conditions(
-            slowdown_factor=float(step.get("factor", base.slowdown_factor)),
-            sustained_s=float(step.get("sustainedSeconds", base.sustained_s)),
-            baseline_window_s=60.0 * float(step.get("baselineMinutes", base.baseline_window_s / 60.0)),
-            divergence_factor=float(divergence.get("factor", base.divergence_factor)),
-            divergence_sustained_s=float(divergence.get("sustainedSeconds", base.sustained_s)),
-            hang_after_s=float(hang.get("noStepSeconds", base.hang_after_s)))
-        enabled = frozenset(c for c, key in _SPEC_KEY.items() if (given.get(key) or {}).get("enabled", True))
-        return cls(name, conditions, enabled, float(spec.get("cooldownSeconds", _DEFAULT_COOLDOWN_S)),
-                   int(spec.get("maxSessionsPerHour", _DEFAULT_MAX_PER_HOUR)), bool(spec.get("suspend", False)))
+            slowdown_factor=c.stepTime.factor, sustained_s=c.stepTime.sustainedSeconds, baseline_window_s=60.0 * c.stepTime.baselineMinutes,
+            divergence_factor=c.rankDivergence.factor, divergence_sustained_s=c.rankDivergence.sustainedSeconds,
+            hang_after_s=c.hang.noStepSeconds)
+        on = {detection.SLOWDOWN: c.stepTime.enabled, detection.DIVERGENCE: c.rankDivergence.enabled, detection.HANG: c.hang.enabled}
+        return cls(name, conditions, frozenset(k for k, v in on.items() if v), float(trigger.cooldownSeconds), trigger.maxSessionsPerHour,
+                   trigger.suspend)
 
 
 @dataclass(frozen=True)
@@ -214,4 +205,11 @@ def session_body(trigger: Mapping[str, Any], action: CreateSession) -> dict[str,
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
             "metadata": {"name": action.name, "labels": labels, "ownerReferences": [owner],
                          "annotations": {REASON_ANNOTATION: f"{action.condition}: {action.reason}"[:MAX_TEXT]}},
-            "spec": {**dict(spec.get("sessionTemplate") or {}), "selector": dict(spec["selector"])}}
+            "spec": {**_template(spec), "selector": dict(spec["selector"])}}
+
+
+def _template(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The trigger's sessionTemplate read as the ProfileSession spec it is (the same type), with
+    every default filled in."""
+    template = TriggerSpec.from_dict(dict(spec), "spec").sessionTemplate
+    return template.to_dict() if template is not None else {}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from stepscope import wire
+from . import wire
+from .schema import Record, boolean, string
 
 
 def session_prefix(namespace: str, name: str, uid: str) -> str:
@@ -41,3 +42,14 @@ REPORT_DIAGNOSIS = "report/diagnosis.json"
 REPORT_HTML = "report/index.html"
 REPORT_MERGED_TRACE = "report/merged.trace.json.gz"
 REPORT_TABLES = ("report/step_trace_time.csv", "report/kernel_details.csv", "report/op_statistic.csv", "report/communication.csv")
+# What the analysis Job leaves for the operator, which alone writes the session's status: the
+# result (below), and on success REPORT_DIAGNOSIS, which the operator compacts into status.diagnosis.
+REPORT_RESULT = "report/result.json"
+
+
+class AnalysisResult(Record):
+    """report/result.json: how the analysis Job ended, for the session's Analyzed condition."""
+
+    analyzed: bool = boolean("Whether the analysis wrote its report and diagnosis.", default=False)
+    reason: str = string("One CamelCase word: Analyzed or AnalysisFailed.", default="AnalysisFailed", max_length=64)
+    message: str = string("The diagnosis' summary, or why the analysis failed.", default="", max_length=32768)

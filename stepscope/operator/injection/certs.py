@@ -1,7 +1,7 @@
 """A self-signed CA and a serving certificate for the injection webhook.
 
 The operator owns its webhook's trust: the CA goes into the webhook configuration's caBundle
-(stepscope.operator.webhook keeps it there and shares the certificate between replicas through a
+(stepscope.operator.injection.webhook keeps it there and shares the certificate between replicas through a
 Secret), so no cert-manager is needed. On disk the private key exists only while the TLS context
 loads it."""
 from __future__ import annotations

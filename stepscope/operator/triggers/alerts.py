@@ -30,9 +30,10 @@ from email.message import Message
 from typing import Any
 
 from stepscope.bounded_http import BoundedHandler, BoundedHTTPServer, RateLimitedLog, Refused
-from stepscope.operator import kube, triggers
+from stepscope.operator import kube
+from stepscope.operator.sessions.status import now_iso
 from stepscope.operator.settings import GROUP, VERSION
-from stepscope.operator.status import now_iso
+from stepscope.operator.triggers import policy as triggers
 
 ALERT_ANNOTATION = "stepscope.io/alert"
 MAX_BODY = 1 << 20  # Alertmanager groups alerts; a megabyte is thousands of them

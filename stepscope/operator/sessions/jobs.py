@@ -1,7 +1,7 @@
 """The analysis Job of a session.
 
 It runs as the chart's analysis ServiceAccount of the namespace (settings.analysis_account: get
-ProfileSessions, get and patch their status; helm/stepscope/templates/rbac.yaml), so the operator
+ProfileSessions, nothing else; helm/stepscope/templates/rbac.yaml), so the operator
 creates no identity; the chart's ValidatingAdmissionPolicy refuses any other Job of the operator's
 (image, account, privilege). The pod spec passes Pod Security `restricted`. The Job is owned by
 the session, so deleting the session garbage-collects it."""
@@ -14,11 +14,10 @@ from kubernetes.client.rest import ApiException
 
 from stepscope.operator import kube
 from stepscope.operator.credentials import ENV_OF_FIELD
-from stepscope.operator.injection import SIDECAR_UID
-from stepscope.operator.settings import GROUP, KIND, SESSION_LABEL, VERSION, OperatorSettings
+from stepscope.operator.settings import GROUP, IMAGE_UID, KIND, SESSION_LABEL, VERSION, OperatorSettings
 
 # Pod Security "restricted" (the image's USER is named, so runAsNonRoot holds before it is pulled).
-POD_SECURITY_CONTEXT = {"runAsNonRoot": True, "runAsUser": SIDECAR_UID, "runAsGroup": SIDECAR_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+POD_SECURITY_CONTEXT = {"runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID, "seccompProfile": {"type": "RuntimeDefault"}}
 CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False, "runAsNonRoot": True,
                               "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
 

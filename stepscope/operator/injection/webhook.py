@@ -1,4 +1,4 @@
-"""The mutating webhook that adds the sidecar (stepscope.operator.injection says what) to pods
+"""The mutating webhook that adds the sidecar (stepscope.operator.injection.injection says what) to pods
 labelled `stepscope.io/inject: "true"`, served by kopf over HTTPS with the operator's own
 certificate; on an update of a pod it injected, it only puts the injected env back (a pod's env
 cannot change, and `kubectl apply` of the original manifest would revert it). Importing this module registers nothing; `stepscope operator --webhook` does.
@@ -31,10 +31,11 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from stepscope.bounded_http import ConnectionSlots, RateLimitedLog
-from stepscope.operator import certs, injection, kube, metrics
-from stepscope.operator.injection import InjectionSettings, inject
+from stepscope.operator import kube, metrics
+from stepscope.operator.injection import certs, injection
+from stepscope.operator.injection.injection import InjectionSettings, inject
 from stepscope.operator.namespace_keys import MANAGED_LABEL, NamespaceKeys
-from stepscope.operator.selection import started_without_sidecar
+from stepscope.operator.sessions.selection import started_without_sidecar
 from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION, INJECTION_WARNING_ANNOTATION, OperatorSettings, WebhookSettings
 
 HANDLER_ID = "inject-sidecar"

@@ -7,8 +7,8 @@ import logging
 import time
 from typing import Any
 
-from stepscope import layout
-from stepscope.session import SessionSpec
+from stepscope.contracts import layout
+from stepscope.contracts.session import SessionSpec
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,16 @@ class SessionRecord:
                 self._timeline = list(json.loads(self._store.get_bytes(layout.session_json())).get("timeline") or [])
         except Exception as exc:  # noqa: BLE001 - a damaged record must not stop the session; it is rewritten below
             log.warning("session.json unreadable, starting a new timeline: %s", exc)
+
+    def read_json(self, key: str) -> dict[str, Any] | None:
+        """A JSON object the session's folder holds at `key` (the analysis Job's result), or None
+        where it is absent, unreadable or no object."""
+        try:
+            value = json.loads(self._store.get_bytes(key)) if self._store.exists(key) else None
+        except Exception as exc:  # noqa: BLE001 - the caller reports a missing result in its own words
+            log.warning("%s unreadable: %s", key, exc)
+            return None
+        return value if isinstance(value, dict) else None
 
     def append(self, phase: str, message: str) -> None:
         """Record a transition and rewrite session.json (raises when the store is unreachable)."""

@@ -6,23 +6,57 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from stepscope.contracts import layout
+from stepscope.contracts.states import SIDECAR_FINAL, ConditionType, SidecarPhase
+from stepscope.contracts.wire import FAILED_STATES, HUNG
 from stepscope.operator import kube, metrics
-from stepscope.operator.pod_record import PodRecord
+from stepscope.operator.sessions.pod_record import PodRecord
 from stepscope.operator.settings import INJECT_LABEL
-from stepscope.wire import FAILED_STATES, HUNG
 
 STATUS_BUDGET = 32 * 1024  # docs/design.md: the whole status, as JSON
 MAX_MESSAGE = 1024  # status.message and each condition's message
 MAX_FAILED_WORKERS = 20
 WORKER_FIELDS = ("total", "triggered", "capturing", "captured", "uploaded", "failed")
-SIDECAR_DONE = {"Succeeded", "Failed", "Cancelled"}
 RANK_FAILED = FAILED_STATES
-CONDITION_TYPES = ("Triggered", "Captured", "Analyzed", "Ready")
+CONDITION_TYPES = tuple(ConditionType)
+
+
+MAX_DIAGNOSIS_BYTES = 24 * 1024
+# What the operator writes with the diagnosis: phase, completionTime, the summary as status.message
+# and the Ready condition, each message at most MAX_MESSAGE.
+FINAL_WRITE_BYTES = 3 * MAX_MESSAGE
+
+
+def compact_diagnosis(diagnosis: Any, budget: int = MAX_DIAGNOSIS_BYTES) -> dict[str, Any]:
+    """The Diagnosis as status JSON, dropping the least severe findings until it fits `budget` bytes."""
+    data = dict(msgspec.to_builtins(diagnosis))
+    while len(json.dumps(data)) > budget and data.get("findings"):
+        data["findings"] = data["findings"][:-1]
+    while len(json.dumps(data)) > budget and data.get("slowWorkers"):
+        data["slowWorkers"] = data["slowWorkers"][:-1]
+    return data
+
+
+def diagnosed_status(status: dict[str, Any], diagnosis: Any, dest: str, generation: int | None) -> dict[str, Any]:
+    """The status patch of a finished analysis. The diagnosis gets what the rest of the status
+    leaves of its 32 KiB (at most MAX_DIAGNOSIS_BYTES), so the whole status stays within budget."""
+    summary = msgspec.to_builtins(diagnosis).get("summary", "")
+    patch = {"artifacts": artifacts(dest), "conditions": set_condition(list(status.get("conditions") or []), ConditionType.ANALYZED, True,
+                                                                      "Analyzed", summary, generation)}
+    rest = len(json.dumps({**status, **patch, "diagnosis": None}).encode())
+    return {**patch, "diagnosis": compact_diagnosis(diagnosis, min(MAX_DIAGNOSIS_BYTES, STATUS_BUDGET - rest - FINAL_WRITE_BYTES))}
+
+
+def artifacts(dest: str) -> dict[str, str]:
+    return {"prefix": dest, "report": f"{dest}/{layout.REPORT_HTML}", "diagnosis": f"{dest}/{layout.REPORT_DIAGNOSIS}"}
 
 
 def now_iso() -> str:
@@ -42,7 +76,7 @@ class PodProgress:
 
     @property
     def done(self) -> bool:
-        return bool(self.lost) or self.answer.get("phase") in SIDECAR_DONE
+        return bool(self.lost) or self.answer.get("phase") in SIDECAR_FINAL
 
 
 @dataclass(frozen=True)
@@ -96,7 +130,7 @@ def aggregate(progress: dict[str, PodProgress]) -> Aggregate:
             hung += r.get("state") == HUNG
             if r.get("state") in RANK_FAILED or r.get("error"):
                 failed.append(failed_worker(pod, r.get("rank"), str(r.get("error") or r.get("state"))))
-        if p.answer.get("phase") == "Failed" and not any(f["pod"] == pod for f in failed):
+        if p.answer.get("phase") == SidecarPhase.FAILED and not any(f["pod"] == pod for f in failed):
             failed.append(failed_worker(pod, _rank_of(p.answer), str(p.answer.get("message") or "sidecar failed")))
     done = bool(progress) and all(p.done for p in progress.values())
     return Aggregate(workers, failed[:MAX_FAILED_WORKERS], done, hung)

@@ -1,6 +1,6 @@
 """One ProfileSession from creation to its end: Pending -> Capturing -> Analyzing -> Succeeded or
 Failed. Runs as the session's kopf daemon, so an operator restart resumes it from its status and
-its pod record (stepscope.operator.pod_record): the phase says where it was, the record which
+its pod record (stepscope.operator.sessions.pod_record): the phase says where it was, the record which
 sidecars were triggered, and those are never triggered again (the PUT is idempotent too, for a
 restart between the PUT and the record's write)."""
 from __future__ import annotations
@@ -16,18 +16,24 @@ from typing import Any, NoReturn
 import kopf
 from kubernetes.client.rest import ApiException
 
-from stepscope.operator import cancellation, credentials, fanout, jobs, kube, metrics, phases, pod_record
+from stepscope.contracts import layout
+from stepscope.contracts.layout import AnalysisResult
+from stepscope.contracts.session import SessionSpec, SpecError
+from stepscope.contracts.sidecar_api import SessionRequest, StoreCredentials
+from stepscope.contracts.states import SESSION_FINAL, ConditionType, SessionPhase
+from stepscope.contracts.wire import aligned_start_step
+from stepscope.operator import credentials, kube, metrics
 from stepscope.operator.namespace_keys import namespace_key
-from stepscope.operator.phases import Action, Captured, Failure, Finish, GiveUp, ReadAnalysis, RecordPods, Report, Retry, RunState, Trigger, Wait
-from stepscope.operator.pod_record import PodRecord
-from stepscope.operator.record import SessionRecord, destination, open_destination
-from stepscope.operator.selection import Target, label_selector, not_injected, select_targets, target_of
+from stepscope.operator.sessions import cancellation, fanout, jobs, phases, pod_record
+from stepscope.operator.sessions.phases import Action, Captured, Failure, Finish, GiveUp, ReadAnalysis, RecordPods, Report, Retry, RunState, Trigger, Wait
+from stepscope.operator.sessions.pod_record import PodRecord
+from stepscope.operator.sessions.record import SessionRecord, destination, open_destination
+from stepscope.operator.sessions.selection import Target, label_selector, not_injected, select_targets, target_of
+from stepscope.operator.sessions.status import MAX_MESSAGE, PodProgress, StatusWriter, diagnosed_status, now_iso, parse_iso, pod_counts, set_condition
 from stepscope.operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
-from stepscope.operator.status import MAX_MESSAGE, PodProgress, StatusWriter, now_iso, parse_iso, pod_counts, set_condition
-from stepscope.session import SessionSpec, SpecError
-from stepscope.wire import aligned_start_step
 
-TERMINAL = ("Succeeded", "Failed")
+log = logging.getLogger(__name__)
+TERMINAL = SESSION_FINAL
 TTL_RECHECK_S = 30.0  # how stale a changed ttlSecondsAfterFinished may be while a finished session waits
 
 
@@ -66,6 +72,15 @@ class Stopped(Exception):
     """The daemon is being stopped (operator shutdown or session deletion): leave state as is."""
 
 
+def _analysis_result(found: dict[str, Any] | None) -> AnalysisResult | None:
+    """The Job's result, or None where it left none that can be read (the Job's own outcome then speaks)."""
+    try:
+        return AnalysisResult.from_dict(found, layout.REPORT_RESULT) if found is not None else None
+    except SpecError as exc:
+        log.warning("%s", exc)
+        return None
+
+
 def _end(action: Action) -> NoReturn:
     """Ends the loop that asked phases.step: a Failure fails the session; nothing else may come."""
     if isinstance(action, Failure):
@@ -74,7 +89,7 @@ def _end(action: Action) -> NoReturn:
 
 
 class SessionRunner:
-    """The I/O shell around stepscope.operator.phases: it observes the pods, sidecars and the
+    """The I/O shell around stepscope.operator.sessions.phases: it observes the pods, sidecars and the
     analysis Job, asks `phases.step` what to do, and does it."""
 
     def __init__(self, obj: dict[str, Any], ctx: Context, stopped: Any, logger: logging.Logger | logging.LoggerAdapter) -> None:
@@ -97,7 +112,7 @@ class SessionRunner:
         return self.status.get("phase") or ""
 
     async def run(self) -> None:
-        metrics.SESSIONS.set(self.uid, self.phase or "Pending")
+        metrics.SESSIONS.set(self.uid, self.phase or SessionPhase.PENDING)
         try:
             if self.phase not in TERMINAL:
                 await self._drive()
@@ -105,13 +120,13 @@ class SessionRunner:
             return
         except Fail as exc:
             await self._cancel_triggered()
-            await self._finish("Failed", exc.reason, exc.message)
+            await self._finish(SessionPhase.FAILED, exc.reason, exc.message)
         await self._expire()
 
     def _step(self, obs: phases.Observation) -> list[Action]:
         """phases.step on the state as status now says it; the caller applies the actions in order."""
         assert self.state is not None, "the spec is read first"
-        triggered = next((c.get("lastTransitionTime") for c in self.status.get("conditions") or [] if c.get("type") == "Triggered"), None)
+        triggered = next((c.get("lastTransitionTime") for c in self.status.get("conditions") or [] if c.get("type") == ConditionType.TRIGGERED), None)
         start = self.status.get("startTime")
         state = replace(self.state, phase=self.phase, start=parse_iso(start) if isinstance(start, str) and start else None,
                         triggered=parse_iso(triggered) if triggered else None)
@@ -124,22 +139,22 @@ class SessionRunner:
         try:
             spec = SessionSpec.from_dict(self.obj.get("spec") or {})
             spec.validate_for_cluster()
-            selector = label_selector(spec.selector)
+            selector = label_selector(spec.selector.to_dict() if spec.selector else {})
         except (SpecError, TypeError, ValueError) as exc:
             raise Fail("InvalidSpec", str(exc)) from None
         creds = await self._credentials(spec)
         self.dest = destination(spec, self.ns, self.name, self.uid)
         self.state = RunState(self.phase, self.ns, selector, self.dest, spec.timeoutSeconds, self.settings.selection_grace_s,
-                              spec.registrationTimeoutSeconds, spec.analysisEnabled, analysis_start_grace_s=self.settings.analysis_start_grace_s)
+                              spec.registrationTimeoutSeconds, spec.analysis.enabled, analysis_start_grace_s=self.settings.analysis_start_grace_s)
         await self._open_record(spec, creds)
-        if self.phase in ("", "Pending"):
+        if self.phase in ("", SessionPhase.PENDING):
             if not self.phase:
-                await self._transition("Pending", "Created", f"selecting pods ({selector})", startTime=now_iso(), artifacts={"prefix": self.dest})
+                await self._transition(SessionPhase.PENDING, "Created", f"selecting pods ({selector})", startTime=now_iso(), artifacts={"prefix": self.dest})
             targets = await self._await_targets(selector)
             await self._trigger(spec, creds, targets)
-        if self.phase == "Capturing":
+        if self.phase == SessionPhase.CAPTURING:
             await self._follow_capture(selector, spec)
-        if self.phase == "Analyzing":
+        if self.phase == SessionPhase.ANALYZING:
             await self._follow_analysis()
 
     async def _credentials(self, spec: SessionSpec) -> dict[str, Any] | None:
@@ -159,7 +174,7 @@ class SessionRunner:
             await self._sleep(min(1.0, self.settings.selection_grace_s))
 
     async def _open_record(self, spec: SessionSpec, creds: dict[str, Any] | None) -> None:
-        snapshot = {"session": self.uid, "namespace": self.ns, "name": self.name, "destination": self.dest, "spec": spec.to_dict()}
+        snapshot = self._request(spec).to_dict()
         try:
             store = await asyncio.to_thread(open_destination, spec, self.dest, creds)
             self.record = SessionRecord(store, snapshot)
@@ -181,10 +196,11 @@ class SessionRunner:
                     _end(action)
             await self._sleep(min(1.0, self.settings.selection_grace_s))
 
+    def _request(self, spec: SessionSpec, **more: Any) -> SessionRequest:
+        """The session as a sidecar takes it (PUT), and as its session.json in the store (no credentials)."""
+        return SessionRequest(session=self.uid, namespace=self.ns, name=self.name, destination=self.dest, spec=spec, **more)
+
     async def _trigger(self, spec: SessionSpec, creds: dict[str, Any] | None, targets: list[Target]) -> None:
-        body = {"session": self.uid, "namespace": self.ns, "name": self.name, "destination": self.dest, "spec": spec.to_dict()}
-        if creds:
-            body["credentials"] = creds
         previous = await self._read_pods()  # left by an earlier operator process
         already = previous.triggered if previous else frozenset()
         todo = [t for t in targets if t.pod not in already]
@@ -196,9 +212,8 @@ class SessionRunner:
         # Pods align too: every sidecar gets the same absolute start step.
         answers = await fanout.telemetry(todo, self.ctx.key_for(self.ns), pool=self.ctx.sidecars, timeout=s.sidecar_timeout_s)
         start_step = aligned_start_step(fanout.live_step_counts(answers), spec.capture.waitSteps)
-        if start_step is not None:
-            body["startStep"] = start_step
-        outcomes = await fanout.trigger(todo, self.uid, body, self.ctx.key_for(self.ns), pool=self.ctx.sidecars, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
+        request = self._request(spec, credentials=StoreCredentials(**creds) if creds else None, startStep=start_step)
+        outcomes = await fanout.trigger(todo, request, self.ctx.key_for(self.ns), pool=self.ctx.sidecars, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
         answers_seen = phases.TriggerAnswers(already, frozenset(o.target.pod for o in outcomes if o.ok),
                                              {o.target.pod: o.error for o in outcomes if not o.ok}, self.uninjected)
         for action in self._step(answers_seen):
@@ -209,8 +224,8 @@ class SessionRunner:
                 record = await asyncio.to_thread(pod_record.write, self.ns, self.name, self.uid, self.pods)
             except pod_record.PodRecordTooLarge as exc:  # the split outgrew the room checked above: undo the fan-out
                 raise Fail("PodRecordTooLarge", f"{exc}; the {len(self.pods.triggered)} triggered sidecar(s) are cancelled") from None
-            conditions = set_condition(self.status.get("conditions") or [], "Triggered", True, "Triggered", action.message, self.generation)
-            await self._transition("Capturing", "Triggered", action.message, pods=pod_counts(record, self.pods),
+            conditions = set_condition(self.status.get("conditions") or [], ConditionType.TRIGGERED, True, "Triggered", action.message, self.generation)
+            await self._transition(SessionPhase.CAPTURING, "Triggered", action.message, pods=pod_counts(record, self.pods),
                                    failedWorkers=list(action.failed_workers), conditions=conditions)
 
     async def _follow_capture(self, selector: str, spec: SessionSpec) -> None:
@@ -242,13 +257,13 @@ class SessionRunner:
                     _end(action)
 
     async def _captured(self, spec: SessionSpec, captured: Captured) -> None:
-        conditions = set_condition(self.status.get("conditions") or [], "Captured", True, "Captured", captured.message, self.generation)
+        conditions = set_condition(self.status.get("conditions") or [], ConditionType.CAPTURED, True, "Captured", captured.message, self.generation)
         if not captured.analyze:
-            await self._finish("Succeeded", "Captured", captured.message + "; analysis disabled", conditions=conditions)
+            await self._finish(SessionPhase.SUCCEEDED, "Captured", captured.message + "; analysis disabled", conditions=conditions)
             return
         job = await asyncio.to_thread(jobs.create_analysis, self.ns, self.name, self.uid, self.settings, spec.storage.credentialsSecret, await self._secret_keys(spec))
         metrics.ANALYSIS_JOBS.inc()
-        await self._transition("Analyzing", "Captured", f"{captured.message}; analysis Job {job} created", conditions=conditions, analysisJob=job)
+        await self._transition(SessionPhase.ANALYZING, "Captured", f"{captured.message}; analysis Job {job} created", conditions=conditions, analysisJob=job)
 
     async def _poll(self, selector: str, progress: dict[str, PodProgress]) -> None:
         """One round: mark pods that went away as lost, ask the others' sidecars."""
@@ -302,17 +317,20 @@ class SessionRunner:
             await self._sleep(self.settings.poll_interval_s)
 
     async def _follow_analysis(self) -> None:
+        """The Job leaves its result in the store; the operator alone writes it into the status."""
         ended = await self._await_job()
-        fresh = await asyncio.to_thread(kube.get_session, self.ns, self.name)
-        fresh_status = fresh.get("status") or {}
-        conditions = self.status["conditions"] = fresh_status.get("conditions") or []
-        analyzed: dict[str, Any] = next((c for c in conditions if c.get("type") == "Analyzed"), {})
-        summary = (fresh_status.get("diagnosis") or {}).get("summary", "analysis done")
+        assert self.record is not None, "the store is opened first"
+        result, report = await asyncio.gather(asyncio.to_thread(self.record.read_json, layout.REPORT_RESULT),
+                                              asyncio.to_thread(self.record.read_json, layout.REPORT_DIAGNOSIS))
+        found = _analysis_result(result)
+        analyzed = {"status": "True" if found.analyzed else "False", "message": found.message} if found else {}
+        diagnosis = (report or {}).get("diagnosis")  # the report's document: the diagnosis beside the full findings and tables
+        summary = str((diagnosis or {}).get("summary", "analysis done"))
         for action in self._step(phases.AnalysisStatus(ended.outcome, ended.message, analyzed, summary)):
             if not isinstance(action, Finish):
                 _end(action)
-            self.status.update({k: fresh_status[k] for k in ("diagnosis", "artifacts") if k in fresh_status})
-            await self._finish("Succeeded", action.reason, action.message, conditions=conditions)
+            patch = diagnosed_status(self.status, diagnosis or {"summary": summary}, self.dest, self.generation)
+            await self._finish(SessionPhase.SUCCEEDED, action.reason, action.message, **patch)
 
     # -- status, events, timeline ----------------------------------------------------------
 
@@ -325,14 +343,14 @@ class SessionRunner:
         patch = {"phase": phase, "message": message[:MAX_MESSAGE], **fields}
         conditions = fields.get("conditions") or self.status.get("conditions") or []
         if phase in TERMINAL:
-            ready = phase == "Succeeded"
-            conditions = set_condition(conditions, "Ready", ready, reason, message, self.generation)
+            ready = phase == SessionPhase.SUCCEEDED
+            conditions = set_condition(conditions, ConditionType.READY, ready, reason, message, self.generation)
             patch["completionTime"] = now_iso()
         patch["conditions"] = conditions
         await self._write(patch)
         metrics.SESSIONS.set(self.uid, phase)
         # kopf.events takes the object as a plain mapping too (it reads apiVersion, kind and metadata)
-        (kopf.warn if phase == "Failed" else kopf.info)(self.obj, reason=reason, message=f"{phase}: {message}")  # type: ignore[arg-type]  # see above
+        (kopf.warn if phase == SessionPhase.FAILED else kopf.info)(self.obj, reason=reason, message=f"{phase}: {message}")  # type: ignore[arg-type]  # see above
         self.log.info("%s/%s -> %s (%s): %s", self.ns, self.name, phase, reason, message)
         if self.record is not None:
             try:
@@ -342,8 +360,8 @@ class SessionRunner:
 
     async def _finish(self, phase: str, reason: str, message: str, **fields: Any) -> None:
         conditions = fields.pop("conditions", None) or self.status.get("conditions") or []
-        if phase == "Failed":
-            pending = [t for t in ("Triggered", "Captured", "Analyzed") if not any(c.get("type") == t for c in conditions)]
+        if phase == SessionPhase.FAILED:
+            pending = [t for t in (ConditionType.TRIGGERED, ConditionType.CAPTURED, ConditionType.ANALYZED) if not any(c.get("type") == t for c in conditions)]
             for t in pending:
                 conditions = set_condition(conditions, t, False, reason, message, self.generation)
         await self._transition(phase, reason, message, conditions=conditions, **fields)
@@ -360,7 +378,7 @@ class SessionRunner:
         """A session failing before its capture ended is cancelled on the sidecars its pod record
         lists, in Pending too: a restarted operator may fail it there (its Secret or store gone)
         after an earlier process triggered them. They keep what they captured."""
-        if self.phase not in ("", "Pending", "Capturing"):
+        if self.phase not in ("", SessionPhase.PENDING, SessionPhase.CAPTURING):
             return
         try:
             pods = self.pods or await asyncio.to_thread(pod_record.read, self.ns, self.name, self.uid)
