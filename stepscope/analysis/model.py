@@ -154,6 +154,27 @@ class DeviceSpec(Struct):
     tbs: float = 0.0  # memory bandwidth, TB/s
 
 
+class PathShare(Struct):
+    """An op, kernel or gap on a rank's critical path and its time on it."""
+    name: str
+    boundBy: str  # HTA's bound_by: cpu_bound, gpu_compute_bound, gpu_kernel_kernel_overhead, ...
+    us: float
+
+
+class CriticalPathSummary(Struct):
+    """The longest chain of dependent CPU ops, launches, kernels and syncs over the rank's profiled
+    steps (HTA's critical_path_analysis, metrics/critical_path.py)."""
+    totalUs: float
+    startUs: float
+    endUs: float
+    byBound: dict[str, float] = {}  # µs on the path by what bounds it
+    top: list[PathShare] = []  # the ops and kernels of most time on the path
+    # The longest edges of the path for the merged trace: [start µs, duration µs, index into
+    # spanNames (the op, kernel or gap), boundBy].
+    spans: list[tuple[float, float, int, str]] = []
+    spanNames: list[str] = []
+
+
 class OpEfficiency(Struct):
     """FLOPs and bytes of an op, from its recorded shapes, over the time of the kernels it launched
     (statistics/efficiency.py); for a kernel, its share of its ops' FLOPs and bytes."""
@@ -216,6 +237,7 @@ class RankSummary(Struct):
     opEfficiency: list[OpEfficiency] = []  # the ops of most GPU time with FLOPs from their shapes
     kernelEfficiency: list[OpEfficiency] = []
     operators: list[OperatorStat] = []
+    criticalPath: CriticalPathSummary | None = None
     # Per-step hardware statistics from the node's NVML samples, keyed by metric name.
     hardware: dict[str, list[float]] = {}
     warnings: list[str] = []

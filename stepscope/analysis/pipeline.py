@@ -21,11 +21,11 @@ from tqdm import tqdm
 
 from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.diagnosis.rank_tables import build_tables
-from stepscope.analysis.gathering.session_files import SessionFiles, SessionRanks, find_files, local_path, open_session, read_ranks
+from stepscope.analysis.gathering.session_files import SessionFiles, SessionRanks, find_files, is_ascend_capture, local_path, open_session, read_ranks
 from stepscope.analysis.loading.gpu_samples import read_metrics
 from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
 from stepscope.analysis.model import Diagnosis, RankSummary
-from stepscope.analysis.reporting.merged_trace import MergePlan, MergeRank, expected_size, merge_order
+from stepscope.analysis.reporting.merged_trace import MergePlan, MergeRank, critical_path_events, expected_size, merge_order
 from stepscope.analysis.reporting.report import write_report
 from stepscope.analysis.settings import (
     DEFAULT_MAX_METRICS_MB,
@@ -94,6 +94,10 @@ def _merge_plan(files: SessionFiles, read: SessionRanks, diagnosis: Diagnosis, h
     base_us = min(bases) if bases else 0.0
     ranks, expected, left_out = [], 0, {}
     for rank, why in order:
+        if is_ascend_capture(read.traces[rank]):
+            left_out[rank] = ("left out of the merged trace: an Ascend capture (its times are strings of epoch µs); "
+                              f"open {read.traces[rank]} in MindStudio Insight")
+            continue
         if expected >= limit_bytes:  # nothing more fits: not worth a download
             left_out[rank] = f"left out of the merged trace: the ranks before it fill its {limit_bytes / 1e6:,.0f} MB limit"
             continue
@@ -104,8 +108,9 @@ def _merge_plan(files: SessionFiles, read: SessionRanks, diagnosis: Diagnosis, h
             left_out[rank] = f"left out of the merged trace: {exc}"
             continue
         shift = round(known[rank].traceBaseUs - base_us) if known[rank].traceBaseUs > 0 else 0
-        ranks.append(MergeRank(rank, path, why=why, shift_us=shift, checked=rank in read.parsed, size_hint=size))
-        expected += size
+        extra = critical_path_events(rank, known[rank].criticalPath, shift)
+        ranks.append(MergeRank(rank, path, why=why, shift_us=shift, checked=rank in read.parsed, size_hint=size + len(extra), extra=extra))
+        expected += size + len(extra)
     counters = []
     if hardware:
         from stepscope.analysis.reporting.gpu_counters import counter_events
@@ -163,7 +168,7 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (f"exit status: {EXIT_OK} every rank analysed, {EXIT_PARTIAL} some ranks could not be analysed, "
                      f"{EXIT_NONE} none could (or nothing to analyse), {EXIT_USAGE} bad arguments")
-    parser.add_argument("source", nargs="?", help="session folder, store URI (file://, s3://, oss://), folder of Kineto traces, or one trace file")
+    parser.add_argument("source", nargs="?", help="session folder, store URI (file://, s3://, oss://), folder of Kineto traces or of Ascend NPU captures (torch_npu's *_ascend_pt folders), or one trace file")
     parser.add_argument("--endpoint", help="object-store endpoint (MinIO, OSS)")
     parser.add_argument("--region", help="object-store region (needed for oss:// without --endpoint)")
     parser.add_argument("--output", help="write the report files here instead of <source>/report/")

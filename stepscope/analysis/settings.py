@@ -7,7 +7,8 @@ import os
 
 # Caps per rank, from measurements: the largest real trace of the tests is 54 MB of JSON with 123 k
 # rows kept, the benchmark's ranks 286 MB with 740 k (a summarising process peaks at ~210 MiB). A
-# process summarising 2 M rows peaks at ~410 MiB, what the worker pool plans a worker to hold
+# process summarising 2 M rows peaked at ~410 MiB before the critical path (~95 MiB more at 740 k
+# rows; 2 M rows not re-measured with it), near what the worker pool plans a worker to hold
 # (loading.parallel.WORKER_BYTES), so a hostile rank does not take a worker's neighbours' memory;
 # 2 GiB of JSON take ~15 s to read.
 MAX_TRACE_MB_ENV, MAX_TRACE_EVENTS_ENV = "STEPSCOPE_MAX_TRACE_MB", "STEPSCOPE_MAX_TRACE_EVENTS"

@@ -26,6 +26,9 @@ from stepscope.contracts import layout
 from stepscope.storage import Store, StoreError, open_store
 
 _RAW_TRACE = re.compile(r"^[^/]+\.json(?:\.gz)?$")
+# An Ascend NPU capture (torch_npu): its folder's parsed output, and the file naming its rank.
+_ASCEND_TRACE = re.compile(r"^(?:(.*)/)?ASCEND_PROFILER_OUTPUT/trace_view\.json$")
+_ASCEND_RANK = re.compile(r"^(?:(.*)/)?profiler_info_(\d+)\.json$")
 # The agent's own folder holds traces next to its state and stacks files (wire.md).
 _FLAT_STACKS = re.compile(r"^rank-(\d+)\.stacks\.json$")
 _NOT_TRACE = re.compile(r"\.(state|stacks|summary)\.json$|^(session|request)\.json$")
@@ -104,6 +107,8 @@ def find_files(store: Store, only: str | None = None) -> SessionFiles:
         return SessionFiles(store, [ranks[r] for r in sorted(ranks)], metrics)
     raw = sorted(k for k in keys if _RAW_TRACE.match(k) and not _NOT_TRACE.search(k))
     flat = [RankFiles(rank_from_name(k), trace=k) for k in raw]
+    ascend_ranks = {m[1] or "": int(m[2]) for k in keys if (m := _ASCEND_RANK.match(k))}
+    flat += [RankFiles(ascend_ranks.get(m[1] or ""), trace=k) for k in sorted(keys) if (m := _ASCEND_TRACE.match(k))]
     for key in keys:
         m = _FLAT_STACKS.match(key)
         if m:
@@ -112,6 +117,11 @@ def find_files(store: Store, only: str | None = None) -> SessionFiles:
                 flat.append(owner := RankFiles(int(m[1])))
             owner.stacks = key
     return SessionFiles(store, flat, {}, layout="flat")
+
+
+def is_ascend_capture(key: str) -> bool:
+    """The key is an Ascend NPU capture's trace_view.json (its times are epoch µs as strings)."""
+    return _ASCEND_TRACE.match(key) is not None
 
 
 @contextlib.contextmanager

@@ -42,6 +42,7 @@ MEMSET_CATS = ("gpu_memset", "Memset")
 RUNTIME_CATS = ("cuda_runtime", "Runtime", "cuda_driver")
 PYTHON_CAT = "python_function"
 OPERATOR_CAT = "cpu_op"
+SYNC_CAT = "cuda_sync"
 # An operator's input shapes beyond this many bytes of JSON are cut (a list of thousands of tensors).
 MAX_SHAPES_TEXT = 256
 STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
@@ -106,6 +107,9 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
     out_nelems: _Num = msgspec.field(default=None, name="Out msg nelems")
     group_size: _Num = msgspec.field(default=None, name="Group size")
     dtype: str | None = None
+    # A "Stream Wait Event" (cuda_sync) names the cudaEventRecord it waits on and that event's stream.
+    wait_record: _Num = msgspec.field(default=-1, name="wait_on_cuda_event_record_corr_id")
+    wait_stream: _Num = msgspec.field(default=-1, name="wait_on_stream")
     # Kept raw (a slice of the piece, copied for SHAPED_OPS only): most ops' shapes are never read.
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
@@ -249,6 +253,9 @@ class Trace:
     base_ns: int = 0  # baseTimeNanoseconds: ts (µs) + base_ns / 1000 = Unix epoch µs
     shapes: Shapes = field(default_factory=lambda: Shapes(np.empty(0, np.int64), [], [], []))
     devices: list[tuple[str, int, int]] = field(default_factory=list)  # deviceProperties: (name, numSms, totalGlobalMem)
+    # Of cuda_sync rows (-1 elsewhere): the correlation of the cudaEventRecord a stream waits on, and its stream.
+    wait_record: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    wait_stream: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -283,7 +290,7 @@ class _Columns:
         self.id_codes: dict[str, int] = {}
         self.parts: dict[str, list[np.ndarray]] = {k: [] for k in (
             "cat", "name", "pid", "ts", "dur", "stream", "correlation", "external_id",
-            "nbytes", "python_id", "python_parent", "tid", "shape")}
+            "nbytes", "python_id", "python_parent", "tid", "shape", "wait_record", "wait_stream")}
         self.shape_codes: dict[str, int] = {}
         self.coll: dict[str, list] = {k: [] for k in ("row", "name", "in_nelems", "out_nelems", "group_size", "dtype")}
         self.shapes: dict[str, list] = {k: [] for k in ("row", "dims", "types", "concrete")}
@@ -344,6 +351,7 @@ class _Columns:
         on_stream = stream != -1
         memory = np.isin(cat, [self.cat_codes[c] for c in MEMCPY_CATS + MEMSET_CATS if c in self.cat_codes])
         python = cat == self.cat_codes.get(PYTHON_CAT, -1)
+        sync = cat == self.cat_codes.get(SYNC_CAT, -1)
         shaped = self._shaped(names) & ~on_stream
         if shaped.any():  # the ops of interest that carry shapes (record_shapes)
             maybe = np.flatnonzero(shaped)
@@ -358,6 +366,7 @@ class _Columns:
         for key, attr, rows in (("pid", "pid", on_stream), ("nbytes", "args.bytes", memory),
                                 ("python_id", "args.python_id", python),
                                 ("python_parent", "args.python_parent", python),
+                                ("wait_record", "args.wait_record", sync), ("wait_stream", "args.wait_stream", sync),
                                 # External ids link collective kernels to the op holding their sizes.
                                 ("external_id", "args.external_id", has_coll | on_stream | shaped)):
             column = np.full(n, -1, dtype=np.int64)
@@ -728,6 +737,8 @@ def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
         shape_texts=list(cols.shape_codes),
         shapes=shapes,
         devices=_devices(meta.deviceProperties),
+        wait_record=columns["wait_record"],
+        wait_stream=columns["wait_stream"],
         rounded=rounded,
         first_event_ts=first_ts,
         warnings=warnings + [dropped] * bool(dropped),

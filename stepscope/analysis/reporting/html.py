@@ -318,6 +318,27 @@ def _roofline(efficiency: pd.DataFrame, limit: int = 60) -> Block:
                         "Copies and fills (no FLOPs) are in kernel_efficiency.csv.")
 
 
+_BOUND_COLUMNS = (("cpu_bound", "CPU"), ("gpu_compute_bound", "GPU compute"), ("gpu_communication_bound", "GPU communication"),
+                  ("gpu_kernel_launch_overhead", "launch delay"), ("gpu_kernel_kernel_overhead", "gaps between kernels"))
+
+
+def _critical_path(path: pd.DataFrame, contributors: int = 3) -> Block:
+    """Per rank: the critical path's length, its share by what bounds it, and what lies longest on it."""
+    if path.empty:
+        return Block(note="no critical path: the traces hold no CPU ops, or no kernel with its launching call (Ascend captures)")
+    rows = []
+    for rank, r in path.groupby("Rank", sort=True):
+        shares = r[r["Name"] == ""].set_index("Bound By")["Path Share(%)"]
+        top = r[r["Name"] != ""].head(contributors)
+        rows.append([Cell(str(rank), "n"), Cell(_num(float(r["Path(us)"].iloc[0]) / 1000, 2), "n"),
+                     *[Cell(_num(float(shares.get(bound, 0.0)), 1), "n") for bound, _ in _BOUND_COLUMNS],
+                     Cell("; ".join(f"{short(str(t['Name']), 60)} {t['Path Share(%)']:.1f}%" for _, t in top.iterrows()), "name")])
+    return Block(table=Table(["rank", "path ms", *[f"{label} %" for _, label in _BOUND_COLUMNS], "longest on the path"], rows),
+                 note="The longest chain of dependent CPU ops, kernel launches, kernels and synchronisations over the profiled steps "
+                      "(the whole trace without steps; HTA's critical path); critical_path.csv has each rank's top contributors, "
+                      "the merged trace each rank's path as a track.")
+
+
 def _ranks(tables: RankTables, diagnosis: Diagnosis, problems: dict[int, list[str]]) -> Block:
     slow = {w.rank: w for w in diagnosis.slowWorkers}
     ratios, _ = kernel_ratios(tables)
@@ -362,4 +383,5 @@ def render_html(*, title: str, source: str, generated: str, diagnosis: Diagnosis
         step_chart=_bar_chart(labels, ranks["stepUs"].to_numpy() / 1000.0, highlight, "ms", step.median if step else None),
         kernel_chart=kernel_chart, breakdown_chart=_stacked_chart(tables), kernels=_kernels(csv["op_statistic.csv"]), functions=_functions(tables),
         communication=_communication(csv["communication.csv"]), ranks=_ranks(tables, diagnosis, problems), merged=merged,
-        efficiency=_roofline(csv["kernel_efficiency.csv"]) if "kernel_efficiency.csv" in csv else Block(note="no kernel efficiency table"))
+        efficiency=_roofline(csv["kernel_efficiency.csv"]) if "kernel_efficiency.csv" in csv else Block(note="no kernel efficiency table"),
+        critical_path=_critical_path(csv["critical_path.csv"]) if "critical_path.csv" in csv else Block(note="no critical path table"))

@@ -30,7 +30,7 @@ from isal import isal_zlib
 
 from stepscope.analysis.loading.parallel import pool_workers
 from stepscope.analysis.loading.trace import Decoders, decode_pieces, open_trace
-from stepscope.analysis.model import RANK_DIGITS, Diagnosis, RankSummary
+from stepscope.analysis.model import RANK_DIGITS, CriticalPathSummary, Diagnosis, RankSummary
 
 # A rank's pids and flow ids get "1" and the rank in five digits put in front (pid 783658 of rank
 # 3 -> 100003783658, pid 0 -> 1000030): unique across up to 100,000 ranks, integers as Perfetto
@@ -98,6 +98,7 @@ class MergeRank:
     shift_us: int = 0  # added to every ts: the rank's time base minus the merged trace's, >= 0
     checked: bool = False  # this run parsed the file already (its summary was made from it)
     size_hint: int = 0  # uncompressed bytes of the trace file (expected_size), to plan which ranks fit the limit
+    extra: bytes = b""  # events added after the trace's own, already on the merged trace's pids and time base
 
 
 @dataclass
@@ -409,6 +410,10 @@ def _rank_segment(job: MergeRank, folder: str) -> _Segment:
             rewriter = _RankRewriter(job.rank, job.shift_us, out)
             with open_trace(job.path) as stream:
                 decode_pieces(stream, rewriter, UNCHECKED if job.checked else CHECKED)
+            if job.extra:
+                out.write(job.extra if rewriter.first else b"," + job.extra)
+                rewriter.first = False
+                rewriter.names[path_pid(job.rank)] = "critical path"
             meta = rewriter.metadata()
             if meta:
                 out.write(meta if rewriter.first else b"," + meta)
@@ -546,6 +551,28 @@ class MergePlan:
     base_us: float = 0.0
     sources: dict[int, str] = field(default_factory=dict)
     left_out: dict[int, str] = field(default_factory=dict)  # ranks not even tried, and why
+
+
+def path_pid(rank: int) -> int:
+    """The pid of a rank's critical path track: "3" and the rank, apart from the trace's own pids
+    ("1" + rank + pid) and the odd ones ("2" + rank + n)."""
+    return int(f"3{rank:0{RANK_DIGITS}d}")
+
+
+def critical_path_events(rank: int, path: CriticalPathSummary | None, shift_us: int) -> bytes:
+    """The rank's critical path as a track of its own in the merged trace: its longest edges as
+    slices named after the op or kernel they are attributed to (or the gap they are), each with
+    what bounds it; the text of the events, without brackets."""
+    if path is None or not path.spans:
+        return b""
+    pid = path_pid(rank)
+    events = [{"ph": "X", "cat": "critical_path", "pid": pid, "tid": 0, "ts": start + shift_us, "dur": dur,
+               "name": path.spanNames[i] if 0 <= i < len(path.spanNames) else bound,
+               "args": {"boundBy": bound, "pathSharePct": round(100 * dur / path.totalUs, 3) if path.totalUs else 0.0}}
+              for start, dur, i, bound in path.spans]
+    events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": 0,
+                   "args": {"name": f"critical path: {path.totalUs / 1000:,.2f} ms, its {len(path.spans)} longest parts"}})
+    return msgspec.json.encode(events)[1:-1]
 
 
 def merge_order(diagnosis: Diagnosis, summaries: Sequence[RankSummary], stacks: Iterable[int]) -> list[tuple[int, str]]:

@@ -17,7 +17,7 @@ from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.model import Diagnosis, Finding, RankSummary
 from stepscope.analysis.reporting.html import render_html
 from stepscope.analysis.reporting.merged_trace import MergePlan, describe, sentence, write_merged_trace
-from stepscope.analysis.reporting.tables import kernel_efficiency, report_tables
+from stepscope.analysis.reporting.tables import critical_path, kernel_efficiency, report_tables
 from stepscope.contracts import layout
 from stepscope.storage import Store
 
@@ -78,7 +78,7 @@ def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diag
         written[merged_name] = store.uri_for(key)
     for rank, why in merged.left_out.items():
         problems.setdefault(rank, []).append(why)
-    csv = report_tables(tables) | {"kernel_efficiency.csv": kernel_efficiency(summaries)}
+    csv = report_tables(tables) | {"kernel_efficiency.csv": kernel_efficiency(summaries), "critical_path.csv": critical_path(summaries)}
     for name, frame in csv.items():
         put(name, _csv(frame))
     on_step("tables")

@@ -90,3 +90,19 @@ def report_tables(tables: RankTables) -> dict[str, pd.DataFrame]:
     """File name (under report/) -> table."""
     return {"step_trace_time.csv": step_trace_time(tables), "kernel_details.csv": kernel_details(tables),
             "op_statistic.csv": op_statistic(tables), "communication.csv": communication(tables)}
+
+
+CRITICAL_PATH_COLUMNS = ["Rank", "Bound By", "Name", "Short Name", "Time(us)", "Path Share(%)", "Path(us)"]
+
+
+def critical_path(summaries: list[RankSummary]) -> pd.DataFrame:
+    """Each rank's critical path (metrics/critical_path.py): a row per bound with Name "" (the
+    path's time by what bounds it), then its top contributors."""
+    rows = [(s.rank, bound, "", us, s.criticalPath.totalUs) for s in summaries if s.criticalPath and not s.error
+            for bound, us in s.criticalPath.byBound.items()]
+    rows += [(s.rank, p.boundBy, p.name, p.us, s.criticalPath.totalUs) for s in summaries if s.criticalPath and not s.error
+             for p in s.criticalPath.top]
+    t = pd.DataFrame(rows, columns=["Rank", "Bound By", "Name", "Time(us)", "Path(us)"])
+    t["Short Name"] = _short_names(t["Name"]) if len(t) else pd.Series(dtype=str)
+    t["Path Share(%)"] = (100 * t["Time(us)"] / t["Path(us)"].where(t["Path(us)"] > 0)).round(2)
+    return t[CRITICAL_PATH_COLUMNS]

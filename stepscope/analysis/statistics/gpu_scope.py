@@ -36,6 +36,8 @@ COMM_KERNEL_PATTERNS: tuple[tuple[str, str], ...] = (
     ("RCCL", r"(?i)^(?:void )?rccl"),
     ("MSCCL", r"(?i)msccl"),
     ("Gloo", r"(?i)gloo"),
+    # Ascend's HCCL operations as an NPU capture's kernel_details.csv names them (hcom_allReduce_...).
+    ("HCCL", r"^(?:hcom_|Hcom[A-Z])"),
     ("all-to-all", r"(?i)all_?to_?all|(?<![a-z0-9])a2a(?![a-z0-9])"),
     ("collective", r"(?i)cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter"),
 )

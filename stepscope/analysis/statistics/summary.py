@@ -7,11 +7,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.loading.ascend import TRACE_VIEW, capture_dir, load_capture
 from stepscope.analysis.loading.trace import Trace, TraceError, load_trace
 
 from ..model import SUMMARY_VERSION, RankSummary, StepRow
 from . import breakdown, intervals
 from .collectives import collectives, cpu_time_in
+from .critical_path import critical_path, path_summary
 from .efficiency import device_of, efficiency
 from .gpu_scope import DEFAULT_COMM_KERNELS, CommKernels, gpu_scope
 from .gpu_steps import step_statistics
@@ -78,6 +80,13 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
     gpu = _main_gpu(trace, gpu_rows)
     device = device_of(trace, gpu)
     op_efficiency, kernel_efficiency = efficiency(trace, device, top=top)
+    # Over the profiled steps (HTA's annotation "ProfilerStep", all instances), of the rows HTA keeps.
+    try:
+        path = critical_path(trace, scope.rows, float(starts.min()) if len(numbers) else None,
+                             float(ends.max()) if len(numbers) else None, comm=comm)
+    except Exception as exc:  # noqa: BLE001 - a path the trace's graph cannot give must not cost the rank's summary
+        path = None
+        warnings.append(f"no critical path: {type(exc).__name__}: {exc}")
     return RankSummary(
         version=SUMMARY_VERSION,
         rank=int(rank),
@@ -106,6 +115,7 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
         opEfficiency=op_efficiency,
         kernelEfficiency=kernel_efficiency,
         operators=operator_stats(trace, (starts, ends) if len(numbers) else None, top=top),
+        criticalPath=path_summary(trace, path) if path is not None and len(path.weight) else None,
         warnings=warnings,
     )
 
@@ -119,7 +129,8 @@ def summarize_file(path: str | Path, *, rank: int | None = None, pod: str = "", 
     failed = RankSummary(version=SUMMARY_VERSION, rank=-1 if known_rank is None else known_rank, pod=pod,
                          node=node, source=Path(path).name)
     try:
-        trace = load_trace(path)
+        ascend = capture_dir(Path(path)) if Path(path).name == TRACE_VIEW else None
+        trace = load_capture(ascend) if ascend is not None else load_trace(path)
     except TraceError as e:
         failed.error = str(e)
         return failed
