@@ -66,9 +66,10 @@ def test_operator_without_a_key_is_one_line(tmp_path: Path) -> None:
 def test_capture_says_when_the_analysis_finds_nothing(tmp_path: Path, capsys) -> None:
     """`stepscope capture` ends with the analysis: a session folder it cannot analyse is a one-line
     error that keeps the capture, not a traceback."""
+    from stepscope.contracts.session import SessionSpec
     from stepscope.local.capture import _analyze
 
-    _analyze(tmp_path)
+    _analyze(tmp_path, SessionSpec.from_dict({"storage": {"uri": tmp_path.as_uri()}}))
     err = capsys.readouterr().err
     assert err.startswith("stepscope capture: the analysis failed: nothing to analyse at") and "the capture is intact" in err
 

@@ -5,8 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from synthetic_ranks import make_summaries
-
 from stepscope import analysis
 from stepscope.analysis.model import encode
 from stepscope.contracts import layout
