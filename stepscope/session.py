@@ -28,6 +28,8 @@ STORAGE_SCHEMES = ("s3", "oss", "file")
 # training pod's memory would let the profiler take it before the agent acts.
 MAX_STACK_EVENTS = 1_000_000
 MAX_MEMORY_MB = 16_384
+# Pods of one shard Job at once (the chart caps it lower, analysis.maxParallelism).
+MAX_ANALYSIS_PARALLELISM = 1000
 
 
 class SpecError(ValueError):
@@ -81,6 +83,8 @@ class SessionSpec:
     saveRawTrace: Literal["none", "master", "all"] = "all"
     storage: StorageSpec = field(default_factory=StorageSpec)
     analysisEnabled: bool = True
+    # Pods of the analysis's shard Job at once (spec.analysis.parallelism), within the chart's analysis.maxParallelism.
+    analysisParallelism: int = 4
     hangTimeoutSeconds: int = DEFAULT_HANG_TIMEOUT_SECONDS
     timeoutSeconds: int = 1800
     # A sidecar with no training process registered this long after the trigger fails its pod.
@@ -112,6 +116,7 @@ class SessionSpec:
             saveRawTrace=spec.get("saveRawTrace", cls.saveRawTrace),
             storage=StorageSpec(**(spec.get("storage") or {})),
             analysisEnabled=bool((spec.get("analysis") or {}).get("enabled", cls.analysisEnabled)),
+            analysisParallelism=int((spec.get("analysis") or {}).get("parallelism", cls.analysisParallelism)),
             hangTimeoutSeconds=int(spec.get("hangTimeoutSeconds", cls.hangTimeoutSeconds)),
             timeoutSeconds=int(spec.get("timeoutSeconds", cls.timeoutSeconds)),
             registrationTimeoutSeconds=int(spec.get("registrationTimeoutSeconds", cls.registrationTimeoutSeconds)),
@@ -145,6 +150,8 @@ class SessionSpec:
             raise SpecError(f"spec.saveRawTrace must be one of {list(SAVE_RAW_TRACE)}, got {self.saveRawTrace!r}")
         if self.storage.scheme not in STORAGE_SCHEMES or not self.storage.uri.split("://", 1)[1:] or not self.storage.uri.split("://", 1)[1]:
             raise SpecError(f"spec.storage.uri must look like s3://bucket/prefix, oss://bucket/prefix or file:///path, got {self.storage.uri!r}")
+        if not 1 <= self.analysisParallelism <= MAX_ANALYSIS_PARALLELISM:
+            raise SpecError(f"spec.analysis.parallelism must be within 1..{MAX_ANALYSIS_PARALLELISM}, got {self.analysisParallelism}")
         if self.hangTimeoutSeconds < 1:
             raise SpecError("spec.hangTimeoutSeconds must be >= 1")
         if self.timeoutSeconds < 1:
@@ -168,5 +175,5 @@ class SessionSpec:
         """The spec back in its stored camelCase form, every default filled in."""
         d = dataclasses.asdict(self)
         d["capture"]["activities"] = list(self.capture.activities)
-        d["analysis"] = {"enabled": d.pop("analysisEnabled")}
+        d["analysis"] = {"enabled": d.pop("analysisEnabled"), "parallelism": d.pop("analysisParallelism")}
         return d
