@@ -330,7 +330,8 @@ class SessionRunner:
             summarised = await self._await_job(shards)
             failed = jobs.failed_indexes(await asyncio.to_thread(kube.batch().read_namespaced_job, shards, self.ns))
             done = (f"shard Job {shards} summarised every shard" if summarised.outcome == "Succeeded" else
-                    f"{summarised.message}{f' (shards {failed})' if failed else ''}: the analysis Job summarises the ranks left itself")
+                    f"shard Job {shards} gave up{f' on shards {failed}' if failed else ''} ({summarised.message}): "
+                    "the analysis Job summarises the ranks left itself")
             await self._create_analysis(spec, lambda job: f"{done}; analysis Job {job} created")
         ended = await self._await_job(self.status.get("analysisJob") or "")
         fresh = await asyncio.to_thread(kube.get_session, self.ns, self.name)

@@ -224,13 +224,17 @@ def patient(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> Kube:
     return cluster
 
 
+@pytest.mark.parametrize("given_up", [False, True], ids=["every-shard", "a-shard-given-up"])
 def test_a_session_whose_ranks_have_no_summary_runs_the_shard_job_then_the_analysis_job(
         patient: Kube, controller: tuple[JobController, ProcessKubelet], operator: OperatorHarness, sidecar_a: Any, s3_endpoint: str, s3: Any,
-        shared_traces: Path) -> None:
+        shared_traces: Path, given_up: bool) -> None:
     """The real sidecar uploads its two ranks with their summaries; four more ranks arrive as raw
     traces alone (a sidecar that could not summarise them). The operator deals those four to the
-    shard Job, then runs the analysis Job over all six."""
+    shard Job, then runs the analysis Job over all six. A shard that fails past its
+    backoffLimitPerIndex leaves its ranks to the analysis Job, which summarises them itself."""
     cluster = patient
+    if given_up:
+        controller[1].fail_next = {0: jobs.SHARD_RETRIES + 1}
     Pods(kubernetes.client.CoreV1Api(cluster.api_client)).create("train-a", {"app": "mixed"}, port_of(sidecar_a))
     # 100 steps of 40 ms before the capture: room to upload the raw ranks before it ends.
     created = _session(cluster, "mixed", s3_endpoint, analysis={"parallelism": 2}, capture={"waitSteps": 100, "steps": 2, "activities": ["CPU"]})
@@ -241,9 +245,17 @@ def test_a_session_whose_ranks_have_no_summary_runs_the_shard_job_then_the_analy
     assert "4 rank(s) have no summary" in status["message"] and "in 2 shard(s), 2 at a time" in status["message"], status["message"]
     wait_for(lambda: operator.status("mixed").get("analysisJob"), 240, f"the analysis Job after the shards ({operator.status('mixed')})")
     status = operator.status("mixed")
-    assert status["message"].startswith(f"shard Job {status['analysisShardJob']} summarised every shard"), status["message"]
-    assert {layout.rank_summary(r) for r in range(6)} <= _keys(s3, dest)
+    left = {2, 4} if given_up else set()  # the raw ranks of shard 0 (ranks 0, 2, 4; 0 is the sidecar's)
+    if given_up:
+        assert status["message"].startswith(f"shard Job {status['analysisShardJob']} gave up on shards 0 (") and "FailedIndexes" in status["message"]
+        assert "the analysis Job summarises the ranks left itself" in status["message"], status["message"]
+    else:
+        assert status["message"].startswith(f"shard Job {status['analysisShardJob']} summarised every shard"), status["message"]
+    summaries = {r for r in range(6) if layout.rank_summary(r) in _keys(s3, dest)}
+    assert summaries == set(range(6)) - left
     code, _ = operator.run_analysis_job("mixed")
     assert code == 0
     final = operator.wait_phase("mixed", ("Succeeded", "Failed"), timeout=60)
     assert final["phase"] == "Succeeded", final
+    report = json.loads(s3.get_object(Bucket=BUCKET, Key=dest.removeprefix(f"s3://{BUCKET}/") + "/" + layout.REPORT_DIAGNOSIS)["Body"].read())
+    assert report["ranks"]["total"] == 6 and report["ranks"]["failed"] == [], report["ranks"]
