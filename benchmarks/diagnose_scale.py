@@ -1,6 +1,6 @@
 """How long the cross-rank diagnosis takes for a large job.
 
-Builds N synthetic rank summaries of a synchronous job (tests/analysis/synthetic_ranks.py: by
+Builds N synthetic rank summaries of a synchronous job (stepscope/testing/synthetic_ranks.py: by
 default 300 kernels and 205 Python functions per rank, 80 collectives with per-call durations;
 rank 5's kernels 1.3x longer),
 then times `diagnose` against two references measured in the same run: the 5 s goal for 1,024
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the synthetic ra
 
 from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.model import decode_summary, encode
-from tests.analysis.synthetic_ranks import make_summaries
+from stepscope.testing.synthetic_ranks import make_summaries
 
 GOAL_S = 5.0
 

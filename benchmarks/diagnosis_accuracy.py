@@ -3,7 +3,7 @@
 Each scenario is a real gloo job of stepscope/local/workload.py on the CPU, started the zero-code way
 beside a real sidecar daemon (stepscope/local/demo.py's LocalRun), captured through the sidecar's signed
 API at `stepscope capture`'s default size (the CRD's default `steps`) and analysed by
-analysis.command.analyze_uri, the code the analysis Job runs. Per scenario and rank count it
+analysis.pipeline.analyze_uri, the code the analysis Job runs. Per scenario and rank count it
 prints the expected rank and cause, the headline and its confidence, and a verdict:
 
 - right: the headline names the expected rank and one of the scenario's cause words (and all of the
@@ -37,11 +37,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepscope.analysis.command import analyze_uri
+from stepscope.analysis.pipeline import analyze_uri
 from stepscope.local.demo import LocalRun
 from stepscope.local.scenarios import SCENARIOS, Scenario
 
-# Not looked at while the diagnosis was developed (issue 11): their results are reported apart.
+# Not looked at while the diagnosis was developed: their results are reported apart.
 HELD_OUT = ("slow-comm-hook", "gc-pauses", "slow-data")
 HANG_AT_STEP = 4
 # The held-aside sets not developed on: run only when asked for, scored apart.

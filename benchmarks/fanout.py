@@ -3,7 +3,7 @@ session until every sidecar accepted the signed trigger (goal <= 10 s), the time
 round of the capture (goal <= 5 s), status writes per second (goal <= 1) and the final status size
 (goal < 32 KiB).
 
-The real operator (kopf) runs against the test API server (tests/kube, in a process of its own, as
+The real operator (kopf) runs against the test API server (stepscope/testing/kube, in a process of its own, as
 an API server is), with moto's S3 server over HTTP as the session's store; N pods are marked Running with addresses 127.0.<i/250>.<i%250+1>, all served by
 one simulated sidecar process (aiohttp) that verifies every signature (stepscope.signing.Verifier,
 the namespace's key, the dialled address as the target) and answers GET /v1/telemetry and
@@ -100,7 +100,7 @@ def simulated_sidecars(port: int, ready: Event) -> None:
 
 
 def api_server(kubeconfig: str, ready: Event, stop: Event) -> None:
-    from tests.kube.server import KubeTestServer
+    from stepscope.testing.kube.server import KubeTestServer
 
     with KubeTestServer() as server:
         server.write_kubeconfig(Path(kubeconfig))
@@ -132,7 +132,8 @@ def run_session(api_client: Any, name: str, concurrency: int, port: int, s3_endp
     import kubernetes
     from kopf.testing import KopfRunner
 
-    from stepscope.operator import kube, lifecycle, metrics, registry
+    from stepscope.operator import kube, metrics, registry
+    from stepscope.operator.sessions import lifecycle
 
     os.environ["STEPSCOPE_FANOUT_CONCURRENCY"] = str(concurrency)
     api = kubernetes.client.CustomObjectsApi(api_client)
@@ -203,7 +204,7 @@ def main() -> int:
     import yaml
 
     from stepscope.local.launch import free_port
-    from tests.operator.harness import moto_s3
+    from stepscope.testing.s3 import moto_s3
 
     os.environ.update({"STEPSCOPE_HMAC_KEY": KEY.decode(), "STEPSCOPE_POLL_INTERVAL_S": "1.0", "STEPSCOPE_SELECTION_GRACE_S": "5"})
     port = free_port()

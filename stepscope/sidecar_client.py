@@ -19,6 +19,7 @@ import urllib.parse
 from typing import Any, NamedTuple
 
 from stepscope.bounded_http import WATCHDOG
+from stepscope.contracts.sidecar_api import SessionRequest
 from stepscope.signing import sign, target
 
 # The largest answer of the wire API (a session with its ranks, or 64 step times per local rank)
@@ -33,7 +34,7 @@ class _Prepared(NamedTuple):
     host: str
     port: int
     path: str
-    data: bytes
+    data: bytes | None
     headers: dict[str, str]
 
 
@@ -55,8 +56,11 @@ class SidecarClient:
     def __repr__(self) -> str:
         return f"SidecarClient({self.base_url!r})"
 
-    def put_session(self, session_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._request("PUT", self.session_path(session_id), body)
+    def put_session(self, session_id: str, body: SessionRequest | dict[str, Any]) -> dict[str, Any]:
+        """PUT a session: the request as the contract encodes it, or any JSON object (what a peer
+        the sidecar must not trust may send)."""
+        data = body.to_json() if isinstance(body, SessionRequest) else json.dumps(body).encode()
+        return self._request("PUT", self.session_path(session_id), data)
 
     def get_session(self, session_id: str) -> dict[str, Any]:
         return self._request("GET", self.session_path(session_id))
@@ -79,7 +83,7 @@ class SidecarClient:
     def session_path(session_id: str) -> str:
         return "/v1/sessions/" + urllib.parse.quote(session_id, safe="")
 
-    def _prepare(self, method: str, path: str, body: dict[str, Any] | None, signed: bool) -> _Prepared:
+    def _prepare(self, method: str, path: str, data: bytes | None, signed: bool) -> _Prepared:
         parts = urllib.parse.urlsplit(self.base_url)
         try:
             host, port, path = parts.hostname, parts.port or 80, parts.path + path
@@ -87,25 +91,24 @@ class SidecarClient:
             host = None
         if parts.scheme != "http" or not host:
             raise SidecarError(0, f"the sidecar's address must be http://HOST:PORT, not {self.base_url!r}")
-        data = json.dumps(body).encode() if body is not None else b""
-        headers = {"Content-Type": "application/json"} if body is not None else {}
+        headers = {"Content-Type": "application/json"} if data is not None else {}
         if signed:
-            headers.update(sign(self._key, method, path, data, to=target(host, port)))
+            headers.update(sign(self._key, method, path, data or b"", to=target(host, port)))
         return _Prepared(host, port, path, data, headers)
 
     def _unreachable(self, exc: BaseException, late: bool) -> SidecarError:
         reason = f"no complete answer within {self.timeout:g} s" if late else (str(exc) or type(exc).__name__)
         return SidecarError(0, f"sidecar at {self.base_url} unreachable: {reason}")
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *, signed: bool = True) -> dict[str, Any]:
-        req = self._prepare(method, path, body, signed)
+    def _request(self, method: str, path: str, data: bytes | None = None, *, signed: bool = True) -> dict[str, Any]:
+        req = self._prepare(method, path, data, signed)
         deadline = time.monotonic() + self.timeout
         conn = http.client.HTTPConnection(req.host, req.port, timeout=self.timeout)
         try:
             conn.connect()
             assert conn.sock is not None  # connect() made it
             with WATCHDOG.watching(conn.sock, deadline):
-                conn.request(method, req.path, body=req.data if body is not None else None, headers=req.headers)
+                conn.request(method, req.path, body=req.data, headers=req.headers)
                 response = conn.getresponse()
                 raw = _read_capped(response)
         except (OSError, http.client.HTTPException) as exc:
@@ -114,17 +117,18 @@ class SidecarClient:
             conn.close()
         return _answer(response.status, response.reason, raw)
 
-    async def request_async(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """A signed request (put_session's, get_session's, ... : `session_path`) on the running
-        event loop, within `timeout` in all."""
-        req = self._prepare(method, path, body, True)
-        head = [f"{method} {req.path} HTTP/1.1", f"Host: {target(req.host, req.port)}", "Connection: close", f"Content-Length: {len(req.data)}",
+    async def request_async(self, method: str, path: str, data: bytes | None = None) -> dict[str, Any]:
+        """A signed request (put_session's, get_session's, ... : `session_path`; `data` the encoded
+        body) on the running event loop, within `timeout` in all."""
+        req = self._prepare(method, path, data, True)
+        body = req.data or b""
+        head = [f"{method} {req.path} HTTP/1.1", f"Host: {target(req.host, req.port)}", "Connection: close", f"Content-Length: {len(body)}",
                 *(f"{k}: {v}" for k, v in req.headers.items())]
         writer = None
         try:
             async with asyncio.timeout(self.timeout):
                 reader, writer = await asyncio.open_connection(req.host, req.port, limit=MAX_HEAD)
-                writer.write("\r\n".join(head).encode() + b"\r\n\r\n" + req.data)
+                writer.write("\r\n".join(head).encode() + b"\r\n\r\n" + body)
                 status, reason, length = _parse_head(await reader.readuntil(b"\r\n\r\n"))
                 if length is not None and length > MAX_REPLY:
                     raise http.client.HTTPException(f"the answer is over {MAX_REPLY} bytes")

@@ -147,7 +147,7 @@ class FunctionStat(Struct):
 
 
 class DeviceSpec(Struct):
-    """The rank's GPU (deviceProperties' name) and its datasheet peaks (metrics/devices.py)."""
+    """The rank's GPU (deviceProperties' name) and its datasheet peaks (statistics/devices.py)."""
     name: str
     model: str  # the row of the device table it matched
     tflops: dict[str, float] = {}  # dense TFLOP/s by dtype class: fp32, tf32, bf16, fp16, fp8
@@ -156,7 +156,7 @@ class DeviceSpec(Struct):
 
 class OpEfficiency(Struct):
     """FLOPs and bytes of an op, from its recorded shapes, over the time of the kernels it launched
-    (metrics/efficiency.py); for a kernel, its share of its ops' FLOPs and bytes."""
+    (statistics/efficiency.py); for a kernel, its share of its ops' FLOPs and bytes."""
     name: str  # op (aten::addmm) or kernel
     family: str  # gemm | conv | attention | elementwise | reduction | normalization
     count: int
@@ -216,7 +216,7 @@ class RankSummary(Struct):
     opEfficiency: list[OpEfficiency] = []  # the ops of most GPU time with FLOPs from their shapes
     kernelEfficiency: list[OpEfficiency] = []
     operators: list[OperatorStat] = []
-    # Per-step hardware statistics from the node's NVML samples (issue 5), keyed by metric name.
+    # Per-step hardware statistics from the node's NVML samples, keyed by metric name.
     hardware: dict[str, list[float]] = {}
     warnings: list[str] = []
     error: str = ""  # set when the trace could not be summarised; the diagnosis reports it

@@ -426,9 +426,10 @@ def restart_in_place(argv: list[str]) -> None:
     rank does it after the same step, once all are there; the new rank 0 serves the rendezvous
     again on MASTER_PORT."""
     dist.barrier()
+    rank = dist.get_rank()
     dist.destroy_process_group()
     at = argv.index("--restart-at-step")
-    print(f"rank {os.environ.get('RANK')} restarts in place (pid {os.getpid()})", flush=True)
+    print(f"rank {rank} restarts in place (pid {os.getpid()})", flush=True)
     os.execv(sys.executable, [sys.executable, *argv[:at], *argv[at + 2:]])
 
 

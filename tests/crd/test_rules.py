@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from stepscope.analysis.model import Breakdown, Diagnosis, Finding, SlowWorker, StepTime
-from tests.kube.fixtures import CRD_PATH
-from tests.kube.helpers import GROUP, PLURAL, VERSION, refused, session
+from stepscope.testing.kube.fixtures import CRD_PATH
+from stepscope.testing.kube.helpers import GROUP, PLURAL, VERSION, refused, session
 
 MATCH_EXPRESSIONS = {"matchExpressions": [{"key": "app", "operator": "In"}]}
 URI = "uri must be s3://bucket/prefix or oss://bucket/prefix; file:// is for the local CLI only (the sidecars and the analysis Job share no folder)"
@@ -142,7 +142,7 @@ def test_good_specs_are_stored_with_defaults(api, spec):
     assert stored["hardwareMetrics"]["intervalMicroseconds"] == spec.get("hardwareMetrics", {}).get("intervalMicroseconds", 1000)
     assert stored["saveRawTrace"] == spec.get("saveRawTrace", "all")
     assert (stored["hangTimeoutSeconds"], stored["timeoutSeconds"]) == (300, 1800)
-    assert stored["analysis"] == {"enabled": True, "parallelism": 4}
+    assert stored["analysis"] == {"enabled": True, "commKernelPatterns": [], "parallelism": 4}
 
 
 def test_spec_is_mutable_while_pending_and_frozen_once_triggered(api):

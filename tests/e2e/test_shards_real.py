@@ -14,13 +14,13 @@ from pathlib import Path
 import boto3
 import kubernetes
 
-from stepscope import layout
-from stepscope.analysis.loading.shards import shard_of
-from stepscope.operator.record import destination
-from stepscope.session import SessionSpec
+from stepscope.analysis.gathering.shards import shard_of
+from stepscope.contracts import layout
+from stepscope.contracts.session import SessionSpec
+from stepscope.operator.sessions.record import destination
 from stepscope.sidecar.daemon import Sidecar
+from stepscope.testing.kube.helpers import wait_for
 from tests.e2e.conftest import Cluster, running_pod, session_body
-from tests.kube.helpers import wait_for
 from tests.operator.conftest import CREDENTIALS
 from tests.operator.harness import BUCKET, port_of
 from tests.operator.test_shards import TRACES

@@ -12,8 +12,9 @@ import pytest
 from stepscope.local.launch import launch_ranks
 from stepscope.operator import kube as operator_kube
 from stepscope.sidecar.daemon import Sidecar
-from tests.kube.fixtures import Kube, kube  # noqa: F401 (the kube fixture)
-from tests.operator.harness import BUCKET, KEY, OPERATOR_KEY, OperatorHarness, Pods, moto_s3
+from stepscope.testing.kube.fixtures import Kube, kube  # noqa: F401 (the kube fixture)
+from stepscope.testing.s3 import moto_s3
+from tests.operator.harness import BUCKET, KEY, OPERATOR_KEY, OperatorHarness, Pods
 
 CREDENTIALS = {"accessKeyId": "testing-key-id", "secretAccessKey": "testing-secret"}
 

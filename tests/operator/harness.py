@@ -3,24 +3,20 @@ here), ProfileSessions and waiting on their status, and running the analysis Job
 from __future__ import annotations
 
 import base64
-import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import boto3
 import kubernetes
 import pytest
 from kopf.testing import KopfRunner
-from moto.server import ThreadedMotoServer
 
-from stepscope.local.launch import free_port
+from stepscope.contracts.wire import PORT_NAME as SIDECAR_PORT_NAME
 from stepscope.operator import registry
-from stepscope.operator.lifecycle import SessionRunner, Stopped
 from stepscope.operator.namespace_keys import namespace_key
+from stepscope.operator.sessions.lifecycle import SessionRunner, Stopped
 from stepscope.operator.settings import GROUP, PLURAL, VERSION
-from stepscope.wire import PORT_NAME as SIDECAR_PORT_NAME
-from tests.kube.helpers import wait_for
+from stepscope.testing.kube.helpers import wait_for
 
 NAMESPACE = "default"
 OPERATOR_KEY = b"operator-test-hmac-key-0123456789"
@@ -157,18 +153,3 @@ def session_spec(selector: dict[str, str], s3_endpoint: str, **overrides: Any) -
     }
     spec.update(overrides)
     return spec
-
-
-@contextlib.contextmanager
-def moto_s3(bucket: str, credentials: dict[str, str]) -> Iterator[str]:
-    """moto's S3 server over HTTP on a free port, with `bucket`; yields its endpoint."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=credentials["accessKeyId"],
-                 aws_secret_access_key=credentials["secretAccessKey"]).create_bucket(Bucket=bucket)
-    try:
-        yield endpoint
-    finally:
-        server.stop()

@@ -1,6 +1,6 @@
 """Raw traces summarised by a Kubernetes Indexed Job: the shard plan and the deal of ranks, the
 real `stepscope analyze --session --shards` in each pod of the Job (run by the Job controller
-double of tests/kube/job_controller.py, as the chart's analysis ServiceAccount under RBAC, into
+double of stepscope/testing/kube/job_controller.py, as the chart's analysis ServiceAccount under RBAC, into
 moto's S3 over HTTP), a failed shard retried by the Job's own backoffLimitPerIndex, the operator
 going from the shard Job to the analysis Job, and a report and diagnosis identical to the
 single-process analysis of the same traces."""
@@ -19,18 +19,19 @@ import kubernetes
 import msgspec
 import pytest
 
-from stepscope import analysis, layout
-from stepscope.analysis.loading.shards import shard_of
-from stepscope.operator import jobs
+from stepscope import analysis
+from stepscope.analysis.gathering.shards import shard_of
+from stepscope.contracts import layout
+from stepscope.contracts.session import SessionSpec
 from stepscope.operator.credentials import secret_key_names
-from stepscope.operator.record import destination
+from stepscope.operator.sessions import jobs
+from stepscope.operator.sessions.record import destination
 from stepscope.operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
-from stepscope.session import SessionSpec
 from stepscope.storage import open_store
+from stepscope.testing.kube.fixtures import Kube
+from stepscope.testing.kube.helpers import wait_for
+from stepscope.testing.kube.job_controller import FAILURE_COUNT_ANNOTATION, INDEX_ANNOTATION, JobController, ProcessKubelet
 from tests.chart.conftest import RELEASE_NAMESPACE, apply_rbac, helm, render  # noqa: F401 (helm is a fixture)
-from tests.kube.fixtures import Kube
-from tests.kube.helpers import wait_for
-from tests.kube.job_controller import FAILURE_COUNT_ANNOTATION, INDEX_ANNOTATION, JobController, ProcessKubelet
 from tests.operator.conftest import CREDENTIALS
 from tests.operator.harness import BUCKET, NAMESPACE, OperatorHarness, Pods, port_of, session_spec
 

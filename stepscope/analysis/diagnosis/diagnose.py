@@ -22,9 +22,9 @@ from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables
 from stepscope.analysis.diagnosis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
 from stepscope.analysis.diagnosis.straggler import Straggler, find_straggler, lost_time_shares, more_steps
 from stepscope.analysis.diagnosis.wording import function_text, ms, ranks_text, short
-from stepscope.analysis.metrics.summary import NO_GPU_EVENTS
 from stepscope.analysis.model import Breakdown, Diagnosis, Finding, RankSummary, SlowWorker, StepTime
-from stepscope.wire import STACK_SAMPLE_SECONDS, STACKS_DROPPED
+from stepscope.analysis.statistics.summary import NO_GPU_EVENTS
+from stepscope.contracts.wire import STACK_SAMPLE_SECONDS, STACKS_DROPPED
 
 MAX_FINDINGS = 20
 MAX_SLOW_WORKERS = 16
@@ -289,7 +289,7 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
     waiting: list[Finding] = []
     waiting_workers: list[SlowWorker] = []
     confidence: float | None = None
-    # The agent's capture budget says so in the summary's warnings (stepscope.wire.STACKS_DROPPED).
+    # The agent's capture budget says so in the summary's warnings (stepscope.contracts.wire.STACKS_DROPPED).
     dropped = {r.rank for r in ok if any(w.startswith(STACKS_DROPPED) for w in r.warnings)}
     if verdict is not None:
         straggler = find_straggler(tables, verdict, frozenset(dropped))
