@@ -11,7 +11,7 @@ one-rank gloo group), which a step boundary makes every 2 s, and the test every 
 The operator's part (--part operator): a ProfileTrigger's poll of 1,000 simulated pods (8 ranks
 each; one aiohttp server in a child process answers the signed GET /v1/telemetry for every pod
 address 127.0.x.y, verifying each signature), the way its daemon polls (stepscope.operator.sessions.fanout
-pool, detection.observe, triggers.step): this process's CPU seconds a poll (all threads), the
+limit of 64, detection.observe, triggers.step): this process's CPU seconds a poll (all threads), the
 CPU share at the default 10 s interval, requests per second, and the detection delay of a
 slowdown (every rank's steps 2x slower) with the benchmark's short windows. The reference in the
 same run: a capturing session's status poll of the same pods (fanout.poll, GET /v1/sessions/{id}),
@@ -32,7 +32,6 @@ import tempfile
 import time
 import timeit
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +155,7 @@ def operator_cost(pods: int, ranks_per_pod: int, interval_s: float, polls: int) 
     from stepscope.operator.triggers import policy as triggers
 
     settings = OperatorSettings()
-    pool = ThreadPoolExecutor(settings.fanout_concurrency, thread_name_prefix="stepscope-sidecar")  # the operator's Context makes it so
+    limit = fanout.Limit(settings.fanout_concurrency)  # the operator's Context makes it so
     spawn = multiprocessing.get_context("spawn")
     port, ready, slow_since = free_port(), spawn.Event(), spawn.Value("d", 0.0)
     server = spawn.Process(target=simulated_telemetry, args=(port, ranks_per_pod, slow_since, ready), daemon=True)
@@ -174,12 +173,12 @@ def operator_cost(pods: int, ranks_per_pod: int, interval_s: float, polls: int) 
             outcomes = poll()
             return time.process_time() - cpu, time.perf_counter() - wall, outcomes
 
-        reference = [timed_poll(lambda: asyncio.run(fanout.poll(targets, "bench-session", key, pool=pool,
+        reference = [timed_poll(lambda: asyncio.run(fanout.poll(targets, "bench-session", key, limit=limit,
                                                                 timeout=settings.sidecar_timeout_s))) for _ in range(polls)]
         state, cpu, wall, failed, slowed, fired = triggers.State(), [], [], 0, 0.0, None
         for _ in range(200):
             began = time.time()
-            c, w, outcomes = timed_poll(lambda: asyncio.run(fanout.telemetry(targets, key, pool=pool, timeout=settings.sidecar_timeout_s)))
+            c, w, outcomes = timed_poll(lambda: asyncio.run(fanout.telemetry(targets, key, limit=limit, timeout=settings.sidecar_timeout_s)))
             c0 = time.process_time()
             observation = triggers.Observation(began, detection.observe(began, [o.answer for o in outcomes if o.ok]))
             state, actions = triggers.step(state, observation, policy)
@@ -196,7 +195,7 @@ def operator_cost(pods: int, ranks_per_pod: int, interval_s: float, polls: int) 
         server.terminate()
     median = statistics.median
     ref_cpu, ref_wall = median(r[0] for r in reference), median(r[1] for r in reference)
-    print(f"operator polling {pods} simulated pods x {ranks_per_pod} ranks (pool {settings.fanout_concurrency}), "
+    print(f"operator polling {pods} simulated pods x {ranks_per_pod} ranks (at most {settings.fanout_concurrency} requests at once), "
           f"{len(cpu)} telemetry polls every {interval_s:g} s, {failed} failed requests:")
     print(f"  reference: a capturing session's status poll  CPU {ref_cpu:.3f} s a poll, wall {ref_wall:.3f} s")
     print(f"  ProfileTrigger poll (fan-out + observe + step) CPU {median(cpu):.3f} s a poll ({median(cpu) / ref_cpu:.2f}x the reference), "

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import NamedTuple
 
-from stepscope import __version__
+from stepscope import __version__, settings
 
 
 class Command(NamedTuple):
@@ -50,20 +50,31 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
             getattr(module, spec.add_arguments)(p)
             p.set_defaults(_run=getattr(module, spec.run))
             if name == "analyze":
-                p.add_argument("--session", metavar="NS/NAME", help="analyse a ProfileSession in the cluster and write its status (what the analysis Job runs)")
+                p.add_argument("--session", metavar="NS/NAME", help="analyse a ProfileSession in the cluster and leave its result in its store (what the analysis Job runs)")
+                p.add_argument("--shards", type=int, metavar="N",
+                               help=f"with --session: summarise shard ${settings.SHARD_INDEX_ENV} of N of its raw traces into its store (what a pod of the shard Job runs)")
     return parser
 
 
-def _run_session_analysis(session: str) -> int:
-    """`stepscope analyze --session NS/NAME`, the analysis Job's entry point. It lives on the
-    operator's side (it reads and writes the session's status) and is reached from here, the one
+def _run_session_analysis(session: str, shards: int | None) -> int:
+    """`stepscope analyze --session NS/NAME [--shards N]`, the analysis Job's entry point (and its
+    shard Job's, which the Job controller tells its index through the environment). It lives on the
+    operator's side (it reads the session and leaves its result in the store) and is reached from here, the one
     module above both, so that the analysis never imports the operator."""
     namespace, _, name = session.partition("/")
     if not namespace or not name:
         print(f"stepscope analyze: --session wants NAMESPACE/NAME, got {session!r}", file=sys.stderr)
         return 2
-    from stepscope.operator.sessions.analysis_job import run_session_analysis
-    return run_session_analysis(namespace, name)
+    if shards is None:
+        from stepscope.operator.sessions.analysis_job import run_session_analysis
+        return run_session_analysis(namespace, name)
+    index = settings.shard_index()
+    if shards < 1 or not index.isdigit() or int(index) >= shards:
+        print(f"stepscope analyze: --shards {shards} wants N >= 1 and ${settings.SHARD_INDEX_ENV} in 0..N-1 (an Indexed Job sets it), got {index!r}",
+              file=sys.stderr)
+        return 2
+    from stepscope.operator.sessions.analysis_job import run_session_shard
+    return run_session_shard(namespace, name, int(index), shards)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +99,10 @@ def _main(argv: list[str]) -> int:
         parser.print_help()
         return 2
     if args.command == "analyze" and args.session:
-        return _run_session_analysis(args.session)
+        return _run_session_analysis(args.session, args.shards)
+    if args.command == "analyze" and args.shards is not None:
+        print("stepscope analyze: --shards goes with --session", file=sys.stderr)
+        return 2
     return int(args._run(args) or 0)
 
 

@@ -4,10 +4,11 @@ caller classifies as transient; a permanent one (access denied, a missing bucket
 request) is raised at once with its reason."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -40,4 +41,19 @@ def call(operation: Callable[[], T], policy: RetryPolicy, *, transient: Callable
             delay = policy.delay(attempt)
             log.log(log_level, "%s failed (attempt %d/%d, retrying in %.2f s): %s", what, attempt, policy.attempts, delay, exc)
             sleep(delay)
+    raise AssertionError("unreachable")
+
+
+async def call_async(operation: Callable[[], Awaitable[T]], policy: RetryPolicy, *, transient: Callable[[Exception], bool], what: str,
+                     log_level: int = logging.WARNING) -> T:
+    """`call` for a coroutine: the waits between attempts are asyncio.sleep."""
+    for attempt in range(1, max(1, policy.attempts) + 1):
+        try:
+            return await operation()
+        except Exception as exc:
+            if not transient(exc) or attempt >= policy.attempts:
+                raise
+            delay = policy.delay(attempt)
+            log.log(log_level, "%s failed (attempt %d/%d, retrying in %.2f s): %s", what, attempt, policy.attempts, delay, exc)
+            await asyncio.sleep(delay)
     raise AssertionError("unreachable")

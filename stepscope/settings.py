@@ -8,6 +8,8 @@ import os
 KEY_ENV = "STEPSCOPE_HMAC_KEY"
 KEY_FILE_ENV = "STEPSCOPE_HMAC_KEY_FILE"  # the operator's key file when KEY_ENV is unset
 CREDENTIALS_DIR_ENV = "STEPSCOPE_CREDENTIALS_DIR"
+# What the Job controller sets in each pod of an Indexed Job (the shard Job): the pod's completion index.
+SHARD_INDEX_ENV = "JOB_COMPLETION_INDEX"
 # The store keys each scheme's own tools read from the environment: (access key id, secret, token).
 STORE_KEY_ENV = {
     "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
@@ -26,6 +28,11 @@ def hmac_key_file() -> str | None:
 
 def credentials_dir() -> str | None:
     return os.environ.get(CREDENTIALS_DIR_ENV)
+
+
+def shard_index() -> str:
+    """$JOB_COMPLETION_INDEX as set, empty where unset."""
+    return os.environ.get(SHARD_INDEX_ENV, "")
 
 
 def store_keys(scheme: str) -> dict[str, str | None] | None:

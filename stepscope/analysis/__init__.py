@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 
     from stepscope.analysis.comparison.diff import RunDiff
     from stepscope.analysis.gathering.session_files import SessionRanks
+    from stepscope.analysis.gathering.shards import ShardResult
     from stepscope.analysis.model import Diagnosis, Finding, RankSummary
+    from stepscope.storage import Store
 
 
 def summarize(trace: str | Path, *, rank: int | None = None, pod: str = "", node: str = "", samples: pd.DataFrame | None = None,
@@ -56,6 +58,20 @@ def load(source: str, *, endpoint: str | None = None, region: str | None = None,
     from stepscope.analysis.gathering.session_files import find_files, open_session, read_ranks
     store, only = open_session(source, endpoint=endpoint, region=region, credentials=credentials)
     return read_ranks(find_files(store, only), top=top)
+
+
+def unsummarised_ranks(store: Store) -> list[int]:
+    """The ranks of the session in `store` that have a raw trace and no summary."""
+    from stepscope.analysis.gathering.session_files import find_files
+    from stepscope.analysis.gathering.shards import unsummarised
+    return unsummarised(find_files(store).ranks)
+
+
+def summarise_shard(store: Store, index: int, shards: int) -> ShardResult:
+    """Shard `index` of `shards` of the session's raw traces summarised into `store`, where the
+    reduce reads them as uploaded summaries (gathering/shards.py says how ranks are dealt)."""
+    from stepscope.analysis.gathering.shards import summarise_shard as run
+    return run(store, index, shards)
 
 
 def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = None,

@@ -51,6 +51,8 @@ STORAGE_SCHEMES = ("s3", "oss", "file")
 # take it before the agent acts.
 MAX_STACK_EVENTS = 1_000_000
 MAX_MEMORY_MB = 16_384
+# Pods of one shard Job at once (the chart caps it lower, analysis.maxParallelism).
+MAX_ANALYSIS_PARALLELISM = 1000
 # A label value; keys cannot be checked by a schema (the operator fails a session whose key is invalid).
 LABEL_VALUE = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 LABEL_KEY = (
@@ -240,6 +242,14 @@ class AnalysisSpec(Record):
         string(None, min_length=1, max_length=256),
         default=[],
         max_items=16,
+    )
+    parallelism: int = integer(
+        "Pods that summarise raw traces at once, when ranks were captured without a summary: the analysis then "
+        "runs an Indexed Job of shards of ranks first (capped by the chart's analysis.maxParallelism); 1 "
+        "summarises them in the analysis Job alone.",
+        default=4,
+        minimum=1,
+        maximum=MAX_ANALYSIS_PARALLELISM,
     )
 
     def check(self, path: str) -> None:
@@ -463,6 +473,9 @@ class SessionStatus(Record):
         "an operator restart reads it and never triggers them again.",
     )
     analysisJob: str | None = string("Name of the analysis Job.", max_length=253)
+    analysisShardJob: str | None = string(
+        "Name of the Indexed Job that summarised the raw traces of ranks without a summary, before the analysis Job.", max_length=253
+    )
     conditions: tuple[Condition, ...] | None = array(
         "Triggered, Captured, Analyzed and Ready, with reason and message; Ready=False says why a session failed.",
         record(Condition, "One condition."),

@@ -9,6 +9,7 @@ from typing import Any
 
 import kopf
 import kubernetes
+import msgspec
 from kubernetes.client.rest import ApiException
 
 from stepscope.operator.settings import GROUP, PLURAL, VERSION, kubeconfig
@@ -67,6 +68,52 @@ def admission() -> kubernetes.client.AdmissionregistrationV1Api:
 
 def custom() -> kubernetes.client.CustomObjectsApi:
     return kubernetes.client.CustomObjectsApi(api_client())
+
+
+class _Port(msgspec.Struct, rename="camel"):
+    name: str | None = None
+    container_port: int = 0
+
+
+class _Container(msgspec.Struct):
+    ports: list[_Port] | None = None
+
+
+class _PodSpec(msgspec.Struct, rename="camel"):
+    init_containers: list[_Container] | None = None
+    containers: list[_Container] | None = None
+    node_name: str | None = None
+
+
+class _PodStatus(msgspec.Struct, rename={"pod_ip": "podIP"}):
+    phase: str | None = None
+    pod_ip: str | None = None
+
+
+class _PodMeta(msgspec.Struct, rename="camel"):
+    name: str = ""
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    deletion_timestamp: str | None = None
+
+
+class Pod(msgspec.Struct):
+    """The fields of a pod that choosing and reaching its sidecar reads (stepscope.operator.selection),
+    under the kubernetes client's attribute names."""
+    metadata: _PodMeta = msgspec.field(default_factory=_PodMeta)
+    spec: _PodSpec = msgspec.field(default_factory=_PodSpec)
+    status: _PodStatus | None = None
+
+
+class _PodList(msgspec.Struct):
+    items: list[Pod] | None = None
+
+
+def list_pods(namespace: str, selector: str) -> list[Pod]:
+    """The pods `selector` matches, decoded into those fields alone: the client's own models cost
+    about 0.2 ms of the operator's CPU a pod, seconds a round at 10,000 pods."""
+    response = core().list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
+    return msgspec.json.decode(response.data, type=_PodList).items or []
 
 
 def get_session(namespace: str, name: str) -> dict[str, Any]:

@@ -67,6 +67,8 @@ class OperatorSettings:
     analysis_start_grace_s: float = field(default_factory=lambda: _float("STEPSCOPE_ANALYSIS_START_GRACE_S", 60.0))
     analysis_cpu: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_ANALYSIS_CPU", "2"))
     analysis_memory: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_ANALYSIS_MEMORY", "2Gi"))
+    # The most pods of one session's shard Job at once, whatever its spec.analysis.parallelism asks.
+    analysis_max_parallelism: int = field(default_factory=lambda: _int("STEPSCOPE_ANALYSIS_MAX_PARALLELISM", 16))
     # Where injection applies (the chart passes operator.namespaces; empty: every namespace) and
     # the operator's own namespace, which never gets a sidecar.
     namespaces: tuple[str, ...] = field(default_factory=lambda: _names("STEPSCOPE_NAMESPACES"))

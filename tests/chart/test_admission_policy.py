@@ -169,3 +169,14 @@ def test_the_operator_never_creates_or_deletes_a_webhook_configuration(operation
     config = _configuration()
     new, old = (config, None) if operation == "CREATE" else (None, config)
     assert refusals(_policy("webhook-configuration"), _request(MWC, new, old, operation))
+
+
+def test_the_shard_job_the_operator_builds_passes() -> None:
+    """The Indexed Job that summarises raw traces is the analysis Job's pod with other Job fields:
+    the policy, which pins the pod, admits it as it is."""
+    shards = jobs.shard_job("team-a", "s1", "0123456789abcdef", _operator_settings(), "store", {"accessKeyId": "AK", "secretAccessKey": "SK"},
+                            completions=12, parallelism=4)
+    assert shards["spec"]["completionMode"] == "Indexed"
+    assert refusals(_policy("analysis-jobs"), _request(JOBS, shards)) == []
+    ATTACKS["privileged"](shards)
+    assert refusals(_policy("analysis-jobs"), _request(JOBS, shards))

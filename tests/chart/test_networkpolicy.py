@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from stepscope.operator.injection.injection import SIDECAR_PORT
+from stepscope.operator.sessions import jobs
+from stepscope.operator.settings import OperatorSettings
 from stepscope.testing.kube.admission import _matches
 from tests.chart.conftest import RELEASE_NAMESPACE
 from tests.chart.conftest import render_templates as render
@@ -103,3 +105,14 @@ def test_the_policy_names_the_sidecars_port() -> None:
     """values.networkPolicy.sidecarPort is the port injection gives the sidecar."""
     rules = _policy(_chart())["spec"]["ingress"]
     assert rules[0]["ports"] == [{"protocol": "TCP", "port": SIDECAR_PORT}]
+
+
+def test_the_analysis_jobs_pods_are_not_its_business() -> None:
+    """Neither the analysis Job's pod nor a shard Job's (with the labels the Job controller adds)
+    is selected: their traffic to the API server and the store is as without the policy."""
+    policy = _policy(_chart())
+    for job in (jobs.job(TRAINING_NS, "s1", "0123456789", OperatorSettings(), None, {}),
+                jobs.shard_job(TRAINING_NS, "s1", "0123456789", OperatorSettings(), None, {}, completions=4, parallelism=2)):
+        labels = {**job["spec"]["template"]["metadata"]["labels"], "batch.kubernetes.io/job-name": job["metadata"]["name"],
+                  "batch.kubernetes.io/job-completion-index": "0"}
+        assert not selects(policy, TRAINING_NS, labels)

@@ -142,7 +142,7 @@ def test_good_specs_are_stored_with_defaults(api, spec):
     assert stored["hardwareMetrics"]["intervalMicroseconds"] == spec.get("hardwareMetrics", {}).get("intervalMicroseconds", 1000)
     assert stored["saveRawTrace"] == spec.get("saveRawTrace", "all")
     assert (stored["hangTimeoutSeconds"], stored["timeoutSeconds"]) == (300, 1800)
-    assert stored["analysis"] == {"enabled": True}
+    assert stored["analysis"] == {"enabled": True, "commKernelPatterns": [], "parallelism": 4}
 
 
 def test_spec_is_mutable_while_pending_and_frozen_once_triggered(api):

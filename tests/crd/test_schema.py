@@ -11,7 +11,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiException
 
-from stepscope.contracts.session import DEFAULT_CAPTURE_STEPS, SessionSpec
+from stepscope.contracts.session import DEFAULT_CAPTURE_STEPS, MAX_ANALYSIS_PARALLELISM, SessionSpec, SpecError
 from stepscope.testing.kube.fixtures import CRD_PATH
 from stepscope.testing.kube.schema import apply_defaults, prune, structural_errors
 
@@ -156,3 +156,13 @@ def test_the_cluster_refuses_file_stores_and_ambient_credentials_the_cli_keeps_t
     with pytest.raises(SpecError, match="spec.storage.credentialsSecret is required on the cluster"):
         SessionSpec.from_dict({"storage": {"uri": "oss://bucket/p", "region": "cn-hangzhou"}}).validate_for_cluster()
     SessionSpec.from_dict({"storage": {"uri": "s3://bucket/p", "credentialsSecret": "store"}}).validate_for_cluster()
+
+
+def test_the_analysis_parallelism_bounds_are_the_session_models(crd):
+    """spec.analysis.parallelism: the CRD refuses what the model refuses (the chart caps it lower)."""
+    node = _schema(crd)["properties"]["spec"]["properties"]["analysis"]["properties"]["parallelism"]
+    base = {"selector": {"matchLabels": {"a": "b"}}, "storage": {"uri": "s3://b/p"}, "capture": {"steps": 2}}
+    assert (node["minimum"], node["maximum"], node["default"]) == (1, MAX_ANALYSIS_PARALLELISM, SessionSpec.from_dict(base).analysis.parallelism)
+    for bad in (0, MAX_ANALYSIS_PARALLELISM + 1):
+        with pytest.raises(SpecError, match="spec.analysis.parallelism"):
+            SessionSpec.from_dict({**base, "analysis": {"parallelism": bad}})

@@ -6,15 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import kubernetes
 import pytest
-from moto.server import ThreadedMotoServer
 
-from stepscope.local.launch import free_port, launch_ranks
+from stepscope.local.launch import launch_ranks
 from stepscope.operator import kube as operator_kube
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.testing.kube.fixtures import Kube, kube  # noqa: F401 (the kube fixture)
+from stepscope.testing.s3 import moto_s3
 from tests.operator.harness import BUCKET, KEY, OPERATOR_KEY, OperatorHarness, Pods
 
 CREDENTIALS = {"accessKeyId": "testing-key-id", "secretAccessKey": "testing-secret"}
@@ -22,14 +21,8 @@ CREDENTIALS = {"accessKeyId": "testing-key-id", "secretAccessKey": "testing-secr
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=CREDENTIALS["accessKeyId"],
-                 aws_secret_access_key=CREDENTIALS["secretAccessKey"]).create_bucket(Bucket=BUCKET)
-    yield endpoint
-    server.stop()
+    with moto_s3(BUCKET, CREDENTIALS) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(scope="module")

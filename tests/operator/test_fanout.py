@@ -1,12 +1,11 @@
 """Fan-out over real HTTP: signed PUTs, retries of what may pass on a second try, no retry of a
-final answer, and the bounded pool."""
+final answer, and the bound on requests open at once."""
 from __future__ import annotations
 
 import asyncio
 import json
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -19,8 +18,11 @@ from stepscope.operator.sessions.selection import Target
 from stepscope.signing import Verifier, target
 
 KEY = b"fanout-test-key"
-# At most 4 requests at once, as the operator's pool of sidecar threads bounds them.
-POOL = ThreadPoolExecutor(4, thread_name_prefix="test-sidecars")
+
+
+def limit() -> fanout.Limit:
+    """At most 4 requests at once, as the operator's Context bounds them (one per event loop)."""
+    return fanout.Limit(4)
 
 
 class Flaky(ThreadingHTTPServer):
@@ -74,9 +76,9 @@ def _request(session: str) -> SessionRequest:
     return SessionRequest(session=session, destination="s3://bucket/p", spec=SessionSpec.from_dict({"storage": {"uri": "s3://bucket/p"}}))
 
 
-def test_trigger_retries_a_transient_failure_within_a_bounded_pool(server: Flaky) -> None:
+def test_trigger_retries_a_transient_failure_within_the_bound(server: Flaky) -> None:
     targets = [Target(f"p{i}", "127.0.0.1", server.server_address[1]) for i in range(12)]
-    outcomes = asyncio.run(fanout.trigger(targets, _request("s1"), KEY, pool=POOL, timeout=5, attempts=3, backoff_s=0.01))
+    outcomes = asyncio.run(fanout.trigger(targets, _request("s1"), KEY, limit=limit(), timeout=5, attempts=3, backoff_s=0.01))
     assert all(o.ok for o in outcomes) and [o.target.pod for o in outcomes] == [f"p{i}" for i in range(12)]
     assert server.puts == {"/v1/sessions/s1": 13}  # the first attempt got 503, every other one 201
     assert server.peak <= 4
@@ -84,13 +86,13 @@ def test_trigger_retries_a_transient_failure_within_a_bounded_pool(server: Flaky
 
 def test_trigger_does_not_retry_a_final_answer(server: Flaky) -> None:
     target = Target("p", "127.0.0.1", server.server_address[1])
-    (outcome,) = asyncio.run(fanout.trigger([target], _request("busy"), KEY, pool=POOL, timeout=5, attempts=3, backoff_s=0.01))
+    (outcome,) = asyncio.run(fanout.trigger([target], _request("busy"), KEY, limit=limit(), timeout=5, attempts=3, backoff_s=0.01))
     assert (outcome.ok, outcome.status, outcome.error) == (False, 409, "busy")
     assert server.puts == {"/v1/sessions/busy": 1}
 
 
 def test_unreachable_sidecar_is_an_outcome_not_an_exception(server: Flaky) -> None:
-    (outcome,) = asyncio.run(fanout.poll([Target("gone", "127.0.0.1", 1)], "s1", KEY, pool=POOL, timeout=1))
+    (outcome,) = asyncio.run(fanout.poll([Target("gone", "127.0.0.1", 1)], "s1", KEY, limit=limit(), timeout=1))
     assert not outcome.ok and outcome.status == 0 and "unreachable" in outcome.error
 
 
@@ -105,6 +107,6 @@ def test_the_start_step_is_wait_steps_after_the_furthest_live_rank_of_any_pod(se
                fanout.Outcome(Target("c", "127.0.0.1", 1), False, {}, "unreachable", 0)]
     assert aligned_start_step(fanout.live_step_counts(answers), 5) == 47
     assert aligned_start_step(fanout.live_step_counts(answers[1:]), 0) == 42
-    old = asyncio.run(fanout.telemetry([Target("old", "127.0.0.1", server.server_address[1])], KEY, pool=POOL, timeout=5))
+    old = asyncio.run(fanout.telemetry([Target("old", "127.0.0.1", server.server_address[1])], KEY, limit=limit(), timeout=5))
     assert not old[0].ok and aligned_start_step(fanout.live_step_counts(old), 5) is None
     assert aligned_start_step(fanout.live_step_counts([pod("idle", [])]), 5) is None

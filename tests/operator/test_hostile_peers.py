@@ -170,35 +170,45 @@ def hostile(request: pytest.FixtureRequest) -> Iterator[HostilePod]:
     pod.close()
 
 
+def _get_session(port: int, timeout: float, how: str) -> dict:
+    """GET /v1/sessions/s-1 with the blocking client or its event-loop form (the operator's fan-out)."""
+    client = SidecarClient(f"http://127.0.0.1:{port}", KEY, timeout=timeout)
+    if how == "blocking":
+        return client.get_session("s-1")
+    return asyncio.run(client.request_async("GET", SidecarClient.session_path("s-1")))
+
+
+@pytest.mark.parametrize("how", ["blocking", "async"])
 @pytest.mark.parametrize("hostile", ["flood"], indirect=True)
-def test_a_reply_without_end_is_refused_past_the_cap(hostile: HostilePod) -> None:
+def test_a_reply_without_end_is_refused_past_the_cap(hostile: HostilePod, how: str) -> None:
     """400 MB from a pod's port took the operator to 1.2 GB; now the client stops at MAX_REPLY."""
     began = time.monotonic()
     with pytest.raises(SidecarError, match=f"over {MAX_REPLY} bytes"):
-        SidecarClient(f"http://127.0.0.1:{hostile.port}", KEY, timeout=5).get_session("s-1")
+        _get_session(hostile.port, 5, how)
     assert time.monotonic() - began < 3
     time.sleep(0.3)
     assert hostile.sent < MAX_REPLY + (32 << 20), hostile.sent
 
 
+@pytest.mark.parametrize("how", ["blocking", "async"])
 @pytest.mark.parametrize("hostile", ["drip"], indirect=True)
-def test_a_reply_dripping_a_byte_a_second_ends_at_the_total_deadline(hostile: HostilePod) -> None:
+def test_a_reply_dripping_a_byte_a_second_ends_at_the_total_deadline(hostile: HostilePod, how: str) -> None:
     """Each byte comes within the 2 s timeout, so only a total deadline ends the request."""
     began = time.monotonic()
     with pytest.raises(SidecarError, match="no complete answer within 2 s"):
-        SidecarClient(f"http://127.0.0.1:{hostile.port}", KEY, timeout=2).get_session("s-1")
+        _get_session(hostile.port, 2, how)
     assert time.monotonic() - began < 3
 
 
 @pytest.mark.parametrize("hostile", ["drip"], indirect=True)
-def test_slow_pods_hold_the_sidecar_pool_not_the_default_executor(hostile: HostilePod) -> None:
+def test_slow_pods_hold_the_sidecar_limit_not_the_default_executor(hostile: HostilePod) -> None:
     """kopf and every session's status writes run on asyncio's default executor: a poll of
     dripping pods must leave it free, and end at the deadline."""
     async def scenario() -> tuple[list[fanout.Outcome], float]:
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(1))
         targets = [Target(f"p{i}", "127.0.0.1", hostile.port) for i in range(4)]
-        polling = asyncio.create_task(fanout.poll(targets, "s-1", KEY, pool=ThreadPoolExecutor(4), timeout=2))
+        polling = asyncio.create_task(fanout.poll(targets, "s-1", KEY, limit=fanout.Limit(4), timeout=2))
         await asyncio.sleep(0.2)
         began = time.monotonic()
         await asyncio.wait_for(asyncio.to_thread(time.sleep, 0), 1)

@@ -67,6 +67,11 @@ def trigger_status(operator: OperatorHarness) -> dict[str, Any]:
     return operator.custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, TRIGGER_PLURAL, "watch").get("status") or {}
 
 
+def fired(operator: OperatorHarness) -> dict[str, Any]:
+    """The trigger's status once it says it fired: the daemon writes it after creating the session."""
+    return wait_for(lambda: (s := trigger_status(operator)).get("lastFired") and s, 10, f"lastFired in the trigger status ({trigger_status(operator)})")
+
+
 def sessions(operator: OperatorHarness) -> list[dict[str, Any]]:
     return operator.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, label_selector=f"{TRIGGER_LABEL}=watch")["items"]
 
@@ -105,7 +110,7 @@ def test_a_rank_slowed_mid_run_is_captured_and_named(watched: Kube, operator: Op
     session = the_session_created_after(operator, slowed)
     name = session["metadata"]["name"]
     assert name.startswith("watch-") and session["metadata"]["ownerReferences"][0]["kind"] == "ProfileTrigger"
-    status = trigger_status(operator)
+    status = fired(operator)
     assert status["lastFired"]["session"] == name and status["lastFired"]["condition"] == "Slowdown" and status["sessionsCreated"] == 1
     assert status["current"]["stepTimeRatio"] > 1.5 and status["baseline"]["stepTimeSeconds"] > 0
 
@@ -126,7 +131,7 @@ def test_a_hang_is_captured_with_the_hung_ranks_stacks(watched: Kube, operator: 
 
     session = the_session_created_after(operator, hung)
     name = session["metadata"]["name"]
-    assert trigger_status(operator)["lastFired"]["condition"] == "Hang"
+    assert fired(operator)["lastFired"]["condition"] == "Hang"
     # A hung job makes no step to capture; the analysis reads the hung ranks' stacks instead.
     status = analysed(operator, name)
     assert any(w.get("rank") == 1 and "hung" in w["reason"] for w in status["failedWorkers"]), status

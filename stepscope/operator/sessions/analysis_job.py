@@ -57,3 +57,33 @@ def _leave(store: Any, result: AnalysisResult) -> bool:
         log.exception("the analysis result could not be written to the store")
         return False
     return True
+
+
+def run_session_shard(namespace: str, name: str, index: int, shards: int) -> int:
+    """One pod of the session's shard Job (jobs.shard_job): summarise shard `index` of `shards` of
+    its raw traces into its store; 0 when done, 1 on any failure, which the Job controller
+    retries (the shard's next try skips the ranks this one wrote)."""
+    try:
+        obj = kube.get_session(namespace, name)
+        spec = SessionSpec.from_dict(obj.get("spec") or {})
+        dest = destination(spec, namespace, name, obj["metadata"]["uid"])
+        store = open_destination(spec, dest, credentials.from_env())
+        result = analysis.summarise_shard(store, index, shards)
+    except Exception as exc:
+        log.exception("shard %d of %d of %s/%s failed", index, shards, namespace, name)
+        print(f"shard {index} of {shards} failed: {type(exc).__name__}: {exc}"[:1000], file=sys.stderr)
+        return 1
+    print(f"shard {index} of {shards}: ranks {compact_ranks(result.ranks)}; summarised {compact_ranks(result.written)}; "
+          f"{len(result.kept)} had a summary")
+    return 0
+
+
+def compact_ranks(ranks: list[int]) -> str:
+    """Ranks as ranges, as the Job writes completedIndexes ("0-3,7")."""
+    spans: list[list[int]] = []
+    for r in sorted(ranks):
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in spans) or "none"

@@ -3,7 +3,6 @@ Whom to cancel comes from the session's pod record; the sidecars keep what they 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import Executor
 from typing import Any
 
 from stepscope.contracts.session import SpecError
@@ -14,7 +13,7 @@ from stepscope.operator.settings import OperatorSettings
 
 
 async def cancel(namespace: str, spec: dict[str, Any], uid: str, pods: frozenset[str] | None, settings: OperatorSettings, key: bytes,
-                 pool: Executor) -> list[fanout.Outcome]:
+                 limit: fanout.Limit) -> list[fanout.Outcome]:
     """DELETE the session on the Running sidecars of `pods`, or of every selected pod when None,
     signed with `key`, the key of `namespace` (its sidecars refuse any other).
     Pods are listed by the spec's selector, or in the whole namespace when it does not parse
@@ -25,6 +24,6 @@ async def cancel(namespace: str, spec: dict[str, Any], uid: str, pods: frozenset
         if pods is None:
             return []
         selector = ""
-    listed = (await asyncio.to_thread(kube.core().list_namespaced_pod, namespace, label_selector=selector)).items
+    listed = await asyncio.to_thread(kube.list_pods, namespace, selector)
     targets = [t for t in map(target_of, listed) if t is not None and (pods is None or t.pod in pods)]
-    return await fanout.cancel(targets, uid, key, pool=pool, timeout=settings.sidecar_timeout_s, attempts=settings.trigger_attempts)
+    return await fanout.cancel(targets, uid, key, limit=limit, timeout=settings.sidecar_timeout_s, attempts=settings.trigger_attempts)

@@ -8,6 +8,7 @@ the session, so deleting the session garbage-collects it."""
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from kubernetes.client.rest import ApiException
@@ -62,12 +63,65 @@ def job(namespace: str, session: str, uid: str, settings: OperatorSettings, secr
     }
 
 
+# A shard of at most this many raw ranks (about 2 s of CPU each): a retried shard redoes little.
+RANKS_PER_SHARD = 8
+# Tries of one shard beyond its first (spec.backoffLimitPerIndex, Kubernetes 1.29+; an API server
+# without it drops the field and the Job's default backoffLimit of 6 counts every shard's failures).
+SHARD_RETRIES = 2
+
+
+def shard_name(name: str, uid: str) -> str:
+    # The analysis Job's name with "-shards" (63 characters at most, as job_name's).
+    return f"{name[:40].rstrip('-.')}-shards-{uid[:5]}"
+
+
+def shard_plan(unsummarised: int, requested: int, limit: int) -> tuple[int, int] | None:
+    """(completions, parallelism) of the shard Job for `unsummarised` raw ranks, with
+    spec.analysis.parallelism `requested` and the chart's analysis.maxParallelism `limit`; None
+    when the analysis Job alone summarises them (none to do, or one pod at a time anyway). At
+    least one shard per pod that may run, each of at most RANKS_PER_SHARD ranks, never more
+    shards than ranks."""
+    parallelism = min(requested, limit, unsummarised)
+    if parallelism < 2:
+        return None
+    return min(unsummarised, max(parallelism, math.ceil(unsummarised / RANKS_PER_SHARD))), parallelism
+
+
+def shard_job(namespace: str, session: str, uid: str, settings: OperatorSettings, secret: str | None, secret_keys: dict[str, str],
+              completions: int, parallelism: int) -> dict[str, Any]:
+    """The Indexed Job whose pod of completion index i runs `stepscope analyze --session NS/NAME
+    --shards <completions>`: it summarises shard i of the session's raw traces into its store. The
+    Job controller runs, retries (per index) and counts the shards; the same pod as the analysis Job's."""
+    manifest = job(namespace, session, uid, settings, secret, secret_keys)
+    manifest["metadata"]["name"] = shard_name(session, uid)
+    spec = manifest["spec"]
+    del spec["backoffLimit"]  # with backoffLimitPerIndex, the Job controller's default: every index runs
+    spec.update({"completionMode": "Indexed", "completions": completions, "parallelism": parallelism, "backoffLimitPerIndex": SHARD_RETRIES})
+    spec["template"]["spec"]["containers"][0]["command"] += ["--shards", str(completions)]
+    return manifest
+
+
+def create_shards(namespace: str, session: str, uid: str, settings: OperatorSettings, secret: str | None, secret_keys: dict[str, str],
+                  completions: int, parallelism: int) -> str:
+    """Create (or find, after a restart) the shard Job; returns its name."""
+    manifest = shard_job(namespace, session, uid, settings, secret, secret_keys, completions, parallelism)
+    batch = kube.batch()
+    kube.create_or_get(batch.create_namespaced_job, batch.read_namespaced_job, namespace, manifest)
+    return manifest["metadata"]["name"]
+
+
 def create_analysis(namespace: str, session: str, uid: str, settings: OperatorSettings, secret: str | None, secret_keys: dict[str, str]) -> str:
     """Create (or find, after a restart) the Job; returns its name."""
     manifest = job(namespace, session, uid, settings, secret, secret_keys)
     batch = kube.batch()
     kube.create_or_get(batch.create_namespaced_job, batch.read_namespaced_job, namespace, manifest)
     return manifest["metadata"]["name"]
+
+
+def failed_indexes(job_obj: Any) -> str:
+    """The shards the Job gave up on ("1,4-5"), "" when none or unknown."""
+    status = job_obj.status if job_obj is not None else None
+    return str(getattr(status, "failed_indexes", None) or "")
 
 
 def job_outcome(job_obj: Any) -> tuple[str, str]:

@@ -9,13 +9,14 @@ import asyncio
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 import kopf
 from kubernetes.client.rest import ApiException
 
+from stepscope import analysis
 from stepscope.contracts import layout
 from stepscope.contracts.layout import AnalysisResult
 from stepscope.contracts.session import SessionSpec, SpecError
@@ -47,13 +48,13 @@ def _api_message(exc: ApiException) -> str:
 @dataclass
 class Context:
     """What every session's and trigger's daemon shares: settings, the operator's HMAC key (never
-    logged, never in a repr) and the bounded pool that runs the requests to sidecars (fanout)."""
+    logged, never in a repr) and the bound on requests open to sidecars at once (fanout)."""
     settings: OperatorSettings
     key: bytes = field(repr=False)
-    sidecars: ThreadPoolExecutor = field(init=False, repr=False)
+    sidecars: fanout.Limit = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.sidecars = ThreadPoolExecutor(max_workers=max(1, self.settings.fanout_concurrency), thread_name_prefix="stepscope-sidecar")
+        self.sidecars = fanout.Limit(self.settings.fanout_concurrency)
 
     def key_for(self, namespace: str) -> bytes:
         """What the sidecars of `namespace` verify with (stepscope.operator.namespace_keys)."""
@@ -102,6 +103,7 @@ class SessionRunner:
         self.stopped, self.log = stopped, logger
         self.writer = StatusWriter(self.ns, self.name, self.settings.status_interval_s)
         self.record: SessionRecord | None = None
+        self.store: Any = None  # the session's store folder, once _open_record opened it
         self.pods: PodRecord | None = None
         self.dest = ""
         self.state: RunState | None = None  # once _drive has read the spec
@@ -155,7 +157,7 @@ class SessionRunner:
         if self.phase == SessionPhase.CAPTURING:
             await self._follow_capture(selector, spec)
         if self.phase == SessionPhase.ANALYZING:
-            await self._follow_analysis()
+            await self._follow_analysis(spec)
 
     async def _credentials(self, spec: SessionSpec) -> dict[str, Any] | None:
         if not spec.storage.credentialsSecret:
@@ -176,7 +178,7 @@ class SessionRunner:
     async def _open_record(self, spec: SessionSpec, creds: dict[str, Any] | None) -> None:
         snapshot = self._request(spec).to_dict()
         try:
-            store = await asyncio.to_thread(open_destination, spec, self.dest, creds)
+            store = self.store = await asyncio.to_thread(open_destination, spec, self.dest, creds)
             self.record = SessionRecord(store, snapshot)
             await asyncio.to_thread(self.record.load)
             if not self.phase:  # the first write doubles as the check that the store is usable
@@ -210,10 +212,10 @@ class SessionRunner:
             raise Fail("PodRecordTooLarge", f"{exc}; no sidecar was triggered") from None
         s = self.settings
         # Pods align too: every sidecar gets the same absolute start step.
-        answers = await fanout.telemetry(todo, self.ctx.key_for(self.ns), pool=self.ctx.sidecars, timeout=s.sidecar_timeout_s)
+        answers = await fanout.telemetry(todo, self.ctx.key_for(self.ns), limit=self.ctx.sidecars, timeout=s.sidecar_timeout_s)
         start_step = aligned_start_step(fanout.live_step_counts(answers), spec.capture.waitSteps)
         request = self._request(spec, credentials=StoreCredentials(**creds) if creds else None, startStep=start_step)
-        outcomes = await fanout.trigger(todo, request, self.ctx.key_for(self.ns), pool=self.ctx.sidecars, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
+        outcomes = await fanout.trigger(todo, request, self.ctx.key_for(self.ns), limit=self.ctx.sidecars, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
         answers_seen = phases.TriggerAnswers(already, frozenset(o.target.pod for o in outcomes if o.ok),
                                              {o.target.pod: o.error for o in outcomes if not o.ok}, self.uninjected)
         for action in self._step(answers_seen):
@@ -261,9 +263,30 @@ class SessionRunner:
         if not captured.analyze:
             await self._finish(SessionPhase.SUCCEEDED, "Captured", captured.message + "; analysis disabled", conditions=conditions)
             return
+        raw = await self._unsummarised()
+        plan = jobs.shard_plan(len(raw), spec.analysis.parallelism, self.settings.analysis_max_parallelism)
+        if plan is not None:
+            completions, parallelism = plan
+            job = await asyncio.to_thread(jobs.create_shards, self.ns, self.name, self.uid, self.settings, spec.storage.credentialsSecret,
+                                          await self._secret_keys(spec), completions, parallelism)
+            await self._transition(SessionPhase.ANALYZING, "Captured", f"{captured.message}; {len(raw)} rank(s) have no summary: shard Job {job} "
+                                   f"summarises them in {completions} shard(s), {parallelism} at a time", conditions=conditions, analysisShardJob=job)
+            return
+        await self._create_analysis(spec, lambda job: f"{captured.message}; analysis Job {job} created", conditions=conditions)
+
+    async def _create_analysis(self, spec: SessionSpec, message: Callable[[str], str], **fields: Any) -> None:
         job = await asyncio.to_thread(jobs.create_analysis, self.ns, self.name, self.uid, self.settings, spec.storage.credentialsSecret, await self._secret_keys(spec))
         metrics.ANALYSIS_JOBS.inc()
-        await self._transition(SessionPhase.ANALYZING, "Captured", f"{captured.message}; analysis Job {job} created", conditions=conditions, analysisJob=job)
+        await self._transition(SessionPhase.ANALYZING, "Captured", message(job), analysisJob=job, **fields)
+
+    async def _unsummarised(self) -> list[int]:
+        """The ranks captured with a raw trace and no summary; none when the store cannot be listed
+        (the analysis Job then meets the store's error itself)."""
+        try:
+            return await asyncio.to_thread(analysis.unsummarised_ranks, self.store)
+        except Exception as exc:  # noqa: BLE001 - the analysis Job reports an unusable store
+            self.log.warning("%s/%s: listing %s for ranks without a summary failed: %s", self.ns, self.name, self.dest, exc)
+            return []
 
     async def _poll(self, selector: str, progress: dict[str, PodProgress]) -> None:
         """One round: mark pods that went away as lost, ask the others' sidecars."""
@@ -275,10 +298,11 @@ class SessionRunner:
                 continue
             target = target_of(pods[pod]) if pod in pods else None
             if target is None:
-                p.lost = "pod deleted during capture" if pod not in pods else f"pod left Running ({pods[pod].status.phase}) during capture"
+                status = pods[pod].status if pod in pods else None
+                p.lost = "pod deleted during capture" if pod not in pods else f"pod left Running ({status.phase if status else None}) during capture"
             else:
                 live.append(target)
-        for o in await fanout.poll(live, self.uid, self.ctx.key_for(self.ns), pool=self.ctx.sidecars, timeout=s.sidecar_timeout_s):
+        for o in await fanout.poll(live, self.uid, self.ctx.key_for(self.ns), limit=self.ctx.sidecars, timeout=s.sidecar_timeout_s):
             p = progress[o.target.pod]
             if o.ok:
                 p.answer, p.misses = o.answer, 0
@@ -294,8 +318,7 @@ class SessionRunner:
         data = await asyncio.to_thread(credentials.read_secret_data, self.ns, spec.storage.credentialsSecret)
         return credentials.secret_key_names(data)
 
-    async def _await_job(self) -> ReadAnalysis:
-        name = self.status.get("analysisJob") or ""
+    async def _await_job(self, name: str) -> ReadAnalysis:
         while True:
             try:
                 job = await asyncio.to_thread(kube.batch().read_namespaced_job, name, self.ns)
@@ -316,9 +339,17 @@ class SessionRunner:
                     _end(action)
             await self._sleep(self.settings.poll_interval_s)
 
-    async def _follow_analysis(self) -> None:
-        """The Job leaves its result in the store; the operator alone writes it into the status."""
-        ended = await self._await_job()
+    async def _follow_analysis(self, spec: SessionSpec) -> None:
+        """The Jobs leave their results in the store; the operator alone writes them into the status."""
+        shards = self.status.get("analysisShardJob") or ""
+        if shards and not self.status.get("analysisJob"):
+            summarised = await self._await_job(shards)
+            failed = jobs.failed_indexes(await asyncio.to_thread(kube.batch().read_namespaced_job, shards, self.ns))
+            done = (f"shard Job {shards} summarised every shard" if summarised.outcome == "Succeeded" else
+                    f"shard Job {shards} gave up{f' on shards {failed}' if failed else ''} ({summarised.message}): "
+                    "the analysis Job summarises the ranks left itself")
+            await self._create_analysis(spec, lambda job: f"{done}; analysis Job {job} created")
+        ended = await self._await_job(self.status.get("analysisJob") or "")
         assert self.record is not None, "the store is opened first"
         result, report = await asyncio.gather(asyncio.to_thread(self.record.read_json, layout.REPORT_RESULT),
                                               asyncio.to_thread(self.record.read_json, layout.REPORT_DIAGNOSIS))
@@ -387,11 +418,11 @@ class SessionRunner:
         if pods is not None:
             await cancellation.cancel(self.ns, self.obj.get("spec") or {}, self.uid, pods.triggered, self.settings, self.ctx.key_for(self.ns), self.ctx.sidecars)
 
-    async def _list_pods(self, selector: str) -> list[Any]:
+    async def _list_pods(self, selector: str) -> list[kube.Pod]:
         """The selected pods; on an error phases.step says whether to fail the session now or
         to raise it (kopf retries the daemon)."""
         try:
-            result = await asyncio.to_thread(kube.core().list_namespaced_pod, self.ns, label_selector=selector)
+            pods = await asyncio.to_thread(kube.list_pods, self.ns, selector)
         except Exception as exc:
             http = exc.status if isinstance(exc, ApiException) else None
             words = f"HTTP {exc.status} {_api_message(exc)}" if isinstance(exc, ApiException) else str(exc)
@@ -399,7 +430,7 @@ class SessionRunner:
                 if not isinstance(action, Retry):
                     _end(action)
             raise
-        return list(result.items)
+        return pods
 
     async def _sleep(self, seconds: float) -> None:
         await self.stopped.wait(seconds)

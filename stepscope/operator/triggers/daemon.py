@@ -72,10 +72,9 @@ class TriggerWatch:
         except (SpecError, ValueError) as exc:
             await self._write(now, {"state": triggers.INVALID}, False, "InvalidSpec", str(exc))
             return
-        pods = await asyncio.to_thread(kube.core().list_namespaced_pod, self.ns, label_selector=selector)
-        targets = select_targets(list(pods.items))
+        targets = select_targets(await asyncio.to_thread(kube.list_pods, self.ns, selector))
         settings = self.ctx.settings
-        outcomes = await fanout.telemetry(targets, self.ctx.key_for(self.ns), pool=self.ctx.sidecars, timeout=settings.sidecar_timeout_s)
+        outcomes = await fanout.telemetry(targets, self.ctx.key_for(self.ns), limit=self.ctx.sidecars, timeout=settings.sidecar_timeout_s)
         answers = [o.answer for o in outcomes if o.ok]
         telemetry = detection.observe(now, answers) if answers else None
         self.state, actions = triggers.step(self.state, triggers.Observation(now, telemetry, await self._take_alert()), policy)
