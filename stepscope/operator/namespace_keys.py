@@ -5,6 +5,7 @@ Each namespace's key is HMAC-SHA256(operator key, namespace): whoever can read t
 namespace can sign requests to that namespace's sidecars only, and the operator needs no Secret
 read anywhere to sign (it derives). The Secrets are written outside admission, by reconciling the
 namespaces injection covers; the webhook only asks `problem()` and injects nowhere that has none."""
+
 from __future__ import annotations
 
 import base64
@@ -60,7 +61,9 @@ class NamespaceKeys:
         meta: dict[str, Any] = {"labels": MANAGED_LABEL, **({"ownerReferences": [owner]} if owner else {})}
         try:
             try:
-                kube.core().create_namespaced_secret(namespace, {"metadata": {"name": s.hmac_secret, **meta}, "type": "Opaque", "data": data})
+                kube.core().create_namespaced_secret(
+                    namespace, {"metadata": {"name": s.hmac_secret, **meta}, "type": "Opaque", "data": data}
+                )
             except ApiException as exc:
                 if exc.status != 409:
                     raise

@@ -6,6 +6,7 @@ a training process whose PYTHONPATH starts with that folder (`training_env`) the
 own `sitecustomize` first, if it has one, and starts the agent. The training image needs torch and
 nothing of stepscope.
 """
+
 from __future__ import annotations
 
 import os

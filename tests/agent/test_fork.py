@@ -1,6 +1,7 @@
 """Ranks started with multiprocessing's fork start method: each forked rank re-arms an agent of
 its own (its pid in the registry, its own watchdog, its own rank) and captures; the parent's agent
 goes on as before."""
+
 from __future__ import annotations
 
 import json
@@ -76,7 +77,9 @@ def test_forked_ranks_register_and_capture_on_their_own(stepscope_dir: Path, tmp
     script = tmp_path / "forks.py"
     script.write_text(FORKS_RANKS)
     env = {**training_env(stepscope_dir, {}), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, str(script), str(free_port())], env=env, capture_output=True, text=True, timeout=90)
+    result = subprocess.run(
+        [sys.executable, str(script), str(free_port())], env=env, capture_output=True, text=True, timeout=90
+    )
     assert result.returncode == 0, result.stderr
     run = json.loads(result.stdout)
     assert run["codes"] == [0, 0], result.stderr
@@ -85,7 +88,9 @@ def test_forked_ranks_register_and_capture_on_their_own(stepscope_dir: Path, tmp
         assert run["heartbeats"][str(rank)] == [pid], run
         state = read_state(stepscope_dir, "s-fork", rank)
         assert state is not None, f"rank {rank} (pid {pid}) never answered\n{result.stderr}"
-        assert state["state"] == "done" and state["pid"] == pid and state["rank"] == rank and state["worldSize"] == 2, state
+        assert state["state"] == "done" and state["pid"] == pid and state["rank"] == rank and state["worldSize"] == 2, (
+            state
+        )
         assert state["startStep"] == state["triggerStep"] + 2 and state["capturedSteps"] == 3
         events = load_trace(stepscope_dir / "s-fork" / state["trace"])
         assert profiler_steps(events) == list(range(state["startStep"], state["endStep"]))

@@ -1,5 +1,6 @@
 """The report page escapes what comes from the traces: a kernel or pod name is text, never markup
 (the page is opened in a browser, and a trace is anyone's input)."""
+
 from __future__ import annotations
 
 import csv
