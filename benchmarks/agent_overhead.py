@@ -149,16 +149,18 @@ def main() -> int:
         f"(median, min in brackets):"
     )
     print(
-        f"  {'no agent (fresh interpreter)':30s} {reference:6.2f} us/step [{min(r['min_us'] for r in results['no agent']):.2f}]"
+        f"  {'no agent (fresh interpreter)':30s} {reference:6.2f} us/step "
+        f"[{min(r['min_us'] for r in results['no agent']):.2f}]"
     )
     for config in CONFIGS[1:]:
         rows = results[config]
         on = median(r["step_us"] for r in rows)
         print(
-            f"  {config:30s} {on:6.2f} us/step [{min(r['min_us'] for r in rows):.2f}], ratio to no agent {on / reference:.3f}; "
-            f"same interpreter with the hook off {median(r['hook_off_us'] for r in rows):.2f} [{min(r['min_off_us'] for r in rows):.2f}]: "
-            f"agent +{median(r['pair_diff_us'] for r in rows):.2f} us a step (paired rounds); "
-            f"agent boundary alone {median(r['boundary_us'] for r in rows):.2f} [{min(r['min_boundary_us'] for r in rows):.2f}] us"
+            f"  {config:30s} {on:6.2f} us/step [{min(r['min_us'] for r in rows):.2f}], ratio to no agent "
+            f"{on / reference:.3f}; same interpreter with the hook off {median(r['hook_off_us'] for r in rows):.2f} "
+            f"[{min(r['min_off_us'] for r in rows):.2f}]: agent +{median(r['pair_diff_us'] for r in rows):.2f} us a "
+            f"step (paired rounds); agent boundary alone {median(r['boundary_us'] for r in rows):.2f} "
+            f"[{min(r['min_boundary_us'] for r in rows):.2f}] us"
         )
     plain_ms, agent_ms = statistics.median(start_plain), statistics.median(start_agent)
     print(

@@ -250,7 +250,8 @@ def main() -> int:
             why = "; ".join(f"{h['rank']}: {h['why']}" for h in merged["held"])
             print(
                 f"    merged trace: ranks {merged['ranks']} ({why}), {merged['bytes'] / 1e6:,.0f} MB of JSON "
-                f"(limit {merged['limitBytes'] / 1e6:,.0f} MB), {(out_dir / 'merged.trace.json.gz').stat().st_size / 1e6:,.1f} MB gzipped"
+                f"(limit {merged['limitBytes'] / 1e6:,.0f} MB), "
+                f"{(out_dir / 'merged.trace.json.gz').stat().st_size / 1e6:,.1f} MB gzipped"
             )
             mg = json.loads(
                 measure([sys.executable, __file__, str(a.trace_dir), "--child", "merge", "--report", str(out_dir)])[3]
@@ -258,9 +259,10 @@ def main() -> int:
                 .splitlines()[-1]
             )
             print(
-                f"    merged trace alone, one process, CPU time: {mg['output_bytes'] / 1e6:,.0f} MB of JSON in {mg['write_s']:.1f} s = "
-                f"{mg['output_bytes'] / 1e6 / mg['write_s']:,.0f} MB/s; reading (gunzipping) the same {len(mg['ranks'])} files: "
-                f"{mg['input_bytes'] / 1e6:,.0f} MB in {mg['read_s']:.1f} s = {mg['input_bytes'] / 1e6 / mg['read_s']:,.0f} MB/s"
+                f"    merged trace alone, one process, CPU time: {mg['output_bytes'] / 1e6:,.0f} MB of JSON "
+                f"in {mg['write_s']:.1f} s = {mg['output_bytes'] / 1e6 / mg['write_s']:,.0f} MB/s; "
+                f"reading (gunzipping) the same {len(mg['ranks'])} files: {mg['input_bytes'] / 1e6:,.0f} MB "
+                f"in {mg['read_s']:.1f} s = {mg['input_bytes'] / 1e6 / mg['read_s']:,.0f} MB/s"
             )
         finally:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -269,7 +271,8 @@ def main() -> int:
         print(
             "  "
             + _row(f"stepscope summaries alone ({a.workers} workers) + diagnose", *sm[:3])
-            + f"; per rank {min(r['cpu_s'] for r in result['per_rank']):.1f}-{max(r['cpu_s'] for r in result['per_rank']):.1f} s CPU"
+            + f"; per rank {min(r['cpu_s'] for r in result['per_rank']):.1f}"
+            f"-{max(r['cpu_s'] for r in result['per_rank']):.1f} s CPU"
             f"; errors: {result['errors'] or 'none'}"
         )
         if hta is None:
@@ -285,8 +288,9 @@ def main() -> int:
             + f"; errors: {summary.get('errors') or 'none'}"
         )
         print(
-            f"  ratio: analyze is {ht[0] / an[0]:.1f}x faster in wall time, {ht[1] / an[1]:.1f}x in CPU, {an[2] / ht[2]:.2f} of "
-            f"HTA's peak memory; summaries alone {ht[0] / sm[0]:.1f}x wall, {sm[2] / ht[2]:.2f} of the memory",
+            f"  ratio: analyze is {ht[0] / an[0]:.1f}x faster in wall time, {ht[1] / an[1]:.1f}x in CPU, "
+            f"{an[2] / ht[2]:.2f} of HTA's peak memory; "
+            f"summaries alone {ht[0] / sm[0]:.1f}x wall, {sm[2] / ht[2]:.2f} of the memory",
             flush=True,
         )
     return 0

@@ -271,13 +271,17 @@ def main() -> None:
     rows = measure("none", args.calls, args.timeout, args.agent)
     ref_step = max(r["max_step_during_s"] for r in rows)
     print(f"reference (no capture): longest step {ref_step:.3f} s, RSS {max(r['rss_peak_mb'] for r in rows):.0f} MB")
-    header = f"{'case':<12}{'rank':>4} {'state':<9}{'max step during':>16}{'after':>8}{'x ref':>7}{'RSS before':>11}{'peak':>7}{'after':>7}{'trace MB':>9}{'events/step':>12}"
+    header = (
+        f"{'case':<12}{'rank':>4} {'state':<9}{'max step during':>16}{'after':>8}{'x ref':>7}"
+        f"{'RSS before':>11}{'peak':>7}{'after':>7}{'trace MB':>9}{'events/step':>12}"
+    )
     print(header)
     for case in args.cases.split(","):
         for r in measure(case, args.calls, args.timeout, args.agent):
             worst = max(r["max_step_during_s"], r["max_step_after_s"])
             print(
-                f"{r['case']:<12}{r['rank']:>4} {r['state']:<9}{r['max_step_during_s']:>16.3f}{r['max_step_after_s']:>8.3f}"
+                f"{r['case']:<12}{r['rank']:>4} "
+                f"{r['state']:<9}{r['max_step_during_s']:>16.3f}{r['max_step_after_s']:>8.3f}"
                 f"{worst / ref_step:>7.1f}{r['rss_before_mb']:>11.0f}{r['rss_peak_mb']:>7.0f}{r['rss_after_mb']:>7.0f}"
                 f"{r['trace_mb']:>9.2f}{r['events_per_step']:>12.0f}"
             )

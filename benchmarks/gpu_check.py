@@ -75,7 +75,10 @@ def _cuda_ready() -> str | None:
         [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True
     )
     if probe.stdout.strip() != "True":
-        return f"torch sees no CUDA device here ({(probe.stderr.strip().splitlines() or ['torch.cuda.is_available() is False'])[-1]})"
+        return (
+            "torch sees no CUDA device here "
+            f"({(probe.stderr.strip().splitlines() or ['torch.cuda.is_available() is False'])[-1]})"
+        )
     return None
 
 

@@ -101,11 +101,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     devices = backend.devices()
     print(
-        f"backend {args.backend}: {len(devices)} GPU(s) ({devices[0].name if devices else '-'}), {args.seconds:.1f} s per interval"
+        f"backend {args.backend}: {len(devices)} GPU(s) ({devices[0].name if devices else '-'}), {args.seconds:.1f} s "
+        "per interval"
     )
     print(
-        f"{'interval':>9} {'tier':>6} {'asked/s':>8} {'achieved/s':>10} {'ratio':>6} {'dropped':>7} {'process CPU':>11} {'idle ref':>8} "
-        f"{'sampler threads':>15} {'bare ratio':>10} {'bare CPU':>8} {'per GPU':>9} {'errors':>6} {'rows':>8} {'file':>9} {'write s':>7}"
+        f"{'interval':>9} {'tier':>6} {'asked/s':>8} {'achieved/s':>10} {'ratio':>6} {'dropped':>7} "
+        f"{'process CPU':>11} {'idle ref':>8} "
+        f"{'sampler threads':>15} {'bare ratio':>10} {'bare CPU':>8} {'per GPU':>9} {'errors':>6} {'rows':>8} "
+        f"{'file':>9} {'write s':>7}"
     )
     verdicts, r = [], {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
                 if native and r["tier"] == "Python":
                     break
                 print(
-                    f"{interval:>7}us {r['tier']:>6} {r['asked_hz']:>8.0f} {r['achieved_hz']:>10.0f} {r['ratio']:>6.1%} {r['dropped']:>7.0f} "
-                    f"{r['process_cpu']:>11.1%} {r['idle_cpu']:>8.1%} {r['thread_cpu']:>15.1%} {r['bare_ratio']:>10.1%} {r['bare_cpu']:>8.1%} "
+                    f"{interval:>7}us {r['tier']:>6} {r['asked_hz']:>8.0f} {r['achieved_hz']:>10.0f} "
+                    f"{r['ratio']:>6.1%} {r['dropped']:>7.0f} "
+                    f"{r['process_cpu']:>11.1%} {r['idle_cpu']:>8.1%} {r['thread_cpu']:>15.1%} "
+                    f"{r['bare_ratio']:>10.1%} {r['bare_cpu']:>8.1%} "
                     # The bare reference is the Python loop's: a per-GPU figure over it means nothing for the C one.
                     f"{f'{per_gpu_us(r, len(devices)):.1f}us' if r['tier'] == 'Python' else '-':>9} "
                     f"{r['errors']:>6.0f} {r['rows']:>8.0f} "

@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  pynvml wrappers (reference) {wrapper:7.2f} us")
     print(f"  PynvmlBackend (prepared)    {prepared:7.2f} us   ratio {prepared / wrapper:.2f}")
     print(
-        f"  at 1 ms on 8 GPUs: {8 * wrapper / 10:.1f} % of a core against {8 * prepared / 10:.1f} %, before the driver's own time"
+        f"  at 1 ms on 8 GPUs: {8 * wrapper / 10:.1f} % of a core against {8 * prepared / 10:.1f} %, before the "
+        "driver's own time"
     )
     backend.close()
     return 0

@@ -114,7 +114,8 @@ def main() -> int:
                 results[name] = (best, memory)
         size = args.size_mb
         print(
-            f"{size} MiB file, moto_server at {endpoint}, parts of {MULTIPART_CHUNK >> 20} MiB x {MAX_CONCURRENCY} in flight, best of {args.repeat}"
+            f"{size} MiB file, moto_server at {endpoint}, parts of {MULTIPART_CHUNK >> 20} MiB x {MAX_CONCURRENCY} "
+            f"in flight, best of {args.repeat}"
         )
         print(f"{'upload':<34} {'seconds':>8} {'MiB/s':>8} {'peak RSS above start (MiB)':>28}")
         for name, (seconds, memory) in results.items():

@@ -48,8 +48,8 @@ NO_TORCH = ("core", "analysis", "operator")
 # (`operator` is not among them: without an __init__.py it never wins over the standard library's).
 SECOND_NAMES = ("sidecar", "analysis", "tests", "benchmarks")
 # The analysis's stages (its subpackages, model.py, the types they exchange, and settings.py, what
-# it reads from the environment) and which of the others each may import: each those before it. The facade (stepscope/analysis/__init__.py) and
-# `stepscope analyze` (pipeline.py) sit above them all.
+# it reads from the environment) and which of the others each may import: each those before it.
+# The facade (stepscope/analysis/__init__.py) and `stepscope analyze` (pipeline.py) sit above them all.
 STAGES = {
     "settings": set(),
     "model": {"settings"},
@@ -149,7 +149,8 @@ def violations(edges: dict[str, set[str]]) -> list[str]:
             top = target.split(".")[0]
             if here == "agent" and not agent_may_import(target):
                 found.append(
-                    f"{source} (agent) imports {target}: the agent's package runs in training pods, with the standard library and {', '.join(AGENT_MAY_IMPORT)} alone"
+                    f"{source} (agent) imports {target}: the agent's package runs in training pods, with the "
+                    f"standard library and {', '.join(AGENT_MAY_IMPORT)} alone"
                 )
             elif top in SECOND_NAMES:
                 found.append(f"{source} imports {target}: a second name for a folder of the repository")
@@ -161,7 +162,8 @@ def violations(edges: dict[str, set[str]]) -> list[str]:
                     found.append(f"{source} ({here}) imports {target} ({there})")
                 elif there == "analysis" != here and target not in ANALYSIS_FACE:
                     found.append(
-                        f"{source} ({here}) imports {target}: outside the analysis, use stepscope.analysis (the facade) and its model"
+                        f"{source} ({here}) imports {target}: outside the analysis, use stepscope.analysis (the "
+                        "facade) and its model"
                     )
                 elif (
                     there == here == "analysis"
@@ -281,7 +283,8 @@ def test_the_check_sees_environment_reads(tmp_path: Path) -> None:
         "import os\n"
         "a = os.environ.get('A')\nb = os.environ['B']\nc = 'C' in os.environ\nd = os.getenv('D')\n"
         "e = os.environ if a else {}\n"
-        "os.environ['F'] = '1'\nos.environ.setdefault('G', '1')\nchild = dict(os.environ)\nalso = {**os.environ, 'H': '1'}\n"
+        "os.environ['F'] = '1'\nos.environ.setdefault('G', '1')\nchild = dict(os.environ)\nalso = {**os.environ, "
+        "'H': '1'}\n"
     )
     assert [line.split(":")[0] for line in environment_reads(planted)] == ["2", "3", "4", "5", "6"]
 

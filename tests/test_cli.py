@@ -43,7 +43,10 @@ def run(args: argparse.Namespace) -> int:
 
 def test_a_reader_that_goes_away_is_no_traceback() -> None:
     """`stepscope analyze ... | head`: the reader closes the pipe while the command prints."""
-    code = "import sys, stepscope.cli as c; c.COMMANDS['analyze'] = c.Command('tests.test_cli', ''); sys.exit(c.main(['analyze']))"
+    code = (
+        "import sys, stepscope.cli as c; c.COMMANDS['analyze'] = c.Command('tests.test_cli', ''); "
+        "sys.exit(c.main(['analyze']))"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.readline().startswith(b"finding 0")
@@ -73,9 +76,9 @@ def test_bad_steps_name_the_option_not_the_cluster_field(tmp_path: Path) -> None
 def test_operator_without_a_key_is_one_line(tmp_path: Path) -> None:
     result = _stepscope("operator", "--metrics-port", "0", "--key-file", str(tmp_path / "absent"), tmp_path=tmp_path)
     assert result.returncode == 2
-    assert (
-        result.stderr.strip()
-        == f"stepscope operator: no HMAC key: set STEPSCOPE_HMAC_KEY or mount the key file at {tmp_path / 'absent'} (--key-file)"
+    assert result.stderr.strip() == (
+        "stepscope operator: no HMAC key: set STEPSCOPE_HMAC_KEY or mount the key file at "
+        f"{tmp_path / 'absent'} (--key-file)"
     )
 
 

@@ -255,7 +255,8 @@ class Agent(Capture):
                 session_id,
                 folder,
                 wire.FAILED,
-                f"unsupported request: version {envelope.get('version')!r}, action {action!r} (this agent speaks version {wire.WIRE_VERSION}, actions capture and cancel)",
+                f"unsupported request: version {envelope.get('version')!r}, action {action!r} (this agent speaks "
+                f"version {wire.WIRE_VERSION}, actions capture and cancel)",
             )
             return
         if active is not None:
@@ -333,7 +334,8 @@ class Agent(Capture):
                 self._start_profiler(s)
                 if s.prof is not None and not s.all_threads:
                     s.notes.append(
-                        "this torch records operator (aten) events only of the profiler's own thread, so none of the training thread's, and Python function events (withStack) of every thread"
+                        "this torch records operator (aten) events only of the profiler's own thread, so none of "
+                        "the training thread's, and Python function events (withStack) of every thread"
                     )
             if self._cancel_unstarted(s):
                 return HEARTBEAT_SECONDS
@@ -357,7 +359,10 @@ class Agent(Capture):
                 )
                 self._write_state(
                     s,
-                    message=f"no step completed for {since_step:.1f} s (hangTimeoutSeconds {s.hang_timeout:g}) after step {self.step_count}",
+                    message=(
+                        f"no step completed for {since_step:.1f} s (hangTimeoutSeconds {s.hang_timeout:g}) after "
+                        f"step {self.step_count}"
+                    ),
                 )
         return wait
 

@@ -177,8 +177,8 @@ def analyze_uri(
         raise AnalysisError(str(exc)) from exc
     if not files.ranks:
         raise AnalysisError(
-            f"nothing to analyse at {uri}: expected ranks/rank-<r>.summary.json or .trace.json.gz (a stepscope session) "
-            "or Kineto traces (*.json, *.json.gz)"
+            f"nothing to analyse at {uri}: expected ranks/rank-<r>.summary.json or .trace.json.gz (a stepscope "
+            "session) or Kineto traces (*.json, *.json.gz)"
         )
     bar = tqdm(
         total=len(files.ranks) + 2,
@@ -285,13 +285,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-trace-events",
         type=_positive,
         metavar="N",
-        help=f"events with a duration kept of each rank's trace (default ${MAX_TRACE_EVENTS_ENV} or {DEFAULT_MAX_TRACE_EVENTS})",
+        help=(
+            f"events with a duration kept of each rank's trace (default ${MAX_TRACE_EVENTS_ENV} or "
+            f"{DEFAULT_MAX_TRACE_EVENTS})"
+        ),
     )
     parser.add_argument(
         "--max-metrics-mb",
         type=_positive,
         metavar="MiB",
-        help=f"uncompressed CSV read of each node's GPU metrics, in MiB (default ${MAX_METRICS_MB_ENV} or {DEFAULT_MAX_METRICS_MB})",
+        help=(
+            f"uncompressed CSV read of each node's GPU metrics, in MiB (default ${MAX_METRICS_MB_ENV} or "
+            f"{DEFAULT_MAX_METRICS_MB})"
+        ),
     )
 
 

@@ -213,7 +213,10 @@ def _start_text(scenario: Scenario | None, ranks: int, slow_ms: float) -> str:
         )
     slow = sorted(scenario.slow_ranks(ranks))
     where = f" on rank{'s' if len(slow) > 1 else ''} {', '.join(map(str, slow))}" if slow else ""
-    return f"starting {ranks} gloo ranks of stepscope/local/workload.py, unchanged; scenario {scenario.name}{where}: {scenario.description}"
+    return (
+        f"starting {ranks} gloo ranks of stepscope/local/workload.py, unchanged; scenario {scenario.name}{where}: "
+        f"{scenario.description}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -42,7 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=_BASE.slowdown_factor,
         metavar="X",
-        help="step time: capture when the job's step time stays above X times its learned baseline (default %(default)s)",
+        help=(
+            "step time: capture when the job's step time stays above X times its learned baseline (default %(default)s)"
+        ),
     )
     parser.add_argument(
         "--baseline-minutes",
@@ -63,7 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=_BASE.divergence_factor,
         metavar="X",
-        help="divergence: capture when one rank's step time stays above X times its peers' median (default %(default)s)",
+        help=(
+            "divergence: capture when one rank's step time stays above X times its peers' median (default %(default)s)"
+        ),
     )
     parser.add_argument(
         "--hang-after",
@@ -211,13 +215,14 @@ def run(args: argparse.Namespace) -> int:
             except SidecarError as exc:
                 if exc.status == 401:
                     return _fail(
-                        f"the sidecar refused the request ({exc.message}); use the sidecar's key (STEPSCOPE_HMAC_KEY or --key-file)",
+                        f"the sidecar refused the request ({exc.message}); use the sidecar's key "
+                        "(STEPSCOPE_HMAC_KEY or --key-file)",
                         capture.EXIT_UNAUTHORIZED,
                     )
                 if exc.status == 404:
                     return _fail(
-                        f"the sidecar at {args.sidecar} serves no step telemetry (GET /v1/telemetry): run a stepscope sidecar "
-                        "of this version",
+                        f"the sidecar at {args.sidecar} serves no step telemetry (GET /v1/telemetry): run a stepscope "
+                        "sidecar of this version",
                         capture.EXIT_FAILED,
                     )
                 if not reached:
@@ -249,7 +254,8 @@ def run(args: argparse.Namespace) -> int:
                 folder = args.output_dir.expanduser().resolve() / f"{time.strftime('%Y%m%d-%H%M%S')}-{fire.condition}"
                 ranks = ",".join(map(str, fire.ranks))
                 print(
-                    f"{fire.condition} on ranks {ranks}: {fire.reason}; capturing {budget.captures}/{policy.max_captures} into {folder}",
+                    f"{fire.condition} on ranks {ranks}: {fire.reason}; capturing "
+                    f"{budget.captures}/{policy.max_captures} into {folder}",
                     flush=True,
                 )
                 code = _capture(args, fire, folder)

@@ -71,7 +71,8 @@ def from_secret(namespace: str, secret: str) -> dict[str, Any]:
     names = secret_key_names(data)
     if "accessKeyId" not in names or "secretAccessKey" not in names:
         raise CredentialsError(
-            f"Secret {secret} in namespace {namespace} needs the keys accessKeyId and secretAccessKey (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY); it has {sorted(data)}"
+            f"Secret {secret} in namespace {namespace} needs the keys accessKeyId and secretAccessKey (or "
+            f"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY); it has {sorted(data)}"
         )
     return {
         "accessKeyId": data[names["accessKeyId"]],

@@ -45,6 +45,7 @@ def ensure(namespace: str, name: str, field: str) -> bytes:
     value = base64.b64decode((secret.data or {}).get(field) or "").strip()
     if not value:
         raise KeyLoadError(
-            f"the key Secret {namespace}/{name} has no data key {field!r} (or it is empty): delete it to have a key generated, or put one there"
+            f"the key Secret {namespace}/{name} has no data key {field!r} (or it is empty): delete it to have a key "
+            "generated, or put one there"
         )
     return value

@@ -40,7 +40,10 @@ class NamespaceKeys:
     def problem(self, namespace: str) -> str | None:
         """Why pods of `namespace` cannot get a sidecar now, or None when they can."""
         if not self.settings.injects_into(namespace):
-            return f"namespace {namespace} is not covered by stepscope injection (kube-system, the operator's namespace and namespaces outside operator.namespaces never are)"
+            return (
+                f"namespace {namespace} is not covered by stepscope injection (kube-system, the operator's "
+                "namespace and namespaces outside operator.namespaces never are)"
+            )
         with self._lock:
             if namespace in self._ready:
                 return None

@@ -209,7 +209,10 @@ def phase_of(view: SessionView) -> tuple[str, str]:
         phase, message = SidecarPhase.SUCCEEDED, f"{len(ranks)} rank(s) captured and uploaded to {view.destination}"
     degraded = [r for r in ranks if r.degraded]
     if degraded and phase in FINISHED_PHASES:
-        message += f"; {len(degraded)} rank(s) degraded by the capture budget, rank {degraded[0].rank}: {'; '.join(degraded[0].degraded)}"
+        message += (
+            f"; {len(degraded)} rank(s) degraded by the capture budget, rank {degraded[0].rank}: "
+            f"{'; '.join(degraded[0].degraded)}"
+        )
     if view.metrics_withheld and phase in FINISHED_PHASES:
         message += f"; GPU metrics not uploaded: {view.metrics_withheld}"
     return phase, message

@@ -59,7 +59,8 @@ def test_the_bootstrap_agent_and_the_sidecar_speak_one_vocabulary(tmp_path: Path
     probe = (
         f"import json, sys, {AGENT_MODULE} as a, {CONTRACTS_MODULE}.wire as w; "
         f"print(json.dumps({{'same': a.vocabulary.wire is w, 'file': w.__file__, 'agent': a.__file__, "
-        f"'stepscope': sorted(m for m in sys.modules if m.split('.')[0] == 'stepscope'), 'values': {{n: sorted(v) if isinstance(v, frozenset) else v for n, v in vars(w).items() if n.isupper()}}}}))"
+        f"'stepscope': sorted(m for m in sys.modules if m.split('.')[0] == 'stepscope'), 'values': {{n: sorted(v) "
+        f"if isinstance(v, frozenset) else v for n, v in vars(w).items() if n.isupper()}}}}))"
     )
     result = run_python(probe, training_env(tmp_path, {}))
     assert result.returncode == 0, result.stderr
@@ -88,7 +89,8 @@ def test_chain_loads_the_images_sitecustomize_and_never_imports_torch(tmp_path: 
     result = run_python(
         "import json, os, sys\n"
         "import sitecustomize\n"
-        "print(json.dumps({'chained': getattr(sitecustomize.chained_sitecustomize, 'IMAGE_MARKER', None) == os.getpid(),"
+        "print(json.dumps({'chained': getattr(sitecustomize.chained_sitecustomize, 'IMAGE_MARKER', None) == "
+        "os.getpid(),"
         f" 'agent': {AGENT_MODULE!r} in sys.modules, 'torch': 'torch' in sys.modules}}))",
         env,
     )

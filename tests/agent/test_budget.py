@@ -1,6 +1,7 @@
 """The capture budget (spec.capture.limits) in real rank processes: a capture whose Python calls
 would exceed maxStackEvents drops its stacks (and samples the training thread's stack instead),
-one that grows the process beyond maxMemoryMB is cut short, and each says so in its state; both still end `done` with a usable trace."""
+one that grows the process beyond maxMemoryMB is cut short, and each says so in its state; both
+still end `done` with a usable trace."""
 
 from __future__ import annotations
 

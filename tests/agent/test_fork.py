@@ -23,7 +23,9 @@ STEPS = 40
 
 
 def train(rank, world, port):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     dist.init_process_group("gloo")
     model = torch.nn.Linear(16, 16)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -42,7 +44,8 @@ def registered():
     seen = {}
     for rank in (0, 1):
         try:
-            seen[rank] = json.load(open(os.path.join(os.environ["STEPSCOPE_DIR"], "agents", f"rank-{rank}.json")))["pid"]
+            path = os.path.join(os.environ["STEPSCOPE_DIR"], "agents", f"rank-{rank}.json")
+            seen[rank] = json.load(open(path))["pid"]
         except (OSError, ValueError):
             pass
     return seen
@@ -65,7 +68,8 @@ if __name__ == "__main__":
     for _ in range(3):
         opt.step()
     print(json.dumps({"parent": os.getpid(), "ranks": [p.pid for p in ranks], "codes": [p.exitcode for p in ranks],
-                      "heartbeats": {rank: sorted(pids) for rank, pids in heartbeats.items()}, "left_behind": left_behind,
+                      "heartbeats": {rank: sorted(pids) for rank, pids in heartbeats.items()},
+                      "left_behind": left_behind,
                       "parent_agent_kept": stepscope_agent.current() is parent and parent.pid == os.getpid(),
                       "parent_steps": parent.step_count}))
 """

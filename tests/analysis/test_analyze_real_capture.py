@@ -9,7 +9,13 @@ from pathlib import Path
 
 from stepscope.analysis.pipeline import analyze_uri
 from stepscope.cli import main
-from tests.agent.protocol import start_job, stepscope_dir, wait_for, wait_for_state, write_request  # noqa: F401  (fixtures)
+from tests.agent.protocol import (  # noqa: F401  (fixtures)
+    start_job,
+    stepscope_dir,
+    wait_for,
+    wait_for_state,
+    write_request,
+)
 
 
 def test_real_gloo_run_names_the_slow_rank_and_its_function(

@@ -148,7 +148,8 @@ def escalations(
             problems.append(f"{where}: listing Secrets returns all their data")
         if base in WEBHOOK_CONFIGS and g.verb in WRITES and (g.verb == "create" or (base, g.verb) not in policed):
             problems.append(
-                f"{where}: a webhook configuration of one's own sees and mutates every pod (a name limits the object, not its selectors)"
+                f"{where}: a webhook configuration of one's own sees and mutates every pod (a name limits the "
+                "object, not its selectors)"
             )
         if base in IDENTITIES and g.verb in WRITES:
             problems.append(
@@ -212,8 +213,8 @@ def test_without_its_admission_policies_the_charts_grants_are_escalations(render
     assert "create batch/jobs (team-a): runs a pod as any ServiceAccount" in problems
     assert "create secrets (team-a): a kubernetes.io/service-account-token Secret" in problems
     assert (
-        "patch admissionregistration.k8s.io/mutatingwebhookconfigurations (cluster): a webhook configuration of one's own"
-        in problems
+        "patch admissionregistration.k8s.io/mutatingwebhookconfigurations (cluster): a webhook configuration of "
+        "one's own" in problems
     )
 
 
@@ -240,8 +241,8 @@ def test_the_check_finds_what_the_chart_granted_before_its_admission_policies():
     for resource in ("serviceaccounts", "rbac.authorization.k8s.io/roles", "rbac.authorization.k8s.io/rolebindings"):
         assert f"create {resource} (team-a): makes or binds an identity" in problems
     assert (
-        "patch admissionregistration.k8s.io/mutatingwebhookconfigurations (cluster): a webhook configuration of one's own"
-        in problems
+        "patch admissionregistration.k8s.io/mutatingwebhookconfigurations (cluster): a webhook configuration of "
+        "one's own" in problems
     )
 
 
@@ -285,8 +286,8 @@ def test_the_check_finds_what_the_first_chart_granted():
     assert "create batch/jobs (cluster): cluster-wide grant on a namespaced resource" in problems
     assert "create rbac.authorization.k8s.io/roles (cluster): cluster-wide grant on a namespaced resource" in problems
     assert (
-        "patch admissionregistration.k8s.io/mutatingwebhookconfigurations (cluster): a webhook configuration of one's own"
-        in problems
+        "patch admissionregistration.k8s.io/mutatingwebhookconfigurations (cluster): a webhook configuration of "
+        "one's own" in problems
     )
 
 

@@ -141,10 +141,13 @@ def test_a_session_captures_is_analysed_and_deleted(cluster: Cluster, operator: 
     status = _get(cluster, "ok")["status"]
     assert status["diagnosis"]["summary"] and status["artifacts"]["report"].endswith("report/index.html")
     assert next(c for c in status["conditions"] if c["type"] == "Analyzed")["status"] == "True"
+
     # Spec frozen, the TTL not.
-    patch = lambda spec: _api(cluster).patch_namespaced_custom_object(
-        GROUP, VERSION, cluster.namespace, PLURAL, "ok", {"spec": spec}
-    )  # noqa: E731 (a one-line helper local to the test)
+    def patch(spec):
+        return _api(cluster).patch_namespaced_custom_object(
+            GROUP, VERSION, cluster.namespace, PLURAL, "ok", {"spec": spec}
+        )
+
     assert _refused(lambda: patch({"timeoutSeconds": 600}))["details"]["causes"][0]["field"] == "spec"
     assert patch({"ttlSecondsAfterFinished": 3600})["spec"]["ttlSecondsAfterFinished"] == 3600
     # Deleting it releases the finalizer; the real garbage collector removes what it owns.

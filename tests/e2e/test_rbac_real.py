@@ -22,7 +22,8 @@ from tests.e2e.conftest import Cluster
 
 
 def can(cluster: Cluster, verb: str, resource: str, namespace: str = "", group: str = "", name: str = "") -> bool:
-    """`kubectl auth can-i <verb> <resource>[/<subresource>] --as=<the operator's ServiceAccount>`, by the real authorizer."""
+    """`kubectl auth can-i <verb> <resource>[/<subresource>] --as=<the operator's ServiceAccount>`, by the
+    real authorizer."""
     plural, _, subresource = resource.partition("/")
     review = {
         "spec": {

@@ -131,7 +131,8 @@ def test_selection_too_large_for_the_pod_record_fails_before_any_trigger(
     ready = _condition(status, "Ready")
     assert ready["reason"] == "PodRecordTooLarge" and _condition(status, "Triggered")["status"] == "False"
     assert re.fullmatch(
-        r"the names of the 3 selected pods take \d+ bytes gzipped, more than the 60 a pod record \(a ConfigMap\) holds; "
+        r"the names of the 3 selected pods take \d+ bytes gzipped, more than the 60 a pod record \(a ConfigMap\) "
+        r"holds; "
         r"narrow spec.selector or split the pods over several ProfileSessions; no sidecar was triggered",
         status["message"],
     ), status["message"]
@@ -304,7 +305,10 @@ def test_an_analysis_job_that_cannot_create_its_pod_fails_the_session_with_the_r
         pods.create("train-a", {"job": "train"}, port=port_of(sidecar_a))
         operator.create_session("no-room", session_spec({"job": "train"}, s3_endpoint))
         job = operator.wait_phase("no-room", ("Analyzing", "Failed"), timeout=60)["analysisJob"]
-        reason = 'Error creating: pods "no-room-analysis-x" is forbidden: exceeded quota: compute, requested: requests.cpu=2, limited: requests.cpu=1'
+        reason = (
+            'Error creating: pods "no-room-analysis-x" is forbidden: exceeded quota: compute, requested: '
+            "requests.cpu=2, limited: requests.cpu=1"
+        )
         kubernetes.client.CoreV1Api(cluster.api_client).create_namespaced_event(
             NAMESPACE,
             {

@@ -157,7 +157,8 @@ def test_a_failed_pod_list(obs: ListFailed, expected: Any) -> None:
             RecordPods(
                 PodRecord(frozenset({"a", "b"}), frozenset({"c"})),
                 "2 sidecar(s) triggered, 1 refused; not profiled: pod(s) d asked for the sidecar "
-                "(stepscope.io/inject=true) but started without it (see their SidecarNotInjected events); recreate them to profile them",
+                "(stepscope.io/inject=true) but started without it (see their SidecarNotInjected events); recreate "
+                "them to profile them",
                 ({"pod": "c", "reason": "trigger refused: HTTP 409 busy"},),
             ),
         ),

@@ -168,7 +168,8 @@ def test_record_over_the_configmap_limit_is_refused_before_the_api_server(cluste
     with pytest.raises(
         pod_record.PodRecordTooLarge,
         match=r"^the names of the 70000 selected pods take [\d,]+ bytes gzipped, more than the "
-        r"996,147 a pod record \(a ConfigMap\) holds; narrow spec.selector or split the pods over several ProfileSessions$",
+        r"996,147 a pod record \(a ConfigMap\) holds; narrow spec.selector or split the pods over several "
+        r"ProfileSessions$",
     ):
         pod_record.check_room(names)
     with pytest.raises(pod_record.PodRecordTooLarge, match=r"more than the 1,048,576 a pod record"):

@@ -301,7 +301,8 @@ def test_point2_a_failure_beside_admission_admits_the_pod_as_is_with_a_warning_a
         assert _sidecar(pod) is None and "stepscope.io/injected" not in (pod["metadata"].get("annotations") or {})
         (warning,) = warnings
         assert warning.startswith(
-            "stepscope: pod admitted WITHOUT the profiling sidecar: the key Secret stepscope-hmac of namespace team-b is not ready"
+            "stepscope: pod admitted WITHOUT the profiling sidecar: the key Secret stepscope-hmac of namespace "
+            "team-b is not ready"
         )
         assert "403 Forbidden" in warning and "HTTPHeaderDict" not in warning
         (event,) = wait_for(lambda: chart.events("team-b", "trainer-0"), 30, "the SidecarNotInjected event")

@@ -49,7 +49,8 @@ def _training(shared: Path, tmp_path: Path, *args: str) -> LocalJob:
 
 
 def _capture_and_analyze(url: str, out_dir: Path, job: LocalJob, *args: str) -> tuple[int, str]:
-    """`stepscope capture --analyze` as a user runs it: exit code and stdout (with stderr and the ranks' logs when it failed)."""
+    """`stepscope capture --analyze` as a user runs it: exit code and stdout (with stderr and the ranks'
+    logs when it failed)."""
     capture = stepscope("capture", "--sidecar", url, "--output-dir", str(out_dir), "--analyze", *args)
     out, err = capture.communicate(timeout=180)
     return capture.returncode, out if capture.returncode == 0 else f"{out}\n{err}\n{_logs(job)}"

@@ -44,7 +44,8 @@ def _rank(rank: int, state: str, *, silent: float = 1.0, **fields: Any) -> RankV
             [
                 Verdict(
                     0,
-                    "failed: the training process (pid 100) stopped sending heartbeats 16 s ago while capturing, before the capture finished",
+                    "failed: the training process (pid 100) stopped sending heartbeats 16 s ago while capturing, "
+                    "before the capture finished",
                 ),
                 QueueRank(0),
             ],
@@ -54,8 +55,9 @@ def _rank(rank: int, state: str, *, silent: float = 1.0, **fields: Any) -> RankV
             [
                 Verdict(
                     0,
-                    "failed: the training process (pid 100) was writing its trace and has sent no heartbeat for 601 s: it died "
-                    "while exporting, or its export takes longer than 600 s (lower spec.capture.limits or capture fewer steps)",
+                    "failed: the training process (pid 100) was writing its trace and has sent no heartbeat for "
+                    "601 s: it died while exporting, or its export takes longer than 600 s (lower "
+                    "spec.capture.limits or capture fewer steps)",
                 ),
                 QueueRank(0),
             ],
@@ -196,7 +198,8 @@ def _queued(rank: int, state: str, **fields: Any) -> RankView:
         (
             replace(VIEW, ranks=(_queued(0, "done", degraded=("Python stacks dropped", "cut")),)),
             "Succeeded",
-            "1 rank(s) captured and uploaded to s3://b/s; 1 rank(s) degraded by the capture budget, rank 0: Python stacks dropped; cut",
+            "1 rank(s) captured and uploaded to s3://b/s; 1 rank(s) degraded by the capture budget, rank 0: Python "
+            "stacks dropped; cut",
         ),
     ],
 )

@@ -32,7 +32,8 @@ def hanging_job(stepscope_dir: Path, tmp_path: Path) -> Iterator[LocalJob]:
 
 
 def metrics(sidecar: Sidecar) -> dict[str, dict[tuple[str, ...], float]]:
-    """Every sample of GET /metrics: {sample name: {(rank, local_rank): value}} (histogram buckets keyed with `le` too)."""
+    """Every sample of GET /metrics: {sample name: {(rank, local_rank): value}} (histogram buckets keyed
+    with `le` too)."""
     with urlopen(sidecar.url + "/metrics", timeout=5) as response:
         assert response.headers["Content-Type"].startswith("text/plain; version=")
         text = response.read().decode()

@@ -54,7 +54,10 @@ class RunDiff:
         if self.stepMsA and self.stepMsB:
             change = self.stepMsB / self.stepMsA - 1.0
             word = "slower" if change > 0 else "faster"
-            return f"B's median step is {self.stepMsB:.2f} ms vs A's {self.stepMsA:.2f} ms ({100 * abs(change):.1f}% {word})"
+            return (
+                f"B's median step is {self.stepMsB:.2f} ms vs A's {self.stepMsA:.2f} ms ({100 * abs(change):.1f}% "
+                f"{word})"
+            )
         return "no step times to compare (traces without ProfilerStep): compare kernels and functions below"
 
 
@@ -195,12 +198,16 @@ def _fit(name: str, width: int) -> str:
 def format_table(table: pd.DataFrame, *, top: int, name_width: int = 80) -> str:
     """A fixed-width text table of the `top` largest changes: cost per step (average over ranks),
     the rank that changed most and by how much, the time per call."""
-    head = f"{'status':<10} {'kind':<8} {'A us/step':>11} {'B us/step':>11} {'delta':>11} {'most changed rank':>22} {'B/A call':>9}  name"
+    head = (
+        f"{'status':<10} {'kind':<8} {'A us/step':>11} {'B us/step':>11} {'delta':>11} {'most changed rank':>22} "
+        f"{'B/A call':>9}  name"
+    )
     lines = [head, "-" * len(head)]
     for row in table.head(top).itertuples(index=False):
         ratio = "" if np.isnan(row.ratio) else f"{row.ratio:.2f}x"
         rank = "" if row.rank != row.rank else f"rank {int(row.rank)}: {row.rankDeltaUs:+,.1f}"
         lines.append(
-            f"{row.status:<10} {row.kind:<8} {row.usA:>11,.1f} {row.usB:>11,.1f} {row.deltaUs:>+11,.1f} {rank:>22} {ratio:>9}  {_fit(row.name, name_width)}"
+            f"{row.status:<10} {row.kind:<8} {row.usA:>11,.1f} {row.usB:>11,.1f} {row.deltaUs:>+11,.1f} {rank:>22} "
+            f"{ratio:>9}  {_fit(row.name, name_width)}"
         )
     return "\n".join(lines)

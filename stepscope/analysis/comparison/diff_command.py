@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"A: {args.a} ({result.ranksA} rank(s))\nB: {args.b} ({result.ranksB} rank(s))")
     print(result.headline())
     print(
-        f"noise band: costs within {100 * result.noise:.0f}% (twice the step-to-step spread, at least --min-change) count as unchanged"
+        f"noise band: costs within {100 * result.noise:.0f}% (twice the step-to-step spread, at least --min-change) "
+        "count as unchanged"
     )
     print(", ".join(f"{counts.get(s, 0)} {s}" for s in ("added", "removed", "slower", "faster", "unchanged")))
     print(format_table(shown, top=args.top))

@@ -26,7 +26,8 @@ from stepscope.analysis.diagnosis.wording import function_text, ms
 # Frames where a rank waits for its peers (a collective, its Work, torch.distributed's wrappers):
 # their time, and their callers' time through them, is never a cause.
 PEER_WAIT = (
-    r"<built-in method (?:wait|allreduce|barrier|broadcast|allgather|reduce_scatter|_allgather_base|_reduce_scatter_base|"
+    r"<built-in method "
+    r"(?:wait|allreduce|barrier|broadcast|allgather|reduce_scatter|_allgather_base|_reduce_scatter_base|"
     r"alltoall_base|send|recv) of pybind11|distributed_c10d\.py\(\d+\): |c10d_logger\.py\(\d+\): wrapper"
 )
 # Frames where a thread blocks locally (a lock, a condition, a queue): not a cause themselves, but

@@ -81,8 +81,10 @@ def reconcile(found: list[Finding], tables: RankTables) -> list[Finding]:
         if claim == CPU_ONLY and mine & gpu_runtime:
             f = msgspec.structs.replace(
                 f,
-                message=f"{f.message.split(':', 1)[0]}: no GPU kernels were recorded although the CUDA/HIP runtime was called; "
-                "the profiler did not record the GPU activity (ProfilerActivity.CUDA, CUPTI)",
+                message=(
+                    f"{f.message.split(':', 1)[0]}: no GPU kernels were recorded although the CUDA/HIP runtime "
+                    "was called; the profiler did not record the GPU activity (ProfilerActivity.CUDA, CUPTI)"
+                ),
                 data={**f.data, "claim": None},
             )
         if _one_time(f, tables):
@@ -90,7 +92,10 @@ def reconcile(found: list[Finding], tables: RankTables) -> list[Finding]:
                 f,
                 severity="info",
                 score=0.0,
-                message=f"one-time setup: {f.message.split(' (up to')[0]}, called fewer times than there are steps: no per-step cost",
+                message=(
+                    f"one-time setup: {f.message.split(' (up to')[0]}, "
+                    "called fewer times than there are steps: no per-step cost"
+                ),
             )
         elif f.severity == "warning" and f.category in ("launch", "memory") and f.score < WARNING_SHARE:
             f = msgspec.structs.replace(f, severity="info")

@@ -112,7 +112,8 @@ def hang_findings(stacks: dict[int, dict[str, Any]], ranks: list[int]) -> list[F
                     "critical",
                     "hang",
                     group,
-                    f"{ranks_text(group)} stuck at {stuck_at(stacks[group[0]])} while {len(majority)} other rank(s) wait at {where}: "
+                    f"{ranks_text(group)} stuck at {stuck_at(stacks[group[0]])} while {len(majority)} other rank(s) "
+                    f"wait at {where}: "
                     f"{'this rank is' if len(group) == 1 else 'these ranks are'} the likely culprit",
                     1.0 + len(majority) / max(len(stacks), 1),
                     data,
@@ -125,7 +126,8 @@ def hang_findings(stacks: dict[int, dict[str, Any]], ranks: list[int]) -> list[F
                 "warning",
                 "hang",
                 silent,
-                f"{ranks_text(silent)} left no readable stacks while {len(stacks)} rank(s) hung: check whether it crashed or is still running",
+                f"{ranks_text(silent)} left no readable stacks while {len(stacks)} rank(s) hung: check whether it "
+                "crashed or is still running",
                 0.5,
                 data,
             )

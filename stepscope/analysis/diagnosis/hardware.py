@@ -250,7 +250,10 @@ def _utilization_findings(ranks: list[_RankHardware], explain: dict[int, list[st
         return []
     for r in low:
         explain[r.rank].append(f"GPU utilization {r.utilPct:.0f} % against a median of {median:.0f} %")
-    spread = f"GPU utilization min {values.min():.0f} % / median {median:.0f} % / max {values.max():.0f} % across {len(measured)} workers"
+    spread = (
+        f"GPU utilization min {values.min():.0f} % / median {median:.0f} % / max {values.max():.0f} % across "
+        f"{len(measured)} workers"
+    )
     lows = ", ".join(f"{r.where} at {r.utilPct:.0f} %" for r in sorted(low, key=lambda r: r.utilPct)[:5])
     return [
         Finding(

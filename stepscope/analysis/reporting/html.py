@@ -246,7 +246,8 @@ def _slow_workers(full: list[Finding]) -> list[SlowWorker]:
             facts.append(f"kernel time {d['kernelRatio']:.2f}x its peers")
         if d.get("voteShare"):
             facts.append(
-                f"last at {d['votes']} of {d['rounds']} matched collectives; others wait {d['peersWaitUsPerStep'] / 1000:,.1f} ms/step"
+                f"last at {d['votes']} of {d['rounds']} matched collectives; "
+                f"others wait {d['peersWaitUsPerStep'] / 1000:,.1f} ms/step"
             )
         rows = [
             [
@@ -416,7 +417,10 @@ def _roofline(efficiency: pd.DataFrame, limit: int = 60) -> Block:
     ]
     if ops.empty:
         return Block(
-            note="no op with recorded shapes ran on a device of the table (capture with record_shapes to see kernel efficiency)"
+            note=(
+                "no op with recorded shapes ran on a device of the table "
+                "(capture with record_shapes to see kernel efficiency)"
+            )
         )
     device = ops["Device"].mode().iloc[0]
     ops = ops[ops["Device"] == device]
@@ -473,9 +477,11 @@ def _roofline(efficiency: pd.DataFrame, limit: int = 60) -> Block:
     legend = [(f, c) for f, c in _FAMILY_COLOURS.items() if f in set(g["Family"])]
     return Block(
         roofline=Roofline(width, height, left, bottom, xticks, yticks, roofs, dots, legend),
-        before=f"{device}, {bandwidth:,.2f} TB/s: achieved TFLOP/s of the {len(g)} ops of most GPU time (FLOPs and bytes from "
-        "their recorded shapes) over their arithmetic intensity; dot area by GPU time, hover for figures. "
-        "Copies and fills (no FLOPs) are in kernel_efficiency.csv.",
+        before=(
+            f"{device}, {bandwidth:,.2f} TB/s: achieved TFLOP/s of the {len(g)} ops of most GPU time "
+            "(FLOPs and bytes from their recorded shapes) over their arithmetic intensity; "
+            "dot area by GPU time, hover for figures. Copies and fills (no FLOPs) are in kernel_efficiency.csv."
+        ),
     )
 
 

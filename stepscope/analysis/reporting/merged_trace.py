@@ -638,7 +638,10 @@ def describe(plan: MergePlan, result: MergedTrace, uri: str) -> dict:
 def sentence(plan: MergePlan, result: MergedTrace) -> str:
     """One line for the report page: which ranks the merged trace holds and why."""
     if not result.ranks:
-        return f"merged.trace.json.gz holds no rank's trace (limit {plan.limit_bytes / 1e6:,.0f} MB of JSON; see problems)."
+        return (
+            f"merged.trace.json.gz holds no rank's trace (limit {plan.limit_bytes / 1e6:,.0f} MB of JSON; see "
+            "problems)."
+        )
     why = {job.rank: job.why for job in plan.ranks}
     held = "; ".join(f"rank {r} ({why[r]})" for r in result.ranks)
     more = (

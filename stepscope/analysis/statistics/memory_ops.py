@@ -1,4 +1,5 @@
-"""Memory copies and sets by kind (Memcpy HtoD / DtoH / DtoD, Memset) with bandwidth and PerfTracker's bottleneck ratio."""
+"""Memory copies and sets by kind (Memcpy HtoD / DtoH / DtoD, Memset) with bandwidth and
+PerfTracker's bottleneck ratio."""
 
 from __future__ import annotations
 

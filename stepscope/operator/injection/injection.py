@@ -138,8 +138,9 @@ def reinject(spec: dict[str, Any]) -> dict[str, Any] | None:
 def warnings(spec: dict[str, Any]) -> list[str]:
     """What keeps the agent from starting in an injected pod, for the client that creates it."""
     return [
-        f"stepscope: container {c.get('name')} sets PYTHONPATH from valueFrom, so the agent's bootstrap ({BOOTSTRAP_DIR}) "
-        f"cannot be put on it and no capture will run there; set PYTHONPATH as a value, or include {BOOTSTRAP_DIR} in it"
+        f"stepscope: container {c.get('name')} sets PYTHONPATH from valueFrom, so the agent's bootstrap "
+        f"({BOOTSTRAP_DIR}) cannot be put on it and no capture will run there; set PYTHONPATH as a value, or include "
+        f"{BOOTSTRAP_DIR} in it"
         for c in spec.get("containers") or []
         for e in c.get("env") or []
         if e.get("name") == "PYTHONPATH" and "valueFrom" in e

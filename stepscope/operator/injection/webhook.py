@@ -1,7 +1,8 @@
 """The mutating webhook that adds the sidecar (stepscope.operator.injection.injection says what) to pods
 labelled `stepscope.io/inject: "true"`, served by kopf over HTTPS with the operator's own
 certificate; on an update of a pod it injected, it only puts the injected env back (a pod's env
-cannot change, and `kubectl apply` of the original manifest would revert it). Importing this module registers nothing; `stepscope operator --webhook` does.
+cannot change, and `kubectl apply` of the original manifest would revert it). Importing this
+module registers nothing; `stepscope operator --webhook` does.
 
 The Helm chart owns the MutatingWebhookConfiguration, every field of it (failurePolicy Ignore,
 timeout, selectors, the Service); the operator only keeps `clientConfig.caBundle` current (and
@@ -333,7 +334,10 @@ class Injector:
             }
             ops = self.endpoint.client_config_ops(config, self.ca_bundle)
             if ops is None:
-                state = f"MutatingWebhookConfiguration {self.endpoint.config} has no webhook {self.endpoint.hook_name}: install the chart's webhook.yaml"
+                state = (
+                    f"MutatingWebhookConfiguration {self.endpoint.config} has no webhook {self.endpoint.hook_name}: "
+                    "install the chart's webhook.yaml"
+                )
             else:
                 if ops:
                     admission.patch_mutating_webhook_configuration(self.endpoint.config, ops)
@@ -393,14 +397,15 @@ class Injector:
             if pod.metadata.uid in self.reported:
                 continue
             if started_without_sidecar(pod):
-                why = (
-                    self.keys.problem(pod.metadata.namespace)
-                    or "the injection webhook was not reached when it was created (operator stopped, starting or too slow; failurePolicy Ignore let it through)"
+                why = self.keys.problem(pod.metadata.namespace) or (
+                    "the injection webhook was not reached when it was created (operator stopped, starting or "
+                    "too slow; failurePolicy Ignore let it through)"
                 )
                 if post_warning(
                     pod,
                     "SidecarNotInjected",
-                    f"labelled {INJECT_LABEL}=true but started without the stepscope sidecar: {why}; recreate the pod to profile it",
+                    f"labelled {INJECT_LABEL}=true but started without the stepscope sidecar: {why}; recreate the "
+                    "pod to profile it",
                 ):
                     metrics.PODS_NOT_INJECTED.inc()
             elif warning := (pod.metadata.annotations or {}).get(INJECTION_WARNING_ANNOTATION):

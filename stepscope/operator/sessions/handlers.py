@@ -82,7 +82,10 @@ async def cancel_on_delete(
     errors are retried DELETE_ATTEMPTS times and each sidecar a bounded number of times."""
     assert namespace is not None
     metrics.SESSIONS.set(uid, None)
-    stops_alone = f"they stop on their own after spec.timeoutSeconds={spec.get('timeoutSeconds', SessionSpec.default_of('timeoutSeconds'))}s"
+    stops_alone = (
+        "they stop on their own after "
+        f"spec.timeoutSeconds={spec.get('timeoutSeconds', SessionSpec.default_of('timeoutSeconds'))}s"
+    )
     try:
         outcomes = await _cancel(body, spec, status, uid, namespace, name, memo.ctx)
     except Exception as exc:  # noqa: BLE001 - the API server: retried, then the session goes without the cancel

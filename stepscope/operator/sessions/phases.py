@@ -29,7 +29,10 @@ from stepscope.operator.settings import INJECT_LABEL
 # What a refused pod list means for the user: the answer is final, retrying cannot help.
 LIST_REFUSALS = {
     400: "fix spec.selector",
-    403: "the operator's ServiceAccount may not list pods here: add the namespace to the chart's operator.namespaces (docs/security.md)",
+    403: (
+        "the operator's ServiceAccount may not list pods here: add the namespace to the chart's operator.namespaces "
+        "(docs/security.md)"
+    ),
     422: "fix spec.selector",
 }
 
@@ -210,8 +213,8 @@ def timed_out(state: RunState, now: float) -> bool:
 def uninjected_message(pods: tuple[str, ...] | list[str]) -> str:
     more = f" and {len(pods) - 3} more" if len(pods) > 3 else ""
     return (
-        f"not profiled: pod(s) {', '.join(pods[:3])}{more} asked for the sidecar ({INJECT_LABEL}=true) but started without it "
-        "(see their SidecarNotInjected events); recreate them to profile them"
+        f"not profiled: pod(s) {', '.join(pods[:3])}{more} asked for the sidecar ({INJECT_LABEL}=true) but started "
+        "without it (see their SidecarNotInjected events); recreate them to profile them"
     )
 
 
@@ -246,8 +249,9 @@ def _select(state: RunState, obs: Listed) -> list[Action]:
     return [
         Failure(
             "NoPodsSelected",
-            f"spec.selector ({state.selector}) selects no Running pod with a stepscope sidecar in namespace {state.namespace}: "
-            f'{seen}; label the training pods with stepscope.io/inject="true" or fix spec.selector',
+            f"spec.selector ({state.selector}) selects no Running pod with a stepscope sidecar "
+            f"in namespace {state.namespace}: {seen}; "
+            'label the training pods with stepscope.io/inject="true" or fix spec.selector',
         )
     ]
 

@@ -120,12 +120,14 @@ def describe(diagnosis: dict[str, Any]) -> str:
     for w in diagnosis.get("slowWorkers") or []:
         where = " on ".join(x for x in (w.get("pod"), w.get("node")) if x)
         lines.append(
-            f"slow worker: rank {w['rank']}{f' ({where})' if where else ''}, {w['stepTimeMs']:.1f} ms/step, {w['slowdown']:.2f}x the median"
+            f"slow worker: rank {w['rank']}{f' ({where})' if where else ''}, {w['stepTimeMs']:.1f} ms/step, "
+            f"{w['slowdown']:.2f}x the median"
         )
     b = diagnosis.get("breakdown")
     if b:
         lines.append(
-            f"breakdown: compute {b['computePct']:.1f}%, communication not overlapped {b['commNotOverlappedPct']:.1f}%, "
+            f"breakdown: compute {b['computePct']:.1f}%, communication not overlapped "
+            f"{b['commNotOverlappedPct']:.1f}%, "
             f"overlapped {b['overlappedPct']:.1f}%, memory {b['memoryPct']:.1f}%, idle {b['idlePct']:.1f}%"
         )
     for f in diagnosis.get("findings") or []:
@@ -158,7 +160,10 @@ def missing_report_reason(status: dict[str, Any]) -> str:
     if phase != SessionPhase.SUCCEEDED:
         return f"is {phase}; its report comes when it has Succeeded (watch: kubectl get profilesessions -w)"
     if not artifacts.get("report"):
-        return f"has no report (spec.analysis.enabled is false); its captures are in {artifacts.get('prefix', 'the store')}"
+        return (
+            "has no report (spec.analysis.enabled is false); its captures are in "
+            f"{artifacts.get('prefix', 'the store')}"
+        )
     return ""
 
 

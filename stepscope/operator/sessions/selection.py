@@ -39,7 +39,10 @@ def _label_key_problem(key: Any) -> str | None:
     if "/" in prefix or (key.count("/") == 1 and (not prefix or len(prefix) > 253 or not _PREFIX.match(prefix))):
         return "has an invalid prefix (a DNS subdomain, then '/')"
     if len(name) > 63 or not _NAME.match(name):
-        return "must be at most 63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+        return (
+            "must be at most 63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter "
+            "or digit"
+        )
     return None
 
 
@@ -75,7 +78,8 @@ def label_selector(selector: dict[str, Any]) -> str:
             parts.append(f"!{key}")
         else:
             raise SpecError(
-                f"spec.selector.matchExpressions: unknown operator {op!r} on {key!r}; use In, NotIn, Exists or DoesNotExist"
+                f"spec.selector.matchExpressions: unknown operator {op!r} on {key!r}; use In, NotIn, Exists or "
+                "DoesNotExist"
             )
     if not parts:
         raise SpecError(

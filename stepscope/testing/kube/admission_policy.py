@@ -118,6 +118,7 @@ def admit(policies: list[dict[str, Any]], bindings: list[dict[str, Any]], reques
         raise errors.ApiError(
             CODES.get(reason, 422),
             reason,
-            f"{what} \"{request.get('name') or ''}\" is forbidden: ValidatingAdmissionPolicy '{policy['metadata']['name']}' "
+            f'{what} "{request.get("name") or ""}" is forbidden: ValidatingAdmissionPolicy '
+            f"'{policy['metadata']['name']}' "
             f"with binding '{binding['metadata']['name']}' denied request: {failed[0]}",
         )

@@ -23,7 +23,8 @@ SUBDOMAIN_TEXT = (
 )
 LABEL_TEXT = (
     "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and "
-    f"end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '{DNS1123_LABEL}')"
+    "end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is "
+    f"'{DNS1123_LABEL}')"
 )
 # Kinds whose names must be RFC 1123 labels rather than subdomains.
 LABEL_NAMED = {("", "Namespace"), ("", "Service")}
@@ -114,7 +115,8 @@ def _container_causes(path: str, containers: list[dict[str, Any]]) -> list[Cause
                     (
                         f"{path}[{n}].env[{m}].name",
                         f'Invalid value: "{env.get("name", "")}": a valid environment '
-                        "variable name must consist of alphabetic characters, digits, '_', '-', or '.', and must not start with a digit",
+                        "variable name must consist of alphabetic characters, digits, '_', '-', or '.', and must "
+                        "not start with a digit",
                     )
                 )
     names = [c.get("name") for c in containers]

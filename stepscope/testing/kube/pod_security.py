@@ -71,7 +71,8 @@ def _baseline(spec: dict[str, Any]) -> list[str]:
     ]
     if added:
         out.append(
-            f"non-default capabilities ({_names('container', added)} must not include capabilities outside the baseline set)"
+            f"non-default capabilities ({_names('container', added)} must not include capabilities outside the "
+            "baseline set)"
         )
     host_path = [v["name"] for v in spec.get("volumes") or [] if "hostPath" in v]
     if host_path:
@@ -102,7 +103,8 @@ def _restricted(spec: dict[str, Any]) -> list[str]:
     escalation = [n for n, c in ctx.items() if c.get("allowPrivilegeEscalation") is not False]
     if escalation:
         out.append(
-            f"allowPrivilegeEscalation != false ({_names('container', escalation)} must set securityContext.allowPrivilegeEscalation=false)"
+            f"allowPrivilegeEscalation != false ({_names('container', escalation)} must set "
+            "securityContext.allowPrivilegeEscalation=false)"
         )
     caps = [
         n
@@ -112,7 +114,8 @@ def _restricted(spec: dict[str, Any]) -> list[str]:
     ]
     if caps:
         out.append(
-            f'unrestricted capabilities ({_names("container", caps)} must set securityContext.capabilities.drop=["ALL"] and add only NET_BIND_SERVICE)'
+            f"unrestricted capabilities ({_names('container', caps)} must set "
+            'securityContext.capabilities.drop=["ALL"] and add only NET_BIND_SERVICE)'
         )
     non_root = [
         n
@@ -135,7 +138,8 @@ def _restricted(spec: dict[str, Any]) -> list[str]:
     ]
     if seccomp:
         out.append(
-            f'seccompProfile (pod or {_names("container", seccomp)} must set securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost")'
+            f"seccompProfile (pod or {_names('container', seccomp)} must set securityContext.seccompProfile.type to "
+            '"RuntimeDefault" or "Localhost")'
         )
     return out
 

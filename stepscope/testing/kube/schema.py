@@ -186,7 +186,8 @@ def validate_value(value: Any, schema: Schema, path: str = "", root: bool = Fals
             causes.append(
                 (
                     path,
-                    f"Invalid value: {_shown(value)}: {path} in body should be at least {schema['minLength']} chars long",
+                    f"Invalid value: {_shown(value)}: {path} in body should be at least {schema['minLength']} chars "
+                    "long",
                 )
             )
         if "pattern" in schema and not re.search(schema["pattern"], value):
@@ -195,7 +196,8 @@ def validate_value(value: Any, schema: Schema, path: str = "", root: bool = Fals
             causes.append(
                 (
                     path,
-                    f"Invalid value: {_shown(value)}: {path} in body must be of type {schema['format']}: {_shown(value)}",
+                    f"Invalid value: {_shown(value)}: {path} in body must be of type {schema['format']}: "
+                    f"{_shown(value)}",
                 )
             )
     if isinstance(value, list):

@@ -225,7 +225,8 @@ class Api:
                     403,
                     "Forbidden",
                     f'{t.plural} "{(body.get("metadata") or {}).get("name", "")}" is forbidden: cannot set '
-                    f"blockOwnerDeletion if an ownerReference refers to a resource you can't set finalizers on: {denied}",
+                    "blockOwnerDeletion if an ownerReference refers to a resource you can't set finalizers on: "
+                    f"{denied}",
                 )
         if t.group != rbac.RBAC or t.plural not in ("roles", "clusterroles", "rolebindings", "clusterrolebindings"):
             return

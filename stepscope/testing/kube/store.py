@@ -281,7 +281,8 @@ class Store:
                     [
                         (
                             "metadata.finalizers",
-                            f"Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {sorted(added)}",
+                            "Forbidden: no new finalizers can be added if the object is being deleted, found new "
+                            f"finalizers {sorted(added)}",
                         )
                     ],
                 )

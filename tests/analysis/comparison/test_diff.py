@@ -189,8 +189,10 @@ def test_the_rank_that_changed_is_shown_and_long_names_stay_apart():
         )
     )
     long = (
-        "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, float, at::native::MulFunctor<float>>, "
-        "at::detail::Array<char*, 3>>(int, at::native::BinaryFunctor<float, float, float, at::native::MulFunctor<float>>, variant{}"
+        "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, float, "
+        "at::native::MulFunctor<float>>, "
+        "at::detail::Array<char*, 3>>(int, at::native::BinaryFunctor<float, float, float, "
+        "at::native::MulFunctor<float>>, variant{}"
     )
     for run, variant in ((a, "1"), (b, "2")):
         for s in run:

@@ -255,12 +255,21 @@ def test_generic_kernel_names_keep_what_they_run_never_a_bare_namespace():
         )
         == "at::native::cunn_SoftMaxForward<float>"
     )
-    flash = "void cutlass::device_kernel<flash::FlashAttnBwd<flash::CollectiveMainloopBwd<2, cute::tuple<cute::C<64>>>>>(flash::Params)"
+    flash = (
+        "void cutlass::device_kernel<flash::FlashAttnBwd<flash::CollectiveMainloopBwd<2, "
+        "cute::tuple<cute::C<64>>>>>(flash::Params)"
+    )
     assert short(flash, 90) == "cutlass::device_kernel<flash::FlashAttnBwd>"
-    gemm = "void cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_dptp128c_acc::GemmKernel>(dpsk::grouped_gemm::Params)"
+    gemm = (
+        "void "
+        "cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_dptp128c_acc::GemmKernel>(dpsk::grouped_gemm::Params)"
+    )
     assert short(gemm, 50) == "cutlass::device_kernel<GemmKernel>"
     assert short(gemm, 90) == "cutlass::device_kernel<fp8_dptp128c_acc::GemmKernel>"
-    cutlass2 = "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>(cutlass_80_wmma::Params)"
+    cutlass2 = (
+        "void "
+        "cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>(cutlass_80_wmma::Params)"
+    )
     assert (
         short(cutlass2, 90) == "cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>"
     )

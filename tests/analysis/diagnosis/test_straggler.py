@@ -8,11 +8,18 @@ from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.model import SUMMARY_VERSION, CollectiveStat, FunctionStat, RankSummary, StepRow
 
 ROOT = "workload.py(224): <module> > workload.py(203): train"
-BACKWARD = f"{ROOT} > _tensor.py(566): backward > graph.py(966): _engine_run_backward > <built-in method run_backward of torch._C._EngineBase object at 0x7f1b>"
-WAIT = f"{ROOT} > workload.py(151): average_loss_across_ranks > distributed_c10d.py(3155): all_reduce > <built-in method wait of pybind11_builtins.x object at 0x7f1a>"
+BACKWARD = (
+    f"{ROOT} > _tensor.py(566): backward > graph.py(966): _engine_run_backward > <built-in method run_backward of "
+    "torch._C._EngineBase object at 0x7f1b>"
+)
+WAIT = (
+    f"{ROOT} > workload.py(151): average_loss_across_ranks > distributed_c10d.py(3155): all_reduce > <built-in "
+    "method wait of pybind11_builtins.x object at 0x7f1a>"
+)
 SHARD = f"{ROOT} > workload.py(101): read_shard > <built-in function sleep>"
 AGENT = (
-    "threading.py(1002): _bootstrap > threading.py(1045): _bootstrap_inner > threading.py(982): run > stepscope_agent.py(611): _watch"
+    "threading.py(1002): _bootstrap > threading.py(1045): _bootstrap_inner > threading.py(982): run > "
+    "stepscope_agent.py(611): _watch"
     " > stepscope_agent.py(576): _heartbeat > stepscope_agent.py(85): _atomic_write > <built-in function replace>"
 )
 STEP_HOOK = f"{ROOT} > optimizer.py(538): wrapper > stepscope_agent.py(300): _on_step > profiler.py(932): __exit__"
@@ -95,7 +102,8 @@ def test_a_hiccup_in_one_step_is_no_cause_and_no_slow_worker():
     # A descheduled process: one call took 24 ms in one step of two. Not a cause; the diagnosis
     # names no one (at most it says it cannot tell).
     hiccup = _fn(
-        f"{ROOT} > <built-in function next> > dataloader.py(720): __next__ > workload.py(117): __getitem__ > <built-in method randint of type object at 0x7f>",
+        f"{ROOT} > <built-in function next> > dataloader.py(720): __next__ > workload.py(117): __getitem__ > "
+        "<built-in method randint of type object at 0x7f>",
         [24_000, 300],
         count=64,
     )
@@ -171,7 +179,8 @@ def test_other_threads_are_kept_apart_from_the_training_thread():
                 [
                     *_base([6_000, 6_000]),
                     _fn(
-                        "threading.py(1002): _bootstrap > threading.py(982): run > loader.py(12): prefetch > threading.py(331): wait",
+                        "threading.py(1002): _bootstrap > threading.py(982): run > loader.py(12): prefetch > "
+                        "threading.py(331): wait",
                         [80_000, 80_000],
                     ),
                 ],
@@ -221,7 +230,8 @@ def test_a_slow_rank_whose_stacks_the_capture_budget_dropped_is_not_given_a_made
     and says plainly that its function cannot be told and what to capture instead (it read "no
     Python function of it runs longer")."""
     dropped = (
-        "Python stacks dropped: 512,000 Python calls per step x 4 steps = 2,048,000 exceeds capture.limits.maxStackEvents=100,000; "
+        "Python stacks dropped: 512,000 Python calls per step x 4 steps = 2,048,000 exceeds "
+        "capture.limits.maxStackEvents=100,000; "
         "set capture.withStack=false or raise capture.limits.maxStackEvents"
     )
     slow = _rank(1, [1_000] * 4, [])
@@ -244,8 +254,10 @@ def test_a_slow_rank_whose_stacks_were_dropped_is_named_by_its_sampled_stack():
     instead: the sampled function is the cause, and the headline says its figures are sampled
     (and states no profiler cost for calls the tracer did not record)."""
     dropped = (
-        "Python stacks dropped: 512,000 Python calls per step x 4 steps = 2,048,000 exceeds capture.limits.maxStackEvents=100,000, "
-        "the training thread's stack is sampled every 2 ms instead; set capture.withStack=false or raise capture.limits.maxStackEvents"
+        "Python stacks dropped: 512,000 Python calls per step x 4 steps = 2,048,000 exceeds "
+        "capture.limits.maxStackEvents=100,000, "
+        "the training thread's stack is sampled every 2 ms instead; set capture.withStack=false or raise "
+        "capture.limits.maxStackEvents"
     )
     # As many calls as the tracer would have recorded: no profiler cost is stated for sampled rows.
     sampled = _fn(f"{ROOT} > workload.py(90): augment_with_helpers", [36_000] * 4, count=400_000)
@@ -258,8 +270,8 @@ def test_a_slow_rank_whose_stacks_were_dropped_is_named_by_its_sampled_stack():
     assert diagnosis.summary.startswith("rank 1 holds the job back (confidence ")
     assert "in augment_with_helpers (workload.py:90)" in diagnosis.summary
     assert (
-        "from samples of its stack every 2 ms, as the capture budget (capture.limits.maxStackEvents) dropped its Python stacks"
-        in diagnosis.summary
+        "from samples of its stack every 2 ms, as the capture budget (capture.limits.maxStackEvents) dropped its "
+        "Python stacks" in diagnosis.summary
     )
     assert "cannot tell" not in diagnosis.summary and "profiler's own cost" not in diagnosis.summary
 

@@ -377,7 +377,10 @@ def test_random_mutations_of_a_real_trace_never_crash(tmp_path: Path, shared_tra
 
 def test_metrics_gzip_bomb_is_cut_at_the_cap(tmp_path: Path) -> None:
     rows = b"".join(b"%d,0,1410,1215,0,300,60,1000,90,40,,,,,\n" % (1_700_000_000_000_000 + i) for i in range(20_000))
-    header = b"ts_us,gpu,sm_clock_mhz,mem_clock_mhz,clock_reasons,power_w,temperature_c,memory_used_mib,gpu_util_pct,mem_util_pct,pcie_tx_bytes,pcie_rx_bytes,ecc_sbe,ecc_dbe,xid\n"
+    header = (
+        b"ts_us,gpu,sm_clock_mhz,mem_clock_mhz,clock_reasons,power_w,temperature_c,memory_used_mib,"
+        b"gpu_util_pct,mem_util_pct,pcie_tx_bytes,pcie_rx_bytes,ecc_sbe,ecc_dbe,xid\n"
+    )
     member = gzip.compress(rows, 9)
     path = tmp_path / "gpu-metrics.csv.gz"
     path.write_bytes(gzip.compress(header) + member * 2000)  # ~1.7 GB of CSV

@@ -60,7 +60,8 @@ def test_communication_kernels_outside_nccl_are_recognised(name: str, library: s
         GEMM,
         "volta_sgemm_128x64_nn",
         "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)",
-        "void dpsk::ep::cuda::get_dispatch_layout<256, 32, 8>(long const*, int*)",  # computes the routing, moves nothing
+        # computes the routing, moves nothing
+        "void dpsk::ep::cuda::get_dispatch_layout<256, 32, 8>(long const*, int*)",
     ],
 )
 def test_compute_kernels_stay_compute(name: str):
@@ -134,7 +135,8 @@ def test_cli_takes_user_patterns_and_refuses_bad_ones(tmp_path: Path, capsys: py
 def deepseek_train():
     if not DEEPSEEK_TRAIN.is_file():
         pytest.skip(
-            f"DeepSeek-V3 training trace not found at {DEEPSEEK_TRAIN} (deepseek-ai/profile-data train.json; set STEPSCOPE_EXTDATA)"
+            f"DeepSeek-V3 training trace not found at {DEEPSEEK_TRAIN} (deepseek-ai/profile-data train.json; set "
+            "STEPSCOPE_EXTDATA)"
         )
     return load_trace(DEEPSEEK_TRAIN)
 

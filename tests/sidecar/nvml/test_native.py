@@ -16,7 +16,10 @@ from stepscope.testing.nvml.simulated import SIMULATION_LIBRARY, SimulatedBacken
 
 pytestmark = pytest.mark.skipif(
     nvml_native.library() is None or simulation_library() is None,
-    reason=f"{nvml_native.LIBRARY.name} or {SIMULATION_LIBRARY.name} is not built (make builds them with the machine's C compiler)",
+    reason=(
+        f"{nvml_native.LIBRARY.name} or {SIMULATION_LIBRARY.name} is not built (make builds them with the machine's "
+        "C compiler)"
+    ),
 )
 
 

@@ -134,7 +134,8 @@ def test_only_the_ranks_gpus_are_written_under_the_index_their_ranks_use(
     assert set(frame.loc[frame["sm_clock_mhz"] < 1980, "gpu"]) == {1}  # GPU 3 throttles
     assert frame["xid"].dropna().tolist() == [79] and frame.loc[frame["xid"].notna(), "gpu"].tolist() == [1]
     assert [r.message for r in caplog.records if "not among the GPUs" in r.message] == [
-        "GPU(s) elsewhere of the pod's ranks are not among the GPUs NVML shows this sidecar; their hardware metrics are missing"
+        "GPU(s) elsewhere of the pod's ranks are not among the GPUs NVML shows this sidecar; their hardware metrics "
+        "are missing"
     ]
 
 

@@ -98,15 +98,17 @@ def test_message_expression_and_numbers_as_doubles(widgets):
 def test_a_rule_that_cannot_evaluate_is_a_422_not_a_crash(widgets):
     # kube-apiserver's wording: the node's path and type, the rule's message (the rule when it has none).
     assert _invalid(lambda: _create(widgets, "d", {})) == (
-        'Widget.example.test "d" is invalid: spec: Invalid value: "object": no such key: label evaluating rule: label must start with w-'
+        'Widget.example.test "d" is invalid: spec: Invalid value: "object": no such key: label evaluating rule: '
+        "label must start with w-"
     )
 
 
 def test_transition_rules_run_on_updates_only(widgets):
     _create(widgets, "e", {"label": "w-e", "size": 5})
-    patch = lambda size: widgets.patch_namespaced_custom_object(
-        GROUP, VERSION, "default", PLURAL, "e", {"spec": {"size": size}}
-    )  # noqa: E731 (a one-line helper local to the test)
+
+    def patch(size):
+        return widgets.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "e", {"spec": {"size": size}})
+
     assert patch(6)["spec"]["size"] == 6
     assert "size may only grow" in _invalid(lambda: patch(2))
 

@@ -140,7 +140,8 @@ def test_a_role_may_grant_only_what_its_creator_holds(kube):
         )
     )
     assert message == (
-        'roles.rbac.authorization.k8s.io "wide" is forbidden: user "system:serviceaccount:default:op" is attempting to grant '
+        'roles.rbac.authorization.k8s.io "wide" is forbidden: user "system:serviceaccount:default:op" '
+        "is attempting to grant "
         'RBAC permissions not currently held:\n{APIGroups:[""], Resources:["secrets"], Verbs:["get"]}'
     )
     admin = kubernetes.client.RbacAuthorizationV1Api(kube.api_client)
@@ -151,11 +152,14 @@ def test_a_role_may_grant_only_what_its_creator_holds(kube):
             "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}],
         },
     )
-    binding = lambda role: {
-        "metadata": {"name": f"to-{role}"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},  # noqa: E731 (a one-line helper local to the test)
-        "subjects": [{"kind": "ServiceAccount", "name": "x", "namespace": "default"}],
-    }
+
+    def binding(role):
+        return {
+            "metadata": {"name": f"to-{role}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": "x", "namespace": "default"}],
+        }
+
     rbac.create_namespaced_role_binding("default", binding("narrow"))
     assert "not currently held" in _forbidden(
         lambda: rbac.create_namespaced_role_binding("default", binding("secret-reader"))
