@@ -5,6 +5,7 @@ the start of every Python process in the pod (`python -c pass`, which never impo
 
     .venv/bin/python benchmarks/agent_overhead.py [--steps 2000] [--rounds 60] [--repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,9 +66,19 @@ def child(steps: int, rounds: int) -> None:
                 agent._hook_handle = register_optimizer_step_post_hook(agent._on_optimizer_step)
         boundary.append(timed(agent.boundary, steps))
     median = statistics.median
-    print(json.dumps({"step_us": median(on), "min_us": min(on), "hook_off_us": median(off), "min_off_us": min(off),
-                      "pair_diff_us": median(a - b for a, b in zip(on, off)), "boundary_us": median(boundary),
-                      "min_boundary_us": min(boundary)}))
+    print(
+        json.dumps(
+            {
+                "step_us": median(on),
+                "min_us": min(on),
+                "hook_off_us": median(off),
+                "min_off_us": min(off),
+                "pair_diff_us": median(a - b for a, b in zip(on, off)),
+                "boundary_us": median(boundary),
+                "min_boundary_us": min(boundary),
+            }
+        )
+    )
 
 
 def env_without_agent() -> dict[str, str]:
@@ -82,11 +93,18 @@ def run_child(config: str, directory: Path, steps: int, rounds: int) -> dict:
     request.unlink(missing_ok=True)
     if config == "agent, request.json unchanged":
         # A finished session's request stays in place; the agent stats it every step, never rereads it.
-        request.write_text(json.dumps({"version": 1, "session": "finished", "action": "capture", "capture": {"steps": 1}}))
+        request.write_text(
+            json.dumps({"version": 1, "session": "finished", "action": "capture", "capture": {"steps": 1}})
+        )
         (directory / "finished").mkdir(exist_ok=True)
         (directory / "finished" / "rank-0.state.json").write_text(json.dumps({"state": "done"}))
-    out = subprocess.run([sys.executable, __file__, "--child", "--steps", str(steps), "--rounds", str(rounds)],
-                         env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", "--steps", str(steps), "--rounds", str(rounds)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -126,19 +144,29 @@ def main() -> int:
             start_agent.append(interpreter_start({**plain, **training_env(directory, plain)}, args.starts // 3))
     median = statistics.median
     reference = median(r["step_us"] for r in results["no agent"])
-    print(f"optimizer step (one-parameter SGD), {args.steps} steps x {args.rounds} rounds x {args.repeats} interpreters "
-          f"(median, min in brackets):")
-    print(f"  {'no agent (fresh interpreter)':30s} {reference:6.2f} us/step [{min(r['min_us'] for r in results['no agent']):.2f}]")
+    print(
+        f"optimizer step (one-parameter SGD), {args.steps} steps x {args.rounds} rounds x {args.repeats} interpreters "
+        f"(median, min in brackets):"
+    )
+    print(
+        f"  {'no agent (fresh interpreter)':30s} {reference:6.2f} us/step "
+        f"[{min(r['min_us'] for r in results['no agent']):.2f}]"
+    )
     for config in CONFIGS[1:]:
         rows = results[config]
         on = median(r["step_us"] for r in rows)
-        print(f"  {config:30s} {on:6.2f} us/step [{min(r['min_us'] for r in rows):.2f}], ratio to no agent {on / reference:.3f}; "
-              f"same interpreter with the hook off {median(r['hook_off_us'] for r in rows):.2f} [{min(r['min_off_us'] for r in rows):.2f}]: "
-              f"agent +{median(r['pair_diff_us'] for r in rows):.2f} us a step (paired rounds); "
-              f"agent boundary alone {median(r['boundary_us'] for r in rows):.2f} [{min(r['min_boundary_us'] for r in rows):.2f}] us")
+        print(
+            f"  {config:30s} {on:6.2f} us/step [{min(r['min_us'] for r in rows):.2f}], ratio to no agent "
+            f"{on / reference:.3f}; same interpreter with the hook off {median(r['hook_off_us'] for r in rows):.2f} "
+            f"[{min(r['min_off_us'] for r in rows):.2f}]: agent +{median(r['pair_diff_us'] for r in rows):.2f} us a "
+            f"step (paired rounds); agent boundary alone {median(r['boundary_us'] for r in rows):.2f} "
+            f"[{min(r['min_boundary_us'] for r in rows):.2f}] us"
+        )
     plain_ms, agent_ms = statistics.median(start_plain), statistics.median(start_agent)
-    print(f"interpreter start (python -c pass), median of {args.starts}: {plain_ms:.1f} ms without the bootstrap, "
-          f"{agent_ms:.1f} ms with it (+{agent_ms - plain_ms:.1f} ms, ratio {agent_ms / plain_ms:.2f})")
+    print(
+        f"interpreter start (python -c pass), median of {args.starts}: {plain_ms:.1f} ms without the bootstrap, "
+        f"{agent_ms:.1f} ms with it (+{agent_ms - plain_ms:.1f} ms, ratio {agent_ms / plain_ms:.2f})"
+    )
     return 0
 
 

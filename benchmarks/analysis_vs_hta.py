@@ -18,6 +18,7 @@ Make the sets once, outside the repository ($STEPSCOPE_SHARED: the shared folder
   python3 $STEPSCOPE_SHARED/tools/make_scaled_trace.py --out /tmp/scaled_8rank
   .venv/bin/python benchmarks/analysis_vs_hta.py /tmp/scaled_8rank --repeat 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -107,13 +108,16 @@ def ensure_hta_venv() -> Path:
     if not python.exists():
         print(f"creating HTA's virtual environment in {HTA_VENV} (once; HTA pulls Jupyter)", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(HTA_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *HTA_PINS], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *HTA_PINS], check=True
+        )
     return python
 
 
 def _summarize(path: str) -> tuple[str, float, float, bytes]:
     from stepscope.analysis.model import encode
     from stepscope.analysis.statistics.summary import summarize_file
+
     wall, cpu = time.perf_counter(), time.process_time()
     summary = summarize_file(path)
     return path, time.perf_counter() - wall, time.process_time() - cpu, encode(summary)
@@ -129,15 +133,22 @@ def summaries_child(trace_dir: Path, workers: int) -> None:
 
     from stepscope.analysis.diagnosis.diagnose import diagnose
     from stepscope.analysis.model import decode_summary
+
     start = time.perf_counter()
     with get_context("fork").Pool(workers) as pool:
         results = pool.map(_summarize, [str(p) for p in trace_files(trace_dir)], chunksize=1)
     summaries = [decode_summary(r[3]) for r in results]
     summarised = time.perf_counter() - start
-    print(json.dumps({
-        "summarise_s": summarised, "diagnosis": diagnose(summaries)[0].summary,
-        "errors": [s.error for s in summaries if s.error],
-        "per_rank": [{"file": Path(r[0]).name, "wall_s": r[1], "cpu_s": r[2]} for r in results]}))
+    print(
+        json.dumps(
+            {
+                "summarise_s": summarised,
+                "diagnosis": diagnose(summaries)[0].summary,
+                "errors": [s.error for s in summaries if s.error],
+                "per_rank": [{"file": Path(r[0]).name, "wall_s": r[1], "cpu_s": r[2]} for r in results],
+            }
+        )
+    )
 
 
 def merge_child(report: Path, trace_dir: Path) -> None:
@@ -146,9 +157,19 @@ def merge_child(report: Path, trace_dir: Path) -> None:
     from stepscope.analysis.loading.parallel import worker_pool
     from stepscope.analysis.loading.trace import open_trace
     from stepscope.analysis.reporting.merged_trace import MergePlan, MergeRank, expected_size, write_merged_trace
+
     merged = json.loads((report / "diagnosis.json").read_text())["mergedTrace"]
-    ranks = [MergeRank(h["rank"], trace_dir / h["source"], h["why"], h["shiftUs"], checked=True, size_hint=expected_size(trace_dir / h["source"]))
-             for h in merged["held"]]
+    ranks = [
+        MergeRank(
+            h["rank"],
+            trace_dir / h["source"],
+            h["why"],
+            h["shiftUs"],
+            checked=True,
+            size_hint=expected_size(trace_dir / h["source"]),
+        )
+        for h in merged["held"]
+    ]
     start, raw = time.process_time(), 0
     for job in ranks:
         with open_trace(job.path) as f:
@@ -160,7 +181,17 @@ def merge_child(report: Path, trace_dir: Path) -> None:
         with open(Path(tmp) / "merged.trace.json.gz", "wb") as out:
             result = write_merged_trace(out, MergePlan(ranks, [], merged["limitBytes"]), pool=here)
         write_s = time.process_time() - start
-    print(json.dumps({"input_bytes": raw, "read_s": read_s, "output_bytes": result.bytes, "write_s": write_s, "ranks": result.ranks}))
+    print(
+        json.dumps(
+            {
+                "input_bytes": raw,
+                "read_s": read_s,
+                "output_bytes": result.bytes,
+                "write_s": write_s,
+                "ranks": result.ranks,
+            }
+        )
+    )
 
 
 def _row(name: str, wall: float, cpu: float, peak: int) -> str:
@@ -183,12 +214,17 @@ def main() -> int:
         merge_child(a.report, a.trace_dir)
         return 0
     if not a.trace_dir.is_dir():
-        raise SystemExit(f"{a.trace_dir} not found; make it with python3 $STEPSCOPE_SHARED/tools/make_scaled_trace.py "
-                         f"--out {a.trace_dir}")
+        raise SystemExit(
+            f"{a.trace_dir} not found; make it with python3 $STEPSCOPE_SHARED/tools/make_scaled_trace.py "
+            f"--out {a.trace_dir}"
+        )
     files = trace_files(a.trace_dir)
     size = sum(p.stat().st_size for p in files)
-    print(f"set: {a.trace_dir} ({len(files)} ranks, {size / 1e6:,.0f} MB on disk); {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.2f} (the machine is shared: compare within a run)", flush=True)
+    print(
+        f"set: {a.trace_dir} ({len(files)} ranks, {size / 1e6:,.0f} MB on disk); {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.2f} (the machine is shared: compare within a run)",
+        flush=True,
+    )
     for p in files:  # every side reads from the page cache
         with open(p, "rb") as f:
             while f.read(64 << 20):
@@ -204,30 +240,59 @@ def main() -> int:
             merged = document["mergedTrace"]
             main_peak = PEAKS.get(ROOT[0], 0)
             workers = sorted((v for pid, v in PEAKS.items() if pid != ROOT[0]), reverse=True)
-            print("  " + _row("stepscope analyze (all outputs)", *an[:3]) + f" (main process {main_peak / 2**20:,.0f} MiB, "
-                  f"largest worker {(workers[0] if workers else 0) / 2**20:,.0f} MiB of {len(workers)})")
+            print(
+                "  "
+                + _row("stepscope analyze (all outputs)", *an[:3])
+                + f" (main process {main_peak / 2**20:,.0f} MiB, "
+                f"largest worker {(workers[0] if workers else 0) / 2**20:,.0f} MiB of {len(workers)})"
+            )
             print(f"    diagnosis: {an[3].splitlines()[0]}")
             why = "; ".join(f"{h['rank']}: {h['why']}" for h in merged["held"])
-            print(f"    merged trace: ranks {merged['ranks']} ({why}), {merged['bytes'] / 1e6:,.0f} MB of JSON "
-                  f"(limit {merged['limitBytes'] / 1e6:,.0f} MB), {(out_dir / 'merged.trace.json.gz').stat().st_size / 1e6:,.1f} MB gzipped")
-            mg = json.loads(measure([sys.executable, __file__, str(a.trace_dir), "--child", "merge", "--report", str(out_dir)])[3].strip().splitlines()[-1])
-            print(f"    merged trace alone, one process, CPU time: {mg['output_bytes'] / 1e6:,.0f} MB of JSON in {mg['write_s']:.1f} s = "
-                  f"{mg['output_bytes'] / 1e6 / mg['write_s']:,.0f} MB/s; reading (gunzipping) the same {len(mg['ranks'])} files: "
-                  f"{mg['input_bytes'] / 1e6:,.0f} MB in {mg['read_s']:.1f} s = {mg['input_bytes'] / 1e6 / mg['read_s']:,.0f} MB/s")
+            print(
+                f"    merged trace: ranks {merged['ranks']} ({why}), {merged['bytes'] / 1e6:,.0f} MB of JSON "
+                f"(limit {merged['limitBytes'] / 1e6:,.0f} MB), "
+                f"{(out_dir / 'merged.trace.json.gz').stat().st_size / 1e6:,.1f} MB gzipped"
+            )
+            mg = json.loads(
+                measure([sys.executable, __file__, str(a.trace_dir), "--child", "merge", "--report", str(out_dir)])[3]
+                .strip()
+                .splitlines()[-1]
+            )
+            print(
+                f"    merged trace alone, one process, CPU time: {mg['output_bytes'] / 1e6:,.0f} MB of JSON "
+                f"in {mg['write_s']:.1f} s = {mg['output_bytes'] / 1e6 / mg['write_s']:,.0f} MB/s; "
+                f"reading (gunzipping) the same {len(mg['ranks'])} files: {mg['input_bytes'] / 1e6:,.0f} MB "
+                f"in {mg['read_s']:.1f} s = {mg['input_bytes'] / 1e6 / mg['read_s']:,.0f} MB/s"
+            )
         finally:
             shutil.rmtree(out_dir, ignore_errors=True)
         sm = measure([sys.executable, __file__, str(a.trace_dir), "--workers", str(a.workers), "--child", "summaries"])
         result = json.loads(sm[3].strip().splitlines()[-1])
-        print("  " + _row(f"stepscope summaries alone ({a.workers} workers) + diagnose", *sm[:3]) +
-              f"; per rank {min(r['cpu_s'] for r in result['per_rank']):.1f}-{max(r['cpu_s'] for r in result['per_rank']):.1f} s CPU"
-              f"; errors: {result['errors'] or 'none'}")
+        print(
+            "  "
+            + _row(f"stepscope summaries alone ({a.workers} workers) + diagnose", *sm[:3])
+            + f"; per rank {min(r['cpu_s'] for r in result['per_rank']):.1f}"
+            f"-{max(r['cpu_s'] for r in result['per_rank']):.1f} s CPU"
+            f"; errors: {result['errors'] or 'none'}"
+        )
         if hta is None:
             continue
         ht = measure([str(hta), str(RUN_HTA), str(a.trace_dir), "--mode", "full"])
-        summary: dict[str, Any] = next((json.loads(line.split(" ", 1)[1]) for line in ht[3].splitlines() if line.startswith("HTA_RUN_SUMMARY ")), {})
-        print("  " + _row("HTA 0.5.0 (construction + five analyses)", *ht[:3]) + f"; errors: {summary.get('errors') or 'none'}")
-        print(f"  ratio: analyze is {ht[0] / an[0]:.1f}x faster in wall time, {ht[1] / an[1]:.1f}x in CPU, {an[2] / ht[2]:.2f} of "
-              f"HTA's peak memory; summaries alone {ht[0] / sm[0]:.1f}x wall, {sm[2] / ht[2]:.2f} of the memory", flush=True)
+        summary: dict[str, Any] = next(
+            (json.loads(line.split(" ", 1)[1]) for line in ht[3].splitlines() if line.startswith("HTA_RUN_SUMMARY ")),
+            {},
+        )
+        print(
+            "  "
+            + _row("HTA 0.5.0 (construction + five analyses)", *ht[:3])
+            + f"; errors: {summary.get('errors') or 'none'}"
+        )
+        print(
+            f"  ratio: analyze is {ht[0] / an[0]:.1f}x faster in wall time, {ht[1] / an[1]:.1f}x in CPU, "
+            f"{an[2] / ht[2]:.2f} of HTA's peak memory; "
+            f"summaries alone {ht[0] / sm[0]:.1f}x wall, {sm[2] / ht[2]:.2f} of the memory",
+            flush=True,
+        )
     return 0
 
 

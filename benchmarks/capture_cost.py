@@ -11,6 +11,7 @@ events per step and the final state with its message.
 A rank writes one line per step ("step <index> <end time> <seconds>") to its log; the parent
 samples each rank's VmRSS every 50 ms. Step indices are zero-based, as the agent counts them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,16 +97,28 @@ class Run:
                 (folder / f"{AGENT_MODULE}.py").write_bytes(agent.read_bytes())
         env = dict(os.environ)
         env.update(training_env(directory, env))
-        env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(WORLD),
-                    "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+        env.update(
+            {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()),
+                "WORLD_SIZE": str(WORLD),
+                "OMP_NUM_THREADS": "1",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         self.logs = [directory / f"rank-{r}.log" for r in range(WORLD)]
         self.procs = []
         for rank in range(WORLD):
             with open(self.logs[rank], "wb") as out:
-                self.procs.append(subprocess.Popen(
-                    [sys.executable, __file__, "--rank-worker", "--calls", str(calls)],
-                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stdout=out, stderr=subprocess.STDOUT,
-                    start_new_session=True))
+                self.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, __file__, "--rank-worker", "--calls", str(calls)],
+                        env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
         self.rss: list[list[tuple[float, float]]] = [[] for _ in range(WORLD)]
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
@@ -130,7 +143,9 @@ class Run:
         deadline = time.monotonic() + timeout
         while any(len(self.steps(r)) < count for r in range(WORLD)):
             if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
-                raise RuntimeError(f"ranks did not reach {count} steps:\n" + "\n".join(log.read_text()[-2000:] for log in self.logs))
+                raise RuntimeError(
+                    f"ranks did not reach {count} steps:\n" + "\n".join(log.read_text()[-2000:] for log in self.logs)
+                )
             time.sleep(0.2)
 
     def stop(self) -> None:
@@ -175,13 +190,21 @@ def measure(case: str, calls: int, timeout: float, agent: Path | None) -> list[d
             if case != "none":
                 window, _, shapes = case.partition(":")
                 kind, value = window.split("=")
-                capture: dict[str, Any] = {"steps": int(value)} if kind == "steps" else {"durationSeconds": float(value)}
+                capture: dict[str, Any] = (
+                    {"steps": int(value)} if kind == "steps" else {"durationSeconds": float(value)}
+                )
                 if shapes:
                     capture["recordShapes"] = shapes == "shapes"
-                spec = SessionSpec.from_dict({"capture": {"waitSteps": 1, **capture}, "storage": {"uri": "file:///unused"}})
-                shared_dir.write_request(directory, session, "capture", spec.to_dict()["capture"], spec.hangTimeoutSeconds)
+                spec = SessionSpec.from_dict(
+                    {"capture": {"waitSteps": 1, **capture}, "storage": {"uri": "file:///unused"}}
+                )
+                shared_dir.write_request(
+                    directory, session, "capture", spec.to_dict()["capture"], spec.hangTimeoutSeconds
+                )
                 deadline = time.monotonic() + timeout
-                while not (len(s := states(directory, session)) == WORLD and all(v.get("state") in FINAL for v in s.values())):
+                while not (
+                    len(s := states(directory, session)) == WORLD and all(v.get("state") in FINAL for v in s.values())
+                ):
                     if time.monotonic() > deadline:
                         break
                     time.sleep(0.2)
@@ -209,13 +232,22 @@ def measure(case: str, calls: int, timeout: float, agent: Path | None) -> list[d
                 size = trace.stat().st_size if trace.is_file() else 0
                 events = count_events(trace) if size else 0
                 captured = max(1, int(state.get("capturedSteps") or 0))
-                results.append({
-                    "case": case, "rank": rank, "state": state.get("state", "-" if case == "none" else "no state"),
-                    "message": state.get("message", ""), "max_step_during_s": max(during, default=0.0),
-                    "max_step_after_s": max(after, default=0.0), "rss_before_mb": before[0], "rss_peak_mb": peak,
-                    "rss_after_mb": last, "trace_mb": size / 1e6, "events_per_step": events / captured if events else 0,
-                    "capture_s": ended - triggered,
-                })
+                results.append(
+                    {
+                        "case": case,
+                        "rank": rank,
+                        "state": state.get("state", "-" if case == "none" else "no state"),
+                        "message": state.get("message", ""),
+                        "max_step_during_s": max(during, default=0.0),
+                        "max_step_after_s": max(after, default=0.0),
+                        "rss_before_mb": before[0],
+                        "rss_peak_mb": peak,
+                        "rss_after_mb": last,
+                        "trace_mb": size / 1e6,
+                        "events_per_step": events / captured if events else 0,
+                        "capture_s": ended - triggered,
+                    }
+                )
             return results
         finally:
             run.stop()
@@ -226,7 +258,11 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=100_000, help="helper calls per step (CPU-heavy Python)")
     p.add_argument("--cases", default="steps=2,steps=20,duration=2", help="comma-separated: steps=N or duration=S")
     p.add_argument("--timeout", type=float, default=400, help="seconds to wait for a capture to end")
-    p.add_argument("--agent", type=Path, help="agent package folder or file to install instead of this checkout's (to compare versions)")
+    p.add_argument(
+        "--agent",
+        type=Path,
+        help="agent package folder or file to install instead of this checkout's (to compare versions)",
+    )
     p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_worker:
@@ -235,14 +271,20 @@ def main() -> None:
     rows = measure("none", args.calls, args.timeout, args.agent)
     ref_step = max(r["max_step_during_s"] for r in rows)
     print(f"reference (no capture): longest step {ref_step:.3f} s, RSS {max(r['rss_peak_mb'] for r in rows):.0f} MB")
-    header = f"{'case':<12}{'rank':>4} {'state':<9}{'max step during':>16}{'after':>8}{'x ref':>7}{'RSS before':>11}{'peak':>7}{'after':>7}{'trace MB':>9}{'events/step':>12}"
+    header = (
+        f"{'case':<12}{'rank':>4} {'state':<9}{'max step during':>16}{'after':>8}{'x ref':>7}"
+        f"{'RSS before':>11}{'peak':>7}{'after':>7}{'trace MB':>9}{'events/step':>12}"
+    )
     print(header)
     for case in args.cases.split(","):
         for r in measure(case, args.calls, args.timeout, args.agent):
             worst = max(r["max_step_during_s"], r["max_step_after_s"])
-            print(f"{r['case']:<12}{r['rank']:>4} {r['state']:<9}{r['max_step_during_s']:>16.3f}{r['max_step_after_s']:>8.3f}"
-                  f"{worst / ref_step:>7.1f}{r['rss_before_mb']:>11.0f}{r['rss_peak_mb']:>7.0f}{r['rss_after_mb']:>7.0f}"
-                  f"{r['trace_mb']:>9.2f}{r['events_per_step']:>12.0f}")
+            print(
+                f"{r['case']:<12}{r['rank']:>4} "
+                f"{r['state']:<9}{r['max_step_during_s']:>16.3f}{r['max_step_after_s']:>8.3f}"
+                f"{worst / ref_step:>7.1f}{r['rss_before_mb']:>11.0f}{r['rss_peak_mb']:>7.0f}{r['rss_after_mb']:>7.0f}"
+                f"{r['trace_mb']:>9.2f}{r['events_per_step']:>12.0f}"
+            )
             print(f"    capture took {r['capture_s']:.1f} s; message: {r['message']}")
             sys.stdout.flush()
 

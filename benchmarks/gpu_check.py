@@ -14,6 +14,7 @@ the simulated backend, to check the script where no GPU is lent. --native sample
 through the native fast tier (STEPSCOPE_NATIVE_SAMPLER=1; it is off for real NVML until such a
 run has checked it): run it once with and once without, and compare.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,9 +71,14 @@ class _Said(logging.Handler):
 
 def _cuda_ready() -> str | None:
     """Why this machine cannot run the check, or None."""
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True
+    )
     if probe.stdout.strip() != "True":
-        return f"torch sees no CUDA device here ({(probe.stderr.strip().splitlines() or ['torch.cuda.is_available() is False'])[-1]})"
+        return (
+            "torch sees no CUDA device here "
+            f"({(probe.stderr.strip().splitlines() or ['torch.cuda.is_available() is False'])[-1]})"
+        )
     return None
 
 
@@ -105,8 +111,13 @@ def _rates(metrics: Any, interval_us: int) -> dict[str, dict[str, float]]:
     for gpu, rows in metrics.dropna(subset=["sm_clock_mhz"]).groupby("gpu"):
         span_s = (rows["ts_us"].max() - rows["ts_us"].min()) / 1e6
         achieved = (len(rows) - 1) / span_s if span_s > 0 else 0.0
-        out[str(int(gpu))] = {"rows": len(rows), "seconds": round(span_s, 3), "achievedHz": round(achieved, 1),
-                              "askedHz": 1e6 / interval_us, "ratio": round(achieved * interval_us / 1e6, 4)}
+        out[str(int(gpu))] = {
+            "rows": len(rows),
+            "seconds": round(span_s, 3),
+            "achievedHz": round(achieved, 1),
+            "askedHz": 1e6 / interval_us,
+            "ratio": round(achieved * interval_us / 1e6, 4),
+        }
     return out
 
 
@@ -120,8 +131,11 @@ def run(args: argparse.Namespace) -> int:
         reason = _cuda_ready()
         backend = default_backend() if reason is None else None
         if backend is None:
-            print(f"gpu_check: no GPU to check: {reason or 'NVML sees no GPU (see the log line above)'}; "
-                  "--simulate runs the same path on the CPU", file=sys.stderr)
+            print(
+                f"gpu_check: no GPU to check: {reason or 'NVML sees no GPU (see the log line above)'}; "
+                "--simulate runs the same path on the CPU",
+                file=sys.stderr,
+            )
             return 2
         device = "cuda"
     out = (args.out or Path(tempfile.mkdtemp(prefix="stepscope-gpu-check-"))).resolve()
@@ -133,17 +147,44 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("stepscope.sidecar").setLevel(logging.INFO)
     key = secrets.token_hex(32)
     # This machine's GPUs are the user's: the simulated one is kept though the CPU loop names none.
-    sidecar = Sidecar(run_dir, key.encode(), host="127.0.0.1", port=0, pod=POD, nvml_backend=backend, poll_interval_s=0.1,
-                      own_every_gpu=True).start()
+    sidecar = Sidecar(
+        run_dir,
+        key.encode(),
+        host="127.0.0.1",
+        port=0,
+        pod=POD,
+        nvml_backend=backend,
+        poll_interval_s=0.1,
+        own_every_gpu=True,
+    ).start()
     env = {**training_env(run_dir), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    loop = subprocess.Popen([sys.executable, "-c", LOOP, device], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    loop = subprocess.Popen(
+        [sys.executable, "-c", LOOP, device], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         _wait_for_steps(run_dir, loop, 120)
         os.environ["STEPSCOPE_HMAC_KEY"] = key
         parser = argparse.ArgumentParser(prog="stepscope capture")
         capture.add_arguments(parser)
-        code = capture.run(parser.parse_args(["--wait", "3", "--steps", str(args.steps), "--output-dir", str(session), "--analyze",
-                                              "--sidecar", sidecar.url, "--metrics-interval-us", str(args.interval_us), "--timeout", "300"]))
+        code = capture.run(
+            parser.parse_args(
+                [
+                    "--wait",
+                    "3",
+                    "--steps",
+                    str(args.steps),
+                    "--output-dir",
+                    str(session),
+                    "--analyze",
+                    "--sidecar",
+                    sidecar.url,
+                    "--metrics-interval-us",
+                    str(args.interval_us),
+                    "--timeout",
+                    "300",
+                ]
+            )
+        )
     except RuntimeError as exc:
         print(f"gpu_check: {exc}", file=sys.stderr)
         return 1
@@ -161,7 +202,9 @@ def run(args: argparse.Namespace) -> int:
         "device": "simulated" if args.simulate else (backend.devices()[0].name if backend.devices() else "?"),
         "intervalUs": args.interval_us,
         "rates": _rates(metrics, args.interval_us),
-        "metricsWithValues": sorted(c for c in metrics.columns if c not in ("ts_us", "gpu") and metrics[c].notna().any()),
+        "metricsWithValues": sorted(
+            c for c in metrics.columns if c not in ("ts_us", "gpu") and metrics[c].notna().any()
+        ),
         "metricsWithoutValues": sorted(c for c in metrics.columns if metrics[c].isna().all()),
         "counterTracks": _counter_tracks(session),
         "hardwareFindings": [f["message"] for f in diagnosis["findings"] if f["category"] == "hardware"],
@@ -179,8 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval-us", type=int, default=100, help="NVML sampling interval (default %(default)s)")
     parser.add_argument("--steps", type=int, default=5, help="steps to capture (default %(default)s)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: a new temporary one)")
-    parser.add_argument("--simulate", action="store_true", help="CPU loop and simulated GPU: check the script without a GPU")
-    parser.add_argument("--native", action="store_true", help="real NVML through the native fast tier (STEPSCOPE_NATIVE_SAMPLER=1)")
+    parser.add_argument(
+        "--simulate", action="store_true", help="CPU loop and simulated GPU: check the script without a GPU"
+    )
+    parser.add_argument(
+        "--native", action="store_true", help="real NVML through the native fast tier (STEPSCOPE_NATIVE_SAMPLER=1)"
+    )
     return run(parser.parse_args(argv))
 
 

@@ -7,6 +7,7 @@ merged trace has to move every rank's timestamps).
 
   .venv/bin/python benchmarks/kineto_layout_set.py /tmp/scaled_8rank /tmp/kineto_gz_8rank
 """
+
 from __future__ import annotations
 
 import argparse

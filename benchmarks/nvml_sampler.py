@@ -14,6 +14,7 @@ the native fast tier (sidecar/nvml/fast_sampler.c, where `make` built it and the
 reads as C functions: the simulation always, real NVML with STEPSCOPE_NATIVE_SAMPLER=1).
 Goal: >= 90 % of the asked rate at 1 ms with < 5 % of one core.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,11 +62,24 @@ def measure(backend: NvmlBackend, interval_us: int, seconds: float, out: Path, n
     frame = read_metrics(path)
     measured = sorted(c for c in frame.columns if c not in ("ts_us", "gpu") and frame[c].notna().any())
     return {
-        "tier": "native" if stats.native else "Python", "interval_us": interval_us, "asked_hz": stats.asked_hz, "achieved_hz": stats.achieved_hz, "ratio": stats.achieved_ratio,
-        "dropped": stats.dropped, "rounds": stats.rounds, "process_cpu": share, "idle_cpu": idle_share,
-        "bare_ratio": bare_ratio, "bare_cpu": bare_cpu,
-        "thread_cpu": stats.cpu_s / stats.wall_s if stats.wall_s else 0.0, "errors": sum(stats.errors.values()),
-        "rows": stats.rows, "bytes": path.stat().st_size, "write_s": write_s, "columns": len(measured), "measured": measured,
+        "tier": "native" if stats.native else "Python",
+        "interval_us": interval_us,
+        "asked_hz": stats.asked_hz,
+        "achieved_hz": stats.achieved_hz,
+        "ratio": stats.achieved_ratio,
+        "dropped": stats.dropped,
+        "rounds": stats.rounds,
+        "process_cpu": share,
+        "idle_cpu": idle_share,
+        "bare_ratio": bare_ratio,
+        "bare_cpu": bare_cpu,
+        "thread_cpu": stats.cpu_s / stats.wall_s if stats.wall_s else 0.0,
+        "errors": sum(stats.errors.values()),
+        "rows": stats.rows,
+        "bytes": path.stat().st_size,
+        "write_s": write_s,
+        "columns": len(measured),
+        "measured": measured,
     }
 
 
@@ -86,9 +100,16 @@ def main(argv: list[str] | None = None) -> int:
         print("no NVML GPU here (see the log line above); use --backend sim", file=sys.stderr)
         return 2
     devices = backend.devices()
-    print(f"backend {args.backend}: {len(devices)} GPU(s) ({devices[0].name if devices else '-'}), {args.seconds:.1f} s per interval")
-    print(f"{'interval':>9} {'tier':>6} {'asked/s':>8} {'achieved/s':>10} {'ratio':>6} {'dropped':>7} {'process CPU':>11} {'idle ref':>8} "
-          f"{'sampler threads':>15} {'bare ratio':>10} {'bare CPU':>8} {'per GPU':>9} {'errors':>6} {'rows':>8} {'file':>9} {'write s':>7}")
+    print(
+        f"backend {args.backend}: {len(devices)} GPU(s) ({devices[0].name if devices else '-'}), {args.seconds:.1f} s "
+        "per interval"
+    )
+    print(
+        f"{'interval':>9} {'tier':>6} {'asked/s':>8} {'achieved/s':>10} {'ratio':>6} {'dropped':>7} "
+        f"{'process CPU':>11} {'idle ref':>8} "
+        f"{'sampler threads':>15} {'bare ratio':>10} {'bare CPU':>8} {'per GPU':>9} {'errors':>6} {'rows':>8} "
+        f"{'file':>9} {'write s':>7}"
+    )
     verdicts, r = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for interval in args.intervals:
@@ -97,17 +118,23 @@ def main(argv: list[str] | None = None) -> int:
                 r = measure(backend, interval, args.seconds, Path(tmp), native)
                 if native and r["tier"] == "Python":
                     break
-                print(f"{interval:>7}us {r['tier']:>6} {r['asked_hz']:>8.0f} {r['achieved_hz']:>10.0f} {r['ratio']:>6.1%} {r['dropped']:>7.0f} "
-                      f"{r['process_cpu']:>11.1%} {r['idle_cpu']:>8.1%} {r['thread_cpu']:>15.1%} {r['bare_ratio']:>10.1%} {r['bare_cpu']:>8.1%} "
-                      # The bare reference is the Python loop's: a per-GPU figure over it means nothing for the C one.
-                      f"{f'{per_gpu_us(r, len(devices)):.1f}us' if r['tier'] == 'Python' else '-':>9} "
-                      f"{r['errors']:>6.0f} {r['rows']:>8.0f} "
-                      f"{r['bytes'] / 1024:>7.0f}KiB {r['write_s']:>7.2f}")
+                print(
+                    f"{interval:>7}us {r['tier']:>6} {r['asked_hz']:>8.0f} {r['achieved_hz']:>10.0f} "
+                    f"{r['ratio']:>6.1%} {r['dropped']:>7.0f} "
+                    f"{r['process_cpu']:>11.1%} {r['idle_cpu']:>8.1%} {r['thread_cpu']:>15.1%} "
+                    f"{r['bare_ratio']:>10.1%} {r['bare_cpu']:>8.1%} "
+                    # The bare reference is the Python loop's: a per-GPU figure over it means nothing for the C one.
+                    f"{f'{per_gpu_us(r, len(devices)):.1f}us' if r['tier'] == 'Python' else '-':>9} "
+                    f"{r['errors']:>6.0f} {r['rows']:>8.0f} "
+                    f"{r['bytes'] / 1024:>7.0f}KiB {r['write_s']:>7.2f}"
+                )
                 if interval == 1000:
-                    verdicts.append(f"goal at 1 ms (>= 90 % of the rate, < 5 % of a core), {r['tier']} tier: rate "
-                                    f"{'met' if r['ratio'] >= 0.9 else 'NOT met'} ({r['ratio']:.1%}), CPU "
-                                    f"{'met' if r['process_cpu'] < 0.05 else 'NOT met'} ({r['process_cpu']:.1%}; the bare Python "
-                                    f"sampler's wake-ups alone cost {r['bare_cpu']:.1%} on this machine)")
+                    verdicts.append(
+                        f"goal at 1 ms (>= 90 % of the rate, < 5 % of a core), {r['tier']} tier: rate "
+                        f"{'met' if r['ratio'] >= 0.9 else 'NOT met'} ({r['ratio']:.1%}), CPU "
+                        f"{'met' if r['process_cpu'] < 0.05 else 'NOT met'} ({r['process_cpu']:.1%}; the bare Python "
+                        f"sampler's wake-ups alone cost {r['bare_cpu']:.1%} on this machine)"
+                    )
         print(f"metrics with values ({r['columns']}): {', '.join(r['measured'])}")
         print("\n".join(verdicts))
     backend.close()

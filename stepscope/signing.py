@@ -4,6 +4,7 @@ The signature covers method, the target (the host:port the sender addresses), pa
 nonce and the body's SHA-256, so a captured request cannot be replayed to another sidecar, with
 another body, on another path, later than the window, or twice.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,7 +60,9 @@ def _digest(key: bytes, method: str, to: str, path: str, timestamp: str, nonce: 
     return hmac.new(key, _message(method, to, path, timestamp, nonce, body), hashlib.sha256).hexdigest()
 
 
-def sign(key: bytes, method: str, path: str, body: bytes, *, to: str, now: float | None = None, nonce: str | None = None) -> dict[str, str]:
+def sign(
+    key: bytes, method: str, path: str, body: bytes, *, to: str, now: float | None = None, nonce: str | None = None
+) -> dict[str, str]:
     """The headers that authenticate one request to the sidecar at `to` (signing.target);
     `now` and `nonce` only for tests."""
     timestamp = str(int(time.time() if now is None else now))
@@ -107,18 +110,33 @@ class Verifier:
             raise SignatureError(f"{HEADER_TIMESTAMP} must be whole Unix seconds")
         now = time.time() if now is None else now
         if abs(now - int(timestamp)) > self._window_s:
-            raise SignatureError(f"stale request: signed {now - int(timestamp):+.0f} s from this clock, window is {self._window_s:.0f} s")
+            raise SignatureError(
+                f"stale request: signed {now - int(timestamp):+.0f} s from this clock, window is {self._window_s:.0f} s"
+            )
 
-    def verify(self, method: str, path: str, body: bytes, headers: Mapping[str, str] | Message, *, targets: Collection[str],
-               now: float | None = None) -> None:
+    def verify(
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str] | Message,
+        *,
+        targets: Collection[str],
+        now: float | None = None,
+    ) -> None:
         """Accept the request once if it was signed for one of `targets` (the addresses this side
         is reached at, signing.target) and is fresh; SignatureError says why not."""
         now = time.time() if now is None else now
         self.check_fresh(headers, now=now)
         timestamp, nonce = _header(headers, HEADER_TIMESTAMP), _header(headers, HEADER_NONCE)
         signature = _header(headers, HEADER_SIGNATURE).strip().lower().encode()
-        if not any(hmac.compare_digest(_digest(self._key, method, to, path, timestamp, nonce, body).encode(), signature) for to in targets):
-            raise SignatureError("signature does not match (wrong key, signed for another address, or the request was altered)")
+        if not any(
+            hmac.compare_digest(_digest(self._key, method, to, path, timestamp, nonce, body).encode(), signature)
+            for to in targets
+        ):
+            raise SignatureError(
+                "signature does not match (wrong key, signed for another address, or the request was altered)"
+            )
         self._remember(nonce, now)
 
     def _remember(self, nonce: str, now: float) -> None:

@@ -8,6 +8,7 @@ the roof. Outside the analysis, code imports only its facade (stepscope.analysis
 (stepscope.analysis.model); inside, each stage imports only the stages before it. Checked over the
 source's AST, so an import inside a function counts as much as one at the top, and no module is
 executed."""
+
 from __future__ import annotations
 
 import ast
@@ -47,8 +48,8 @@ NO_TORCH = ("core", "analysis", "operator")
 # (`operator` is not among them: without an __init__.py it never wins over the standard library's).
 SECOND_NAMES = ("sidecar", "analysis", "tests", "benchmarks")
 # The analysis's stages (its subpackages, model.py, the types they exchange, and settings.py, what
-# it reads from the environment) and which of the others each may import: each those before it. The facade (stepscope/analysis/__init__.py) and
-# `stepscope analyze` (pipeline.py) sit above them all.
+# it reads from the environment) and which of the others each may import: each those before it.
+# The facade (stepscope/analysis/__init__.py) and `stepscope analyze` (pipeline.py) sit above them all.
 STAGES = {
     "settings": set(),
     "model": {"settings"},
@@ -129,7 +130,14 @@ def agent_may_import(target: str) -> bool:
     """The standard library, torch (once the program imported it), the agent's own modules, and the
     core's modules that the bootstrap copies beside it, under either name."""
     top = target.split(".")[0]
-    return (top in sys.stdlib_module_names or top == "torch" or target == "stepscope" or any(target == m or target.startswith(m + ".") for m in (*AGENT_MAY_IMPORT, *BOOTSTRAP_NAMES)) or target == AGENT or target.startswith(AGENT + "."))
+    return (
+        top in sys.stdlib_module_names
+        or top == "torch"
+        or target == "stepscope"
+        or any(target == m or target.startswith(m + ".") for m in (*AGENT_MAY_IMPORT, *BOOTSTRAP_NAMES))
+        or target == AGENT
+        or target.startswith(AGENT + ".")
+    )
 
 
 def violations(edges: dict[str, set[str]]) -> list[str]:
@@ -140,7 +148,10 @@ def violations(edges: dict[str, set[str]]) -> list[str]:
         for target in sorted(targets):
             top = target.split(".")[0]
             if here == "agent" and not agent_may_import(target):
-                found.append(f"{source} (agent) imports {target}: the agent's package runs in training pods, with the standard library and {', '.join(AGENT_MAY_IMPORT)} alone")
+                found.append(
+                    f"{source} (agent) imports {target}: the agent's package runs in training pods, with the "
+                    f"standard library and {', '.join(AGENT_MAY_IMPORT)} alone"
+                )
             elif top in SECOND_NAMES:
                 found.append(f"{source} imports {target}: a second name for a folder of the repository")
             elif top == "torch" and here in NO_TORCH:
@@ -150,8 +161,15 @@ def violations(edges: dict[str, set[str]]) -> list[str]:
                 if there != here and there not in ALLOWED[here]:
                     found.append(f"{source} ({here}) imports {target} ({there})")
                 elif there == "analysis" != here and target not in ANALYSIS_FACE:
-                    found.append(f"{source} ({here}) imports {target}: outside the analysis, use stepscope.analysis (the facade) and its model")
-                elif there == here == "analysis" and stage(source) in STAGES and stage(target) not in {stage(source), *STAGES[stage(source)]}:
+                    found.append(
+                        f"{source} ({here}) imports {target}: outside the analysis, use stepscope.analysis (the "
+                        "facade) and its model"
+                    )
+                elif (
+                    there == here == "analysis"
+                    and stage(source) in STAGES
+                    and stage(target) not in {stage(source), *STAGES[stage(source)]}
+                ):
                     found.append(f"{source} (analysis stage {stage(source)}) imports {target} (stage {stage(target)})")
     return found
 
@@ -184,7 +202,9 @@ def test_the_check_sees_back_edges() -> None:
     assert len(violations(planted)) == 16
     edges = graph()
     assert "stepscope.operator.sessions.analysis_job" in edges["stepscope.cli"]  # found inside a function
-    assert "stepscope.contracts.layout" in edges["stepscope.analysis.reporting.report"]  # `from stepscope.contracts import layout`
+    assert (
+        "stepscope.contracts.layout" in edges["stepscope.analysis.reporting.report"]
+    )  # `from stepscope.contracts import layout`
 
 
 def test_parts_live_under_their_import_names() -> None:
@@ -211,43 +231,72 @@ def environment_reads(path: Path) -> list[str]:
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
 
     def is_environ(node: ast.AST) -> bool:
-        return isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name) and node.value.id == "os"
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr == "environ"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+        )
 
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr == "getenv" and isinstance(node.value, ast.Name) and node.value.id == "os":
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "getenv"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+        ):
             found.append(node)
         elif is_environ(node):
             parent = parents[node]
             written = (isinstance(parent, ast.Subscript) and isinstance(parent.ctx, ast.Store | ast.Del)) or (
-                isinstance(parent, ast.Attribute) and parent.attr in ("setdefault", "update", "pop"))
-            handed_on = (isinstance(parent, ast.Call) and node in parent.args) or (isinstance(parent, ast.Dict) and None in parent.keys)
+                isinstance(parent, ast.Attribute) and parent.attr in ("setdefault", "update", "pop")
+            )
+            handed_on = (isinstance(parent, ast.Call) and node in parent.args) or (
+                isinstance(parent, ast.Dict) and None in parent.keys
+            )
             if not (written or handed_on):
                 found.append(node)
-    return [f"{node.lineno}: {ast.get_source_segment(path.read_text(), parents[node]) or ''}" for node in sorted(found, key=lambda n: (n.lineno, n.col_offset))]
+    return [
+        f"{node.lineno}: {ast.get_source_segment(path.read_text(), parents[node]) or ''}"
+        for node in sorted(found, key=lambda n: (n.lineno, n.col_offset))
+    ]
 
 
 def test_only_settings_modules_read_the_environment() -> None:
-    found = [f"{path.relative_to(REPO)}:{read}" for path in sorted((REPO / "stepscope").rglob("*.py"))
-             if not (path.name == ENVIRONMENT_READERS[0] or str(path.relative_to(REPO)) in ENVIRONMENT_READERS[1:]
-                     or path.is_relative_to(REPO / "stepscope" / "testing"))
-             for read in environment_reads(path)]
+    found = [
+        f"{path.relative_to(REPO)}:{read}"
+        for path in sorted((REPO / "stepscope").rglob("*.py"))
+        if not (
+            path.name == ENVIRONMENT_READERS[0]
+            or str(path.relative_to(REPO)) in ENVIRONMENT_READERS[1:]
+            or path.is_relative_to(REPO / "stepscope" / "testing")
+        )
+        for read in environment_reads(path)
+    ]
     assert not found, "the environment read outside a settings module:\n" + "\n".join(found)
 
 
 def test_the_check_sees_environment_reads(tmp_path: Path) -> None:
     planted = tmp_path / "planted.py"
-    planted.write_text("import os\n"
-                       "a = os.environ.get('A')\nb = os.environ['B']\nc = 'C' in os.environ\nd = os.getenv('D')\n"
-                       "e = os.environ if a else {}\n"
-                       "os.environ['F'] = '1'\nos.environ.setdefault('G', '1')\nchild = dict(os.environ)\nalso = {**os.environ, 'H': '1'}\n")
+    planted.write_text(
+        "import os\n"
+        "a = os.environ.get('A')\nb = os.environ['B']\nc = 'C' in os.environ\nd = os.getenv('D')\n"
+        "e = os.environ if a else {}\n"
+        "os.environ['F'] = '1'\nos.environ.setdefault('G', '1')\nchild = dict(os.environ)\nalso = {**os.environ, "
+        "'H': '1'}\n"
+    )
     assert [line.split(":")[0] for line in environment_reads(planted)] == ["2", "3", "4", "5", "6"]
 
 
 def test_the_benchmarks_import_no_tests() -> None:
     """The benchmarks share the tests' doubles through stepscope.testing, never through tests.*."""
-    found = [f"{path.name} imports {target}" for path in sorted((REPO / "benchmarks").glob("*.py"))
-             for target in sorted(imports(path, f"benchmarks.{path.stem}")) if target.split(".")[0] == "tests"]
+    found = [
+        f"{path.name} imports {target}"
+        for path in sorted((REPO / "benchmarks").glob("*.py"))
+        for target in sorted(imports(path, f"benchmarks.{path.stem}"))
+        if target.split(".")[0] == "tests"
+    ]
     assert not found, "\n".join(found)
 
 
@@ -259,7 +308,9 @@ def test_nothing_outside_the_package_imports_through_it(name: str) -> None:
 
 def test_python_started_in_the_repository_keeps_the_standard_library() -> None:
     code = "import operator, stepscope.operator.settings; print(operator.__file__)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     assert out.strip() == stdlib_operator.__file__
 
 
@@ -269,8 +320,14 @@ def test_the_linter_reads_every_part() -> None:
     ruff = Path(sys.executable).with_name("ruff")
     if not ruff.exists():
         pytest.skip("ruff is not installed (the lint extra)")
-    listed = subprocess.run([str(ruff), "check", "--show-files"], cwd=REPO, capture_output=True, text=True, timeout=120, check=True).stdout
-    checked = {Path(line.strip()).relative_to(REPO).parts[:2] for line in listed.splitlines() if line.strip().startswith(str(REPO))}
+    listed = subprocess.run(
+        [str(ruff), "check", "--show-files"], cwd=REPO, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    checked = {
+        Path(line.strip()).relative_to(REPO).parts[:2]
+        for line in listed.splitlines()
+        if line.strip().startswith(str(REPO))
+    }
     for part in PARTS:
         assert ("stepscope", part) in checked, f"ruff skips stepscope/{part}/"
         assert (part,) not in {p[:1] for p in checked}, f"ruff reads {part}/ twice, through its link"
@@ -279,8 +336,13 @@ def test_the_linter_reads_every_part() -> None:
 
 def outside_the_standard_library(edges: dict[str, set[str]]) -> list[str]:
     """The contracts' imports of anything but the standard library and the contracts."""
-    return [f"{module} imports {target}" for module, targets in sorted(edges.items()) if module.startswith("stepscope.contracts")
-            for target in sorted(targets) if target.split(".")[0] not in sys.stdlib_module_names and not target.startswith("stepscope.contracts")]
+    return [
+        f"{module} imports {target}"
+        for module, targets in sorted(edges.items())
+        if module.startswith("stepscope.contracts")
+        for target in sorted(targets)
+        if target.split(".")[0] not in sys.stdlib_module_names and not target.startswith("stepscope.contracts")
+    ]
 
 
 def test_the_contracts_import_the_standard_library_alone() -> None:
@@ -290,5 +352,11 @@ def test_the_contracts_import_the_standard_library_alone() -> None:
     assert "stepscope.contracts.session" in edges
     found = outside_the_standard_library(edges)
     assert not found, "\n".join(found)
-    planted = {"stepscope.contracts.session": {"yaml", "enum", "stepscope.contracts.schema"}, "stepscope.contracts.states": {"stepscope.wire"}}
-    assert outside_the_standard_library(planted) == ["stepscope.contracts.session imports yaml", "stepscope.contracts.states imports stepscope.wire"]
+    planted = {
+        "stepscope.contracts.session": {"yaml", "enum", "stepscope.contracts.schema"},
+        "stepscope.contracts.states": {"stepscope.wire"},
+    }
+    assert outside_the_standard_library(planted) == [
+        "stepscope.contracts.session imports yaml",
+        "stepscope.contracts.states imports stepscope.wire",
+    ]

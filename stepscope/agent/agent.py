@@ -1,6 +1,7 @@
 """The agent of one training process: it counts steps (torch's optimizer step hook, or
 stepscope.step()), reads request.json, advances the capture at each step boundary, and keeps a
 watchdog thread for heartbeats, hangs and captures of a loop that makes no step."""
+
 from __future__ import annotations
 
 import atexit
@@ -68,7 +69,9 @@ class Agent(Capture):
         self._ddp_models: weakref.WeakSet[Any] = weakref.WeakSet()
         self._wait_read_mono = float("-inf")
         self._wait_sample_at = 0.0
-        self._wait_samples: dict[int, float] = {}  # DDP iteration -> its all-reduce seconds, the latest COLLECTIVE_WAIT_SAMPLES
+        self._wait_samples: dict[
+            int, float
+        ] = {}  # DDP iteration -> its all-reduce seconds, the latest COLLECTIVE_WAIT_SAMPLES
         self._request_sig: tuple[int, int, int] | None = None
         self._polled_mono = float("-inf")
         self._handled: set[str] = set()
@@ -92,7 +95,9 @@ class Agent(Capture):
             if not self._manual:
                 self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
         except Exception:
-            log.exception("stepscope agent: cannot register the optimizer step hook; only stepscope.step() counts steps")
+            log.exception(
+                "stepscope agent: cannot register the optimizer step hook; only stepscope.step() counts steps"
+            )
         try:
             track_ddp(self._ddp_models)
         except Exception:
@@ -126,7 +131,11 @@ class Agent(Capture):
                 self._ddp_models.discard(model)
                 log.exception("stepscope agent: no collective wait share from %s", type(model).__name__)
                 continue
-            seconds, end, iteration = data.get("backward_comm_time"), data.get("backward_comm_time_end"), data.get("iteration")
+            seconds, end, iteration = (
+                data.get("backward_comm_time"),
+                data.get("backward_comm_time_end"),
+                data.get("iteration"),
+            )
             if isinstance(seconds, int) and isinstance(end, int) and isinstance(iteration, int) and seconds > 0:
                 timed = True
                 if iteration >= COLLECTIVE_WAIT_FIRST_ITERATION:
@@ -167,8 +176,11 @@ class Agent(Capture):
             self.last_step_mono = now
             if self._watchdog is None:
                 self._start_watchdog()
-            if now - self._wait_read_mono >= COLLECTIVE_WAIT_READ_SECONDS and self._ddp_models and (
-                    self._read_collective_wait() or self.step_count > COLLECTIVE_WAIT_EAGER_STEPS):
+            if (
+                now - self._wait_read_mono >= COLLECTIVE_WAIT_READ_SECONDS
+                and self._ddp_models
+                and (self._read_collective_wait() or self.step_count > COLLECTIVE_WAIT_EAGER_STEPS)
+            ):
                 self._wait_read_mono = now
             if self._session is not None or now - self._polled_mono >= REQUEST_POLL_SECONDS:
                 self._polled_mono = now
@@ -211,7 +223,11 @@ class Agent(Capture):
             request: CaptureRequest | None = capture_request(raw)
         except ValueError as e:  # not a request this agent can take: answered below, where its session is named
             request, problem = None, e
-        envelope = _envelope(raw) if request is None else {"session": request.session, "action": request.action, "version": request.version}
+        envelope = (
+            _envelope(raw)
+            if request is None
+            else {"session": request.session, "action": request.action, "version": request.version}
+        )
         if envelope is None:
             log.warning("stepscope agent: cannot read %s: %s", self.request_path, problem)
             return
@@ -227,16 +243,29 @@ class Agent(Capture):
                 active.cancel = True
             elif session_id not in self._handled and not self._already_final(folder):
                 self._handled.add(session_id)
-                self._answer_without_capture(session_id, folder, wire.CANCELLED, "cancelled before the capture request reached this rank")
+                self._answer_without_capture(
+                    session_id, folder, wire.CANCELLED, "cancelled before the capture request reached this rank"
+                )
             return
         if session_id in self._handled or (active is not None and active.id == session_id):
             return
         self._handled.add(session_id)
         if action != "capture" or envelope.get("version") != wire.WIRE_VERSION:
-            self._answer_without_capture(session_id, folder, wire.FAILED, f"unsupported request: version {envelope.get('version')!r}, action {action!r} (this agent speaks version {wire.WIRE_VERSION}, actions capture and cancel)")
+            self._answer_without_capture(
+                session_id,
+                folder,
+                wire.FAILED,
+                f"unsupported request: version {envelope.get('version')!r}, action {action!r} (this agent speaks "
+                f"version {wire.WIRE_VERSION}, actions capture and cancel)",
+            )
             return
         if active is not None:
-            self._answer_without_capture(session_id, folder, wire.REFUSED, f"session {active.id} is still active on this rank ({active.state}); one session at a time")
+            self._answer_without_capture(
+                session_id,
+                folder,
+                wire.REFUSED,
+                f"session {active.id} is still active on this rank ({active.state}); one session at a time",
+            )
             return
         if self._already_final(folder):
             return
@@ -245,7 +274,9 @@ class Agent(Capture):
             return
         session = Session(request, self.step_count, folder)
         self._session = session
-        self._write_state(session, message=f"triggered at step {session.trigger_step}; capturing from step {session.start_at}")
+        self._write_state(
+            session, message=f"triggered at step {session.trigger_step}; capturing from step {session.start_at}"
+        )
 
     def _already_final(self, folder: str) -> bool:
         """A state file already final for this rank means an earlier process of it answered (restart)."""
@@ -302,7 +333,10 @@ class Agent(Capture):
                     s.notes.append(f"waitSteps={s.wait_steps} ignored without steps")
                 self._start_profiler(s)
                 if s.prof is not None and not s.all_threads:
-                    s.notes.append("this torch records operator (aten) events only of the profiler's own thread, so none of the training thread's, and Python function events (withStack) of every thread")
+                    s.notes.append(
+                        "this torch records operator (aten) events only of the profiler's own thread, so none of "
+                        "the training thread's, and Python function events (withStack) of every thread"
+                    )
             if self._cancel_unstarted(s):
                 return HEARTBEAT_SECONDS
             wait = HEARTBEAT_SECONDS
@@ -320,8 +354,16 @@ class Agent(Capture):
                 except Exception as e:
                     s.error = f"cannot write stacks: {e}"
                     log.exception("stepscope agent: cannot write the stacks of session %s", s.id)
-                log.warning("stepscope agent: no step for %.1f s in session %s; stacks in %s", since_step, s.id, s.stacks)
-                self._write_state(s, message=f"no step completed for {since_step:.1f} s (hangTimeoutSeconds {s.hang_timeout:g}) after step {self.step_count}")
+                log.warning(
+                    "stepscope agent: no step for %.1f s in session %s; stacks in %s", since_step, s.id, s.stacks
+                )
+                self._write_state(
+                    s,
+                    message=(
+                        f"no step completed for {since_step:.1f} s (hangTimeoutSeconds {s.hang_timeout:g}) after "
+                        f"step {self.step_count}"
+                    ),
+                )
         return wait
 
     def _at_exit(self) -> None:
@@ -335,10 +377,12 @@ class Agent(Capture):
                 s.error = f"process exited after {self.step_count - (s.start_step or 0)} captured step(s)"
                 # Export here: a thread started on the way out is not waited for.
                 self._stop_profiler(s, wire.FAILED, background=False)
-            elif s is not None and s.state in (wire.WAITING, wire.CAPTURING, wire.HUNG):  # a `writing` one finishes its export
+            elif s is not None and s.state in (
+                wire.WAITING,
+                wire.CAPTURING,
+                wire.HUNG,
+            ):  # a `writing` one finishes its export
                 s.error = f"process exited at step {self.step_count} before the capture finished"
                 self._finish(s, wire.FAILED, message=s.error)
             unlink(os.path.join(self.directory, wire.AGENTS_FOLDER, wire.agent_file(self.identity()[0])))
             self.ring.remove()
-
-

@@ -1,5 +1,6 @@
 """The capture budget's measures: the Python calls of one step (the probe before a withStack
 capture) and the process's resident memory, and the memory a capture took handed back."""
+
 from __future__ import annotations
 
 import os
@@ -51,4 +52,3 @@ def release_memory() -> None:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
-

@@ -3,6 +3,7 @@ watchdog tick, decided over a snapshot of it (CaptureView) and of the moment (Ti
 applies the actions (profiler, state file, stacks). tests/agent/test_decisions.py drives each one.
 namedtuples and plain tuples, not dataclasses: every Python process of the pod imports this
 package, and dataclasses would cost each ~9 ms at start."""
+
 from __future__ import annotations
 
 import collections
@@ -23,9 +24,29 @@ FIRST_STEP_GRACE_SECONDS = first_step_grace_seconds()
 
 # and dataclasses would cost each ~9 ms at start.
 
-CaptureView = collections.namedtuple("CaptureView", (
-    "state", "profiling", "on_watchdog", "all_threads", "cancel", "hung", "hung_step", "start_at", "start_step", "steps", "duration",
-    "started_mono", "triggered_mono", "with_stack", "probed", "probing", "max_memory_mb", "hang_timeout"))
+CaptureView = collections.namedtuple(
+    "CaptureView",
+    (
+        "state",
+        "profiling",
+        "on_watchdog",
+        "all_threads",
+        "cancel",
+        "hung",
+        "hung_step",
+        "start_at",
+        "start_step",
+        "steps",
+        "duration",
+        "started_mono",
+        "triggered_mono",
+        "with_stack",
+        "probed",
+        "probing",
+        "max_memory_mb",
+        "hang_timeout",
+    ),
+)
 # The moment: steps completed, CLOCK_MONOTONIC now and at the last step boundary, and how much the
 # process grew since the profiler started (MB; 0 while none runs).
 Tick = collections.namedtuple("Tick", ("step", "mono", "last_step_mono", "grown_mb"))
@@ -101,17 +122,24 @@ def starts_stepless(v: CaptureView, t: Tick) -> bool:
     """A durationSeconds capture of a process that reaches no step boundary: the watchdog starts
     it (before a first step, once the first-step grace is over)."""
     stepless_after = STEPLESS_AFTER_SECONDS if t.step else FIRST_STEP_GRACE_SECONDS
-    return v.state == wire.WAITING and v.duration is not None and t.mono - max(t.last_step_mono, v.triggered_mono) >= stepless_after
+    return (
+        v.state == wire.WAITING
+        and v.duration is not None
+        and t.mono - max(t.last_step_mono, v.triggered_mono) >= stepless_after
+    )
 
 
 def hangs(v: CaptureView, t: Tick) -> bool:
     """No step for hangTimeoutSeconds, counted from the trigger at the earliest: a request may
     reach a rank that was already stuck, or one still starting up."""
-    return v.state in (wire.WAITING, wire.CAPTURING) and not v.hung and t.mono - max(t.last_step_mono, v.triggered_mono) >= v.hang_timeout
+    return (
+        v.state in (wire.WAITING, wire.CAPTURING)
+        and not v.hung
+        and t.mono - max(t.last_step_mono, v.triggered_mono) >= v.hang_timeout
+    )
 
 
 def watchdog_wait(v: CaptureView, t: Tick) -> float:
     """How long the watchdog sleeps: a heartbeat, or less to end a duration when it runs out."""
     left = v.duration - (t.mono - v.started_mono) if v.profiling and v.duration is not None else 0.0
     return max(0.01, min(HEARTBEAT_SECONDS, left)) if left > 0 else HEARTBEAT_SECONDS
-

@@ -1,5 +1,6 @@
 """The agent's one reader of the process environment: where the shared directory is, how long a
 process may take to reach its first step, and the rank a launcher (torchrun) gave it."""
+
 from __future__ import annotations
 
 import os

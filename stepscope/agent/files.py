@@ -1,5 +1,6 @@
 """The agent's own writes to the shared directory: whole files or none (the sidecar reads them at
 any moment), standard library only."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,9 @@ if TYPE_CHECKING:
 
 
 def atomic_write(path: str, data: bytes) -> None:
-    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.{os.getpid()}.{threading.get_ident()}.tmp"
+    tmp = (
+        f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.{os.getpid()}.{threading.get_ident()}.tmp"
+    )
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -34,4 +37,3 @@ def unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
-

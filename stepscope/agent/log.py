@@ -1,4 +1,5 @@
 """The agent's logger."""
+
 from __future__ import annotations
 
 TYPE_CHECKING = False

@@ -1,5 +1,6 @@
 """The process's one agent: started by the bootstrap, re-armed in a forked child, and the
 stepscope.step() of loops without an optimizer."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """One rank's identity and progress, and the files it writes to the shared directory: its state in
 each session, its heartbeat (with the step ring it publishes) and the stacks of a hang."""
+
 from __future__ import annotations
 
 import os
@@ -87,17 +88,39 @@ class Rank:
 
     def _write_state(self, s: Session, *, message: str) -> None:
         rank, local_rank, world = self.identity()
-        captured = (s.end_step if s.end_step is not None else self.step_count) - s.start_step if s.start_step is not None else 0
+        captured = (
+            (s.end_step if s.end_step is not None else self.step_count) - s.start_step
+            if s.start_step is not None
+            else 0
+        )
         notes = "; ".join([*s.degraded, *s.notes])
         if s.gpu[0] < 0:
             s.gpu = cuda_device()
         state = {
-            "version": wire.WIRE_VERSION, "session": s.id, "rank": rank, "localRank": local_rank, "worldSize": world,
-            "pid": os.getpid(), "host": self.host, "state": s.state, "step": self.step_count,
-            "triggerStep": s.trigger_step, "startStep": s.start_step, "endStep": s.end_step, "capturedSteps": captured,
-            "startTime": s.start_time, "endTime": s.end_time, "updatedAt": time.time(),
-            "trace": s.trace, "stacks": s.stacks, "error": s.error, "message": f"{message}; {notes}" if notes else message,
-            "gpu": s.gpu[0], "gpuUuid": s.gpu[1], "degraded": s.degraded, "withStack": s.with_stack,
+            "version": wire.WIRE_VERSION,
+            "session": s.id,
+            "rank": rank,
+            "localRank": local_rank,
+            "worldSize": world,
+            "pid": os.getpid(),
+            "host": self.host,
+            "state": s.state,
+            "step": self.step_count,
+            "triggerStep": s.trigger_step,
+            "startStep": s.start_step,
+            "endStep": s.end_step,
+            "capturedSteps": captured,
+            "startTime": s.start_time,
+            "endTime": s.end_time,
+            "updatedAt": time.time(),
+            "trace": s.trace,
+            "stacks": s.stacks,
+            "error": s.error,
+            "message": f"{message}; {notes}" if notes else message,
+            "gpu": s.gpu[0],
+            "gpuUuid": s.gpu[1],
+            "degraded": s.degraded,
+            "withStack": s.with_stack,
         }
         try:
             os.makedirs(s.folder, exist_ok=True)
@@ -109,10 +132,20 @@ class Rank:
         rank, local_rank, world = self.identity()
         folder = os.path.join(self.directory, wire.AGENTS_FOLDER)
         os.makedirs(folder, exist_ok=True)
-        write_json(os.path.join(folder, wire.agent_file(rank)), {
-            "rank": rank, "localRank": local_rank, "worldSize": world, "pid": os.getpid(), "host": self.host,
-            "step": self.step_count, "heartbeat": time.time(), "startedAt": self.started_at, "collectiveWait": self.collective_wait,
-        })
+        write_json(
+            os.path.join(folder, wire.agent_file(rank)),
+            {
+                "rank": rank,
+                "localRank": local_rank,
+                "worldSize": world,
+                "pid": os.getpid(),
+                "host": self.host,
+                "step": self.step_count,
+                "heartbeat": time.time(),
+                "startedAt": self.started_at,
+                "collectiveWait": self.collective_wait,
+            },
+        )
         ring_path = os.path.join(self.directory, wire.TELEMETRY_FOLDER, wire.telemetry_file(rank))
         if self.ring.path != ring_path and not self._ring_refused:
             try:
@@ -126,9 +159,18 @@ class Rank:
         rank = self.identity()[0]
         name = wire.stacks_file(rank)
         os.makedirs(s.folder, exist_ok=True)
-        write_json(os.path.join(s.folder, name), {
-            "version": wire.WIRE_VERSION, "rank": rank, "pid": os.getpid(), "host": self.host, "session": s.id,
-            "step": self.step_count, "secondsSinceStep": round(since_step, 3), "time": time.time(), "threads": thread_stacks(),
-        })
+        write_json(
+            os.path.join(s.folder, name),
+            {
+                "version": wire.WIRE_VERSION,
+                "rank": rank,
+                "pid": os.getpid(),
+                "host": self.host,
+                "session": s.id,
+                "step": self.step_count,
+                "secondsSinceStep": round(since_step, 3),
+                "time": time.time(),
+                "threads": thread_stacks(),
+            },
+        )
         s.stacks = name
-

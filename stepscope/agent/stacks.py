@@ -1,5 +1,6 @@
 """Python stacks: every thread's stack at one moment (the stacks file of a hung rank), and the
 sampler that stands in for torch's Python tracer where the capture budget dropped it."""
+
 from __future__ import annotations
 
 import sys
@@ -26,9 +27,10 @@ def thread_stacks() -> list[dict[str, Any]]:
             frames.append({"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name})
             frame = frame.f_back
         frames.reverse()
-        threads.append({"id": ident, "name": names.get(ident, f"thread-{ident}"), "main": ident == main, "frames": frames})
+        threads.append(
+            {"id": ident, "name": names.get(ident, f"thread-{ident}"), "main": ident == main, "frames": frames}
+        )
     return threads
-
 
 
 def sample_spans(times: list[float], interval: float) -> list[tuple[float, float]]:
@@ -119,7 +121,9 @@ class StackSampler:
         if self._thread is not None:
             self._thread.join(1.0)
         steps = {e["name"]: e for e in trace_events if str(e.get("name", "")).startswith("ProfilerStep#")}
-        offsets = sorted(steps[f"ProfilerStep#{n}"]["ts"] - t * 1e6 for n, t in self.anchors if f"ProfilerStep#{n}" in steps)
+        offsets = sorted(
+            steps[f"ProfilerStep#{n}"]["ts"] - t * 1e6 for n, t in self.anchors if f"ProfilerStep#{n}" in steps
+        )
         if not offsets:
             return []
         offset = offsets[len(offsets) // 2]
@@ -146,13 +150,28 @@ class StackSampler:
             for (_, stack), (begin, end) in zip(samples, spans):
                 ts = begin * 1e6 + offset
                 same = 0
-                while same < min(len(open_), len(stack)) and open_[same][0] == stack[same][0] and open_[same][1] is stack[same][1]:
+                while (
+                    same < min(len(open_), len(stack))
+                    and open_[same][0] == stack[same][0]
+                    and open_[same][1] is stack[same][1]
+                ):
                     same += 1
                 del open_[same:]
                 for key, code in stack[same:]:
-                    event = {"ph": "X", "cat": "python_function", "name": name(key, code), "pid": first.get("pid"), "tid": tid,
-                             "ts": ts, "dur": 0.0, "args": {"Python parent id": open_[-1][2]["args"]["Python id"] if open_ else None,
-                                                            "Python id": len(out) + 1, "Sampled": True}}
+                    event = {
+                        "ph": "X",
+                        "cat": "python_function",
+                        "name": name(key, code),
+                        "pid": first.get("pid"),
+                        "tid": tid,
+                        "ts": ts,
+                        "dur": 0.0,
+                        "args": {
+                            "Python parent id": open_[-1][2]["args"]["Python id"] if open_ else None,
+                            "Python id": len(out) + 1,
+                            "Sampled": True,
+                        },
+                    }
                     out.append(event)
                     open_.append((key, code, event))
                 for _, _, event in open_:
@@ -172,5 +191,4 @@ def trace_prefixes() -> list[str]:
 
 
 def trimmed(name: str, prefixes: list[str]) -> str:
-    return next((name[len(p):] for p in prefixes if name.startswith(p)), name)
-
+    return next((name[len(p) :] for p in prefixes if name.startswith(p)), name)

@@ -1,5 +1,6 @@
 """This process's step telemetry (docs/wire.md, "Step telemetry"): each step's end and duration in
 a ring the sidecar reads, two struct writes a step."""
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,19 @@ class StepRing:
         import mmap
 
         data = bytearray(self.buffer)
-        struct.pack_into(wire.TELEMETRY_HEADER, data, 0, wire.TELEMETRY_MAGIC.encode(), wire.TELEMETRY_CAPACITY, rank, local_rank,
-                         world, os.getpid(), time.time() - time.monotonic(), self.run_id)
+        struct.pack_into(
+            wire.TELEMETRY_HEADER,
+            data,
+            0,
+            wire.TELEMETRY_MAGIC.encode(),
+            wire.TELEMETRY_CAPACITY,
+            rank,
+            local_rank,
+            world,
+            os.getpid(),
+            time.time() - time.monotonic(),
+            self.run_id,
+        )
         os.makedirs(os.path.dirname(path), exist_ok=True)
         atomic_write(path, bytes(data))
         with open(path, "r+b") as f:
@@ -56,5 +68,3 @@ class StepRing:
     def remove(self) -> None:
         if self.path is not None:
             unlink(self.path)
-
-

@@ -1,6 +1,7 @@
 """Where the agent meets torch: the import hook that attaches it once the program imports torch
 (never before), DistributedDataParallel's own timing of its gradient all-reduce, the CUDA device
 the program computes on, and the profiler configuration that records every thread."""
+
 from __future__ import annotations
 
 import sys
@@ -109,5 +110,3 @@ class AfterExecLoader:
             self._after()
         except Exception:
             log.exception("stepscope agent: cannot attach to torch; training goes on without it")
-
-

@@ -1,6 +1,7 @@
 """The stepscope modules the agent shares with the sidecar, under the name each has where the agent
 runs: in the stepscope package (tests, `stepscope capture`), or in a training pod's bootstrap
 folder, where the bootstrap writes them beside the agent's package (docs/wire.md)."""
+
 from __future__ import annotations
 
 import importlib

@@ -43,6 +43,7 @@ class RankState(StrEnum):
     start). `hung` is not final: a rank whose steps resume goes back to `waiting` or `capturing`
     and may still end `done` with a trace. `pending` is the sidecar's word for a rank with no
     state file yet (its agent has not seen the request)."""
+
     PENDING = "pending"
     WAITING = wire.WAITING
     CAPTURING = wire.CAPTURING

@@ -1,5 +1,6 @@
 """Start N local training ranks the zero-code-change way, as torchrun would, with the agent
 bootstrap on their PYTHONPATH."""
+
 from __future__ import annotations
 
 import os
@@ -58,12 +59,19 @@ class LocalJob:
     def __enter__(self) -> LocalJob:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.terminate()
 
 
-def launch_ranks(world_size: int, stepscope_dir: Path, workload_args: list[str], extra_env: dict[str, str] | None = None,
-                 log_dir: Path | None = None) -> LocalJob:
+def launch_ranks(
+    world_size: int,
+    stepscope_dir: Path,
+    workload_args: list[str],
+    extra_env: dict[str, str] | None = None,
+    log_dir: Path | None = None,
+) -> LocalJob:
     """Start `world_size` ranks of stepscope/local/workload.py (stdout+stderr to `log_dir`/rank-<r>.log
     when given, else inherited)."""
     if world_size < 1:
@@ -74,8 +82,14 @@ def launch_ranks(world_size: int, stepscope_dir: Path, workload_args: list[str],
     base.update(training_env(Path(stepscope_dir), base))
     base.setdefault("OMP_NUM_THREADS", "1")
     base["PYTHONUNBUFFERED"] = "1"
-    base.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
-                 "LOCAL_WORLD_SIZE": str(world_size)})
+    base.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+        }
+    )
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
     processes: list[subprocess.Popen] = []
@@ -88,9 +102,15 @@ def launch_ranks(world_size: int, stepscope_dir: Path, workload_args: list[str],
                 logs.append(Path(log_dir) / f"rank-{rank}.log")
                 out = open(logs[-1], "wb")
             try:
-                processes.append(subprocess.Popen([sys.executable, str(WORKLOAD), *workload_args], env=env,
-                                                  stdout=out, stderr=subprocess.STDOUT if out else None,
-                                                  start_new_session=True))
+                processes.append(
+                    subprocess.Popen(
+                        [sys.executable, str(WORKLOAD), *workload_args],
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT if out else None,
+                        start_new_session=True,
+                    )
+                )
             finally:
                 if out is not None:
                     out.close()

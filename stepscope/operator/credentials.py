@@ -2,6 +2,7 @@
 
 They go to the sidecars in the signed PUT body and to the analysis Job as secretKeyRef env, and
 nowhere else: never into status, events or logs (error messages name the Secret, not its data)."""
+
 from __future__ import annotations
 
 import base64
@@ -16,9 +17,12 @@ from stepscope.settings import STORE_KEY_ENV, store_keys
 # docs/wire.md and the AWS environment names (what `kubectl create secret --from-env-file` of an
 # AWS profile gives) are accepted.
 SECRET_KEYS = {
-    "accessKeyId": "accessKeyId", "AWS_ACCESS_KEY_ID": "accessKeyId",
-    "secretAccessKey": "secretAccessKey", "AWS_SECRET_ACCESS_KEY": "secretAccessKey",
-    "sessionToken": "sessionToken", "AWS_SESSION_TOKEN": "sessionToken",
+    "accessKeyId": "accessKeyId",
+    "AWS_ACCESS_KEY_ID": "accessKeyId",
+    "secretAccessKey": "secretAccessKey",
+    "AWS_SECRET_ACCESS_KEY": "secretAccessKey",
+    "sessionToken": "sessionToken",
+    "AWS_SESSION_TOKEN": "sessionToken",
 }
 # What the analysis Job's container reads them from (boto3 reads the same names by itself).
 ENV_OF_FIELD = dict(zip(("accessKeyId", "secretAccessKey", "sessionToken"), STORE_KEY_ENV["s3"], strict=True))
@@ -38,7 +42,9 @@ def read_secret_data(namespace: str, secret: str) -> dict[str, str]:
     except ApiException as exc:
         if exc.status == 404:
             raise SecretNotFound(f"Secret {secret} not found in namespace {namespace}") from None
-        raise CredentialsError(f"Secret {secret} in namespace {namespace} could not be read: HTTP {exc.status} {exc.reason}") from None
+        raise CredentialsError(
+            f"Secret {secret} in namespace {namespace} could not be read: HTTP {exc.status} {exc.reason}"
+        ) from None
     # Only the keys stepscope reads are decoded: the same Secret may hold binary values (a CA
     # bundle, a keytab) that are none of its business; the others keep just their names.
     data: dict[str, str] = {}
@@ -64,8 +70,15 @@ def from_secret(namespace: str, secret: str) -> dict[str, Any]:
     data = read_secret_data(namespace, secret)
     names = secret_key_names(data)
     if "accessKeyId" not in names or "secretAccessKey" not in names:
-        raise CredentialsError(f"Secret {secret} in namespace {namespace} needs the keys accessKeyId and secretAccessKey (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY); it has {sorted(data)}")
-    return {"accessKeyId": data[names["accessKeyId"]], "secretAccessKey": data[names["secretAccessKey"]], "sessionToken": data.get(names.get("sessionToken", ""))}
+        raise CredentialsError(
+            f"Secret {secret} in namespace {namespace} needs the keys accessKeyId and secretAccessKey (or "
+            f"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY); it has {sorted(data)}"
+        )
+    return {
+        "accessKeyId": data[names["accessKeyId"]],
+        "secretAccessKey": data[names["secretAccessKey"]],
+        "sessionToken": data.get(names.get("sessionToken", "")),
+    }
 
 
 def from_env() -> dict[str, Any] | None:

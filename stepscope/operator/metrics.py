@@ -1,5 +1,6 @@
 """Prometheus metrics of the operator, served on /metrics by prometheus_client (as the sidecar's
 step telemetry is): a few counters and the sessions by phase, in a registry of their own."""
+
 from __future__ import annotations
 
 import threading
@@ -57,7 +58,9 @@ TRIGGERS = _counter("stepscope_sidecar_triggers_total", "sidecars that accepted 
 SIDECAR_ERRORS = _counter("stepscope_sidecar_errors_total", "failed requests to sidecars (each attempt)")
 STATUS_WRITES = _counter("stepscope_status_writes_total", "ProfileSession status patches written")
 ANALYSIS_JOBS = _counter("stepscope_analysis_jobs_total", "analysis Jobs created")
-PODS_NOT_INJECTED = _counter("stepscope_pods_not_injected_total", "pods labelled stepscope.io/inject=true that started without the sidecar")
+PODS_NOT_INJECTED = _counter(
+    "stepscope_pods_not_injected_total", "pods labelled stepscope.io/inject=true that started without the sidecar"
+)
 
 
 def value(sample: str) -> float:

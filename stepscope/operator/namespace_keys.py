@@ -5,6 +5,7 @@ Each namespace's key is HMAC-SHA256(operator key, namespace): whoever can read t
 namespace can sign requests to that namespace's sidecars only, and the operator needs no Secret
 read anywhere to sign (it derives). The Secrets are written outside admission, by reconciling the
 namespaces injection covers; the webhook only asks `problem()` and injects nowhere that has none."""
+
 from __future__ import annotations
 
 import base64
@@ -39,7 +40,10 @@ class NamespaceKeys:
     def problem(self, namespace: str) -> str | None:
         """Why pods of `namespace` cannot get a sidecar now, or None when they can."""
         if not self.settings.injects_into(namespace):
-            return f"namespace {namespace} is not covered by stepscope injection (kube-system, the operator's namespace and namespaces outside operator.namespaces never are)"
+            return (
+                f"namespace {namespace} is not covered by stepscope injection (kube-system, the operator's "
+                "namespace and namespaces outside operator.namespaces never are)"
+            )
         with self._lock:
             if namespace in self._ready:
                 return None
@@ -60,7 +64,9 @@ class NamespaceKeys:
         meta: dict[str, Any] = {"labels": MANAGED_LABEL, **({"ownerReferences": [owner]} if owner else {})}
         try:
             try:
-                kube.core().create_namespaced_secret(namespace, {"metadata": {"name": s.hmac_secret, **meta}, "type": "Opaque", "data": data})
+                kube.core().create_namespaced_secret(
+                    namespace, {"metadata": {"name": s.hmac_secret, **meta}, "type": "Opaque", "data": data}
+                )
             except ApiException as exc:
                 if exc.status != 409:
                     raise

@@ -5,6 +5,7 @@ makes that one the default for good; handlers registered at import time would th
 runs in one process (tests, the fan-out benchmark) or go missing. Building the registry from
 `register` functions keeps each run's handlers exactly what it asked for.
 """
+
 from __future__ import annotations
 
 import kopf

@@ -6,6 +6,7 @@ a training process whose PYTHONPATH starts with that folder (`training_env`) the
 own `sitecustomize` first, if it has one, and starts the agent. The training image needs torch and
 nothing of stepscope.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,7 +43,9 @@ def _stepscope_chain_load():
     try:
         spec.loader.exec_module(module)
     except Exception as e:
-        sys.stderr.write(f"Error in sitecustomize {{spec.origin}} (chain-loaded by stepscope): {{type(e).__name__}}: {{e}}\\n")
+        sys.stderr.write(
+            f"Error in sitecustomize {{spec.origin}} (chain-loaded by stepscope): {{type(e).__name__}}: {{e}}\\n"
+        )
     return module
 
 
@@ -62,7 +65,8 @@ _stepscope_start()
 
 
 def install_bootstrap(stepscope_dir: Path) -> Path:
-    """Write `<dir>/bootstrap/{sitecustomize.py, stepscope_agent/, stepscope_contracts/}`; returns the bootstrap folder."""
+    """Write `<dir>/bootstrap/{sitecustomize.py, stepscope_agent/, stepscope_contracts/}`; returns the
+    bootstrap folder."""
     folder = Path(stepscope_dir) / BOOTSTRAP_FOLDER
     # The contracts first, the agent's __init__ last: a process that starts during a first
     # install finds no agent to start until every module it imports is there.

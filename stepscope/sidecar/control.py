@@ -4,6 +4,7 @@ not sign) must carry a valid signature for an address this sidecar is reached at
 the port, so the server is bounded (stepscope.bounded_http): the signature's headers and the
 timestamp are checked before the body is read, the body is capped at what the API needs, and
 connections are capped in all and per peer, each with a total deadline."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -45,11 +46,26 @@ def accepted_targets(pod_ip: str, host: str, port: int, peer: str) -> frozenset[
 
 
 class ControlServer(BoundedHTTPServer):
-    def __init__(self, address: tuple[str, int], manager: SessionManager, verifier: Verifier, telemetry: StepTelemetry, *,
-                 pod_ip: str = "", max_connections: int = MAX_CONNECTIONS, max_per_peer: int = MAX_PER_PEER,
-                 deadline_s: float = DEADLINE_S) -> None:
-        super().__init__(address, ControlHandler, max_connections=max_connections, max_per_peer=max_per_peer,
-                         deadline_s=deadline_s, refusals=RateLimitedLog(log))
+    def __init__(
+        self,
+        address: tuple[str, int],
+        manager: SessionManager,
+        verifier: Verifier,
+        telemetry: StepTelemetry,
+        *,
+        pod_ip: str = "",
+        max_connections: int = MAX_CONNECTIONS,
+        max_per_peer: int = MAX_PER_PEER,
+        deadline_s: float = DEADLINE_S,
+    ) -> None:
+        super().__init__(
+            address,
+            ControlHandler,
+            max_connections=max_connections,
+            max_per_peer=max_per_peer,
+            deadline_s=deadline_s,
+            refusals=RateLimitedLog(log),
+        )
         self.manager = manager
         self.telemetry = telemetry
         self.verifier = verifier
@@ -96,9 +112,13 @@ class ControlHandler(BoundedHandler):
         try:
             verifier.check_fresh(self.headers)
             body = self.read_body(MAX_BODY)
-            verifier.verify(method, self.path, body, self.headers, targets=self.server.targets_for(self.client_address[0]))
+            verifier.verify(
+                method, self.path, body, self.headers, targets=self.server.targets_for(self.client_address[0])
+            )
         except SignatureError as exc:
-            self.server.refusals.warning("refused %s %.200s from %s: %s", method, self.path, self.client_address[0], exc)
+            self.server.refusals.warning(
+                "refused %s %.200s from %s: %s", method, self.path, self.client_address[0], exc
+            )
             self.refuse(Refused(401, str(exc)))
             return
         except Refused as exc:
@@ -106,7 +126,9 @@ class ControlHandler(BoundedHandler):
             return
         path = urlsplit(self.path).path
         if path == TELEMETRY_PATH and method == "GET":
-            self.send_json(200, self.server.telemetry.to_dict(pod=self.server.manager.pod, node=self.server.manager.node))
+            self.send_json(
+                200, self.server.telemetry.to_dict(pod=self.server.manager.pod, node=self.server.manager.node)
+            )
             return
         match = _SESSION_PATH.match(path)
         if not match:

@@ -1,6 +1,7 @@
 """The step telemetry as Prometheus metrics (GET /metrics on the sidecar's port, unsigned like
 /healthz: step times only, nothing a session carries). Collected at scrape time from
 stepscope.sidecar.telemetry; a rank whose process is gone (no heartbeat) is left out."""
+
 from __future__ import annotations
 
 import time
@@ -22,15 +23,21 @@ class StepCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
         ranks = [r for r, alive in self._telemetry.refresh() if alive]
         now_mono = time.monotonic()
-        histogram = HistogramMetricFamily("stepscope_step_duration_seconds", "Training step time (from one optimizer step to the next)",
-                                          labels=LABELS)
-        last = GaugeMetricFamily("stepscope_last_step_duration_seconds", "Time of the latest training step", labels=LABELS)
+        histogram = HistogramMetricFamily(
+            "stepscope_step_duration_seconds", "Training step time (from one optimizer step to the next)", labels=LABELS
+        )
+        last = GaugeMetricFamily(
+            "stepscope_last_step_duration_seconds", "Time of the latest training step", labels=LABELS
+        )
         total = CounterMetricFamily("stepscope_steps", "Training steps completed by the process", labels=LABELS)
-        since = GaugeMetricFamily("stepscope_seconds_since_last_step", "Seconds since the latest step ended (grows in a hang)",
-                                  labels=LABELS)
-        wait = GaugeMetricFamily("stepscope_collective_wait_share",
-                                 "Share of a step spent in DDP's gradient all-reduce (its latest sampled iteration over the median step)",
-                                 labels=LABELS)
+        since = GaugeMetricFamily(
+            "stepscope_seconds_since_last_step", "Seconds since the latest step ended (grows in a hang)", labels=LABELS
+        )
+        wait = GaugeMetricFamily(
+            "stepscope_collective_wait_share",
+            "Share of a step spent in DDP's gradient all-reduce (its latest sampled iteration over the median step)",
+            labels=LABELS,
+        )
         for r in ranks:
             labels = [str(r.rank), str(r.local_rank)]
             cumulative, buckets = 0, []

@@ -4,6 +4,7 @@ when the GPU recorder starts, what to upload) and `phase_of` (the session's phas
 docs/wire.md). stepscope.sidecar.sessions.SessionManager is the shell: it reads the shared
 directory, builds the view, and applies the actions (request files, the recorder, upload jobs).
 The clock comes in as `now`; tests/sidecar/test_session_phases.py drives every transition."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -23,6 +24,7 @@ def settled(state: str) -> bool:
 @dataclass(frozen=True)
 class RankView:
     """What the decisions read of one rank."""
+
     rank: int
     state: str = PENDING
     pid: int = 0
@@ -60,15 +62,18 @@ class SessionView:
 @dataclass(frozen=True)
 class Limits:
     """How long a rank may be silent before the sidecar declares it gone (sessions.py's defaults)."""
+
     stale_after_s: float
     export_grace_s: float  # while it writes its trace, which holds the GIL
 
 
 # -- actions ----------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Verdict:
     """The sidecar declares a rank failed (its process went silent, or the session timed out)."""
+
     rank: int
     error: str
 
@@ -91,6 +96,7 @@ class QueueMetrics:
 @dataclass(frozen=True)
 class QueueRank:
     """Upload what this settled rank wrote since its last queueing."""
+
     rank: int
 
 
@@ -99,19 +105,26 @@ Action = Verdict | TimeOut | StartRecorder | QueueMetrics | QueueRank
 
 # -- the transitions --------------------------------------------------------------------------
 
+
 def _liveness(rank: RankView, now: float, limits: Limits) -> Verdict | None:
     silent = now - rank.last_sign_of_life
     if rank.state == wire.WRITING:
         # Exporting holds the process's GIL: silence is expected, for a while.
         if silent <= limits.export_grace_s:
             return None
-        return Verdict(rank.rank, f"failed: the training process (pid {rank.pid}) was writing its trace and has sent no "
-                                  f"heartbeat for {silent:.0f} s: it died while exporting, or its export takes longer than "
-                                  f"{limits.export_grace_s:.0f} s (lower spec.capture.limits or capture fewer steps)")
+        return Verdict(
+            rank.rank,
+            f"failed: the training process (pid {rank.pid}) was writing its trace and has sent no "
+            f"heartbeat for {silent:.0f} s: it died while exporting, or its export takes longer than "
+            f"{limits.export_grace_s:.0f} s (lower spec.capture.limits or capture fewer steps)",
+        )
     if silent <= limits.stale_after_s:
         return None
-    return Verdict(rank.rank, f"failed: the training process (pid {rank.pid}) stopped sending heartbeats "
-                              f"{silent:.0f} s ago while {rank.state}, before the capture finished")
+    return Verdict(
+        rank.rank,
+        f"failed: the training process (pid {rank.pid}) stopped sending heartbeats "
+        f"{silent:.0f} s ago while {rank.state}, before the capture finished",
+    )
 
 
 def advance(view: SessionView, now: float, limits: Limits) -> tuple[SessionView, list[Action]]:
@@ -131,14 +144,25 @@ def advance(view: SessionView, now: float, limits: Limits) -> tuple[SessionView,
         actions.append(TimeOut())
         for i, rank in enumerate(ranks):
             if not settled(rank.state):
-                fail(i, Verdict(rank.rank, f"failed: timed out after {view.timeout_seconds} s while {rank.state} at step {rank.step}"))
-    if (not view.recording and view.metrics_wanted
-            and any(r.state == wire.WAITING or r.state in wire.STARTED_STATES for r in ranks)):
+                fail(
+                    i,
+                    Verdict(
+                        rank.rank,
+                        f"failed: timed out after {view.timeout_seconds} s while {rank.state} at step {rank.step}",
+                    ),
+                )
+    if (
+        not view.recording
+        and view.metrics_wanted
+        and any(r.state == wire.WAITING or r.state in wire.STARTED_STATES for r in ranks)
+    ):
         view = replace(view, recording=True)
         actions.append(StartRecorder())
     if view.recording and not view.metrics_queued:
         if not (ranks and all(settled(r.state) for r in ranks)):
-            return replace(view, ranks=tuple(ranks)), actions  # summaries wait for the node's metrics, which end with the last rank
+            return replace(
+                view, ranks=tuple(ranks)
+            ), actions  # summaries wait for the node's metrics, which end with the last rank
         view = replace(view, metrics_queued=True, metrics_pending=True)
         actions.append(QueueMetrics())
     for i, rank in enumerate(ranks):
@@ -159,13 +183,17 @@ def phase_of(view: SessionView) -> tuple[str, str]:
         phase, message = SidecarPhase.CANCELLED, f"cancelled; what was captured is in {view.destination}"
     elif view.timed_out and done:
         phase = SidecarPhase.FAILED
-        message = f"timed out after {view.timeout_seconds} s: " + ("; ".join(failures[:5]) if failures else
-                                                                     f"no training process registered in {view.agents_dir}")
+        message = f"timed out after {view.timeout_seconds} s: " + (
+            "; ".join(failures[:5]) if failures else f"no training process registered in {view.agents_dir}"
+        )
     elif not ranks:
         phase, message = SidecarPhase.PENDING, f"waiting for training processes to register in {view.agents_dir}"
     elif not any(r.state in wire.STARTED_STATES or settled(r.state) for r in ranks):
         waiting = sum(r.state == wire.WAITING for r in ranks)
-        phase, message = SidecarPhase.PENDING, f"{waiting}/{len(ranks)} rank(s) saw the request, waiting {view.wait_steps} step(s) before capturing"
+        phase, message = (
+            SidecarPhase.PENDING,
+            f"{waiting}/{len(ranks)} rank(s) saw the request, waiting {view.wait_steps} step(s) before capturing",
+        )
     elif not all_settled:
         capturing = sum(r.state in (wire.CAPTURING, wire.WRITING) for r in ranks)
         captured = sum(r.state == wire.DONE for r in ranks)
@@ -173,12 +201,18 @@ def phase_of(view: SessionView) -> tuple[str, str]:
     elif uploading:
         phase, message = SidecarPhase.UPLOADING, f"uploading to {view.destination}"
     elif failures:
-        phase, message = SidecarPhase.FAILED, "; ".join(failures[:5]) + (f" (+{len(failures) - 5} more)" if len(failures) > 5 else "")
+        phase, message = (
+            SidecarPhase.FAILED,
+            "; ".join(failures[:5]) + (f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""),
+        )
     else:
         phase, message = SidecarPhase.SUCCEEDED, f"{len(ranks)} rank(s) captured and uploaded to {view.destination}"
     degraded = [r for r in ranks if r.degraded]
     if degraded and phase in FINISHED_PHASES:
-        message += f"; {len(degraded)} rank(s) degraded by the capture budget, rank {degraded[0].rank}: {'; '.join(degraded[0].degraded)}"
+        message += (
+            f"; {len(degraded)} rank(s) degraded by the capture budget, rank {degraded[0].rank}: "
+            f"{'; '.join(degraded[0].degraded)}"
+        )
     if view.metrics_withheld and phase in FINISHED_PHASES:
         message += f"; GPU metrics not uploaded: {view.metrics_withheld}"
     return phase, message

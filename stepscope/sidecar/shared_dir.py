@@ -1,5 +1,6 @@
 """The sidecar's side of the shared directory (docs/wire.md, "sidecar <-> agent"): it writes
 request.json and reads the agents' registry and per-rank state files."""
+
 from __future__ import annotations
 
 import json
@@ -47,9 +48,16 @@ def agents(stepscope_dir: Path) -> dict[int, Agent]:
         if not entry:
             continue
         try:
-            found[int(entry["rank"])] = Agent(int(entry["rank"]), int(entry.get("localRank", -1)), int(entry.get("worldSize", 0)),
-                                              int(entry.get("pid", 0)), str(entry.get("host", "")), int(entry.get("step", 0)),
-                                              float(entry["heartbeat"]), _collective_wait(entry.get("collectiveWait")))
+            found[int(entry["rank"])] = Agent(
+                int(entry["rank"]),
+                int(entry.get("localRank", -1)),
+                int(entry.get("worldSize", 0)),
+                int(entry.get("pid", 0)),
+                str(entry.get("host", "")),
+                int(entry.get("step", 0)),
+                float(entry["heartbeat"]),
+                _collective_wait(entry.get("collectiveWait")),
+            )
         except (KeyError, TypeError, ValueError):
             continue
     return found
@@ -88,7 +96,9 @@ def local_file(stepscope_dir: Path, session_id: str, name: Any) -> Path | None:
     return path if path.is_file() else None
 
 
-def write_request(stepscope_dir: Path, session_id: str, action: str, spec: SessionSpec, start_step: int | None = None) -> None:
+def write_request(
+    stepscope_dir: Path, session_id: str, action: str, spec: SessionSpec, start_step: int | None = None
+) -> None:
     request = capture_request(session_id, action, spec, start_step, time.time())
     write_atomically(stepscope_dir / wire.REQUEST_FILE, lambda out: out.write(request.to_json()))
 
@@ -96,6 +106,7 @@ def write_request(stepscope_dir: Path, session_id: str, action: str, spec: Sessi
 @dataclass(frozen=True)
 class Leftover:
     """A session's files in the shared directory: its folder (the agents') and the sidecar's own."""
+
     session: str
     paths: tuple[Path, ...]
     size: int

@@ -1,6 +1,7 @@
 """The sidecar's side of the step telemetry (docs/wire.md, "Step telemetry"): it reads each rank's
 step ring without a lock and folds the new steps into per-rank totals and a histogram, which the
 Prometheus exposition (stepscope.sidecar.prometheus) and GET /v1/telemetry serve."""
+
 from __future__ import annotations
 
 import bisect
@@ -28,6 +29,7 @@ RECENT_STEPS = 64  # step durations each rank's JSON carries
 @dataclass(frozen=True)
 class Ring:
     """One read of a rank's ring: its header and the steps still in it, oldest first."""
+
     rank: int
     local_rank: int
     world_size: int
@@ -74,13 +76,18 @@ def live_step_counts(stepscope_dir: Path, *, stale_after_s: float) -> list[int]:
     agent updates every step); ranks without a ring yet are left out."""
     now = time.time()
     alive = {a.rank: a.pid for a in shared_dir.agents(stepscope_dir).values() if now - a.heartbeat <= stale_after_s}
-    return [ring.count for rank, pid in alive.items()
-            if (ring := read_ring(stepscope_dir / wire.TELEMETRY_FOLDER / wire.telemetry_file(rank))) is not None and ring.pid == pid]
+    return [
+        ring.count
+        for rank, pid in alive.items()
+        if (ring := read_ring(stepscope_dir / wire.TELEMETRY_FOLDER / wire.telemetry_file(rank))) is not None
+        and ring.pid == pid
+    ]
 
 
 @dataclass
 class RankTelemetry:
     """What the sidecar has seen of one training process's steps."""
+
     rank: int
     local_rank: int
     world_size: int
@@ -124,10 +131,17 @@ class RankTelemetry:
     def to_dict(self, now_mono: float, alive: bool) -> dict[str, Any]:
         since = self.seconds_since_step(now_mono)
         return {
-            "rank": self.rank, "localRank": self.local_rank, "worldSize": self.world_size, "pid": self.pid, "alive": alive,
-            "steps": self.steps, "lastStepSeconds": self.last_duration,
+            "rank": self.rank,
+            "localRank": self.local_rank,
+            "worldSize": self.world_size,
+            "pid": self.pid,
+            "alive": alive,
+            "steps": self.steps,
+            "lastStepSeconds": self.last_duration,
             "lastStepAt": None if self.last_end is None else self.last_end + self.clock_offset,
-            "secondsSinceStep": since, "collectiveWaitSeconds": self.collective_wait_s, "waitShare": self.wait_share(),
+            "secondsSinceStep": since,
+            "collectiveWaitSeconds": self.collective_wait_s,
+            "waitShare": self.wait_share(),
             "recent": [[step, duration] for step, duration in self.recent],
         }
 
@@ -156,10 +170,14 @@ class StepTelemetry:
                 known = self._ranks.get(ring.rank)
                 # A new process of that rank starts from zero, even with the pid of the one before.
                 if known is None or (known.pid, known.run) != (ring.pid, ring.run):
-                    known = RankTelemetry(ring.rank, ring.local_rank, ring.world_size, ring.pid, ring.clock_offset, ring.run)
+                    known = RankTelemetry(
+                        ring.rank, ring.local_rank, ring.world_size, ring.pid, ring.clock_offset, ring.run
+                    )
                 known.fold(ring)
                 agent = agents.get(ring.rank)
-                known.collective_wait_s = agent.collective_wait_s if agent is not None and agent.pid == ring.pid else None
+                known.collective_wait_s = (
+                    agent.collective_wait_s if agent is not None and agent.pid == ring.pid else None
+                )
                 seen[ring.rank] = known
             self._ranks = seen
             return [(r, alive.get(r.rank) == r.pid) for _, r in sorted(seen.items())]
@@ -167,4 +185,9 @@ class StepTelemetry:
     def to_dict(self, *, pod: str, node: str) -> dict[str, Any]:
         ranks = self.refresh()
         now_mono = time.monotonic()
-        return {"pod": pod, "node": node, "time": time.time(), "ranks": [r.to_dict(now_mono, alive) for r, alive in ranks]}
+        return {
+            "pod": pod,
+            "node": node,
+            "time": time.time(),
+            "ranks": [r.to_dict(now_mono, alive) for r, alive in ranks],
+        }

@@ -2,6 +2,7 @@
 slow or failing store never blocks the control endpoint or the training processes. It does not
 retry: the store retries what it classifies as transient (stepscope.retry, one layer), and a job
 that still fails reports its reason at once."""
+
 from __future__ import annotations
 
 import logging
@@ -19,6 +20,7 @@ log = logging.getLogger(__name__)
 class Job:
     """One unit of upload work. `run` does it (raising on failure); `done` hears the outcome
     exactly once, with None on success or the error's message."""
+
     description: str
     run: Callable[[], None]
     done: Callable[[str | None], None]

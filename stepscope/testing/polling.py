@@ -1,4 +1,5 @@
 """Polling for tests that wait on other processes, servers or threads."""
+
 from __future__ import annotations
 
 import time

@@ -1,5 +1,6 @@
 """Helpers and fixtures for the agent tests: real rank processes started the zero-code way, and the sidecar's
 half of the shared-directory protocol (docs/wire.md) written by hand."""
+
 from __future__ import annotations
 
 import gzip
@@ -17,14 +18,36 @@ from stepscope.local.launch import LocalJob, launch_ranks
 from stepscope.testing.polling import wait_for
 
 
-def write_request(directory: Path, session: str, *, action: str = "capture", hang_timeout: float = 300, version: int = 1,
-                  start_step: int | None = None, **capture: Any) -> None:
+def write_request(
+    directory: Path,
+    session: str,
+    *,
+    action: str = "capture",
+    hang_timeout: float = 300,
+    version: int = 1,
+    start_step: int | None = None,
+    **capture: Any,
+) -> None:
     """Write request.json atomically, as the sidecar does."""
-    body = {"waitSteps": 2, "steps": 2, "durationSeconds": None, "activities": ["CPU", "CUDA"], "withStack": True,
-            "recordShapes": False, "profileMemory": False, "withFlops": False}
+    body = {
+        "waitSteps": 2,
+        "steps": 2,
+        "durationSeconds": None,
+        "activities": ["CPU", "CUDA"],
+        "withStack": True,
+        "recordShapes": False,
+        "profileMemory": False,
+        "withFlops": False,
+    }
     body.update(capture)
-    request = {"version": version, "session": session, "action": action, "capture": body,
-               "hangTimeoutSeconds": hang_timeout, "issuedAt": time.time()}
+    request = {
+        "version": version,
+        "session": session,
+        "action": action,
+        "capture": body,
+        "hangTimeoutSeconds": hang_timeout,
+        "issuedAt": time.time(),
+    }
     if start_step is not None:
         request["startStep"] = start_step
     tmp = directory / ".request.json.tmp"
@@ -39,11 +62,16 @@ def read_state(directory: Path, session: str, rank: int) -> dict[str, Any] | Non
         return None
 
 
-def wait_for_state(directory: Path, session: str, rank: int, states: tuple[str, ...], timeout: float = 30) -> dict[str, Any]:
+def wait_for_state(
+    directory: Path, session: str, rank: int, states: tuple[str, ...], timeout: float = 30
+) -> dict[str, Any]:
     def check() -> dict[str, Any] | None:
         state = read_state(directory, session, rank)
         return state if state and state["state"] in states else None
-    return wait_for(check, timeout, f"rank {rank} of {session} in {states} (now {read_state(directory, session, rank)})")
+
+    return wait_for(
+        check, timeout, f"rank {rank} of {session} in {states} (now {read_state(directory, session, rank)})"
+    )
 
 
 def load_trace(path: Path) -> list[dict[str, Any]]:
@@ -73,7 +101,9 @@ def start_job(stepscope_dir: Path, tmp_path: Path) -> Iterator[Callable[..., Loc
     jobs: list[LocalJob] = []
 
     def start(world_size: int, *args: str, extra_env: dict[str, str] | None = None) -> LocalJob:
-        job = launch_ranks(world_size, stepscope_dir, list(args), extra_env=extra_env, log_dir=tmp_path / f"logs-{len(jobs)}")
+        job = launch_ranks(
+            world_size, stepscope_dir, list(args), extra_env=extra_env, log_dir=tmp_path / f"logs-{len(jobs)}"
+        )
         jobs.append(job)
         return job
 

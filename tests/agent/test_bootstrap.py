@@ -1,5 +1,6 @@
 """The zero-code-change bootstrap in real interpreters: chain-loading, no torch import for
 processes that never use torch, a broken agent never breaking the interpreter."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -17,13 +18,17 @@ from stepscope.sidecar.sessions import RankProgress
 
 
 def run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", code], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_install_writes_the_agent_and_sitecustomize(tmp_path: Path) -> None:
     folder = install_bootstrap(tmp_path)
     assert folder == tmp_path / "bootstrap"
-    assert sorted(p.name for p in folder.iterdir() if p.name != "__pycache__") == sorted([AGENT_MODULE, "sitecustomize.py", CONTRACTS_MODULE])
+    assert sorted(p.name for p in folder.iterdir() if p.name != "__pycache__") == sorted(
+        [AGENT_MODULE, "sitecustomize.py", CONTRACTS_MODULE]
+    )
     # The agent's package whole, module for module.
     package = Path(__file__).parents[2] / "stepscope" / "agent"
     modules = sorted(p.name for p in package.glob("*.py"))
@@ -34,7 +39,9 @@ def test_install_writes_the_agent_and_sitecustomize(tmp_path: Path) -> None:
     # Byte-compiled by the installer, so that images with PYTHONDONTWRITEBYTECODE do not
     # recompile the agent in every process.
     contracts = Path(wire.__file__).parent
-    assert sorted(p.name for p in (folder / CONTRACTS_MODULE).glob("*.py")) == sorted(p.name for p in contracts.glob("*.py"))
+    assert sorted(p.name for p in (folder / CONTRACTS_MODULE).glob("*.py")) == sorted(
+        p.name for p in contracts.glob("*.py")
+    )
     for path in ("sitecustomize.py", f"{CONTRACTS_MODULE}/wire.py", *(f"{AGENT_MODULE}/{name}" for name in modules)):
         assert Path(importlib.util.cache_from_source(str(folder / path))).is_file()
     env = training_env(tmp_path, {"PYTHONPATH": "/opt/a:/opt/b"})
@@ -49,15 +56,22 @@ def test_the_bootstrap_agent_and_the_sidecar_speak_one_vocabulary(tmp_path: Path
     is built from the same sets."""
     install_bootstrap(tmp_path)
     names = [n for n in dir(wire) if n.isupper()]
-    probe = (f"import json, sys, {AGENT_MODULE} as a, {CONTRACTS_MODULE}.wire as w; "
-             f"print(json.dumps({{'same': a.vocabulary.wire is w, 'file': w.__file__, 'agent': a.__file__, "
-             f"'stepscope': sorted(m for m in sys.modules if m.split('.')[0] == 'stepscope'), 'values': {{n: sorted(v) if isinstance(v, frozenset) else v for n, v in vars(w).items() if n.isupper()}}}}))")
+    probe = (
+        f"import json, sys, {AGENT_MODULE} as a, {CONTRACTS_MODULE}.wire as w; "
+        f"print(json.dumps({{'same': a.vocabulary.wire is w, 'file': w.__file__, 'agent': a.__file__, "
+        f"'stepscope': sorted(m for m in sys.modules if m.split('.')[0] == 'stepscope'), 'values': {{n: sorted(v) "
+        f"if isinstance(v, frozenset) else v for n, v in vars(w).items() if n.isupper()}}}}))"
+    )
     result = run_python(probe, training_env(tmp_path, {}))
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout)
     assert seen["same"] and Path(seen["file"]).parent == tmp_path / "bootstrap" / CONTRACTS_MODULE
     assert Path(seen["agent"]).parent == tmp_path / "bootstrap" / AGENT_MODULE and seen["stepscope"] == []
-    ours = {n: sorted(v) if isinstance(v, frozenset) else list(v) if isinstance(v, tuple) else v for n, v in vars(wire).items() if n.isupper()}  # as JSON has them
+    ours = {
+        n: sorted(v) if isinstance(v, frozenset) else list(v) if isinstance(v, tuple) else v
+        for n, v in vars(wire).items()
+        if n.isupper()
+    }  # as JSON has them
     assert seen["values"] == ours and set(ours) == set(names)
     assert vocabulary.wire is wire
     assert wire.HUNG not in wire.FINAL_STATES and wire.HUNG in wire.ACTIVE_STATES, "a hung rank may resume"
@@ -75,8 +89,11 @@ def test_chain_loads_the_images_sitecustomize_and_never_imports_torch(tmp_path: 
     result = run_python(
         "import json, os, sys\n"
         "import sitecustomize\n"
-        "print(json.dumps({'chained': getattr(sitecustomize.chained_sitecustomize, 'IMAGE_MARKER', None) == os.getpid(),"
-        f" 'agent': {AGENT_MODULE!r} in sys.modules, 'torch': 'torch' in sys.modules}}))", env)
+        "print(json.dumps({'chained': getattr(sitecustomize.chained_sitecustomize, 'IMAGE_MARKER', None) == "
+        "os.getpid(),"
+        f" 'agent': {AGENT_MODULE!r} in sys.modules, 'torch': 'torch' in sys.modules}}))",
+        env,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"chained": True, "agent": True, "torch": False}
     assert not (tmp_path / "ss" / "agents").exists(), "a process without torch registers no agent"
@@ -85,7 +102,9 @@ def test_chain_loads_the_images_sitecustomize_and_never_imports_torch(tmp_path: 
 def test_without_an_image_sitecustomize_the_agent_still_starts(tmp_path: Path) -> None:
     install_bootstrap(tmp_path)
     result = run_python(
-        f"import sys, sitecustomize; print(sitecustomize.chained_sitecustomize, {AGENT_MODULE!r} in sys.modules)", training_env(tmp_path, {}))
+        f"import sys, sitecustomize; print(sitecustomize.chained_sitecustomize, {AGENT_MODULE!r} in sys.modules)",
+        training_env(tmp_path, {}),
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["None", "True"]
 
@@ -115,7 +134,8 @@ def test_steps_are_counted_once_per_training_step(tmp_path: Path) -> None:
         "stepscope.step()\n"
         "a.step(); b.step()\n"
         "stepscope.step()\n"
-        "print(stepscope_agent.current().step_count)\n")
+        "print(stepscope_agent.current().step_count)\n"
+    )
     result = run_python(code, {**training_env(tmp_path, {}), "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["3", "5"]
@@ -160,12 +180,26 @@ if __name__ == "__main__":
 def test_multiprocessing_children_neither_register_nor_answer(tmp_path: Path) -> None:
     """Spawned and forked children inherit RANK; only the training process registers as rank 0."""
     install_bootstrap(tmp_path / "ss")
-    (tmp_path / "ss" / "request.json").write_text(json.dumps(
-        {"version": 1, "session": "s-mp", "action": "capture", "capture": {"waitSteps": 100, "steps": 1}, "hangTimeoutSeconds": 300}))
+    (tmp_path / "ss" / "request.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "session": "s-mp",
+                "action": "capture",
+                "capture": {"waitSteps": 100, "steps": 1},
+                "hangTimeoutSeconds": 300,
+            }
+        )
+    )
     script = tmp_path / "spawns.py"
     script.write_text(SPAWNS_A_WORKER)
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
-                            env={"PATH": "/usr/bin:/bin", **training_env(tmp_path / "ss", {}), "RANK": "0", "WORLD_SIZE": "1"})
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", **training_env(tmp_path / "ss", {}), "RANK": "0", "WORLD_SIZE": "1"},
+    )
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout)
     assert seen["writers"] == [seen["main"]], seen
@@ -176,9 +210,17 @@ def test_multiprocessing_children_neither_register_nor_answer(tmp_path: Path) ->
 def test_without_the_shared_directory_nothing_is_created(tmp_path: Path) -> None:
     """PYTHONPATH set but the shared directory not mounted: training runs, the agent stays quiet."""
     install_bootstrap(tmp_path / "ss")
-    env = {**training_env(tmp_path / "ss", {}), "STEPSCOPE_DIR": str(tmp_path / "absent"), "RANK": "0", "WORLD_SIZE": "1"}
-    result = run_python("import time, torch\nopt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)\n"
-                        "for _ in range(3):\n    opt.step()\n    time.sleep(0.4)\nprint('trained')", env)
+    env = {
+        **training_env(tmp_path / "ss", {}),
+        "STEPSCOPE_DIR": str(tmp_path / "absent"),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+    }
+    result = run_python(
+        "import time, torch\nopt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)\n"
+        "for _ in range(3):\n    opt.step()\n    time.sleep(0.4)\nprint('trained')",
+        env,
+    )
     assert result.returncode == 0 and result.stdout == "trained\n", result.stderr
     assert result.stderr == ""
     assert not (tmp_path / "absent").exists()

@@ -1,6 +1,7 @@
 """Real captures: 2 gloo ranks, the agent started by the PYTHONPATH bootstrap, requests written
 as the sidecar writes them. One job serves several sessions, one after the other, as a long
 training run would."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -48,6 +49,10 @@ def test_exact_steps_then_a_refused_second_request_then_cancels(stepscope_dir: P
     write_request(stepscope_dir, "s-never", action="cancel")
     for rank in (0, 1):
         never = wait_for_state(stepscope_dir, "s-never", rank, ("cancelled",), timeout=10)
-        assert never["trace"] is None and never["error"] is None and "before the capture request reached" in never["message"]
+        assert (
+            never["trace"] is None
+            and never["error"] is None
+            and "before the capture request reached" in never["message"]
+        )
     assert all(code is None for code in job.wait(0.1)), "training goes on through all of it\n" + logs(job)
     assert all(code is not None and code < 0 for code in job.terminate()), "terminate ends every rank"

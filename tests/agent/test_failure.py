@@ -1,5 +1,6 @@
 """A capture that fails, and a request that cannot be read: training goes on, the failure is in
 the state file and the log."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,7 +23,9 @@ def test_failed_capture_leaves_training_running(stepscope_dir: Path, start_job) 
     write_request(stepscope_dir, "s-big", waitSteps=1, steps=2, limits={"maxStackEvents": 10_000_000})
     for rank in (0, 1):
         refused = wait_for_state(stepscope_dir, "s-big", rank, ("failed",), timeout=10)
-        assert refused["error"].startswith("bad capture request: request.json.capture.limits.maxStackEvents must be within 0..1,000,000")
+        assert refused["error"].startswith(
+            "bad capture request: request.json.capture.limits.maxStackEvents must be within 0..1,000,000"
+        )
     write_request(stepscope_dir, "s-fail", waitSteps=1, steps=2)
     assert job.wait(60) == [0, 0], logs(job)
     failed = wait_for_state(stepscope_dir, "s-fail", 0, ("failed",), timeout=5)

@@ -1,6 +1,7 @@
 """Ranks started with multiprocessing's fork start method: each forked rank re-arms an agent of
 its own (its pid in the registry, its own watchdog, its own rank) and captures; the parent's agent
 goes on as before."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,9 @@ STEPS = 40
 
 
 def train(rank, world, port):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     dist.init_process_group("gloo")
     model = torch.nn.Linear(16, 16)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -41,7 +44,8 @@ def registered():
     seen = {}
     for rank in (0, 1):
         try:
-            seen[rank] = json.load(open(os.path.join(os.environ["STEPSCOPE_DIR"], "agents", f"rank-{rank}.json")))["pid"]
+            path = os.path.join(os.environ["STEPSCOPE_DIR"], "agents", f"rank-{rank}.json")
+            seen[rank] = json.load(open(path))["pid"]
         except (OSError, ValueError):
             pass
     return seen
@@ -64,7 +68,8 @@ if __name__ == "__main__":
     for _ in range(3):
         opt.step()
     print(json.dumps({"parent": os.getpid(), "ranks": [p.pid for p in ranks], "codes": [p.exitcode for p in ranks],
-                      "heartbeats": {rank: sorted(pids) for rank, pids in heartbeats.items()}, "left_behind": left_behind,
+                      "heartbeats": {rank: sorted(pids) for rank, pids in heartbeats.items()},
+                      "left_behind": left_behind,
                       "parent_agent_kept": stepscope_agent.current() is parent and parent.pid == os.getpid(),
                       "parent_steps": parent.step_count}))
 """
@@ -76,7 +81,9 @@ def test_forked_ranks_register_and_capture_on_their_own(stepscope_dir: Path, tmp
     script = tmp_path / "forks.py"
     script.write_text(FORKS_RANKS)
     env = {**training_env(stepscope_dir, {}), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, str(script), str(free_port())], env=env, capture_output=True, text=True, timeout=90)
+    result = subprocess.run(
+        [sys.executable, str(script), str(free_port())], env=env, capture_output=True, text=True, timeout=90
+    )
     assert result.returncode == 0, result.stderr
     run = json.loads(result.stdout)
     assert run["codes"] == [0, 0], result.stderr
@@ -85,7 +92,9 @@ def test_forked_ranks_register_and_capture_on_their_own(stepscope_dir: Path, tmp
         assert run["heartbeats"][str(rank)] == [pid], run
         state = read_state(stepscope_dir, "s-fork", rank)
         assert state is not None, f"rank {rank} (pid {pid}) never answered\n{result.stderr}"
-        assert state["state"] == "done" and state["pid"] == pid and state["rank"] == rank and state["worldSize"] == 2, state
+        assert state["state"] == "done" and state["pid"] == pid and state["rank"] == rank and state["worldSize"] == 2, (
+            state
+        )
         assert state["startStep"] == state["triggerStep"] + 2 and state["capturedSteps"] == 3
         events = load_trace(stepscope_dir / "s-fork" / state["trace"])
         assert profiler_steps(events) == list(range(state["startStep"], state["endStep"]))

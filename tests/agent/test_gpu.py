@@ -1,4 +1,5 @@
 """On a machine with a GPU: CUDA activities end up in the trace (kernels on the GPU's streams)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -24,7 +25,9 @@ for _ in range(200):
 def cuda_available() -> bool:
     if not Path("/dev/nvidiactl").exists():
         return False
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True
+    )
     return probe.stdout.strip() == "True"
 
 
@@ -47,7 +50,9 @@ def test_cuda_kernels_are_captured(stepscope_dir: Path, tmp_path: Path) -> None:
     pynvml = pytest.importorskip("pynvml")
     pynvml.nvmlInit()
     try:
-        nvml_uuids = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+        nvml_uuids = [
+            pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())
+        ]
     finally:
         pynvml.nvmlShutdown()
     bare = {str(u.decode() if isinstance(u, bytes) else u).lower().removeprefix("gpu-") for u in nvml_uuids}

@@ -1,5 +1,6 @@
 """The watchdog: a blocked rank leaves its peer waiting in a collective; both ranks are marked
 hung with every thread's Python stack, and go back to their capture when training resumes."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,9 @@ def main_thread_functions(stacks: dict) -> list[str]:
 
 
 def test_a_hang_that_recovers_resumes_the_capture(stepscope_dir: Path, start_job) -> None:
-    job = start_job(2, "--steps", "20", "--step-sleep-ms", "5", "--hang-rank", "1", "--hang-at-step", "6", "--hang-seconds", "8")
+    job = start_job(
+        2, "--steps", "20", "--step-sleep-ms", "5", "--hang-rank", "1", "--hang-at-step", "6", "--hang-seconds", "8"
+    )
     hung_and_check_stacks(stepscope_dir, job)
     for rank in (0, 1):
         state = wait_for_state(stepscope_dir, "s-hang", rank, ("done",), timeout=30)
@@ -36,7 +39,11 @@ def test_a_hang_that_recovers_resumes_the_capture(stepscope_dir: Path, start_job
 
 def hung_and_check_stacks(stepscope_dir: Path, job: LocalJob) -> None:
     # The request reaches ranks that are already stuck, the way a user asks about a job that hangs.
-    wait_for(lambda: all(heartbeat(stepscope_dir, rank).get("step") == 7 for rank in (0, 1)), 30, "both ranks stuck after step 7")
+    wait_for(
+        lambda: all(heartbeat(stepscope_dir, rank).get("step") == 7 for rank in (0, 1)),
+        30,
+        "both ranks stuck after step 7",
+    )
     write_request(stepscope_dir, "s-hang", waitSteps=2, steps=3, hang_timeout=2)
     states = [wait_for_state(stepscope_dir, "s-hang", rank, ("hung",), timeout=30) for rank in (0, 1)]
     for rank, state in enumerate(states):
@@ -56,4 +63,3 @@ def hung_and_check_stacks(stepscope_dir: Path, job: LocalJob) -> None:
         beat = heartbeat(stepscope_dir, rank)
         assert beat["pid"] == process.pid and beat["step"] == 7 and beat["worldSize"] == 2 and beat["localRank"] == rank
         assert time.time() - beat["heartbeat"] < 5, "the watchdog keeps beating while training hangs"
-

@@ -1,4 +1,5 @@
 """Loops without an optimizer (stepscope.step()) and captures by duration instead of steps."""
+
 from __future__ import annotations
 
 import subprocess
@@ -46,13 +47,21 @@ while time.monotonic() < deadline:
 """
 
 
-def test_duration_mode_without_steps_records_every_thread_from_the_watchdog(stepscope_dir: Path, tmp_path: Path) -> None:
+def test_duration_mode_without_steps_records_every_thread_from_the_watchdog(
+    stepscope_dir: Path, tmp_path: Path
+) -> None:
     install_bootstrap(stepscope_dir)
     write_request(stepscope_dir, "s-stepless", waitSteps=3, steps=None, durationSeconds=0.5)
     script = tmp_path / "stepless.py"
     script.write_text(STEPLESS_LOOP.format(seconds=60))
-    env = {**training_env(stepscope_dir), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "PATH": "/usr/bin:/bin",
-           "STEPSCOPE_FIRST_STEP_GRACE_SECONDS": "1"}
+    env = {
+        **training_env(stepscope_dir),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "PATH": "/usr/bin:/bin",
+        "STEPSCOPE_FIRST_STEP_GRACE_SECONDS": "1",
+    }
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         state = wait_for_state(stepscope_dir, "s-stepless", 0, ("done", "failed"), timeout=30)
@@ -67,8 +76,9 @@ def test_duration_mode_without_steps_records_every_thread_from_the_watchdog(step
     work = [e for e in events if e.get("cat") == "python_function" and e["name"].endswith(": stepless_work")]
     assert work, "the main thread's Python functions are recorded"
     main_tid = work[0]["tid"]
-    assert [e for e in events if e.get("cat") == "cpu_op" and e["tid"] == main_tid and e["name"] == "aten::mm"], \
+    assert [e for e in events if e.get("cat") == "cpu_op" and e["tid"] == main_tid and e["name"] == "aten::mm"], (
         "the watchdog's profiler records every thread's operators, the training thread's too"
+    )
 
 
 STALLS_AFTER_STEPS = """

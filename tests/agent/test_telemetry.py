@@ -1,5 +1,6 @@
 """Step telemetry from a real training process started the zero-code way: every step's time in the
 rank's ring file (docs/wire.md, "Step telemetry"), read as the sidecar reads it."""
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,9 @@ def test_every_step_is_timed_in_the_ring_which_goes_with_the_process(stepscope_d
     # The steps before the ring file existed are in it (the watchdog maps it after the first step);
     # one step may be lost if it ended while the watchdog switched the agent to the mapped file.
     steps = [s[0] for s in ring.steps]
-    assert steps[0] in (1, 2) and steps == sorted(set(steps)) and len(steps) >= ring.count - 1 and steps[-1] == ring.count
+    assert (
+        steps[0] in (1, 2) and steps == sorted(set(steps)) and len(steps) >= ring.count - 1 and steps[-1] == ring.count
+    )
     ends = [end for _, end, _ in ring.steps]
     assert ends == sorted(ends)
     # Each duration is the time from the previous step's end; every step sleeps 20 ms.
@@ -61,7 +64,11 @@ class _Timed:
         self.figures, self.reads = figures, 0
 
     def time(self, iteration: int, milliseconds: int) -> None:
-        self.figures = {"iteration": iteration, "backward_comm_time": milliseconds * 1_000_000, "backward_comm_time_end": 10**18 + iteration}
+        self.figures = {
+            "iteration": iteration,
+            "backward_comm_time": milliseconds * 1_000_000,
+            "backward_comm_time_end": 10**18 + iteration,
+        }
 
     def _get_ddp_logging_data(self) -> dict[str, int]:
         self.reads += 1
@@ -70,7 +77,9 @@ class _Timed:
         return self.figures
 
 
-def test_the_wait_read_skips_ddps_warm_up_takes_the_median_of_three_drops_a_failing_model_and_stops_retrying(tmp_path: Path) -> None:
+def test_the_wait_read_skips_ddps_warm_up_takes_the_median_of_three_drops_a_failing_model_and_stops_retrying(
+    tmp_path: Path,
+) -> None:
     from stepscope.agent import agent as agent_module
 
     agent = agent_module.Agent(str(tmp_path))

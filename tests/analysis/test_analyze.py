@@ -1,5 +1,6 @@
 """`stepscope analyze` end to end on session folders and through S3 (moto over real HTTP):
 report files written and parseable, per-rank problems reported, nothing captured changed."""
+
 from __future__ import annotations
 
 import gzip
@@ -18,12 +19,32 @@ from stepscope.cli import main
 from stepscope.testing.synthetic_ranks import make_summaries
 from tests.storage.conftest import moto_endpoint  # noqa: F401  (moto's S3 server over HTTP, one per module)
 
-REPORT_FILES = {"diagnosis.json", "index.html", "step_trace_time.csv", "kernel_details.csv", "op_statistic.csv", "communication.csv", "merged.trace.json.gz"}
+REPORT_FILES = {
+    "diagnosis.json",
+    "index.html",
+    "step_trace_time.csv",
+    "kernel_details.csv",
+    "op_statistic.csv",
+    "communication.csv",
+    "merged.trace.json.gz",
+}
 
 
 def _stacks(rank: int, function: str) -> dict:
-    return {"version": 1, "rank": rank, "step": 12, "secondsSinceStep": 400.0,
-            "threads": [{"id": 1, "name": "MainThread", "main": True, "frames": [{"file": "train.py", "line": 9, "function": function}]}]}
+    return {
+        "version": 1,
+        "rank": rank,
+        "step": 12,
+        "secondsSinceStep": 400.0,
+        "threads": [
+            {
+                "id": 1,
+                "name": "MainThread",
+                "main": True,
+                "frames": [{"file": "train.py", "line": 9, "function": function}],
+            }
+        ],
+    }
 
 
 @pytest.fixture()
@@ -46,7 +67,11 @@ def session(tmp_path: Path, shared_traces: Path) -> Path:
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file() and "report" not in p.parts}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and "report" not in p.parts
+    }
 
 
 def _check_report(report: Path, *, charts: bool = True) -> dict:
@@ -87,7 +112,10 @@ def test_session_folder_report(session: Path):
 
     with gzip.open(session / "report" / "merged.trace.json.gz") as f:
         merged = json.load(f)["traceEvents"]
-    originals = [json.loads(gzip.decompress((session / "ranks" / f"rank-{r}.trace.json.gz").read_bytes()))["traceEvents"] for r in (0, 1)]
+    originals = [
+        json.loads(gzip.decompress((session / "ranks" / f"rank-{r}.trace.json.gz").read_bytes()))["traceEvents"]
+        for r in (0, 1)
+    ]
     assert len(merged) >= sum(len(o) for o in originals)
     pids = {e["pid"] for e in merged}
     # Each rank's pids start with 1 (2 for the traces' string pids) and its rank in five digits.
@@ -124,31 +152,38 @@ def test_hang_session_names_the_culprit(tmp_path: Path):
     root = tmp_path / "hung"
     (root / "ranks").mkdir(parents=True)
     for r in range(4):
-        (root / "ranks" / f"rank-{r}.stacks.json").write_text(json.dumps(_stacks(r, "read_shard" if r == 1 else "all_reduce")))
+        (root / "ranks" / f"rank-{r}.stacks.json").write_text(
+            json.dumps(_stacks(r, "read_shard" if r == 1 else "all_reduce"))
+        )
     diagnosis = analyze_uri(str(root), progress=False)
     assert diagnosis.findings[0].category == "hang" and diagnosis.findings[0].ranks == [1]
     assert "read_shard (train.py:9)" in diagnosis.summary
     document = _check_report(root / "report", charts=False)
     page = (root / "report" / "index.html").read_text()
-    assert "<h2>Where each rank is stuck</h2>" in page and page.index("read_shard (train.py:9)") < page.index("all_reduce (train.py:9)")
+    assert "<h2>Where each rank is stuck</h2>" in page and page.index("read_shard (train.py:9)") < page.index(
+        "all_reduce (train.py:9)"
+    )
     assert document["ranks"]["analysed"] == 0
 
 
 def test_session_in_s3(session: Path, moto_endpoint: str):
     credentials = {"accessKeyId": "AKIDANALYSIS", "secretAccessKey": "analysis-secret"}
-    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+    s3 = boto3.client(
+        "s3", endpoint_url=moto_endpoint, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y"
+    )
     s3.create_bucket(Bucket="traces")
     for path in session.rglob("*"):
         if path.is_file():
             s3.upload_file(str(path), "traces", f"prefix/{path.relative_to(session).as_posix()}")
-    diagnosis = analyze_uri("s3://traces/prefix", endpoint=moto_endpoint, region="us-east-1", credentials=credentials, progress=False)
+    diagnosis = analyze_uri(
+        "s3://traces/prefix", endpoint=moto_endpoint, region="us-east-1", credentials=credentials, progress=False
+    )
     assert [w.rank for w in diagnosis.slowWorkers] == [5]
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket="traces", Prefix="prefix/report/")["Contents"]}
     assert {f"prefix/report/{n}" for n in REPORT_FILES} <= keys
     document = json.loads(s3.get_object(Bucket="traces", Key="prefix/report/diagnosis.json")["Body"].read())
     assert document["mergedTrace"]["ranks"] == [0, 1]
     assert "analysis-secret" not in json.dumps(document)
-
 
 
 def test_cli_refuses_unclear_arguments(capsys: pytest.CaptureFixture):

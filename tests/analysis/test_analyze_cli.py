@@ -1,5 +1,6 @@
 """`stepscope analyze` as a script sees it: exit codes, a missing path, files that are no traces,
 ranks taken from the traces (distributedInfo), not from the order of the files."""
+
 from __future__ import annotations
 
 import gzip
@@ -31,7 +32,9 @@ def test_a_path_that_does_not_exist_says_so(tmp_path: Path, capsys: pytest.Captu
     assert f"{tmp_path / 'nowhere'} does not exist" in err and "expected ranks/" not in err
 
 
-def test_a_stray_json_file_is_skipped_and_renumbers_no_rank(tmp_path: Path, shared_traces: Path, capsys: pytest.CaptureFixture):
+def test_a_stray_json_file_is_skipped_and_renumbers_no_rank(
+    tmp_path: Path, shared_traces: Path, capsys: pytest.CaptureFixture
+):
     folder = _pair(tmp_path, shared_traces)
     (folder / "hparams.json").write_text(json.dumps({"lr": 0.1, "batch_size": 32}))
     assert main(["analyze", str(folder), "--output", str(tmp_path / "out"), "--no-progress"]) == EXIT_OK

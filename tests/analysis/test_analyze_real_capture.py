@@ -1,6 +1,7 @@
 """The diagnosis on real captures: 2 gloo ranks of stepscope's workload started the zero-code way
 (rank 1 doing 80 ms of extra Python work per step in augment_batch_slowly, or blocking forever);
 the agent writes traces or stacks, `stepscope analyze` reads the agent's folder as it is."""
+
 from __future__ import annotations
 
 import json
@@ -8,10 +9,18 @@ from pathlib import Path
 
 from stepscope.analysis.pipeline import analyze_uri
 from stepscope.cli import main
-from tests.agent.protocol import start_job, stepscope_dir, wait_for, wait_for_state, write_request  # noqa: F401  (fixtures)
+from tests.agent.protocol import (  # noqa: F401  (fixtures)
+    start_job,
+    stepscope_dir,
+    wait_for,
+    wait_for_state,
+    write_request,
+)
 
 
-def test_real_gloo_run_names_the_slow_rank_and_its_function(stepscope_dir: Path, start_job, tmp_path: Path, capsys) -> None:
+def test_real_gloo_run_names_the_slow_rank_and_its_function(
+    stepscope_dir: Path, start_job, tmp_path: Path, capsys
+) -> None:
     write_request(stepscope_dir, "slow", waitSteps=2, steps=4)
     job = start_job(2, "--steps", "0", "--step-sleep-ms", "5", "--slow-rank", "1", "--slow-ms", "80")
     for rank in (0, 1):

@@ -1,5 +1,6 @@
 """Bad ranks in a session: each gives a clear per-rank problem in the report, the others are
 analysed, nothing crashes and nothing captured is changed. Real traces, real summariser."""
+
 from __future__ import annotations
 
 import gzip
@@ -17,7 +18,11 @@ from stepscope.testing.synthetic_ranks import make_summaries
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file() and "report" not in p.parts}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and "report" not in p.parts
+    }
 
 
 @pytest.fixture()
@@ -32,8 +37,24 @@ def broken_session(tmp_path: Path, shared_traces: Path) -> Path:
     (ranks / "rank-3.trace.json.gz").write_bytes(gzip.compress(b'{"traceEvents": []}'))
     shutil.copy(next((shared_traces / "hta__critical_path_alexnet").glob("*.json.gz")), ranks / "rank-4.trace.json.gz")
     # rank 5 left nothing at all; rank 6 only its stacks (it hung before writing a trace)
-    (ranks / "rank-6.stacks.json").write_text(json.dumps({"version": 1, "rank": 6, "step": 3, "secondsSinceStep": 320.0, "threads": [
-        {"id": 1, "name": "MainThread", "main": True, "frames": [{"file": "train.py", "line": 5, "function": "load_batch"}]}]}))
+    (ranks / "rank-6.stacks.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "rank": 6,
+                "step": 3,
+                "secondsSinceStep": 320.0,
+                "threads": [
+                    {
+                        "id": 1,
+                        "name": "MainThread",
+                        "main": True,
+                        "frames": [{"file": "train.py", "line": 5, "function": "load_batch"}],
+                    }
+                ],
+            }
+        )
+    )
     (ranks / "rank-7.summary.json").write_text('{"version": 1, "rank": 7, "kernels": [')
     return root
 
@@ -45,7 +66,9 @@ def test_every_bad_rank_is_reported_and_the_good_one_analysed(broken_session: Pa
     document = json.loads((broken_session / "report" / "diagnosis.json").read_text())
     problems = {int(r): " | ".join(p) for r, p in document["problems"].items()}
     assert set(problems) >= {1, 2, 3, 4, 5, 6, 7}
-    assert "rank-1.trace.json.gz" in problems[1] and ("truncated" in problems[1].lower() or "ended" in problems[1].lower())
+    assert "rank-1.trace.json.gz" in problems[1] and (
+        "truncated" in problems[1].lower() or "ended" in problems[1].lower()
+    )
     assert "rank-2.trace.json.gz" in problems[2]
     assert problems[5] == "no trace or summary was uploaded for this rank"
     assert "only Python stacks" in problems[6]
@@ -60,7 +83,9 @@ def test_every_bad_rank_is_reported_and_the_good_one_analysed(broken_session: Pa
     assert 0 in document["mergedTrace"]["ranks"] and 1 not in document["mergedTrace"]["ranks"]
 
 
-def test_folder_of_raw_traces_in_hta_layout(tmp_path: Path, shared_traces: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
+def test_folder_of_raw_traces_in_hta_layout(
+    tmp_path: Path, shared_traces: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+):
     """A read-only folder of Kineto traces (HTA's layout): ranks come from the files, summarised in
     parallel processes (as large traces are); the report goes to --output."""
     monkeypatch.setattr(session_files, "PARALLEL_BYTES", 0)
@@ -72,7 +97,9 @@ def test_folder_of_raw_traces_in_hta_layout(tmp_path: Path, shared_traces: Path,
     assert f"report: {tmp_path / 'out'}/index.html" in capsys.readouterr().out
 
 
-def test_single_trace_file_and_a_report_that_cannot_be_written(tmp_path: Path, shared_traces: Path, capsys: pytest.CaptureFixture):
+def test_single_trace_file_and_a_report_that_cannot_be_written(
+    tmp_path: Path, shared_traces: Path, capsys: pytest.CaptureFixture
+):
     trace = tmp_path / "run" / "rank_non_gpu.json.gz"
     trace.parent.mkdir()
     shutil.copy(next((shared_traces / "hta__rank_non_gpu").glob("*.json.gz")), trace)
@@ -90,14 +117,32 @@ def test_stacks_files_of_the_wrong_shape_are_per_rank_problems(tmp_path: Path, s
     ranks = root / "ranks"
     ranks.mkdir(parents=True)
     shutil.copy(shared_traces / "hta__trace_filter_2rank" / "sampled_rank-0.json.gz", ranks / "rank-0.trace.json.gz")
-    bad = {1: {"step": 3, "threads": "MainThread"},
-           2: {"threads": [{"main": True, "frames": [1, "train.py"]}]},
-           3: {"step": "three", "secondsSinceStep": "long", "threads": []},
-           4: {"threads": ["MainThread"]}}
+    bad = {
+        1: {"step": 3, "threads": "MainThread"},
+        2: {"threads": [{"main": True, "frames": [1, "train.py"]}]},
+        3: {"step": "three", "secondsSinceStep": "long", "threads": []},
+        4: {"threads": ["MainThread"]},
+    }
     for rank, body in bad.items():
         (ranks / f"rank-{rank}.stacks.json").write_text(json.dumps(body))
-    (ranks / "rank-5.stacks.json").write_text(json.dumps({"version": 1, "rank": 5, "step": 3, "secondsSinceStep": 320.0, "threads": [
-        {"id": 1, "name": "MainThread", "main": True, "frames": [{"file": "train.py", "line": None, "function": "load_batch"}]}]}))
+    (ranks / "rank-5.stacks.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "rank": 5,
+                "step": 3,
+                "secondsSinceStep": 320.0,
+                "threads": [
+                    {
+                        "id": 1,
+                        "name": "MainThread",
+                        "main": True,
+                        "frames": [{"file": "train.py", "line": None, "function": "load_batch"}],
+                    }
+                ],
+            }
+        )
+    )
     diagnosis = analyze_uri(str(root), progress=False)
     document = json.loads((root / "report" / "diagnosis.json").read_text())
     for rank in bad:

@@ -1,4 +1,5 @@
 """stepscope.analysis's facade: what the sidecar, the analysis Job and the CLI call."""
+
 from __future__ import annotations
 
 import subprocess
@@ -13,8 +14,11 @@ from stepscope.testing.synthetic_ranks import make_summaries
 
 def test_importing_the_facade_loads_no_stage() -> None:
     """The sidecar imports it at start: no pandas, numpy or stage module until a function runs."""
-    code = ("import sys, stepscope.analysis; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pandas', 'numpy') or m.startswith('stepscope.analysis.')))")
+    code = (
+        "import sys, stepscope.analysis; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pandas', 'numpy') or "
+        "m.startswith('stepscope.analysis.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.strip() == "[]"
 

@@ -2,6 +2,7 @@
 helm, written as a rules file, and training jobs' series as the sidecar exports them (GET /metrics,
 docs/wire.md), simulated step by step for `promtool test rules`. Without promtool (Debian's and
 Ubuntu's `prometheus` package, or a Prometheus release) the tests that need it skip and say so."""
+
 from __future__ import annotations
 
 import shutil
@@ -24,7 +25,9 @@ def binary(name: str) -> str:
     """The path of a Prometheus binary (promtool, prometheus); skips the calling test without it."""
     found = shutil.which(name)
     if found is None:
-        pytest.skip(f"no {name} on PATH: install Prometheus (Debian: apt-get install prometheus; .ci/run does it where it can)")
+        pytest.skip(
+            f"no {name} on PATH: install Prometheus (Debian: apt-get install prometheus; .ci/run does it where it can)"
+        )
     return found
 
 
@@ -47,6 +50,7 @@ class Rank:
     """One rank's steps: back to back from `start` (seconds into the test), each phase (until,
     step seconds) lasting until its time; `pauses` are single steps (at, seconds) that start at
     their time. Step times vary by `jitter` (a fixed seed: every run sees the same steps)."""
+
     rank: int
     phases: Sequence[tuple[float, float]]
     pauses: Sequence[tuple[float, float]] = ()
@@ -55,7 +59,9 @@ class Rank:
     wait_share: Sequence[tuple[float, float]] = ()  # (from, share): the gauge from each time on; none without it
     pod: str = ""
     job: str = "llm"
-    restarts: Sequence[tuple[float, float]] = ()  # (gone at, back at): the process dies, a new one (its counters from 0) starts
+    restarts: Sequence[
+        tuple[float, float]
+    ] = ()  # (gone at, back at): the process dies, a new one (its counters from 0) starts
     seed: int = field(default=0)
 
     def step_ends(self) -> tuple[np.ndarray, np.ndarray]:
@@ -77,8 +83,10 @@ class Rank:
 
     def labels(self) -> str:
         pod = self.pod or f"{self.job}-{self.rank}"
-        return (f'namespace="{TRAINING_NAMESPACE}",job="{self.job}",pod="{pod}",instance="{pod}:9400",'
-                f'rank="{self.rank}",local_rank="0"')
+        return (
+            f'namespace="{TRAINING_NAMESPACE}",job="{self.job}",pod="{pod}",instance="{pod}:9400",'
+            f'rank="{self.rank}",local_rank="0"'
+        )
 
 
 def _values(samples: Sequence[float | None]) -> str:
@@ -111,9 +119,11 @@ def input_series(ranks: Sequence[Rank], scrape_s: float, duration_s: float) -> l
             total.append(float(durations[done].sum()))
             since.append(t - float(ends[done].max()) if n else None)
         name = r.labels()
-        series += [{"series": f"stepscope_step_duration_seconds_count{{{name}}}", "values": _values(count)},
-                   {"series": f"stepscope_step_duration_seconds_sum{{{name}}}", "values": _values(total)},
-                   {"series": f"stepscope_seconds_since_last_step{{{name}}}", "values": _values(since)}]
+        series += [
+            {"series": f"stepscope_step_duration_seconds_count{{{name}}}", "values": _values(count)},
+            {"series": f"stepscope_step_duration_seconds_sum{{{name}}}", "values": _values(total)},
+            {"series": f"stepscope_seconds_since_last_step{{{name}}}", "values": _values(since)},
+        ]
         if r.wait_share:
             share: list[float | None] = []
             for i, t in enumerate(times):
@@ -126,22 +136,47 @@ def input_series(ranks: Sequence[Rank], scrape_s: float, duration_s: float) -> l
 def firing(at: float, alerts: dict[str, int], by: str = "alertname") -> dict[str, Any]:
     """A promql_expr_test: at `at` seconds, exactly `alerts` fire ({labels by `by`, as in a
     series selector: count of alerts})."""
-    return {"expr": f'count by ({by}) (ALERTS{{alertstate="firing"}})', "eval_time": f"{int(at)}s",
-            "exp_samples": [{"labels": f"{{{labels}}}", "value": n} for labels, n in sorted(alerts.items())]}
+    return {
+        "expr": f'count by ({by}) (ALERTS{{alertstate="firing"}})',
+        "eval_time": f"{int(at)}s",
+        "exp_samples": [{"labels": f"{{{labels}}}", "value": n} for labels, n in sorted(alerts.items())],
+    }
 
 
 def ever_fired(until: float, alerts: dict[str, int], by: str = "alertname") -> dict[str, Any]:
     """A promql_expr_test: from the start to `until` seconds, exactly `alerts` ever fired."""
-    return {"expr": f'count by ({by}) (last_over_time(ALERTS{{alertstate="firing"}}[{int(until)}s]))', "eval_time": f"{int(until)}s",
-            "exp_samples": [{"labels": f"{{{labels}}}", "value": n} for labels, n in sorted(alerts.items())]}
+    return {
+        "expr": f'count by ({by}) (last_over_time(ALERTS{{alertstate="firing"}}[{int(until)}s]))',
+        "eval_time": f"{int(until)}s",
+        "exp_samples": [{"labels": f"{{{labels}}}", "value": n} for labels, n in sorted(alerts.items())],
+    }
 
 
-def run_test(folder: Path, groups: list[dict[str, Any]], series: list[dict[str, str]], *, scrape_s: float, evaluation_s: float,
-             expr_tests: Sequence[dict[str, Any]] = (), alert_tests: Sequence[dict[str, Any]] = ()) -> subprocess.CompletedProcess[str]:
+def run_test(
+    folder: Path,
+    groups: list[dict[str, Any]],
+    series: list[dict[str, str]],
+    *,
+    scrape_s: float,
+    evaluation_s: float,
+    expr_tests: Sequence[dict[str, Any]] = (),
+    alert_tests: Sequence[dict[str, Any]] = (),
+) -> subprocess.CompletedProcess[str]:
     """`promtool test rules` of `groups` over `series`; its exit code is 0 when every test passed."""
     write_rules(folder, groups)
-    test = {"rule_files": ["rules.yaml"], "evaluation_interval": f"{evaluation_s:g}s",
-            "tests": [{"interval": f"{scrape_s:g}s", "input_series": series,
-                       "promql_expr_test": list(expr_tests), "alert_rule_test": list(alert_tests)}]}
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": f"{evaluation_s:g}s",
+        "tests": [
+            {
+                "interval": f"{scrape_s:g}s",
+                "input_series": series,
+                "promql_expr_test": list(expr_tests),
+                "alert_rule_test": list(alert_tests),
+            }
+        ],
+    }
     (folder / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    return subprocess.run([binary("promtool"), "test", "rules", "test.yaml"], cwd=folder, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [binary("promtool"), "test", "rules", "test.yaml"], cwd=folder, capture_output=True, text=True, timeout=300
+    )

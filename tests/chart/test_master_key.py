@@ -1,6 +1,7 @@
 """The operator's master HMAC key under `helm template` (Argo CD, Flux): the chart never renders
 it, so no sync can replace it; the operator creates it once, under the chart's RBAC, and never
 overwrites it (stepscope/operator/master_key.py)."""
+
 from __future__ import annotations
 
 import base64
@@ -44,26 +45,36 @@ def test_the_operator_creates_the_key_once_and_keeps_it(admin) -> None:
 
 
 def test_a_key_the_user_created_is_the_one_used(admin) -> None:
-    admin.create_namespaced_secret(RELEASE_NAMESPACE, {"metadata": {"name": "stepscope-hmac"}, "stringData": {"key": "my-own-key"}})
+    admin.create_namespaced_secret(
+        RELEASE_NAMESPACE, {"metadata": {"name": "stepscope-hmac"}, "stringData": {"key": "my-own-key"}}
+    )
     assert master_key.ensure(RELEASE_NAMESPACE, "stepscope-hmac", "key") == b"my-own-key"
-    assert base64.b64decode(admin.read_namespaced_secret("stepscope-hmac", RELEASE_NAMESPACE).data["key"]) == b"my-own-key"
+    assert (
+        base64.b64decode(admin.read_namespaced_secret("stepscope-hmac", RELEASE_NAMESPACE).data["key"]) == b"my-own-key"
+    )
 
 
 def test_a_secret_without_the_key_is_a_clear_error_not_overwritten(admin) -> None:
-    admin.create_namespaced_secret(RELEASE_NAMESPACE, {"metadata": {"name": "stepscope-hmac"}, "stringData": {"other": "x"}})
+    admin.create_namespaced_secret(
+        RELEASE_NAMESPACE, {"metadata": {"name": "stepscope-hmac"}, "stringData": {"other": "x"}}
+    )
     with pytest.raises(KeyLoadError, match="has no data key 'key'"):
         master_key.ensure(RELEASE_NAMESPACE, "stepscope-hmac", "key")
 
 
 def test_the_operator_reads_no_other_secret_of_its_namespace(kube, admin) -> None:
     admin.create_namespaced_secret(RELEASE_NAMESPACE, {"metadata": {"name": "other"}, "stringData": {"key": "x"}})
-    with pytest.raises(KeyLoadError, match="cannot read or create the key Secret stepscope/other: the API server answered 403"):
+    with pytest.raises(
+        KeyLoadError, match="cannot read or create the key Secret stepscope/other: the API server answered 403"
+    ):
         master_key.ensure(RELEASE_NAMESPACE, "other", "key")
     operator = kubernetes.client.CoreV1Api(kube.service_account_client(RELEASE_NAMESPACE, "stepscope-operator"))
     assert refused(lambda: operator.list_namespaced_secret(RELEASE_NAMESPACE), 403)
 
 
-def test_the_operator_command_takes_its_key_from_the_secret_or_says_why_not(kube, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_the_operator_command_takes_its_key_from_the_secret_or_says_why_not(
+    kube, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
     """`stepscope operator` as the chart runs it (STEPSCOPE_HMAC_SECRET, no key in its env): an
     identity that may not read the Secret stops it at once with one line, before kopf starts."""
     for name in ("STEPSCOPE_HMAC_KEY", "STEPSCOPE_HMAC_KEY_FILE"):
@@ -77,5 +88,7 @@ def test_the_operator_command_takes_its_key_from_the_secret_or_says_why_not(kube
         assert main(["operator", "--metrics-port", "0"]) == 2
     finally:
         operator_kube.reset()
-    assert capsys.readouterr().err.strip() == ("stepscope operator: cannot read or create the key Secret stepscope/stepscope-hmac: "
-                                               "the API server answered 403 Forbidden")
+    assert capsys.readouterr().err.strip() == (
+        "stepscope operator: cannot read or create the key Secret stepscope/stepscope-hmac: "
+        "the API server answered 403 Forbidden"
+    )

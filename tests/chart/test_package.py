@@ -1,5 +1,6 @@
 """What ships: `helm package` carries the CRD as a real file, identical to crds/; the rendered
 chart is valid Kubernetes objects; helm lint passes."""
+
 from __future__ import annotations
 
 import re
@@ -39,8 +40,18 @@ def test_helm_lint(helm: str) -> None:
 
 def test_rendered_chart_is_valid_kubernetes_objects(helm: str) -> None:
     docs = render(helm, "operator.namespaces={team-a,team-b}")
-    assert {d["kind"] for d in docs} >= {"Deployment", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "Service",
-                                         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "NetworkPolicy"}
+    assert {d["kind"] for d in docs} >= {
+        "Deployment",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+        "Service",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "NetworkPolicy",
+    }
     shipped_kinds = {yaml.safe_load(f.read_text())["spec"]["names"]["kind"] for f in (CHART / "crds").glob("*.yaml")}
     for doc in docs:
         if doc["apiVersion"].split("/")[0].endswith((".dev", "stepscope.io")):
@@ -80,7 +91,11 @@ def test_the_readme_upgrades_and_uninstalls_every_crd_and_what_the_operator_leav
     leaves a CRD or a key behind."""
     text = (REPO / "README.md").read_text()
     crd_folder = "helm/stepscope/crds/"
-    assert sorted(p.name for p in (REPO / crd_folder).glob("*.yaml")) == ["kopfpeering.yaml", "profilesession.yaml", "profiletrigger.yaml"]
+    assert sorted(p.name for p in (REPO / crd_folder).glob("*.yaml")) == [
+        "kopfpeering.yaml",
+        "profilesession.yaml",
+        "profiletrigger.yaml",
+    ]
     assert f"kubectl apply --server-side -f {crd_folder}" in text
     assert f"kubectl delete -f {crd_folder}" in text
     docs = render(helm)

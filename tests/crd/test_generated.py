@@ -1,5 +1,6 @@
 """The CRDs are generated from stepscope.contracts: the committed files are what `make crds`
 writes, and the parser the parts use refuses what the schema refuses."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,7 +42,9 @@ def _spec_with(path: str, value: object) -> dict:
     return spec
 
 
-@pytest.mark.parametrize(("path", "field"), _bounded(SessionSpec, "spec"), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    ("path", "field"), _bounded(SessionSpec, "spec"), ids=lambda v: v if isinstance(v, str) else ""
+)
 def test_the_parser_refuses_what_the_schema_refuses(path: str, field: Field) -> None:
     """Every maximum of the CRD holds for a spec that reaches a part without the API server."""
     SessionSpec.from_dict(_spec_with(path, field.bounds["maximum"]))
@@ -64,8 +67,16 @@ def test_a_sessions_comm_kernel_patterns_are_bounded_explained_and_checked(kube)
     kube.apply_crd()
     custom = CustomObjectsApi(kube.api_client)
     for patterns in (["x"] * 17, ["x" * 257]):
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileSession", "metadata": {"name": "too-many"},
-                "spec": {"selector": {"matchLabels": {"a": "b"}}, "storage": STORAGE, "analysis": {"commKernelPatterns": patterns}}}
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ProfileSession",
+            "metadata": {"name": "too-many"},
+            "spec": {
+                "selector": {"matchLabels": {"a": "b"}},
+                "storage": STORAGE,
+                "analysis": {"commKernelPatterns": patterns},
+            },
+        }
         with pytest.raises(ApiException) as refused:
             custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
         assert refused.value.status == 422 and "commKernelPatterns" in refused.value.body

@@ -1,6 +1,7 @@
 """The ProfileTrigger CRD: a valid, structural apiextensions/v1 object the test API server accepts;
 its session template is the ProfileSession spec without the selector; its defaults agree with
 stepscope.operator.triggers.policy; bad specs are refused when applied, with the field named."""
+
 from __future__ import annotations
 
 import copy
@@ -17,7 +18,10 @@ from stepscope.testing.kube.helpers import refused
 from stepscope.testing.kube.schema import apply_defaults, prune, structural_errors
 
 TRIGGER_CRD = REPO / "crds" / "profiletrigger.yaml"
-SPEC = {"selector": {"matchLabels": {"job": "train"}}, "sessionTemplate": {"storage": {"uri": "s3://bucket/auto", "credentialsSecret": "store-credentials"}}}
+SPEC = {
+    "selector": {"matchLabels": {"job": "train"}},
+    "sessionTemplate": {"storage": {"uri": "s3://bucket/auto", "credentialsSecret": "store-credentials"}},
+}
 
 
 def _schema(path=TRIGGER_CRD) -> dict:
@@ -28,7 +32,11 @@ def test_crd_is_valid_structural_and_packaged_beside_the_session_crd() -> None:
     crd = yaml.safe_load(TRIGGER_CRD.read_text())
     kubernetes_validate.validate(crd, "1.31", strict=True)
     assert TRIGGER_CRD.resolve() == REPO / "helm" / "stepscope" / "crds" / "profiletrigger.yaml"
-    assert (crd["metadata"]["name"], crd["spec"]["scope"], crd["spec"]["names"]["kind"]) == ("profiletriggers.stepscope.io", "Namespaced", "ProfileTrigger")
+    assert (crd["metadata"]["name"], crd["spec"]["scope"], crd["spec"]["names"]["kind"]) == (
+        "profiletriggers.stepscope.io",
+        "Namespaced",
+        "ProfileTrigger",
+    )
     assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}
     assert structural_errors(_schema()) == []
 
@@ -56,7 +64,12 @@ def test_every_field_is_explained() -> None:
 
 def test_schema_defaults_agree_with_the_trigger_policy() -> None:
     stored = apply_defaults(prune({"spec": SPEC}, _schema(), root=True), _schema())["spec"]
-    assert stored["conditions"]["stepTime"] == {"enabled": True, "factor": 1.5, "baselineMinutes": 10, "sustainedSeconds": 60}
+    assert stored["conditions"]["stepTime"] == {
+        "enabled": True,
+        "factor": 1.5,
+        "baselineMinutes": 10,
+        "sustainedSeconds": 60,
+    }
     assert Policy.from_spec("t", stored) == Policy.from_spec("t", {})
 
 
@@ -72,15 +85,30 @@ def _create(api, name: str, spec: dict) -> dict:
     return api.create_namespaced_custom_object(GROUP, VERSION, "default", TRIGGER_PLURAL, body)
 
 
-@pytest.mark.parametrize("spec, field, complaint", [
-    ({"conditions": {"stepTime": {"factor": 1}}}, "spec.conditions.stepTime.factor", "should be greater than 1"),
-    ({"conditions": {"hang": {"noStepSeconds": 0}}}, "spec.conditions.hang.noStepSeconds", "should be greater than 0"),
-    ({"maxSessionsPerHour": 0}, "spec.maxSessionsPerHour", "should be greater than or equal to 1"),
-    ({"sessionTemplate": {"storage": {"uri": "http://bucket/p"}}}, "spec.sessionTemplate.storage.uri", "uri must be s3://bucket/prefix"),
-    ({"sessionTemplate": {"storage": {"uri": "s3://b/p"}, "timeoutSeconds": 60}}, "spec.sessionTemplate.hangTimeoutSeconds",
-     "hangTimeoutSeconds must not exceed timeoutSeconds"),
-    ({"selector": {"matchLabels": {}}}, "spec.selector", "an empty selector would profile every pod"),
-], ids=["factor-1", "no-hang-time", "no-sessions", "http-uri", "hang-beyond-timeout", "empty-selector"])
+@pytest.mark.parametrize(
+    "spec, field, complaint",
+    [
+        ({"conditions": {"stepTime": {"factor": 1}}}, "spec.conditions.stepTime.factor", "should be greater than 1"),
+        (
+            {"conditions": {"hang": {"noStepSeconds": 0}}},
+            "spec.conditions.hang.noStepSeconds",
+            "should be greater than 0",
+        ),
+        ({"maxSessionsPerHour": 0}, "spec.maxSessionsPerHour", "should be greater than or equal to 1"),
+        (
+            {"sessionTemplate": {"storage": {"uri": "http://bucket/p"}}},
+            "spec.sessionTemplate.storage.uri",
+            "uri must be s3://bucket/prefix",
+        ),
+        (
+            {"sessionTemplate": {"storage": {"uri": "s3://b/p"}, "timeoutSeconds": 60}},
+            "spec.sessionTemplate.hangTimeoutSeconds",
+            "hangTimeoutSeconds must not exceed timeoutSeconds",
+        ),
+        ({"selector": {"matchLabels": {}}}, "spec.selector", "an empty selector would profile every pod"),
+    ],
+    ids=["factor-1", "no-hang-time", "no-sessions", "http-uri", "hang-beyond-timeout", "empty-selector"],
+)
 def test_bad_triggers_are_refused_naming_the_field(api, spec, field, complaint) -> None:
     status = refused(lambda: _create(api, "bad", {**SPEC, **spec}), 422)
     causes = [(c["field"], c["message"]) for c in status["details"]["causes"]]
@@ -92,11 +120,38 @@ def test_a_minimal_trigger_is_stored_with_defaults_and_listed_with_its_columns(a
     assert (stored["cooldownSeconds"], stored["maxSessionsPerHour"], stored["suspend"]) == (900, 4, False)
     assert stored["conditions"]["hang"] == {"enabled": True, "noStepSeconds": 300}
     assert stored["sessionTemplate"]["capture"]["waitSteps"] == 5
-    api.patch_namespaced_custom_object_status(GROUP, VERSION, "default", TRIGGER_PLURAL, "watch", {"status": {
-        "state": "Watching", "baseline": {"stepTimeSeconds": 0.25}, "sessionsCreated": 2,
-        "lastFired": {"time": "2026-11-24T02:00:00Z", "condition": "Hang", "reason": "no step", "session": "watch-20261124020000"}}})
-    rows = api.list_namespaced_custom_object(GROUP, VERSION, "default", TRIGGER_PLURAL, _headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})
-    assert [c["name"] for c in rows["columnDefinitions"]] == ["Name", "State", "Baseline", "Last Fired", "Sessions", "Last Session", "Age"]
+    api.patch_namespaced_custom_object_status(
+        GROUP,
+        VERSION,
+        "default",
+        TRIGGER_PLURAL,
+        "watch",
+        {
+            "status": {
+                "state": "Watching",
+                "baseline": {"stepTimeSeconds": 0.25},
+                "sessionsCreated": 2,
+                "lastFired": {
+                    "time": "2026-11-24T02:00:00Z",
+                    "condition": "Hang",
+                    "reason": "no step",
+                    "session": "watch-20261124020000",
+                },
+            }
+        },
+    )
+    rows = api.list_namespaced_custom_object(
+        GROUP, VERSION, "default", TRIGGER_PLURAL, _headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}
+    )
+    assert [c["name"] for c in rows["columnDefinitions"]] == [
+        "Name",
+        "State",
+        "Baseline",
+        "Last Fired",
+        "Sessions",
+        "Last Session",
+        "Age",
+    ]
     [row] = rows["rows"]
     assert row["cells"][:3] == ["watch", "Watching", 0.25] and row["cells"][4:6] == [2, "watch-20261124020000"]
 

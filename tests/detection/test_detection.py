@@ -1,6 +1,7 @@
 """The capture conditions (stepscope.detection) driven poll by poll with simulated ranks: each rank
 steps with its own step time (seeded jitter, occasional one-off spikes), and every poll shows what
 a sidecar's GET /v1/telemetry shows (steps, seconds since the latest, the last 64 step times)."""
+
 from __future__ import annotations
 
 import random
@@ -9,7 +10,18 @@ from collections.abc import Callable
 
 import pytest
 
-from stepscope.detection import DIVERGENCE, HANG, SLOWDOWN, Conditions, Fire, Observation, RankSample, State, detect, observe
+from stepscope.detection import (
+    DIVERGENCE,
+    HANG,
+    SLOWDOWN,
+    Conditions,
+    Fire,
+    Observation,
+    RankSample,
+    State,
+    detect,
+    observe,
+)
 
 POLL_S = 5.0
 StepTime = Callable[[int, float], float | None]  # (rank, time) -> seconds of a step starting then; None: no step (hung)
@@ -42,11 +54,18 @@ class Job:
                 # As the agent times it: from the previous step's end, a hang included.
                 self.recent[rank] = [*self.recent[rank], (self.steps[rank], end - self.ends[rank])][-64:]
                 self.ends[rank] = self.starts[rank] = end
-        return Observation(self.t, {r: RankSample(self.steps[r], self.t - self.ends[r] if self.steps[r] else None, tuple(self.recent[r]))
-                                    for r in range(self.world)})
+        return Observation(
+            self.t,
+            {
+                r: RankSample(self.steps[r], self.t - self.ends[r] if self.steps[r] else None, tuple(self.recent[r]))
+                for r in range(self.world)
+            },
+        )
 
 
-def run(job: Job, conditions: Conditions, seconds: float, state: State | None = None) -> tuple[State, list[tuple[float, Fire]]]:
+def run(
+    job: Job, conditions: Conditions, seconds: float, state: State | None = None
+) -> tuple[State, list[tuple[float, Fire]]]:
     state = state or State()
     fired = []
     for _ in range(int(seconds / POLL_S)):
@@ -58,8 +77,10 @@ def run(job: Job, conditions: Conditions, seconds: float, state: State | None = 
 
 def healthy(step_s: float = 0.1, spikes_every_s: float = 600.0, spike_s: float = 20.0) -> StepTime:
     """Steps of `step_s`, and one `spike_s` step (a checkpoint) every `spikes_every_s`."""
+
     def step(rank: int, t: float) -> float:
         return spike_s if t % spikes_every_s < step_s and t > step_s else step_s
+
     return step
 
 
@@ -114,9 +135,19 @@ def test_a_rank_taken_over_by_a_new_process_starts_over() -> None:
     assert state.seen == {0: 3} and state.history[-1] == (15.0, pytest.approx(0.3))
 
 
-@pytest.mark.parametrize("field, value", [("slowdown_factor", 1.0), ("divergence_factor", 0.5), ("sustained_s", 0),
-                                          ("hang_after_s", -1), ("baseline_window_s", 0), ("min_baseline_polls", 0),
-                                          ("wait_share_gap", 0.0), ("wait_share_gap", 1.0)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("slowdown_factor", 1.0),
+        ("divergence_factor", 0.5),
+        ("sustained_s", 0),
+        ("hang_after_s", -1),
+        ("baseline_window_s", 0),
+        ("min_baseline_polls", 0),
+        ("wait_share_gap", 0.0),
+        ("wait_share_gap", 1.0),
+    ],
+)
 def test_conditions_that_cannot_work_are_refused(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         Conditions(**{field: value})
@@ -124,10 +155,29 @@ def test_conditions_that_cannot_work_are_refused(field: str, value: float) -> No
 
 def test_an_observation_from_sidecar_answers_keeps_live_ranks_and_skips_what_is_not_telemetry() -> None:
     answers = [
-        {"pod": "a", "ranks": [{"rank": 0, "alive": True, "steps": 5, "secondsSinceStep": 0.2, "recent": [[4, 0.1], [5, 0.3]], "waitShare": 0.4},
-                               {"rank": 1, "alive": False, "steps": 9, "secondsSinceStep": 99.0, "recent": []}]},
-        {"pod": "b", "ranks": [{"rank": 2, "alive": True, "steps": 0, "secondsSinceStep": None, "recent": []},
-                               {"rank": 3, "alive": True, "steps": "many"}, "not a rank", {"alive": True}]},
+        {
+            "pod": "a",
+            "ranks": [
+                {
+                    "rank": 0,
+                    "alive": True,
+                    "steps": 5,
+                    "secondsSinceStep": 0.2,
+                    "recent": [[4, 0.1], [5, 0.3]],
+                    "waitShare": 0.4,
+                },
+                {"rank": 1, "alive": False, "steps": 9, "secondsSinceStep": 99.0, "recent": []},
+            ],
+        },
+        {
+            "pod": "b",
+            "ranks": [
+                {"rank": 2, "alive": True, "steps": 0, "secondsSinceStep": None, "recent": []},
+                {"rank": 3, "alive": True, "steps": "many"},
+                "not a rank",
+                {"alive": True},
+            ],
+        },
         {"error": "no such endpoint"},
     ]
     observation = observe(7.0, answers)
@@ -141,7 +191,10 @@ def lockstep(polls: int, shares: Callable[[int, int], float | None], world: int 
     state, fired = State(), []
     for poll in range(1, polls + 1):
         steps = poll * 50
-        ranks = {r: RankSample(steps, 0.05, tuple((s, 0.1) for s in range(steps - 49, steps + 1)), shares(poll, r)) for r in range(world)}
+        ranks = {
+            r: RankSample(steps, 0.05, tuple((s, 0.1) for s in range(steps - 49, steps + 1)), shares(poll, r))
+            for r in range(world)
+        }
         state, fires = detect(state, Observation(poll * POLL_S, ranks), Conditions(sustained_s=30.0))
         fired += [(poll * POLL_S, f) for f in fires]
     return fired
@@ -151,7 +204,9 @@ def test_the_rank_its_lockstep_peers_wait_for_is_named_by_its_wait_share() -> No
     # From poll 20 on, rank 2 holds the job back: its peers wait 60 % of each step, it waits 5 %.
     fired = lockstep(40, lambda poll, rank: 0.05 if poll >= 20 and rank == 2 else (0.6 if poll >= 20 else 0.1))
     assert [(t, f.condition, f.ranks) for t, f in fired] == [(130.0, DIVERGENCE, (2,))]
-    assert re.match(r"rank 2 waits 5% of its step in collectives, its peers 60%: they wait for it .* for 30 s$", fired[0][1].reason)
+    assert re.match(
+        r"rank 2 waits 5% of its step in collectives, its peers 60%: they wait for it .* for 30 s$", fired[0][1].reason
+    )
 
 
 def test_wait_shares_that_jitter_alike_or_briefly_fire_nothing() -> None:

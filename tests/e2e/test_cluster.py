@@ -2,6 +2,7 @@
 them): the CRD's creation, schema, CEL rules and printer columns; the chart's RBAC being enough for
 the operator and the analysis Job (real authorization, the chart's admission policy on the Job the
 operator creates); the real garbage collector; the failures that must say why."""
+
 from __future__ import annotations
 
 import base64
@@ -45,7 +46,11 @@ def _get(cluster: Cluster, name: str) -> dict[str, Any]:
 
 
 def _phase(cluster: Cluster, name: str, phases: tuple[str, ...], timeout: float = 60) -> dict[str, Any]:
-    return _wait(lambda: (s := _get(cluster, name).get("status") or {}).get("phase") in phases and s, timeout, f"{name} in {phases}")
+    return _wait(
+        lambda: (s := _get(cluster, name).get("status") or {}).get("phase") in phases and s,
+        timeout,
+        f"{name} in {phases}",
+    )
 
 
 def _reason(status: dict[str, Any]) -> str:
@@ -61,6 +66,7 @@ def _refused(call: Any) -> dict[str, Any]:
 
 # -- the CRD on the real API server ----------------------------------------------------------
 
+
 @pytest.mark.parametrize("case, spec, field, message", RULE_CASES, ids=[c[0] for c in RULE_CASES])
 def test_the_crd_rules_refuse_bad_specs(cluster: Cluster, case: str, spec: dict, field: str, message: str) -> None:
     body = session_body(cluster, f"rule-{case}", {"app": "x"})
@@ -68,8 +74,9 @@ def test_the_crd_rules_refuse_bad_specs(cluster: Cluster, case: str, spec: dict,
         del body["spec"][key]
     body["spec"].update(spec)
     status = _refused(lambda: _create(cluster, body))
-    assert {"field": field, "message": f'Invalid value: {RULE_NODE_VALUE.get(case, "")}{message}'} in [
-        {k: c[k] for k in ("field", "message")} for c in status["details"]["causes"]], status
+    assert {"field": field, "message": f"Invalid value: {RULE_NODE_VALUE.get(case, '')}{message}"} in [
+        {k: c[k] for k in ("field", "message")} for c in status["details"]["causes"]
+    ], status
 
 
 def test_defaults_and_printer_columns(cluster: Cluster) -> None:
@@ -77,25 +84,43 @@ def test_defaults_and_printer_columns(cluster: Cluster) -> None:
     spec = stored["spec"]
     assert spec["capture"]["waitSteps"] == 5 and spec["hardwareMetrics"]["intervalMicroseconds"] == 1000
     assert spec["registrationTimeoutSeconds"] == 120
-    table = _api(cluster).list_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL,
-                                                        _headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})
-    assert [c["name"] for c in table["columnDefinitions"]][:6] == ["Name", "Phase", "Workers", "Slowest Rank", "Summary", "Age"]
+    table = _api(cluster).list_namespaced_custom_object(
+        GROUP, VERSION, cluster.namespace, PLURAL, _headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}
+    )
+    assert [c["name"] for c in table["columnDefinitions"]][:6] == [
+        "Name",
+        "Phase",
+        "Workers",
+        "Slowest Rank",
+        "Summary",
+        "Age",
+    ]
 
 
 # -- sessions through the real operator ------------------------------------------------------
+
 
 def _run_analysis_as_its_service_account(cluster: Cluster, name: str, account: str) -> subprocess.CompletedProcess[str]:
     """What the Job's pod would run, with the Job's own identity and the env its secretKeyRefs give
     (no kubelet runs the Job here)."""
     kubeconfig = cluster.token_kubeconfig(cluster.namespace, account)
-    job = kubernetes.client.BatchV1Api(cluster.api_client).read_namespaced_job(_get(cluster, name)["status"]["analysisJob"], cluster.namespace)
+    job = kubernetes.client.BatchV1Api(cluster.api_client).read_namespaced_job(
+        _get(cluster, name)["status"]["analysisJob"], cluster.namespace
+    )
     core = kubernetes.client.CoreV1Api(cluster.api_client)
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     for item in job.spec.template.spec.containers[0].env or []:
         ref = item.value_from.secret_key_ref
-        env[item.name] = base64.b64decode(core.read_namespaced_secret(ref.name, cluster.namespace).data[ref.key]).decode()
-    return subprocess.run([sys.executable, "-m", "stepscope.cli", "analyze", "--session", f"{cluster.namespace}/{name}"],
-                          env=env, capture_output=True, text=True, timeout=300)
+        env[item.name] = base64.b64decode(
+            core.read_namespaced_secret(ref.name, cluster.namespace).data[ref.key]
+        ).decode()
+    return subprocess.run(
+        [sys.executable, "-m", "stepscope.cli", "analyze", "--session", f"{cluster.namespace}/{name}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_a_session_captures_is_analysed_and_deleted(cluster: Cluster, operator: None, sidecar_a: Sidecar) -> None:
@@ -116,8 +141,13 @@ def test_a_session_captures_is_analysed_and_deleted(cluster: Cluster, operator: 
     status = _get(cluster, "ok")["status"]
     assert status["diagnosis"]["summary"] and status["artifacts"]["report"].endswith("report/index.html")
     assert next(c for c in status["conditions"] if c["type"] == "Analyzed")["status"] == "True"
+
     # Spec frozen, the TTL not.
-    patch = lambda spec: _api(cluster).patch_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, "ok", {"spec": spec})  # noqa: E731 (a one-line helper local to the test)
+    def patch(spec):
+        return _api(cluster).patch_namespaced_custom_object(
+            GROUP, VERSION, cluster.namespace, PLURAL, "ok", {"spec": spec}
+        )
+
     assert _refused(lambda: patch({"timeoutSeconds": 600}))["details"]["causes"][0]["field"] == "spec"
     assert patch({"ttlSecondsAfterFinished": 3600})["spec"]["ttlSecondsAfterFinished"] == 3600
     # Deleting it releases the finalizer; the real garbage collector removes what it owns.
@@ -129,8 +159,13 @@ def test_a_session_captures_is_analysed_and_deleted(cluster: Cluster, operator: 
         except kubernetes.client.ApiException as exc:
             return exc.status == 404
         return False
+
     _wait(lambda: gone(lambda: _get(cluster, "ok")), 60, "the session to be deleted")
-    _wait(lambda: gone(lambda: batch.read_namespaced_job(status["analysisJob"], cluster.namespace)), 120, "the garbage collector to delete the Job")
+    _wait(
+        lambda: gone(lambda: batch.read_namespaced_job(status["analysisJob"], cluster.namespace)),
+        120,
+        "the garbage collector to delete the Job",
+    )
 
 
 def test_no_running_pod_fails(cluster: Cluster, operator: None) -> None:

@@ -3,6 +3,7 @@ may do, asked of the real authorizer (SubjectAccessReview, what `kubectl auth ca
 and the writes the policies must refuse, made as that ServiceAccount (dryRun where one could pass).
 The `cluster` fixture applies the chart rendered with webhook.enabled=false and the default two
 replicas (tests/e2e/conftest.py)."""
+
 from __future__ import annotations
 
 import json
@@ -21,18 +22,36 @@ from tests.e2e.conftest import Cluster
 
 
 def can(cluster: Cluster, verb: str, resource: str, namespace: str = "", group: str = "", name: str = "") -> bool:
-    """`kubectl auth can-i <verb> <resource>[/<subresource>] --as=<the operator's ServiceAccount>`, by the real authorizer."""
+    """`kubectl auth can-i <verb> <resource>[/<subresource>] --as=<the operator's ServiceAccount>`, by the
+    real authorizer."""
     plural, _, subresource = resource.partition("/")
-    review = {"spec": {"user": cluster.operator_user,
-                       "groups": ["system:serviceaccounts", f"system:serviceaccounts:{cluster.release_namespace}", "system:authenticated"],
-                       "resourceAttributes": {"verb": verb, "resource": plural, "subresource": subresource, "group": group,
-                                              "namespace": namespace, "name": name}}}
-    return bool(kubernetes.client.AuthorizationV1Api(cluster.api_client).create_subject_access_review(review).status.allowed)
+    review = {
+        "spec": {
+            "user": cluster.operator_user,
+            "groups": [
+                "system:serviceaccounts",
+                f"system:serviceaccounts:{cluster.release_namespace}",
+                "system:authenticated",
+            ],
+            "resourceAttributes": {
+                "verb": verb,
+                "resource": plural,
+                "subresource": subresource,
+                "group": group,
+                "namespace": namespace,
+                "name": name,
+            },
+        }
+    }
+    return bool(
+        kubernetes.client.AuthorizationV1Api(cluster.api_client).create_subject_access_review(review).status.allowed
+    )
 
 
 def _as_operator(cluster: Cluster) -> kubernetes.client.ApiClient:
     return kubernetes.config.new_client_from_config(
-        config_file=str(cluster.token_kubeconfig(cluster.release_namespace, f"{cluster.fullname}-operator")))
+        config_file=str(cluster.token_kubeconfig(cluster.release_namespace, f"{cluster.fullname}-operator"))
+    )
 
 
 def _refused_by_policy(call: Any, policy: str) -> None:
@@ -64,9 +83,14 @@ def test_the_operator_creates_no_token_secret_nor_another_job(cluster: Cluster) 
     core, batch = kubernetes.client.CoreV1Api(operator), kubernetes.client.BatchV1Api(operator)
     ns = cluster.namespace
     try:
-        token = {"metadata": {"name": "steal", "annotations": {"kubernetes.io/service-account.name": "default"}},
-                 "type": "kubernetes.io/service-account-token"}
-        _refused_by_policy(lambda: core.create_namespaced_secret(cluster.release_namespace, token), f"{cluster.fullname}-secrets.stepscope.io")
+        token = {
+            "metadata": {"name": "steal", "annotations": {"kubernetes.io/service-account.name": "default"}},
+            "type": "kubernetes.io/service-account-token",
+        }
+        _refused_by_policy(
+            lambda: core.create_namespaced_secret(cluster.release_namespace, token),
+            f"{cluster.fullname}-secrets.stepscope.io",
+        )
         settings = OperatorSettings(analysis_account=cluster.analysis_account)
         job = jobs.job(ns, "probe", uuid.uuid4().hex, settings, None, {})
         job["metadata"].pop("ownerReferences")
@@ -75,7 +99,10 @@ def test_the_operator_creates_no_token_secret_nor_another_job(cluster: Cluster) 
         pod.update(serviceAccountName="default", hostPID=True, volumes=[{"name": "root", "hostPath": {"path": "/"}}])
         pod["containers"][0]["securityContext"]["privileged"] = True
         pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
-        _refused_by_policy(lambda: batch.create_namespaced_job(ns, job, dry_run="All"), f"{cluster.fullname}-analysis-jobs.stepscope.io")
+        _refused_by_policy(
+            lambda: batch.create_namespaced_job(ns, job, dry_run="All"),
+            f"{cluster.fullname}-analysis-jobs.stepscope.io",
+        )
     finally:
         operator.close()
 
@@ -91,12 +118,22 @@ def own_webhook(cluster: Cluster, helm: str) -> Iterator[dict[str, Any]]:
     """The chart's webhook RBAC and a webhook configuration of this run's name, which selects no
     pod (an objectSelector label nobody sets) and calls nothing that exists."""
     config = f"{cluster.fullname}.stepscope.io"
-    docs = render(helm, f"operator.namespaces={{{cluster.namespace}}}", f"fullnameOverride={cluster.fullname}",
-                  f"webhook.configurationName={config}", namespace=cluster.release_namespace)
+    docs = render(
+        helm,
+        f"operator.namespaces={{{cluster.namespace}}}",
+        f"fullnameOverride={cluster.fullname}",
+        f"webhook.configurationName={config}",
+        namespace=cluster.release_namespace,
+    )
     admin = cluster.api_client
-    rbac, admission = kubernetes.client.RbacAuthorizationV1Api(admin), kubernetes.client.AdmissionregistrationV1Api(admin)
+    rbac, admission = (
+        kubernetes.client.RbacAuthorizationV1Api(admin),
+        kubernetes.client.AdmissionregistrationV1Api(admin),
+    )
     (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == f"{cluster.fullname}-webhook"]
-    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == f"{cluster.fullname}-webhook"]
+    (binding,) = [
+        d for d in docs if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == f"{cluster.fullname}-webhook"
+    ]
     (mwc,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
     mwc["webhooks"][0]["objectSelector"] = {"matchLabels": {"stepscope-e2e-never": cluster.fullname}}
     rbac.create_cluster_role(role)
@@ -105,8 +142,11 @@ def own_webhook(cluster: Cluster, helm: str) -> Iterator[dict[str, Any]]:
     try:
         yield admin.sanitize_for_serialization(admission.read_mutating_webhook_configuration(config))
     finally:
-        for delete in (lambda: admission.delete_mutating_webhook_configuration(config), lambda: rbac.delete_cluster_role_binding(binding["metadata"]["name"]),
-                       lambda: rbac.delete_cluster_role(role["metadata"]["name"])):
+        for delete in (
+            lambda: admission.delete_mutating_webhook_configuration(config),
+            lambda: rbac.delete_cluster_role_binding(binding["metadata"]["name"]),
+            lambda: rbac.delete_cluster_role(role["metadata"]["name"]),
+        ):
             try:
                 delete()
             except kubernetes.client.ApiException:
@@ -116,19 +156,42 @@ def own_webhook(cluster: Cluster, helm: str) -> Iterator[dict[str, Any]]:
 def test_the_operator_changes_only_the_ca_bundle_of_its_webhook(cluster: Cluster, own_webhook: dict[str, Any]) -> None:
     name = own_webhook["metadata"]["name"]
     assert can(cluster, "patch", "mutatingwebhookconfigurations", group="admissionregistration.k8s.io", name=name)
-    assert not can(cluster, "patch", "mutatingwebhookconfigurations", group="admissionregistration.k8s.io", name="another.example.com")
+    assert not can(
+        cluster,
+        "patch",
+        "mutatingwebhookconfigurations",
+        group="admissionregistration.k8s.io",
+        name="another.example.com",
+    )
     assert not can(cluster, "create", "mutatingwebhookconfigurations", group="admissionregistration.k8s.io")
     operator = _as_operator(cluster)
     admission = kubernetes.client.AdmissionregistrationV1Api(operator)
     try:
-        endpoint = Endpoint(config=name, tls_secret="unused", service=f"{cluster.fullname}-webhook", namespace=cluster.release_namespace,
-                            url=None, addr="0.0.0.0", port=9443)
+        endpoint = Endpoint(
+            config=name,
+            tls_secret="unused",
+            service=f"{cluster.fullname}-webhook",
+            namespace=cluster.release_namespace,
+            url=None,
+            addr="0.0.0.0",
+            port=9443,
+        )
         ops = endpoint.client_config_ops(own_webhook, "Q0E=")  # the operator's own upkeep patch
         assert ops
         admission.patch_mutating_webhook_configuration(name, ops)
         policy = f"{cluster.fullname}-webhook-configuration.stepscope.io"
-        _refused_by_policy(lambda: admission.patch_mutating_webhook_configuration(name, [{"op": "remove", "path": "/webhooks/0/namespaceSelector"}]), policy)
-        _refused_by_policy(lambda: admission.patch_mutating_webhook_configuration(name, [{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Fail"}]), policy)
+        _refused_by_policy(
+            lambda: admission.patch_mutating_webhook_configuration(
+                name, [{"op": "remove", "path": "/webhooks/0/namespaceSelector"}]
+            ),
+            policy,
+        )
+        _refused_by_policy(
+            lambda: admission.patch_mutating_webhook_configuration(
+                name, [{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Fail"}]
+            ),
+            policy,
+        )
     finally:
         operator.close()
     stored = kubernetes.client.AdmissionregistrationV1Api(cluster.api_client).read_mutating_webhook_configuration(name)

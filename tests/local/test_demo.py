@@ -1,4 +1,5 @@
 """`stepscope demo`, the README's second command, end to end as a user runs it."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_demo_finds_the_slowed_rank_and_its_function(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    result = subprocess.run([sys.executable, "-m", "stepscope.cli", "demo", "--output-dir", str(out)], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=240)
+    result = subprocess.run(
+        [sys.executable, "-m", "stepscope.cli", "demo", "--output-dir", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "diagnosis: rank 2 holds the job back (confidence " in result.stdout, result.stdout[-3000:]
     diagnosis = json.loads((out / "session" / "report" / "diagnosis.json").read_text())
@@ -27,8 +33,24 @@ def test_demo_finds_the_slowed_rank_and_its_function(tmp_path: Path) -> None:
 def test_demo_scenario_names_the_blocked_rank_and_where_it_blocks(tmp_path: Path) -> None:
     """`stepscope demo --scenario`: a fault-injection scenario at the default capture size."""
     out = tmp_path / "demo"
-    result = subprocess.run([sys.executable, "-m", "stepscope.cli", "demo", "--scenario", "blocking-io", "--ranks", "2", "--output-dir", str(out)],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stepscope.cli",
+            "demo",
+            "--scenario",
+            "blocking-io",
+            "--ranks",
+            "2",
+            "--output-dir",
+            str(out),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "scenario blocking-io on rank 1" in result.stdout
     assert "diagnosis: rank 1 holds the job back (confidence " in result.stdout, result.stdout[-3000:]
@@ -53,6 +75,22 @@ def test_demo_help_lists_every_scenario(capsys, monkeypatch) -> None:
 
 def test_a_scenario_of_two_slow_ranks_refuses_too_few_ranks(tmp_path: Path) -> None:
     """Two slow ranks need a healthy one beside them: with 2 ranks both faults would land on one."""
-    result = subprocess.run([sys.executable, "-m", "stepscope.cli", "demo", "--scenario", "two-slow", "--ranks", "2", "--output-dir",
-                             str(tmp_path / "demo")], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stepscope.cli",
+            "demo",
+            "--scenario",
+            "two-slow",
+            "--ranks",
+            "2",
+            "--output-dir",
+            str(tmp_path / "demo"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0 and "scenario two-slow needs --ranks 3 or more" in result.stderr, result.stderr

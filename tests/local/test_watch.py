@@ -1,6 +1,7 @@
 """`stepscope watch`: the cooldown and the cap as a pure function, its one-line errors, and the whole
 loop against a real sidecar and real gloo ranks of workload.py (the agent from the bootstrap) that
 slow one rank mid-run."""
+
 from __future__ import annotations
 
 import json
@@ -46,15 +47,19 @@ def test_a_hang_is_captured_before_a_slowdown_of_the_same_poll() -> None:
     assert fire == HUNG
 
 
-@pytest.mark.parametrize(("argv", "says"), [
-    (["--factor", "1"], "--factor must be above 1, got 1"),
-    (["--baseline-minutes", "0"], "--baseline-minutes must be a positive number of minutes, got 0"),
-    (["--interval", "0"], "--interval must be a positive number of seconds"),
-    (["--max-captures", "0"], "--max-captures at least 1"),
-    (["--sidecar", "http://127.0.0.1:9"], "unreachable"),
-])
-def test_bad_options_and_an_absent_sidecar_are_one_line_errors(argv: list[str], says: str, capsys: pytest.CaptureFixture[str],
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--factor", "1"], "--factor must be above 1, got 1"),
+        (["--baseline-minutes", "0"], "--baseline-minutes must be a positive number of minutes, got 0"),
+        (["--interval", "0"], "--interval must be a positive number of seconds"),
+        (["--max-captures", "0"], "--max-captures at least 1"),
+        (["--sidecar", "http://127.0.0.1:9"], "unreachable"),
+    ],
+)
+def test_bad_options_and_an_absent_sidecar_are_one_line_errors(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STEPSCOPE_HMAC_KEY", "k" * 32)
     code = cli.main(["watch", *argv])
     err = capsys.readouterr().err
@@ -62,7 +67,9 @@ def test_bad_options_and_an_absent_sidecar_are_one_line_errors(argv: list[str], 
     assert err.startswith("stepscope watch: ") and says in err and err.count("\n") == 1
 
 
-def test_a_sidecar_without_step_telemetry_is_a_one_line_error(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sidecar_without_step_telemetry_is_a_one_line_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A real HTTP server that answers every GET 404, as a sidecar older than /v1/telemetry does.
     class NotFound(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -80,13 +87,33 @@ def test_a_sidecar_without_step_telemetry_is_a_one_line_error(capsys: pytest.Cap
     finally:
         server.shutdown()
     err = capsys.readouterr().err
-    assert code == capture.EXIT_FAILED and "serves no step telemetry (GET /v1/telemetry)" in err and err.count("\n") == 1
+    assert (
+        code == capture.EXIT_FAILED and "serves no step telemetry (GET /v1/telemetry)" in err and err.count("\n") == 1
+    )
 
 
 def run_watch(local: LocalRun, captures: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stepscope.cli", "watch", "--sidecar", local.url, "--interval", "0.5", "--max-captures", "1",
-                           "--output-dir", str(captures), *options],
-                          env={**os.environ, "STEPSCOPE_HMAC_KEY": local.key}, capture_output=True, text=True, timeout=150)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stepscope.cli",
+            "watch",
+            "--sidecar",
+            local.url,
+            "--interval",
+            "0.5",
+            "--max-captures",
+            "1",
+            "--output-dir",
+            str(captures),
+            *options,
+        ],
+        env={**os.environ, "STEPSCOPE_HMAC_KEY": local.key},
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
 
 
 @pytest.mark.slow
@@ -94,7 +121,19 @@ def test_watch_learns_the_baseline_then_captures_a_mid_run_slowdown_and_names_th
     # 2 ranks at ~40 ms a step; from step 250 (~10 s in) rank 1 computes 60 ms more a step in
     # augment_batch_slowly, which the lockstep all-reduce turns into a slower step on both ranks
     # (Slowdown) and a wait share far below its peer's (RankDivergence), whichever holds first.
-    workload = [*BASE_ARGS, "--steps", "0", "--slow-rank", "1", "--fault", "cpu", "--slow-ms", "60", "--slow-from-step", "250"]
+    workload = [
+        *BASE_ARGS,
+        "--steps",
+        "0",
+        "--slow-rank",
+        "1",
+        "--fault",
+        "cpu",
+        "--slow-ms",
+        "60",
+        "--slow-from-step",
+        "250",
+    ]
     with LocalRun(tmp_path / "run", 2, workload) as local:
         local.start()
         watch = run_watch(local, tmp_path / "captures", "--sustained", "2", "--steps", "3")
@@ -110,7 +149,11 @@ def test_watch_learns_the_baseline_then_captures_a_mid_run_slowdown_and_names_th
     lines = out.splitlines()
     learning = next(i for i, line in enumerate(lines) if line.startswith("learning the baseline"))
     watching = next(i for i, line in enumerate(lines) if line.startswith("watching: "))
-    fired = next(i for i, line in enumerate(lines) if line.startswith((f"{SLOWDOWN} on ranks 0,1: ", f"{DIVERGENCE} on ranks 1: ")))
+    fired = next(
+        i
+        for i, line in enumerate(lines)
+        if line.startswith((f"{SLOWDOWN} on ranks 0,1: ", f"{DIVERGENCE} on ranks 1: "))
+    )
     assert learning < watching < fired, out
     assert min(steps) > 250, steps  # the job went on while watched and captured
     diagnosis = next(line for line in lines if line.startswith("diagnosis: "))
@@ -119,7 +162,9 @@ def test_watch_learns_the_baseline_then_captures_a_mid_run_slowdown_and_names_th
     (folder,) = (tmp_path / "captures").iterdir()
     assert folder.name.endswith((f"-{SLOWDOWN}", f"-{DIVERGENCE}")) and (folder / "report").is_dir()
     assert shares[0] - shares[1] >= Conditions().wait_share_gap
-    assert re.search(r'^stepscope_collective_wait_share\{local_rank="1",rank="1"\} 0\.\d+', exposition, re.M), exposition
+    assert re.search(r'^stepscope_collective_wait_share\{local_rank="1",rank="1"\} 0\.\d+', exposition, re.M), (
+        exposition
+    )
 
 
 def _shares_apart(client: SidecarClient) -> dict[int, float] | None:
@@ -133,7 +178,9 @@ def _shares_apart(client: SidecarClient) -> dict[int, float] | None:
 @pytest.mark.slow
 def test_watch_captures_a_hang_with_the_stacks_that_name_the_hung_rank(tmp_path: Path) -> None:
     # Rank 1 blocks in block_forever after step 60; rank 0 then waits in the loss all-reduce.
-    with LocalRun(tmp_path / "run", 2, [*BASE_ARGS, "--steps", "0", "--hang-rank", "1", "--hang-at-step", "60"]) as local:
+    with LocalRun(
+        tmp_path / "run", 2, [*BASE_ARGS, "--steps", "0", "--hang-rank", "1", "--hang-at-step", "60"]
+    ) as local:
         local.start()
         watch = run_watch(local, tmp_path / "captures", "--hang-after", "3")
     out = watch.stdout

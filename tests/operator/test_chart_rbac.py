@@ -2,6 +2,7 @@
 Helm chart renders, as its ServiceAccount in the test API server: enough for a whole session up to
 its analysis Job (which passes the chart's admission policy on the way), and a refused pod list
 fails the session saying so."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -26,7 +27,9 @@ def _without_pods(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def chart_operator(cluster: Kube, helm: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Callable[[list[dict[str, Any]]], list[dict[str, Any]]]], OperatorHarness]]:
+def chart_operator(
+    cluster: Kube, helm: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[Callable[[list[dict[str, Any]]], list[dict[str, Any]]]], OperatorHarness]]:
     runners: list[KopfRunner] = []
 
     def start(edit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] = lambda docs: docs) -> OperatorHarness:

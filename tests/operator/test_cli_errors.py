@@ -1,4 +1,5 @@
 """`stepscope get` and `stepscope report` without a usable cluster: one line that says what to fix."""
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,14 @@ from stepscope.local.launch import free_port
 
 def _stepscope(*args: str, kubeconfig: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    return subprocess.run([sys.executable, "-m", "stepscope.cli", *args], env=env, capture_output=True, text=True, timeout=60, cwd=kubeconfig.parent)
+    return subprocess.run(
+        [sys.executable, "-m", "stepscope.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=kubeconfig.parent,
+    )
 
 
 @pytest.mark.parametrize("command", [("get",), ("report", "my-session", "-n", "training")])

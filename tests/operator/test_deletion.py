@@ -1,6 +1,7 @@
 """Deleting a session stops its sidecars whatever state an operator left it in, and never hangs:
 the pod record says whom to cancel even when the status never reached Capturing; a damaged
 record, an API error or unreachable sidecars cost a warning Event, not the deletion."""
+
 from __future__ import annotations
 
 import base64
@@ -37,7 +38,8 @@ def capturing(operator: OperatorHarness, pods: Pods, idle: Sidecar, name: str, s
 
 
 def test_session_deleted_before_its_status_said_capturing_is_cancelled_on_its_sidecars(
-        operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     stop_before_capturing(monkeypatch)
     pods.create("idle", SELECTOR, port=port_of(idle))
     uid = operator.create_session("crashed", session_spec(SELECTOR, s3_endpoint))["metadata"]["uid"]
@@ -53,23 +55,31 @@ def test_session_deleted_before_its_status_said_capturing_is_cancelled_on_its_si
 
 
 def test_unreadable_pod_record_cancels_every_selected_sidecar_and_lets_the_session_go(
-        operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str) -> None:
+    operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str
+) -> None:
     uid = capturing(operator, pods, idle, "damaged", s3_endpoint)["metadata"]["uid"]
     record = operator.status("damaged")["pods"]["record"]
     kubernetes.client.CoreV1Api(operator.kube.api_client).patch_namespaced_config_map(
-        record, NAMESPACE, {"binaryData": {"triggered.gz": base64.b64encode(b"not gzip").decode()}})
-    with pytest.raises(pod_record.PodRecordUnreadable, match=f"^ConfigMap {record}, the list of pods this session triggered, is unreadable: Not a gzipped file"):
+        record, NAMESPACE, {"binaryData": {"triggered.gz": base64.b64encode(b"not gzip").decode()}}
+    )
+    with pytest.raises(
+        pod_record.PodRecordUnreadable,
+        match=f"^ConfigMap {record}, the list of pods this session triggered, is unreadable: Not a gzipped file",
+    ):
         pod_record.read(NAMESPACE, "damaged", uid)
 
     operator.delete("damaged")
     wait_for(lambda: operator.gone("damaged"), 30, "the finalizer to be released")
     wait_for(lambda: sidecar_phase(idle, uid) == "Cancelled", 10, "the sidecar to cancel")
-    message = wait_for(lambda: warnings(operator, "damaged").get("PodRecordUnreadable"), 10, "a PodRecordUnreadable event")
+    message = wait_for(
+        lambda: warnings(operator, "damaged").get("PodRecordUnreadable"), 10, "a PodRecordUnreadable event"
+    )
     assert record in message and "cancelling the session on every selected sidecar" in message
 
 
 def test_api_errors_while_finding_the_sidecars_are_retried_then_the_session_goes(
-        operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     capturing(operator, pods, idle, "no-api", s3_endpoint)
     reads = []
 
@@ -86,7 +96,9 @@ def test_api_errors_while_finding_the_sidecars_are_retried_then_the_session_goes
     assert "503" in message and "spec.timeoutSeconds" in message
 
 
-def test_unreachable_sidecar_does_not_hold_deletion(operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str) -> None:
+def test_unreachable_sidecar_does_not_hold_deletion(
+    operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str
+) -> None:
     uid = capturing(operator, pods, idle, "silent", s3_endpoint)["metadata"]["uid"]
     port = port_of(idle)
     idle.shutdown(grace_s=1)

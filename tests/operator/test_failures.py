@@ -1,4 +1,5 @@
 """Sessions the operator must end Failed, with a reason that says what to change; no sidecar runs."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,16 @@ from stepscope.sidecar_client import SidecarClient, SidecarError
 from stepscope.testing.kube.fixtures import Kube
 from stepscope.testing.kube.helpers import wait_for
 from tests.operator.conftest import CREDENTIALS
-from tests.operator.harness import BUCKET, KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec, stop_before_capturing
+from tests.operator.harness import (
+    BUCKET,
+    KEY,
+    NAMESPACE,
+    OperatorHarness,
+    Pods,
+    port_of,
+    session_spec,
+    stop_before_capturing,
+)
 
 
 def _condition(status: dict, type_: str) -> dict:
@@ -30,7 +40,9 @@ def _events(operator: OperatorHarness, name: str) -> list[str]:
     return [f"{e.reason}: {e.message}" for e in items if e.involved_object.name == name]
 
 
-def test_selector_without_ready_pods_fails_after_the_grace(operator: OperatorHarness, pods: Pods, s3_endpoint: str) -> None:
+def test_selector_without_ready_pods_fails_after_the_grace(
+    operator: OperatorHarness, pods: Pods, s3_endpoint: str
+) -> None:
     pods.create("no-sidecar", {"job": "train"}, port=None)  # matches, but has no stepscope port
     pods.create("starting", {"job": "train"}, port=7470, running=False)
     operator.create_session("bad-selector", session_spec({"job": "train"}, s3_endpoint))
@@ -69,17 +81,24 @@ def test_finished_session_is_deleted_after_its_ttl(operator: OperatorHarness, s3
     wait_for(lambda: operator.gone("short-lived"), 15, "the TTL to delete the session")
 
 
-def test_capture_that_never_ends_times_out_keeping_what_was_captured(operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str) -> None:
+def test_capture_that_never_ends_times_out_keeping_what_was_captured(
+    operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str
+) -> None:
     pods.create("idle", {"job": "idle"}, port=port_of(idle))
-    operator.create_session("too-slow", session_spec({"job": "idle"}, s3_endpoint, timeoutSeconds=3, hangTimeoutSeconds=2))
+    operator.create_session(
+        "too-slow", session_spec({"job": "idle"}, s3_endpoint, timeoutSeconds=3, hangTimeoutSeconds=2)
+    )
     status = operator.wait_phase("too-slow", ("Failed",), timeout=20)
     assert _condition(status, "Ready")["reason"] == "Timeout"
-    assert status["message"].startswith("capture did not finish within spec.timeoutSeconds=3s; 0 of 1 worker(s) uploaded, kept in s3://")
+    assert status["message"].startswith(
+        "capture did not finish within spec.timeoutSeconds=3s; 0 of 1 worker(s) uploaded, kept in s3://"
+    )
     assert status["pods"]["triggered"] == 1
 
 
 def test_a_sidecar_timing_out_before_the_operator_looks_is_still_the_sessions_timeout(
-        cluster: Kube, pods: Pods, idle: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster: Kube, pods: Pods, idle: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The sidecar runs the same spec.timeoutSeconds; when it reports its workers failed by it
     before the operator's own check comes round, the session still fails as Timeout."""
     monkeypatch.setenv("STEPSCOPE_POLL_INTERVAL_S", "2.5")  # the operator looks after the sidecar gave up
@@ -87,16 +106,21 @@ def test_a_sidecar_timing_out_before_the_operator_looks_is_still_the_sessions_ti
     operator.start()
     try:
         pods.create("idle", {"job": "idle"}, port=port_of(idle))
-        operator.create_session("raced", session_spec({"job": "idle"}, s3_endpoint, timeoutSeconds=3, hangTimeoutSeconds=2))
+        operator.create_session(
+            "raced", session_spec({"job": "idle"}, s3_endpoint, timeoutSeconds=3, hangTimeoutSeconds=2)
+        )
         status = operator.wait_phase("raced", ("Failed",), timeout=30)
     finally:
         operator.stop()
     assert _condition(status, "Ready")["reason"] == "Timeout", status["message"]
-    assert status["message"].startswith("capture did not finish within spec.timeoutSeconds=3s; 0 of 1 worker(s) uploaded")
+    assert status["message"].startswith(
+        "capture did not finish within spec.timeoutSeconds=3s; 0 of 1 worker(s) uploaded"
+    )
 
 
-def test_selection_too_large_for_the_pod_record_fails_before_any_trigger(operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_selection_too_large_for_the_pod_record_fails_before_any_trigger(
+    operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(pod_record, "MAX_BYTES", 64)  # three names fill it here, as ~300,000 fill the real 1 MiB
     for i in range(3):
         pods.create(f"idle-{i}", {"job": "many"}, port=port_of(idle))
@@ -106,8 +130,12 @@ def test_selection_too_large_for_the_pod_record_fails_before_any_trigger(operato
     assert status["phase"] == "Failed", status
     ready = _condition(status, "Ready")
     assert ready["reason"] == "PodRecordTooLarge" and _condition(status, "Triggered")["status"] == "False"
-    assert re.fullmatch(r"the names of the 3 selected pods take \d+ bytes gzipped, more than the 60 a pod record \(a ConfigMap\) holds; "
-                        r"narrow spec.selector or split the pods over several ProfileSessions; no sidecar was triggered", status["message"]), status["message"]
+    assert re.fullmatch(
+        r"the names of the 3 selected pods take \d+ bytes gzipped, more than the 60 a pod record \(a ConfigMap\) "
+        r"holds; "
+        r"narrow spec.selector or split the pods over several ProfileSessions; no sidecar was triggered",
+        status["message"],
+    ), status["message"]
     assert metrics.value("stepscope_sidecar_triggers_total") == triggers
     with pytest.raises(SidecarError) as unknown:
         SidecarClient(idle.url, KEY).get_session(uid)
@@ -116,7 +144,8 @@ def test_selection_too_large_for_the_pod_record_fails_before_any_trigger(operato
 
 
 def test_record_that_outgrows_the_check_in_the_fanout_fails_and_cancels_what_was_triggered(
-        operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Two names sharing a long part: one gzip stream of both is smaller than two of one each.
     accepted, refused = "w-" + "x" * 100 + "-0", "w-" + "x" * 100 + "-1"
     together = pod_record.size(PodRecord(frozenset({accepted, refused}), frozenset()))
@@ -129,19 +158,25 @@ def test_record_that_outgrows_the_check_in_the_fanout_fails_and_cancels_what_was
     status = operator.wait_phase("outgrown", ("Failed", "Capturing"))
     assert status["phase"] == "Failed", status
     assert _condition(status, "Ready")["reason"] == "PodRecordTooLarge"
-    assert status["message"].startswith("the names of the 2 selected pods take ") and status["message"].endswith("; the 1 triggered sidecar(s) are cancelled")
+    assert status["message"].startswith("the names of the 2 selected pods take ") and status["message"].endswith(
+        "; the 1 triggered sidecar(s) are cancelled"
+    )
     wait_for(lambda: SidecarClient(idle.url, KEY).get_session(uid)["phase"] == "Cancelled", 10, "the sidecar to cancel")
     assert pod_record.read(NAMESPACE, "outgrown", uid) is None
 
 
 def test_session_a_restarted_operator_fails_in_pending_is_cancelled_on_the_sidecars_its_record_lists(
-        operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     restore = stop_before_capturing(monkeypatch)
     pods.create("idle", {"job": "idle"}, port=port_of(idle))
     uid = operator.create_session("orphaned", session_spec({"job": "idle"}, s3_endpoint))["metadata"]["uid"]
     wait_for(lambda: pod_record.read(NAMESPACE, "orphaned", uid), 30, "the pod record")
     operator.stop()
-    assert operator.status("orphaned")["phase"] == "Pending" and SidecarClient(idle.url, KEY).get_session(uid)["phase"] == "Pending"
+    assert (
+        operator.status("orphaned")["phase"] == "Pending"
+        and SidecarClient(idle.url, KEY).get_session(uid)["phase"] == "Pending"
+    )
     restore()
     kubernetes.client.CoreV1Api(operator.kube.api_client).delete_namespaced_secret("s3-credentials", NAMESPACE)
 
@@ -154,12 +189,25 @@ def test_session_a_restarted_operator_fails_in_pending_is_cancelled_on_the_sidec
 def test_secret_with_other_binary_data_still_gives_its_credentials(cluster: Kube) -> None:
     from stepscope.operator import credentials
 
-    kubernetes.client.CoreV1Api(cluster.api_client).create_namespaced_secret(NAMESPACE, {"metadata": {"name": "mixed"}, "data": {
-        "AWS_ACCESS_KEY_ID": "QUtJRA==", "AWS_SECRET_ACCESS_KEY": "U0VDUkVU", "ca.der": "MIIB/w=="}})  # AKID, SECRET, DER bytes
-    assert credentials.from_secret(NAMESPACE, "mixed") == {"accessKeyId": "AKID", "secretAccessKey": "SECRET", "sessionToken": None}
-    kubernetes.client.CoreV1Api(cluster.api_client).create_namespaced_secret(NAMESPACE, {"metadata": {"name": "binary-key"}, "data": {
-        "accessKeyId": "QUtJRA==", "secretAccessKey": "/w=="}})
-    with pytest.raises(credentials.CredentialsError, match="^Secret binary-key in namespace default: key secretAccessKey is not UTF-8 text$"):
+    kubernetes.client.CoreV1Api(cluster.api_client).create_namespaced_secret(
+        NAMESPACE,
+        {
+            "metadata": {"name": "mixed"},
+            "data": {"AWS_ACCESS_KEY_ID": "QUtJRA==", "AWS_SECRET_ACCESS_KEY": "U0VDUkVU", "ca.der": "MIIB/w=="},
+        },
+    )  # AKID, SECRET, DER bytes
+    assert credentials.from_secret(NAMESPACE, "mixed") == {
+        "accessKeyId": "AKID",
+        "secretAccessKey": "SECRET",
+        "sessionToken": None,
+    }
+    kubernetes.client.CoreV1Api(cluster.api_client).create_namespaced_secret(
+        NAMESPACE, {"metadata": {"name": "binary-key"}, "data": {"accessKeyId": "QUtJRA==", "secretAccessKey": "/w=="}}
+    )
+    with pytest.raises(
+        credentials.CredentialsError,
+        match="^Secret binary-key in namespace default: key secretAccessKey is not UTF-8 text$",
+    ):
         credentials.from_secret(NAMESPACE, "binary-key")
 
 
@@ -173,23 +221,36 @@ def test_invalid_selector_fails_at_once_naming_the_label(operator: OperatorHarne
 
 
 def test_no_registered_training_process_fails_the_pod_after_the_registration_timeout(
-        operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str) -> None:
+    operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str
+) -> None:
     pods.create("idle", {"job": "idle"}, port=port_of(idle))
     operator.create_session("no-training", session_spec({"job": "idle"}, s3_endpoint, registrationTimeoutSeconds=4))
     operator.wait_phase("no-training", ("Capturing",))
-    waiting = wait_for(lambda: (s := operator.status("no-training"))["message"].startswith("waiting") and s, 4, "the waiting message")
-    assert waiting["message"] == ("waiting for the training processes of 1 pod(s) to register with their sidecar (first: idle); "
-                                  "a pod without any fails after spec.registrationTimeoutSeconds=4s")
+    waiting = wait_for(
+        lambda: (s := operator.status("no-training"))["message"].startswith("waiting") and s, 4, "the waiting message"
+    )
+    assert waiting["message"] == (
+        "waiting for the training processes of 1 pod(s) to register with their sidecar (first: idle); "
+        "a pod without any fails after spec.registrationTimeoutSeconds=4s"
+    )
     status = operator.wait_phase("no-training", ("Failed",), timeout=20)
     assert _condition(status, "Ready")["reason"] == "NoTrainingProcess"
-    assert status["message"] == ("pod idle: no training process registered with the sidecar within 4s: is PYTHONPATH set to the "
-                                 'bootstrap dir? does the pod carry the label stepscope.io/inject="true"?')
+    assert status["message"] == (
+        "pod idle: no training process registered with the sidecar within 4s: is PYTHONPATH set to the "
+        'bootstrap dir? does the pod carry the label stepscope.io/inject="true"?'
+    )
     assert status["failedWorkers"] == [{"pod": "idle", "reason": status["message"].removeprefix("pod idle: ")}]
     # cancelled on the sidecar, which ends the session there rather than at spec.timeoutSeconds
-    assert wait_for(lambda: (idle.manager.get(operator.get("no-training")["metadata"]["uid"]) or {}).get("phase") == "Cancelled", 10, "the sidecar's cancel")
+    assert wait_for(
+        lambda: (idle.manager.get(operator.get("no-training")["metadata"]["uid"]) or {}).get("phase") == "Cancelled",
+        10,
+        "the sidecar's cancel",
+    )
 
 
-def test_a_secret_created_just_after_the_session_is_waited_for(operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str) -> None:
+def test_a_secret_created_just_after_the_session_is_waited_for(
+    operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str
+) -> None:
     """`kubectl apply` of a file with the session before its Secret: the operator retries the
     read within the selection grace instead of failing at once (without the retry, 1 apply in 5 failed)."""
     pods.create("idle", {"job": "idle"}, port=port_of(idle))
@@ -205,22 +266,35 @@ def test_a_secret_created_just_after_the_session_is_waited_for(operator: Operato
     assert _condition(status, "Triggered")["status"] == "True"
 
 
-def test_a_finished_sessions_ttl_can_be_extended(operator: OperatorHarness, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_finished_sessions_ttl_can_be_extended(
+    operator: OperatorHarness, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """ttlSecondsAfterFinished is the one spec field that may change after the trigger:
     the operator reads it again before deleting."""
     from stepscope.operator.sessions import lifecycle
+
     monkeypatch.setattr(lifecycle, "TTL_RECHECK_S", 0.5)
     operator.create_session("extended", session_spec({"job": "none"}, s3_endpoint, ttlSecondsAfterFinished=3))
     operator.wait_phase("extended", ("Failed",))
-    operator.custom.patch_namespaced_custom_object("stepscope.io", "v1alpha1", NAMESPACE, "profilesessions", "extended", {"spec": {"ttlSecondsAfterFinished": 3600}})
+    operator.custom.patch_namespaced_custom_object(
+        "stepscope.io",
+        "v1alpha1",
+        NAMESPACE,
+        "profilesessions",
+        "extended",
+        {"spec": {"ttlSecondsAfterFinished": 3600}},
+    )
     time.sleep(5)
     assert not operator.gone("extended")
-    operator.custom.patch_namespaced_custom_object("stepscope.io", "v1alpha1", NAMESPACE, "profilesessions", "extended", {"spec": {"ttlSecondsAfterFinished": 0}})
+    operator.custom.patch_namespaced_custom_object(
+        "stepscope.io", "v1alpha1", NAMESPACE, "profilesessions", "extended", {"spec": {"ttlSecondsAfterFinished": 0}}
+    )
     wait_for(lambda: operator.gone("extended"), 10, "the shortened TTL to delete the session")
 
 
 def test_an_analysis_job_that_cannot_create_its_pod_fails_the_session_with_the_reason(
-        cluster: Kube, pods: Pods, sidecar_a: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster: Kube, pods: Pods, sidecar_a: Sidecar, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The Job controller cannot create the analysis pod (here a quota; Pod Security, a missing
     ServiceAccount alike): it says so only in FailedCreate events, and the session fails with that
     reason once the grace has passed, not at spec.timeoutSeconds."""
@@ -231,20 +305,33 @@ def test_an_analysis_job_that_cannot_create_its_pod_fails_the_session_with_the_r
         pods.create("train-a", {"job": "train"}, port=port_of(sidecar_a))
         operator.create_session("no-room", session_spec({"job": "train"}, s3_endpoint))
         job = operator.wait_phase("no-room", ("Analyzing", "Failed"), timeout=60)["analysisJob"]
-        reason = 'Error creating: pods "no-room-analysis-x" is forbidden: exceeded quota: compute, requested: requests.cpu=2, limited: requests.cpu=1'
-        kubernetes.client.CoreV1Api(cluster.api_client).create_namespaced_event(NAMESPACE, {
-            "metadata": {"name": f"{job}.failedcreate"}, "type": "Warning", "reason": "FailedCreate", "message": reason,
-            "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": job, "namespace": NAMESPACE},
-            "source": {"component": "job-controller"}})
+        reason = (
+            'Error creating: pods "no-room-analysis-x" is forbidden: exceeded quota: compute, requested: '
+            "requests.cpu=2, limited: requests.cpu=1"
+        )
+        kubernetes.client.CoreV1Api(cluster.api_client).create_namespaced_event(
+            NAMESPACE,
+            {
+                "metadata": {"name": f"{job}.failedcreate"},
+                "type": "Warning",
+                "reason": "FailedCreate",
+                "message": reason,
+                "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": job, "namespace": NAMESPACE},
+                "source": {"component": "job-controller"},
+            },
+        )
         status = operator.wait_phase("no-room", ("Failed", "Succeeded"), timeout=20)
     finally:
         operator.stop()
     assert _condition(status, "Ready")["reason"] == "AnalysisNotStarted"
-    assert status["message"].startswith(f"analysis Job {job} could not create its pod for 1s: {reason}; captures are kept in s3://")
+    assert status["message"].startswith(
+        f"analysis Job {job} could not create its pod for 1s: {reason}; captures are kept in s3://"
+    )
 
 
 def test_a_given_up_pod_is_cancelled_on_its_sidecar_while_the_others_capture(
-        operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, tmp_path: Path) -> None:
+    operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str, tmp_path: Path
+) -> None:
     """The cancel of a pod whose training never registered goes out signed with the namespace's
     key (its sidecar refuses any other), so that sidecar is free for the next ProfileSession at once."""
     from tests.sidecar.conftest import SimulatedRanks
@@ -254,7 +341,9 @@ def test_a_given_up_pod_is_cancelled_on_its_sidecar_while_the_others_capture(
     try:
         pods.create("idle", {"job": "mixed"}, port=port_of(idle))
         pods.create("busy", {"job": "mixed"}, port=port_of(registered))
-        operator.create_session("mixed", session_spec({"job": "mixed"}, s3_endpoint, registrationTimeoutSeconds=2, timeoutSeconds=120))
+        operator.create_session(
+            "mixed", session_spec({"job": "mixed"}, s3_endpoint, registrationTimeoutSeconds=2, timeoutSeconds=120)
+        )
         operator.wait_phase("mixed", ("Capturing",))
         uid = operator.get("mixed")["metadata"]["uid"]
         wait_for(lambda: (idle.manager.get(uid) or {}).get("phase") == "Cancelled", 15, "the given-up pod's cancel")
@@ -265,8 +354,9 @@ def test_a_given_up_pod_is_cancelled_on_its_sidecar_while_the_others_capture(
         registered.shutdown(1)
 
 
-def test_the_analysis_job_writes_its_result_to_the_store_never_the_status(cluster: Kube, s3_endpoint: str,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_analysis_job_writes_its_result_to_the_store_never_the_status(
+    cluster: Kube, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The operator alone writes a session's status: the analysis Job only reads the session and
     leaves its result, here a failure with its reason, in the session's store folder."""
     import boto3
@@ -276,19 +366,32 @@ def test_the_analysis_job_writes_its_result_to_the_store_never_the_status(cluste
     from stepscope.operator.settings import GROUP, PLURAL, VERSION
 
     custom = kubernetes.client.CustomObjectsApi(cluster.api_client)
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileSession", "metadata": {"name": "nothing-captured"},
-            "spec": session_spec({"job": "none"}, s3_endpoint)}
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ProfileSession",
+        "metadata": {"name": "nothing-captured"},
+        "spec": session_spec({"job": "none"}, s3_endpoint),
+    }
     created = custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", CREDENTIALS["accessKeyId"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CREDENTIALS["secretAccessKey"])
-    assert run_session_analysis(NAMESPACE, "nothing-captured") == 1  # nothing to analyse there: the failure is the result
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1", aws_access_key_id=CREDENTIALS["accessKeyId"],
-                      aws_secret_access_key=CREDENTIALS["secretAccessKey"])
+    assert (
+        run_session_analysis(NAMESPACE, "nothing-captured") == 1
+    )  # nothing to analyse there: the failure is the result
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=CREDENTIALS["accessKeyId"],
+        aws_secret_access_key=CREDENTIALS["secretAccessKey"],
+    )
     key = f"sessions/{session_prefix(NAMESPACE, 'nothing-captured', created['metadata']['uid'])}/{REPORT_RESULT}"
     result = json.loads(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
     assert result["analyzed"] is False and result["reason"] == "AnalysisFailed"
     assert result["message"].startswith("analysis failed: AnalysisError: nothing to analyse at s3://"), result
-    assert [m for m, p in cluster.server.requests() if p.split("?")[0].endswith("/profilesessions/nothing-captured")] == ["GET"]
+    assert [
+        m for m, p in cluster.server.requests() if p.split("?")[0].endswith("/profilesessions/nothing-captured")
+    ] == ["GET"]
     assert "status" not in custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "nothing-captured")
 
 
@@ -299,21 +402,40 @@ def _crd_before_storage_rules(kube: Kube) -> None:
     crd = api.read_custom_resource_definition("profilesessions.stepscope.io").to_dict()
     storage = crd["spec"]["versions"][0]["schema"]["open_apiv3_schema"]["properties"]["spec"]["properties"]["storage"]
     storage["x_kubernetes_validations"] = []
-    api.replace_custom_resource_definition("profilesessions.stepscope.io", kube.api_client.sanitize_for_serialization(
-        kubernetes.client.V1CustomResourceDefinition(**{k: crd[k] for k in ("api_version", "kind", "metadata", "spec")})))
+    api.replace_custom_resource_definition(
+        "profilesessions.stepscope.io",
+        kube.api_client.sanitize_for_serialization(
+            kubernetes.client.V1CustomResourceDefinition(
+                **{k: crd[k] for k in ("api_version", "kind", "metadata", "spec")}
+            )
+        ),
+    )
 
 
-@pytest.mark.parametrize("storage, said", [
-    ({"uri": "file:///var/lib/stepscope"}, "spec.storage.uri must be s3://bucket/prefix or oss://bucket/prefix on the cluster, got "
-                                           "'file:///var/lib/stepscope'; file:// is for the local CLI only"),
-    ({"uri": "s3://bucket/sessions"}, "spec.storage.credentialsSecret is required on the cluster: name a Secret in the session's "
-                                      "namespace with accessKeyId and secretAccessKey; the operator's, nodes' and pods' own cloud "
-                                      "identities are never used"),
-], ids=["file-uri", "no-secret"])
-def test_storage_the_cluster_must_not_use_fails_naming_what_to_change(operator: OperatorHarness, s3_endpoint: str,
-                                                                       storage: dict, said: str) -> None:
+@pytest.mark.parametrize(
+    "storage, said",
+    [
+        (
+            {"uri": "file:///var/lib/stepscope"},
+            "spec.storage.uri must be s3://bucket/prefix or oss://bucket/prefix on the cluster, got "
+            "'file:///var/lib/stepscope'; file:// is for the local CLI only",
+        ),
+        (
+            {"uri": "s3://bucket/sessions"},
+            "spec.storage.credentialsSecret is required on the cluster: name a Secret in the session's "
+            "namespace with accessKeyId and secretAccessKey; the operator's, nodes' and pods' own cloud "
+            "identities are never used",
+        ),
+    ],
+    ids=["file-uri", "no-secret"],
+)
+def test_storage_the_cluster_must_not_use_fails_naming_what_to_change(
+    operator: OperatorHarness, s3_endpoint: str, storage: dict, said: str
+) -> None:
     _crd_before_storage_rules(operator.kube)
-    operator.create_session("ambient", session_spec({"job": "train"}, s3_endpoint, storage={**storage, "endpoint": s3_endpoint}))
+    operator.create_session(
+        "ambient", session_spec({"job": "train"}, s3_endpoint, storage={**storage, "endpoint": s3_endpoint})
+    )
     status = operator.wait_phase("ambient", ("Failed",), timeout=15)
     assert _condition(status, "Ready")["reason"] == "InvalidSpec"
     assert status["message"] == said

@@ -2,6 +2,7 @@
 valid Kubernetes objects (kubernetes-validate's OpenAPI schemas; ProfileSessions through the test
 API server, which applies the CRD's schema and CEL rules). The chart rendered by helm, its RBAC
 and its package: tests/chart."""
+
 from __future__ import annotations
 
 import re
@@ -54,13 +55,19 @@ def test_example_sessions_pass_the_crd(kube: Kube) -> None:
     sessions = [d for d in _examples() if d["kind"] == "ProfileSession"]
     assert len(sessions) == 2
     for doc in sessions:
-        stored = api.create_namespaced_custom_object("stepscope.io", "v1alpha1", doc["metadata"]["namespace"], "profilesessions", doc)
+        stored = api.create_namespaced_custom_object(
+            "stepscope.io", "v1alpha1", doc["metadata"]["namespace"], "profilesessions", doc
+        )
         assert stored["spec"]["capture"]["withStack"] is True  # schema defaults applied
 
 
 def test_injected_pod_is_a_valid_pod() -> None:
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"stepscope.io/inject": "true"}},
-           "spec": {"containers": [{"name": "train", "image": "pytorch/pytorch"}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"stepscope.io/inject": "true"}},
+        "spec": {"containers": [{"name": "train", "image": "pytorch/pytorch"}]},
+    }
     pod["spec"].update(inject(pod["spec"], InjectionSettings.from_operator(OperatorSettings())))
     kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
 
@@ -74,7 +81,9 @@ def test_chart_templates_read_only_values_that_exist() -> None:
                 continue
             node: Any = values
             for part in path.split("."):
-                assert isinstance(node, dict) and part in node, f"{template.name} reads .Values.{path}, which values.yaml lacks"
+                assert isinstance(node, dict) and part in node, (
+                    f"{template.name} reads .Values.{path}, which values.yaml lacks"
+                )
                 node = node[part]
 
 
@@ -85,6 +94,12 @@ def test_examples_create_a_secret_before_the_session_that_names_it() -> None:
         for doc in _documents(path):
             if doc["kind"] == "Secret":
                 seen.add(doc["metadata"]["name"])
-            named = (doc.get("spec") or {}).get("storage", {}).get("credentialsSecret") if doc["kind"] == "ProfileSession" else None
+            named = (
+                (doc.get("spec") or {}).get("storage", {}).get("credentialsSecret")
+                if doc["kind"] == "ProfileSession"
+                else None
+            )
             defined_here = any(d["kind"] == "Secret" and d["metadata"]["name"] == named for d in _documents(path))
-            assert not named or not defined_here or named in seen, f"{path.name}: Secret {named} comes after the session"
+            assert not named or not defined_here or named in seen, (
+                f"{path.name}: Secret {named} comes after the session"
+            )

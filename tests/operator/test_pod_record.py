@@ -1,5 +1,6 @@
 """The status of a session over thousands of pods stays under the 32 KiB of docs/design.md, because the
 pod names live in the session's pod record (a ConfigMap it owns), which an operator restart reads."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,16 @@ from stepscope.analysis.model import Diagnosis, Finding, SlowWorker, StepTime
 from stepscope.operator import kube as operator_kube
 from stepscope.operator.sessions import pod_record
 from stepscope.operator.sessions.pod_record import PodRecord
-from stepscope.operator.sessions.status import MAX_MESSAGE, STATUS_BUDGET, PodProgress, aggregate, diagnosed_status, now_iso, pod_counts, set_condition
+from stepscope.operator.sessions.status import (
+    MAX_MESSAGE,
+    STATUS_BUDGET,
+    PodProgress,
+    aggregate,
+    diagnosed_status,
+    now_iso,
+    pod_counts,
+    set_condition,
+)
 from stepscope.testing.kube.fixtures import Kube
 from tests.chart.conftest import RELEASE_NAMESPACE, apply_rbac, helm, render  # noqa: F401 (helm is a fixture)
 
@@ -36,17 +46,38 @@ def worst_case_status(name: str, pods: PodRecord, record: str) -> dict[str, Any]
     conditions: list[dict[str, Any]] = []
     for kind in ("Triggered", "Captured"):
         conditions = set_condition(conditions, kind, True, kind, "m" * 5000, 1)
-    status = {"phase": "Analyzing", "message": "m" * MAX_MESSAGE, "observedGeneration": 1, "startTime": now_iso(),
-              "pods": pod_counts(record, pods), "workers": agg.workers, "failedWorkers": agg.failed_workers,
-              "workersReady": f"{agg.workers['captured']}/{agg.workers['total']}", "conditions": conditions, "analysisJob": "j" * 63}
+    status = {
+        "phase": "Analyzing",
+        "message": "m" * MAX_MESSAGE,
+        "observedGeneration": 1,
+        "startTime": now_iso(),
+        "pods": pod_counts(record, pods),
+        "workers": agg.workers,
+        "failedWorkers": agg.failed_workers,
+        "workersReady": f"{agg.workers['captured']}/{agg.workers['total']}",
+        "conditions": conditions,
+        "analysisJob": "j" * 63,
+    }
     # The analysis bounds its diagnosis like the CRD's schema does; it comes at those bounds here.
-    findings = [Finding("warning", "kernel", list(range(diagnose.MAX_RANKS)), "y" * diagnose.MAX_MESSAGE) for _ in range(diagnose.MAX_FINDINGS)]
-    slow = [SlowWorker(r, 20.0, 1.8, pod=p, node=p) for r, p in enumerate(sorted(pods.triggered)[:diagnose.MAX_SLOW_WORKERS])]
+    findings = [
+        Finding("warning", "kernel", list(range(diagnose.MAX_RANKS)), "y" * diagnose.MAX_MESSAGE)
+        for _ in range(diagnose.MAX_FINDINGS)
+    ]
+    slow = [
+        SlowWorker(r, 20.0, 1.8, pod=p, node=p)
+        for r, p in enumerate(sorted(pods.triggered)[: diagnose.MAX_SLOW_WORKERS])
+    ]
     diagnosis = Diagnosis("z" * diagnose.MAX_MESSAGE, StepTime(10, 11, 20), slow, None, findings)
     status.update(diagnosed_status(status, diagnosis, "s3://" + "b" * 63 + "/" + "prefix/" * 30 + name, 1))
     summary = status["diagnosis"]["summary"]  # the operator's last write (lifecycle's _finish)
-    status.update({"phase": "Succeeded", "message": summary[:MAX_MESSAGE], "completionTime": now_iso(),
-                   "conditions": set_condition(status["conditions"], "Ready", True, "Analyzed", summary, 1)})
+    status.update(
+        {
+            "phase": "Succeeded",
+            "message": summary[:MAX_MESSAGE],
+            "completionTime": now_iso(),
+            "conditions": set_condition(status["conditions"], "Ready", True, "Analyzed", summary, 1),
+        }
+    )
     return status
 
 
@@ -63,9 +94,21 @@ def test_status_of_a_3000_pod_session_stays_under_32_kib() -> None:
 
 def test_pod_record_of_3000_pods_through_the_api_server(cluster: Kube) -> None:
     custom = kubernetes.client.CustomObjectsApi(cluster.api_client)
-    session = custom.create_namespaced_custom_object("stepscope.io", "v1alpha1", "default", "profilesessions", {
-        "apiVersion": "stepscope.io/v1alpha1", "kind": "ProfileSession", "metadata": {"name": "big"},
-        "spec": {"selector": {"matchLabels": {"job": "big"}}, "storage": {"uri": "s3://bucket/sessions", "credentialsSecret": "store-credentials"}}})
+    session = custom.create_namespaced_custom_object(
+        "stepscope.io",
+        "v1alpha1",
+        "default",
+        "profilesessions",
+        {
+            "apiVersion": "stepscope.io/v1alpha1",
+            "kind": "ProfileSession",
+            "metadata": {"name": "big"},
+            "spec": {
+                "selector": {"matchLabels": {"job": "big"}},
+                "storage": {"uri": "s3://bucket/sessions", "credentialsSecret": "store-credentials"},
+            },
+        },
+    )
     uid = session["metadata"]["uid"]
     names = [f"train-{i}" for i in range(PODS)]
     assert pod_record.read("default", "big", uid) is None
@@ -80,13 +123,19 @@ def test_pod_record_of_3000_pods_through_the_api_server(cluster: Kube) -> None:
     assert (owner.kind, owner.name, owner.uid, owner.controller) == ("ProfileSession", "big", uid, True)
 
     status = worst_case_status("big", complete, record)
-    custom.patch_namespaced_custom_object_status("stepscope.io", "v1alpha1", "default", "profilesessions", "big", {"status": status})
-    stored = custom.get_namespaced_custom_object("stepscope.io", "v1alpha1", "default", "profilesessions", "big")["status"]
+    custom.patch_namespaced_custom_object_status(
+        "stepscope.io", "v1alpha1", "default", "profilesessions", "big", {"status": status}
+    )
+    stored = custom.get_namespaced_custom_object("stepscope.io", "v1alpha1", "default", "profilesessions", "big")[
+        "status"
+    ]
     assert stored["pods"] == {"triggered": PODS - 3, "refused": 3, "record": record}, "the schema keeps the counts"
     assert len(json.dumps(stored).encode()) < STATUS_BUDGET
 
 
-def test_pod_record_works_with_exactly_the_charts_operator_rbac(cluster: Kube, helm: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pod_record_works_with_exactly_the_charts_operator_rbac(
+    cluster: Kube, helm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cluster.create_namespace(RELEASE_NAMESPACE)
     apply_rbac(cluster.api_client, render(helm, "operator.namespaces={default}"))
     monkeypatch.setenv("KUBECONFIG", str(cluster.service_account_kubeconfig(RELEASE_NAMESPACE, "stepscope-operator")))
@@ -94,7 +143,9 @@ def test_pod_record_works_with_exactly_the_charts_operator_rbac(cluster: Kube, h
     try:
         record = PodRecord(frozenset({"train-0"}), frozenset())
         pod_record.write("default", "s", UID, record)
-        pod_record.write("default", "s", UID, PodRecord(frozenset({"train-0", "train-1"}), frozenset()))  # the patch path
+        pod_record.write(
+            "default", "s", UID, PodRecord(frozenset({"train-0", "train-1"}), frozenset())
+        )  # the patch path
         assert pod_record.read("default", "s", UID) == PodRecord(frozenset({"train-0", "train-1"}), frozenset())
         with pytest.raises(kubernetes.client.ApiException) as denied:
             operator_kube.core().delete_namespaced_config_map(pod_record.record_name("s", UID), "default")
@@ -114,13 +165,19 @@ def job_names(n: int, seed: int) -> list[str]:
 def test_record_over_the_configmap_limit_is_refused_before_the_api_server(cluster: Kube) -> None:
     rng = random.Random(1)
     names = frozenset(f"{rng.getrandbits(128):032x}" for _ in range(70_000))  # gzip cannot shrink these much: 1.2 MB
-    with pytest.raises(pod_record.PodRecordTooLarge, match=r"^the names of the 70000 selected pods take [\d,]+ bytes gzipped, more than the "
-                                                          r"996,147 a pod record \(a ConfigMap\) holds; narrow spec.selector or split the pods over several ProfileSessions$"):
+    with pytest.raises(
+        pod_record.PodRecordTooLarge,
+        match=r"^the names of the 70000 selected pods take [\d,]+ bytes gzipped, more than the "
+        r"996,147 a pod record \(a ConfigMap\) holds; narrow spec.selector or split the pods over several "
+        r"ProfileSessions$",
+    ):
         pod_record.check_room(names)
     with pytest.raises(pod_record.PodRecordTooLarge, match=r"more than the 1,048,576 a pod record"):
         pod_record.write("default", "huge", UID, PodRecord(names, frozenset()))
     with pytest.raises(kubernetes.client.ApiException) as absent:
-        kubernetes.client.CoreV1Api(cluster.api_client).read_namespaced_config_map(pod_record.record_name("huge", UID), "default")
+        kubernetes.client.CoreV1Api(cluster.api_client).read_namespaced_config_map(
+            pod_record.record_name("huge", UID), "default"
+        )
     assert absent.value.status == 404, "nothing half-written"
 
 

@@ -3,6 +3,7 @@ MutatingWebhookConfiguration, RBAC and ServiceAccount are applied, the operator 
 ServiceAccount (not as admin), and pods are created through the API server, which calls the
 webhook over HTTPS through the chart's Service (stepscope/testing/kube/admission.py) and applies Pod Security
 admission after it."""
+
 from __future__ import annotations
 
 import base64
@@ -37,7 +38,14 @@ RELEASE_NS = "stepscope"
 CONFIG = "stepscope-injector.stepscope.io"
 HOOK = f"inject-sidecar.{CONFIG}"
 # With the admission policies: the operator's caBundle upkeep goes through the one that pins it.
-CHART_TEMPLATES = ("serviceaccount.yaml", "rbac.yaml", "rbac-webhook.yaml", "webhook.yaml", "peering.yaml", "admission-policy.yaml")
+CHART_TEMPLATES = (
+    "serviceaccount.yaml",
+    "rbac.yaml",
+    "rbac-webhook.yaml",
+    "webhook.yaml",
+    "peering.yaml",
+    "admission-policy.yaml",
+)
 INJECT = {"stepscope.io/inject": "true"}
 
 
@@ -45,8 +53,13 @@ class Chart:
     """The chart's objects in the test API server, and the operator's environment as the
     Deployment sets it, with the operator's ServiceAccount as its identity."""
 
-    def __init__(self, kube: Kube, monkeypatch: pytest.MonkeyPatch, namespaces: list[str],
-                 labels: dict[str, dict[str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        monkeypatch: pytest.MonkeyPatch,
+        namespaces: list[str],
+        labels: dict[str, dict[str, str]] | None = None,
+    ) -> None:
         self.kube, self.monkeypatch = kube, monkeypatch
         self.core = kubernetes.client.CoreV1Api(kube.api_client)
         self.admission = kubernetes.client.AdmissionregistrationV1Api(kube.api_client)
@@ -59,17 +72,25 @@ class Chart:
         for doc in self.docs:
             if doc["apiVersion"] == "kopf.dev/v1":
                 kubernetes.client.CustomObjectsApi(kube.api_client).create_namespaced_custom_object(
-                    "kopf.dev", "v1", doc["metadata"]["namespace"], "kopfpeerings", doc)
+                    "kopf.dev", "v1", doc["metadata"]["namespace"], "kopfpeerings", doc
+                )
             else:
                 kubernetes.utils.create_from_dict(kube.api_client, doc)
         self.port = free_port()
         kube.server.api.service_endpoints[(RELEASE_NS, "stepscope-webhook")] = ("127.0.0.1", self.port)
         self.kubeconfig = kube.service_account_kubeconfig(RELEASE_NS, "stepscope-operator")
-        self.env = {"KUBECONFIG": str(self.kubeconfig), "POD_NAMESPACE": RELEASE_NS, "STEPSCOPE_NAMESPACES": ",".join(namespaces),
-                    "STEPSCOPE_WEBHOOK_PORT": str(self.port), "STEPSCOPE_WEBHOOK_ADDR": "127.0.0.1",
-                    "STEPSCOPE_WEBHOOK_SERVICE": "stepscope-webhook", "STEPSCOPE_WEBHOOK_NAMESPACE": RELEASE_NS,
-                    "STEPSCOPE_WEBHOOK_CONFIG": CONFIG, "STEPSCOPE_IMAGE": "registry.example/stepscope:test",
-                    "STEPSCOPE_INJECTION_RESYNC_S": "0.5"}
+        self.env = {
+            "KUBECONFIG": str(self.kubeconfig),
+            "POD_NAMESPACE": RELEASE_NS,
+            "STEPSCOPE_NAMESPACES": ",".join(namespaces),
+            "STEPSCOPE_WEBHOOK_PORT": str(self.port),
+            "STEPSCOPE_WEBHOOK_ADDR": "127.0.0.1",
+            "STEPSCOPE_WEBHOOK_SERVICE": "stepscope-webhook",
+            "STEPSCOPE_WEBHOOK_NAMESPACE": RELEASE_NS,
+            "STEPSCOPE_WEBHOOK_CONFIG": CONFIG,
+            "STEPSCOPE_IMAGE": "registry.example/stepscope:test",
+            "STEPSCOPE_INJECTION_RESYNC_S": "0.5",
+        }
         for name, value in self.env.items():
             monkeypatch.setenv(name, value)
         operator_kube.reset()
@@ -85,17 +106,29 @@ class Chart:
         return config["webhooks"][0]
 
     def stored_hooks(self) -> list[dict[str, Any]]:
-        return self.kube.server.call(lambda store: [dict(h) for h in next(
-            c for c in store.stored("admissionregistration.k8s.io", "mutatingwebhookconfigurations") if c["metadata"]["name"] == CONFIG)["webhooks"]])
+        return self.kube.server.call(
+            lambda store: [
+                dict(h)
+                for h in next(
+                    c
+                    for c in store.stored("admissionregistration.k8s.io", "mutatingwebhookconfigurations")
+                    if c["metadata"]["name"] == CONFIG
+                )["webhooks"]
+            ]
+        )
 
     def ca_bundle(self) -> str | None:
         hooks = self.stored_hooks()
         return hooks[0]["clientConfig"].get("caBundle") if hooks else None
 
-    def create_pod(self, namespace: str, name: str, labels: dict[str, str] | None = None, **spec: Any) -> tuple[dict[str, Any], list[str]]:
+    def create_pod(
+        self, namespace: str, name: str, labels: dict[str, str] | None = None, **spec: Any
+    ) -> tuple[dict[str, Any], list[str]]:
         """Create a pod as a user would; the stored pod and the warnings the API server returned."""
-        body = {"metadata": {"name": name, "labels": labels if labels is not None else INJECT},
-                "spec": {"containers": [{"name": "pytorch", "image": "pytorch/pytorch"}], **spec}}
+        body = {
+            "metadata": {"name": name, "labels": labels if labels is not None else INJECT},
+            "spec": {"containers": [{"name": "pytorch", "image": "pytorch/pytorch"}], **spec},
+        }
         response = self.core.create_namespaced_pod(namespace, body, _preload_content=False)
         warnings = [w.split('"', 1)[1].rsplit('"', 1)[0] for w in response.headers.get_all("Warning") or []]
         return self.kube.api_client.sanitize_for_serialization(self.core.read_namespaced_pod(name, namespace)), warnings
@@ -128,7 +161,12 @@ def _ready(chart: Chart, *namespaces: str) -> None:
 
 @pytest.fixture
 def chart(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> Chart:
-    return Chart(cluster, monkeypatch, ["default", "secure"], labels={"secure": {"pod-security.kubernetes.io/enforce": "restricted"}})
+    return Chart(
+        cluster,
+        monkeypatch,
+        ["default", "secure"],
+        labels={"secure": {"pod-security.kubernetes.io/enforce": "restricted"}},
+    )
 
 
 @pytest.fixture
@@ -147,14 +185,22 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_labelled_pod_gets_the_sidecar_through_the_api_server(injecting: Chart) -> None:
-    containers = [{"name": "pytorch", "image": "pytorch/pytorch", "env": [{"name": "PYTHONPATH", "value": "/app/lib"}]},
-                  {"name": "logger", "image": "busybox"}]
+    containers = [
+        {"name": "pytorch", "image": "pytorch/pytorch", "env": [{"name": "PYTHONPATH", "value": "/app/lib"}]},
+        {"name": "logger", "image": "busybox"},
+    ]
     pod, warnings = injecting.create_pod("default", "trainer-0", containers=containers)
     assert warnings == []
     sidecar = _sidecar(pod)
-    assert sidecar is not None and sidecar["image"] == "registry.example/stepscope:test" and sidecar["restartPolicy"] == "Always"
+    assert (
+        sidecar is not None
+        and sidecar["image"] == "registry.example/stepscope:test"
+        and sidecar["restartPolicy"] == "Always"
+    )
     assert pod["metadata"]["annotations"]["stepscope.io/injected"] == "true"
-    assert _env(sidecar)["STEPSCOPE_HMAC_KEY"] == {"secretKeyRef": {"name": "stepscope-hmac", "key": "key", "optional": True}}
+    assert _env(sidecar)["STEPSCOPE_HMAC_KEY"] == {
+        "secretKeyRef": {"name": "stepscope-hmac", "key": "key", "optional": True}
+    }
     # The address the operator's requests are signed for (docs/wire.md): the pod's IP, from the downward API.
     assert _env(sidecar)["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     training, logger = pod["spec"]["containers"]
@@ -168,14 +214,31 @@ def test_point1_5_the_operator_runs_under_the_chart_rbac_and_leaves_the_chart_fi
     then a crash) and rewrote timeoutSeconds, review versions and selectors."""
     (hook,) = injecting.stored_hooks()
     wanted = injecting.chart_hook()
-    assert {k: v for k, v in hook.items() if k != "clientConfig"} == {k: v for k, v in wanted.items() if k != "clientConfig"}
+    assert {k: v for k, v in hook.items() if k != "clientConfig"} == {
+        k: v for k, v in wanted.items() if k != "clientConfig"
+    }
     assert hook["clientConfig"] == {**wanted["clientConfig"], "caBundle": hook["clientConfig"]["caBundle"]}
     paths = [path for _, path in injecting.kube.server.requests()]
     assert not [p for p in paths if "validatingwebhookconfigurations" in p]
     # A second round of upkeep changes nothing more (no write fights with the chart).
-    writes = [r for r in injecting.kube.server.requests() if r[0] in ("PATCH", "PUT") and "mutatingwebhookconfigurations" in r[1]]
-    wait_for(lambda: len([p for p in injecting.kube.server.requests() if "mutatingwebhookconfigurations" in p[1]]) > len(writes) + 2, 10, "more upkeep rounds")
-    assert [r for r in injecting.kube.server.requests() if r[0] in ("PATCH", "PUT") and "mutatingwebhookconfigurations" in r[1]] == writes
+    writes = [
+        r
+        for r in injecting.kube.server.requests()
+        if r[0] in ("PATCH", "PUT") and "mutatingwebhookconfigurations" in r[1]
+    ]
+    wait_for(
+        lambda: (
+            len([p for p in injecting.kube.server.requests() if "mutatingwebhookconfigurations" in p[1]])
+            > len(writes) + 2
+        ),
+        10,
+        "more upkeep rounds",
+    )
+    assert [
+        r
+        for r in injecting.kube.server.requests()
+        if r[0] in ("PATCH", "PUT") and "mutatingwebhookconfigurations" in r[1]
+    ] == writes
 
 
 def test_point1_the_operator_may_touch_its_own_webhook_configuration_only(chart: Chart) -> None:
@@ -183,56 +246,104 @@ def test_point1_the_operator_may_touch_its_own_webhook_configuration_only(chart:
     which would send every pod of the cluster through the operator, is refused."""
     other = {"metadata": {"name": "someone-elses.example.com"}, "webhooks": []}
     chart.admission.create_mutating_webhook_configuration(other)
-    as_operator = kubernetes.client.AdmissionregistrationV1Api(kubernetes.config.new_client_from_config(config_file=str(chart.kubeconfig)))
-    as_operator.patch_mutating_webhook_configuration(CONFIG, [{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": "Q0E="}])
-    for patch in ([{"op": "remove", "path": "/webhooks/0/namespaceSelector"}, {"op": "remove", "path": "/webhooks/0/objectSelector"}],
-                  {"metadata": {"labels": {"checked": "yes"}}}):
+    as_operator = kubernetes.client.AdmissionregistrationV1Api(
+        kubernetes.config.new_client_from_config(config_file=str(chart.kubeconfig))
+    )
+    as_operator.patch_mutating_webhook_configuration(
+        CONFIG, [{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": "Q0E="}]
+    )
+    for patch in (
+        [
+            {"op": "remove", "path": "/webhooks/0/namespaceSelector"},
+            {"op": "remove", "path": "/webhooks/0/objectSelector"},
+        ],
+        {"metadata": {"labels": {"checked": "yes"}}},
+    ):
         with pytest.raises(kubernetes.client.ApiException) as refused:
             as_operator.patch_mutating_webhook_configuration(CONFIG, patch)
-        assert refused.value.status == 403 and "ValidatingAdmissionPolicy 'stepscope-webhook-configuration.stepscope.io'" in json.loads(refused.value.body)["message"]
+        assert (
+            refused.value.status == 403
+            and "ValidatingAdmissionPolicy 'stepscope-webhook-configuration.stepscope.io'"
+            in json.loads(refused.value.body)["message"]
+        )
     assert chart.stored_hooks()[0]["namespaceSelector"] == chart.chart_hook()["namespaceSelector"]
-    for call in (lambda: as_operator.read_mutating_webhook_configuration(other["metadata"]["name"]),
-                 lambda: as_operator.patch_mutating_webhook_configuration(other["metadata"]["name"], {"metadata": {"labels": {"x": "y"}}}),
-                 lambda: as_operator.create_mutating_webhook_configuration({"metadata": {"name": "new.example.com"}, "webhooks": []}),
-                 lambda: as_operator.delete_mutating_webhook_configuration(CONFIG)):
+    for call in (
+        lambda: as_operator.read_mutating_webhook_configuration(other["metadata"]["name"]),
+        lambda: as_operator.patch_mutating_webhook_configuration(
+            other["metadata"]["name"], {"metadata": {"labels": {"x": "y"}}}
+        ),
+        lambda: as_operator.create_mutating_webhook_configuration(
+            {"metadata": {"name": "new.example.com"}, "webhooks": []}
+        ),
+        lambda: as_operator.delete_mutating_webhook_configuration(CONFIG),
+    ):
         with pytest.raises(kubernetes.client.ApiException) as refused:
             call()
         assert refused.value.status == 403
 
 
-def test_point2_a_failure_beside_admission_admits_the_pod_as_is_with_a_warning_and_an_event(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_point2_a_failure_beside_admission_admits_the_pod_as_is_with_a_warning_and_an_event(
+    cluster: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The key Secret cannot be written in team-b: a stale one is there and the operator may not
     patch it (an RBAC gap: its RoleBinding there is missing). Before, the webhook copied the
     Secret during admission and denied the pod with a raw 403 dump."""
     chart = Chart(cluster, monkeypatch, ["default", "team-b"])
     rbac = kubernetes.client.RbacAuthorizationV1Api(cluster.api_client)
     rbac.delete_namespaced_role_binding("stepscope-injection", "team-b")
-    chart.core.create_namespaced_secret("team-b", {"metadata": {"name": "stepscope-hmac"}, "stringData": {"key": "stale"}})
+    chart.core.create_namespaced_secret(
+        "team-b", {"metadata": {"name": "stepscope-hmac"}, "stringData": {"key": "stale"}}
+    )
     before = metrics.value("stepscope_pods_not_injected_total")
     with chart.operator():
         _ready(chart, "default")
         pod, warnings = chart.create_pod("team-b", "trainer-0")
         assert _sidecar(pod) is None and "stepscope.io/injected" not in (pod["metadata"].get("annotations") or {})
         (warning,) = warnings
-        assert warning.startswith("stepscope: pod admitted WITHOUT the profiling sidecar: the key Secret stepscope-hmac of namespace team-b is not ready")
+        assert warning.startswith(
+            "stepscope: pod admitted WITHOUT the profiling sidecar: the key Secret stepscope-hmac of namespace "
+            "team-b is not ready"
+        )
         assert "403 Forbidden" in warning and "HTTPHeaderDict" not in warning
         (event,) = wait_for(lambda: chart.events("team-b", "trainer-0"), 30, "the SidecarNotInjected event")
-        assert event["reason"] == "SidecarNotInjected" and event["type"] == "Warning" and "403 Forbidden" in event["message"]
-        wait_for(lambda: metrics.value("stepscope_pods_not_injected_total") == before + 1, 10, "the metric to count the pod")
+        assert (
+            event["reason"] == "SidecarNotInjected"
+            and event["type"] == "Warning"
+            and "403 Forbidden" in event["message"]
+        )
+        wait_for(
+            lambda: metrics.value("stepscope_pods_not_injected_total") == before + 1, 10, "the metric to count the pod"
+        )
         # Once the gap is fixed the namespace gets its key and the next pods their sidecar.
         for doc in chart.docs:
-            if doc["kind"] == "RoleBinding" and doc["metadata"]["namespace"] == "team-b" and doc["metadata"]["name"] == "stepscope-injection":
+            if (
+                doc["kind"] == "RoleBinding"
+                and doc["metadata"]["namespace"] == "team-b"
+                and doc["metadata"]["name"] == "stepscope-injection"
+            ):
                 rbac.create_namespaced_role_binding("team-b", doc)
-        wait_for(lambda: chart.key_secret("team-b") == namespace_key(OPERATOR_KEY, "team-b"), 30, "the key in team-b once the RoleBinding is back")
+        wait_for(
+            lambda: chart.key_secret("team-b") == namespace_key(OPERATOR_KEY, "team-b"),
+            30,
+            "the key in team-b once the RoleBinding is back",
+        )
         pod, warnings = chart.create_pod("team-b", "trainer-1")
         assert _sidecar(pod) is not None and warnings == [], warnings
 
 
 def test_point3_an_injected_pod_is_admitted_under_pod_security_restricted(injecting: Chart) -> None:
     wait_for(lambda: injecting.key_secret("secure"), 30, "the key Secret in the restricted namespace")
-    restricted = {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
-                  "seccompProfile": {"type": "RuntimeDefault"}}
-    pod, _ = injecting.create_pod("secure", "trainer-0", containers=[{"name": "pytorch", "image": "pytorch/pytorch", "securityContext": restricted}])
+    restricted = {
+        "allowPrivilegeEscalation": False,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    pod, _ = injecting.create_pod(
+        "secure",
+        "trainer-0",
+        containers=[{"name": "pytorch", "image": "pytorch/pytorch", "securityContext": restricted}],
+    )
     sidecar = _sidecar(pod)
     assert sidecar is not None and sidecar["securityContext"]["readOnlyRootFilesystem"] is True
     assert {m["mountPath"] for m in sidecar["volumeMounts"]} == {"/var/run/stepscope", "/tmp"}
@@ -240,18 +351,34 @@ def test_point3_an_injected_pod_is_admitted_under_pod_security_restricted(inject
     with pytest.raises(kubernetes.client.ApiException) as refused:
         injecting.create_pod("secure", "loose-0")
     message = json.loads(refused.value.body)["message"]
-    assert refused.value.status == 403 and message.startswith('pods "loose-0" is forbidden: violates PodSecurity "restricted:latest": ')
+    assert refused.value.status == 403 and message.startswith(
+        'pods "loose-0" is forbidden: violates PodSecurity "restricted:latest": '
+    )
     assert 'container "pytorch"' in message and SIDECAR_NAME not in message
 
 
-def test_point4_a_graceful_stop_keeps_the_webhook_and_pods_let_through_meanwhile_are_reported(chart: Chart, tmp_path: Path) -> None:
+def test_point4_a_graceful_stop_keeps_the_webhook_and_pods_let_through_meanwhile_are_reported(
+    chart: Chart, tmp_path: Path
+) -> None:
     """SIGTERM to `stepscope operator --webhook` (every rollout, drain, eviction). Before, kopf's
     cleanup emptied the webhook list and the next labelled pods started without a sidecar, silently."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     env = {**os.environ, **chart.env, "STEPSCOPE_HMAC_KEY": OPERATOR_KEY.decode(), "TMPDIR": str(scratch)}
-    command = [sys.executable, "-m", "stepscope.cli", "operator", "--webhook", "--metrics-port", "0", "-n", "default", "-n", "secure",
-               f"--liveness=http://127.0.0.1:{free_port()}/healthz"]
+    command = [
+        sys.executable,
+        "-m",
+        "stepscope.cli",
+        "operator",
+        "--webhook",
+        "--metrics-port",
+        "0",
+        "-n",
+        "default",
+        "-n",
+        "secure",
+        f"--liveness=http://127.0.0.1:{free_port()}/healthz",
+    ]
     log = tmp_path / "operator.log"
     with log.open("wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -278,7 +405,9 @@ def test_point4_a_graceful_stop_keeps_the_webhook_and_pods_let_through_meanwhile
     assert chart.events("default", "trainer-0") == []
 
 
-def test_point6_kube_system_the_release_namespace_and_unlisted_namespaces_are_never_injected(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_point6_kube_system_the_release_namespace_and_unlisted_namespaces_are_never_injected(
+    cluster: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
     chart = Chart(cluster, monkeypatch, ["team-a"])
     cluster.create_namespace("team-c")
     with chart.operator():
@@ -290,13 +419,19 @@ def test_point6_kube_system_the_release_namespace_and_unlisted_namespaces_are_ne
             assert chart.key_secret(ns) is None, f"no key Secret in {ns}"
 
 
-def test_point7_each_namespace_has_its_own_key_and_the_operator_signs_with_it(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_point7_each_namespace_has_its_own_key_and_the_operator_signs_with_it(
+    cluster: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
     chart = Chart(cluster, monkeypatch, ["default", "team-a"])
     with chart.operator():
         _ready(chart, "default", "team-a")
     default_key, team_key = chart.key_secret("default"), chart.key_secret("team-a")
     assert default_key == KEY == namespace_key(OPERATOR_KEY, "default")  # the sessions' tests sign with it
-    assert team_key == namespace_key(OPERATOR_KEY, "team-a") and team_key != default_key and OPERATOR_KEY not in (default_key, team_key)
+    assert (
+        team_key == namespace_key(OPERATOR_KEY, "team-a")
+        and team_key != default_key
+        and OPERATOR_KEY not in (default_key, team_key)
+    )
     assert chart.key_secret(RELEASE_NS) is None or chart.key_secret(RELEASE_NS) != default_key
 
 
@@ -304,27 +439,55 @@ def test_point8_re_applying_a_bare_pod_that_declares_pythonpath_succeeds(injecti
     """`kubectl apply` of the same manifest again sends a three-way strategic merge patch that puts
     the manifest's PYTHONPATH back over the injected one; kube-apiserver refuses any such change
     of a pod's spec, unless the webhook (called on UPDATE) puts the bootstrap back first."""
-    containers = [{"name": "pytorch", "image": "pytorch/pytorch", "env": [{"name": "PYTHONPATH", "value": "/app/lib"}]},
-                  {"name": "logger", "image": "busybox"}]
+    containers = [
+        {"name": "pytorch", "image": "pytorch/pytorch", "env": [{"name": "PYTHONPATH", "value": "/app/lib"}]},
+        {"name": "logger", "image": "busybox"},
+    ]
     pod, _ = injecting.create_pod("default", "trainer-0", containers=containers)
-    reapply = {"spec": {"$setElementOrder/containers": [{"name": "pytorch"}, {"name": "logger"}],
-                        "containers": [{"$setElementOrder/env": [{"name": "PYTHONPATH"}], "env": [{"name": "PYTHONPATH", "value": "/app/lib"}],
-                                        "name": "pytorch"}]}}
-    patched = injecting.kube.api_client.sanitize_for_serialization(injecting.core.patch_namespaced_pod(
-        "trainer-0", "default", reapply, _content_type="application/strategic-merge-patch+json"))
-    assert patched["spec"] == pod["spec"] and _env(patched["spec"]["containers"][0])["PYTHONPATH"] == f"{BOOTSTRAP_DIR}:/app/lib"
+    reapply = {
+        "spec": {
+            "$setElementOrder/containers": [{"name": "pytorch"}, {"name": "logger"}],
+            "containers": [
+                {
+                    "$setElementOrder/env": [{"name": "PYTHONPATH"}],
+                    "env": [{"name": "PYTHONPATH", "value": "/app/lib"}],
+                    "name": "pytorch",
+                }
+            ],
+        }
+    }
+    patched = injecting.kube.api_client.sanitize_for_serialization(
+        injecting.core.patch_namespaced_pod(
+            "trainer-0", "default", reapply, _content_type="application/strategic-merge-patch+json"
+        )
+    )
+    assert (
+        patched["spec"] == pod["spec"]
+        and _env(patched["spec"]["containers"][0])["PYTHONPATH"] == f"{BOOTSTRAP_DIR}:/app/lib"
+    )
     # A pod that was not injected is left to the pod update rules: its PYTHONPATH change is refused as before.
     injecting.create_pod("default", "web-0", labels={"app": "web"}, containers=containers)
     other = {"spec": {"containers": [{"name": "pytorch", "env": [{"name": "PYTHONPATH", "value": "/elsewhere"}]}]}}
     with pytest.raises(kubernetes.client.ApiException) as refused:
-        injecting.core.patch_namespaced_pod("web-0", "default", other, _content_type="application/strategic-merge-patch+json")
+        injecting.core.patch_namespaced_pod(
+            "web-0", "default", other, _content_type="application/strategic-merge-patch+json"
+        )
     assert refused.value.status == 422 and "pod updates may not change fields" in refused.value.body
 
 
 def test_point8_reinject_puts_back_only_what_injection_changed() -> None:
-    spec = {"containers": [{"name": "pytorch", "image": "i", "env": [{"name": "PYTHONPATH", "value": "/app"}, {"name": "A", "value": "1"}],
-                            "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
-            "initContainers": [{"name": "setup", "image": "busybox"}], "volumes": [{"name": "data", "emptyDir": {}}]}
+    spec = {
+        "containers": [
+            {
+                "name": "pytorch",
+                "image": "i",
+                "env": [{"name": "PYTHONPATH", "value": "/app"}, {"name": "A", "value": "1"}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }
+        ],
+        "initContainers": [{"name": "setup", "image": "busybox"}],
+        "volumes": [{"name": "data", "emptyDir": {}}],
+    }
     injected = {**spec, **inject(spec, InjectionSettings("stepscope:test", "IfNotPresent", "stepscope-hmac", "key"))}
     assert reinject(injected) is None  # idempotent: the stored pod needs nothing
     reverted = json.loads(json.dumps(injected))
@@ -334,7 +497,9 @@ def test_point8_reinject_puts_back_only_what_injection_changed() -> None:
 
 def test_point8_pythonpath_from_valuefrom_is_named_in_a_warning(injecting: Chart) -> None:
     env = [{"name": "PYTHONPATH", "valueFrom": {"configMapKeyRef": {"name": "paths", "key": "python"}}}]
-    pod, warnings = injecting.create_pod("default", "trainer-0", containers=[{"name": "pytorch", "image": "pytorch/pytorch", "env": env}])
+    pod, warnings = injecting.create_pod(
+        "default", "trainer-0", containers=[{"name": "pytorch", "image": "pytorch/pytorch", "env": env}]
+    )
     assert _sidecar(pod) is not None
     (warning,) = warnings
     assert "container pytorch sets PYTHONPATH from valueFrom" in warning and BOOTSTRAP_DIR in warning
@@ -354,12 +519,16 @@ def test_an_operator_outside_the_cluster_is_reached_by_url(chart: Chart, monkeyp
     with chart.operator():
         _ready(chart, "default")
         (hook,) = chart.stored_hooks()
-        assert hook["clientConfig"]["url"] == f"https://127.0.0.1:{chart.port}/inject-sidecar" and "service" not in hook["clientConfig"]
+        assert (
+            hook["clientConfig"]["url"] == f"https://127.0.0.1:{chart.port}/inject-sidecar"
+            and "service" not in hook["clientConfig"]
+        )
         assert _sidecar(chart.create_pod("default", "trainer-0")[0]) is not None
 
 
-def test_two_replicas_elect_one_to_handle_sessions_and_both_serve_the_webhook(chart: Chart, monkeypatch: pytest.MonkeyPatch,
-                                                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_two_replicas_elect_one_to_handle_sessions_and_both_serve_the_webhook(
+    chart: Chart, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """operator.replicas: 2 (the chart's default): kopf's peering keeps the lower priority replica
     paused (a peering replica starts paused and resumes only when no higher one is alive), which
     still answers admission; when the other stops, it takes over the sessions."""
@@ -377,7 +546,9 @@ def test_two_replicas_elect_one_to_handle_sessions_and_both_serve_the_webhook(ch
             chart.kube.server.api.service_endpoints[(RELEASE_NS, "stepscope-webhook")] = ("127.0.0.1", second_port)
             pod, warnings = chart.create_pod("default", "trainer-0")
             assert _sidecar(pod) is not None and warnings == [], "the paused replica serves admission"
-            peers = kubernetes.client.CustomObjectsApi(chart.kube.api_client).get_namespaced_custom_object("kopf.dev", "v1", "default", "kopfpeerings", "stepscope")
+            peers = kubernetes.client.CustomObjectsApi(chart.kube.api_client).get_namespaced_custom_object(
+                "kopf.dev", "v1", "default", "kopfpeerings", "stepscope"
+            )
             assert sorted(p["priority"] for p in peers["status"].values()) == [10, 20]
             assert resumed() == len(chart.namespaces), "the second replica stays paused"
             first.__exit__(None, None, None)  # the leader goes (a rollout, a drain)
@@ -388,21 +559,32 @@ def test_two_replicas_elect_one_to_handle_sessions_and_both_serve_the_webhook(ch
 
 
 def test_a_session_that_selects_pods_started_without_the_sidecar_says_so(chart: Chart, s3_endpoint: str) -> None:
-    pod, _ = chart.create_pod("default", "trainer-0", labels={**INJECT, "job": "resnet"})  # no operator: failurePolicy Ignore
+    pod, _ = chart.create_pod(
+        "default", "trainer-0", labels={**INJECT, "job": "resnet"}
+    )  # no operator: failurePolicy Ignore
     assert _sidecar(pod) is None
-    chart.core.patch_namespaced_pod_status("trainer-0", "default", {"status": {"phase": "Running", "podIP": "127.0.0.1"}})
+    chart.core.patch_namespaced_pod_status(
+        "trainer-0", "default", {"status": {"phase": "Running", "podIP": "127.0.0.1"}}
+    )
     with chart.operator():
         harness = OperatorHarness(chart.kube)
         harness.create_session("resnet", session_spec({"job": "resnet"}, s3_endpoint))
         status = harness.wait_phase("resnet", ("Failed",), timeout=30)
-    assert "not profiled: pod(s) trainer-0 asked for the sidecar (stepscope.io/inject=true) but started without it" in status["message"], status
+    assert (
+        "not profiled: pod(s) trainer-0 asked for the sidecar (stepscope.io/inject=true) but started without it"
+        in status["message"]
+    ), status
 
 
 def test_point8_uninstalling_the_webhook_configuration_takes_the_key_secrets_along(injecting: Chart) -> None:
     owner = injecting.core.read_namespaced_secret("stepscope-hmac", "default").metadata.owner_references
     assert [(o.kind, o.name) for o in owner or []] == [("MutatingWebhookConfiguration", CONFIG)]
     injecting.admission.delete_mutating_webhook_configuration(CONFIG)  # what `helm uninstall` does
-    wait_for(lambda: injecting.key_secret("default") is None and injecting.key_secret("secure") is None, 10, "the garbage collector")
+    wait_for(
+        lambda: injecting.key_secret("default") is None and injecting.key_secret("secure") is None,
+        10,
+        "the garbage collector",
+    )
 
 
 def test_a_broken_sidecar_never_holds_the_training_containers(tmp_path: Path) -> None:
@@ -413,23 +595,37 @@ def test_a_broken_sidecar_never_holds_the_training_containers(tmp_path: Path) ->
     CreateContainerConfigError), and the one postStart hook, which puts the bootstrap in place
     before the training's Python starts, succeeds whatever happens (a failing hook restarts the
     sidecar and holds the training meanwhile)."""
-    fields = inject({"containers": [{"name": "pytorch", "image": "pytorch/pytorch"}]},
-                    InjectionSettings("registry.example/stepscope:test", "IfNotPresent", "stepscope-hmac", "key"))
+    fields = inject(
+        {"containers": [{"name": "pytorch", "image": "pytorch/pytorch"}]},
+        InjectionSettings("registry.example/stepscope:test", "IfNotPresent", "stepscope-hmac", "key"),
+    )
     assert fields is not None
     (sidecar,) = fields["initContainers"]
     assert "startupProbe" not in sidecar
     hook = sidecar["lifecycle"]["postStart"]["exec"]["command"]
     env = {"PATH": os.environ["PATH"], "STEPSCOPE_DIR": str(tmp_path / "shared")}  # no key: the Secret is missing
     started = time.monotonic()
-    done = subprocess.run([str(Path(sys.executable).parent / hook[0]), *hook[1:]], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / hook[0]), *hook[1:]], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert {"sitecustomize.py", "stepscope_agent"} <= {p.name for p in (tmp_path / "shared" / "bootstrap").iterdir()}
     (tmp_path / "file").write_text("")
-    blocked = subprocess.run([str(Path(sys.executable).parent / hook[0]), *hook[1:]], env={**env, "STEPSCOPE_DIR": str(tmp_path / "file" / "x")},
-                             capture_output=True, text=True, timeout=60)
+    blocked = subprocess.run(
+        [str(Path(sys.executable).parent / hook[0]), *hook[1:]],
+        env={**env, "STEPSCOPE_DIR": str(tmp_path / "file" / "x")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert blocked.returncode == 0 and "no bootstrap installed" in blocked.stderr
     assert time.monotonic() - started < 30
-    refs = [e["valueFrom"][kind] for c in fields["initContainers"] + fields["containers"] for e in c.get("env") or []
-            for kind in ("secretKeyRef", "configMapKeyRef") if kind in e.get("valueFrom", {})]
+    refs = [
+        e["valueFrom"][kind]
+        for c in fields["initContainers"] + fields["containers"]
+        for e in c.get("env") or []
+        for kind in ("secretKeyRef", "configMapKeyRef")
+        if kind in e.get("valueFrom", {})
+    ]
     assert refs and all(ref.get("optional") is True for ref in refs)
     assert all("envFrom" not in c for c in fields["initContainers"])

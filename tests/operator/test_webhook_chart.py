@@ -1,5 +1,6 @@
 """The chart's webhook configuration and RBAC (rendered by the real helm, tests/chart/conftest.py) against the code that
 relies on them: valid objects, least privilege, and one idea of which namespaces are injected."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,10 +29,15 @@ def test_webhook_templates_render_valid_objects(namespaces: list[str]) -> None:
 
 
 @pytest.mark.parametrize("namespaces", [["default"], ["team-a", "team-b", "stepscope"]])
-def test_the_namespace_selector_and_the_operator_agree_on_what_is_injected(namespaces: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_namespace_selector_and_the_operator_agree_on_what_is_injected(
+    namespaces: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     (config,) = _by_kind(render("webhook.yaml", operator={"namespaces": namespaces}), "MutatingWebhookConfiguration")
     (hook,) = config["webhooks"]
-    assert hook["name"] == f"{HANDLER_ID}.{config['metadata']['name']}" and hook["clientConfig"]["service"]["path"] == f"/{HANDLER_ID}"
+    assert (
+        hook["name"] == f"{HANDLER_ID}.{config['metadata']['name']}"
+        and hook["clientConfig"]["service"]["path"] == f"/{HANDLER_ID}"
+    )
     assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
     monkeypatch.setenv("STEPSCOPE_NAMESPACES", ",".join(namespaces))
     monkeypatch.setenv("POD_NAMESPACE", "stepscope")
@@ -59,21 +65,29 @@ def test_webhook_rbac_is_least_privilege() -> None:
     (webhook_role,) = [r for r in _by_kind(docs, "ClusterRole") if r["metadata"]["name"] == "stepscope-webhook"]
     assert [r["resources"] for r in webhook_role["rules"]] == [["mutatingwebhookconfigurations"]]
     assert [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in _by_kind(docs, "RoleBinding")] == [
-        ("stepscope", "stepscope-webhook-tls"), ("team-a", "stepscope-injection"), ("team-b", "stepscope-injection")]
+        ("stepscope", "stepscope-webhook-tls"),
+        ("team-a", "stepscope-injection"),
+        ("team-b", "stepscope-injection"),
+    ]
     (tls_role,) = _by_kind(docs, "Role")
     assert tls_role["metadata"]["namespace"] == "stepscope" and tls_role["rules"] == [
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
-        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["stepscope-webhook-tls"], "verbs": ["get"]}]
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["stepscope-webhook-tls"], "verbs": ["get"]},
+    ]
 
 
 def test_more_than_one_replica_runs_kopf_peering_and_rolls_without_a_gap() -> None:
     for replicas, peering in ((1, False), (2, True)):
-        docs = render("deployment.yaml", "peering.yaml", operator={"replicas": replicas, "namespaces": ["team-a", "team-b"]})
+        docs = render(
+            "deployment.yaml", "peering.yaml", operator={"replicas": replicas, "namespaces": ["team-a", "team-b"]}
+        )
         (deployment,) = _by_kind(docs, "Deployment")
         command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
         assert ("--peering=stepscope" in command) is peering
         assert deployment["spec"]["strategy"]["type"] == ("RollingUpdate" if peering else "Recreate")
-        assert [p["metadata"]["namespace"] for p in _by_kind(docs, "KopfPeering")] == (["team-a", "team-b"] if peering else [])
+        assert [p["metadata"]["namespace"] for p in _by_kind(docs, "KopfPeering")] == (
+            ["team-a", "team-b"] if peering else []
+        )
 
 
 def test_the_chart_names_its_namespaces_and_never_a_system_one() -> None:

@@ -1,4 +1,5 @@
 """The sidecar's control endpoint over real HTTP: signatures, idempotent triggers, conflicts."""
+
 from __future__ import annotations
 
 import http.client
@@ -30,7 +31,9 @@ def to(sidecar: Sidecar) -> str:
     return target(parts.hostname, parts.port)
 
 
-def raw(sidecar: Sidecar, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+def raw(
+    sidecar: Sidecar, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
     """One request exactly as given, so tests can send what SidecarClient never would."""
     conn = http.client.HTTPConnection(urlsplit(sidecar.url).netloc, timeout=5)
     conn.request(method, path, body=body or None, headers=headers or {})
@@ -51,7 +54,9 @@ def test_signed_trigger_is_accepted_then_idempotent(client: SidecarClient, tmp_p
     first = client.put_session("s-1", body)
     assert first["session"] == "s-1" and first["phase"] == "Pending"
     request = json.loads((stepscope_dir / "request.json").read_text())
-    assert (stepscope_dir / "request.json").stat().st_mode & 0o777 == 0o644  # readable by a training container's other user
+    assert (
+        stepscope_dir / "request.json"
+    ).stat().st_mode & 0o777 == 0o644  # readable by a training container's other user
     assert request["session"] == "s-1" and request["action"] == "capture" and request["version"] == 1
     assert request["capture"]["steps"] == 2 and request["capture"]["waitSteps"] == 1
     assert "startStep" not in request  # no rank has stepped yet: each starts waitSteps after it reads the request
@@ -108,15 +113,36 @@ def test_client_reports_401_and_unreachable(sidecar: Sidecar) -> None:
     assert raised.value.status == 0 and "unreachable" in raised.value.message
 
 
-@pytest.mark.parametrize(("session", "body", "message"), [
-    ("s-1", {"session": "s-1", "spec": {"capture": {"steps": 2}, "storage": {"uri": "file:///tmp/x"}}}, "destination"),
-    ("s-1", {"destination": "file:///tmp/x", "spec": {"capture": {"steps": 99}, "storage": {"uri": "file:///tmp/x"}}}, "1..50"),
-    ("s-1", {"destination": "gs://b/p", "spec": {"storage": {"uri": "s3://b/p"}}}, "scheme"),
-    ("s-1", {"session": "s-9", "destination": "file:///tmp/x", "spec": {"storage": {"uri": "file:///tmp/x"}}}, "does not match"),
-    ("..", {"destination": "file:///tmp/x", "spec": {"storage": {"uri": "file:///tmp/x"}}}, "invalid session id"),
-    ("s-1", {"destination": "file:///tmp/x", "startStep": -1, "spec": {"storage": {"uri": "file:///tmp/x"}}}, "startStep"),
-])
-def test_bad_triggers_get_400_with_a_reason(client: SidecarClient, session: str, body: dict[str, Any], message: str) -> None:
+@pytest.mark.parametrize(
+    ("session", "body", "message"),
+    [
+        (
+            "s-1",
+            {"session": "s-1", "spec": {"capture": {"steps": 2}, "storage": {"uri": "file:///tmp/x"}}},
+            "destination",
+        ),
+        (
+            "s-1",
+            {"destination": "file:///tmp/x", "spec": {"capture": {"steps": 99}, "storage": {"uri": "file:///tmp/x"}}},
+            "1..50",
+        ),
+        ("s-1", {"destination": "gs://b/p", "spec": {"storage": {"uri": "s3://b/p"}}}, "scheme"),
+        (
+            "s-1",
+            {"session": "s-9", "destination": "file:///tmp/x", "spec": {"storage": {"uri": "file:///tmp/x"}}},
+            "does not match",
+        ),
+        ("..", {"destination": "file:///tmp/x", "spec": {"storage": {"uri": "file:///tmp/x"}}}, "invalid session id"),
+        (
+            "s-1",
+            {"destination": "file:///tmp/x", "startStep": -1, "spec": {"storage": {"uri": "file:///tmp/x"}}},
+            "startStep",
+        ),
+    ],
+)
+def test_bad_triggers_get_400_with_a_reason(
+    client: SidecarClient, session: str, body: dict[str, Any], message: str
+) -> None:
     with pytest.raises(SidecarError) as raised:
         client.put_session(session, body)
     assert raised.value.status == 400 and message in raised.value.message
@@ -129,7 +155,9 @@ def test_unknown_session_and_endpoint_get_404(client: SidecarClient, sidecar: Si
     assert raw(sidecar, "GET", "/v2/other", b"", sign(KEY, "GET", "/v2/other", b"", to=to(sidecar)))[0] == 404
 
 
-def test_client_never_goes_through_an_environment_proxy(sidecar: Sidecar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_client_never_goes_through_an_environment_proxy(
+    sidecar: Sidecar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """HTTP_PROXY set for the object store must not carry signed triggers (and their store
     credentials) to a proxy: the sidecar is always dialled directly."""
     import threading
@@ -152,29 +180,43 @@ def test_client_never_goes_through_an_environment_proxy(sidecar: Sidecar, tmp_pa
             monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.server_address[1]}")
         for name in ("NO_PROXY", "no_proxy"):
             monkeypatch.delenv(name, raising=False)
-        body = {**trigger_body("s-proxy", (tmp_path / "store").as_uri()), "credentials": {"accessKeyId": "AK", "secretAccessKey": "SECRET"}}
+        body = {
+            **trigger_body("s-proxy", (tmp_path / "store").as_uri()),
+            "credentials": {"accessKeyId": "AK", "secretAccessKey": "SECRET"},
+        }
         assert SidecarClient(sidecar.url, KEY).put_session("s-proxy", body)["session"] == "s-proxy"
         assert seen == []
     finally:
         proxy.shutdown()
 
 
-def test_a_start_step_in_the_body_goes_to_the_ranks_as_it_is(client: SidecarClient, tmp_path: Path, stepscope_dir: Path) -> None:
+def test_a_start_step_in_the_body_goes_to_the_ranks_as_it_is(
+    client: SidecarClient, tmp_path: Path, stepscope_dir: Path
+) -> None:
     """The operator's startStep (the same for every pod of the job) wins over this sidecar's own."""
     client.put_session("s-1", {**trigger_body("s-1", (tmp_path / "store").as_uri()), "startStep": 1234})
     assert json.loads((stepscope_dir / "request.json").read_text())["startStep"] == 1234
 
 
-def test_the_capture_reaches_request_json_as_the_spec_typed_it(client: SidecarClient, tmp_path: Path, stepscope_dir: Path) -> None:
+def test_the_capture_reaches_request_json_as_the_spec_typed_it(
+    client: SidecarClient, tmp_path: Path, stepscope_dir: Path
+) -> None:
     """The operator's typed request goes over the wire and into request.json without a hand-made
     dict on the way: what the agent reads back is the very CaptureSpec the session's spec parsed to,
     defaults included; a body past the spec's bounds is refused naming the field."""
     store = (tmp_path / "store").as_uri()
-    spec = SessionSpec.from_dict({"capture": {"durationSeconds": 2.5, "limits": {"maxMemoryMB": 64}}, "storage": {"uri": store}})
+    spec = SessionSpec.from_dict(
+        {"capture": {"durationSeconds": 2.5, "limits": {"maxMemoryMB": 64}}, "storage": {"uri": store}}
+    )
     client.put_session("s-typed", SessionRequest(session="s-typed", destination=store, spec=spec, startStep=40))
     request = CaptureRequest.from_json((stepscope_dir / "request.json").read_bytes(), "request.json")
     assert request.capture == spec.capture and request.capture.steps is None and request.capture.waitSteps == 5
-    assert (request.session, request.action, request.startStep, request.hangTimeoutSeconds) == ("s-typed", "capture", 40, 300)
+    assert (request.session, request.action, request.startStep, request.hangTimeoutSeconds) == (
+        "s-typed",
+        "capture",
+        40,
+        300,
+    )
     client.delete_session("s-typed")
     with pytest.raises(SidecarError, match=r"spec\.capture\.waitSteps must be within 0\.\.100,000"):
         client.put_session("s-big", trigger_body("s-big", store, capture={"waitSteps": 100_001}))

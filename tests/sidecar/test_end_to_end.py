@@ -2,6 +2,7 @@
 training started the zero-code way (the sidecar's bootstrap on PYTHONPATH, nothing of stepscope in
 the training script): captures triggered through the sidecar's HTTP API and through
 `stepscope capture --analyze`, and a real hang reported with every rank's stacks and diagnosed."""
+
 from __future__ import annotations
 
 import gzip
@@ -28,7 +29,9 @@ def _logs(job) -> str:
 
 def _training(shared: Path, tmp_path: Path, *args: str) -> LocalJob:
     """Two gloo ranks of the unchanged workload, stepping (so a short hang timeout cannot fire during start-up)."""
-    job = launch_ranks(2, shared, ["--steps", "0", "--step-sleep-ms", "20", "--hidden", "64", *args], log_dir=tmp_path / "logs")
+    job = launch_ranks(
+        2, shared, ["--steps", "0", "--step-sleep-ms", "20", "--hidden", "64", *args], log_dir=tmp_path / "logs"
+    )
 
     def stepping() -> bool:
         try:
@@ -46,7 +49,8 @@ def _training(shared: Path, tmp_path: Path, *args: str) -> LocalJob:
 
 
 def _capture_and_analyze(url: str, out_dir: Path, job: LocalJob, *args: str) -> tuple[int, str]:
-    """`stepscope capture --analyze` as a user runs it: exit code and stdout (with stderr and the ranks' logs when it failed)."""
+    """`stepscope capture --analyze` as a user runs it: exit code and stdout (with stderr and the ranks'
+    logs when it failed)."""
     capture = stepscope("capture", "--sidecar", url, "--output-dir", str(out_dir), "--analyze", *args)
     out, err = capture.communicate(timeout=180)
     return capture.returncode, out if capture.returncode == 0 else f"{out}\n{err}\n{_logs(job)}"
@@ -59,8 +63,12 @@ def test_real_training_captured_through_the_sidecar_and_the_capture_command(side
         # 1. Through the HTTP API, as the operator does.
         session = str(uuid.uuid4())
         store = tmp_path / "api-store"
-        client.put_session(session, trigger_body(session, store.as_uri(), saveRawTrace="all",
-                                                 capture={"waitSteps": 2, "steps": 3, "activities": ["CPU"]}))
+        client.put_session(
+            session,
+            trigger_body(
+                session, store.as_uri(), saveRawTrace="all", capture={"waitSteps": 2, "steps": 3, "activities": ["CPU"]}
+            ),
+        )
         try:
             status = wait_for(client, session, lambda s: s["phase"] in ("Succeeded", "Failed"), timeout=120)
         except AssertionError as exc:

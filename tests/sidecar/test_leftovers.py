@@ -1,6 +1,7 @@
 """Nothing a capture writes is left behind or mistaken: an exporting rank is not called dead, a
 hung rank that resumes still has its trace uploaded, and files no session needs are removed by
 age or by the disk bound, also by a sidecar that did not write them."""
+
 from __future__ import annotations
 
 import os
@@ -15,10 +16,19 @@ from tests.sidecar.conftest import KEY, SimulatedRanks, wait_for
 from tests.sidecar.test_session_flow import real_traces, trigger  # noqa: F401 - fixture
 
 
-def test_an_exporting_rank_is_not_called_dead_until_its_grace_runs_out(stepscope_dir: Path, ranks: SimulatedRanks, tmp_path: Path,
-                                                                       real_traces: dict[int, Path]) -> None:
-    sidecar = Sidecar(stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-a", poll_interval_s=0.05, stale_after_s=0.5,
-                      export_grace_s=5.0).start()
+def test_an_exporting_rank_is_not_called_dead_until_its_grace_runs_out(
+    stepscope_dir: Path, ranks: SimulatedRanks, tmp_path: Path, real_traces: dict[int, Path]
+) -> None:
+    sidecar = Sidecar(
+        stepscope_dir,
+        KEY,
+        host="127.0.0.1",
+        port=0,
+        pod="pod-a",
+        poll_interval_s=0.05,
+        stale_after_s=0.5,
+        export_grace_s=5.0,
+    ).start()
     try:
         client = SidecarClient(sidecar.url, KEY, timeout=5)
         trigger(client, "s-w", tmp_path / "store")
@@ -34,14 +44,17 @@ def test_an_exporting_rank_is_not_called_dead_until_its_grace_runs_out(stepscope
         ranks.state("s-w", 0, "done", trace_from=real_traces[0])
         status = wait_for(client, "s-w", lambda s: s["phase"] == "Failed", timeout=15)
         rank1 = status["ranks"][1]
-        assert rank1["state"] == "failed" and "writing its trace" in rank1["error"] and "heartbeat" in rank1["error"], rank1
+        assert rank1["state"] == "failed" and "writing its trace" in rank1["error"] and "heartbeat" in rank1["error"], (
+            rank1
+        )
         assert status["ranks"][0]["uploaded"]
     finally:
         sidecar.shutdown(5)
 
 
-def test_a_hung_rank_that_resumes_has_its_trace_uploaded(client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path,
-                                                         tmp_path: Path, real_traces: dict[int, Path]) -> None:
+def test_a_hung_rank_that_resumes_has_its_trace_uploaded(
+    client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path, tmp_path: Path, real_traces: dict[int, Path]
+) -> None:
     store = tmp_path / "store"
     trigger(client, "s-h", store)
     ranks.state("s-h", 0, "done", trace_from=real_traces[0])
@@ -86,8 +99,16 @@ def test_a_restarted_sidecar_removes_old_leftovers_and_bounds_the_disk(stepscope
     newer = _leave(stepscope_dir, "s-newer", 600_000, age_s=60)
     (stepscope_dir / "sidecar" / "s-old").mkdir(parents=True)
     telemetry = _leave(stepscope_dir, "telemetry", 10, age_s=7200)
-    sidecar = Sidecar(stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-a", poll_interval_s=0.05,
-                      leftover_ttl_s=3600, max_local_mb=1.0).start()
+    sidecar = Sidecar(
+        stepscope_dir,
+        KEY,
+        host="127.0.0.1",
+        port=0,
+        pod="pod-a",
+        poll_interval_s=0.05,
+        leftover_ttl_s=3600,
+        max_local_mb=1.0,
+    ).start()
     try:
         assert not expired.exists() and not (stepscope_dir / "sidecar" / "s-old").exists()
         assert not older.exists() and newer.exists(), "over 1 MB: the oldest goes first"

@@ -1,5 +1,6 @@
 """A session through the real sidecar: simulated ranks advance their state files, the sidecar
 reports progress over HTTP and uploads real traces' artifacts to a file:// store."""
+
 from __future__ import annotations
 
 import gzip
@@ -36,8 +37,9 @@ def trigger(client: SidecarClient, session: str, store: Path, **spec) -> None:
     wait_for(client, session, lambda s: s["workers"]["total"] == 2)
 
 
-def test_progress_is_reported_then_artifacts_uploaded(client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path,
-                                                      tmp_path: Path, real_traces: dict[int, Path]) -> None:
+def test_progress_is_reported_then_artifacts_uploaded(
+    client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path, tmp_path: Path, real_traces: dict[int, Path]
+) -> None:
     store = tmp_path / "store"
     client.put_session("s-1", trigger_body("s-1", store.as_uri(), saveRawTrace="master"))
     status = wait_for(client, "s-1", lambda s: s["workers"]["total"] == 2)
@@ -75,8 +77,9 @@ def test_progress_is_reported_then_artifacts_uploaded(client: SidecarClient, ran
     assert not list((stepscope_dir / "s-1").glob("*.trace.json.gz"))
 
 
-def test_hung_rank_fails_the_session_with_its_reason_and_stacks(client: SidecarClient, ranks: SimulatedRanks, tmp_path: Path,
-                                                                real_traces: dict[int, Path]) -> None:
+def test_hung_rank_fails_the_session_with_its_reason_and_stacks(
+    client: SidecarClient, ranks: SimulatedRanks, tmp_path: Path, real_traces: dict[int, Path]
+) -> None:
     store = tmp_path / "store"
     trigger(client, "s-h", store)
     ranks.state("s-h", 0, "done", trace_from=real_traces[0])
@@ -84,14 +87,17 @@ def test_hung_rank_fails_the_session_with_its_reason_and_stacks(client: SidecarC
     status = wait_for(client, "s-h", lambda s: s["phase"] == "Failed")
     assert status["workers"]["failed"] == 1 and status["workers"]["uploaded"] == 1
     assert "rank 1" in status["message"] and "hung" in status["message"]
-    assert json.loads((store / layout.rank_stacks(1)).read_text())["threads"][0]["frames"][0]["function"] == "all_reduce"
+    assert (
+        json.loads((store / layout.rank_stacks(1)).read_text())["threads"][0]["frames"][0]["function"] == "all_reduce"
+    )
     hung = decode_summary((store / layout.rank_summary(1)).read_bytes())
     assert hung.rank == 1 and "hung" in hung.error
     assert (store / layout.rank_trace(0)).exists()
 
 
-def test_delete_cancels_and_keeps_what_was_captured(client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path,
-                                                    tmp_path: Path, real_traces: dict[int, Path]) -> None:
+def test_delete_cancels_and_keeps_what_was_captured(
+    client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path, tmp_path: Path, real_traces: dict[int, Path]
+) -> None:
     store = tmp_path / "store"
     trigger(client, "s-c", store)
     ranks.state("s-c", 0, "capturing")
@@ -112,8 +118,9 @@ def test_delete_cancels_and_keeps_what_was_captured(client: SidecarClient, ranks
     assert client.put_session("s-next", trigger_body("s-next", store.as_uri()))["phase"] == "Pending"
 
 
-def test_vanished_training_process_fails_its_rank(client: SidecarClient, ranks: SimulatedRanks, tmp_path: Path,
-                                                  real_traces: dict[int, Path]) -> None:
+def test_vanished_training_process_fails_its_rank(
+    client: SidecarClient, ranks: SimulatedRanks, tmp_path: Path, real_traces: dict[int, Path]
+) -> None:
     store = tmp_path / "store"
     trigger(client, "s-v", store)
     ranks.state("s-v", 0, "done", trace_from=real_traces[0])
@@ -125,8 +132,9 @@ def test_vanished_training_process_fails_its_rank(client: SidecarClient, ranks: 
     assert "heartbeat" in decode_summary((store / layout.rank_summary(1)).read_bytes()).error
 
 
-def test_failed_upload_keeps_the_local_trace(client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path, tmp_path: Path,
-                                             real_traces: dict[int, Path]) -> None:
+def test_failed_upload_keeps_the_local_trace(
+    client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path, tmp_path: Path, real_traces: dict[int, Path]
+) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the store's folder should be")
     trigger(client, "s-f", blocker / "store")
@@ -175,14 +183,25 @@ def _shifted_trace(source: Path, target: Path, start_us: float) -> None:
     target.write_bytes(gzip.compress(json.dumps(trace).encode()))
 
 
-def test_gpu_metrics_are_recorded_uploaded_and_joined_to_the_summaries(stepscope_dir: Path, ranks: SimulatedRanks, tmp_path: Path,
-                                                                      real_traces: dict[int, Path]) -> None:
+def test_gpu_metrics_are_recorded_uploaded_and_joined_to_the_summaries(
+    stepscope_dir: Path, ranks: SimulatedRanks, tmp_path: Path, real_traces: dict[int, Path]
+) -> None:
     # The sidecar sees the node's four GPUs; the pod's ranks compute on its GPUs 2 and 3 (the
     # simulation throttles GPU 3), which they call cuda:0 and cuda:1, as their traces do.
     backend = SimulatedBackend(gpus=4, throttle={3: "thermal"})
     gpus = {0: (0, "sim-0002"), 1: (1, "sim-0003")}
-    sidecar = Sidecar(stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-a", node="node-a", nvml_backend=backend,
-                      poll_interval_s=0.05, upload_attempts=2, upload_base_delay_s=0.05).start()
+    sidecar = Sidecar(
+        stepscope_dir,
+        KEY,
+        host="127.0.0.1",
+        port=0,
+        pod="pod-a",
+        node="node-a",
+        nvml_backend=backend,
+        poll_interval_s=0.05,
+        upload_attempts=2,
+        upload_base_delay_s=0.05,
+    ).start()
     try:
         client = SidecarClient(sidecar.url, KEY)
         store = tmp_path / "store"
@@ -209,18 +228,33 @@ def test_gpu_metrics_are_recorded_uploaded_and_joined_to_the_summaries(stepscope
     clocks = {}
     for rank in (0, 1):
         summary = decode_summary((store / layout.rank_summary(rank)).read_bytes())
-        assert summary.gpu == rank and summary.hardware and len(summary.hardware["smClockMHzMean"]) == len(summary.steps) == 2
+        assert (
+            summary.gpu == rank
+            and summary.hardware
+            and len(summary.hardware["smClockMHzMean"]) == len(summary.steps) == 2
+        )
         clocks[rank] = summary.hardware["smClockMHzMean"]
     assert clocks == {0: [1980.0, 1980.0], 1: [1100.0, 1100.0]}
 
 
-def test_no_gpu_metrics_are_uploaded_when_no_rank_names_its_gpu(stepscope_dir: Path, ranks: SimulatedRanks, tmp_path: Path,
-                                                                 real_traces: dict[int, Path]) -> None:
+def test_no_gpu_metrics_are_uploaded_when_no_rank_names_its_gpu(
+    stepscope_dir: Path, ranks: SimulatedRanks, tmp_path: Path, real_traces: dict[int, Path]
+) -> None:
     """The sidecar samples the node's four GPUs (NVIDIA_VISIBLE_DEVICES=all), other tenants'
     among them; ranks that name no GPU get none of them uploaded, and the session says why."""
     backend = SimulatedBackend(gpus=4)
-    sidecar = Sidecar(stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-c", node="node-a", nvml_backend=backend,
-                      poll_interval_s=0.05, upload_attempts=2, upload_base_delay_s=0.05).start()
+    sidecar = Sidecar(
+        stepscope_dir,
+        KEY,
+        host="127.0.0.1",
+        port=0,
+        pod="pod-c",
+        node="node-a",
+        nvml_backend=backend,
+        poll_interval_s=0.05,
+        upload_attempts=2,
+        upload_base_delay_s=0.05,
+    ).start()
     try:
         client = SidecarClient(sidecar.url, KEY)
         store = tmp_path / "store"
@@ -235,21 +269,34 @@ def test_no_gpu_metrics_are_uploaded_when_no_rank_names_its_gpu(stepscope_dir: P
     finally:
         sidecar.shutdown(5)
     assert status["phase"] == "Succeeded", status
-    assert layout.node_metrics("pod-c") not in status["artifacts"] and not (store / layout.node_metrics("pod-c")).exists()
+    assert (
+        layout.node_metrics("pod-c") not in status["artifacts"] and not (store / layout.node_metrics("pod-c")).exists()
+    )
     assert "GPU metrics not uploaded: no rank of this pod named the GPU it computes on" in status["message"]
-    assert not list(stepscope_dir.rglob("*gpu-metrics*")), "nothing of the node's GPUs is left on the shared volume either"
+    assert not list(stepscope_dir.rglob("*gpu-metrics*")), (
+        "nothing of the node's GPUs is left on the shared volume either"
+    )
     for rank in (0, 1):
         assert not decode_summary((store / layout.rank_summary(rank)).read_bytes()).hardware
 
 
-def test_uploads_to_s3_with_the_triggers_credentials_which_never_leak(client: SidecarClient, ranks: SimulatedRanks, moto_endpoint: str,
-                                                                      s3, real_traces: dict[int, Path], caplog: pytest.LogCaptureFixture) -> None:
+def test_uploads_to_s3_with_the_triggers_credentials_which_never_leak(
+    client: SidecarClient,
+    ranks: SimulatedRanks,
+    moto_endpoint: str,
+    s3,
+    real_traces: dict[int, Path],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.DEBUG)
     s3.create_bucket(Bucket="sidecar-uploads")
     secret = "body-secret-never-shown"
     with Proxy(moto_endpoint.removeprefix("http://")) as proxy:
-        body = trigger_body("s-s3", "s3://sidecar-uploads/team/default/run-1a2b3c4d",
-                            storage={"uri": "s3://sidecar-uploads/team", "endpoint": proxy.url})
+        body = trigger_body(
+            "s-s3",
+            "s3://sidecar-uploads/team/default/run-1a2b3c4d",
+            storage={"uri": "s3://sidecar-uploads/team", "endpoint": proxy.url},
+        )
         body["credentials"] = {"accessKeyId": "AKIDFROMTRIGGER", "secretAccessKey": secret, "sessionToken": None}
         accepted = client.put_session("s-s3", body)
         wait_for(client, "s-s3", lambda s: s["workers"]["total"] == 2)
@@ -264,8 +311,9 @@ def test_uploads_to_s3_with_the_triggers_credentials_which_never_leak(client: Si
         assert secret not in text and "AKIDFROMTRIGGER" not in text
 
 
-def test_s3_without_the_sessions_credentials_is_refused_whatever_the_pod_may_reach(client: SidecarClient, moto_endpoint: str, s3,
-                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_s3_without_the_sessions_credentials_is_refused_whatever_the_pod_may_reach(
+    client: SidecarClient, moto_endpoint: str, s3, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The sidecar's own environment (keys, IRSA, the node's role) is never the session's storage
     identity: a trigger without the session's credentials is refused before anything is written."""
     from stepscope.sidecar_client import SidecarError
@@ -273,22 +321,32 @@ def test_s3_without_the_sessions_credentials_is_refused_whatever_the_pod_may_rea
     s3.create_bucket(Bucket="sidecar-ambient")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDSIDECARPOD")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "pod-secret")
-    body = trigger_body("s-amb", "s3://sidecar-ambient/team/default/run-1a2b3c4d",
-                        storage={"uri": "s3://sidecar-ambient/team", "endpoint": moto_endpoint})
+    body = trigger_body(
+        "s-amb",
+        "s3://sidecar-ambient/team/default/run-1a2b3c4d",
+        storage={"uri": "s3://sidecar-ambient/team", "endpoint": moto_endpoint},
+    )
     with pytest.raises(SidecarError) as raised:
         client.put_session("s-amb", body)
-    assert raised.value.status == 400 and "no credentials for s3:// from spec.storage.credentialsSecret" in raised.value.message
+    assert (
+        raised.value.status == 400
+        and "no credentials for s3:// from spec.storage.credentialsSecret" in raised.value.message
+    )
     assert "Contents" not in s3.list_objects_v2(Bucket="sidecar-ambient")
 
 
-def test_malformed_agent_files_neither_crash_nor_stall_the_sidecar(client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path,
-                                                                  tmp_path: Path, real_traces: dict[int, Path]) -> None:
+def test_malformed_agent_files_neither_crash_nor_stall_the_sidecar(
+    client: SidecarClient, ranks: SimulatedRanks, stepscope_dir: Path, tmp_path: Path, real_traces: dict[int, Path]
+) -> None:
     store = tmp_path / "store"
     trigger(client, "s-m", store)
     (stepscope_dir / "s-m").mkdir()
     (stepscope_dir / "s-m" / "rank-0.state.json").write_text('{"version": 1, "session": "s-m", "ra')
-    (stepscope_dir / "s-m" / "rank-1.state.json").write_text(json.dumps(
-        {"session": "s-m", "rank": 1, "state": "capturing", "localRank": "one", "pid": None, "updatedAt": "soon"}))
+    (stepscope_dir / "s-m" / "rank-1.state.json").write_text(
+        json.dumps(
+            {"session": "s-m", "rank": 1, "state": "capturing", "localRank": "one", "pid": None, "updatedAt": "soon"}
+        )
+    )
     (stepscope_dir / "agents" / "rank-7.json").write_text("[1, 2")
     status = wait_for(client, "s-m", lambda s: s["ranks"][1]["state"] == "capturing")
     assert status["phase"] == "Capturing" and status["workers"]["total"] == 2 and status["ranks"][1]["pid"] == 1001
@@ -297,8 +355,9 @@ def test_malformed_agent_files_neither_crash_nor_stall_the_sidecar(client: Sidec
     assert wait_for(client, "s-m", lambda s: s["phase"] in ("Succeeded", "Failed"))["phase"] == "Succeeded"
 
 
-def test_a_truncated_trace_is_uploaded_and_fails_only_its_rank(client: SidecarClient, ranks: SimulatedRanks, tmp_path: Path,
-                                                               real_traces: dict[int, Path]) -> None:
+def test_a_truncated_trace_is_uploaded_and_fails_only_its_rank(
+    client: SidecarClient, ranks: SimulatedRanks, tmp_path: Path, real_traces: dict[int, Path]
+) -> None:
     store = tmp_path / "store"
     truncated = tmp_path / "truncated.json.gz"
     truncated.write_bytes(real_traces[1].read_bytes()[:5000])
@@ -313,8 +372,14 @@ def test_a_truncated_trace_is_uploaded_and_fails_only_its_rank(client: SidecarCl
     assert (store / layout.rank_trace(1)).read_bytes() == truncated.read_bytes()
 
 
-def test_a_restarted_sidecar_uploads_what_a_failed_upload_left_behind(sidecar: Sidecar, client: SidecarClient, ranks: SimulatedRanks,
-                                                                       stepscope_dir: Path, tmp_path: Path, real_traces: dict[int, Path]) -> None:
+def test_a_restarted_sidecar_uploads_what_a_failed_upload_left_behind(
+    sidecar: Sidecar,
+    client: SidecarClient,
+    ranks: SimulatedRanks,
+    stepscope_dir: Path,
+    tmp_path: Path,
+    real_traces: dict[int, Path],
+) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     trigger(client, "s-r", blocker / "store")
@@ -323,7 +388,9 @@ def test_a_restarted_sidecar_uploads_what_a_failed_upload_left_behind(sidecar: S
     assert wait_for(client, "s-r", lambda s: s["phase"] in ("Succeeded", "Failed"))["phase"] == "Failed"
     sidecar.shutdown(5)
 
-    restarted = Sidecar(stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-a", node="node-a", poll_interval_s=0.05).start()
+    restarted = Sidecar(
+        stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-a", node="node-a", poll_interval_s=0.05
+    ).start()
     try:
         client = SidecarClient(restarted.url, KEY)
         store = tmp_path / "store"
@@ -338,14 +405,17 @@ def test_a_restarted_sidecar_uploads_what_a_failed_upload_left_behind(sidecar: S
 
 
 @pytest.mark.gpu
-def test_real_nvml_samples_are_uploaded_for_the_capture_window(stepscope_dir: Path, ranks: SimulatedRanks, tmp_path: Path,
-                                                              real_traces: dict[int, Path]) -> None:
+def test_real_nvml_samples_are_uploaded_for_the_capture_window(
+    stepscope_dir: Path, ranks: SimulatedRanks, tmp_path: Path, real_traces: dict[int, Path]
+) -> None:
     from stepscope.sidecar.nvml import default_backend
 
     backend = default_backend()
     if backend is None:
         pytest.skip("no NVML or no GPU visible here")
-    sidecar = Sidecar(stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-gpu", nvml_backend=backend, poll_interval_s=0.05).start()
+    sidecar = Sidecar(
+        stepscope_dir, KEY, host="127.0.0.1", port=0, pod="pod-gpu", nvml_backend=backend, poll_interval_s=0.05
+    ).start()
     try:
         client = SidecarClient(sidecar.url, KEY)
         trigger(client, "s-gpu", tmp_path / "store")

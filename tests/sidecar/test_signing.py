@@ -1,4 +1,5 @@
 """stepscope.signing on its own: the replay window's memory and the key's sources."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,27 +14,43 @@ TO = "10.0.0.5:7470"
 
 def test_signature_covers_method_path_body_and_is_case_insensitive_on_header_names() -> None:
     headers = sign(KEY, "PUT", "/v1/sessions/a", b"{}", to=TO, now=1000, nonce="n1")
-    Verifier(KEY).verify("PUT", "/v1/sessions/a", b"{}", {k.lower(): v for k, v in headers.items()}, targets={TO}, now=1000)
-    for method, path, body in (("GET", "/v1/sessions/a", b"{}"), ("PUT", "/v1/sessions/b", b"{}"), ("PUT", "/v1/sessions/a", b"{ }")):
+    Verifier(KEY).verify(
+        "PUT", "/v1/sessions/a", b"{}", {k.lower(): v for k, v in headers.items()}, targets={TO}, now=1000
+    )
+    for method, path, body in (
+        ("GET", "/v1/sessions/a", b"{}"),
+        ("PUT", "/v1/sessions/b", b"{}"),
+        ("PUT", "/v1/sessions/a", b"{ }"),
+    ):
         with pytest.raises(SignatureError, match="does not match"):
             Verifier(KEY).verify(method, path, body, headers, targets={TO}, now=1000)
     with pytest.raises(SignatureError, match="does not match"):
-        Verifier(KEY).verify("PUT", "/v1/sessions/a", b"{}", {**headers, HEADER_SIGNATURE: "0" * 64}, targets={TO}, now=1000)
+        Verifier(KEY).verify(
+            "PUT", "/v1/sessions/a", b"{}", {**headers, HEADER_SIGNATURE: "0" * 64}, targets={TO}, now=1000
+        )
 
 
 def test_nonces_expire_with_the_window_and_memory_is_bounded() -> None:
     verifier = Verifier(KEY, window_s=300, max_nonces=3)
     for i in range(3):
-        verifier.verify("GET", "/p", b"", sign(KEY, "GET", "/p", b"", to=TO, now=1000, nonce=f"n{i}"), targets={TO}, now=1000)
+        verifier.verify(
+            "GET", "/p", b"", sign(KEY, "GET", "/p", b"", to=TO, now=1000, nonce=f"n{i}"), targets={TO}, now=1000
+        )
     with pytest.raises(SignatureError, match="too many"):
-        verifier.verify("GET", "/p", b"", sign(KEY, "GET", "/p", b"", to=TO, now=1000, nonce="n3"), targets={TO}, now=1000)
+        verifier.verify(
+            "GET", "/p", b"", sign(KEY, "GET", "/p", b"", to=TO, now=1000, nonce="n3"), targets={TO}, now=1000
+        )
     with pytest.raises(SignatureError, match="replayed"):
-        verifier.verify("GET", "/p", b"", sign(KEY, "GET", "/p", b"", to=TO, now=1000, nonce="n0"), targets={TO}, now=1001)
+        verifier.verify(
+            "GET", "/p", b"", sign(KEY, "GET", "/p", b"", to=TO, now=1000, nonce="n0"), targets={TO}, now=1001
+        )
     # Past the window the old nonces are forgotten (their timestamps would be refused as stale anyway).
     verifier.verify("GET", "/p", b"", sign(KEY, "GET", "/p", b"", to=TO, now=1301, nonce="n4"), targets={TO}, now=1301)
     assert len(verifier._seen) == 1
     with pytest.raises(SignatureError, match="stale"):
-        verifier.verify("GET", "/p", b"", sign(KEY, "GET", "/p", b"", to=TO, now=1000, nonce="n0"), targets={TO}, now=1301)
+        verifier.verify(
+            "GET", "/p", b"", sign(KEY, "GET", "/p", b"", to=TO, now=1000, nonce="n0"), targets={TO}, now=1301
+        )
 
 
 def test_key_from_environment_first_then_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 torch ranks over gloo started the zero-code way: a job slowed from outside mid-run (its rank 1
 stopped and continued, as CPU throttling by a noisy neighbour does) and a job that hangs.
 Conditions are scaled to seconds to keep the test short."""
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,9 @@ from tests.agent.protocol import wait_for
 
 POLL_S = 0.5
 # A factor well above what a loaded 2-core machine does to a healthy step, well below the throttle.
-CONDITIONS = Conditions(slowdown_factor=2.5, sustained_s=2.0, baseline_window_s=30.0, min_baseline_polls=6, hang_after_s=3.0)
+CONDITIONS = Conditions(
+    slowdown_factor=2.5, sustained_s=2.0, baseline_window_s=30.0, min_baseline_polls=6, hang_after_s=3.0
+)
 
 
 @pytest.fixture()
@@ -52,12 +55,18 @@ def throttle(pid: int, stop: threading.Event) -> None:
     os.kill(pid, signal.SIGCONT)
 
 
-def test_a_slowdown_mid_run_fires_and_the_healthy_part_does_not(client: SidecarClient, stepscope_dir: Path, tmp_path: Path,
-                                                               jobs: list[LocalJob]) -> None:
+def test_a_slowdown_mid_run_fires_and_the_healthy_part_does_not(
+    client: SidecarClient, stepscope_dir: Path, tmp_path: Path, jobs: list[LocalJob]
+) -> None:
     job = launch_ranks(2, stepscope_dir, ["--steps", "0", "--step-sleep-ms", "20"], log_dir=tmp_path / "logs")
     jobs.append(job)
-    wait_for(lambda: len(client.get_telemetry()["ranks"]) == 2 and all(r["steps"] > 5 for r in client.get_telemetry()["ranks"]),
-             90, "both ranks stepping")
+    wait_for(
+        lambda: (
+            len(client.get_telemetry()["ranks"]) == 2 and all(r["steps"] > 5 for r in client.get_telemetry()["ranks"])
+        ),
+        90,
+        "both ranks stepping",
+    )
     state, fired = watch(client, State(), 8.0)
     assert fired == [] and state.baseline is not None, state
     baseline = state.baseline
@@ -75,15 +84,26 @@ def test_a_slowdown_mid_run_fires_and_the_healthy_part_does_not(client: SidecarC
     when, fire = slowdowns[0]
     assert CONDITIONS.sustained_s <= when - slowed <= 8.0 and fire.ranks == (0, 1), fire
     # The slow steps were not learned (a poll of partly slow steps may be).
-    assert state.baseline == pytest.approx(baseline, rel=0.2) and state.current[SLOWDOWN] > CONDITIONS.slowdown_factor, state
+    assert (
+        state.baseline == pytest.approx(baseline, rel=0.2) and state.current[SLOWDOWN] > CONDITIONS.slowdown_factor
+    ), state
 
 
 def test_a_hang_fires_once(client: SidecarClient, stepscope_dir: Path, tmp_path: Path, jobs: list[LocalJob]) -> None:
-    jobs.append(launch_ranks(2, stepscope_dir, ["--steps", "0", "--step-sleep-ms", "10", "--hang-rank", "1", "--hang-at-step", "60"],
-                             log_dir=tmp_path / "logs"))
+    jobs.append(
+        launch_ranks(
+            2,
+            stepscope_dir,
+            ["--steps", "0", "--step-sleep-ms", "10", "--hang-rank", "1", "--hang-at-step", "60"],
+            log_dir=tmp_path / "logs",
+        )
+    )
     # Watched from shortly before the hang: a loaded machine can take most of the window to start gloo.
-    wait_for(lambda: len(ranks := client.get_telemetry()["ranks"]) == 2 and all(r["steps"] >= 40 for r in ranks), 90,
-             "both ranks at step 40")
+    wait_for(
+        lambda: len(ranks := client.get_telemetry()["ranks"]) == 2 and all(r["steps"] >= 40 for r in ranks),
+        90,
+        "both ranks at step 40",
+    )
     state, fired = watch(client, State(), 12.0)
     hangs = [f for _, f in fired if f.condition == HANG]
     assert len(hangs) == 1 and hangs[0].ranks == (0, 1) and "no step on any rank" in hangs[0].reason, fired

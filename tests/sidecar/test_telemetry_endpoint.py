@@ -1,6 +1,7 @@
 """Step telemetry through the real sidecar's HTTP server, from real torch ranks over gloo started the
 zero-code way: Prometheus metrics on GET /metrics (unsigned) and JSON on the signed GET /v1/telemetry,
 while the job trains, hangs (one rank blocks, its peer waits in the collective) and dies."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -20,14 +21,19 @@ from tests.sidecar.test_control_endpoint import raw
 
 @pytest.fixture()
 def hanging_job(stepscope_dir: Path, tmp_path: Path) -> Iterator[LocalJob]:
-    job = launch_ranks(2, stepscope_dir, ["--steps", "0", "--step-sleep-ms", "10", "--hang-rank", "1", "--hang-at-step", "40"],
-                       log_dir=tmp_path / "logs")
+    job = launch_ranks(
+        2,
+        stepscope_dir,
+        ["--steps", "0", "--step-sleep-ms", "10", "--hang-rank", "1", "--hang-at-step", "40"],
+        log_dir=tmp_path / "logs",
+    )
     yield job
     job.terminate()
 
 
 def metrics(sidecar: Sidecar) -> dict[str, dict[tuple[str, ...], float]]:
-    """Every sample of GET /metrics: {sample name: {(rank, local_rank): value}} (histogram buckets keyed with `le` too)."""
+    """Every sample of GET /metrics: {sample name: {(rank, local_rank): value}} (histogram buckets keyed
+    with `le` too)."""
     with urlopen(sidecar.url + "/metrics", timeout=5) as response:
         assert response.headers["Content-Type"].startswith("text/plain; version=")
         text = response.read().decode()
@@ -43,7 +49,9 @@ def ranks_by_index(client: SidecarClient) -> dict[int, dict[str, Any]]:
     return {r["rank"]: r for r in client.get_telemetry()["ranks"]}
 
 
-def test_steps_then_a_hang_then_death_as_metrics_and_json(sidecar: Sidecar, client: SidecarClient, hanging_job: LocalJob) -> None:
+def test_steps_then_a_hang_then_death_as_metrics_and_json(
+    sidecar: Sidecar, client: SidecarClient, hanging_job: LocalJob
+) -> None:
     # Rank 1 blocks after its optimizer step 40 (zero-based); rank 0 then waits in the next all-reduce.
     def stuck() -> dict[int, dict[str, Any]] | None:
         ranks = ranks_by_index(client)
@@ -59,7 +67,10 @@ def test_steps_then_a_hang_then_death_as_metrics_and_json(sidecar: Sidecar, clie
         # Step 1 (timed from the agent's start) is not in the recent durations; each step sleeps 10 ms.
         assert [step for step, _ in r["recent"]] == list(range(2, 42))
         assert all(0.01 <= duration < 10 for _, duration in r["recent"])
-        assert r["lastStepSeconds"] == r["recent"][-1][1] and abs(r["lastStepAt"] - telemetry["time"] + r["secondsSinceStep"]) < 1
+        assert (
+            r["lastStepSeconds"] == r["recent"][-1][1]
+            and abs(r["lastStepAt"] - telemetry["time"] + r["secondsSinceStep"]) < 1
+        )
         # DDP timed only its warm-up iterations before the hang: no wait share yet.
         assert r["collectiveWaitSeconds"] is None and r["waitShare"] is None, r
 

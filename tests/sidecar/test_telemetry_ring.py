@@ -1,6 +1,7 @@
 """The step ring's lock-free protocol between the agent's writer (its own class) and the sidecar's
 reader: wrap-around, slots the reader must not trust, and a new process that has the pid of the
 one before."""
+
 from __future__ import annotations
 
 import os
@@ -49,15 +50,27 @@ def test_what_is_no_ring_reads_as_none(tmp_path: Path) -> None:
     assert read_ring(short) is None and read_ring(other) is None and read_ring(tmp_path / "absent") is None
 
 
-def test_a_new_process_with_the_pid_of_the_one_before_starts_the_ranks_series_over(stepscope_dir: Path, sidecar: Sidecar) -> None:
+def test_a_new_process_with_the_pid_of_the_one_before_starts_the_ranks_series_over(
+    stepscope_dir: Path, sidecar: Sidecar
+) -> None:
     # A restarted container's process gets the pid its predecessor had (its own pid namespace).
     # Two writers in this one process stand for the two: same pid, each its own run.
     path = stepscope_dir / wire.TELEMETRY_FOLDER / wire.telemetry_file(0)
     registry = stepscope_dir / wire.AGENTS_FOLDER / wire.agent_file(0)
 
     def beat() -> None:
-        write_json(registry, {"rank": 0, "localRank": 0, "worldSize": 1, "pid": os.getpid(), "host": "node-a", "step": 0,
-                              "heartbeat": time.time()})
+        write_json(
+            registry,
+            {
+                "rank": 0,
+                "localRank": 0,
+                "worldSize": 1,
+                "pid": os.getpid(),
+                "host": "node-a",
+                "step": 0,
+                "heartbeat": time.time(),
+            },
+        )
 
     before, after = StepRing(), StepRing()
     assert before.run_id != after.run_id
@@ -67,7 +80,10 @@ def test_a_new_process_with_the_pid_of_the_one_before_starts_the_ranks_series_ov
     before.publish(str(path), 0, 0, 1)
     beat()
     samples = metrics(sidecar)
-    assert samples["stepscope_steps_total"][("0", "0")] == 50 and samples["stepscope_seconds_since_last_step"][("0", "0")] >= 400
+    assert (
+        samples["stepscope_steps_total"][("0", "0")] == 50
+        and samples["stepscope_seconds_since_last_step"][("0", "0")] >= 400
+    )
     # The old process is gone (no exit handler ran: its ring stays) and the new one registers.
     now = time.monotonic()
     for step in range(1, 4):

@@ -1,4 +1,5 @@
 """The sidecar's upload worker: one run and one outcome per job, bounded shutdown."""
+
 from __future__ import annotations
 
 import threading

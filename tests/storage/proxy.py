@@ -1,6 +1,7 @@
 """A small real HTTP proxy in front of moto's server, for what moto cannot show by itself: it
 records the Host header and path of every request (virtual-hosted addressing) and can fail the
 first N requests with a 503 or a reset connection (retries)."""
+
 from __future__ import annotations
 
 import http.client
@@ -76,12 +77,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.close()
             return
         if failure == "503":
-            self._send(503, [("Content-Type", "application/xml")],
-                       b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>")
+            self._send(
+                503,
+                [("Content-Type", "application/xml")],
+                b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>",
+            )
             return
         upstream = http.client.HTTPConnection(self.server.upstream, timeout=60)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
-        upstream.request(self.command, path, body=body if body or self.command in ("PUT", "POST") else None, headers=headers)
+        upstream.request(
+            self.command, path, body=body if body or self.command in ("PUT", "POST") else None, headers=headers
+        )
         response = upstream.getresponse()
         data = response.read()
         # A HEAD answer has no body but must keep the object's Content-Length.

@@ -1,4 +1,5 @@
 """file:// stores: the single-machine store behaves like an object store (keys, atomic writes)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +12,10 @@ from stepscope.storage import FileStore, ObjectNotFound, StoreError, open_store
 def test_file_uri_forms_open_the_same_folder(tmp_path: Path) -> None:
     assert isinstance(open_store(f"file://{tmp_path}"), FileStore)
     assert open_store(f"file://{tmp_path}").root == open_store(str(tmp_path)).root == tmp_path.resolve()
-    assert open_store(f"file://{tmp_path}").uri_for("ranks/rank-0.summary.json") == f"file://{tmp_path.resolve()}/ranks/rank-0.summary.json"
+    assert (
+        open_store(f"file://{tmp_path}").uri_for("ranks/rank-0.summary.json")
+        == f"file://{tmp_path.resolve()}/ranks/rank-0.summary.json"
+    )
 
 
 def test_put_get_list_exists_download(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """oss:// goes through OSS's S3-compatible API with virtual-hosted addressing: the bucket is in the
 Host header (<bucket>.oss-<region>.aliyuncs.com), never in the path. boto3 sends its requests
 through a recording HTTP proxy that forwards them to moto, which reads the bucket from the Host."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,8 +20,13 @@ def test_oss_requests_are_virtual_hosted(moto_endpoint: str, s3, tmp_path: Path)
     local = tmp_path / "summary.json"
     local.write_bytes(b'{"rank": 3}')
     with Proxy(moto_endpoint.removeprefix("http://")) as proxy:
-        store = open_store("oss://oss-traces/team/default/run-1a2b3c4d", region="oss-cn-hangzhou",
-                           endpoint=f"http://{ENDPOINT_HOST}", credentials=CREDENTIALS, proxies={"http": proxy.url})
+        store = open_store(
+            "oss://oss-traces/team/default/run-1a2b3c4d",
+            region="oss-cn-hangzhou",
+            endpoint=f"http://{ENDPOINT_HOST}",
+            credentials=CREDENTIALS,
+            proxies={"http": proxy.url},
+        )
         store.put_file("ranks/rank-3.summary.json", local)
         assert store.get_bytes("ranks/rank-3.summary.json") == b'{"rank": 3}'
         assert store.list("ranks/") == ["ranks/rank-3.summary.json"]
@@ -33,9 +39,17 @@ def test_oss_requests_are_virtual_hosted(moto_endpoint: str, s3, tmp_path: Path)
     assert ("PUT", f"oss-traces.{ENDPOINT_HOST}", "/team/default/run-1a2b3c4d/ranks/rank-3.summary.json") in proxy.seen
     assert all("/cn-hangzhou/s3/aws4_request" in h["authorization"] for h in proxy.headers)
     # moto stored it in the bucket named by the Host header.
-    assert s3.get_object(Bucket="oss-traces", Key="team/default/run-1a2b3c4d/ranks/rank-3.summary.json")["Body"].read() == b'{"rank": 3}'
+    assert (
+        s3.get_object(Bucket="oss-traces", Key="team/default/run-1a2b3c4d/ranks/rank-3.summary.json")["Body"].read()
+        == b'{"rank": 3}'
+    )
     # OSS refuses the CRC checksum headers newer boto3 versions add by default.
-    assert not [h for headers in proxy.headers for h in headers if h.startswith("x-amz-checksum") or h == "x-amz-sdk-checksum-algorithm"]
+    assert not [
+        h
+        for headers in proxy.headers
+        for h in headers
+        if h.startswith("x-amz-checksum") or h == "x-amz-sdk-checksum-algorithm"
+    ]
     assert store.uri_for("x") == "oss://oss-traces/team/default/run-1a2b3c4d/x"
 
 

@@ -1,6 +1,7 @@
 """The one retry layer (stepscope.retry): transient failures are retried with doubling, capped,
 jittered delays up to the policy's attempts; a permanent one is raised at once. The store and
 the operator's fan-out both go through it."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,9 +42,17 @@ def test_a_permanent_error_is_raised_at_once_and_the_last_transient_one_after_th
     waits: list[float] = []
     calls, operation = _failing([StoreError("503", transient=True), StoreError("access denied (AccessDenied)")])
     with pytest.raises(StoreError, match="access denied"):
-        retry.call(operation, RetryPolicy(attempts=10, base_delay_s=0.0), transient=is_transient, what="put", sleep=waits.append)
+        retry.call(
+            operation,
+            RetryPolicy(attempts=10, base_delay_s=0.0),
+            transient=is_transient,
+            what="put",
+            sleep=waits.append,
+        )
     assert len(calls) == 2 and len(waits) == 1
     calls, operation = _failing([StoreError(f"503 #{i}", transient=True) for i in range(10)])
     with pytest.raises(StoreError, match="503 #2"):
-        retry.call(operation, RetryPolicy(attempts=3, base_delay_s=0.0), transient=is_transient, what="put", sleep=waits.append)
+        retry.call(
+            operation, RetryPolicy(attempts=3, base_delay_s=0.0), transient=is_transient, what="put", sleep=waits.append
+        )
     assert len(calls) == 3

@@ -9,6 +9,7 @@ so two runs of the same code report no change. The rank whose cost changed most 
 the average (a function slowed on one rank of four moves the average by a quarter). Names are
 kept whole: template variants of one kernel are different rows, never one added and one removed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,7 +24,21 @@ MIN_CHANGE = 0.05  # a cost per step 5 % apart (or the noise band, if wider) is 
 # ... and by at least this share of the step: a change below it is no change a user acts on.
 MIN_STEP_SHARE = 0.002
 RANK_BAND = 2.0
-COLUMNS = ["kind", "name", "status", "countA", "countB", "usA", "usB", "deltaUs", "meanUsA", "meanUsB", "ratio", "rank", "rankDeltaUs"]
+COLUMNS = [
+    "kind",
+    "name",
+    "status",
+    "countA",
+    "countB",
+    "usA",
+    "usB",
+    "deltaUs",
+    "meanUsA",
+    "meanUsB",
+    "ratio",
+    "rank",
+    "rankDeltaUs",
+]
 
 
 @dataclass(frozen=True)
@@ -39,7 +54,10 @@ class RunDiff:
         if self.stepMsA and self.stepMsB:
             change = self.stepMsB / self.stepMsA - 1.0
             word = "slower" if change > 0 else "faster"
-            return f"B's median step is {self.stepMsB:.2f} ms vs A's {self.stepMsA:.2f} ms ({100 * abs(change):.1f}% {word})"
+            return (
+                f"B's median step is {self.stepMsB:.2f} ms vs A's {self.stepMsA:.2f} ms ({100 * abs(change):.1f}% "
+                f"{word})"
+            )
         return "no step times to compare (traces without ProfilerStep): compare kernels and functions below"
 
 
@@ -55,20 +73,44 @@ def _per_step(summaries: list[RankSummary]) -> tuple[pd.DataFrame, pd.DataFrame,
         if frame.empty:
             continue
         g = frame.groupby("name", sort=False)
-        parts.append(pd.DataFrame({"kind": kind, "count": g["count"].sum() / steps, "us": g[column].sum() / steps,
-                                   "calls": g["count"].sum(), "total": g[column].sum()}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    "kind": kind,
+                    "count": g["count"].sum() / steps,
+                    "us": g[column].sum() / steps,
+                    "calls": g["count"].sum(),
+                    "total": g[column].sum(),
+                }
+            )
+        )
         by_rank = frame.groupby(["name", "rank"], sort=False)[column].sum().reset_index()
         by_rank["us"] = by_rank[column] / by_rank["rank"].map(per_rank_steps).to_numpy(dtype=float)
         ranks.append(by_rank.assign(kind=kind)[["kind", "name", "rank", "us"]])
-    table = pd.concat(parts).reset_index() if parts else pd.DataFrame(columns=["name", "kind", "count", "us", "calls", "total"])
+    table = (
+        pd.concat(parts).reset_index()
+        if parts
+        else pd.DataFrame(columns=["name", "kind", "count", "us", "calls", "total"])
+    )
     by_rank = pd.concat(ranks) if ranks else pd.DataFrame(columns=["kind", "name", "rank", "us"])
     step_us = tables.step_us.dropna()
     durations = tables.steps["durationUs"].to_numpy(dtype=float) if not tables.steps.empty else np.empty(0)
     # Robust spread (MAD as a standard deviation) of the steps over their median.
-    spread = float(1.4826 * np.median(np.abs(durations - np.median(durations))) / np.median(durations)) if len(durations) > 1 else 0.0
+    spread = (
+        float(1.4826 * np.median(np.abs(durations - np.median(durations))) / np.median(durations))
+        if len(durations) > 1
+        else 0.0
+    )
     per_rank = int(tables.ranks["steps"].median()) if len(tables.ranks) else 1
     table = table.merge(_step_samples(tables.functions), on=["kind", "name"], how="left")
-    return table, by_rank, (float(step_us.median()) / 1000.0 if len(step_us) else None), spread, max(per_rank, 1), len(ok)
+    return (
+        table,
+        by_rank,
+        (float(step_us.median()) / 1000.0 if len(step_us) else None),
+        spread,
+        max(per_rank, 1),
+        len(ok),
+    )
 
 
 def _step_samples(functions: pd.DataFrame) -> pd.DataFrame:
@@ -78,11 +120,18 @@ def _step_samples(functions: pd.DataFrame) -> pd.DataFrame:
     if functions.empty or not functions["stepsUs"].map(len).any():
         return pd.DataFrame(columns=["kind", "name", "varUs", "samples"])
     f = functions[functions["stepsUs"].map(len) > 0]
-    per = pd.DataFrame({"name": f["name"].to_numpy(), "rank": f["rank"].to_numpy(),
-                        "us": f["stepsUs"].map(lambda v: list(enumerate(v))).to_numpy()}).explode("us")
+    per = pd.DataFrame(
+        {
+            "name": f["name"].to_numpy(),
+            "rank": f["rank"].to_numpy(),
+            "us": f["stepsUs"].map(lambda v: list(enumerate(v))).to_numpy(),
+        }
+    ).explode("us")
     per["step"], per["us"] = per["us"].str[0], per["us"].str[1].astype(float)
     per = per.groupby(["name", "rank", "step"])["us"].sum().groupby("name")
-    return pd.DataFrame({"kind": "function", "varUs": per.var(ddof=1).fillna(0.0), "samples": per.count()}).reset_index()
+    return pd.DataFrame(
+        {"kind": "function", "varUs": per.var(ddof=1).fillna(0.0), "samples": per.count()}
+    ).reset_index()
 
 
 def _rank_changes(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
@@ -93,7 +142,9 @@ def _rank_changes(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     if m.empty:
         return pd.DataFrame(columns=["kind", "name", "rank", "rankDeltaUs", "rankBaseUs"])
     top = m.loc[m["d"].abs().groupby([m["kind"], m["name"]]).idxmax()]
-    return top.rename(columns={"d": "rankDeltaUs", "base": "rankBaseUs"})[["kind", "name", "rank", "rankDeltaUs", "rankBaseUs"]]
+    return top.rename(columns={"d": "rankDeltaUs", "base": "rankBaseUs"})[
+        ["kind", "name", "rank", "rankDeltaUs", "rankBaseUs"]
+    ]
 
 
 def diff_runs(a: list[RankSummary], b: list[RankSummary], *, min_change: float = MIN_CHANGE) -> RunDiff:
@@ -119,12 +170,19 @@ def diff_runs(a: list[RankSummary], b: list[RankSummary], *, min_change: float =
     # far out, so its band is RANK_BAND times wider.
     floor = MIN_STEP_SHARE * step_us
     # Relative to the smaller cost: 1.5x slower and 1.5x faster are changes alike.
-    average = (m["deltaUs"].abs() > noise * np.minimum(m["usA"], m["usB"])) & (m["deltaUs"].abs() >= np.maximum(floor, own))
-    one_rank = (m["rankDeltaUs"].abs() > RANK_BAND * noise * m["rankBaseUs"]) & (m["rankDeltaUs"].abs() >= np.maximum(floor, RANK_BAND * own))
+    average = (m["deltaUs"].abs() > noise * np.minimum(m["usA"], m["usB"])) & (
+        m["deltaUs"].abs() >= np.maximum(floor, own)
+    )
+    one_rank = (m["rankDeltaUs"].abs() > RANK_BAND * noise * m["rankBaseUs"]) & (
+        m["rankDeltaUs"].abs() >= np.maximum(floor, RANK_BAND * own)
+    )
     delta = np.where(average, m["deltaUs"], m["rankDeltaUs"])
     real = (average | one_rank).to_numpy()
-    m["status"] = np.select([m["callsA"] == 0, m["callsB"] == 0, real & (delta > 0), real & (delta < 0)],
-                            ["added", "removed", "slower", "faster"], "unchanged")
+    m["status"] = np.select(
+        [m["callsA"] == 0, m["callsB"] == 0, real & (delta > 0), real & (delta < 0)],
+        ["added", "removed", "slower", "faster"],
+        "unchanged",
+    )
     m = m.iloc[np.argsort(-m["deltaUs"].abs().to_numpy(), kind="stable")]
     return RunDiff(m[COLUMNS].reset_index(drop=True), step_a, step_b, ranks_a, ranks_b, noise)
 
@@ -134,16 +192,22 @@ def _fit(name: str, width: int) -> str:
     if len(name) <= width:
         return name
     head = (width - 3) // 2
-    return name[:head] + "..." + name[len(name) - (width - 3 - head):]
+    return name[:head] + "..." + name[len(name) - (width - 3 - head) :]
 
 
 def format_table(table: pd.DataFrame, *, top: int, name_width: int = 80) -> str:
     """A fixed-width text table of the `top` largest changes: cost per step (average over ranks),
     the rank that changed most and by how much, the time per call."""
-    head = f"{'status':<10} {'kind':<8} {'A us/step':>11} {'B us/step':>11} {'delta':>11} {'most changed rank':>22} {'B/A call':>9}  name"
+    head = (
+        f"{'status':<10} {'kind':<8} {'A us/step':>11} {'B us/step':>11} {'delta':>11} {'most changed rank':>22} "
+        f"{'B/A call':>9}  name"
+    )
     lines = [head, "-" * len(head)]
     for row in table.head(top).itertuples(index=False):
         ratio = "" if np.isnan(row.ratio) else f"{row.ratio:.2f}x"
         rank = "" if row.rank != row.rank else f"rank {int(row.rank)}: {row.rankDeltaUs:+,.1f}"
-        lines.append(f"{row.status:<10} {row.kind:<8} {row.usA:>11,.1f} {row.usB:>11,.1f} {row.deltaUs:>+11,.1f} {rank:>22} {ratio:>9}  {_fit(row.name, name_width)}")
+        lines.append(
+            f"{row.status:<10} {row.kind:<8} {row.usA:>11,.1f} {row.usB:>11,.1f} {row.deltaUs:>+11,.1f} {rank:>22} "
+            f"{ratio:>9}  {_fit(row.name, name_width)}"
+        )
     return "\n".join(lines)

@@ -1,5 +1,6 @@
 """`stepscope diff A B`: what changed between two runs (sessions, folders, store URIs or single
 trace files): kernels and Python functions added, removed, slower, faster."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,9 @@ def load_run(source: str, *, endpoint: str | None = None, region: str | None = N
     return summaries, any(f.summary for f in files.ranks)
 
 
-def compare(a: str, b: str, *, endpoint: str | None = None, region: str | None = None, min_change: float = MIN_CHANGE) -> tuple[RunDiff, bool]:
+def compare(
+    a: str, b: str, *, endpoint: str | None = None, region: str | None = None, min_change: float = MIN_CHANGE
+) -> tuple[RunDiff, bool]:
     """The diff of two runs, and whether it rests on edge summaries (top kernels only)."""
     run_a, partial_a = load_run(a, endpoint=endpoint, region=region)
     run_b, partial_b = load_run(b, endpoint=endpoint, region=region)
@@ -44,11 +47,22 @@ def compare(a: str, b: str, *, endpoint: str | None = None, region: str | None =
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", help="control run: session folder, store URI, folder of Kineto traces or one trace file")
     parser.add_argument("b", help="test run, the same kinds")
-    parser.add_argument("--kind", choices=("all", "kernel", "function"), default="all", help="what to compare (default %(default)s)")
-    parser.add_argument("--status", action="append", choices=("added", "removed", "slower", "faster", "unchanged"),
-                        help="show only these (repeatable; default: all but unchanged)")
+    parser.add_argument(
+        "--kind", choices=("all", "kernel", "function"), default="all", help="what to compare (default %(default)s)"
+    )
+    parser.add_argument(
+        "--status",
+        action="append",
+        choices=("added", "removed", "slower", "faster", "unchanged"),
+        help="show only these (repeatable; default: all but unchanged)",
+    )
     parser.add_argument("--top", type=int, default=25, help="rows to print (default %(default)s)")
-    parser.add_argument("--min-change", type=float, default=MIN_CHANGE, help="relative change of the cost per step that counts, when wider than the noise band (default %(default)s)")
+    parser.add_argument(
+        "--min-change",
+        type=float,
+        default=MIN_CHANGE,
+        help="relative change of the cost per step that counts, when wider than the noise band (default %(default)s)",
+    )
     parser.add_argument("--csv", type=Path, help="write the whole comparison as CSV")
     parser.add_argument("--json", type=Path, help="write the whole comparison as JSON")
     parser.add_argument("--endpoint", help="object-store endpoint (MinIO, OSS)")
@@ -57,7 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        result, partial = compare(args.a, args.b, endpoint=args.endpoint, region=args.region, min_change=args.min_change)
+        result, partial = compare(
+            args.a, args.b, endpoint=args.endpoint, region=args.region, min_change=args.min_change
+        )
     except ValueError as exc:
         print(f"stepscope diff: {exc}", file=sys.stderr)
         return 1
@@ -69,15 +85,28 @@ def run(args: argparse.Namespace) -> int:
     counts = table["status"].value_counts()
     print(f"A: {args.a} ({result.ranksA} rank(s))\nB: {args.b} ({result.ranksB} rank(s))")
     print(result.headline())
-    print(f"noise band: costs within {100 * result.noise:.0f}% (twice the step-to-step spread, at least --min-change) count as unchanged")
+    print(
+        f"noise band: costs within {100 * result.noise:.0f}% (twice the step-to-step spread, at least --min-change) "
+        "count as unchanged"
+    )
     print(", ".join(f"{counts.get(s, 0)} {s}" for s in ("added", "removed", "slower", "faster", "unchanged")))
     print(format_table(shown, top=args.top))
     if partial:
-        print("note: compared from edge summaries, which keep the top 50 kernels of each type and Python functions; "
-              "'added' or 'removed' can mean outside the other run's top 50 (keep raw traces for an exact diff)")
+        print(
+            "note: compared from edge summaries, which keep the top 50 kernels of each type and Python functions; "
+            "'added' or 'removed' can mean outside the other run's top 50 (keep raw traces for an exact diff)"
+        )
     if args.csv:
         table.to_csv(args.csv, index=False, float_format="%.3f")
     if args.json:
-        args.json.write_bytes(msgspec.json.encode({"headline": result.headline(), "stepMsA": result.stepMsA, "stepMsB": result.stepMsB,
-                                                   "rows": table.astype(object).where(table.notna(), None).to_dict("records")}))
+        args.json.write_bytes(
+            msgspec.json.encode(
+                {
+                    "headline": result.headline(),
+                    "stepMsA": result.stepMsA,
+                    "stepMsB": result.stepMsB,
+                    "rows": table.astype(object).where(table.notna(), None).to_dict("records"),
+                }
+            )
+        )
     return 0

@@ -11,6 +11,7 @@ counted once per stack (recursion does not double it). Time a rank spends waitin
 (in a collective, in backward for the gradient all-reduce, on a lock) is never a cause: it is
 excess on the waiting ranks, not on the one they wait for, and such frames are not candidates.
 """
+
 from __future__ import annotations
 
 import re
@@ -24,8 +25,11 @@ from stepscope.analysis.diagnosis.wording import function_text, ms
 
 # Frames where a rank waits for its peers (a collective, its Work, torch.distributed's wrappers):
 # their time, and their callers' time through them, is never a cause.
-PEER_WAIT = (r"<built-in method (?:wait|allreduce|barrier|broadcast|allgather|reduce_scatter|_allgather_base|_reduce_scatter_base|"
-             r"alltoall_base|send|recv) of pybind11|distributed_c10d\.py\(\d+\): |c10d_logger\.py\(\d+\): wrapper")
+PEER_WAIT = (
+    r"<built-in method "
+    r"(?:wait|allreduce|barrier|broadcast|allgather|reduce_scatter|_allgather_base|_reduce_scatter_base|"
+    r"alltoall_base|send|recv) of pybind11|distributed_c10d\.py\(\d+\): |c10d_logger\.py\(\d+\): wrapper"
+)
 # Frames where a thread blocks locally (a lock, a condition, a queue): not a cause themselves, but
 # the user function that blocks there is one (a rank slowed by its own lock or loader queue).
 LOCAL_WAIT = r"threading\.py\(\d+\): wait|acquire of _thread"
@@ -61,6 +65,7 @@ _ANONYMOUS = re.compile(r"\): <(?:genexpr|listcomp|dictcomp|setcomp|lambda|modul
 @dataclass(frozen=True)
 class Cause:
     """The frame named as the cause, with the figures behind it (per step)."""
+
     frame: str  # the user-facing frame (Kineto's raw name)
     inner: str  # the built-in it spends the time in ('' when none, or the same frame)
     phase: str  # data loading | forward | backward | optimizer step | communication hook | ''
@@ -93,9 +98,16 @@ def frames(tables: RankTables) -> pd.DataFrame:
         return pd.DataFrame(columns=["rank", "frame", "depth", "stack", "usPerStep", "calls"])
     f = f[(f["thread"] == MAIN_THREAD) & ~f["stack"].str.contains(PEER_WAIT)]
     steps = f["rank"].map(tables.ranks.set_index("rank")["steps"].clip(lower=1)).to_numpy(dtype=float)
-    exploded = pd.DataFrame({"rank": f["rank"].to_numpy(), "stack": f["stack"].to_numpy(),
-                             "us": f["exclusiveUs"].to_numpy() / steps, "calls": f["count"].to_numpy() / steps,
-                             "frame": f["stack"].str.split(" > ").to_numpy()}, index=f.index).explode("frame")
+    exploded = pd.DataFrame(
+        {
+            "rank": f["rank"].to_numpy(),
+            "stack": f["stack"].to_numpy(),
+            "us": f["exclusiveUs"].to_numpy() / steps,
+            "calls": f["count"].to_numpy() / steps,
+            "frame": f["stack"].str.split(" > ").to_numpy(),
+        },
+        index=f.index,
+    ).explode("frame")
     exploded["depth"] = exploded.groupby(level=0).cumcount()
     exploded["frame"] = exploded["frame"].str.replace(r" at 0x[0-9a-fA-F]+", "", regex=True)
     # Once per stack: a recursive frame is on its stack more than once.
@@ -103,7 +115,9 @@ def frames(tables: RankTables) -> pd.DataFrame:
     return exploded[["rank", "frame", "depth", "stack", "usPerStep", "calls", "index"]]
 
 
-def excess_by_frame(exploded: pd.DataFrame, rank: int, ranks: list[int], sampled: frozenset[int] = frozenset()) -> pd.DataFrame:
+def excess_by_frame(
+    exploded: pd.DataFrame, rank: int, ranks: list[int], sampled: frozenset[int] = frozenset()
+) -> pd.DataFrame:
     """Frames of `rank` with its inclusive µs per step, its peers' median and the excess.
 
     `sampled`: ranks whose stacks the agent sampled (the budget dropped their traced stacks). Where
@@ -114,8 +128,13 @@ def excess_by_frame(exploded: pd.DataFrame, rank: int, ranks: list[int], sampled
     if mixed:
         exploded = exploded[~exploded["frame"].str.match(_BUILTIN)]
         traced = ~exploded["rank"].isin(sampled)
-        exploded = exploded.assign(usPerStep=np.where(traced, np.maximum(exploded["usPerStep"] - PROFILED_CALL_US * exploded["calls"], 0.0),
-                                                      exploded["usPerStep"]))
+        exploded = exploded.assign(
+            usPerStep=np.where(
+                traced,
+                np.maximum(exploded["usPerStep"] - PROFILED_CALL_US * exploded["calls"], 0.0),
+                exploded["usPerStep"],
+            )
+        )
     per = exploded.groupby(["frame", "rank"])["usPerStep"].sum().unstack("rank").reindex(columns=ranks).fillna(0.0)
     if rank not in per.columns:
         return pd.DataFrame(columns=["mine", "peers", "excess"])
@@ -125,7 +144,9 @@ def excess_by_frame(exploded: pd.DataFrame, rank: int, ranks: list[int], sampled
     return out[~out.index.str.contains(WAITING)]
 
 
-def find_cause(tables: RankTables, rank: int, exploded: pd.DataFrame | None = None, sampled: frozenset[int] = frozenset()) -> Cause | None:
+def find_cause(
+    tables: RankTables, rank: int, exploded: pd.DataFrame | None = None, sampled: frozenset[int] = frozenset()
+) -> Cause | None:
     """The cause of `rank`'s extra time: None when no frame of it exceeds its peers'."""
     exploded = frames(tables) if exploded is None else exploded
     ranks = sorted(int(r) for r in tables.ranks["rank"])
@@ -144,8 +165,16 @@ def find_cause(tables: RankTables, rank: int, exploded: pd.DataFrame | None = No
     deepest = carrying.groupby("frame")["depth"].max().sort_values(kind="stable")
     inner = str(deepest.index[-1])
     # A generator expression, comprehension or lambda is part of the function that holds it.
-    user = [str(n) for n in deepest.index if not _BUILTIN.match(str(n)) and not str(n).startswith("nn.Module: ") and not _ANONYMOUS.search(str(n))]
-    own = [n for n in user if not LIBRARY.search(n) and float(excess.loc[n, "peers"]) <= OWN_SHARE * float(excess.loc[n, "excess"])]
+    user = [
+        str(n)
+        for n in deepest.index
+        if not _BUILTIN.match(str(n)) and not str(n).startswith("nn.Module: ") and not _ANONYMOUS.search(str(n))
+    ]
+    own = [
+        n
+        for n in user
+        if not LIBRARY.search(n) and float(excess.loc[n, "peers"]) <= OWN_SHARE * float(excess.loc[n, "excess"])
+    ]
     frame = own[0] if own else user[-1] if user else inner
     helper = user[-1] if own and user[-1] != frame and not LIBRARY.search(user[-1]) else ""
     path = on_path[on_path["frame"] == inner]["stack"].iloc[0].split(" > ")
@@ -154,9 +183,16 @@ def find_cause(tables: RankTables, rank: int, exploded: pd.DataFrame | None = No
     under = mine.drop_duplicates("index").set_index("index")["calls"]
     calls = float(under.loc[mine.loc[mine["frame"] == frame, "index"].unique()].sum())
     row = excess.loc[frame]
-    return Cause(frame=frame, inner=inner if _BUILTIN.match(inner) else "", phase=phase, excessUsPerStep=float(row["excess"]),
-                 usPerStep=float(row["mine"]), peersUsPerStep=float(row["peers"]), callsPerStep=calls, helper=helper)
-
+    return Cause(
+        frame=frame,
+        inner=inner if _BUILTIN.match(inner) else "",
+        phase=phase,
+        excessUsPerStep=float(row["excess"]),
+        usPerStep=float(row["mine"]),
+        peersUsPerStep=float(row["peers"]),
+        callsPerStep=calls,
+        helper=helper,
+    )
 
 
 def frame_per_step(tables: RankTables, exploded: pd.DataFrame, frame: str, steps: pd.Index) -> pd.DataFrame | None:
@@ -195,7 +231,14 @@ def thread_cause(tables: RankTables, rank: int) -> Cause | None:
     f = _thread_python(tables)
     steps = f["rank"].map(tables.ranks.set_index("rank")["steps"].clip(lower=1)).to_numpy(dtype=float)
     ranks = sorted(int(r) for r in tables.ranks["rank"])
-    per = (f["exclusiveUs"] / steps).groupby([f["thread"], f["rank"]]).sum().unstack("rank").reindex(columns=ranks).fillna(0.0)
+    per = (
+        (f["exclusiveUs"] / steps)
+        .groupby([f["thread"], f["rank"]])
+        .sum()
+        .unstack("rank")
+        .reindex(columns=ranks)
+        .fillna(0.0)
+    )
     if per.empty or len(ranks) < 2:
         return None
     excess = per[rank] - per.drop(columns=[rank]).median(axis=1)
@@ -203,7 +246,15 @@ def thread_cause(tables: RankTables, rank: int) -> Cause | None:
     if float(excess[thread]) <= 0:
         return None
     mine, peers = float(per.loc[thread, rank]), float(per.loc[thread].drop(rank).median())
-    return Cause(frame=thread, inner="", phase="", excessUsPerStep=float(excess[thread]), usPerStep=mine, peersUsPerStep=peers,
-                 callsPerStep=0.0, kind="thread",
-                 detail=f"a background thread in {function_text(thread)} holds the GIL about {ms(float(excess[thread]))} a step "
-                        f"({ms(mine)} vs {ms(peers)} on its peers), while its training thread needs it")
+    return Cause(
+        frame=thread,
+        inner="",
+        phase="",
+        excessUsPerStep=float(excess[thread]),
+        usPerStep=mine,
+        peersUsPerStep=peers,
+        callsPerStep=0.0,
+        kind="thread",
+        detail=f"a background thread in {function_text(thread)} holds the GIL about {ms(float(excess[thread]))} a step "
+        f"({ms(mine)} vs {ms(peers)} on its peers), while its training thread needs it",
+    )

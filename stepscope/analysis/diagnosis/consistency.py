@@ -12,6 +12,7 @@ The checks each look at one thing, so two can tell opposite stories about the sa
 Each finding that makes such a claim carries it in data["claim"]; CONTRADICTIONS lists the pairs
 that must never be reported together (tests/analysis/diagnosis/test_consistency.py checks every shared trace).
 """
+
 from __future__ import annotations
 
 import re
@@ -21,13 +22,21 @@ import msgspec
 from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.model import Finding
 
-LAUNCH_BOUND, HOST_BOUND, HOST_AHEAD, CPU_ONLY, GPU_RUNTIME = "launch-bound", "host-bound", "host-ahead", "cpu-only", "gpu-runtime"
+LAUNCH_BOUND, HOST_BOUND, HOST_AHEAD, CPU_ONLY, GPU_RUNTIME = (
+    "launch-bound",
+    "host-bound",
+    "host-ahead",
+    "cpu-only",
+    "gpu-runtime",
+)
 CONTRADICTIONS = ((LAUNCH_BOUND, HOST_AHEAD), (HOST_BOUND, HOST_AHEAD), (CPU_ONLY, GPU_RUNTIME))
 # Runtime calls a program makes while it sets up (streams, device queries, the first
 # allocations): called fewer times than there are steps, or taking SETUP_CALL_US a call (context
 # creation, first allocations; steady-state calls take microseconds), they are no per-step cost.
-SETUP_CALL = re.compile(r"DeviceGet|GetDevice|StreamCreate|EventCreate|Malloc|Free|HostAlloc|HostRegister|ModuleLoad|FuncGetAttributes|"
-                        r"DeviceSetLimit|SetDevice|Ctx|Init|GetAttribute|Occupancy")
+SETUP_CALL = re.compile(
+    r"DeviceGet|GetDevice|StreamCreate|EventCreate|Malloc|Free|HostAlloc|HostRegister|ModuleLoad|FuncGetAttributes|"
+    r"DeviceSetLimit|SetDevice|Ctx|Init|GetAttribute|Occupancy"
+)
 SETUP_CALL_US = 1000.0
 # A finding's cost (its score: share of the step) from which it is a warning; below, information.
 WARNING_SHARE = 0.05
@@ -62,17 +71,32 @@ def reconcile(found: list[Finding], tables: RankTables) -> list[Finding]:
         if claim == HOST_AHEAD and mine <= starved:
             continue
         if claim == HOST_BOUND and mine & ahead:
-            f = msgspec.structs.replace(f, message=f.message + "; while work is queued, kernels wait in a full queue, so the gaps come from "
-                                                               "synchronisation or host work between bursts, not from launch overhead")
+            f = msgspec.structs.replace(
+                f,
+                message=f.message + "; while work is queued, kernels wait in a full queue, so the gaps come from "
+                "synchronisation or host work between bursts, not from launch overhead",
+            )
         if claim == GPU_RUNTIME and mine & _ranks_of(found, CPU_ONLY):
             continue
         if claim == CPU_ONLY and mine & gpu_runtime:
-            f = msgspec.structs.replace(f, message=f"{f.message.split(':', 1)[0]}: no GPU kernels were recorded although the CUDA/HIP runtime was called; "
-                                                   "the profiler did not record the GPU activity (ProfilerActivity.CUDA, CUPTI)",
-                                        data={**f.data, "claim": None})
+            f = msgspec.structs.replace(
+                f,
+                message=(
+                    f"{f.message.split(':', 1)[0]}: no GPU kernels were recorded although the CUDA/HIP runtime "
+                    "was called; the profiler did not record the GPU activity (ProfilerActivity.CUDA, CUPTI)"
+                ),
+                data={**f.data, "claim": None},
+            )
         if _one_time(f, tables):
-            f = msgspec.structs.replace(f, severity="info", score=0.0,
-                                        message=f"one-time setup: {f.message.split(' (up to')[0]}, called fewer times than there are steps: no per-step cost")
+            f = msgspec.structs.replace(
+                f,
+                severity="info",
+                score=0.0,
+                message=(
+                    f"one-time setup: {f.message.split(' (up to')[0]}, "
+                    "called fewer times than there are steps: no per-step cost"
+                ),
+            )
         elif f.severity == "warning" and f.category in ("launch", "memory") and f.score < WARNING_SHARE:
             f = msgspec.structs.replace(f, severity="info")
         out.append(f)

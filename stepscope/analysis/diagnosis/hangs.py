@@ -5,6 +5,7 @@ stopped elsewhere (in a data loader, a deadlock, an endless loop) is what holds 
 With few ranks the groups are as large as each other, so a rank waiting in a collective counts as
 a waiter first.
 """
+
 from __future__ import annotations
 
 import re
@@ -35,7 +36,10 @@ def _frame_text(frame: dict[str, Any]) -> str:
 
 
 # Where a rank that waits for the others blocks: torch.distributed's collectives and barriers.
-_COLLECTIVE = re.compile(r"all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|barrier|\bsend\b|\brecv\b|monitored_barrier|_wait|wait_stream", re.I)
+_COLLECTIVE = re.compile(
+    r"all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|barrier|\bsend\b|\brecv\b|monitored_barrier|_wait|wait_stream",
+    re.I,
+)
 
 
 def stuck_at(stacks: dict[str, Any]) -> str:
@@ -54,7 +58,10 @@ def stuck_at(stacks: dict[str, Any]) -> str:
 
 def in_collective(stacks: dict[str, Any]) -> bool:
     """Whether the main thread waits in a collective (and so most likely for another rank)."""
-    return any("distributed" in str(f.get("file", "")) or _COLLECTIVE.search(str(f.get("function", ""))) for f in _main_frames(stacks))
+    return any(
+        "distributed" in str(f.get("file", "")) or _COLLECTIVE.search(str(f.get("function", "")))
+        for f in _main_frames(stacks)
+    )
 
 
 def _frame_path(stacks: dict[str, Any]) -> str:
@@ -82,23 +89,47 @@ def hang_findings(stacks: dict[int, dict[str, Any]], ranks: list[int]) -> list[F
     ordered = sorted(groups.values(), key=lambda g: (in_collective(stacks[g[0]]), len(g)), reverse=True)
     seconds = max(float(s.get("secondsSinceStep") or 0.0) for s in stacks.values())
     steps = sorted({int(s["step"]) for s in stacks.values() if s.get("step") is not None})
-    data = {"stuckAt": {str(r): stuck_at(s) for r, s in sorted(stacks.items())},
-            "stacks": {str(r): _frame_path(s) for r, s in sorted(stacks.items())}, "secondsSinceStep": seconds, "steps": steps}
+    data = {
+        "stuckAt": {str(r): stuck_at(s) for r, s in sorted(stacks.items())},
+        "stacks": {str(r): _frame_path(s) for r, s in sorted(stacks.items())},
+        "secondsSinceStep": seconds,
+        "steps": steps,
+    }
     out: list[Finding] = []
     majority = ordered[0]
     where = stuck_at(stacks[majority[0]])
     if len(ordered) == 1:
-        text = f"{ranks_text(majority)} hung for {seconds:.0f} s at {where}" if len(majority) == 1 else \
-            f"{len(majority)} ranks hung for {seconds:.0f} s, all at {where}"
+        text = (
+            f"{ranks_text(majority)} hung for {seconds:.0f} s at {where}"
+            if len(majority) == 1
+            else f"{len(majority)} ranks hung for {seconds:.0f} s, all at {where}"
+        )
         out.append(Finding("critical", "hang", majority, text, 1.0, data))
     else:
         for group in ordered[1:]:
-            out.append(Finding("critical", "hang", group,
-                               f"{ranks_text(group)} stuck at {stuck_at(stacks[group[0]])} while {len(majority)} other rank(s) wait at {where}: "
-                               f"{'this rank is' if len(group) == 1 else 'these ranks are'} the likely culprit",
-                               1.0 + len(majority) / max(len(stacks), 1), data))
+            out.append(
+                Finding(
+                    "critical",
+                    "hang",
+                    group,
+                    f"{ranks_text(group)} stuck at {stuck_at(stacks[group[0]])} while {len(majority)} other rank(s) "
+                    f"wait at {where}: "
+                    f"{'this rank is' if len(group) == 1 else 'these ranks are'} the likely culprit",
+                    1.0 + len(majority) / max(len(stacks), 1),
+                    data,
+                )
+            )
     silent = sorted(set(ranks) - set(stacks))
     if silent:
-        out.append(Finding("warning", "hang", silent, f"{ranks_text(silent)} left no readable stacks while {len(stacks)} rank(s) hung: check whether it crashed or is still running", 0.5, data))
+        out.append(
+            Finding(
+                "warning",
+                "hang",
+                silent,
+                f"{ranks_text(silent)} left no readable stacks while {len(stacks)} rank(s) hung: check whether it "
+                "crashed or is still running",
+                0.5,
+                data,
+            )
+        )
     return out
-

@@ -5,6 +5,7 @@ Ranks map to a samples file by RankSummary.pod (the `metrics` dict is keyed by p
 file serves every rank when there is only one) and to a GPU by RankSummary.gpu, or localRank
 when gpu is -1.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,19 +26,30 @@ UTIL_OUTLIER_RATIO = 0.8
 
 # Well-known XIDs (NVIDIA's XID catalogue); the others are reported by number.
 XID_MEANING = {
-    13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
-    45: "preemptive cleanup after an error", 48: "double-bit ECC error", 61: "internal micro-controller breakpoint",
-    62: "internal micro-controller halt", 63: "ECC page retirement or row remapping", 64: "ECC page retirement or row remapper failure",
-    74: "NVLink error", 79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate",
-    94: "contained ECC error", 95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error",
+    13: "graphics engine exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    45: "preemptive cleanup after an error",
+    48: "double-bit ECC error",
+    61: "internal micro-controller breakpoint",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping",
+    64: "ECC page retirement or row remapper failure",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
 }
 CRITICAL_XIDS = {48, 62, 64, 74, 79, 92, 94, 95, 119, 120}
-
 
 
 @dataclass
 class _RankHardware:
     """One rank's GPU over its captured steps."""
+
     rank: int
     pod: str
     gpu: int
@@ -92,7 +104,11 @@ def _rank_hardware(summary: RankSummary, gpu: int, gpu_rows: pd.DataFrame) -> _R
     hw.temperatureMaxC = float(reduce(*series(gpu_rows, "temperature_c"), *span).max[0])
     # Utilization samples come at the driver's own period (up to 1/6 s): average over the span.
     hw.utilPct = float(reduce(*series(gpu_rows, "gpu_util_pct"), *span).mean[0])
-    for attr, mask in (("throttledShare", THROTTLE_REASONS), ("powerShare", POWER_REASONS), ("thermalShare", THERMAL_REASONS)):
+    for attr, mask in (
+        ("throttledShare", THROTTLE_REASONS),
+        ("powerShare", POWER_REASONS),
+        ("thermalShare", THERMAL_REASONS),
+    ):
         fraction = reason_fraction(gpu_rows, starts, ends, mask)
         ok = ~np.isnan(fraction)
         setattr(hw, attr, float(np.average(fraction[ok], weights=weights[ok])) if ok.any() else 0.0)
@@ -153,14 +169,30 @@ def _throttle_findings(ranks: list[_RankHardware], explain: dict[int, list[str]]
             continue
         parts = []
         for r in group:
-            clock = f"SM clock {_ghz(r.smClockMHz)}" + (f" against {_ghz(peers)} on its peers" if not np.isnan(peers) else "")
+            clock = f"SM clock {_ghz(r.smClockMHz)}" + (
+                f" against {_ghz(peers)} on its peers" if not np.isnan(peers) else ""
+            )
             measure = {"thermal": (r.temperatureMaxC, "°C"), "power": (r.powerW, "W")}.get(cause)
-            reason = f"{cause} throttling" + (f" ({measure[0]:.0f} {measure[1]})" if measure and not np.isnan(measure[0]) else "")
+            reason = f"{cause} throttling" + (
+                f" ({measure[0]:.0f} {measure[1]})" if measure and not np.isnan(measure[0]) else ""
+            )
             explain[r.rank].append(f"{clock}, {reason}")
             parts.append(f"{r.where}: {clock}, {reason} during {100 * r.throttledShare:.0f} % of the captured steps")
         slowed = not np.isnan(peers) and group[0].smClockMHz < 0.9 * peers
-        message = f"GPU clock throttling ({cause}): " + "; ".join(parts[:5]) + (f"; and {len(parts) - 5} more" if len(parts) > 5 else "")
-        out.append(Finding("critical" if slowed else "warning", "hardware", [r.rank for r in group], message, _clock_cost(group[0].smClockMHz, peers)))
+        message = (
+            f"GPU clock throttling ({cause}): "
+            + "; ".join(parts[:5])
+            + (f"; and {len(parts) - 5} more" if len(parts) > 5 else "")
+        )
+        out.append(
+            Finding(
+                "critical" if slowed else "warning",
+                "hardware",
+                [r.rank for r in group],
+                message,
+                _clock_cost(group[0].smClockMHz, peers),
+            )
+        )
     return out
 
 
@@ -178,7 +210,9 @@ def _low_clock_findings(ranks: list[_RankHardware], explain: dict[int, list[str]
             low.append((r, text, _clock_cost(r.smClockMHz, peers)))
     if not low:
         return []
-    message = "GPU clock below its peers' (locked or lowered clocks, e.g. nvidia-smi -lgc): " + "; ".join(f"{r.where}: {t}" for r, t, _ in low[:5])
+    message = "GPU clock below its peers' (locked or lowered clocks, e.g. nvidia-smi -lgc): " + "; ".join(
+        f"{r.where}: {t}" for r, t, _ in low[:5]
+    )
     return [Finding("warning", "hardware", [r.rank for r, _, _ in low], message, max(cost for _, _, cost in low))]
 
 
@@ -199,7 +233,9 @@ def _link_findings(ranks: list[_RankHardware], explain: dict[int, list[str]]) ->
         if slow:
             message = f"slow {label}: " + "; ".join(f"{r.where}: {text}" for r, text, _ in slow[:5])
             # Scored like the trace's bus-bandwidth finding: the share of the peers' throughput missing.
-            out.append(Finding("warning", "hardware", [r.rank for r, _, _ in slow], message, max(cost for _, _, cost in slow)))
+            out.append(
+                Finding("warning", "hardware", [r.rank for r, _, _ in slow], message, max(cost for _, _, cost in slow))
+            )
     return out
 
 
@@ -214,12 +250,25 @@ def _utilization_findings(ranks: list[_RankHardware], explain: dict[int, list[st
         return []
     for r in low:
         explain[r.rank].append(f"GPU utilization {r.utilPct:.0f} % against a median of {median:.0f} %")
-    spread = f"GPU utilization min {values.min():.0f} % / median {median:.0f} % / max {values.max():.0f} % across {len(measured)} workers"
+    spread = (
+        f"GPU utilization min {values.min():.0f} % / median {median:.0f} % / max {values.max():.0f} % across "
+        f"{len(measured)} workers"
+    )
     lows = ", ".join(f"{r.where} at {r.utilPct:.0f} %" for r in sorted(low, key=lambda r: r.utilPct)[:5])
-    return [Finding("warning", "hardware", [r.rank for r in low], f"{spread}; {lows}", max(1.0 - r.utilPct / median for r in low))]
+    return [
+        Finding(
+            "warning",
+            "hardware",
+            [r.rank for r in low],
+            f"{spread}; {lows}",
+            max(1.0 - r.utilPct / median for r in low),
+        )
+    ]
 
 
-def _fault_findings(summaries: list[RankSummary], metrics: dict[str, pd.DataFrame], explain: dict[int, list[str]]) -> list[Finding]:
+def _fault_findings(
+    summaries: list[RankSummary], metrics: dict[str, pd.DataFrame], explain: dict[int, list[str]]
+) -> list[Finding]:
     """ECC and XID events per GPU, whichever rank (if any) ran on it."""
     owners: dict[tuple[str, int], list[int]] = {}
     for s in summaries:
@@ -236,11 +285,20 @@ def _fault_findings(summaries: list[RankSummary], metrics: dict[str, pd.DataFram
             for code in sorted(set(int(x) for x in xids)):
                 meaning = XID_MEANING.get(code, "see NVIDIA's XID catalogue")
                 text = f"XID {code} ({meaning})"
-                out.append(Finding("critical" if code in CRITICAL_XIDS else "warning", "hardware", ranks, f"{where}: {text} during the capture"))
+                out.append(
+                    Finding(
+                        "critical" if code in CRITICAL_XIDS else "warning",
+                        "hardware",
+                        ranks,
+                        f"{where}: {text} during the capture",
+                    )
+                )
                 for rank in ranks:
                     explain[rank].append(text)
-            for column, label, severity in (("ecc_dbe", "uncorrectable (double-bit) ECC errors", "critical"),
-                                            ("ecc_sbe", "corrected (single-bit) ECC errors", "warning")):
+            for column, label, severity in (
+                ("ecc_dbe", "uncorrectable (double-bit) ECC errors", "critical"),
+                ("ecc_sbe", "corrected (single-bit) ECC errors", "warning"),
+            ):
                 _, counts = series(rows, column)
                 if len(counts) == 0:
                     continue

@@ -1,5 +1,6 @@
 """Intermittent causes: a cost that a rank pays in some steps and not in the others (a checkpoint or
 an evaluation every few steps), judged per step rather than on the mean per step."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,6 @@
 """How findings are worded (ranks, amounts, kernel and function names), so every message reads
 the same way."""
+
 from __future__ import annotations
 
 import re
@@ -35,7 +36,9 @@ _KINETO_FUNCTION = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<func>.*)$")
 # Python's reprs of C functions, as with_stack records them: '<built-in method wait of
 # pybind11_builtins.pybind11_detail_function_record_v1_... object at 0x7f...>', '<built-in function
 # linear>', "<method 'sum' of 'torch._C.TensorBase' objects>".
-_BUILTIN = re.compile(r"^<built-in (?:method|function) (?P<func>\S+?)(?: of (?P<owner>.+?) object)?(?: at 0x[0-9a-fA-F]+)?>$")
+_BUILTIN = re.compile(
+    r"^<built-in (?:method|function) (?P<func>\S+?)(?: of (?P<owner>.+?) object)?(?: at 0x[0-9a-fA-F]+)?>$"
+)
 _METHOD = re.compile(r"^<method '(?P<func>[^']+)' of '(?P<owner>[^']+)' objects>$")
 
 
@@ -86,7 +89,10 @@ def short(name: str, limit: int = 60) -> str:
     if arg:
         # Outer namespaces go first where the whole does not fit, the argument before the name.
         arg_parts, parts = _name_itself(arg)[0].split("::"), base.split("::")
-        forms = [f"{'::'.join(parts[-k:])}<{'::'.join(arg_parts[-j:])}>" for k, j in ((len(parts), 2), (2, 2), (2, 1), (1, 1))]
+        forms = [
+            f"{'::'.join(parts[-k:])}<{'::'.join(arg_parts[-j:])}>"
+            for k, j in ((len(parts), 2), (2, 2), (2, 1), (1, 1))
+        ]
         base = next((f for f in forms if len(f) <= limit), forms[-1])
     return base if len(base) <= limit else base[: limit - 3] + "..."
 
@@ -97,4 +103,3 @@ def _name_itself(name: str) -> tuple[str, str]:
     base = name.removeprefix("void ").replace(_ANONYMOUS, "")
     cut = min((i for i in (base.find("<"), base.find("(")) if i > 0), default=len(base))
     return base[:cut].strip(), base[cut:]
-

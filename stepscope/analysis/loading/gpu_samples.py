@@ -7,6 +7,7 @@ The file is untrusted input (a small gzip can inflate to terabytes): it is infla
 to a cap on its uncompressed bytes, and at most MAX_CELLS values are parsed; a file over either is
 cut at a row and says so in its warnings.
 """
+
 from __future__ import annotations
 
 import io
@@ -49,14 +50,16 @@ def read_metrics(data: bytes | Path, max_bytes: int | None = None) -> pd.DataFra
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"gpu metrics file lacks column(s) {missing}; has {list(frame.columns)[:8]}")
-    frame = frame.dropna(subset=list(REQUIRED_COLUMNS)).sort_values(["ts_us", "gpu"], kind="stable").reset_index(drop=True)
+    frame = (
+        frame.dropna(subset=list(REQUIRED_COLUMNS)).sort_values(["ts_us", "gpu"], kind="stable").reset_index(drop=True)
+    )
     frame.attrs["warnings"] = warnings
     return frame
 
 
 def _chunks(data: bytes | Path) -> Iterator[bytes]:
     if not isinstance(data, (str, Path)):
-        yield from (bytes(data[i: i + _READ]) for i in range(0, len(data), _READ))
+        yield from (bytes(data[i : i + _READ]) for i in range(0, len(data), _READ))
         return
     with open(data, "rb") as f:
         yield from iter(lambda: f.read(_READ), b"")
@@ -103,4 +106,6 @@ def _cut(out: bytearray, limit: int) -> tuple[bytes, list[str]]:
     if len(out) <= limit:
         return bytes(out), []
     out = out[: out.rfind(b"\n", 0, limit) + 1]
-    return bytes(out), [f"gpu metrics file cut after {limit >> 20:,} MiB of CSV ({MAX_METRICS_MB_ENV}): the rest is not analysed"]
+    return bytes(out), [
+        f"gpu metrics file cut after {limit >> 20:,} MiB of CSV ({MAX_METRICS_MB_ENV}): the rest is not analysed"
+    ]

@@ -1,6 +1,7 @@
 """The worker processes of one analysis: one per rank at a time, as many as the cores this process
 may use (its CPU affinity and, in a container, its cgroup's CPU quota) and its memory limit can
 hold, never more than there is work for. One pool serves the summaries and the merged trace."""
+
 from __future__ import annotations
 
 import contextlib
@@ -62,6 +63,7 @@ def analysis_workers(jobs: int) -> int:
 
 class _Here(Executor):
     """Runs each call at once in this process: the pool of an analysis with one worker."""
+
     workers = 1
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:

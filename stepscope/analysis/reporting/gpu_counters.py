@@ -1,4 +1,5 @@
 """Perfetto counter tracks of the GPU samples, for the merged trace (merged.trace.json.gz)."""
+
 from __future__ import annotations
 
 import zlib
@@ -61,15 +62,28 @@ def counter_events(metrics: pd.DataFrame, pod: str, *, base_us: float = 0.0, pid
     if metrics.empty:
         return []
     pid = pid if pid is not None else 1_000_000 + zlib.crc32(pod.encode()) % 1_000_000
-    events: list[dict] = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"GPU metrics {pod or 'this node'}"}},
-                          {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": -1}}]
+    events: list[dict] = [
+        {
+            "ph": "M",
+            "name": "process_name",
+            "pid": pid,
+            "tid": 0,
+            "args": {"name": f"GPU metrics {pod or 'this node'}"},
+        },
+        {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": -1}},
+    ]
     tracks: list[tuple[str, np.ndarray, np.ndarray]] = []
     for gpu, rows in metrics.groupby("gpu", sort=True):
         label = f"GPU {int(gpu)}"
         for column, name in _COUNTERS:
             tracks.append((f"{label} {name}", *_changes(*series(rows, column))))
         ts, reasons = series(rows, "clock_reasons")
-        tracks.append((f"{label} throttled", *_changes(ts, ((reasons.astype(np.int64) & THROTTLE_REASONS) != 0).astype(np.float64))))
+        tracks.append(
+            (
+                f"{label} throttled",
+                *_changes(ts, ((reasons.astype(np.int64) & THROTTLE_REASONS) != 0).astype(np.float64)),
+            )
+        )
         for kind, name in (("pcie", "PCIe"), ("nvlink", "NVLink")):
             ts, total = counter(rows, kind)
             if len(ts) and total.any():
@@ -77,6 +91,15 @@ def counter_events(metrics: pd.DataFrame, pod: str, *, base_us: float = 0.0, pid
     budget = max(2, MAX_COUNTER_EVENTS // max(1, len(tracks)))
     for name, ts, values in tracks:
         ts, values = _thin(ts, values, budget)
-        events.extend({"ph": "C", "name": name, "pid": pid, "tid": 0, "ts": round(float(t) - base_us, 3),
-                       "args": {"value": round(float(v), 3)}} for t, v in zip(ts, values))
+        events.extend(
+            {
+                "ph": "C",
+                "name": name,
+                "pid": pid,
+                "tid": 0,
+                "ts": round(float(t) - base_us, 3),
+                "args": {"value": round(float(v), 3)},
+            }
+            for t, v in zip(ts, values)
+        )
     return events

@@ -12,6 +12,7 @@ merged trace's. A worker's output is a raw deflate stream ended by a sync flush,
 joins the ranks it keeps, in order, into one gzip member without recompressing anything (CRCs are
 combined): a single member, because Perfetto's gzip reader stops at the end of the first one.
 """
+
 from __future__ import annotations
 
 import re
@@ -70,6 +71,7 @@ class _RawTail(msgspec.Struct):
 class _Checked:
     """Decodes a piece as JSON (which checks it) and gives back its events' text, comma-separated.
     The Raw slices are dropped before returning: they pin the window's buffer."""
+
     _raw = msgspec.json.Decoder(list[msgspec.Raw])
 
     def decode(self, piece: memoryview | bytes) -> bytes:
@@ -138,6 +140,7 @@ class _Deflater:
 @dataclass(frozen=True)
 class _Values:
     """How the values of one key ("pid") are written in a piece."""
+
     count: int  # `"key"` found
     colon: bool  # each followed at once by a colon (else other spacing, or the key's text in a string)
     spaced: int  # of which `"key": v`, as Kineto writes them
@@ -173,8 +176,16 @@ def _values(body: bytes | bytearray, keys: Sequence[bytes]) -> list[_Values]:
         spaced = after == ord(" ")
         first = np.where(spaced, then, after)
         blank = (first == ord(" ")) | (first == ord("\t")) | (first == ord("\n")) | (first == ord("\r"))
-        out.append(_Values(len(at), bool((colon == ord(":")).all()), int(spaced.sum()), not blank.any(),
-                           bool(((first >= ord("0")) & (first <= ord("9"))).all()), at))
+        out.append(
+            _Values(
+                len(at),
+                bool((colon == ord(":")).all()),
+                int(spaced.sum()),
+                not blank.any(),
+                bool(((first >= ord("0")) & (first <= ord("9"))).all()),
+                at,
+            )
+        )
     return out
 
 
@@ -346,8 +357,9 @@ def _run_end(arr: np.ndarray, at: np.ndarray, most: int) -> np.ndarray:
     return end
 
 
-def _added_digits(arr: np.ndarray, end: np.ndarray, width: np.ndarray, shift: int, digits: int
-                  ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
+def _added_digits(
+    arr: np.ndarray, end: np.ndarray, width: np.ndarray, shift: int, digits: int
+) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
     """The shift added to each number (its digits end before `end`, `width` of them, more than
     the shift has), column by column from the right: ((byte offsets, row of each), new digit
     bytes, rows whose carry runs past their first digit, which need a digit more)."""
@@ -356,7 +368,7 @@ def _added_digits(arr: np.ndarray, end: np.ndarray, width: np.ndarray, shift: in
     rows = np.arange(len(end))
     for j in range(digits):
         at = end - 1 - j
-        d = arr[at] - 48 + carry + shift // 10 ** j % 10
+        d = arr[at] - 48 + carry + shift // 10**j % 10
         carry = (d >= 10).astype(np.uint8)
         offsets.append(at)
         owners.append(rows)
@@ -398,7 +410,7 @@ def _shift_one(buf: bytearray, start: int, pad: int, shift: int) -> None:
     text = (b"%d" % value) if isinstance(value, int) or value.is_integer() else repr(value).encode()
     if len(text) > pad + len(m[0]):
         raise ValueError(f"cannot move timestamp {m[0].decode()} by {shift} us in place")
-    buf[start - pad: m.end()] = text.rjust(pad + len(m[0]))
+    buf[start - pad : m.end()] = text.rjust(pad + len(m[0]))
 
 
 def _rank_segment(job: MergeRank, folder: str) -> _Segment:
@@ -418,7 +430,13 @@ def _rank_segment(job: MergeRank, folder: str) -> _Segment:
             if meta:
                 out.write(meta if rewriter.first else b"," + meta)
             out.close()
-    except (OSError, EOFError, ValueError, RecursionError, msgspec.DecodeError) as exc:  # ValidationError is a DecodeError
+    except (
+        OSError,
+        EOFError,
+        ValueError,
+        RecursionError,
+        msgspec.DecodeError,
+    ) as exc:  # ValidationError is a DecodeError
         path.unlink(missing_ok=True)
         return _Segment(job.rank, "", 0, 0, f"left out of the merged trace: {type(exc).__name__}: {exc}")
     return _Segment(job.rank, str(path), out.size, out.crc)
@@ -447,7 +465,9 @@ class _Member:
         self.size += size
 
     def close(self) -> None:
-        self.out.write(isal_zlib.compressobj(_LEVEL, isal_zlib.DEFLATED, -15).flush(isal_zlib.Z_FINISH))  # the final block
+        self.out.write(
+            isal_zlib.compressobj(_LEVEL, isal_zlib.DEFLATED, -15).flush(isal_zlib.Z_FINISH)
+        )  # the final block
         self.out.write(struct.pack("<II", self.crc & 0xFFFFFFFF, self.size & 0xFFFFFFFF))
 
 
@@ -456,8 +476,10 @@ _BARE_FOOTER = b'],"displayTimeUnit":"ms"}'
 
 def _footer(held: list[MergeRank], left_out: dict[int, str]) -> bytes:
     """The end of the trace: what it holds and why, beside Perfetto's displayTimeUnit."""
-    about = {"ranks": [{"rank": r.rank, "why": r.why[:_WHY_CHARS]} for r in held],
-             "leftOut": {str(r): why[:_WHY_CHARS] for r, why in sorted(left_out.items())}}
+    about = {
+        "ranks": [{"rank": r.rank, "why": r.why[:_WHY_CHARS]} for r in held],
+        "leftOut": {str(r): why[:_WHY_CHARS] for r, why in sorted(left_out.items())},
+    }
     return b'],"displayTimeUnit":"ms","stepscope":' + msgspec.json.encode(about) + b"}"
 
 
@@ -474,7 +496,9 @@ def _planned(pending: list[MergeRank], room: int) -> list[MergeRank]:
     return batch or [job for job in pending if job.size_hint <= room][:1]
 
 
-def write_merged_trace(out: BinaryIO, plan: MergePlan, *, pool: Executor, on_done: Callable[[int], object] = lambda rank: None) -> MergedTrace:
+def write_merged_trace(
+    out: BinaryIO, plan: MergePlan, *, pool: Executor, on_done: Callable[[int], object] = lambda rank: None
+) -> MergedTrace:
     """Stream the merged trace (gzip) to `out`: the counter events, then the plan's ranks in order
     while their uncompressed JSON fits the limit with everything else; a rank that does not fit or
     cannot be read is left out with the reason. Ranks are rewritten in `pool`."""
@@ -505,8 +529,10 @@ def write_merged_trace(out: BinaryIO, plan: MergePlan, *, pool: Executor, on_don
                 if segment.error:
                     result.left_out[job.rank] = segment.error
                 elif result.bytes + size > room:
-                    result.left_out[job.rank] = (f"left out of the merged trace: its {segment.size / 1e6:,.0f} MB of JSON do not fit "
-                                                 f"the {limit_bytes / 1e6:,.0f} MB limit after the ranks before it")
+                    result.left_out[job.rank] = (
+                        f"left out of the merged trace: its {segment.size / 1e6:,.0f} MB of JSON do not fit "
+                        f"the {limit_bytes / 1e6:,.0f} MB limit after the ranks before it"
+                    )
                 else:
                     if not first:
                         member.text(b",")
@@ -519,8 +545,10 @@ def write_merged_trace(out: BinaryIO, plan: MergePlan, *, pool: Executor, on_don
                 if segment.path:
                     Path(segment.path).unlink(missing_ok=True)
         for job in pending:
-            result.left_out[job.rank] = (f"left out of the merged trace: its {job.size_hint / 1e6:,.0f} MB of JSON do not fit "
-                                         f"the {limit_bytes / 1e6:,.0f} MB limit after the ranks before it")
+            result.left_out[job.rank] = (
+                f"left out of the merged trace: its {job.size_hint / 1e6:,.0f} MB of JSON do not fit "
+                f"the {limit_bytes / 1e6:,.0f} MB limit after the ranks before it"
+            )
     footer = _footer(held, result.left_out) if noted else _BARE_FOOTER
     member.text(footer)
     member.close()
@@ -540,11 +568,11 @@ def _segments(pool: Executor, batch: list[MergeRank], folder: str) -> Iterator[_
     yield from mine
 
 
-
 @dataclass
 class MergePlan:
     """What the merged trace may hold: candidates in order of importance, the counter events on
     the merged time base, the limit, and each candidate's trace key (for the report)."""
+
     ranks: list[MergeRank]
     counters: list[dict]
     limit_bytes: int
@@ -590,7 +618,9 @@ def merge_order(diagnosis: Diagnosis, summaries: Sequence[RankSummary], stacks: 
     why: dict[int, str] = {}
     for r, reason in first:
         why.setdefault(r, reason)
-    return [(r, why[r]) for r in order] + [(r, "in rank order, while there is room") for r in sorted(usable) if r not in order]
+    return [(r, why[r]) for r in order] + [
+        (r, "in rank order, while there is room") for r in sorted(usable) if r not in order
+    ]
 
 
 def _reference_rank(summaries: list[RankSummary]) -> int | None:
@@ -619,16 +649,31 @@ def expected_size(path: Path) -> int:
 def describe(plan: MergePlan, result: MergedTrace, uri: str) -> dict:
     """The merged trace's entry in diagnosis.json."""
     held = {job.rank: job for job in plan.ranks}
-    return {"uri": uri, "ranks": result.ranks, "bytes": result.bytes, "limitBytes": plan.limit_bytes,
-            "held": [{"rank": r, "why": held[r].why, "source": plan.sources.get(r, ""), "shiftUs": held[r].shift_us} for r in result.ranks],
-            "leftOut": {str(r): why for r, why in sorted(result.left_out.items())}}
+    return {
+        "uri": uri,
+        "ranks": result.ranks,
+        "bytes": result.bytes,
+        "limitBytes": plan.limit_bytes,
+        "held": [
+            {"rank": r, "why": held[r].why, "source": plan.sources.get(r, ""), "shiftUs": held[r].shift_us}
+            for r in result.ranks
+        ],
+        "leftOut": {str(r): why for r, why in sorted(result.left_out.items())},
+    }
 
 
 def sentence(plan: MergePlan, result: MergedTrace) -> str:
     """One line for the report page: which ranks the merged trace holds and why."""
     if not result.ranks:
-        return f"merged.trace.json.gz holds no rank's trace (limit {plan.limit_bytes / 1e6:,.0f} MB of JSON; see problems)."
+        return (
+            f"merged.trace.json.gz holds no rank's trace (limit {plan.limit_bytes / 1e6:,.0f} MB of JSON; see "
+            "problems)."
+        )
     why = {job.rank: job.why for job in plan.ranks}
     held = "; ".join(f"rank {r} ({why[r]})" for r in result.ranks)
-    more = f"; {len(result.left_out)} more left out to stay under {plan.limit_bytes / 1e6:,.0f} MB of JSON" if result.left_out else ""
+    more = (
+        f"; {len(result.left_out)} more left out to stay under {plan.limit_bytes / 1e6:,.0f} MB of JSON"
+        if result.left_out
+        else ""
+    )
     return f"merged.trace.json.gz ({result.bytes / 1e6:,.0f} MB of JSON, open it in Perfetto) holds {held}{more}."

@@ -1,4 +1,5 @@
 """HTA's temporal breakdown, idle-time breakdown and kernel-type breakdown (HTA 0.5.0 semantics)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,8 +45,15 @@ def temporal(trace: Trace, scope: GpuScope) -> TemporalBreakdown | None:
     def pct(x: float) -> float:
         return round(100 * x / span, 2) if span > 0 else 0.0
 
-    return TemporalBreakdown(idleUs=idle, computeUs=compute, nonComputeUs=non_compute, idlePct=pct(idle),
-                             computePct=pct(compute), nonComputePct=pct(non_compute), spanUs=span)
+    return TemporalBreakdown(
+        idleUs=idle,
+        computeUs=compute,
+        nonComputeUs=non_compute,
+        idlePct=pct(idle),
+        computePct=pct(compute),
+        nonComputePct=pct(non_compute),
+        spanUs=span,
+    )
 
 
 def _runtime_ts(trace: Trace, scope: GpuScope, rows: np.ndarray) -> np.ndarray:
@@ -92,9 +100,12 @@ def idle(trace: Trace, scope: GpuScope, delay_us: float = CONSECUTIVE_KERNEL_DEL
     # HTA sorts each stream's kernels by start with pandas' default (numpy's quicksort) on its
     # int64 column; kernels starting at the same µs then come in that algorithm's order, which
     # decides the gap after each. The same call on the same array in the same order reproduces it.
-    order = np.concatenate([np.flatnonzero(stream == s)[np.argsort(trace.ts[rows[stream == s]].astype(np.int64),
-                                                                   kind="quicksort")]
-                            for s in _first_seen(stream)])
+    order = np.concatenate(
+        [
+            np.flatnonzero(stream == s)[np.argsort(trace.ts[rows[stream == s]].astype(np.int64), kind="quicksort")]
+            for s in _first_seen(stream)
+        ]
+    )
     rows, stream = rows[order], stream[order]
     ts = trace.ts[rows]
     end = ts + trace.dur[rows]
@@ -108,11 +119,14 @@ def idle(trace: Trace, scope: GpuScope, delay_us: float = CONSECUTIVE_KERNEL_DEL
     streams, stream_idx = np.unique(stream, return_inverse=True)
     sums = np.zeros((len(streams), 3))
     np.add.at(sums, (stream_idx, category), np.nan_to_num(gap))
-    per_stream = [StreamIdle(stream=int(s), hostWaitUs=float(h), kernelWaitUs=float(k), otherUs=float(o))
-                  for s, (h, k, o) in zip(streams, sums)]
+    per_stream = [
+        StreamIdle(stream=int(s), hostWaitUs=float(h), kernelWaitUs=float(k), otherUs=float(o))
+        for s, (h, k, o) in zip(streams, sums)
+    ]
     host_us, kernel_us, other_us = sums.sum(axis=0)
-    return IdleBreakdown(hostWaitUs=float(host_us), kernelWaitUs=float(kernel_us), otherUs=float(other_us),
-                         streams=per_stream)
+    return IdleBreakdown(
+        hostWaitUs=float(host_us), kernelWaitUs=float(kernel_us), otherUs=float(other_us), streams=per_stream
+    )
 
 
 def kernel_types(trace: Trace, scope: GpuScope) -> list[KernelTypeShare]:

@@ -6,6 +6,7 @@ communication kernels take their kind from what their name says they do, their l
 message sizes from the collective arguments PyTorch records ("In msg nelems", "dtype",
 "Group size"), on the kernel itself or on the CPU op that launched it (same External id).
 """
+
 from __future__ import annotations
 
 import re
@@ -21,29 +22,71 @@ from .gpu_scope import COMM, DEFAULT_COMM_KERNELS, CommKernels, name_types
 
 _PROTOCOLS = ("LL128", "LL", "SIMPLE")
 _KINDS = {
-    "allreduce": "AllReduce", "allgather": "AllGather", "allgatherbase": "AllGather",
-    "allgatherintocoalesced": "AllGather", "reducescatter": "ReduceScatter", "reducescatterbase": "ReduceScatter",
-    "reducescattertensorcoalesced": "ReduceScatter", "broadcast": "Broadcast", "reduce": "Reduce",
-    "alltoall": "AllToAll", "alltoallbase": "AllToAll", "alltoallv": "AllToAll", "send": "SendRecv",
-    "recv": "SendRecv", "sendrecv": "SendRecv", "barrier": "Barrier", "gather": "Gather", "scatter": "Scatter",
+    "allreduce": "AllReduce",
+    "allgather": "AllGather",
+    "allgatherbase": "AllGather",
+    "allgatherintocoalesced": "AllGather",
+    "reducescatter": "ReduceScatter",
+    "reducescatterbase": "ReduceScatter",
+    "reducescattertensorcoalesced": "ReduceScatter",
+    "broadcast": "Broadcast",
+    "reduce": "Reduce",
+    "alltoall": "AllToAll",
+    "alltoallbase": "AllToAll",
+    "alltoallv": "AllToAll",
+    "send": "SendRecv",
+    "recv": "SendRecv",
+    "sendrecv": "SendRecv",
+    "barrier": "Barrier",
+    "gather": "Gather",
+    "scatter": "Scatter",
     "allreducecoalesced": "AllReduce",
 }
 _DTYPE_BYTES = {
-    "float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
-    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "byte": 1,
-    "int8": 1, "uint8": 1, "bool": 1,
+    "float": 4,
+    "float32": 4,
+    "half": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "double": 8,
+    "float64": 8,
+    "int": 4,
+    "int32": 4,
+    "long": 8,
+    "int64": 8,
+    "short": 2,
+    "int16": 2,
+    "char": 1,
+    "byte": 1,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
 }
 # Bus bandwidth factors (NCCL's performance notes) for groups of n ranks.
-_BUS_FACTOR = {"AllReduce": lambda n: 2 * (n - 1) / n, "AllGather": lambda n: (n - 1) / n,
-               "ReduceScatter": lambda n: (n - 1) / n, "AllToAll": lambda n: (n - 1) / n}
+_BUS_FACTOR = {
+    "AllReduce": lambda n: 2 * (n - 1) / n,
+    "AllGather": lambda n: (n - 1) / n,
+    "ReduceScatter": lambda n: (n - 1) / n,
+    "AllToAll": lambda n: (n - 1) / n,
+}
 _CPU_COLLECTIVE_RE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl):([a-z_]+)")
 # What a communication kernel outside NCCL does, from its own name (the part before its template
 # and parameter lists), first match wins: DeepEP's notify_dispatch exchanges counts before a dispatch.
-_PATTERN_KINDS = tuple((re.compile(p), kind) for p, kind in (
-    (r"notify", "Notify"), (r"dispatch", "Dispatch"), (r"combine", "Combine"),
-    (r"all_?to_?all|(?<![a-z0-9])a2a(?![a-z0-9])", "AllToAll"), (r"all_?reduce|cross_device_reduce", "AllReduce"),
-    (r"all_?gather", "AllGather"), (r"reduce_?scatter", "ReduceScatter"), (r"barrier", "Barrier"),
-    (r"broadcast", "Broadcast"), (r"(?<![a-z])(put|get|send|recv)", "SendRecv")))
+_PATTERN_KINDS = tuple(
+    (re.compile(p), kind)
+    for p, kind in (
+        (r"notify", "Notify"),
+        (r"dispatch", "Dispatch"),
+        (r"combine", "Combine"),
+        (r"all_?to_?all|(?<![a-z0-9])a2a(?![a-z0-9])", "AllToAll"),
+        (r"all_?reduce|cross_device_reduce", "AllReduce"),
+        (r"all_?gather", "AllGather"),
+        (r"reduce_?scatter", "ReduceScatter"),
+        (r"barrier", "Barrier"),
+        (r"broadcast", "Broadcast"),
+        (r"(?<![a-z])(put|get|send|recv)", "SendRecv"),
+    )
+)
 
 
 def normalise_kind(raw: str) -> str:
@@ -58,7 +101,7 @@ def parse_nccl_name(name: str) -> tuple[str, str, str]:
         return "Unknown", "", ""
     kind = normalise_kind(tokens[1])
     protocol = next((t for t in tokens[2:] if t in _PROTOCOLS), "")
-    algorithm = "_".join(t for t in tokens[2:tokens.index(protocol) if protocol else len(tokens)] if t.isupper())
+    algorithm = "_".join(t for t in tokens[2 : tokens.index(protocol) if protocol else len(tokens)] if t.isupper())
     return kind, algorithm, protocol
 
 
@@ -125,8 +168,13 @@ def cpu_time_in(trace: Trace, starts: np.ndarray, ends: np.ndarray) -> np.ndarra
     return intervals.covered(intervals.merge(trace.ts[rows], trace.end[rows]), starts, ends)
 
 
-def collectives(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_us: float,
-                keep_durations: int = 2000, comm: CommKernels = DEFAULT_COMM_KERNELS) -> list[CollectiveStat]:
+def collectives(
+    trace: Trace,
+    compute: tuple[np.ndarray, np.ndarray],
+    captured_us: float,
+    keep_durations: int = 2000,
+    comm: CommKernels = DEFAULT_COMM_KERNELS,
+) -> list[CollectiveStat]:
     """Per collective kind: count, time, median, bus bandwidth, bottleneck ratio and per-instance durations.
 
     The per-instance durations (in issue order, at most `keep_durations`) let the diagnosis line up
@@ -136,11 +184,16 @@ def collectives(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_u
     rows = rows[name_types(trace, comm)[trace.name[rows]] == COMM]
     on_gpu = len(rows) > 0
     if on_gpu:
-        label_of = {int(c): comm_kernel_label(trace.names[int(c)], comm.library(trace.names[int(c)]) or "")
-                    for c in np.unique(trace.name[rows])}
+        label_of = {
+            int(c): comm_kernel_label(trace.names[int(c)], comm.library(trace.names[int(c)]) or "")
+            for c in np.unique(trace.name[rows])
+        }
     else:
-        label_of = {i: (normalise_kind(m.group(2)), "", "") for i, n in enumerate(trace.names)
-                    if (m := _CPU_COLLECTIVE_RE.match(n))}
+        label_of = {
+            i: (normalise_kind(m.group(2)), "", "")
+            for i, n in enumerate(trace.names)
+            if (m := _CPU_COLLECTIVE_RE.match(n))
+        }
     labels = sorted(set(label_of.values()))
     label_idx = np.full(len(trace.names), -1)
     for code, label in label_of.items():
@@ -178,10 +231,18 @@ def collectives(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_u
         sized = size[sel] > 0
         sized_us = d[sized].sum()
         bus_bytes = (size[sel] * factor)[sized].sum()
-        out.append(CollectiveStat(
-            kind=kind, count=int(sel.sum()), sumUs=float(d.sum()), medianUs=float(np.median(d)),
-            algorithm=algorithm, protocol=protocol, bytes=int(size[sel].sum()),
-            busBandwidthGBs=float(bus_bytes / sized_us / 1e3) if sized_us > 0 else 0.0,
-            bottleneckRatio=float(exposed[sel].sum() / captured_us) if captured_us > 0 else 0.0,
-            durationsUs=d[:keep_durations].tolist()))
+        out.append(
+            CollectiveStat(
+                kind=kind,
+                count=int(sel.sum()),
+                sumUs=float(d.sum()),
+                medianUs=float(np.median(d)),
+                algorithm=algorithm,
+                protocol=protocol,
+                bytes=int(size[sel].sum()),
+                busBandwidthGBs=float(bus_bytes / sized_us / 1e3) if sized_us > 0 else 0.0,
+                bottleneckRatio=float(exposed[sel].sum() / captured_us) if captured_us > 0 else 0.0,
+                durationsUs=d[:keep_durations].tolist(),
+            )
+        )
     return sorted(out, key=lambda c: -c.sumUs)

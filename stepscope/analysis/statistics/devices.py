@@ -26,6 +26,7 @@ Sources, one per line of the table:
   2,614.9 FP8; 5.3 TB/s). MI300A: its datasheet (122.6 / 490.3 / 980.6 / 1,961.2; 5.3 TB/s).
   MI325X: its datasheet (the MI300X's rates, 6 TB/s).
 """
+
 from __future__ import annotations
 
 import re
@@ -39,7 +40,9 @@ class DevicePeak:
     tbs: float  # memory bandwidth, TB/s
 
 
-def _peak(name: str, tbs: float, fp32: float, bf16: float, fp8: float = 0.0, tf32: float = 0.0, fp16: float = 0.0) -> DevicePeak:
+def _peak(
+    name: str, tbs: float, fp32: float, bf16: float, fp8: float = 0.0, tf32: float = 0.0, fp16: float = 0.0
+) -> DevicePeak:
     rates = {"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": fp16 or bf16, "fp8": fp8}
     return DevicePeak(name, {k: v for k, v in rates.items() if v > 0}, tbs)
 

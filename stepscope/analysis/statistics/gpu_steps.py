@@ -5,6 +5,7 @@ trace's counter tracks share. Pure functions over columnar data; no torch, no py
 A StepRow's window (`startUs` + RankSummary.traceBaseUs, `durationUs`) selects the samples of that
 step (both in Unix epoch microseconds).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -97,7 +98,9 @@ def step_windows(steps: list[StepRow], base_us: float) -> tuple[np.ndarray, np.n
     return starts, starts + np.array([s.durationUs for s in steps], dtype=np.float64)
 
 
-def step_statistics(metrics: pd.DataFrame, steps: list[StepRow], gpu: int, *, base_us: float = 0.0) -> dict[str, list[float]]:
+def step_statistics(
+    metrics: pd.DataFrame, steps: list[StepRow], gpu: int, *, base_us: float = 0.0
+) -> dict[str, list[float]]:
     """Per-step hardware statistics of one GPU for RankSummary.hardware, one value per step.
 
     `base_us` (RankSummary.traceBaseUs) turns the steps' trace times into Unix epoch µs.
@@ -114,11 +117,20 @@ def step_statistics(metrics: pd.DataFrame, steps: list[StepRow], gpu: int, *, ba
     gpu_rows = metrics[metrics["gpu"] == gpu]
     starts, ends = step_windows(steps, base_us)
     out: dict[str, np.ndarray] = {}
-    for column, key in (("sm_clock_mhz", "smClockMHz"), ("gpu_util_pct", "gpuUtilPct"), ("power_w", "powerW"), ("temperature_c", "temperatureC")):
+    for column, key in (
+        ("sm_clock_mhz", "smClockMHz"),
+        ("gpu_util_pct", "gpuUtilPct"),
+        ("power_w", "powerW"),
+        ("temperature_c", "temperatureC"),
+    ):
         reduced = reduce(*series(gpu_rows, column), starts, ends)
         out[f"{key}Mean"], out[f"{key}Min"] = reduced.mean, reduced.min
     for kind in ("pcie", "nvlink"):
         out[f"{kind}GBs"] = throughput_gbs(*counter(gpu_rows, kind), starts, ends)
-    for key, mask in (("throttleFraction", THROTTLE_REASONS), ("powerThrottleFraction", POWER_REASONS), ("thermalThrottleFraction", THERMAL_REASONS)):
+    for key, mask in (
+        ("throttleFraction", THROTTLE_REASONS),
+        ("powerThrottleFraction", POWER_REASONS),
+        ("thermalThrottleFraction", THERMAL_REASONS),
+    ):
         out[key] = reason_fraction(gpu_rows, starts, ends, mask)
     return {key: [round(float(v), 4) for v in values] for key, values in out.items() if not np.isnan(values).any()}

@@ -5,6 +5,7 @@ and the key lookups and per-key statistics the metrics share.
 negative-length intervals that inward rounding can produce), so unions, idle time and overlaps
 computed from it match HTA number by number.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,8 +36,13 @@ def sweep(sets: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.nda
     the bitmask of the sets open in the segment and `length` its duration (µs).
     """
     times = np.concatenate([np.concatenate([s, e]) for s, e in sets]) if sets else np.empty(0)
-    steps = np.concatenate([np.concatenate([np.full(len(s), 1 << k), np.full(len(e), -(1 << k))])
-                            for k, (s, e) in enumerate(sets)]) if sets else np.empty(0, dtype=np.int64)
+    steps = (
+        np.concatenate(
+            [np.concatenate([np.full(len(s), 1 << k), np.full(len(e), -(1 << k))]) for k, (s, e) in enumerate(sets)]
+        )
+        if sets
+        else np.empty(0, dtype=np.int64)
+    )
     if len(times) == 0:
         return np.empty(0), np.empty(0, dtype=np.int64), np.empty(0)
     order = np.argsort(times, kind="stable")
@@ -67,8 +73,9 @@ def covered(merged: tuple[np.ndarray, np.ndarray], starts: np.ndarray, ends: np.
     return np.maximum(upto(np.maximum(ends, starts)) - upto(starts), 0.0)
 
 
-def outside(merged: tuple[np.ndarray, np.ndarray], starts: np.ndarray,
-            durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def outside(
+    merged: tuple[np.ndarray, np.ndarray], starts: np.ndarray, durations: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(duration, time outside the union `merged`) of each interval; negative durations count as 0."""
     dur = np.maximum(durations, 0)
     return dur, dur - covered(merged, starts, starts + dur)
@@ -91,8 +98,16 @@ def group_stats(keys: np.ndarray, values: np.ndarray) -> dict[str, np.ndarray]:
     v = values[order]
     if len(k) == 0:
         empty = np.empty(0)
-        return {"key": k, "count": empty.astype(np.int64), "sum": empty, "mean": empty, "median": empty,
-                "min": empty, "max": empty, "std": empty}
+        return {
+            "key": k,
+            "count": empty.astype(np.int64),
+            "sum": empty,
+            "mean": empty,
+            "median": empty,
+            "min": empty,
+            "max": empty,
+            "std": empty,
+        }
     first = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
     count = np.diff(np.append(first, len(k)))
     total = np.add.reduceat(v, first)
@@ -101,5 +116,13 @@ def group_stats(keys: np.ndarray, values: np.ndarray) -> dict[str, np.ndarray]:
     var = np.add.reduceat(dev, first) / np.maximum(count - 1, 1)
     lo = first + (count - 1) // 2
     hi = first + count // 2
-    return {"key": k[first], "count": count, "sum": total, "mean": mean, "median": (v[lo] + v[hi]) / 2,
-            "min": v[first], "max": v[first + count - 1], "std": np.where(count > 1, np.sqrt(var), 0.0)}
+    return {
+        "key": k[first],
+        "count": count,
+        "sum": total,
+        "mean": mean,
+        "median": (v[lo] + v[hi]) / 2,
+        "min": v[first],
+        "max": v[first + count - 1],
+        "std": np.where(count > 1, np.sqrt(var), 0.0),
+    }

@@ -1,4 +1,5 @@
 """Per-kernel statistics (HTA's top kernels, PerfTracker's major kernels) and comm/comp overlap."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,12 +40,22 @@ def kernel_stats(trace: Trace, scope: GpuScope, captured_us: float, top: int = 5
         idx = np.flatnonzero(types == t)
         chosen.extend(idx[np.argsort(-stats["sum"][idx], kind="stable")[:top]].tolist())
     chosen.sort(key=lambda i: -stats["sum"][i])
-    return [KernelStat(name=trace.names[int(stats["key"][i])], type=TYPE_NAMES[int(types[i])],
-                       count=int(stats["count"][i]), sumUs=float(stats["sum"][i]), meanUs=float(stats["mean"][i]),
-                       medianUs=float(stats["median"][i]), minUs=float(stats["min"][i]), maxUs=float(stats["max"][i]),
-                       stdUs=float(stats["std"][i]), notOverlappedUs=float(exposed_sum[i]),
-                       bottleneckRatio=float(exposed_sum[i] / captured_us) if captured_us > 0 else 0.0)
-            for i in chosen]
+    return [
+        KernelStat(
+            name=trace.names[int(stats["key"][i])],
+            type=TYPE_NAMES[int(types[i])],
+            count=int(stats["count"][i]),
+            sumUs=float(stats["sum"][i]),
+            meanUs=float(stats["mean"][i]),
+            medianUs=float(stats["median"][i]),
+            minUs=float(stats["min"][i]),
+            maxUs=float(stats["max"][i]),
+            stdUs=float(stats["std"][i]),
+            notOverlappedUs=float(exposed_sum[i]),
+            bottleneckRatio=float(exposed_sum[i] / captured_us) if captured_us > 0 else 0.0,
+        )
+        for i in chosen
+    ]
 
 
 def comm_comp_overlap(trace: Trace, scope: GpuScope) -> float | None:

@@ -1,4 +1,5 @@
 """Kernel launch statistics (HTA's get_cuda_kernel_launch_stats) and CPU-side runtime calls."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,12 +11,26 @@ from . import intervals
 from .gpu_scope import GpuScope
 
 # HTA's launch calls (kernel launches plus, by default, async memcpy/memset).
-CUDA_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "runFunction - job_prep_and_submit_for_execution",
-                 "cudaMemcpyAsync", "cudaMemsetAsync")
+CUDA_LAUNCHES = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "runFunction - job_prep_and_submit_for_execution",
+    "cudaMemcpyAsync",
+    "cudaMemsetAsync",
+)
 # HTA 0.5.0 knows no HIP names and gives nothing on ROCm traces; these are their counterparts.
-HIP_LAUNCHES = ("hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel", "hipExtModuleLaunchKernel",
-                "hipLaunchCooperativeKernel", "hipMemcpyAsync", "hipMemsetAsync", "hipMemcpyWithStream",
-                "hipMemsetD32Async", "hipMemsetD8Async")
+HIP_LAUNCHES = (
+    "hipLaunchKernel",
+    "hipExtLaunchKernel",
+    "hipModuleLaunchKernel",
+    "hipExtModuleLaunchKernel",
+    "hipLaunchCooperativeKernel",
+    "hipMemcpyAsync",
+    "hipMemsetAsync",
+    "hipMemcpyWithStream",
+    "hipMemsetD32Async",
+    "hipMemsetD8Async",
+)
 RUNTIME_CUTOFF_US = 50  # HTA: runtime calls longer than this are outliers
 LAUNCH_DELAY_CUTOFF_US = 100  # HTA: launch delays longer than this are outliers
 
@@ -64,8 +79,9 @@ def launch_stats(trace: Trace, scope: GpuScope) -> LaunchStats | None:
     )
 
 
-def runtime_stats(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_us: float,
-                  top: int = 30) -> list[RuntimeStat]:
+def runtime_stats(
+    trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_us: float, top: int = 30
+) -> list[RuntimeStat]:
     """CUDA/HIP runtime and driver calls by name, with PerfTracker's bottleneck ratio: the call's
     time while no GPU compute runs (a synchronising call waits on the host), over the captured time."""
     rows = np.flatnonzero(trace.cat_mask(RUNTIME_CATS))
@@ -77,7 +93,13 @@ def runtime_stats(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured
     total = np.bincount(names, weights=dur, minlength=len(trace.names))
     exposed_sum = np.bincount(names, weights=exposed, minlength=len(trace.names))
     order = [i for i in np.argsort(-total, kind="stable")[:top] if count[i] > 0]
-    return [RuntimeStat(name=trace.names[int(i)], count=int(count[i]), sumUs=float(total[i]),
-                        notOverlappedUs=float(exposed_sum[i]),
-                        bottleneckRatio=float(exposed_sum[i] / captured_us) if captured_us > 0 else 0.0)
-            for i in order]
+    return [
+        RuntimeStat(
+            name=trace.names[int(i)],
+            count=int(count[i]),
+            sumUs=float(total[i]),
+            notOverlappedUs=float(exposed_sum[i]),
+            bottleneckRatio=float(exposed_sum[i] / captured_us) if captured_us > 0 else 0.0,
+        )
+        for i in order
+    ]

@@ -1,4 +1,6 @@
-"""Memory copies and sets by kind (Memcpy HtoD / DtoH / DtoD, Memset) with bandwidth and PerfTracker's bottleneck ratio."""
+"""Memory copies and sets by kind (Memcpy HtoD / DtoH / DtoD, Memset) with bandwidth and
+PerfTracker's bottleneck ratio."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,8 +11,13 @@ from ..model import MemoryOpStat
 from . import intervals
 
 # ROCm names its copies differently.
-_ROCM_KINDS = {"CopyHostToDevice": "Memcpy HtoD", "CopyDeviceToHost": "Memcpy DtoH",
-               "CopyDeviceToDevice": "Memcpy DtoD", "CopyHostToHost": "Memcpy HtoH", "FillBuffer": "Memset"}
+_ROCM_KINDS = {
+    "CopyHostToDevice": "Memcpy HtoD",
+    "CopyDeviceToHost": "Memcpy DtoH",
+    "CopyDeviceToDevice": "Memcpy DtoD",
+    "CopyHostToHost": "Memcpy HtoH",
+    "FillBuffer": "Memset",
+}
 
 
 def memory_kind(name: str) -> str:
@@ -38,8 +45,17 @@ def memory_ops(trace: Trace, compute: tuple[np.ndarray, np.ndarray], captured_us
     total = np.bincount(idx, weights=dur, minlength=len(labels))
     total_bytes = np.bincount(idx, weights=nbytes, minlength=len(labels))
     exposed_sum = np.bincount(idx, weights=exposed, minlength=len(labels))
-    return sorted((MemoryOpStat(kind=str(labels[i]), count=int(count[i]), sumUs=float(total[i]),
-                                bytes=int(total_bytes[i]),
-                                bandwidthGBs=float(total_bytes[i] / total[i] / 1e3) if total[i] > 0 else 0.0,
-                                bottleneckRatio=float(exposed_sum[i] / captured_us) if captured_us > 0 else 0.0)
-                   for i in range(len(labels))), key=lambda m: -m.sumUs)
+    return sorted(
+        (
+            MemoryOpStat(
+                kind=str(labels[i]),
+                count=int(count[i]),
+                sumUs=float(total[i]),
+                bytes=int(total_bytes[i]),
+                bandwidthGBs=float(total_bytes[i] / total[i] / 1e3) if total[i] > 0 else 0.0,
+                bottleneckRatio=float(exposed_sum[i] / captured_us) if captured_us > 0 else 0.0,
+            )
+            for i in range(len(labels))
+        ),
+        key=lambda m: -m.sumUs,
+    )

@@ -8,6 +8,7 @@ the earlier ones that end after it starts, and its parent the last earlier one a
 found level by level with numpy, as python_functions interns stacks. Collectives and their waits
 are left out: the rank the others wait for waits least there, which is no operator work of its own.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,8 +23,10 @@ from .python_functions import _step_of
 # Operators that wait for peers (gloo/NCCL collectives, DDP's reducer hooks into them).
 # autograd's evaluate_function wraps each backward node: its own time is the hooks run there (DDP's
 # reducer), not an operator.
-WAITING_OPERATORS = re.compile(r"c10d::|gloo|nccl|record_param_comms|^ProfilerStep|allreduce|barrier|wait|^autograd::engine::evaluate_function",
-                               re.IGNORECASE)
+WAITING_OPERATORS = re.compile(
+    r"c10d::|gloo|nccl|record_param_comms|^ProfilerStep|allreduce|barrier|wait|^autograd::engine::evaluate_function",
+    re.IGNORECASE,
+)
 
 
 def _depths(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -34,8 +37,9 @@ def _depths(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     ended = np.searchsorted(np.sort(end), ts, side="right")
     zero = np.flatnonzero(end <= ts)
     # Zero-length events at the same start, at or after each position in the order.
-    later = np.searchsorted(ts[zero], ts, side="right") - np.maximum(np.searchsorted(zero, position, side="left"),
-                                                                    np.searchsorted(ts[zero], ts, side="left"))
+    later = np.searchsorted(ts[zero], ts, side="right") - np.maximum(
+        np.searchsorted(zero, position, side="left"), np.searchsorted(ts[zero], ts, side="left")
+    )
     return np.maximum(position - (ended - later), 0)
 
 
@@ -54,7 +58,9 @@ def _children_time(ts: np.ndarray, end: np.ndarray, dur: np.ndarray) -> np.ndarr
 
 
 def operator_stats(trace: Trace, steps: tuple[np.ndarray, np.ndarray] | None, top: int = 50) -> list[OperatorStat]:
-    rows = np.flatnonzero(trace.cat_mask(OPERATOR_CAT) & ~trace.name_mask(lambda n: WAITING_OPERATORS.search(n) is not None))
+    rows = np.flatnonzero(
+        trace.cat_mask(OPERATOR_CAT) & ~trace.name_mask(lambda n: WAITING_OPERATORS.search(n) is not None)
+    )
     if len(rows) == 0:
         return []
     tids, per_tid = np.unique(trace.tid[rows], return_counts=True)
@@ -73,12 +79,19 @@ def operator_stats(trace: Trace, steps: tuple[np.ndarray, np.ndarray] | None, to
         n_steps = len(steps[0])
         step = _step_of(ts, np.asarray(steps[0], dtype=float), np.asarray(steps[1], dtype=float))
         inside = step >= 0
-        per_step = np.bincount(key_of[inside] * n_steps + step[inside], weights=dur[inside],
-                               minlength=len(keys) * n_steps).reshape(len(keys), n_steps)
+        per_step = np.bincount(
+            key_of[inside] * n_steps + step[inside], weights=dur[inside], minlength=len(keys) * n_steps
+        ).reshape(len(keys), n_steps)
     out = []
     for k in np.argsort(-sums, kind="stable")[:top]:
         shape = int(keys[k] % n_shapes) - 1
-        out.append(OperatorStat(name=trace.names[int(keys[k] // n_shapes)], shapes=trace.shape_texts[shape] if shape >= 0 else "",
-                                count=int(counts[k]), sumUs=float(sums[k]),
-                                stepsUs=[] if per_step is None else np.round(per_step[k], 1).tolist()))
+        out.append(
+            OperatorStat(
+                name=trace.names[int(keys[k] // n_shapes)],
+                shapes=trace.shape_texts[shape] if shape >= 0 else "",
+                count=int(counts[k]),
+                sumUs=float(sums[k]),
+                stepsUs=[] if per_step is None else np.round(per_step[k], 1).tolist(),
+            )
+        )
     return out

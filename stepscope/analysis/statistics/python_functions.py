@@ -5,6 +5,7 @@ which no GPU event runs is what it costs the step (PerfTracker's bottleneck rati
 the captured wall time). Stacks are interned level by level (root first) with numpy, so the cost
 grows with the depth of the call tree, not with a Python loop over events.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,8 +42,11 @@ def _stack_ids(parent: np.ndarray, name: np.ndarray, n_names: int) -> tuple[np.n
         stack_parent.append(keys // (n_names + 1) - 1)
         stack_name.append(keys % (n_names + 1))
         base += len(keys)
-    return sid, np.concatenate(stack_parent) if stack_parent else np.empty(0, np.int64), \
-        np.concatenate(stack_name) if stack_name else np.empty(0, np.int64)
+    return (
+        sid,
+        np.concatenate(stack_parent) if stack_parent else np.empty(0, np.int64),
+        np.concatenate(stack_name) if stack_name else np.empty(0, np.int64),
+    )
 
 
 def _step_of(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -53,8 +57,13 @@ def _step_of(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray
     return np.where(inside, order[np.maximum(i, 0)], -1)
 
 
-def python_functions(trace: Trace, gpu_union: tuple[np.ndarray, np.ndarray], captured_us: float,
-                     top: int = 50, steps: tuple[np.ndarray, np.ndarray] | None = None) -> list[FunctionStat]:
+def python_functions(
+    trace: Trace,
+    gpu_union: tuple[np.ndarray, np.ndarray],
+    captured_us: float,
+    top: int = 50,
+    steps: tuple[np.ndarray, np.ndarray] | None = None,
+) -> list[FunctionStat]:
     """`steps`: the (starts, ends) of the trace's steps, in StepRow order; each stack then carries
     its exclusive time per step (a cause repeats every step, a hiccup does not)."""
     rows = np.flatnonzero(trace.cat_mask(PYTHON_CAT))
@@ -79,8 +88,9 @@ def python_functions(trace: Trace, gpu_union: tuple[np.ndarray, np.ndarray], cap
     if n_steps and steps is not None:
         step = _step_of(trace.ts[rows], np.asarray(steps[0], dtype=float), np.asarray(steps[1], dtype=float))
         inside = step >= 0
-        per_step = np.bincount(sid[inside] * n_steps + step[inside], weights=exclusive[inside],
-                               minlength=n_stacks * n_steps).reshape(n_stacks, n_steps)
+        per_step = np.bincount(
+            sid[inside] * n_steps + step[inside], weights=exclusive[inside], minlength=n_stacks * n_steps
+        ).reshape(n_stacks, n_steps)
     out = []
     for s in np.argsort(-excl_exposed, kind="stable")[:top]:
         frames: list[str] = []
@@ -91,8 +101,15 @@ def python_functions(trace: Trace, gpu_union: tuple[np.ndarray, np.ndarray], cap
         stack = " > ".join(reversed(frames))
         if cur >= 0:
             stack = "... > " + stack
-        out.append(FunctionStat(name=frames[0], stack=stack, count=int(count[s]), exclusiveUs=float(excl[s]),
-                                notOverlappedUs=float(excl_exposed[s]),
-                                bottleneckRatio=float(excl_exposed[s] / captured_us) if captured_us > 0 else 0.0,
-                                stepsUs=[] if per_step is None else np.round(per_step[s], 1).tolist()))
+        out.append(
+            FunctionStat(
+                name=frames[0],
+                stack=stack,
+                count=int(count[s]),
+                exclusiveUs=float(excl[s]),
+                notOverlappedUs=float(excl_exposed[s]),
+                bottleneckRatio=float(excl_exposed[s] / captured_us) if captured_us > 0 else 0.0,
+                stepsUs=[] if per_step is None else np.round(per_step[s], 1).tolist(),
+            )
+        )
     return out

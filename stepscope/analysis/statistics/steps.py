@@ -5,6 +5,7 @@ rule), so a kernel that runs after its step's CPU side ended still counts for it
 unions are computed for all steps at once by shifting each step's intervals to its own stretch of
 the time axis.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,8 +23,11 @@ def step_spans(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if not numbers:
         return np.empty(0, np.int64), np.empty(0), np.empty(0)
     codes = np.fromiter(numbers, dtype=np.int64)
-    rows = np.flatnonzero(trace.name_mask(lambda n: STEP_RE.search(n) is not None) & (trace.stream == -1)
-                          & ~trace.cat_mask("gpu_user_annotation"))
+    rows = np.flatnonzero(
+        trace.name_mask(lambda n: STEP_RE.search(n) is not None)
+        & (trace.stream == -1)
+        & ~trace.cat_mask("gpu_user_annotation")
+    )
     step_of_code = np.full(len(trace.names), -1, dtype=np.int64)
     step_of_code[codes] = list(numbers.values())
     step = step_of_code[trace.name[rows]]
@@ -47,15 +51,17 @@ def launch_times(trace: Trace, rows: np.ndarray) -> np.ndarray:
     return np.where((j >= 0) & (wanted >= 0), trace.ts[cpu[j]], trace.ts[rows])
 
 
-def _per_step_union(seg: np.ndarray, ts: np.ndarray, end: np.ndarray, offset: float,
-                    n: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+def _per_step_union(
+    seg: np.ndarray, ts: np.ndarray, end: np.ndarray, offset: float, n: int
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     ms, me = intervals.merge(ts + seg * offset, end + seg * offset)
     lengths = np.bincount((ms // offset).astype(np.int64), weights=me - ms, minlength=n) if len(ms) else np.zeros(n)
     return lengths, (ms, me)
 
 
-def step_rows(trace: Trace, spans: tuple[np.ndarray, np.ndarray, np.ndarray],
-              comm: CommKernels = DEFAULT_COMM_KERNELS) -> list[StepRow]:
+def step_rows(
+    trace: Trace, spans: tuple[np.ndarray, np.ndarray, np.ndarray], comm: CommKernels = DEFAULT_COMM_KERNELS
+) -> list[StepRow]:
     """The step tables for the spans step_spans() found; no spans make the whole trace step 0."""
     numbers, starts, ends = spans
     if len(numbers) == 0:
@@ -84,16 +90,28 @@ def step_rows(trace: Trace, spans: tuple[np.ndarray, np.ndarray, np.ndarray],
     communication, comm_set = _per_step_union(seg[communicating], ts[communicating], end[communicating], offset, n)
     times, running, seconds = intervals.sweep([comp_set, comm_set])
     both = running == 3
-    overlapped = np.bincount((times[both] // offset).astype(np.int64), weights=seconds[both], minlength=n) \
-        if both.any() else np.zeros(n)
+    overlapped = (
+        np.bincount((times[both] // offset).astype(np.int64), weights=seconds[both], minlength=n)
+        if both.any()
+        else np.zeros(n)
+    )
     idle = np.maximum(span - busy, 0.0)  # float sums of fractional times may go a hair below 0
     duration = ends - starts
     comm_only = communication - overlapped
     has_gpu = len(gpu) > 0
-    return [StepRow(step=int(numbers[i]), startUs=float(starts[i]), durationUs=float(duration[i]),
-                    idleUs=float(idle[i]), computeUs=float(computing[i]),
-                    nonComputeUs=float(max(span[i] - computing[i] - idle[i], 0.0)),
-                    computingUs=float(computing[i]), commNotOverlappedUs=float(comm_only[i]),
-                    overlappedUs=float(overlapped[i]), communicationUs=float(communication[i]),
-                    freeUs=float(max(duration[i] - computing[i] - comm_only[i], 0.0)) if has_gpu else 0.0)
-            for i in range(n)]
+    return [
+        StepRow(
+            step=int(numbers[i]),
+            startUs=float(starts[i]),
+            durationUs=float(duration[i]),
+            idleUs=float(idle[i]),
+            computeUs=float(computing[i]),
+            nonComputeUs=float(max(span[i] - computing[i] - idle[i], 0.0)),
+            computingUs=float(computing[i]),
+            commNotOverlappedUs=float(comm_only[i]),
+            overlappedUs=float(overlapped[i]),
+            communicationUs=float(communication[i]),
+            freeUs=float(max(duration[i] - computing[i] - comm_only[i], 0.0)) if has_gpu else 0.0,
+        )
+        for i in range(n)
+    ]

@@ -14,6 +14,7 @@ until it passed, and for ever on a sidecar that cannot start), and the key is an
 secretKeyRef (a missing key Secret would stop the pod at CreateContainerConfigError). A sidecar
 that does not come up serves no session, and the training runs as without its server. The
 kubelet still waits for the sidecar's image to be pulled, as for any init container."""
+
 from __future__ import annotations
 
 import copy
@@ -33,9 +34,13 @@ BOOTSTRAP_DIR = f"{SHARED_DIR}/{wire.BOOTSTRAP_FOLDER}"
 TMP_VOLUME_NAME = "stepscope-tmp"
 # Pod Security "restricted" for the sidecar, whatever the pod's own securityContext says.
 SIDECAR_SECURITY_CONTEXT = {
-    "runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID,
-    "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-    "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+    "runAsNonRoot": True,
+    "runAsUser": IMAGE_UID,
+    "runAsGroup": IMAGE_UID,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
 }
 
 
@@ -45,7 +50,9 @@ class InjectionSettings:
     pull_policy: str
     hmac_secret: str
     hmac_key: str
-    resources: dict[str, Any] = field(default_factory=lambda: {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}})
+    resources: dict[str, Any] = field(
+        default_factory=lambda: {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+    )
 
     @classmethod
     def from_operator(cls, s: OperatorSettings) -> InjectionSettings:
@@ -66,14 +73,20 @@ def sidecar_container(cfg: InjectionSettings) -> dict[str, Any]:
             # The address requests are signed for (docs/wire.md): a request to another pod's sidecar is refused here.
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "STEPSCOPE_DIR", "value": SHARED_DIR},
-            {"name": "STEPSCOPE_HMAC_KEY", "valueFrom": {"secretKeyRef": {"name": cfg.hmac_secret, "key": cfg.hmac_key, "optional": True}}},
+            {
+                "name": "STEPSCOPE_HMAC_KEY",
+                "valueFrom": {"secretKeyRef": {"name": cfg.hmac_secret, "key": cfg.hmac_key, "optional": True}},
+            },
             # NVML sees the node's GPUs without the sidecar requesting any (NVIDIA container runtime).
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
         ],
         "lifecycle": {"postStart": {"exec": {"command": ["stepscope", "sidecar", "--bootstrap-only"]}}},
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": SIDECAR_PORT_NAME}, "periodSeconds": 2},
         "resources": copy.deepcopy(cfg.resources),
-        "volumeMounts": [{"name": VOLUME_NAME, "mountPath": SHARED_DIR}, {"name": TMP_VOLUME_NAME, "mountPath": "/tmp"}],
+        "volumeMounts": [
+            {"name": VOLUME_NAME, "mountPath": SHARED_DIR},
+            {"name": TMP_VOLUME_NAME, "mountPath": "/tmp"},
+        ],
         "securityContext": copy.deepcopy(SIDECAR_SECURITY_CONTEXT),
     }
 
@@ -114,7 +127,9 @@ def reinject(spec: dict[str, Any]) -> dict[str, Any] | None:
     there; None when nothing differs. Idempotent, and it never adds a container or a volume."""
     fields = {
         "containers": [_with_mount(_with_training_env(c)) for c in spec.get("containers") or []],
-        "initContainers": [c if c.get("name") == SIDECAR_NAME else _with_mount(c) for c in spec.get("initContainers") or []],
+        "initContainers": [
+            c if c.get("name") == SIDECAR_NAME else _with_mount(c) for c in spec.get("initContainers") or []
+        ],
     }
     changed = {name: value for name, value in fields.items() if value != (spec.get(name) or [])}
     return changed or None
@@ -122,7 +137,11 @@ def reinject(spec: dict[str, Any]) -> dict[str, Any] | None:
 
 def warnings(spec: dict[str, Any]) -> list[str]:
     """What keeps the agent from starting in an injected pod, for the client that creates it."""
-    return [f"stepscope: container {c.get('name')} sets PYTHONPATH from valueFrom, so the agent's bootstrap ({BOOTSTRAP_DIR}) "
-            f"cannot be put on it and no capture will run there; set PYTHONPATH as a value, or include {BOOTSTRAP_DIR} in it"
-            for c in spec.get("containers") or []
-            for e in c.get("env") or [] if e.get("name") == "PYTHONPATH" and "valueFrom" in e]
+    return [
+        f"stepscope: container {c.get('name')} sets PYTHONPATH from valueFrom, so the agent's bootstrap "
+        f"({BOOTSTRAP_DIR}) cannot be put on it and no capture will run there; set PYTHONPATH as a value, or include "
+        f"{BOOTSTRAP_DIR} in it"
+        for c in spec.get("containers") or []
+        for e in c.get("env") or []
+        if e.get("name") == "PYTHONPATH" and "valueFrom" in e
+    ]

@@ -1,7 +1,8 @@
 """The mutating webhook that adds the sidecar (stepscope.operator.injection.injection says what) to pods
 labelled `stepscope.io/inject: "true"`, served by kopf over HTTPS with the operator's own
 certificate; on an update of a pod it injected, it only puts the injected env back (a pod's env
-cannot change, and `kubectl apply` of the original manifest would revert it). Importing this module registers nothing; `stepscope operator --webhook` does.
+cannot change, and `kubectl apply` of the original manifest would revert it). Importing this
+module registers nothing; `stepscope operator --webhook` does.
 
 The Helm chart owns the MutatingWebhookConfiguration, every field of it (failurePolicy Ignore,
 timeout, selectors, the Service); the operator only keeps `clientConfig.caBundle` current (and
@@ -14,6 +15,7 @@ change of its to the configuration but caBundle (the URL is for a local operator
 Admission only computes a patch: nothing there calls the API server, so nothing there can fail a
 pod. The namespaces' key Secrets are written beside it (stepscope.operator.namespace_keys), and a
 labelled pod that got no sidecar is found by a periodic scan that posts an Event on it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,14 +38,28 @@ from stepscope.operator.injection import certs, injection
 from stepscope.operator.injection.injection import InjectionSettings, inject
 from stepscope.operator.namespace_keys import MANAGED_LABEL, NamespaceKeys
 from stepscope.operator.sessions.selection import started_without_sidecar
-from stepscope.operator.settings import INJECT_LABEL, INJECTED_ANNOTATION, INJECTION_WARNING_ANNOTATION, OperatorSettings, WebhookSettings
+from stepscope.operator.settings import (
+    INJECT_LABEL,
+    INJECTED_ANNOTATION,
+    INJECTION_WARNING_ANNOTATION,
+    OperatorSettings,
+    WebhookSettings,
+)
 
 HANDLER_ID = "inject-sidecar"
 log = logging.getLogger(__name__)
 
 
-def inject_sidecar(spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, warnings: list[str],
-                   operation: str | None = None, old: kopf.Body | None = None, **_: Any) -> None:
+def inject_sidecar(
+    spec: kopf.Spec,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    warnings: list[str],
+    operation: str | None = None,
+    old: kopf.Body | None = None,
+    **_: Any,
+) -> None:
     """Admit every pod: with the sidecar where its namespace is ready, else as it is, saying why.
     An update of a pod that was injected gets its injected env and mount back (see reinject)."""
     namespace = meta.get("namespace") or ""
@@ -68,7 +84,11 @@ def inject_sidecar(spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, memo: ko
     except Exception as exc:  # never deny: failurePolicy covers an unreachable webhook only
         log.exception("injection failed for a pod in namespace %s", namespace)
         patch.clear()
-        what = "update admitted as sent (the injected env is not put back)" if operation == "UPDATE" else "pod admitted WITHOUT the profiling sidecar"
+        what = (
+            "update admitted as sent (the injected env is not put back)"
+            if operation == "UPDATE"
+            else "pod admitted WITHOUT the profiling sidecar"
+        )
         warnings.append(f"stepscope: {what}: the webhook failed ({exc.__class__.__name__})")
 
 
@@ -100,9 +120,22 @@ def post_warning(pod: Any, reason: str, message: str) -> bool:
 def _event(pod: Any, name: str, reason: str, message: str, now: dt.datetime) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "namespace": pod.metadata.namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "namespace": pod.metadata.namespace, "uid": pod.metadata.uid},
-        "type": "Warning", "reason": reason, "message": message[:1024], "count": 1,
-        "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "stepscope-operator"}, "reportingComponent": "stepscope-operator"}
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": pod.metadata.name,
+            "namespace": pod.metadata.namespace,
+            "uid": pod.metadata.uid,
+        },
+        "type": "Warning",
+        "reason": reason,
+        "message": message[:1024],
+        "count": 1,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "source": {"component": "stepscope-operator"},
+        "reportingComponent": "stepscope-operator",
+    }
 
 
 # Bounds of the admission server (as stepscope.bounded_http's for the other endpoints): any pod can
@@ -122,8 +155,16 @@ class InjectionServer(kopf.WebhookServer):
     certificate kept in memory (kopf's own server would want certificate files, or generate one),
     and the bounds above, which kopf's server has none of."""
 
-    def __init__(self, cert: certs.ServingCert, *, max_connections: int = MAX_CONNECTIONS, max_per_peer: int = MAX_PER_PEER,
-                 connection_s: float = CONNECTION_S, grace_s: float = CONNECTION_GRACE_S, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        cert: certs.ServingCert,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        max_per_peer: int = MAX_PER_PEER,
+        connection_s: float = CONNECTION_S,
+        grace_s: float = CONNECTION_GRACE_S,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.cert = cert
         self.slots = ConnectionSlots(max_connections, max_per_peer)
@@ -145,8 +186,9 @@ class InjectionServer(kopf.WebhookServer):
         handlers = runner.server
         assert handlers is not None  # setup() made it
         port = self.port or self._allocate_free_port()
-        listener = await asyncio.get_running_loop().create_server(lambda: _Bounded(handlers(), self), self.addr or None, port,
-                                                                  ssl=context, backlog=128, reuse_address=True)
+        listener = await asyncio.get_running_loop().create_server(
+            lambda: _Bounded(handlers(), self), self.addr or None, port, ssl=context, backlog=128, reuse_address=True
+        )
         try:
             url = self._build_url("https", self.host or self._get_accessible_addr(self.addr), port, self.path or "")
             config = kopf.WebhookClientConfig(url=url)
@@ -177,8 +219,10 @@ class _Bounded(asyncio.Protocol):
             return
         self.peer = peer
         loop = asyncio.get_running_loop()
-        self.timers = [loop.call_later(self.server.connection_s, self.inner.close),
-                       loop.call_later(self.server.connection_s + self.server.grace_s, transport.abort)]
+        self.timers = [
+            loop.call_later(self.server.connection_s, self.inner.close),
+            loop.call_later(self.server.connection_s + self.server.grace_s, transport.abort),
+        ]
         self.inner.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -206,6 +250,7 @@ class _Bounded(asyncio.Protocol):
 @dataclass(frozen=True)
 class Endpoint:
     """Where the API server reaches the webhook: the chart's Service, or a URL (a local operator)."""
+
     config: str
     tls_secret: str
     service: str | None
@@ -224,7 +269,11 @@ class Endpoint:
 
     def names(self) -> list[str]:
         """The names the serving certificate is for: the Service's DNS names, the URL's host, the address."""
-        names = [f"{self.service}.{self.namespace}.svc", f"{self.service}.{self.namespace}.svc.cluster.local", self.service] if self.service else []
+        names = (
+            [f"{self.service}.{self.namespace}.svc", f"{self.service}.{self.namespace}.svc.cluster.local", self.service]
+            if self.service
+            else []
+        )
         if self.url:
             names.append(self.url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]"))
         names += [self.addr, "localhost", "127.0.0.1"]
@@ -240,8 +289,16 @@ class Endpoint:
             guard = {"op": "test", "path": f"/webhooks/{i}/name", "value": self.hook_name}
             if self.url:
                 wanted = {"url": f"{self.url.rstrip('/')}/{HANDLER_ID}", "caBundle": ca_bundle}
-                return [] if client == wanted else [guard, {"op": "add", "path": f"/webhooks/{i}/clientConfig", "value": wanted}]
-            return [] if client.get("caBundle") == ca_bundle else [guard, {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": ca_bundle}]
+                return (
+                    []
+                    if client == wanted
+                    else [guard, {"op": "add", "path": f"/webhooks/{i}/clientConfig", "value": wanted}]
+                )
+            return (
+                []
+                if client.get("caBundle") == ca_bundle
+                else [guard, {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": ca_bundle}]
+            )
         return None
 
 
@@ -264,14 +321,23 @@ class Injector:
     def keep_ca_bundle(self) -> None:
         admission = kube.admission()
         try:
-            config = kube.api_client().sanitize_for_serialization(admission.read_mutating_webhook_configuration(self.endpoint.config))
+            config = kube.api_client().sanitize_for_serialization(
+                admission.read_mutating_webhook_configuration(self.endpoint.config)
+            )
             # Cluster-scoped, so it may own the key Secrets in every namespace: `helm uninstall`
             # deletes it and the garbage collector the Secrets (no blockOwnerDeletion: no finalizer rights needed).
-            self.owner = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-                          "name": config["metadata"]["name"], "uid": config["metadata"]["uid"]}
+            self.owner = {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingWebhookConfiguration",
+                "name": config["metadata"]["name"],
+                "uid": config["metadata"]["uid"],
+            }
             ops = self.endpoint.client_config_ops(config, self.ca_bundle)
             if ops is None:
-                state = f"MutatingWebhookConfiguration {self.endpoint.config} has no webhook {self.endpoint.hook_name}: install the chart's webhook.yaml"
+                state = (
+                    f"MutatingWebhookConfiguration {self.endpoint.config} has no webhook {self.endpoint.hook_name}: "
+                    "install the chart's webhook.yaml"
+                )
             else:
                 if ops:
                     admission.patch_mutating_webhook_configuration(self.endpoint.config, ops)
@@ -279,10 +345,15 @@ class Injector:
         except ApiException as exc:
             if exc.status == 404:
                 self.owner = None
-            state = (f"MutatingWebhookConfiguration {self.endpoint.config} not found: install the chart's webhook.yaml" if exc.status == 404
-                     else f"cannot update MutatingWebhookConfiguration {self.endpoint.config}: {kube.describe(exc)}")
+            state = (
+                f"MutatingWebhookConfiguration {self.endpoint.config} not found: install the chart's webhook.yaml"
+                if exc.status == 404
+                else f"cannot update MutatingWebhookConfiguration {self.endpoint.config}: {kube.describe(exc)}"
+            )
         if state != self._config_state:
-            (log.info if state == "current" else log.warning)("webhook configuration: %s", "caBundle current" if state == "current" else state)
+            (log.info if state == "current" else log.warning)(
+                "webhook configuration: %s", "caBundle current" if state == "current" else state
+            )
             self._config_state = state
 
     # -- the namespaces' keys ---------------------------------------------------------------
@@ -290,7 +361,11 @@ class Injector:
         """Every namespace, for an operator run without --namespace (the chart always names them)."""
         if self.settings.namespaces:
             return
-        names = {ns.metadata.name for ns in kube.core().list_namespace().items if (ns.status and ns.status.phase) != "Terminating"}
+        names = {
+            ns.metadata.name
+            for ns in kube.core().list_namespace().items
+            if (ns.status and ns.status.phase) != "Terminating"
+        }
         self.namespaces = {n for n in names if self.settings.injects_into(n)}
 
     def reconcile_keys(self, everything: bool) -> None:
@@ -309,7 +384,11 @@ class Injector:
         selector = f"{INJECT_LABEL}=true"
         core = kube.core()
         if self.settings.namespaces:
-            pods = [p for ns in self.settings.namespaces for p in core.list_namespaced_pod(ns, label_selector=selector, resource_version="0").items]
+            pods = [
+                p
+                for ns in self.settings.namespaces
+                for p in core.list_namespaced_pod(ns, label_selector=selector, resource_version="0").items
+            ]
         else:
             pods = core.list_pod_for_all_namespaces(label_selector=selector, resource_version="0").items
         live = set()
@@ -318,8 +397,16 @@ class Injector:
             if pod.metadata.uid in self.reported:
                 continue
             if started_without_sidecar(pod):
-                why = self.keys.problem(pod.metadata.namespace) or "the injection webhook was not reached when it was created (operator stopped, starting or too slow; failurePolicy Ignore let it through)"
-                if post_warning(pod, "SidecarNotInjected", f"labelled {INJECT_LABEL}=true but started without the stepscope sidecar: {why}; recreate the pod to profile it"):
+                why = self.keys.problem(pod.metadata.namespace) or (
+                    "the injection webhook was not reached when it was created (operator stopped, starting or "
+                    "too slow; failurePolicy Ignore let it through)"
+                )
+                if post_warning(
+                    pod,
+                    "SidecarNotInjected",
+                    f"labelled {INJECT_LABEL}=true but started without the stepscope sidecar: {why}; recreate the "
+                    "pod to profile it",
+                ):
                     metrics.PODS_NOT_INJECTED.inc()
             elif warning := (pod.metadata.annotations or {}).get(INJECTION_WARNING_ANNOTATION):
                 post_warning(pod, "SidecarInjectionWarning", warning)
@@ -349,13 +436,24 @@ def serving_cert(endpoint: Endpoint) -> certs.ServingCert:
     one to start writes it into a Secret of its namespace, the others read it."""
     fresh = certs.generate(endpoint.names())
     core = kube.core()
-    body = {"metadata": {"name": endpoint.tls_secret, "labels": MANAGED_LABEL}, "type": "kubernetes.io/tls", "data": fresh.secret_data()}
+    body = {
+        "metadata": {"name": endpoint.tls_secret, "labels": MANAGED_LABEL},
+        "type": "kubernetes.io/tls",
+        "data": fresh.secret_data(),
+    }
     try:
-        stored = kube.create_or_get(core.create_namespaced_secret, core.read_namespaced_secret, endpoint.namespace, body)
+        stored = kube.create_or_get(
+            core.create_namespaced_secret, core.read_namespaced_secret, endpoint.namespace, body
+        )
         return certs.ServingCert.from_secret_data(stored.data)
     except (ApiException, KeyError, ValueError) as exc:  # e.g. a local run without that namespace
-        log.warning("webhook certificate not shared through Secret %s/%s (%s): this process serves its own; "
-                    "more than one replica would fight over caBundle", endpoint.namespace, endpoint.tls_secret, kube.describe(exc))
+        log.warning(
+            "webhook certificate not shared through Secret %s/%s (%s): this process serves its own; "
+            "more than one replica would fight over caBundle",
+            endpoint.namespace,
+            endpoint.tls_secret,
+            kube.describe(exc),
+        )
         return fresh
 
 
@@ -379,6 +477,8 @@ async def stop_upkeep(memo: kopf.Memo, **_: Any) -> None:
 
 def register(registry: kopf.OperatorRegistry) -> None:
     """Put the injection webhook and its upkeep into `registry`, beside the session handlers."""
-    kopf.on.mutate("v1", "pods", labels={INJECT_LABEL: "true"}, operations=["CREATE", "UPDATE"], id=HANDLER_ID, registry=registry)(inject_sidecar)
+    kopf.on.mutate(
+        "v1", "pods", labels={INJECT_LABEL: "true"}, operations=["CREATE", "UPDATE"], id=HANDLER_ID, registry=registry
+    )(inject_sidecar)
     kopf.on.startup(registry=registry)(configure_webhook)
     kopf.on.cleanup(registry=registry)(stop_upkeep)

@@ -1,5 +1,6 @@
 """The kopf handlers of ProfileSession: one daemon per session drives its lifecycle; deletion
 cancels it on every triggered sidecar before the finalizer is released."""
+
 from __future__ import annotations
 
 import asyncio
@@ -37,7 +38,14 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 
 # kopf's handler protocols type `namespace` optional (cluster-scoped resources have none) and the
 # logger as either kind: a ProfileSession always has a namespace.
-async def session_daemon(namespace: str | None, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
+async def session_daemon(
+    namespace: str | None,
+    name: str,
+    memo: kopf.Memo,
+    stopped: kopf.DaemonStopped,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    **_: Any,
+) -> None:
     assert namespace is not None
     try:
         obj = await asyncio.to_thread(kube.get_session, namespace, name)
@@ -54,8 +62,18 @@ DELETE_ATTEMPTS = 3
 DELETE_RETRY_S = 5.0
 
 
-async def cancel_on_delete(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, uid: str, namespace: str | None, name: str, retry: int,
-                           memo: kopf.Memo, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
+async def cancel_on_delete(
+    body: kopf.Body,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    uid: str,
+    namespace: str | None,
+    name: str,
+    retry: int,
+    memo: kopf.Memo,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    **_: Any,
+) -> None:
     """Cancel a session that had not ended on every sidecar the pod record lists, whatever the
     phase says: an operator stopped between writing the record and the Capturing status leaves a
     Pending session whose sidecars run. Without a readable record, it is cancelled on every selected
@@ -64,31 +82,66 @@ async def cancel_on_delete(body: kopf.Body, spec: kopf.Spec, status: kopf.Status
     errors are retried DELETE_ATTEMPTS times and each sidecar a bounded number of times."""
     assert namespace is not None
     metrics.SESSIONS.set(uid, None)
-    stops_alone = f"they stop on their own after spec.timeoutSeconds={spec.get('timeoutSeconds', SessionSpec.default_of('timeoutSeconds'))}s"
+    stops_alone = (
+        "they stop on their own after "
+        f"spec.timeoutSeconds={spec.get('timeoutSeconds', SessionSpec.default_of('timeoutSeconds'))}s"
+    )
     try:
         outcomes = await _cancel(body, spec, status, uid, namespace, name, memo.ctx)
     except Exception as exc:  # noqa: BLE001 - the API server: retried, then the session goes without the cancel
-        error = f"the API server answered {exc.status} {exc.reason}" if isinstance(exc, ApiException) else f"{exc.__class__.__name__}: {exc}"
+        error = (
+            f"the API server answered {exc.status} {exc.reason}"
+            if isinstance(exc, ApiException)
+            else f"{exc.__class__.__name__}: {exc}"
+        )
         if retry + 1 < DELETE_ATTEMPTS:
-            raise kopf.TemporaryError(f"finding the sidecars to cancel failed ({error}); retrying", delay=DELETE_RETRY_S) from None
-        kopf.warn(body, reason="CancelSkipped", message=f"the sidecars to cancel could not be found in {DELETE_ATTEMPTS} tries ({error}); {stops_alone}")
+            raise kopf.TemporaryError(
+                f"finding the sidecars to cancel failed ({error}); retrying", delay=DELETE_RETRY_S
+            ) from None
+        kopf.warn(
+            body,
+            reason="CancelSkipped",
+            message=f"the sidecars to cancel could not be found in {DELETE_ATTEMPTS} tries ({error}); {stops_alone}",
+        )
         return
     failed = [o for o in outcomes if not o.ok]
     if failed:
-        kopf.warn(body, reason="CancelUndelivered", message=f"{len(failed)} of {len(outcomes)} sidecar(s) did not answer the cancel, "
-                                                            f"e.g. pod {failed[0].target.pod}: {failed[0].error}; {stops_alone}")
-    logger.info("%s/%s deleted: cancelled on %d sidecar(s)%s", namespace, name, len(outcomes) - len(failed), f", {len(failed)} unreachable" if failed else "")
+        kopf.warn(
+            body,
+            reason="CancelUndelivered",
+            message=f"{len(failed)} of {len(outcomes)} sidecar(s) did not answer the cancel, "
+            f"e.g. pod {failed[0].target.pod}: {failed[0].error}; {stops_alone}",
+        )
+    logger.info(
+        "%s/%s deleted: cancelled on %d sidecar(s)%s",
+        namespace,
+        name,
+        len(outcomes) - len(failed),
+        f", {len(failed)} unreachable" if failed else "",
+    )
 
 
-async def _cancel(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, uid: str, namespace: str, name: str, ctx: Context) -> list[fanout.Outcome]:
+async def _cancel(
+    body: kopf.Body, spec: kopf.Spec, status: kopf.Status, uid: str, namespace: str, name: str, ctx: Context
+) -> list[fanout.Outcome]:
     if status.get("phase") in TERMINAL:
         return []  # the session ended on its sidecars already: the way to a terminal phase cancels what still ran
     try:
         record = await asyncio.to_thread(pod_record.read, namespace, name, uid)
     except pod_record.PodRecordUnreadable as exc:
-        kopf.warn(body, reason="PodRecordUnreadable", message=f"{exc}; cancelling the session on every selected sidecar")
+        kopf.warn(
+            body, reason="PodRecordUnreadable", message=f"{exc}; cancelling the session on every selected sidecar"
+        )
         record = None
-    return await cancellation.cancel(namespace, dict(spec), uid, record.triggered if record else None, ctx.settings, ctx.key_for(namespace), ctx.sidecars)
+    return await cancellation.cancel(
+        namespace,
+        dict(spec),
+        uid,
+        record.triggered if record else None,
+        ctx.settings,
+        ctx.key_for(namespace),
+        ctx.sidecars,
+    )
 
 
 def register(registry: kopf.OperatorRegistry) -> None:

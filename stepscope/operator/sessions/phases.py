@@ -4,6 +4,7 @@ message. stepscope.operator.sessions.lifecycle is the shell: it observes (lists 
 reads the analysis Job), calls `step`, and applies the actions (status writes, events, the pod
 record, cancellations, the Job). The clock is the observation's `now`, so tests drive every
 transition directly (tests/operator/test_phases.py), as operator/sessions/status.py's `aggregate`."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -12,13 +13,26 @@ from typing import Any
 
 from stepscope.operator.sessions.pod_record import PodRecord
 from stepscope.operator.sessions.selection import Target
-from stepscope.operator.sessions.status import MAX_FAILED_WORKERS, MAX_MESSAGE, WAITING, PodProgress, aggregate, failed_worker, registration_wait, unregistered, unregistered_reason
+from stepscope.operator.sessions.status import (
+    MAX_FAILED_WORKERS,
+    MAX_MESSAGE,
+    WAITING,
+    PodProgress,
+    aggregate,
+    failed_worker,
+    registration_wait,
+    unregistered,
+    unregistered_reason,
+)
 from stepscope.operator.settings import INJECT_LABEL
 
 # What a refused pod list means for the user: the answer is final, retrying cannot help.
 LIST_REFUSALS = {
     400: "fix spec.selector",
-    403: "the operator's ServiceAccount may not list pods here: add the namespace to the chart's operator.namespaces (docs/security.md)",
+    403: (
+        "the operator's ServiceAccount may not list pods here: add the namespace to the chart's operator.namespaces "
+        "(docs/security.md)"
+    ),
     422: "fix spec.selector",
 }
 
@@ -26,6 +40,7 @@ LIST_REFUSALS = {
 @dataclass(frozen=True)
 class RunState:
     """What the decisions need of a session: its spec's bounds and what happened so far."""
+
     phase: str  # status.phase ("" before the first write)
     namespace: str
     selector: str  # spec.selector as a label selector
@@ -42,9 +57,11 @@ class RunState:
 
 # -- observations -----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Listed:
     """One listing of the selected pods while Pending."""
+
     now: float
     matched: int  # pods the selector matches
     targets: tuple[Target, ...]  # those Running with a sidecar
@@ -54,6 +71,7 @@ class Listed:
 @dataclass(frozen=True)
 class ListFailed:
     """Listing the selected pods raised; `status` is the HTTP status, None for any other error."""
+
     now: float
     status: int | None
     error: str  # in words, "HTTP <status> <the API server's message>" for an API error
@@ -62,6 +80,7 @@ class ListFailed:
 @dataclass(frozen=True)
 class TriggerAnswers:
     """The sidecars' answers to the session's PUT (fanout.trigger)."""
+
     already: frozenset[str]  # pods an earlier operator process triggered
     accepted: frozenset[str]
     refused: Mapping[str, str]  # pod -> the sidecar's error
@@ -71,6 +90,7 @@ class TriggerAnswers:
 @dataclass(frozen=True)
 class Polled:
     """One round of the capture: every triggered pod's latest sidecar answer, or why it is lost."""
+
     now: float
     progress: Mapping[str, PodProgress]
 
@@ -79,6 +99,7 @@ class Polled:
 class JobSeen:
     """The analysis Job's outcome (jobs.job_outcome), or "Gone" when it was deleted; while it has
     no pod past the grace (podless_too_long), why the Job controller could not create one."""
+
     now: float
     name: str
     outcome: str
@@ -89,6 +110,7 @@ class JobSeen:
 @dataclass(frozen=True)
 class AnalysisStatus:
     """What the finished analysis Job wrote into the session's status."""
+
     outcome: str  # Succeeded or Failed (jobs.job_outcome)
     message: str  # the Job's own words
     analyzed: Mapping[str, Any]  # the Analyzed condition, {} when the Job wrote none
@@ -99,6 +121,7 @@ Observation = Listed | ListFailed | TriggerAnswers | Polled | JobSeen | Analysis
 
 
 # -- actions ----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Wait:
@@ -113,6 +136,7 @@ class Retry:
 @dataclass(frozen=True)
 class Failure:
     """End the session Failed; `reason` is a CamelCase word, the message says what to change."""
+
     reason: str
     message: str
 
@@ -120,12 +144,14 @@ class Failure:
 @dataclass(frozen=True)
 class Trigger:
     """PUT the session on these sidecars."""
+
     targets: tuple[Target, ...]
 
 
 @dataclass(frozen=True)
 class RecordPods:
     """Write the pod record, then go Capturing with this message and these failedWorkers."""
+
     pods: PodRecord
     message: str
     failed_workers: tuple[dict[str, Any], ...]
@@ -134,6 +160,7 @@ class RecordPods:
 @dataclass(frozen=True)
 class GiveUp:
     """These pods' training never registered: count them lost and cancel them on their sidecars."""
+
     pods: tuple[str, ...]
     reason: str
 
@@ -141,6 +168,7 @@ class GiveUp:
 @dataclass(frozen=True)
 class Report:
     """The capture's progress for status (the shell writes it when it changed: `progress_patch`)."""
+
     workers: dict[str, int]
     failed_workers: list[dict[str, Any]]
     waiting: str | None  # why the session waits for registrations, None when none waits
@@ -150,6 +178,7 @@ class Report:
 class Captured:
     """The capture ended with something to analyse: create the analysis Job, or, with analysis
     disabled, end Succeeded."""
+
     message: str
     analyze: bool
 
@@ -157,6 +186,7 @@ class Captured:
 @dataclass(frozen=True)
 class ReadAnalysis:
     """The Job ended: read what it wrote into the session's status."""
+
     outcome: str
     message: str
 
@@ -164,6 +194,7 @@ class ReadAnalysis:
 @dataclass(frozen=True)
 class Finish:
     """End the session Succeeded."""
+
     reason: str
     message: str
 
@@ -173,6 +204,7 @@ Action = Wait | Retry | Failure | Trigger | RecordPods | GiveUp | Report | Captu
 
 # -- the transitions --------------------------------------------------------------------------
 
+
 def timed_out(state: RunState, now: float) -> bool:
     """spec.timeoutSeconds has passed since status.startTime."""
     return state.start is not None and now - state.start > state.timeout_seconds
@@ -180,8 +212,10 @@ def timed_out(state: RunState, now: float) -> bool:
 
 def uninjected_message(pods: tuple[str, ...] | list[str]) -> str:
     more = f" and {len(pods) - 3} more" if len(pods) > 3 else ""
-    return (f"not profiled: pod(s) {', '.join(pods[:3])}{more} asked for the sidecar ({INJECT_LABEL}=true) but started without it "
-            "(see their SidecarNotInjected events); recreate them to profile them")
+    return (
+        f"not profiled: pod(s) {', '.join(pods[:3])}{more} asked for the sidecar ({INJECT_LABEL}=true) but started "
+        "without it (see their SidecarNotInjected events); recreate them to profile them"
+    )
 
 
 def step(state: RunState, obs: Observation) -> tuple[RunState, list[Action]]:
@@ -205,21 +239,37 @@ def _select(state: RunState, obs: Listed) -> list[Action]:
     since = state.start if state.start is not None else obs.now
     if obs.now - since < state.selection_grace_s:
         return [Wait()]
-    seen = f"{obs.matched} pod(s) match but none is Running with a container port named 'stepscope'" if obs.matched else "no pod matches"
+    seen = (
+        f"{obs.matched} pod(s) match but none is Running with a container port named 'stepscope'"
+        if obs.matched
+        else "no pod matches"
+    )
     if obs.uninjected:
         seen += f"; {uninjected_message(obs.uninjected)}"
-    return [Failure("NoPodsSelected", f"spec.selector ({state.selector}) selects no Running pod with a stepscope sidecar in namespace {state.namespace}: "
-                                      f"{seen}; label the training pods with stepscope.io/inject=\"true\" or fix spec.selector")]
+    return [
+        Failure(
+            "NoPodsSelected",
+            f"spec.selector ({state.selector}) selects no Running pod with a stepscope sidecar "
+            f"in namespace {state.namespace}: {seen}; "
+            'label the training pods with stepscope.io/inject="true" or fix spec.selector',
+        )
+    ]
 
 
 def _list_failed(state: RunState, obs: ListFailed) -> Action:
     """A refusal the user must fix fails the session at once; any other error is retried until
     spec.timeoutSeconds, then fails it with that error."""
     if obs.status in LIST_REFUSALS:
-        return Failure("PodsUnlistable", f"listing pods in namespace {state.namespace} with spec.selector ({state.selector}) was refused: "
-                                         f"{obs.error}; {LIST_REFUSALS[obs.status]}")
+        return Failure(
+            "PodsUnlistable",
+            f"listing pods in namespace {state.namespace} with spec.selector ({state.selector}) was refused: "
+            f"{obs.error}; {LIST_REFUSALS[obs.status]}",
+        )
     if timed_out(state, obs.now):
-        return Failure("PodsUnlistable", f"pods in namespace {state.namespace} could not be listed within spec.timeoutSeconds: {obs.error}")
+        return Failure(
+            "PodsUnlistable",
+            f"pods in namespace {state.namespace} could not be listed within spec.timeoutSeconds: {obs.error}",
+        )
     return Retry()
 
 
@@ -228,16 +278,24 @@ def _triggered(state: RunState, obs: TriggerAnswers) -> tuple[RunState, list[Act
     refused = {pod: f"trigger refused: {error}" for pod, error in obs.refused.items()}
     if not accepted:
         first = next(iter(refused.values()), "no sidecar answered")
-        return state, [Failure("TriggerFailed", f"no sidecar accepted the session ({len(refused)} tried); first error: {first}")]
-    message = (f"{len(accepted)} sidecar(s) triggered" + (f", {len(refused)} refused" if refused else "")
-               + (f"; {uninjected_message(obs.uninjected)}" if obs.uninjected else ""))
+        return state, [
+            Failure("TriggerFailed", f"no sidecar accepted the session ({len(refused)} tried); first error: {first}")
+        ]
+    message = (
+        f"{len(accepted)} sidecar(s) triggered"
+        + (f", {len(refused)} refused" if refused else "")
+        + (f"; {uninjected_message(obs.uninjected)}" if obs.uninjected else "")
+    )
     failed = tuple(failed_worker(pod, None, reason) for pod, reason in sorted(refused.items()))[:MAX_FAILED_WORKERS]
     return state, [RecordPods(PodRecord(accepted, frozenset(refused)), message, failed)]
 
 
 def _capture_timeout(state: RunState, workers: dict[str, int]) -> Failure:
-    return Failure("Timeout", f"capture did not finish within spec.timeoutSeconds={state.timeout_seconds}s; "
-                              f"{workers['uploaded']} of {workers['total']} worker(s) uploaded, kept in {state.dest}")
+    return Failure(
+        "Timeout",
+        f"capture did not finish within spec.timeoutSeconds={state.timeout_seconds}s; "
+        f"{workers['uploaded']} of {workers['total']} worker(s) uploaded, kept in {state.dest}",
+    )
 
 
 def _capture_round(state: RunState, obs: Polled) -> tuple[RunState, list[Action]]:
@@ -265,10 +323,22 @@ def _capture_round(state: RunState, obs: Polled) -> tuple[RunState, list[Action]
             return state, actions + [_capture_timeout(state, agg.workers)]
         if state.unregistered:
             more = f" (and {len(state.unregistered) - 1} more pod(s))" if len(state.unregistered) > 1 else ""
-            return state, actions + [Failure("NoTrainingProcess", f"pod {state.unregistered[0]}{more}: {unregistered_reason(state.registration_timeout_s)}")]
+            return state, actions + [
+                Failure(
+                    "NoTrainingProcess",
+                    f"pod {state.unregistered[0]}{more}: {unregistered_reason(state.registration_timeout_s)}",
+                )
+            ]
         first = agg.failed_workers[0]["reason"] if agg.failed_workers else "unknown"
-        return state, actions + [Failure("CaptureFailed", f"no worker uploaded a capture ({agg.workers['failed']} of {total} failed); first: {first}")]
-    message = f"{uploaded} of {total} worker(s) captured and uploaded" + (f"; {agg.hung} hung, their Python stacks uploaded" if agg.hung else "")
+        return state, actions + [
+            Failure(
+                "CaptureFailed",
+                f"no worker uploaded a capture ({agg.workers['failed']} of {total} failed); first: {first}",
+            )
+        ]
+    message = f"{uploaded} of {total} worker(s) captured and uploaded" + (
+        f"; {agg.hung} hung, their Python stacks uploaded" if agg.hung else ""
+    )
     return state, actions + [Captured(message, state.analysis_enabled)]
 
 
@@ -284,16 +354,24 @@ def _job_seen(state: RunState, obs: JobSeen) -> Action:
     if obs.outcome != "Running":
         return ReadAnalysis(obs.outcome, obs.message)
     if obs.failed_create:
-        return Failure("AnalysisNotStarted", f"analysis Job {obs.name} could not create its pod for {state.analysis_start_grace_s:.0f}s: "
-                                             f"{obs.failed_create[:400]}; captures are kept in {state.dest}")
+        return Failure(
+            "AnalysisNotStarted",
+            f"analysis Job {obs.name} could not create its pod for {state.analysis_start_grace_s:.0f}s: "
+            f"{obs.failed_create[:400]}; captures are kept in {state.dest}",
+        )
     if timed_out(state, obs.now):
-        return Failure("Timeout", f"analysis did not finish within spec.timeoutSeconds; captures are kept in {state.dest}")
+        return Failure(
+            "Timeout", f"analysis did not finish within spec.timeoutSeconds; captures are kept in {state.dest}"
+        )
     return Wait()
 
 
 def _analysed(obs: AnalysisStatus) -> Action:
     if obs.outcome == "Failed":
-        return Failure("AnalysisFailed", str(obs.analyzed.get("message") or obs.message) if obs.analyzed.get("status") == "False" else obs.message)
+        return Failure(
+            "AnalysisFailed",
+            str(obs.analyzed.get("message") or obs.message) if obs.analyzed.get("status") == "False" else obs.message,
+        )
     return Finish("Analyzed", obs.summary)
 
 
@@ -304,8 +382,15 @@ def progress_patch(status: Mapping[str, Any], report: Report) -> dict[str, Any] 
     waiting = report.waiting
     if waiting is None and message.startswith(WAITING):
         waiting = "every selected pod's training processes registered; capturing"
-    if report.workers == status.get("workers") and report.failed_workers == status.get("failedWorkers") and waiting in (None, message):
+    if (
+        report.workers == status.get("workers")
+        and report.failed_workers == status.get("failedWorkers")
+        and waiting in (None, message)
+    ):
         return None
-    patch = {"workers": report.workers, "failedWorkers": report.failed_workers,
-             "workersReady": f"{report.workers['captured']}/{report.workers['total']}"}
+    patch = {
+        "workers": report.workers,
+        "failedWorkers": report.failed_workers,
+        "workersReady": f"{report.workers['captured']}/{report.workers['total']}",
+    }
     return {**patch, "message": waiting[:MAX_MESSAGE]} if waiting else patch

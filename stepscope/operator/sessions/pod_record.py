@@ -8,6 +8,7 @@ hundreds of thousands of them rather than the ~4,000 of 253-character names it w
 plain text.
 
     kubectl get cm NAME -o jsonpath='{.binaryData.triggered\\.gz}' | base64 -d | gunzip"""
+
 from __future__ import annotations
 
 import base64
@@ -33,8 +34,10 @@ class PodRecordTooLarge(Exception):
     """The names do not fit in one ConfigMap; the message says what to change."""
 
     def __init__(self, pods: int, size: int, room: int) -> None:
-        super().__init__(f"the names of the {pods} selected pods take {size:,} bytes gzipped, more than the {room:,} a pod record "
-                         "(a ConfigMap) holds; narrow spec.selector or split the pods over several ProfileSessions")
+        super().__init__(
+            f"the names of the {pods} selected pods take {size:,} bytes gzipped, more than the {room:,} a pod record "
+            "(a ConfigMap) holds; narrow spec.selector or split the pods over several ProfileSessions"
+        )
 
 
 class PodRecordUnreadable(Exception):
@@ -54,8 +57,10 @@ def record_name(session: str, uid: str) -> str:
 
 
 def _packed(record: PodRecord) -> dict[str, bytes]:
-    return {key: gzip.compress("\n".join(sorted(names)).encode(), mtime=0)
-            for key, names in (("triggered.gz", record.triggered), ("refused.gz", record.refused))}
+    return {
+        key: gzip.compress("\n".join(sorted(names)).encode(), mtime=0)
+        for key, names in (("triggered.gz", record.triggered), ("refused.gz", record.refused))
+    }
 
 
 def _unpack(data: str) -> frozenset[str]:
@@ -93,9 +98,13 @@ def read(namespace: str, session: str, uid: str) -> PodRecord | None:
     try:
         record = PodRecord(_unpack(data["triggered.gz"]), _unpack(data.get("refused.gz") or ""))
     except KeyError:
-        raise PodRecordUnreadable(f"ConfigMap {name}, the list of pods this session triggered, has no binaryData triggered.gz") from None
+        raise PodRecordUnreadable(
+            f"ConfigMap {name}, the list of pods this session triggered, has no binaryData triggered.gz"
+        ) from None
     except (OSError, EOFError, zlib.error, ValueError) as exc:  # not gzip, truncated, not UTF-8
-        raise PodRecordUnreadable(f"ConfigMap {name}, the list of pods this session triggered, is unreadable: {exc}") from None
+        raise PodRecordUnreadable(
+            f"ConfigMap {name}, the list of pods this session triggered, is unreadable: {exc}"
+        ) from None
     if not record.triggered:
         raise PodRecordUnreadable(f"ConfigMap {name}, the list of pods this session triggered, lists none")
     return record
@@ -110,9 +119,17 @@ def write(namespace: str, session: str, uid: str, record: PodRecord) -> str:
     if taken > MAX_BYTES:
         raise PodRecordTooLarge(len(record.triggered | record.refused), taken, MAX_BYTES)
     data = {key: base64.b64encode(value).decode() for key, value in packed.items()}
-    body = {"apiVersion": "v1", "kind": "ConfigMap", "binaryData": data, "metadata": {
-        "name": name, "namespace": namespace, "ownerReferences": [owner_reference(session, uid)],
-        "labels": {SESSION_LABEL: session, "app.kubernetes.io/managed-by": "stepscope"}}}
+    body = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "binaryData": data,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "ownerReferences": [owner_reference(session, uid)],
+            "labels": {SESSION_LABEL: session, "app.kubernetes.io/managed-by": "stepscope"},
+        },
+    }
     core = kube.core()
     try:
         core.create_namespaced_config_map(namespace, body)

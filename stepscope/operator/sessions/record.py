@@ -1,5 +1,6 @@
 """session.json in the session's store folder: the spec snapshot and the timeline of phases, so a
 report read months later says what was asked and what happened, without the cluster."""
+
 from __future__ import annotations
 
 import json
@@ -17,12 +18,20 @@ def destination(spec: SessionSpec, namespace: str, name: str, uid: str) -> str:
     return spec.storage.uri.rstrip("/") + "/" + layout.session_prefix(namespace, name, uid)
 
 
-def open_destination(spec: SessionSpec, dest: str, credentials: dict[str, Any] | None, *, ambient_credentials: bool = False) -> Any:
+def open_destination(
+    spec: SessionSpec, dest: str, credentials: dict[str, Any] | None, *, ambient_credentials: bool = False
+) -> Any:
     """The session's folder in its store, by default with the session's credentials only, never
     the identity of the process (the operator's own cloud role)."""
     from stepscope.storage import open_store  # boto3 loads only when a session needs a store
-    return open_store(dest, endpoint=spec.storage.endpoint, region=spec.storage.region, credentials=credentials,
-                      ambient_credentials=ambient_credentials)
+
+    return open_store(
+        dest,
+        endpoint=spec.storage.endpoint,
+        region=spec.storage.region,
+        credentials=credentials,
+        ambient_credentials=ambient_credentials,
+    )
 
 
 class SessionRecord:
@@ -54,4 +63,6 @@ class SessionRecord:
         if self._timeline and self._timeline[-1].get("phase") == phase:
             return
         self._timeline.append({"time": time.time(), "phase": phase, "message": message})
-        self._store.put_bytes(layout.session_json(), json.dumps({**self._body, "timeline": self._timeline}, indent=1).encode())
+        self._store.put_bytes(
+            layout.session_json(), json.dumps({**self._body, "timeline": self._timeline}, indent=1).encode()
+        )

@@ -1,5 +1,6 @@
 """`stepscope get` (ProfileSessions as `kubectl get` lists them) and `stepscope report NAME`
 (download the session's report from the object store, print the diagnosis, optionally open it)."""
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,14 @@ def row(obj: dict[str, Any], now: dt.datetime | None = None) -> tuple[str, ...]:
     diagnosis = status.get("diagnosis") or {}
     slow = diagnosis.get("slowWorkers") or []
     summary = diagnosis.get("summary") or status.get("message") or ""
-    return (obj["metadata"]["name"], status.get("phase") or SessionPhase.PENDING, status.get("workersReady") or "-",
-            str(slow[0]["rank"]) if slow else "-", summary[:80], age(obj["metadata"]["creationTimestamp"], now))
+    return (
+        obj["metadata"]["name"],
+        status.get("phase") or SessionPhase.PENDING,
+        status.get("workersReady") or "-",
+        str(slow[0]["rank"]) if slow else "-",
+        summary[:80],
+        age(obj["metadata"]["creationTimestamp"], now),
+    )
 
 
 def format_table(rows: list[tuple[str, ...]]) -> str:
@@ -92,11 +99,15 @@ def _get(args: argparse.Namespace) -> int:
     if args.all_namespaces:
         items = api.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
     else:
-        items = api.list_namespaced_custom_object(GROUP, VERSION, args.namespace or current_namespace(), PLURAL)["items"]
+        items = api.list_namespaced_custom_object(GROUP, VERSION, args.namespace or current_namespace(), PLURAL)[
+            "items"
+        ]
     if not items:
         print("No ProfileSessions found.", file=sys.stderr)
         return 0
-    print(format_table([row(o) for o in sorted(items, key=lambda o: (o["metadata"]["namespace"], o["metadata"]["name"]))]))
+    print(
+        format_table([row(o) for o in sorted(items, key=lambda o: (o["metadata"]["namespace"], o["metadata"]["name"]))])
+    )
     return 0
 
 
@@ -108,11 +119,17 @@ def describe(diagnosis: dict[str, Any]) -> str:
         lines.append(f"step time: min {step['min']:.1f} ms, median {step['median']:.1f} ms, max {step['max']:.1f} ms")
     for w in diagnosis.get("slowWorkers") or []:
         where = " on ".join(x for x in (w.get("pod"), w.get("node")) if x)
-        lines.append(f"slow worker: rank {w['rank']}{f' ({where})' if where else ''}, {w['stepTimeMs']:.1f} ms/step, {w['slowdown']:.2f}x the median")
+        lines.append(
+            f"slow worker: rank {w['rank']}{f' ({where})' if where else ''}, {w['stepTimeMs']:.1f} ms/step, "
+            f"{w['slowdown']:.2f}x the median"
+        )
     b = diagnosis.get("breakdown")
     if b:
-        lines.append(f"breakdown: compute {b['computePct']:.1f}%, communication not overlapped {b['commNotOverlappedPct']:.1f}%, "
-                     f"overlapped {b['overlappedPct']:.1f}%, memory {b['memoryPct']:.1f}%, idle {b['idlePct']:.1f}%")
+        lines.append(
+            f"breakdown: compute {b['computePct']:.1f}%, communication not overlapped "
+            f"{b['commNotOverlappedPct']:.1f}%, "
+            f"overlapped {b['overlappedPct']:.1f}%, memory {b['memoryPct']:.1f}%, idle {b['idlePct']:.1f}%"
+        )
     for f in diagnosis.get("findings") or []:
         ranks = ",".join(map(str, f.get("ranks") or [])) or "all"
         lines.append(f"[{f['severity']}] {f['category']} (ranks {ranks}): {f['message']}")
@@ -122,7 +139,13 @@ def describe(diagnosis: dict[str, Any]) -> str:
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="ProfileSession name")
     parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's)")
-    parser.add_argument("-o", "--output", type=Path, default=None, help="folder for the downloaded report (default ./stepscope-report/NAME)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        help="folder for the downloaded report (default ./stepscope-report/NAME)",
+    )
     parser.add_argument("--open", action="store_true", help="open report/index.html in a browser")
 
 
@@ -131,11 +154,16 @@ def missing_report_reason(status: dict[str, Any]) -> str:
     phase = status.get("phase") or SessionPhase.PENDING
     artifacts = status.get("artifacts") or {}
     if phase == SessionPhase.FAILED:
-        return f"failed: {status.get('message', '')}" + (f"; its captures are in {artifacts['prefix']}" if artifacts.get("prefix") else "")
+        return f"failed: {status.get('message', '')}" + (
+            f"; its captures are in {artifacts['prefix']}" if artifacts.get("prefix") else ""
+        )
     if phase != SessionPhase.SUCCEEDED:
         return f"is {phase}; its report comes when it has Succeeded (watch: kubectl get profilesessions -w)"
     if not artifacts.get("report"):
-        return f"has no report (spec.analysis.enabled is false); its captures are in {artifacts.get('prefix', 'the store')}"
+        return (
+            "has no report (spec.analysis.enabled is false); its captures are in "
+            f"{artifacts.get('prefix', 'the store')}"
+        )
     return ""
 
 
@@ -154,9 +182,15 @@ def _report(args: argparse.Namespace) -> int:
         print(f"stepscope report: {namespace}/{args.name} {problem}", file=sys.stderr)
         return 1
     spec = SessionSpec.from_dict(obj.get("spec") or {})
-    creds = credentials.from_secret(namespace, spec.storage.credentialsSecret) if spec.storage.credentialsSecret else credentials.from_env()
+    creds = (
+        credentials.from_secret(namespace, spec.storage.credentialsSecret)
+        if spec.storage.credentialsSecret
+        else credentials.from_env()
+    )
     # The user's own command: their identity may reach the store where the Secret is not theirs to read.
-    store = open_destination(spec, destination(spec, namespace, args.name, obj["metadata"]["uid"]), creds, ambient_credentials=True)
+    store = open_destination(
+        spec, destination(spec, namespace, args.name, obj["metadata"]["uid"]), creds, ambient_credentials=True
+    )
     out = args.output or Path("stepscope-report") / args.name
     html = store.download(layout.REPORT_HTML, out / "index.html")
     diagnosis_file = store.download(layout.REPORT_DIAGNOSIS, out / "diagnosis.json")

@@ -1,5 +1,6 @@
 """Which pods a session profiles: Running pods matched by the session's label selector that run a
 sidecar, i.e. declare a container port named `stepscope` (the port tells us where it listens)."""
+
 from __future__ import annotations
 
 import re
@@ -38,7 +39,10 @@ def _label_key_problem(key: Any) -> str | None:
     if "/" in prefix or (key.count("/") == 1 and (not prefix or len(prefix) > 253 or not _PREFIX.match(prefix))):
         return "has an invalid prefix (a DNS subdomain, then '/')"
     if len(name) > 63 or not _NAME.match(name):
-        return "must be at most 63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+        return (
+            "must be at most 63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter "
+            "or digit"
+        )
     return None
 
 
@@ -48,8 +52,10 @@ def _check_label(key: Any, values: list[Any], field: str) -> None:
         raise SpecError(f"{field}: label key {key!r} {problem}")
     for value in values:
         if not isinstance(value, str) or len(value) > 63 or (value and not _NAME.match(value)):
-            raise SpecError(f"{field}: label value {value!r} of {key!r} must be at most 63 characters of letters, digits, "
-                            "'-', '_' or '.', starting and ending with a letter or digit (or empty)")
+            raise SpecError(
+                f"{field}: label value {value!r} of {key!r} must be at most 63 characters of letters, digits, "
+                "'-', '_' or '.', starting and ending with a letter or digit (or empty)"
+            )
 
 
 def label_selector(selector: dict[str, Any]) -> str:
@@ -71,9 +77,14 @@ def label_selector(selector: dict[str, Any]) -> str:
         elif op == "DoesNotExist":
             parts.append(f"!{key}")
         else:
-            raise SpecError(f"spec.selector.matchExpressions: unknown operator {op!r} on {key!r}; use In, NotIn, Exists or DoesNotExist")
+            raise SpecError(
+                f"spec.selector.matchExpressions: unknown operator {op!r} on {key!r}; use In, NotIn, Exists or "
+                "DoesNotExist"
+            )
     if not parts:
-        raise SpecError("spec.selector is empty: it would select every pod in the namespace; add matchLabels or matchExpressions")
+        raise SpecError(
+            "spec.selector is empty: it would select every pod in the namespace; add matchLabels or matchExpressions"
+        )
     return ",".join(parts)
 
 
@@ -94,7 +105,11 @@ def has_sidecar(pod: Any) -> bool:
 def started_without_sidecar(pod: Any) -> bool:
     """Whether a pod asked for the sidecar (the inject label) and was admitted without it."""
     meta = pod.metadata
-    return (meta.labels or {}).get(INJECT_LABEL) == "true" and not (meta.annotations or {}).get(INJECTED_ANNOTATION) and not has_sidecar(pod)
+    return (
+        (meta.labels or {}).get(INJECT_LABEL) == "true"
+        and not (meta.annotations or {}).get(INJECTED_ANNOTATION)
+        and not has_sidecar(pod)
+    )
 
 
 def not_injected(pods: list[Any]) -> list[str]:

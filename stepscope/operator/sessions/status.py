@@ -2,6 +2,7 @@
 sidecars, the bounded list of failed workers, conditions, and the throttle that keeps every
 session at or below one status write per second. Nothing here grows with the pod count: the
 whole status stays under 32 KiB (docs/design.md); pod names go to the session's pod record."""
+
 from __future__ import annotations
 
 import asyncio
@@ -49,10 +50,17 @@ def diagnosed_status(status: dict[str, Any], diagnosis: Any, dest: str, generati
     """The status patch of a finished analysis. The diagnosis gets what the rest of the status
     leaves of its 32 KiB (at most MAX_DIAGNOSIS_BYTES), so the whole status stays within budget."""
     summary = msgspec.to_builtins(diagnosis).get("summary", "")
-    patch = {"artifacts": artifacts(dest), "conditions": set_condition(list(status.get("conditions") or []), ConditionType.ANALYZED, True,
-                                                                      "Analyzed", summary, generation)}
+    patch = {
+        "artifacts": artifacts(dest),
+        "conditions": set_condition(
+            list(status.get("conditions") or []), ConditionType.ANALYZED, True, "Analyzed", summary, generation
+        ),
+    }
     rest = len(json.dumps({**status, **patch, "diagnosis": None}).encode())
-    return {**patch, "diagnosis": compact_diagnosis(diagnosis, min(MAX_DIAGNOSIS_BYTES, STATUS_BUDGET - rest - FINAL_WRITE_BYTES))}
+    return {
+        **patch,
+        "diagnosis": compact_diagnosis(diagnosis, min(MAX_DIAGNOSIS_BYTES, STATUS_BUDGET - rest - FINAL_WRITE_BYTES)),
+    }
 
 
 def artifacts(dest: str) -> dict[str, str]:
@@ -70,6 +78,7 @@ def parse_iso(value: str) -> float:
 @dataclass
 class PodProgress:
     """The latest answer of one pod's sidecar, or why the pod is lost."""
+
     answer: dict[str, Any] = field(default_factory=dict)
     lost: str = ""
     misses: int = 0
@@ -155,32 +164,57 @@ def registration_wait(progress: dict[str, PodProgress], timeout_s: float) -> str
     waiting = _unregistered_now(progress)
     if not waiting:
         return None
-    return (f"{WAITING} {len(waiting)} pod(s) to register with their sidecar (first: {waiting[0]}); "
-            f"a pod without any fails after spec.registrationTimeoutSeconds={timeout_s:g}s")
+    return (
+        f"{WAITING} {len(waiting)} pod(s) to register with their sidecar (first: {waiting[0]}); "
+        f"a pod without any fails after spec.registrationTimeoutSeconds={timeout_s:g}s"
+    )
 
 
 def unregistered_reason(timeout_s: float) -> str:
     """What to change when a pod's training never registered (fits a failedWorkers reason)."""
-    return (f"no training process registered with the sidecar within {timeout_s:g}s: is PYTHONPATH set to the "
-            f"bootstrap dir? does the pod carry the label {INJECT_LABEL}=\"true\"?")
+    return (
+        f"no training process registered with the sidecar within {timeout_s:g}s: is PYTHONPATH set to the "
+        f'bootstrap dir? does the pod carry the label {INJECT_LABEL}="true"?'
+    )
 
 
-def set_condition(conditions: list[dict[str, Any]], type_: str, status: bool, reason: str, message: str, generation: int | None) -> list[dict[str, Any]]:
+def set_condition(
+    conditions: list[dict[str, Any]], type_: str, status: bool, reason: str, message: str, generation: int | None
+) -> list[dict[str, Any]]:
     """Conditions with one entry replaced; lastTransitionTime moves only when the status flips."""
     value = "True" if status else "False"
     old = next((c for c in conditions if c.get("type") == type_), None)
-    since = old["lastTransitionTime"] if old and old.get("status") == value and old.get("lastTransitionTime") else now_iso()
-    new = {"type": type_, "status": value, "reason": reason, "message": message[:MAX_MESSAGE], "observedGeneration": generation, "lastTransitionTime": since}
+    since = (
+        old["lastTransitionTime"] if old and old.get("status") == value and old.get("lastTransitionTime") else now_iso()
+    )
+    new = {
+        "type": type_,
+        "status": value,
+        "reason": reason,
+        "message": message[:MAX_MESSAGE],
+        "observedGeneration": generation,
+        "lastTransitionTime": since,
+    }
     rest = [c for c in conditions if c.get("type") != type_]
-    return sorted(rest + [new], key=lambda c: CONDITION_TYPES.index(c["type"]) if c["type"] in CONDITION_TYPES else len(CONDITION_TYPES))
+    return sorted(
+        rest + [new],
+        key=lambda c: CONDITION_TYPES.index(c["type"]) if c["type"] in CONDITION_TYPES else len(CONDITION_TYPES),
+    )
 
 
 class StatusWriter:
     """Writes one session's status, never more often than `interval_s`: a write that comes too
     soon waits, so a burst of transitions is spread out rather than dropped."""
 
-    def __init__(self, namespace: str, name: str, interval_s: float, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        interval_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.namespace, self.name, self.interval_s = namespace, name, interval_s
         self._clock, self._sleep = clock, sleep
         self._last = -interval_s

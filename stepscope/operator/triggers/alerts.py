@@ -17,6 +17,7 @@ The endpoint does not act on the alert itself: it writes it into the trigger's a
 `stepscope.io/alert`, which the trigger's daemon takes at its next poll (so it works whichever
 replica answers, and an operator restart loses nothing).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -70,7 +71,7 @@ def firing_summary(payload: Any) -> str | None:
         labels, notes = alert.get("labels") or {}, alert.get("annotations") or {}
         text = notes.get("summary") or notes.get("description") or ""
         lines.append(f"{labels.get('alertname', 'alert')}" + (f": {text}" if text else ""))
-    return "; ".join(lines)[:triggers.MAX_TEXT] if lines else None
+    return "; ".join(lines)[: triggers.MAX_TEXT] if lines else None
 
 
 def authorize(path: str, headers: Mapping[str, str] | Message, key_for: Callable[[str], bytes]) -> tuple[str, str]:
@@ -81,8 +82,12 @@ def authorize(path: str, headers: Mapping[str, str] | Message, key_for: Callable
         raise AlertError(404, "POST /v1/alerts/<namespace>/<ProfileTrigger name>")
     namespace, name = match.group(1), match.group(3)
     scheme, _, token = (headers.get("Authorization") or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), alert_token(key_for(namespace)).encode()):
-        raise AlertError(401, f"missing or wrong bearer token for namespace {namespace} (see docs/security.md: the alert token)")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        token.strip().encode(), alert_token(key_for(namespace)).encode()
+    ):
+        raise AlertError(
+            401, f"missing or wrong bearer token for namespace {namespace} (see docs/security.md: the alert token)"
+        )
     return namespace, name
 
 
@@ -101,12 +106,25 @@ def receive(namespace: str, name: str, body: bytes, annotate: Callable[[str, str
 
 def annotate_trigger(namespace: str, name: str, value: str) -> None:
     """Write the alert into the trigger (a 404 when there is none: the API's answer is passed on)."""
-    kube.custom().patch_namespaced_custom_object(GROUP, VERSION, namespace, triggers.TRIGGER_PLURAL, name,
-                                                 {"metadata": {"annotations": {ALERT_ANNOTATION: value}}})
+    kube.custom().patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        triggers.TRIGGER_PLURAL,
+        name,
+        {"metadata": {"annotations": {ALERT_ANNOTATION: value}}},
+    )
 
 
-def serve(host: str, port: int, key_for: Callable[[str], bytes], *, max_connections: int = MAX_CONNECTIONS,
-          max_per_peer: int = MAX_PER_PEER, deadline_s: float = DEADLINE_S) -> BoundedHTTPServer:
+def serve(
+    host: str,
+    port: int,
+    key_for: Callable[[str], bytes],
+    *,
+    max_connections: int = MAX_CONNECTIONS,
+    max_per_peer: int = MAX_PER_PEER,
+    deadline_s: float = DEADLINE_S,
+) -> BoundedHTTPServer:
     """Serve the endpoint from a daemon thread; returns the server (its port when 0 was asked)."""
 
     class Handler(BoundedHandler):
@@ -117,7 +135,9 @@ def serve(host: str, port: int, key_for: Callable[[str], bytes], *, max_connecti
                 self.send_json(202 if answer["fired"] else 200, answer)
             except AlertError as exc:
                 if exc.status == 401:
-                    self.server.refusals.warning("alerts endpoint: refused %.200s from %s: %s", self.path, self.client_address[0], exc.message)
+                    self.server.refusals.warning(
+                        "alerts endpoint: refused %.200s from %s: %s", self.path, self.client_address[0], exc.message
+                    )
                 self.refuse(Refused(exc.status, exc.message))
             except Refused as exc:
                 self.refuse(exc)
@@ -129,7 +149,13 @@ def serve(host: str, port: int, key_for: Callable[[str], bytes], *, max_connecti
                     log.warning("alert for %s not taken: %s", self.path, kube.describe(exc))
                     self.send_json(503, {"error": f"not taken, retry: {kube.describe(exc)}"})
 
-    server = BoundedHTTPServer((host, port), Handler, max_connections=max_connections, max_per_peer=max_per_peer,
-                               deadline_s=deadline_s, refusals=RateLimitedLog(log))
+    server = BoundedHTTPServer(
+        (host, port),
+        Handler,
+        max_connections=max_connections,
+        max_per_peer=max_per_peer,
+        deadline_s=deadline_s,
+        refusals=RateLimitedLog(log),
+    )
     threading.Thread(target=server.serve_forever, name="stepscope-alerts", daemon=True).start()
     return server

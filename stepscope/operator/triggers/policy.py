@@ -5,6 +5,7 @@ trigger resource promises on top: which conditions are on, alerts fired from Ale
 cooldown and the hourly cap, the name and body of each ProfileSession it creates, and the status
 that says why. No I/O and no clock: stepscope.operator.triggers.daemon polls and writes.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -29,9 +30,11 @@ MAX_TEXT = 1024
 
 LEARNING, WATCHING, COOLING_DOWN, CAPPED, SUSPENDED, INVALID = TriggerState
 
+
 @dataclass(frozen=True)
 class Policy:
     """What the trigger's spec asks for, in the units detection works in."""
+
     name: str
     conditions: detection.Conditions = detection.Conditions()
     enabled: frozenset[str] = frozenset({detection.SLOWDOWN, detection.DIVERGENCE, detection.HANG})
@@ -45,18 +48,33 @@ class Policy:
         for what a spec leaves out, a SpecError (a ValueError) naming what the schema refuses."""
         c = (trigger := TriggerSpec.from_dict(dict(spec), "spec")).conditions
         conditions = detection.Conditions(
-            slowdown_factor=c.stepTime.factor, sustained_s=c.stepTime.sustainedSeconds, baseline_window_s=60.0 * c.stepTime.baselineMinutes,
-            divergence_factor=c.rankDivergence.factor, divergence_sustained_s=c.rankDivergence.sustainedSeconds,
-            hang_after_s=c.hang.noStepSeconds)
-        on = {detection.SLOWDOWN: c.stepTime.enabled, detection.DIVERGENCE: c.rankDivergence.enabled, detection.HANG: c.hang.enabled}
-        return cls(name, conditions, frozenset(k for k, v in on.items() if v), float(trigger.cooldownSeconds), trigger.maxSessionsPerHour,
-                   trigger.suspend)
+            slowdown_factor=c.stepTime.factor,
+            sustained_s=c.stepTime.sustainedSeconds,
+            baseline_window_s=60.0 * c.stepTime.baselineMinutes,
+            divergence_factor=c.rankDivergence.factor,
+            divergence_sustained_s=c.rankDivergence.sustainedSeconds,
+            hang_after_s=c.hang.noStepSeconds,
+        )
+        on = {
+            detection.SLOWDOWN: c.stepTime.enabled,
+            detection.DIVERGENCE: c.rankDivergence.enabled,
+            detection.HANG: c.hang.enabled,
+        }
+        return cls(
+            name,
+            conditions,
+            frozenset(k for k, v in on.items() if v),
+            float(trigger.cooldownSeconds),
+            trigger.maxSessionsPerHour,
+            trigger.suspend,
+        )
 
 
 @dataclass(frozen=True)
 class Fired:
     """A fire of the trigger (status.lastFired); one that created a session is also a
     status.recentSessions entry."""
+
     time: float
     condition: str
     reason: str
@@ -90,6 +108,7 @@ class CreateSession:
 @dataclass(frozen=True)
 class HoldBack:
     """A fire that created no session, and why (an Event; the status' lastFired)."""
+
     condition: str
     reason: str
     why: str
@@ -102,15 +121,17 @@ def session_name(trigger: str, time: float) -> str:
     """`<trigger>-<yyyymmddhhmmss>` (UTC): sorted by time in `kubectl get ps`, and a person finds
     the trigger in it. Cut to the 253 characters of an object name."""
     stamp = dt.datetime.fromtimestamp(time, dt.UTC).strftime("%Y%m%d%H%M%S")
-    return f"{trigger[:253 - len(stamp) - 1].rstrip('-.')}-{stamp}"
+    return f"{trigger[: 253 - len(stamp) - 1].rstrip('-.')}-{stamp}"
 
 
 def _held_by(state: State, policy: Policy, now: float) -> str | None:
     if policy.suspended:
         return "the trigger is suspended (spec.suspend)"
     if state.recent and now - state.recent[0].time < policy.cooldown_s:
-        return (f"cooling down: {state.recent[0].session} was created {now - state.recent[0].time:.0f} s ago "
-                f"(spec.cooldownSeconds={policy.cooldown_s:g})")
+        return (
+            f"cooling down: {state.recent[0].session} was created {now - state.recent[0].time:.0f} s ago "
+            f"(spec.cooldownSeconds={policy.cooldown_s:g})"
+        )
     in_hour = sum(1 for c in state.recent if now - c.time < HOUR_S)
     if in_hour >= policy.max_per_hour:
         return f"capped: {in_hour} session(s) created in the last hour (spec.maxSessionsPerHour={policy.max_per_hour})"
@@ -138,8 +159,9 @@ def step(state: State, observation: Observation, policy: Policy) -> tuple[State,
         return replace(state, last_fired=Fired(now, condition, reason, ranks, None)), [HoldBack(condition, reason, why)]
     name = session_name(policy.name, now)
     fired = Fired(now, condition, reason, ranks, name)
-    return replace(state, recent=(fired, *state.recent)[:MAX_RECENT], sessions_created=state.sessions_created + 1,
-                   last_fired=fired), [CreateSession(name, condition, reason, ranks)]
+    return replace(
+        state, recent=(fired, *state.recent)[:MAX_RECENT], sessions_created=state.sessions_created + 1, last_fired=fired
+    ), [CreateSession(name, condition, reason, ranks)]
 
 
 def phase(state: State, policy: Policy, now: float) -> str:
@@ -170,25 +192,49 @@ def status_fields(state: State, policy: Policy, now: float) -> dict[str, Any]:
     fields: dict[str, Any] = {
         "state": phase(state, policy, now),
         "baseline": {"stepTimeSeconds": state.detection.baseline},
-        "current": {"stepTimeRatio": current.get(detection.SLOWDOWN), "rankDivergenceRatio": current.get(detection.DIVERGENCE),
-                    "secondsSinceStep": current.get(detection.HANG)},
+        "current": {
+            "stepTimeRatio": current.get(detection.SLOWDOWN),
+            "rankDivergenceRatio": current.get(detection.DIVERGENCE),
+            "secondsSinceStep": current.get(detection.HANG),
+        },
         "sessionsCreated": state.sessions_created,
-        "recentSessions": [{"name": f.session, "time": _iso(f.time), "condition": f.condition, "reason": f.reason} for f in state.recent],
+        "recentSessions": [
+            {"name": f.session, "time": _iso(f.time), "condition": f.condition, "reason": f.reason}
+            for f in state.recent
+        ],
     }
     if state.last_fired is not None:
         f = state.last_fired
-        fields["lastFired"] = {"time": _iso(f.time), "condition": f.condition, "reason": f.reason, "ranks": list(f.ranks), "session": f.session}
+        fields["lastFired"] = {
+            "time": _iso(f.time),
+            "condition": f.condition,
+            "reason": f.reason,
+            "ranks": list(f.ranks),
+            "session": f.session,
+        }
     return fields
 
 
 def restored(status: Mapping[str, Any]) -> State:
     """The state an operator (re)starting finds in a trigger's status: the sessions it created (so
     the cooldown and the cap hold across restarts), not the baseline, which it learns again."""
-    recent = tuple(Fired(_unix(c["time"]), str(c.get("condition", "")), str(c.get("reason", "")), (), str(c.get("name", "")))
-                   for c in status.get("recentSessions") or () if c.get("time"))
+    recent = tuple(
+        Fired(_unix(c["time"]), str(c.get("condition", "")), str(c.get("reason", "")), (), str(c.get("name", "")))
+        for c in status.get("recentSessions") or ()
+        if c.get("time")
+    )
     last = status.get("lastFired") or {}
-    last_fired = Fired(_unix(last["time"]), str(last.get("condition", "")), str(last.get("reason", "")),
-                           tuple(int(r) for r in last.get("ranks") or ()), last.get("session")) if last.get("time") else None
+    last_fired = (
+        Fired(
+            _unix(last["time"]),
+            str(last.get("condition", "")),
+            str(last.get("reason", "")),
+            tuple(int(r) for r in last.get("ranks") or ()),
+            last.get("session"),
+        )
+        if last.get("time")
+        else None
+    )
     return State(recent=recent, sessions_created=int(status.get("sessionsCreated") or 0), last_fired=last_fired)
 
 
@@ -200,12 +246,25 @@ def session_body(trigger: Mapping[str, Any], action: CreateSession) -> dict[str,
     labels = {"app.kubernetes.io/managed-by": "stepscope"}
     if len(meta["name"]) <= 63:  # a label value's limit; longer trigger names are found by the session's name
         labels[TRIGGER_LABEL] = meta["name"]
-    owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": TRIGGER_KIND, "name": meta["name"], "uid": meta["uid"],
-             "controller": True, "blockOwnerDeletion": True}
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
-            "metadata": {"name": action.name, "labels": labels, "ownerReferences": [owner],
-                         "annotations": {REASON_ANNOTATION: f"{action.condition}: {action.reason}"[:MAX_TEXT]}},
-            "spec": {**_template(spec), "selector": dict(spec["selector"])}}
+    owner = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": TRIGGER_KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {
+            "name": action.name,
+            "labels": labels,
+            "ownerReferences": [owner],
+            "annotations": {REASON_ANNOTATION: f"{action.condition}: {action.reason}"[:MAX_TEXT]},
+        },
+        "spec": {**_template(spec), "selector": dict(spec["selector"])},
+    }
 
 
 def _template(spec: Mapping[str, Any]) -> dict[str, Any]:

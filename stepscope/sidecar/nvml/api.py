@@ -5,6 +5,7 @@ real GPU (pynvml_backend.PynvmlBackend), on the deterministic simulation the tes
 (stepscope/testing/nvml/simulated.py), or on a recording. The field ids, clock-event bits and file columns are the
 core's (stepscope.gpu_sample_file), shared with the analysis that reads the file.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

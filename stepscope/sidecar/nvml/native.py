@@ -8,6 +8,7 @@ utilization.
 The library is built by `make` (or the Dockerfile) from sidecar/nvml/fast_sampler.c with the machine's
 C compiler; without it, or with STEPSCOPE_NATIVE_SAMPLER=0, everything runs in Python.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -25,33 +26,70 @@ from stepscope.sidecar.settings import native_sampler
 log = logging.getLogger(__name__)
 
 LIBRARY = Path(__file__).with_name("_fast_sampler.so")
-READS = ("clocks", "clock_reasons", "field_values", "power", "temperature", "memory_used")  # fast_sampler.c's READ_* order
+READS = (
+    "clocks",
+    "clock_reasons",
+    "field_values",
+    "power",
+    "temperature",
+    "memory_used",
+)  # fast_sampler.c's READ_* order
 SPIN_BELOW_US = 1000
 
 
 class FieldValue(ctypes.Structure):
     """nvmlFieldValue_t; the value union as its 8 raw bytes (the C side reads it by valueType)."""
-    _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint), ("timestamp", ctypes.c_longlong),
-                ("latencyUsec", ctypes.c_longlong), ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
-                ("value", ctypes.c_ulonglong)]
+
+    _fields_ = [
+        ("fieldId", ctypes.c_uint),
+        ("scopeId", ctypes.c_uint),
+        ("timestamp", ctypes.c_longlong),
+        ("latencyUsec", ctypes.c_longlong),
+        ("valueType", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", ctypes.c_ulonglong),
+    ]
 
 
 class _Gpu(ctypes.Structure):
-    _fields_ = [("device", ctypes.c_void_p), ("label", ctypes.c_double), ("fields", ctypes.POINTER(FieldValue)),
-                ("unsupported", ctypes.c_int)]
+    _fields_ = [
+        ("device", ctypes.c_void_p),
+        ("label", ctypes.c_double),
+        ("fields", ctypes.POINTER(FieldValue)),
+        ("unsupported", ctypes.c_int),
+    ]
 
 
 class _Sampler(ctypes.Structure):
-    _fields_ = [("clock_info", ctypes.c_void_p), ("reasons", ctypes.c_void_p), ("field_values", ctypes.c_void_p),
-                ("power", ctypes.c_void_p), ("temperature", ctypes.c_void_p), ("memory", ctypes.c_void_p),
-                ("gpus", ctypes.POINTER(_Gpu)), ("n_gpus", ctypes.c_int), ("n_fields", ctypes.c_int),
-                ("interval_ns", ctypes.c_int64), ("epoch_offset_ns", ctypes.c_int64), ("spin_below_ns", ctypes.c_int64),
-                ("slow_period_ns", ctypes.c_int64),
-                ("ring", ctypes.POINTER(ctypes.c_double)), ("row_doubles", ctypes.c_int64), ("capacity", ctypes.c_int64),
-                ("col_clocks", ctypes.c_int), ("col_fields", ctypes.c_int), ("col_slow", ctypes.c_int), ("stop", ctypes.c_int),
-                ("rows", ctypes.c_int64), ("rounds", ctypes.c_int64), ("dropped", ctypes.c_int64),
-                ("cpu_s", ctypes.c_double), ("wall_s", ctypes.c_double), ("errors", ctypes.c_int64 * len(READS)),
-                ("thread", ctypes.c_ulong)]
+    _fields_ = [
+        ("clock_info", ctypes.c_void_p),
+        ("reasons", ctypes.c_void_p),
+        ("field_values", ctypes.c_void_p),
+        ("power", ctypes.c_void_p),
+        ("temperature", ctypes.c_void_p),
+        ("memory", ctypes.c_void_p),
+        ("gpus", ctypes.POINTER(_Gpu)),
+        ("n_gpus", ctypes.c_int),
+        ("n_fields", ctypes.c_int),
+        ("interval_ns", ctypes.c_int64),
+        ("epoch_offset_ns", ctypes.c_int64),
+        ("spin_below_ns", ctypes.c_int64),
+        ("slow_period_ns", ctypes.c_int64),
+        ("ring", ctypes.POINTER(ctypes.c_double)),
+        ("row_doubles", ctypes.c_int64),
+        ("capacity", ctypes.c_int64),
+        ("col_clocks", ctypes.c_int),
+        ("col_fields", ctypes.c_int),
+        ("col_slow", ctypes.c_int),
+        ("stop", ctypes.c_int),
+        ("rows", ctypes.c_int64),
+        ("rounds", ctypes.c_int64),
+        ("dropped", ctypes.c_int64),
+        ("cpu_s", ctypes.c_double),
+        ("wall_s", ctypes.c_double),
+        ("errors", ctypes.c_int64 * len(READS)),
+        ("thread", ctypes.c_ulong),
+    ]
 
 
 @dataclass
@@ -61,6 +99,7 @@ class NativeReads:
     nvmlDeviceGetPowerUsage, nvmlDeviceGetTemperature, nvmlDeviceGetMemoryInfo), one device handle
     per GPU (DeviceInfo.index order), and objects the handles point into, which must live as long
     as the sampling does."""
+
     clock_info: int
     reasons: int
     field_values: int
@@ -100,8 +139,18 @@ class FastTier:
     recorder's ring layout). start() begins at once; stop() joins the thread and returns the
     number of rows written (the ring keeps the newest `len(ring)`)."""
 
-    def __init__(self, lib: ctypes.CDLL, reads: NativeReads, labels: Sequence[int], fields: Sequence[tuple[int, int]],
-                 interval_us: int, slow_period_us: int, epoch_offset_ns: int, ring: np.ndarray, columns: dict[str, int]) -> None:
+    def __init__(
+        self,
+        lib: ctypes.CDLL,
+        reads: NativeReads,
+        labels: Sequence[int],
+        fields: Sequence[tuple[int, int]],
+        interval_us: int,
+        slow_period_us: int,
+        epoch_offset_ns: int,
+        ring: np.ndarray,
+        columns: dict[str, int],
+    ) -> None:
         self._lib = lib
         self._reads = reads
         self._ring = ring

@@ -3,6 +3,7 @@
 Only a real GPU exercises this module (tests/sidecar/nvml marks those tests `gpu`). pynvml is imported
 when a backend is made, so the rest of the sidecar imports without it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -66,7 +67,9 @@ class PynvmlBackend:
         with self._errors:
             pynvml.nvmlInit()
         try:
-            self._handles, self._devices = self._resolve(visible_device_ids(device_visibility() if env is None else env))
+            self._handles, self._devices = self._resolve(
+                visible_device_ids(device_visibility() if env is None else env)
+            )
             self._index_of_uuid = {d.uuid: d.index for d in self._devices}
             self._events = self._register_xid_events()
             with self._errors:
@@ -86,8 +89,10 @@ class PynvmlBackend:
             chosen = []
             for ident in wanted:
                 if ident.upper().startswith("MIG-"):
-                    raise BackendError(f"{ident} is a MIG instance: NVML reads clocks, power and link counters per GPU, not per "
-                                       "instance, and the GPU is shared with other instances, so stepscope samples whole GPUs only")
+                    raise BackendError(
+                        f"{ident} is a MIG instance: NVML reads clocks, power and link counters per GPU, not per "
+                        "instance, and the GPU is shared with other instances, so stepscope samples whole GPUs only"
+                    )
                 if ident.isdigit() and int(ident) < len(handles):
                     chosen.append(int(ident))
                     continue
@@ -137,9 +142,11 @@ class PynvmlBackend:
             if error.value != nv.NVML_ERROR_FUNCTION_NOT_FOUND:
                 raise
             reasons = nv._nvmlGetFunctionPointer("nvmlDeviceGetCurrentClocksThrottleReasons")
-        return (_Prepared(clock, ctypes.c_uint(), handle, ctypes.c_uint(nv.NVML_CLOCK_SM)),
-                _Prepared(clock, ctypes.c_uint(), handle, ctypes.c_uint(nv.NVML_CLOCK_MEM)),
-                _Prepared(reasons, ctypes.c_ulonglong(), handle))
+        return (
+            _Prepared(clock, ctypes.c_uint(), handle, ctypes.c_uint(nv.NVML_CLOCK_SM)),
+            _Prepared(clock, ctypes.c_uint(), handle, ctypes.c_uint(nv.NVML_CLOCK_MEM)),
+            _Prepared(reasons, ctypes.c_ulonglong(), handle),
+        )
 
     def clocks_mhz(self, gpu: int) -> tuple[float, float]:
         sm, mem, _ = self._clock_calls[gpu]
@@ -208,8 +215,14 @@ class PynvmlBackend:
         _, _, reasons = self._clock_calls[0]
         lookup = self._nvml._nvmlGetFunctionPointer
         try:
-            pointers: tuple[Any, ...] = (lookup("nvmlDeviceGetClockInfo"), reasons._function, lookup("nvmlDeviceGetFieldValues"),
-                                         lookup("nvmlDeviceGetPowerUsage"), lookup("nvmlDeviceGetTemperature"), lookup("nvmlDeviceGetMemoryInfo"))
+            pointers: tuple[Any, ...] = (
+                lookup("nvmlDeviceGetClockInfo"),
+                reasons._function,
+                lookup("nvmlDeviceGetFieldValues"),
+                lookup("nvmlDeviceGetPowerUsage"),
+                lookup("nvmlDeviceGetTemperature"),
+                lookup("nvmlDeviceGetMemoryInfo"),
+            )
             functions = [ctypes.cast(f, ctypes.c_void_p).value or 0 for f in pointers]
             devices = [ctypes.cast(handle, ctypes.c_void_p).value or 0 for handle in self._handles]
         except (AttributeError, TypeError, ctypes.ArgumentError, self._nvml.NVMLError):
@@ -217,7 +230,16 @@ class PynvmlBackend:
         if not all(functions) or not all(devices):
             return None
         clock_info, clock_reasons, field_values, power, temperature, memory_info = functions
-        return NativeReads(clock_info, clock_reasons, field_values, power, temperature, memory_info, devices=devices, keep_alive=self._handles)
+        return NativeReads(
+            clock_info,
+            clock_reasons,
+            field_values,
+            power,
+            temperature,
+            memory_info,
+            devices=devices,
+            keep_alive=self._handles,
+        )
 
     def xid_events(self) -> list[tuple[int, int]]:
         nv = self._nvml
@@ -257,7 +279,9 @@ class _Errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         if isinstance(error, self._nv.NVMLError):
             raise self.convert(error) from error
 
@@ -292,7 +316,9 @@ class _FieldReader:
         self._array = (nv.c_nvmlFieldValue_t * len(fields))()
         for slot, (field_id, scope_id) in zip(self._array, fields):
             slot.fieldId, slot.scopeId = field_id, scope_id
-        self.call = _Prepared(nv._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues"), self._array, handle, ctypes.c_int32(len(fields)))
+        self.call = _Prepared(
+            nv._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues"), self._array, handle, ctypes.c_int32(len(fields))
+        )
         self._heads = struct.Struct("=" + (_FIELD_HEAD + "8x") * len(fields))
         self._expect((-1,) * len(fields))  # no type yet: the first read builds the real format
 

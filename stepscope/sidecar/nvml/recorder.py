@@ -28,6 +28,7 @@ Three tiers, so that the work of a round stays what must be fresh at that rate:
   buffers (nvmlDeviceGetSamples, rows at the driver's own timestamps) and XID events: both queue
   up in the driver, so reading them less often loses nothing but the XID row's time resolution.
 """
+
 from __future__ import annotations
 
 import logging
@@ -68,6 +69,7 @@ _FIELDS, _CLOCKS, _REASONS, _POWER, _TEMPERATURE, _MEMORY, _UTILIZATION = range(
 class Schedule(NamedTuple):
     """Where the sampler thread is in its schedule (perf_counter_ns): the next round's deadline,
     when the slow tier and the buffer reads are due next, the interval, and what it achieved."""
+
     deadline: int
     next_slow: int
     next_buffers: int
@@ -120,6 +122,7 @@ def refine_late_wake(late_wake_ns: float, asked_ns: float, slept_ns: int) -> flo
 @dataclass
 class RecorderStats:
     """What one capture window achieved; `dropped` counts deadlines skipped after an overrun."""
+
     interval_us: int
     gpus: int = 0
     rounds: int = 0
@@ -145,10 +148,12 @@ class RecorderStats:
 
     def describe(self) -> str:
         errors = ", ".join(f"{k}: {v}" for k, v in sorted(self.errors.items())) or "none"
-        return (f"{self.rounds} rounds over {self.gpus} GPU(s) in {self.wall_s:.2f} s: {self.achieved_hz:.0f}/s of "
-                f"{self.asked_hz:.0f}/s asked ({100 * self.achieved_ratio:.0f} %), {self.dropped} dropped, "
-                f"sampler CPU {100 * self.cpu_s / self.wall_s if self.wall_s else 0:.1f} % of a core "
-                f"({'native fast tier' if self.native else 'Python'}), errors: {errors}")
+        return (
+            f"{self.rounds} rounds over {self.gpus} GPU(s) in {self.wall_s:.2f} s: {self.achieved_hz:.0f}/s of "
+            f"{self.asked_hz:.0f}/s asked ({100 * self.achieved_ratio:.0f} %), {self.dropped} dropped, "
+            f"sampler CPU {100 * self.cpu_s / self.wall_s if self.wall_s else 0:.1f} % of a core "
+            f"({'native fast tier' if self.native else 'Python'}), errors: {errors}"
+        )
 
 
 class MetricsRecorder:
@@ -168,8 +173,15 @@ class MetricsRecorder:
     every-round tier runs in a C thread into a ring of its own, and this one keeps the others.
     """
 
-    def __init__(self, backend: NvmlBackend, interval_us: int, margin_s: float = 1.0, *, buffer_mib: float = 128.0,
-                 native: bool = True) -> None:
+    def __init__(
+        self,
+        backend: NvmlBackend,
+        interval_us: int,
+        margin_s: float = 1.0,
+        *,
+        buffer_mib: float = 128.0,
+        native: bool = True,
+    ) -> None:
         if interval_us < MIN_INTERVAL_US:
             raise ValueError(f"interval_us must be >= {MIN_INTERVAL_US}, got {interval_us}")
         if margin_s < 0:
@@ -203,9 +215,21 @@ class MetricsRecorder:
         backend = self.backend
         # Per GPU, the backend methods each slot (_FIELDS...) is read with; _failed() replaces a
         # method the GPU does not support, so it is asked once and the hot loop checks nothing.
-        self._calls: list[tuple[int, list[Callable[..., Any]]]] = [(device.index, [backend.field_values, backend.clocks_mhz, backend.clock_event_reasons, backend.power_w,
-                                       backend.temperature_c, backend.memory_used_bytes, backend.utilization])
-                       for device in self._devices]
+        self._calls: list[tuple[int, list[Callable[..., Any]]]] = [
+            (
+                device.index,
+                [
+                    backend.field_values,
+                    backend.clocks_mhz,
+                    backend.clock_event_reasons,
+                    backend.power_w,
+                    backend.temperature_c,
+                    backend.memory_used_bytes,
+                    backend.utilization,
+                ],
+            )
+            for device in self._devices
+        ]
         # A ring of rows packed as float64, allocated once: memory stays fixed however long the
         # ranks wait for their steps, and what it gives up when full is the oldest, pre-capture part.
         packer = struct.Struct(f"{len(self._columns)}d")
@@ -227,7 +251,9 @@ class MetricsRecorder:
         self._thread = threading.Thread(target=self._run, name="stepscope-nvml", daemon=True)
         self._thread.start()
 
-    def stop(self, out_path: Path, *, window_us: tuple[float, float] | None = None, gpus: Mapping[str, int] | None = None) -> Path:
+    def stop(
+        self, out_path: Path, *, window_us: tuple[float, float] | None = None, gpus: Mapping[str, int] | None = None
+    ) -> Path:
         if self._thread is None:
             raise RuntimeError("MetricsRecorder.stop() without start()")
         self._stopping.wait(self.margin_s)
@@ -261,8 +287,17 @@ class MetricsRecorder:
             if reads is None:
                 return None
             ring = np.zeros((rows, len(self._columns)))
-            tier = nvml_native.FastTier(lib, reads, [d.index for d in self._devices], self._fields, self.interval_us,
-                                        SLOW_PERIOD_US, self._epoch_offset_ns, ring, self._slot)
+            tier = nvml_native.FastTier(
+                lib,
+                reads,
+                [d.index for d in self._devices],
+                self._fields,
+                self.interval_us,
+                SLOW_PERIOD_US,
+                self._epoch_offset_ns,
+                ring,
+                self._slot,
+            )
             tier.start()
         except Exception as error:  # noqa: BLE001 - sampling goes on in Python
             self._log_once("native", "NVML sampler: the native fast tier did not start (%s); sampling in Python", error)
@@ -315,7 +350,9 @@ class MetricsRecorder:
             sample_round(slow)
             if buffers:
                 self._read_buffers()
-            schedule = after_round(schedule, clock(), slow, buffers, self._native is not None and bool(self._util_polled))
+            schedule = after_round(
+                schedule, clock(), slow, buffers, self._native is not None and bool(self._util_polled)
+            )
         self._read_buffers()  # what queued up since the last read
         self.stats.rounds, self.stats.dropped = schedule.rounds, schedule.dropped
         self.stats.wall_s = (clock() - wall0) / 1e9
@@ -353,7 +390,14 @@ class MetricsRecorder:
         for gpu, calls in self._calls:
             utilization = self._polled_utilization(gpu, calls)
             if utilization is not None:
-                self._append({"ts_us": self._now_us(), "gpu": gpu, "gpu_util_pct": utilization[0], "mem_util_pct": utilization[1]})
+                self._append(
+                    {
+                        "ts_us": self._now_us(),
+                        "gpu": gpu,
+                        "gpu_util_pct": utilization[0],
+                        "mem_util_pct": utilization[1],
+                    }
+                )
 
     def _slow_values(self, gpu: int, calls: list[Callable[..., Any]]) -> tuple[float, ...]:
         """Power, temperature, memory used (MiB), GPU and memory utilization where polled."""
@@ -388,7 +432,13 @@ class MetricsRecorder:
             if error.not_supported:
                 # The driver keeps no sample buffer here: poll nvmlDeviceGetUtilizationRates instead.
                 self._util_polled.add(key)
-                self._log_once(f"utilization_samples:{gpu}:{kind}", "GPU %d: no %s utilization sample buffer (%s); polling it", gpu, kind, error)
+                self._log_once(
+                    f"utilization_samples:{gpu}:{kind}",
+                    "GPU %d: no %s utilization sample buffer (%s); polling it",
+                    gpu,
+                    kind,
+                    error,
+                )
                 return
             self._count_error("utilization_samples", error)
             return
@@ -425,7 +475,9 @@ class MetricsRecorder:
         except Exception as error:  # noqa: BLE001 - a sampler thread must survive any backend bug
             return self._failed(calls, slot, name, gpu, error, default)
 
-    def _failed(self, calls: list[Callable[..., Any]], slot: int, name: str, gpu: int, error: Exception, default: T) -> T:
+    def _failed(
+        self, calls: list[Callable[..., Any]], slot: int, name: str, gpu: int, error: Exception, default: T
+    ) -> T:
         """What a failed read records: `default` (not measured); counted and logged once, or, when
         the GPU does not support the metric, never asked again."""
         if isinstance(error, BackendError) and error.not_supported:
@@ -460,11 +512,16 @@ class MetricsRecorder:
         self._no_fields = [NAN] * len(spec)
         return [(fid, scope) for _, fid, scope in spec]
 
-    def _frame(self, window_us: tuple[float, float] | None, gpus: Mapping[str, int] | None, native_rows: int) -> pd.DataFrame:
+    def _frame(
+        self, window_us: tuple[float, float] | None, gpus: Mapping[str, int] | None, native_rows: int
+    ) -> pd.DataFrame:
         values = np.concatenate([self._kept(self._ring, self._rows), self._kept(self._native_ring, native_rows)])
         if self.stats.overwritten_rows:
-            log.warning("GPU metrics ring buffer (%d MiB) came round: the oldest %d rows were given up",
-                        self.buffer_bytes >> 20, self.stats.overwritten_rows)
+            log.warning(
+                "GPU metrics ring buffer (%d MiB) came round: the oldest %d rows were given up",
+                self.buffer_bytes >> 20,
+                self.stats.overwritten_rows,
+            )
         frame = pd.DataFrame(values, columns=list(self._ring_columns))[list(self._columns)]
         if window_us is not None:
             margin = self.margin_s * 1e6
@@ -494,8 +551,12 @@ class MetricsRecorder:
         label = {d.index: wanted[_bare_uuid(d.uuid)] for d in self._devices if _bare_uuid(d.uuid) in wanted}
         missing = sorted(set(wanted) - {_bare_uuid(d.uuid) for d in self._devices})
         if missing:
-            self._log_once("gpus:missing", "GPU(s) %s of the pod's ranks are not among the GPUs NVML shows this sidecar; "
-                                           "their hardware metrics are missing", ", ".join(missing))
+            self._log_once(
+                "gpus:missing",
+                "GPU(s) %s of the pod's ranks are not among the GPUs NVML shows this sidecar; "
+                "their hardware metrics are missing",
+                ", ".join(missing),
+            )
         frame = frame[frame["gpu"].isin(list(label))]
         return frame.assign(gpu=frame["gpu"].map(label).astype(float))
 

@@ -28,6 +28,7 @@ Not done: validating webhooks, the `authorizer` variable of matchConditions, CEL
 reinvocation, webhooks on other resources or operations (DELETE, CONNECT, subresources), dryRun
 (the server refuses dryRun), the v1beta1 review version, client certificates.
 """
+
 from __future__ import annotations
 
 import base64
@@ -54,8 +55,12 @@ def _matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
         return False
     for expr in selector.get("matchExpressions") or []:
         key, op, values = expr["key"], expr["operator"], expr.get("values") or []
-        ok = {"In": key in labels and labels[key] in values, "NotIn": key not in labels or labels[key] not in values,
-              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
         if not ok:
             return False
     return True
@@ -64,16 +69,25 @@ def _matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
 def _rule_matches(rules: list[dict[str, Any]], operation: str) -> bool:
     def has(values: list[str] | None, value: str) -> bool:
         return any(v in ("*", value) for v in values or [])
-    return any(has(r.get("apiGroups"), "") and has(r.get("apiVersions"), "v1") and has(r.get("resources"), "pods")
-               and has(r.get("operations"), operation) for r in rules or [])
+
+    return any(
+        has(r.get("apiGroups"), "")
+        and has(r.get("apiVersions"), "v1")
+        and has(r.get("resources"), "pods")
+        and has(r.get("operations"), operation)
+        for r in rules or []
+    )
 
 
 def _conditions_hold(hook: dict[str, Any], review: dict[str, Any]) -> bool:
     """The webhook's matchConditions on this request; raises CallFailed when one fails to evaluate
     and none is false (the API server then applies failurePolicy)."""
     request = review["request"]
-    activation = {"object": celpy.json_to_cel(request["object"]), "oldObject": celpy.json_to_cel(request["oldObject"]),
-                  "request": celpy.json_to_cel({k: v for k, v in request.items() if k not in ("object", "oldObject")})}
+    activation = {
+        "object": celpy.json_to_cel(request["object"]),
+        "oldObject": celpy.json_to_cel(request["oldObject"]),
+        "request": celpy.json_to_cel({k: v for k, v in request.items() if k not in ("object", "oldObject")}),
+    }
     failed = []
     for condition in hook.get("matchConditions") or []:
         try:
@@ -94,8 +108,10 @@ def _significant(pod: dict[str, Any], old: dict[str, Any] | None) -> bool:
     changes the number of (init) containers or an image."""
     if old is None:
         return True
+
     def images(p: dict[str, Any], field: str) -> list[Any]:
         return [c.get("image") for c in (p.get("spec") or {}).get(field) or []]
+
     return any(images(pod, f) != images(old, f) for f in ("containers", "initContainers"))
 
 
@@ -103,7 +119,9 @@ class CallFailed(Exception):
     pass
 
 
-async def _call(hook: dict[str, Any], review: dict[str, Any], service_endpoints: dict[tuple[str, str], tuple[str, int]]) -> dict[str, Any]:
+async def _call(
+    hook: dict[str, Any], review: dict[str, Any], service_endpoints: dict[tuple[str, str], tuple[str, int]]
+) -> dict[str, Any]:
     client = hook.get("clientConfig") or {}
     # Without caBundle the API server trusts the system roots, which never sign a webhook's own CA:
     # a context that trusts nothing fails the same way.
@@ -136,8 +154,14 @@ async def _call(hook: dict[str, Any], review: dict[str, Any], service_endpoints:
     return response
 
 
-async def admit_pod(store: Any, namespace: str, pod: dict[str, Any], service_endpoints: dict[tuple[str, str], tuple[str, int]],
-                    user: str, old: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+async def admit_pod(
+    store: Any,
+    namespace: str,
+    pod: dict[str, Any],
+    service_endpoints: dict[tuple[str, str], tuple[str, int]],
+    user: str,
+    old: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
     """The pod after the mutating webhooks and Pod Security admission, and the warnings for the
     client; an update (UPDATE) when the stored pod `old` is given, else a create (CREATE)."""
     operation = "CREATE" if old is None else "UPDATE"
@@ -152,17 +176,33 @@ async def admit_pod(store: Any, namespace: str, pod: dict[str, Any], service_end
     for config in configs:
         for hook in config.get("webhooks") or []:
             selected = _matches(hook.get("objectSelector"), pod["metadata"].get("labels") or {}) or (
-                old is not None and _matches(hook.get("objectSelector"), old_labels))
-            if not (_rule_matches(hook.get("rules"), operation) and selected and _matches(hook.get("namespaceSelector"), ns_labels)):
+                old is not None and _matches(hook.get("objectSelector"), old_labels)
+            )
+            if not (
+                _rule_matches(hook.get("rules"), operation)
+                and selected
+                and _matches(hook.get("namespaceSelector"), ns_labels)
+            ):
                 continue
-            review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                      "request": {"uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                                  "resource": {"group": "", "version": "v1", "resource": "pods"},
-                                  "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-                                  "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-                                  "name": pod["metadata"].get("name", ""), "namespace": namespace, "operation": operation,
-                                  "userInfo": {"username": user}, "object": pod, "oldObject": old, "dryRun": False,
-                                  "options": {"apiVersion": "meta.k8s.io/v1", "kind": f"{operation.title()}Options"}}}
+            review = {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {
+                    "uid": str(uuid.uuid4()),
+                    "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+                    "name": pod["metadata"].get("name", ""),
+                    "namespace": namespace,
+                    "operation": operation,
+                    "userInfo": {"username": user},
+                    "object": pod,
+                    "oldObject": old,
+                    "dryRun": False,
+                    "options": {"apiVersion": "meta.k8s.io/v1", "kind": f"{operation.title()}Options"},
+                },
+            }
             try:
                 if not _conditions_hold(hook, review):
                     continue
@@ -174,17 +214,25 @@ async def admit_pod(store: Any, namespace: str, pod: dict[str, Any], service_end
             except (CallFailed, jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, ValueError) as e:
                 if hook.get("failurePolicy", "Fail") == "Ignore":
                     continue  # the API server only logs it
-                raise errors.ApiError(500, "InternalError", f'Internal error occurred: failed calling webhook "{hook["name"]}": {e}') from None
+                raise errors.ApiError(
+                    500, "InternalError", f'Internal error occurred: failed calling webhook "{hook["name"]}": {e}'
+                ) from None
             warnings += [str(w) for w in response.get("warnings") or []]
             if not response.get("allowed"):
                 status = response.get("status") or {}
-                raise errors.ApiError(int(status.get("code") or 400), status.get("reason") or "BadRequest",
-                                      f'admission webhook "{hook["name"]}" denied the request: {status.get("message", "")}')
+                raise errors.ApiError(
+                    int(status.get("code") or 400),
+                    status.get("reason") or "BadRequest",
+                    f'admission webhook "{hook["name"]}" denied the request: {status.get("message", "")}',
+                )
     level = ns_labels.get("pod-security.kubernetes.io/enforce")
     if level and _significant(pod, old):
         problems = pod_security.violations(pod, level)
         if problems:
             name = pod["metadata"].get("name") or pod["metadata"].get("generateName", "")
-            raise errors.ApiError(403, "Forbidden", f'pods "{name}" is forbidden: violates PodSecurity "{level}:latest": {", ".join(problems)}')
+            raise errors.ApiError(
+                403,
+                "Forbidden",
+                f'pods "{name}" is forbidden: violates PodSecurity "{level}:latest": {", ".join(problems)}',
+            )
     return pod, warnings
-

@@ -21,6 +21,7 @@ library, not the API server's (no Kubernetes extension libraries such as `quanti
 (kube-apiserver validates the defaulted object, so `has()` of a defaulted field differs).
 Writes to subresources (status) and DELETE are not checked.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -42,9 +43,13 @@ def _has(values: list[str] | None, value: str) -> bool:
 def matches(policy: dict[str, Any], request: dict[str, Any]) -> bool:
     """Whether the policy's matchConstraints.resourceRules select the request."""
     res = request["resource"]
-    return any(_has(r.get("apiGroups"), res["group"]) and _has(r.get("apiVersions"), res["version"])
-               and _has(r.get("resources"), res["resource"]) and _has(r.get("operations"), request["operation"])
-               for r in (policy.get("spec", {}).get("matchConstraints") or {}).get("resourceRules") or [])
+    return any(
+        _has(r.get("apiGroups"), res["group"])
+        and _has(r.get("apiVersions"), res["version"])
+        and _has(r.get("resources"), res["resource"])
+        and _has(r.get("operations"), request["operation"])
+        for r in (policy.get("spec", {}).get("matchConstraints") or {}).get("resourceRules") or []
+    )
 
 
 def _evaluate(expression: str, activation: dict[str, Any]) -> Any:
@@ -62,9 +67,11 @@ def refusals(policy: dict[str, Any], request: dict[str, Any]) -> list[str] | Non
         return None
     fail = spec.get("failurePolicy", "Fail") == "Fail"
     activation: dict[str, Any] = {
-        "object": celpy.json_to_cel(request.get("object")), "oldObject": celpy.json_to_cel(request.get("oldObject")),
+        "object": celpy.json_to_cel(request.get("object")),
+        "oldObject": celpy.json_to_cel(request.get("oldObject")),
         "request": celpy.json_to_cel({k: v for k, v in request.items() if k not in ("object", "oldObject")}),
-        "variables": celtypes.MapType({})}
+        "variables": celtypes.MapType({}),
+    }
     try:
         for condition in spec.get("matchConditions") or []:
             if not _evaluate(condition["expression"], activation):
@@ -98,8 +105,20 @@ def admit(policies: list[dict[str, Any]], bindings: list[dict[str, Any]], reques
         failed = refusals(policy, request)
         if not failed:
             continue
-        reason = next((v.get("reason") for v in policy["spec"].get("validations") or [] if v.get("message") == failed[0]), None) or "Invalid"
-        what = request["resource"]["resource"] + (f".{request['resource']['group']}" if request["resource"]["group"] else "")
-        raise errors.ApiError(CODES.get(reason, 422), reason,
-                              f'{what} "{request.get("name") or ""}" is forbidden: ValidatingAdmissionPolicy \'{policy["metadata"]["name"]}\' '
-                              f"with binding '{binding['metadata']['name']}' denied request: {failed[0]}")
+        reason = (
+            next(
+                (v.get("reason") for v in policy["spec"].get("validations") or [] if v.get("message") == failed[0]),
+                None,
+            )
+            or "Invalid"
+        )
+        what = request["resource"]["resource"] + (
+            f".{request['resource']['group']}" if request["resource"]["group"] else ""
+        )
+        raise errors.ApiError(
+            CODES.get(reason, 422),
+            reason,
+            f'{what} "{request.get("name") or ""}" is forbidden: ValidatingAdmissionPolicy '
+            f"'{policy['metadata']['name']}' "
+            f"with binding '{binding['metadata']['name']}' denied request: {failed[0]}",
+        )

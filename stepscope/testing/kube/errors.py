@@ -1,4 +1,5 @@
 """Failures answered as the API server's `Status` objects (same codes, reasons and shapes)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,8 +14,15 @@ class ApiError(Exception):
         self.details = details or {}
 
     def status(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                                "message": self.message, "reason": self.reason, "code": self.code}
+        body: dict[str, Any] = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
         if self.details:
             body["details"] = self.details
         return body
@@ -22,22 +30,27 @@ class ApiError(Exception):
 
 def not_found(kind_group: str, name: str) -> ApiError:
     resource, _, group = kind_group.partition(".")
-    return ApiError(404, "NotFound", f'{kind_group} "{name}" not found',
-                    {"name": name, "group": group, "kind": resource})
+    return ApiError(
+        404, "NotFound", f'{kind_group} "{name}" not found', {"name": name, "group": group, "kind": resource}
+    )
 
 
 def already_exists(kind_group: str, name: str) -> ApiError:
     resource, _, group = kind_group.partition(".")
-    return ApiError(409, "AlreadyExists", f'{kind_group} "{name}" already exists',
-                    {"name": name, "group": group, "kind": resource})
+    return ApiError(
+        409, "AlreadyExists", f'{kind_group} "{name}" already exists', {"name": name, "group": group, "kind": resource}
+    )
 
 
 def conflict(kind_group: str, name: str) -> ApiError:
     resource, _, group = kind_group.partition(".")
-    return ApiError(409, "Conflict",
-                    f'Operation cannot be fulfilled on {kind_group} "{name}": the object has been modified; '
-                    "please apply your changes to the latest version and try again",
-                    {"name": name, "group": group, "kind": resource})
+    return ApiError(
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {kind_group} "{name}": the object has been modified; '
+        "please apply your changes to the latest version and try again",
+        {"name": name, "group": group, "kind": resource},
+    )
 
 
 def bad_request(message: str) -> ApiError:
@@ -45,9 +58,15 @@ def bad_request(message: str) -> ApiError:
 
 
 # field.ErrorType: the reason of a cause, from the words its message starts with.
-CAUSE_REASONS = {"Forbidden": "FieldValueForbidden", "Required value": "FieldValueRequired", "Duplicate value": "FieldValueDuplicate",
-                 "Unsupported value": "FieldValueNotSupported", "Too long": "FieldValueTooLong", "Too many": "FieldValueTooMany",
-                 "Not found": "FieldValueNotFound"}
+CAUSE_REASONS = {
+    "Forbidden": "FieldValueForbidden",
+    "Required value": "FieldValueRequired",
+    "Duplicate value": "FieldValueDuplicate",
+    "Unsupported value": "FieldValueNotSupported",
+    "Too long": "FieldValueTooLong",
+    "Too many": "FieldValueTooMany",
+    "Not found": "FieldValueNotFound",
+}
 
 
 def cause_reason(message: str) -> str:
@@ -59,6 +78,14 @@ def invalid(kind: str, group: str, name: str, causes: list[tuple[str, str]]) -> 
     qualified = f"{kind}.{group}" if group else kind
     parts = [f"{field}: {message}" if field else message for field, message in causes]
     text = parts[0] if len(parts) == 1 else "[" + ", ".join(parts) + "]"
-    return ApiError(422, "Invalid", f'{qualified} "{name}" is invalid: {text}',
-                    {"name": name, "group": group, "kind": kind,
-                     "causes": [{"reason": cause_reason(m), "message": m, "field": f} for f, m in causes]})
+    return ApiError(
+        422,
+        "Invalid",
+        f'{qualified} "{name}" is invalid: {text}',
+        {
+            "name": name,
+            "group": group,
+            "kind": kind,
+            "causes": [{"reason": cause_reason(m), "message": m, "field": f} for f, m in causes],
+        },
+    )

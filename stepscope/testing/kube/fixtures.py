@@ -1,7 +1,8 @@
 """pytest fixtures for the test API server. Use them from any test folder with
 
-    from stepscope.testing.kube.fixtures import kube  # noqa: F401  (in that folder's conftest.py)
+from stepscope.testing.kube.fixtures import kube  # noqa: F401  (in that folder's conftest.py)
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -38,7 +39,9 @@ class Kube:
         return self.server.write_kubeconfig(self.workdir / f"kubeconfig-{namespace}-{name}", namespace, token)
 
     def service_account_client(self, namespace: str, name: str) -> kubernetes.client.ApiClient:
-        return kubernetes.config.new_client_from_config(config_file=str(self.service_account_kubeconfig(namespace, name)))
+        return kubernetes.config.new_client_from_config(
+            config_file=str(self.service_account_kubeconfig(namespace, name))
+        )
 
     def create_namespace(self, name: str) -> None:
         kubernetes.client.CoreV1Api(self.api_client).create_namespace({"metadata": {"name": name}})

@@ -1,6 +1,7 @@
 """What the API server checks on every object (name, labels, annotations, owner references) and
 on the built-in fields stepscope writes (pod containers and env, Job names), with its wording:
 these are the mistakes an operator makes that only a real cluster would otherwise catch."""
+
 from __future__ import annotations
 
 import json
@@ -15,11 +16,16 @@ DNS1123_SUBDOMAIN = rf"{DNS1123_LABEL}(\.{DNS1123_LABEL})*"
 LABEL_VALUE = r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"
 QUALIFIED_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
 ENV_NAME = r"[-._a-zA-Z][-._a-zA-Z0-9]*"
-SUBDOMAIN_TEXT = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must "
-                  "start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
-                  f"'{DNS1123_SUBDOMAIN}')")
-LABEL_TEXT = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and "
-              f"end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '{DNS1123_LABEL}')")
+SUBDOMAIN_TEXT = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must "
+    "start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
+    f"'{DNS1123_SUBDOMAIN}')"
+)
+LABEL_TEXT = (
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and "
+    "end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is "
+    f"'{DNS1123_LABEL}')"
+)
 # Kinds whose names must be RFC 1123 labels rather than subdomains.
 LABEL_NAMED = {("", "Namespace"), ("", "Service")}
 # RBAC names are path segments ("system:discovery" is fine).
@@ -30,14 +36,20 @@ MAX_ANNOTATIONS_BYTES = 256 * 1024
 def _name_causes(t: ResourceType, name: str) -> list[Cause]:
     if t.group == "rbac.authorization.k8s.io" and t.kind in PATH_SEGMENT_NAMED:
         bad = name in (".", "..") or "/" in name or "%" in name
-        return [("metadata.name", f'Invalid value: "{name}": may not contain \'/\' or \'%\'')] if bad else []
+        return [("metadata.name", f"Invalid value: \"{name}\": may not contain '/' or '%'")] if bad else []
     if (t.group, t.kind) in LABEL_NAMED:
         if len(name) > 63:
             return [("metadata.name", f'Invalid value: "{name}": must be no more than 63 characters')]
-        return [] if re.fullmatch(DNS1123_LABEL, name) else [("metadata.name", f'Invalid value: "{name}": {LABEL_TEXT}')]
+        return (
+            [] if re.fullmatch(DNS1123_LABEL, name) else [("metadata.name", f'Invalid value: "{name}": {LABEL_TEXT}')]
+        )
     if len(name) > 253:
         return [("metadata.name", f'Invalid value: "{name}": must be no more than 253 characters')]
-    return [] if re.fullmatch(DNS1123_SUBDOMAIN, name) else [("metadata.name", f'Invalid value: "{name}": {SUBDOMAIN_TEXT}')]
+    return (
+        []
+        if re.fullmatch(DNS1123_SUBDOMAIN, name)
+        else [("metadata.name", f'Invalid value: "{name}": {SUBDOMAIN_TEXT}')]
+    )
 
 
 def _key_causes(field: str, key: str) -> list[Cause]:
@@ -46,8 +58,13 @@ def _key_causes(field: str, key: str) -> list[Cause]:
     if prefix and (len(prefix) > 253 or not re.fullmatch(DNS1123_SUBDOMAIN, prefix)):
         causes.append((field, f'Invalid value: "{key}": prefix part {SUBDOMAIN_TEXT}'))
     if len(name) > 63 or not re.fullmatch(QUALIFIED_NAME, name):
-        causes.append((field, f'Invalid value: "{key}": name part must consist of alphanumeric characters, \'-\', \'_\' or '
-                              "'.', and must start and end with an alphanumeric character and be no more than 63 characters"))
+        causes.append(
+            (
+                field,
+                f"Invalid value: \"{key}\": name part must consist of alphanumeric characters, '-', '_' or "
+                "'.', and must start and end with an alphanumeric character and be no more than 63 characters",
+            )
+        )
     return causes
 
 
@@ -57,8 +74,13 @@ def label_value_causes(field: str, value: Any) -> list[Cause]:
     if len(value) > 63:
         return [(field, f'Invalid value: "{value}": must be no more than 63 characters')]
     if not re.fullmatch(LABEL_VALUE, value):
-        return [(field, f'Invalid value: "{value}": a valid label must be an empty string or consist of alphanumeric '
-                        "characters, '-', '_' or '.', and must start and end with an alphanumeric character")]
+        return [
+            (
+                field,
+                f'Invalid value: "{value}": a valid label must be an empty string or consist of alphanumeric '
+                "characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+            )
+        ]
     return []
 
 
@@ -89,8 +111,14 @@ def _container_causes(path: str, containers: list[dict[str, Any]]) -> list[Cause
             causes.append((f"{path}[{n}].image", "Required value"))
         for m, env in enumerate(container.get("env") or []):
             if not re.fullmatch(ENV_NAME, env.get("name", "")):
-                causes.append((f"{path}[{n}].env[{m}].name", f'Invalid value: "{env.get("name", "")}": a valid environment '
-                               "variable name must consist of alphabetic characters, digits, '_', '-', or '.', and must not start with a digit"))
+                causes.append(
+                    (
+                        f"{path}[{n}].env[{m}].name",
+                        f'Invalid value: "{env.get("name", "")}": a valid environment '
+                        "variable name must consist of alphabetic characters, digits, '_', '-', or '.', and must "
+                        "not start with a digit",
+                    )
+                )
     names = [c.get("name") for c in containers]
     causes += [(f"{path}[{n}].name", f'Duplicate value: "{name}"') for n, name in enumerate(names) if name in names[:n]]
     return causes
@@ -99,9 +127,15 @@ def _container_causes(path: str, containers: list[dict[str, Any]]) -> list[Cause
 def pod_spec_causes(path: str, spec: dict[str, Any]) -> list[Cause]:
     if not spec.get("containers"):
         return [(f"{path}.containers", "Required value")]
-    causes = _container_causes(f"{path}.containers", spec["containers"]) + _container_causes(f"{path}.initContainers", spec.get("initContainers") or [])
+    causes = _container_causes(f"{path}.containers", spec["containers"]) + _container_causes(
+        f"{path}.initContainers", spec.get("initContainers") or []
+    )
     volumes = [v.get("name") for v in spec.get("volumes") or []]
-    causes += [(f"{path}.volumes[{n}].name", f'Duplicate value: "{name}"') for n, name in enumerate(volumes) if name in volumes[:n]]
+    causes += [
+        (f"{path}.volumes[{n}].name", f'Duplicate value: "{name}"')
+        for n, name in enumerate(volumes)
+        if name in volumes[:n]
+    ]
     return causes
 
 
@@ -123,9 +157,13 @@ def builtin_causes(t: ResourceType, obj: dict[str, Any]) -> list[Cause]:
 # What ValidatePodUpdate (pkg/apis/core/validation) lets an update of pods/<name> change in the
 # spec; anything else is refused with this list (the real message follows it with a unified diff
 # of its internal spec as JSON).
-UPDATABLE_POD_SPEC_FIELDS = ("`spec.containers[*].image`", "`spec.initContainers[*].image`", "`spec.activeDeadlineSeconds`",
-                             "`spec.tolerations` (only additions to existing tolerations)",
-                             "`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)")
+UPDATABLE_POD_SPEC_FIELDS = (
+    "`spec.containers[*].image`",
+    "`spec.initContainers[*].image`",
+    "`spec.activeDeadlineSeconds`",
+    "`spec.tolerations` (only additions to existing tolerations)",
+    "`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
+)
 
 
 def _spec_diff(old: dict[str, Any], new: dict[str, Any]) -> str:
@@ -134,7 +172,10 @@ def _spec_diff(old: dict[str, Any], new: dict[str, Any]) -> str:
     lines = []
     for key in sorted(set(old) | set(new)):
         if old.get(key) != new.get(key):
-            lines += [f"- {key}: {json.dumps(old.get(key), sort_keys=True)}", f"+ {key}: {json.dumps(new.get(key), sort_keys=True)}"]
+            lines += [
+                f"- {key}: {json.dumps(old.get(key), sort_keys=True)}",
+                f"+ {key}: {json.dumps(new.get(key), sort_keys=True)}",
+            ]
     return "\n".join(lines)
 
 
@@ -152,17 +193,34 @@ def pod_update_causes(new: dict[str, Any], old: dict[str, Any]) -> list[Cause]:
         causes += [(f"spec.{field}[{n}].image", "Required value") for n, c in enumerate(now) if not c.get("image")]
     deadline, old_deadline = spec.get("activeDeadlineSeconds"), before.get("activeDeadlineSeconds")
     if deadline is None and old_deadline is not None:
-        causes.append(("spec.activeDeadlineSeconds", "Invalid value: \"null\": must not update from a positive integer to nil value"))
+        causes.append(
+            (
+                "spec.activeDeadlineSeconds",
+                'Invalid value: "null": must not update from a positive integer to nil value',
+            )
+        )
     elif deadline is not None and old_deadline is not None and old_deadline < deadline:
-        return causes + [("spec.activeDeadlineSeconds", f"Invalid value: {deadline}: must be less than or equal to previous value")]
+        return causes + [
+            ("spec.activeDeadlineSeconds", f"Invalid value: {deadline}: must be less than or equal to previous value")
+        ]
+
     def without_seconds(toleration: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in toleration.items() if k != "tolerationSeconds"}
+
     tolerations = [without_seconds(t) for t in spec.get("tolerations") or []]
     if any(without_seconds(t) not in tolerations for t in before.get("tolerations") or []):
-        causes.append(("spec.tolerations", "Forbidden: existing toleration can not be modified except its tolerationSeconds"))
+        causes.append(
+            ("spec.tolerations", "Forbidden: existing toleration can not be modified except its tolerationSeconds")
+        )
     old_gates = {g.get("name") for g in before.get("schedulingGates") or []}
-    causes += [(f"spec.schedulingGates[{n}].name", f"Forbidden: only deletion is allowed, but found new scheduling gate '{g.get('name')}'")
-               for n, g in enumerate(spec.get("schedulingGates") or []) if g.get("name") not in old_gates]
+    causes += [
+        (
+            f"spec.schedulingGates[{n}].name",
+            f"Forbidden: only deletion is allowed, but found new scheduling gate '{g.get('name')}'",
+        )
+        for n, g in enumerate(spec.get("schedulingGates") or [])
+        if g.get("name") not in old_gates
+    ]
     if spec == before:
         return causes
     munged = json.loads(json.dumps(spec))
@@ -177,6 +235,11 @@ def pod_update_causes(new: dict[str, Any], old: dict[str, Any]) -> list[Cause]:
     if grace is not None and grace < 0 and munged.get("terminationGracePeriodSeconds") == 1:
         munged["terminationGracePeriodSeconds"] = grace
     if munged != before:
-        causes.append(("spec", f"Forbidden: pod updates may not change fields other than {','.join(UPDATABLE_POD_SPEC_FIELDS)}\n"
-                               + _spec_diff(before, munged)))
+        causes.append(
+            (
+                "spec",
+                f"Forbidden: pod updates may not change fields other than {','.join(UPDATABLE_POD_SPEC_FIELDS)}\n"
+                + _spec_diff(before, munged),
+            )
+        )
     return causes

@@ -1,5 +1,6 @@
 """JSON merge patch (RFC 7386), JSON patch (RFC 6902) and the part of strategic merge patch that
 the fields stepscope touches need: lists of containers, env, volumes, ... merged by their key."""
+
 from __future__ import annotations
 
 import copy
@@ -16,10 +17,19 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 # Field name -> merge key, as the `patchMergeKey` tags of the built-in types say. Field names are
 # unique enough across the types served here; `ports` differs between containers and services.
 MERGE_KEYS = {
-    "containers": "name", "initContainers": "name", "ephemeralContainers": "name", "env": "name",
-    "volumes": "name", "volumeMounts": "mountPath", "volumeDevices": "devicePath",
-    "imagePullSecrets": "name", "conditions": "type", "ownerReferences": "uid", "webhooks": "name",
-    "hostAliases": "ip", "topologySpreadConstraints": "topologyKey",
+    "containers": "name",
+    "initContainers": "name",
+    "ephemeralContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "volumeDevices": "devicePath",
+    "imagePullSecrets": "name",
+    "conditions": "type",
+    "ownerReferences": "uid",
+    "webhooks": "name",
+    "hostAliases": "ip",
+    "topologySpreadConstraints": "topologyKey",
 }
 # Lists of scalars with patchStrategy=merge: the patch adds to them.
 PRIMITIVE_MERGE = {"finalizers"}
@@ -71,7 +81,9 @@ def _merge_list(field: str, current: Any, patch: list[Any]) -> list[Any]:
         return _without_directives(patch)
     result = current
     for item in patch:
-        index = next((n for n, old in enumerate(result) if isinstance(old, dict) and old.get(key) == item.get(key)), None)
+        index = next(
+            (n for n, old in enumerate(result) if isinstance(old, dict) and old.get(key) == item.get(key)), None
+        )
         if item.get("$patch") == "delete":
             if index is not None:
                 result.pop(index)
@@ -111,5 +123,9 @@ def apply_patch(content_type: str, target: dict[str, Any], patch: Any, *, builti
         return json_patch(target, patch)
     if kind == STRATEGIC_MERGE_PATCH and builtin:
         return strategic_merge_patch(target, patch)
-    raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - accepted media "
-                   f"types include: {JSON_PATCH}, {MERGE_PATCH}" + (f", {STRATEGIC_MERGE_PATCH}" if builtin else ""))
+    raise ApiError(
+        415,
+        "UnsupportedMediaType",
+        f"the body of the request was in an unknown format - accepted media "
+        f"types include: {JSON_PATCH}, {MERGE_PATCH}" + (f", {STRATEGIC_MERGE_PATCH}" if builtin else ""),
+    )

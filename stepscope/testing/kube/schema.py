@@ -2,6 +2,7 @@
 pruning of unknown fields, defaulting, OpenAPI v3 value validation and the CEL rules in
 `x-kubernetes-validations`, with the API server's error wording. Also the structural-schema
 and rule-compilation checks the API server runs when a CRD is created."""
+
 from __future__ import annotations
 
 import copy
@@ -139,7 +140,9 @@ def _list_causes(value: list[Any], schema: Schema, path: str) -> list[Cause]:
     if "maxItems" in schema and len(value) > schema["maxItems"]:
         causes.append((path, f"Too many: {len(value)}: must have at most {schema['maxItems']} items"))
     if "minItems" in schema and len(value) < schema["minItems"]:
-        causes.append((path, f"Invalid value: {len(value)}: {path} in body should have at least {schema['minItems']} items"))
+        causes.append(
+            (path, f"Invalid value: {len(value)}: {path} in body should have at least {schema['minItems']} items")
+        )
     list_type = schema.get("x-kubernetes-list-type")
     if list_type in ("set", "map"):
         keys = schema.get("x-kubernetes-list-map-keys", [])
@@ -147,7 +150,11 @@ def _list_causes(value: list[Any], schema: Schema, path: str) -> list[Cause]:
         for n, item in enumerate(value):
             key = tuple(item.get(k) for k in keys) if list_type == "map" and isinstance(item, dict) else item
             if key in seen:
-                shown = _shown(item) if list_type == "set" else "{" + ", ".join(f'"{k}":{_shown(v)}' for k, v in zip(keys, key)) + "}"
+                shown = (
+                    _shown(item)
+                    if list_type == "set"
+                    else "{" + ", ".join(f'"{k}":{_shown(v)}' for k, v in zip(keys, key)) + "}"
+                )
                 causes.append((f"{path}[{n}]", f"Duplicate value: {shown}"))
             seen.append(key)
     return causes
@@ -155,13 +162,17 @@ def _list_causes(value: list[Any], schema: Schema, path: str) -> list[Cause]:
 
 def validate_value(value: Any, schema: Schema, path: str = "", root: bool = False) -> list[Cause]:
     if value is None:
-        return [] if schema.get("nullable") else [(path, f"Invalid value: \"null\": {path} in body must be of type {schema.get('type')}: \"null\"")]
+        return (
+            []
+            if schema.get("nullable")
+            else [(path, f'Invalid value: "null": {path} in body must be of type {schema.get("type")}: "null"')]
+        )
     kind = schema.get("type")
     if kind and not _type_ok(value, kind):
         if schema.get("x-kubernetes-int-or-string") and isinstance(value, (int, str)):
             return []
         actual = {dict: "object", list: "array", str: "string", bool: "boolean"}.get(type(value), "number")
-        return [(path, f"Invalid value: {_shown(value)}: {path} in body must be of type {kind}: \"{actual}\"")]
+        return [(path, f'Invalid value: {_shown(value)}: {path} in body must be of type {kind}: "{actual}"')]
     causes: list[Cause] = []
     if "enum" in schema and value not in schema["enum"]:
         supported = ", ".join(_shown(v) for v in schema["enum"])
@@ -172,11 +183,23 @@ def validate_value(value: Any, schema: Schema, path: str = "", root: bool = Fals
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             causes.append((path, f"Too long: may not be more than {schema['maxLength']} bytes"))
         if "minLength" in schema and len(value) < schema["minLength"]:
-            causes.append((path, f"Invalid value: {_shown(value)}: {path} in body should be at least {schema['minLength']} chars long"))
+            causes.append(
+                (
+                    path,
+                    f"Invalid value: {_shown(value)}: {path} in body should be at least {schema['minLength']} chars "
+                    "long",
+                )
+            )
         if "pattern" in schema and not re.search(schema["pattern"], value):
             causes.append((path, f"Invalid value: {_shown(value)}: {path} in body should match '{schema['pattern']}'"))
         if not _format_ok(value, schema.get("format")):
-            causes.append((path, f"Invalid value: {_shown(value)}: {path} in body must be of type {schema['format']}: {_shown(value)}"))
+            causes.append(
+                (
+                    path,
+                    f"Invalid value: {_shown(value)}: {path} in body must be of type {schema['format']}: "
+                    f"{_shown(value)}",
+                )
+            )
     if isinstance(value, list):
         causes += _list_causes(value, schema, path)
         for n, item in enumerate(value):
@@ -214,7 +237,11 @@ def to_cel(value: Any, schema: Schema) -> Any:
     if isinstance(value, bool):
         return celtypes.BoolType(value)
     if isinstance(value, (int, float)):
-        return celtypes.DoubleType(value) if kind == "number" or isinstance(value, float) and kind != "integer" else celtypes.IntType(int(value))
+        return (
+            celtypes.DoubleType(value)
+            if kind == "number" or isinstance(value, float) and kind != "integer"
+            else celtypes.IntType(int(value))
+        )
     if isinstance(value, str):
         return celtypes.StringType(value)
     return value
@@ -248,7 +275,7 @@ def _rule_causes(value: Any, old: Any, schema: Schema, path: str) -> list[Cause]
             # Like the API server: the node's path (not fieldPath), its type, the message or else the rule.
             reason = _NO_SUCH_KEY.sub(r"no such key: \1", str(result.args[0] if result.args else result))
             shown = (rule.get("message") or "").strip() or expr.strip()
-            causes.append((path, f"Invalid value: \"{schema.get('type', 'object')}\": {reason} evaluating rule: {shown}"))
+            causes.append((path, f'Invalid value: "{schema.get("type", "object")}": {reason} evaluating rule: {shown}'))
         elif not bool(result):
             message = _message(rule, activation)
             if rule.get("reason") == "FieldValueForbidden":
@@ -312,8 +339,13 @@ def _schema_causes(schema: Schema, obj: dict[str, Any], old: dict[str, Any] | No
     causes = validate_value(obj, schema, root=True)
     # Like the API server, wrong types and unsupported enum values keep the CEL rules from running.
     if any("must be of type" in m or m.startswith("Unsupported value") for _, m in causes):
-        return causes + [("", "some validation rules were not checked because the object was invalid; "
-                              "correct the existing errors to complete validation")]
+        return causes + [
+            (
+                "",
+                "some validation rules were not checked because the object was invalid; "
+                "correct the existing errors to complete validation",
+            )
+        ]
     return causes + validate_rules(obj, old, schema, root=True)
 
 
@@ -382,27 +414,36 @@ def _rule_errors(schema: Schema, path: str, root: bool = False) -> list[str]:
                     problems.append(f"{at}.{key}: Invalid value: compilation failed: undefined field '{field}'")
         message = rule.get("message")
         if message is not None and not message.strip():
-            problems.append(f"{at}.message: Invalid value: \"{message}\": message must be non-empty if specified")
+            problems.append(f'{at}.message: Invalid value: "{message}": message must be non-empty if specified')
         if message and "\n" in message:
-            problems.append(f"{at}.message: Invalid value: \"{message}\": message must not contain line breaks")
+            problems.append(f'{at}.message: Invalid value: "{message}": message must not contain line breaks')
         if "reason" in rule and rule["reason"] not in RULE_REASONS:
             supported = ", ".join(f'"{r}"' for r in RULE_REASONS)
-            problems.append(f"{at}.reason: Unsupported value: \"{rule['reason']}\": supported values: {supported}")
+            problems.append(f'{at}.reason: Unsupported value: "{rule["reason"]}": supported values: {supported}')
         if rule.get("fieldPath") and not _field_path_valid(schema, rule["fieldPath"]):
-            problems.append(f"{at}.fieldPath: Invalid value: \"{rule['fieldPath']}\": fieldPath must be a valid path")
+            problems.append(f'{at}.fieldPath: Invalid value: "{rule["fieldPath"]}": fieldPath must be a valid path')
     return problems
 
 
 def _list_type_errors(schema: Schema, path: str) -> list[str]:
     list_type, keys = schema.get("x-kubernetes-list-type"), schema.get("x-kubernetes-list-map-keys")
     if list_type != "map":
-        return [f"{path}.x-kubernetes-list-map-keys: Forbidden: must only be used if x-kubernetes-list-type is map"] if keys else []
+        return (
+            [f"{path}.x-kubernetes-list-map-keys: Forbidden: must only be used if x-kubernetes-list-type is map"]
+            if keys
+            else []
+        )
     if not keys:
-        return [f"{path}.x-kubernetes-list-map-keys: Required value: must not be empty if x-kubernetes-list-type is map"]
+        return [
+            f"{path}.x-kubernetes-list-map-keys: Required value: must not be empty if x-kubernetes-list-type is map"
+        ]
     items = schema.get("items") or {}
-    return [f"{path}.items.properties[{key}].default: Required value: this property is in x-kubernetes-list-map-keys, "
-            "so it must have a default or be a required property"
-            for key in keys if key not in items.get("required", []) and "default" not in (items.get("properties") or {}).get(key, {})]
+    return [
+        f"{path}.items.properties[{key}].default: Required value: this property is in x-kubernetes-list-map-keys, "
+        "so it must have a default or be a required property"
+        for key in keys
+        if key not in items.get("required", []) and "default" not in (items.get("properties") or {}).get(key, {})
+    ]
 
 
 def _default_errors(schema: Schema, path: str) -> list[str]:
@@ -430,13 +471,17 @@ def structural_errors(schema: Schema, path: str = "openAPIV3Schema", root: bool 
     if not schema.get("type") and not _preserves(schema) and not schema.get("x-kubernetes-int-or-string"):
         problems.append(f"{path}.type: Required value: must not be empty for specified object fields")
     if schema.get("properties") and isinstance(schema.get("additionalProperties"), dict):
-        problems.append(f"{path}.additionalProperties: Forbidden: additionalProperties and properties are mutual exclusive")
+        problems.append(
+            f"{path}.additionalProperties: Forbidden: additionalProperties and properties are mutual exclusive"
+        )
     if root and schema.get("type") != "object":
         problems.append(f"{path}.type: Invalid value: must be object at the root")
     problems += _rule_errors(schema, path, root) + _list_type_errors(schema, path) + _default_errors(schema, path)
     for key, sub in (schema.get("properties") or {}).items():
         if root and key == "metadata" and set(sub) - {"type", "description"}:
-            problems.append(f"{path}.properties[{key}]: Forbidden: must not specify anything other than name and generateName")
+            problems.append(
+                f"{path}.properties[{key}]: Forbidden: must not specify anything other than name and generateName"
+            )
         problems += structural_errors(sub, f"{path}.properties[{key}]", root=False)
     if isinstance(schema.get("items"), dict):
         problems += structural_errors(schema["items"], f"{path}.items", root=False)
@@ -454,7 +499,7 @@ def _column_causes(columns: list[dict[str, Any]], path: str) -> list[Cause]:
                 causes.append((f"{at}.{key}", "Required value"))
         if column.get("type") and column["type"] not in COLUMN_TYPES:
             supported = ", ".join(f'"{t}"' for t in COLUMN_TYPES)
-            causes.append((f"{at}.type", f"Unsupported value: \"{column['type']}\": supported values: {supported}"))
+            causes.append((f"{at}.type", f'Unsupported value: "{column["type"]}": supported values: {supported}'))
     return causes
 
 
@@ -485,6 +530,8 @@ def check_crd(crd: dict[str, Any]) -> None:
             field, _, message = problem.partition(": ")
             causes.append((field, message))
     for n, version in enumerate(versions):
-        causes += _column_causes(version.get("additionalPrinterColumns") or [], f"spec.versions[{n}].additionalPrinterColumns")
+        causes += _column_causes(
+            version.get("additionalPrinterColumns") or [], f"spec.versions[{n}].additionalPrinterColumns"
+        )
     if causes:
         raise errors.invalid("CustomResourceDefinition", "apiextensions.k8s.io", name, causes)

@@ -1,4 +1,5 @@
 """Label selectors (equality- and set-based) and field selectors, parsed like the API server does."""
+
 from __future__ import annotations
 
 import re
@@ -12,7 +13,10 @@ Predicate = Callable[[dict[str, Any]], bool]
 _SET = re.compile(r"^\s*(!?)\s*([A-Za-z0-9_./-]+)\s*(?:(in|notin)\s*\(([^)]*)\))?\s*$")
 _EQ = re.compile(r"^\s*([A-Za-z0-9_./-]+)\s*(==|=|!=)\s*([A-Za-z0-9_.-]*)\s*$")
 # Per kind, the fields beyond metadata.name/namespace that the real API server indexes.
-FIELD_LABELS = {"Pod": ("spec.nodeName", "status.phase"), "Event": ("involvedObject.name", "involvedObject.uid", "reason")}
+FIELD_LABELS = {
+    "Pod": ("spec.nodeName", "status.phase"),
+    "Event": ("involvedObject.name", "involvedObject.uid", "reason"),
+}
 
 
 def _split_terms(selector: str) -> list[str]:
@@ -74,8 +78,9 @@ def field_selector(selector: str | None, kind: str) -> Predicate:
             raise bad_request(f"invalid field selector term {term!r}")
         path, op, value = eq.groups()
         if path not in supported:
-            raise bad_request(f'field label not supported: {path}')
+            raise bad_request(f"field label not supported: {path}")
         checks.append((path, op == "!=", value))
-    return lambda obj: all((_field_value(obj, path) != value) if negate else (_field_value(obj, path) == value)
-                           for path, negate, value in checks)
-
+    return lambda obj: all(
+        (_field_value(obj, path) != value) if negate else (_field_value(obj, path) == value)
+        for path, negate, value in checks
+    )

@@ -3,6 +3,7 @@
 `KubeTestServer` runs an aiohttp application on 127.0.0.1 (a free port) in a background thread
 with its own event loop, so that synchronous clients (the kubernetes package) and kopf's own
 loop in another thread both talk to it over real HTTP."""
+
 from __future__ import annotations
 
 import asyncio
@@ -62,7 +63,9 @@ class Api:
                 fault[3] -= 1
                 if fault[3] <= 0:
                     self.faults.remove(fault)
-                return errors.ApiError(code, "ServiceUnavailable" if code == 503 else "InternalError", f"injected failure {code}")
+                return errors.ApiError(
+                    code, "ServiceUnavailable" if code == 503 else "InternalError", f"injected failure {code}"
+                )
         return None
 
     def _user(self, request: web.Request) -> rbac.User:
@@ -91,13 +94,28 @@ class Api:
         if not parts or parts[0] in ("healthz", "readyz", "livez"):
             return web.Response(text="ok")
         if parts == ["version"]:
-            return _json({"major": "1", "minor": "31", "gitVersion": "v1.31.0-stepscope-test", "gitCommit": "0" * 40,
-                          "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.22",
-                          "compiler": "gc", "platform": "linux/amd64"})
+            return _json(
+                {
+                    "major": "1",
+                    "minor": "31",
+                    "gitVersion": "v1.31.0-stepscope-test",
+                    "gitCommit": "0" * 40,
+                    "gitTreeState": "clean",
+                    "buildDate": "2026-01-01T00:00:00Z",
+                    "goVersion": "go1.22",
+                    "compiler": "gc",
+                    "platform": "linux/amd64",
+                }
+            )
         if parts[0] == "api":
             if len(parts) == 1:
-                return _json({"kind": "APIVersions", "versions": ["v1"],
-                              "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": request.host}]})
+                return _json(
+                    {
+                        "kind": "APIVersions",
+                        "versions": ["v1"],
+                        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": request.host}],
+                    }
+                )
             group, version, rest = "", parts[1], parts[2:]
         elif parts[0] == "apis":
             if len(parts) == 1:
@@ -119,18 +137,30 @@ class Api:
             return _json(resources.resource_list(f"{group}/{version}" if group else version, types))
         return await self._resource(request, user, group, version, rest)
 
-    def _authorize(self, request: web.Request, user: rbac.User, t: resources.ResourceType,
-                   namespace: str | None, name: str | None, subresource: str) -> None:
+    def _authorize(
+        self,
+        request: web.Request,
+        user: rbac.User,
+        t: resources.ResourceType,
+        namespace: str | None,
+        name: str | None,
+        subresource: str,
+    ) -> None:
         if user.is_admin:
             return
         if name is None:
-            verb = {"GET": "watch" if _is_watch(request) else "list",
-                    "POST": "create", "DELETE": "deletecollection"}.get(request.method, request.method.lower())
+            verb = {
+                "GET": "watch" if _is_watch(request) else "list",
+                "POST": "create",
+                "DELETE": "deletecollection",
+            }.get(request.method, request.method.lower())
             # list/watch of one named object is what a Role with resourceNames can allow.
             selected = re.fullmatch(r"metadata\.name==?([^,]+)", request.query.get("fieldSelector", ""))
             name = selected.group(1) if selected and verb in ("list", "watch") else None
         else:
-            verb = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete", "POST": "create"}.get(request.method, request.method.lower())
+            verb = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete", "POST": "create"}.get(
+                request.method, request.method.lower()
+            )
         attrs = rbac.Attributes(verb, t.group, t.plural, subresource, namespace, name)
         if not rbac.allowed(self._rbac_objects(), user, attrs):
             raise rbac.forbidden(user, attrs)
@@ -141,15 +171,32 @@ class Api:
         spec = review.get("spec") or {}
         user = rbac.User(spec.get("user") or "", tuple(spec.get("groups") or ()))
         a = spec.get("resourceAttributes") or {}
-        attrs = rbac.Attributes(a.get("verb") or "", a.get("group") or "", a.get("resource") or "", a.get("subresource") or "",
-                                a.get("namespace") or None, a.get("name") or None)
+        attrs = rbac.Attributes(
+            a.get("verb") or "",
+            a.get("group") or "",
+            a.get("resource") or "",
+            a.get("subresource") or "",
+            a.get("namespace") or None,
+            a.get("name") or None,
+        )
         allowed = user.is_admin or rbac.allowed(self._rbac_objects(), user, attrs)
-        return {**review, "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "status": {"allowed": allowed}}
+        return {
+            **review,
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "status": {"allowed": allowed},
+        }
 
     def _rbac_objects(self) -> dict[str, list[dict[str, Any]]]:
-        return {kind: self.store.stored(rbac.RBAC, plural) for kind, plural in
-                (("Role", "roles"), ("RoleBinding", "rolebindings"), ("ClusterRole", "clusterroles"),
-                 ("ClusterRoleBinding", "clusterrolebindings"))}
+        return {
+            kind: self.store.stored(rbac.RBAC, plural)
+            for kind, plural in (
+                ("Role", "roles"),
+                ("RoleBinding", "rolebindings"),
+                ("ClusterRole", "clusterroles"),
+                ("ClusterRoleBinding", "clusterrolebindings"),
+            )
+        }
 
     def _admit(self, user: rbac.User, t: resources.ResourceType, namespace: str | None, body: dict[str, Any]) -> None:
         """What kube-apiserver checks on a create beyond authorization: the RBAC escalation check
@@ -164,19 +211,42 @@ class Api:
                 continue
             group = ref.get("apiVersion", "").rpartition("/")[0]
             owner = next((o for o in self.store.types.values() if o.group == group and o.kind == ref.get("kind")), None)
-            attrs = rbac.Attributes("update", group, owner.plural if owner else ref.get("kind", "").lower(), "finalizers", namespace, ref.get("name"))
+            attrs = rbac.Attributes(
+                "update",
+                group,
+                owner.plural if owner else ref.get("kind", "").lower(),
+                "finalizers",
+                namespace,
+                ref.get("name"),
+            )
             if not rbac.allowed(objects, user, attrs):
                 denied = rbac.forbidden(user, attrs).message.partition(" is forbidden: ")[2]
-                raise errors.ApiError(403, "Forbidden", f'{t.plural} "{(body.get("metadata") or {}).get("name", "")}" is forbidden: cannot set '
-                                      f"blockOwnerDeletion if an ownerReference refers to a resource you can't set finalizers on: {denied}")
+                raise errors.ApiError(
+                    403,
+                    "Forbidden",
+                    f'{t.plural} "{(body.get("metadata") or {}).get("name", "")}" is forbidden: cannot set '
+                    "blockOwnerDeletion if an ownerReference refers to a resource you can't set finalizers on: "
+                    f"{denied}",
+                )
         if t.group != rbac.RBAC or t.plural not in ("roles", "clusterroles", "rolebindings", "clusterrolebindings"):
             return
         if t.plural.endswith("bindings"):
             ref = body.get("roleRef") or {}
-            if rbac.allowed(objects, user, rbac.Attributes("bind", rbac.RBAC, ref.get("kind", "").lower() + "s", "", namespace, ref.get("name"))):
+            if rbac.allowed(
+                objects,
+                user,
+                rbac.Attributes("bind", rbac.RBAC, ref.get("kind", "").lower() + "s", "", namespace, ref.get("name")),
+            ):
                 return
-            role = next((r for r in objects.get(ref.get("kind", ""), []) if r["metadata"]["name"] == ref.get("name")
-                         and r["metadata"].get("namespace") == (namespace if ref.get("kind") == "Role" else None)), None)
+            role = next(
+                (
+                    r
+                    for r in objects.get(ref.get("kind", ""), [])
+                    if r["metadata"]["name"] == ref.get("name")
+                    and r["metadata"].get("namespace") == (namespace if ref.get("kind") == "Role" else None)
+                ),
+                None,
+            )
             rules = (role or {}).get("rules") or []
         else:
             if rbac.allowed(objects, user, rbac.Attributes("escalate", rbac.RBAC, t.plural, "", namespace, None)):
@@ -184,20 +254,42 @@ class Api:
             rules = body.get("rules") or []
         missing = rbac.not_held(objects, user, rules, namespace)
         if missing:
-            raise errors.ApiError(403, "Forbidden", f'{t.plural}.{rbac.RBAC} "{(body.get("metadata") or {}).get("name", "")}" is forbidden: '
-                                  f'user "{user.name}" is attempting to grant RBAC permissions not currently held:\n' + "\n".join(missing))
+            raise errors.ApiError(
+                403,
+                "Forbidden",
+                f'{t.plural}.{rbac.RBAC} "{(body.get("metadata") or {}).get("name", "")}" is forbidden: '
+                f'user "{user.name}" is attempting to grant RBAC permissions not currently held:\n'
+                + "\n".join(missing),
+            )
 
-    def _validate(self, user: rbac.User, t: resources.ResourceType, namespace: str | None, operation: str,
-                  new: dict[str, Any], old: dict[str, Any] | None) -> None:
+    def _validate(
+        self,
+        user: rbac.User,
+        t: resources.ResourceType,
+        namespace: str | None,
+        operation: str,
+        new: dict[str, Any],
+        old: dict[str, Any] | None,
+    ) -> None:
         """The stored ValidatingAdmissionPolicies on a write (admission_policy.py)."""
         name = (new.get("metadata") or {}).get("name") or ""
-        admission_policy.admit(self.store.stored(admission_policy.GROUP, "validatingadmissionpolicies"),
-                               self.store.stored(admission_policy.GROUP, "validatingadmissionpolicybindings"),
-                               {"operation": operation, "userInfo": {"username": user.name, "groups": list(user.groups)},
-                                "resource": {"group": t.group, "version": t.version, "resource": t.plural},
-                                "namespace": namespace or "", "name": name, "object": new, "oldObject": old})
+        admission_policy.admit(
+            self.store.stored(admission_policy.GROUP, "validatingadmissionpolicies"),
+            self.store.stored(admission_policy.GROUP, "validatingadmissionpolicybindings"),
+            {
+                "operation": operation,
+                "userInfo": {"username": user.name, "groups": list(user.groups)},
+                "resource": {"group": t.group, "version": t.version, "resource": t.plural},
+                "namespace": namespace or "",
+                "name": name,
+                "object": new,
+                "oldObject": old,
+            },
+        )
 
-    async def _resource(self, request: web.Request, user: rbac.User, group: str, version: str, rest: list[str]) -> web.StreamResponse:
+    async def _resource(
+        self, request: web.Request, user: rbac.User, group: str, version: str, rest: list[str]
+    ) -> web.StreamResponse:
         namespace = None
         if rest[0] == "namespaces" and len(rest) >= 3:
             candidate = self.store.types.get((group, version, rest[2]))
@@ -209,7 +301,9 @@ class Api:
         if t.namespaced and namespace is None and (name is not None or request.method != "GET"):
             raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
         if subresource and subresource not in t.subresources:
-            raise errors.ApiError(404, "NotFound", f"the server could not find the requested resource ({t.plural}/{subresource})")
+            raise errors.ApiError(
+                404, "NotFound", f"the server could not find the requested resource ({t.plural}/{subresource})"
+            )
         self._authorize(request, user, t, namespace, name, subresource)
         if request.query.get("dryRun"):
             # Refused rather than ignored: ignoring it would store what the client meant to try.
@@ -227,7 +321,9 @@ class Api:
                     self._validate(user, t, namespace, "CREATE", body, None)
                 if t.group == "" and t.plural == "pods" and namespace is not None:
                     self.store.get(self.store.type_of("", "v1", "namespaces"), None, namespace)  # 404 before admission
-                    body, warnings = await admission.admit_pod(self.store, namespace, body, self.service_endpoints, user.name)
+                    body, warnings = await admission.admit_pod(
+                        self.store, namespace, body, self.service_endpoints, user.name
+                    )
                 response = _json(self.store.create(t, namespace, body), 201)
                 for warning in warnings:
                     response.headers.add("Warning", f'299 - "{warning}"')
@@ -260,6 +356,7 @@ class Api:
                 if not subresource:
                     self._validate(user, t, namespace, "UPDATE", new, obj)
                 return new
+
             return _json(self.store.patch(t, namespace, name, patched, subresource))
         elif method == "DELETE" and not subresource:
             body = await self._body(request, optional=True) or {}
@@ -267,12 +364,23 @@ class Api:
                 body["propagationPolicy"] = request.query["propagationPolicy"]
             obj = self.store.delete(t, namespace, name, body)
             if t.builtin and t.kind not in ("Pod", "Namespace"):
-                return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                              "details": {"name": name, "group": t.group, "kind": t.plural, "uid": obj["metadata"]["uid"]}})
+                return _json(
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "metadata": {},
+                        "status": "Success",
+                        "details": {"name": name, "group": t.group, "kind": t.plural, "uid": obj["metadata"]["uid"]},
+                    }
+                )
             return _json(obj)
-        raise errors.ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        raise errors.ApiError(
+            405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+        )
 
-    async def _update_pod(self, request: web.Request, user: rbac.User, t: resources.ResourceType, namespace: str, name: str) -> web.Response:
+    async def _update_pod(
+        self, request: web.Request, user: rbac.User, t: resources.ResourceType, namespace: str, name: str
+    ) -> web.Response:
         """An update of pods/<name> as kube-apiserver runs it: the patch applied to the stored pod,
         then the mutating webhooks (UPDATE, with the stored pod as oldObject), then the update's
         validation (object_rules.pod_update_causes) and the write."""
@@ -283,8 +391,12 @@ class Api:
         else:
             new = apply_patch(request.headers.get("Content-Type", ""), old, body, builtin=True)
             # A patch names no resourceVersion unless the client put one in it: no 409 from admission's await.
-            new.setdefault("metadata", {})["resourceVersion"] = ((body.get("metadata") or {}) if isinstance(body, dict) else {}).get("resourceVersion")
-        new, warnings = await admission.admit_pod(self.store, namespace, new, self.service_endpoints, user.name, old=old)
+            new.setdefault("metadata", {})["resourceVersion"] = (
+                (body.get("metadata") or {}) if isinstance(body, dict) else {}
+            ).get("resourceVersion")
+        new, warnings = await admission.admit_pod(
+            self.store, namespace, new, self.service_endpoints, user.name, old=old
+        )
         response = _json(self.store.replace(t, namespace, name, new))
         for warning in warnings:
             response.headers.add("Warning", f'299 - "{warning}"')
@@ -296,9 +408,19 @@ class Api:
         self.store.get(self.store.type_of("", "v1", "serviceaccounts"), namespace, name)  # 404 when absent
         token = secrets.token_hex(16)
         self.users[token] = rbac.User.service_account(namespace, name)
-        expires = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=(body.get("spec") or {}).get("expirationSeconds") or 3600))
-        return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "metadata": {"name": name, "namespace": namespace},
-                "spec": body.get("spec") or {}, "status": {"token": token, "expirationTimestamp": expires.replace(microsecond=0).isoformat().replace("+00:00", "Z")}}
+        expires = dt.datetime.now(dt.UTC) + dt.timedelta(
+            seconds=(body.get("spec") or {}).get("expirationSeconds") or 3600
+        )
+        return {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": body.get("spec") or {},
+            "status": {
+                "token": token,
+                "expirationTimestamp": expires.replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+            },
+        }
 
     @staticmethod
     async def _body(request: web.Request, optional: bool = False) -> Any:
@@ -324,8 +446,12 @@ class Api:
         if request.query.get("continue"):
             rv, after = _read_continue(request.query["continue"])
             if int(rv) < self.store.oldest_rv():
-                raise errors.ApiError(410, "Expired", "The provided continue parameter is too old to display a consistent "
-                                      "list result. You can start a new list without the continue parameter.")
+                raise errors.ApiError(
+                    410,
+                    "Expired",
+                    "The provided continue parameter is too old to display a consistent "
+                    "list result. You can start a new list without the continue parameter.",
+                )
             items = [i for i in items if (i["metadata"].get("namespace", ""), i["metadata"]["name"]) > after]
             meta["resourceVersion"] = rv
         limit = int(request.query.get("limit") or 0)
@@ -338,14 +464,20 @@ class Api:
             return _json(table(t, items, meta["resourceVersion"]))
         return _json({"kind": f"{t.kind}List", "apiVersion": t.api_version, "metadata": meta, "items": items})
 
-    async def _watch(self, request: web.Request, t: resources.ResourceType, namespace: str | None) -> web.StreamResponse:
+    async def _watch(
+        self, request: web.Request, t: resources.ResourceType, namespace: str | None
+    ) -> web.StreamResponse:
         bookmarks = request.query.get("allowWatchBookmarks") == "true"
         initial = request.query.get("sendInitialEvents") == "true"
         if initial and not (bookmarks and request.query.get("resourceVersionMatch") == "NotOlderThan"):
-            raise errors.ApiError(422, "Invalid", "sendInitialEvents needs allowWatchBookmarks=true and resourceVersionMatch=NotOlderThan")
+            raise errors.ApiError(
+                422, "Invalid", "sendInitialEvents needs allowWatchBookmarks=true and resourceVersionMatch=NotOlderThan"
+            )
         response = web.StreamResponse(headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
         try:
-            watcher = self.store.watch(t, namespace, self._matcher(request, t), request.query.get("resourceVersion"), initial)
+            watcher = self.store.watch(
+                t, namespace, self._matcher(request, t), request.query.get("resourceVersion"), initial
+            )
         except errors.ApiError as e:
             if e.code != 410:
                 raise
@@ -363,7 +495,9 @@ class Api:
             self.store.watchers.discard(watcher)
         return response
 
-    async def _stream(self, response: web.StreamResponse, watcher: Watcher, bookmarks_of: resources.ResourceType | None) -> None:
+    async def _stream(
+        self, response: web.StreamResponse, watcher: Watcher, bookmarks_of: resources.ResourceType | None
+    ) -> None:
         """Write the watcher's events as JSON lines; when bookmarks are allowed, a BOOKMARK after
         every `bookmark_interval_s` without events."""
         closing = asyncio.ensure_future(self.closing.wait())
@@ -424,7 +558,9 @@ class KubeTestServer:
         app.router.add_route("*", "/{tail:.*}", self.api.handle)
         # handler_cancellation: a watch whose client went away ends at once and drops its watcher.
         # access_log=None: one log line per request would bury the logs of the tests that use it.
-        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(
+            app, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True, access_log=None
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
@@ -436,6 +572,7 @@ class KubeTestServer:
             assert self.api is not None and self._runner is not None
             self.api.closing.set()
             await self._runner.cleanup()
+
         asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
@@ -449,8 +586,10 @@ class KubeTestServer:
 
     def call(self, fn, *args: Any) -> Any:
         """Run `fn(store, *args)` on the server's loop (for assertions on the stored state)."""
+
         async def _call() -> Any:
             return fn(self.api.store, *args)
+
         return asyncio.run_coroutine_threadsafe(_call(), self._loop).result(timeout=30)
 
     def fail(self, method: str, path: str, code: int = 503, times: int = 1) -> None:
@@ -472,11 +611,17 @@ class KubeTestServer:
         """A kubeconfig for the admin token, or for `token` (see service_account_token)."""
         token = token or self.token
         config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "stepscope-test",
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "stepscope-test",
             "clusters": [{"name": "stepscope-test", "cluster": {"server": self.url}}],
             "users": [{"name": "stepscope-test", "user": {"token": token} if token else {}}],
-            "contexts": [{"name": "stepscope-test",
-                          "context": {"cluster": "stepscope-test", "user": "stepscope-test", "namespace": namespace}}],
+            "contexts": [
+                {
+                    "name": "stepscope-test",
+                    "context": {"cluster": "stepscope-test", "user": "stepscope-test", "namespace": namespace},
+                }
+            ],
         }
         path.write_text(json.dumps(config, indent=2))
         return path

@@ -3,6 +3,7 @@
 
 Everything here runs on the server's event-loop thread, so no locks: a mutation and the events
 it emits happen without an await in between, which keeps watch replay gap-free."""
+
 from __future__ import annotations
 
 import asyncio
@@ -45,8 +46,10 @@ def _normalized(t: ResourceType, obj: Obj) -> Obj:
         obj.setdefault("type", "Opaque")
         strings = obj.pop("stringData", None) or {}
         if strings:
-            obj["data"] = {**(obj.get("data") or {}),
-                           **{k: base64.b64encode(str(v).encode()).decode() for k, v in strings.items()}}
+            obj["data"] = {
+                **(obj.get("data") or {}),
+                **{k: base64.b64encode(str(v).encode()).decode() for k, v in strings.items()},
+            }
     return obj
 
 
@@ -99,7 +102,9 @@ class Store:
         t = self.types.get((group, version, plural))
         if t is None:
             gv = f"{group}/{version}" if group else version
-            raise errors.ApiError(404, "NotFound", f"the server could not find the requested resource ({plural} in {gv})")
+            raise errors.ApiError(
+                404, "NotFound", f"the server could not find the requested resource ({plural} in {gv})"
+            )
         return t
 
     def types_in(self, group: str, version: str) -> list[ResourceType]:
@@ -133,8 +138,11 @@ class Store:
         return self._out(t, self._stored(t, namespace, name))
 
     def list(self, t: ResourceType, namespace: str | None, matches: Predicate) -> tuple[list[Obj], str]:
-        items = [self._out(t, o) for (ns, _), o in sorted(self._bucket(t).items())
-                 if (namespace is None or ns == namespace) and matches(o)]
+        items = [
+            self._out(t, o)
+            for (ns, _), o in sorted(self._bucket(t).items())
+            if (namespace is None or ns == namespace) and matches(o)
+        ]
         return items, str(self.rv)
 
     # -- writes --------------------------------------------------------------------------------
@@ -155,7 +163,9 @@ class Store:
         meta = obj.setdefault("metadata", {})
         if t.namespaced:
             if meta.get("namespace") not in (None, "", namespace):
-                raise errors.bad_request("the namespace of the provided object does not match the namespace sent on the request")
+                raise errors.bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
             if ("", namespace or "") not in self._bucket(self.type_of("", "v1", "namespaces")):
                 raise errors.not_found("namespaces", namespace or "")
             meta["namespace"] = namespace
@@ -163,7 +173,9 @@ class Store:
             meta.pop("namespace", None)
         if not meta.get("name"):
             if not meta.get("generateName"):
-                raise errors.invalid(t.kind, t.group, "", [("metadata.name", "Required value: name or generateName is required")])
+                raise errors.invalid(
+                    t.kind, t.group, "", [("metadata.name", "Required value: name or generateName is required")]
+                )
             meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
         if self._index(t, obj) in self._bucket(t):
             raise errors.already_exists(t.qualified, meta["name"])
@@ -189,11 +201,17 @@ class Store:
             return {"status": {"phase": "Active"}}
         if t.kind == "CustomResourceDefinition":
             spec = obj.get("spec", {})
-            conditions = [{"type": c, "status": "True", "reason": r, "message": m, "lastTransitionTime": now()}
-                          for c, r, m in (("NamesAccepted", "NoConflicts", "no conflicts found"),
-                                          ("Established", "InitialNamesAccepted", "the initial names have been accepted"))]
+            conditions = [
+                {"type": c, "status": "True", "reason": r, "message": m, "lastTransitionTime": now()}
+                for c, r, m in (
+                    ("NamesAccepted", "NoConflicts", "no conflicts found"),
+                    ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+                )
+            ]
             stored = [v["name"] for v in spec.get("versions", []) if v.get("storage")]
-            return {"status": {"conditions": conditions, "acceptedNames": spec.get("names", {}), "storedVersions": stored}}
+            return {
+                "status": {"conditions": conditions, "acceptedNames": spec.get("names", {}), "storedVersions": stored}
+            }
         return {}
 
     def _register_crd(self, crd: Obj) -> None:
@@ -214,7 +232,9 @@ class Store:
             raise errors.bad_request("the name of the object does not match the name on the URL")
         return self._update(t, old, copy.deepcopy(body), subresource)
 
-    def patch(self, t: ResourceType, namespace: str | None, name: str, apply: Callable[[Obj], Obj], subresource: str = "") -> Obj:
+    def patch(
+        self, t: ResourceType, namespace: str | None, name: str, apply: Callable[[Obj], Obj], subresource: str = ""
+    ) -> Obj:
         old = self._stored(t, namespace, name)
         return self._update(t, old, apply(self._out(t, old)), subresource)
 
@@ -230,13 +250,23 @@ class Store:
             if status is not None:
                 new["status"] = status
         elif subresource:
-            raise errors.ApiError(404, "NotFound", f"the server could not find the requested resource ({t.plural}/{subresource})")
+            raise errors.ApiError(
+                404, "NotFound", f"the server could not find the requested resource ({t.plural}/{subresource})"
+            )
         elif "status" in t.subresources:
             new.pop("status", None)
             if "status" in old:
                 new["status"] = copy.deepcopy(old["status"])
         meta = new.setdefault("metadata", {})
-        for kept in ("name", "namespace", "uid", "creationTimestamp", "generation", "deletionTimestamp", "deletionGracePeriodSeconds"):
+        for kept in (
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "generation",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ):
             if kept in old_meta:
                 meta[kept] = old_meta[kept]
             else:
@@ -244,7 +274,18 @@ class Store:
         if old_meta.get("deletionTimestamp"):
             added = set(meta.get("finalizers") or []) - set(old_meta.get("finalizers") or [])
             if added:
-                raise errors.invalid(t.kind, t.group, name, [("metadata.finalizers", f"Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {sorted(added)}")])
+                raise errors.invalid(
+                    t.kind,
+                    t.group,
+                    name,
+                    [
+                        (
+                            "metadata.finalizers",
+                            "Forbidden: no new finalizers can be added if the object is being deleted, found new "
+                            f"finalizers {sorted(added)}",
+                        )
+                    ],
+                )
         if not meta.get("finalizers"):
             meta.pop("finalizers", None)
         new["apiVersion"], new["kind"] = old.get("apiVersion", t.api_version), t.kind
@@ -280,8 +321,12 @@ class Store:
                 return self._out(t, obj)
             old = copy.deepcopy(obj)
             meta = obj["metadata"]
-            meta.update(deletionTimestamp=now(), deletionGracePeriodSeconds=0,
-                        generation=meta.get("generation", 1) + 1, resourceVersion=self._next_rv())
+            meta.update(
+                deletionTimestamp=now(),
+                deletionGracePeriodSeconds=0,
+                generation=meta.get("generation", 1) + 1,
+                resourceVersion=self._next_rv(),
+            )
             self._emit(t, "MODIFIED", obj, old)
             return self._out(t, obj)
         obj["metadata"]["resourceVersion"] = self._next_rv()
@@ -332,8 +377,15 @@ class Store:
                     continue
                 remaining = [r for r in refs if r.get("uid") != owner_uid]
                 if remaining or orphan:
-                    self.patch(t, obj["metadata"].get("namespace"), obj["metadata"]["name"],
-                               lambda o, remaining=remaining: {**o, "metadata": {**o["metadata"], "ownerReferences": remaining}})
+                    self.patch(
+                        t,
+                        obj["metadata"].get("namespace"),
+                        obj["metadata"]["name"],
+                        lambda o, remaining=remaining: {
+                            **o,
+                            "metadata": {**o["metadata"], "ownerReferences": remaining},
+                        },
+                    )
                 else:
                     self.delete(t, obj["metadata"].get("namespace"), obj["metadata"]["name"])
 
@@ -349,8 +401,14 @@ class Store:
             meta["annotations"] = {"k8s.io/initial-events-end": "true"}
         return {"type": "BOOKMARK", "object": {"kind": t.kind, "apiVersion": t.api_version, "metadata": meta}}
 
-    def watch(self, t: ResourceType, namespace: str | None, matches: Predicate, resource_version: str | None,
-              send_initial_events: bool = False) -> Watcher:
+    def watch(
+        self,
+        t: ResourceType,
+        namespace: str | None,
+        matches: Predicate,
+        resource_version: str | None,
+        send_initial_events: bool = False,
+    ) -> Watcher:
         """Register a watcher, pre-filled with what it must see first (current objects, ended by a
         bookmark when `send_initial_events`, or the history after `resource_version`); raise
         410 Gone when that history was dropped."""

@@ -1,5 +1,6 @@
 """Server-side printing (`Accept: application/json;as=Table;g=meta.k8s.io;v=v1`), what kubectl
 shows: a CRD's additionalPrinterColumns evaluated against each object."""
+
 from __future__ import annotations
 
 import datetime
@@ -55,12 +56,34 @@ def _cell(kind: str, value: Any, now: datetime.datetime) -> Any:
 
 def table(t: ResourceType, items: list[dict[str, Any]], resource_version: str) -> dict[str, Any]:
     columns = t.printer_columns or [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
-    definitions = [{"name": "Name", "type": "string", "format": "name", "description": "Name of the object", "priority": 0}]
-    definitions += [{"name": c["name"], "type": c["type"], "format": c.get("format", ""),
-                     "description": c.get("description", ""), "priority": c.get("priority", 0)} for c in columns]
+    definitions = [
+        {"name": "Name", "type": "string", "format": "name", "description": "Name of the object", "priority": 0}
+    ]
+    definitions += [
+        {
+            "name": c["name"],
+            "type": c["type"],
+            "format": c.get("format", ""),
+            "description": c.get("description", ""),
+            "priority": c.get("priority", 0),
+        }
+        for c in columns
+    ]
     now = datetime.datetime.now(datetime.UTC)
-    rows = [{"cells": [obj["metadata"]["name"], *(_cell(c["type"], json_path(obj, c["jsonPath"]), now) for c in columns)],
-             "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}}
-            for obj in items]
-    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": resource_version},
-            "columnDefinitions": definitions, "rows": rows}
+    rows = [
+        {
+            "cells": [
+                obj["metadata"]["name"],
+                *(_cell(c["type"], json_path(obj, c["jsonPath"]), now) for c in columns),
+            ],
+            "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]},
+        }
+        for obj in items
+    ]
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": resource_version},
+        "columnDefinitions": definitions,
+        "rows": rows,
+    }

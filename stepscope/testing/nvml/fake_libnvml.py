@@ -5,6 +5,7 @@ in Python with the C calling convention pynvml uses (out-parameters through byre
 so PynvmlBackend and pynvml's own wrappers, structs and error classes run unchanged without a GPU.
 Only the functions the backend calls exist: any other lookup fails as a missing symbol would.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -47,7 +48,9 @@ def _point(pointer: ctypes._Pointer, address: int) -> None:  # type: ignore[name
 
 
 class FakeNvmlLib:
-    def __init__(self, gpus: list[FakeGpu], *, init_error: int = nv.NVML_SUCCESS, event_reasons_symbol: bool = True) -> None:
+    def __init__(
+        self, gpus: list[FakeGpu], *, init_error: int = nv.NVML_SUCCESS, event_reasons_symbol: bool = True
+    ) -> None:
         self.gpus = gpus
         self.init_error = init_error
         self.xids: list[tuple[int, int]] = []  # (physical index, XID) waiting in the event set
@@ -126,8 +129,15 @@ class FakeNvmlLib:
         out._obj.gpu, out._obj.memory = self._gpu(handle).utilization
         return nv.NVML_SUCCESS
 
-    def nvmlDeviceGetSamples(self, handle: object, kind: ctypes.c_uint, since: ctypes.c_ulonglong, value_type: ctypes._CArgObject,  # type: ignore[name-defined]
-                             count: ctypes._CArgObject, samples: ctypes.Array | None) -> int:  # type: ignore[name-defined]
+    def nvmlDeviceGetSamples(
+        self,
+        handle: object,
+        kind: ctypes.c_uint,
+        since: ctypes.c_ulonglong,
+        value_type: ctypes._CArgObject,  # type: ignore[name-defined]
+        count: ctypes._CArgObject,
+        samples: ctypes.Array | None,
+    ) -> int:  # type: ignore[name-defined]
         gpu = self._gpu(handle)
         buffer = gpu.gpu_samples if kind.value == nv.NVML_GPU_UTILIZATION_SAMPLES else gpu.mem_samples
         if buffer is None:
@@ -146,11 +156,16 @@ class FakeNvmlLib:
         self.field_calls += 1
         for value in values._obj[: count.value]:
             known = {
-                nv.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: gpu.pcie_bytes, nv.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: gpu.pcie_bytes // 2,
-                nv.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: gpu.ecc[0], nv.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: gpu.ecc[1],
+                nv.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: gpu.pcie_bytes,
+                nv.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: gpu.pcie_bytes // 2,
+                nv.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: gpu.ecc[0],
+                nv.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: gpu.ecc[1],
                 nv.NVML_FI_DEV_NVLINK_LINK_COUNT: gpu.nvlinks,
             }
-            if value.fieldId in (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX) and value.scopeId < gpu.nvlinks:
+            if (
+                value.fieldId in (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
+                and value.scopeId < gpu.nvlinks
+            ):
                 known[value.fieldId] = gpu.nvlink_kib * (value.scopeId + 1)
             if value.fieldId in known and value.fieldId not in gpu.refused_fields:
                 kind = gpu.value_types.get(value.fieldId, nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)

@@ -7,6 +7,7 @@ throttled (power or thermal, SM clock lowered), a GPU whose clock is locked lowe
 reason, one GPU on a slow NVLink or PCIe link, a GPU at low utilization, an XID event and ECC
 errors that appear `event_after_us` into the run.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -63,11 +64,24 @@ def simulation_library() -> ctypes.CDLL | None:
 
 class SimGpu(ctypes.Structure):
     """simulated_nvml.c's sim_gpu_t: one simulated GPU as a "device" of the ss_sim_* functions."""
-    _fields_ = [("sm_mhz", ctypes.c_double), ("mem_mhz", ctypes.c_double), ("reasons", ctypes.c_ulonglong),
-                ("nvlink_kib_per_us", ctypes.c_double), ("pcie_bytes_per_us", ctypes.c_double), ("ecc_sbe", ctypes.c_double),
-                ("ecc_dbe", ctypes.c_double), ("nvlinks", ctypes.c_int), ("origin_us", ctypes.c_int64), ("step_us", ctypes.c_int64),
-                ("event_us", ctypes.c_int64), ("comm_us", ctypes.c_double), ("power_w", ctypes.c_double),
-                ("temperature_c", ctypes.c_double), ("memory_used_bytes", ctypes.c_ulonglong)]
+
+    _fields_ = [
+        ("sm_mhz", ctypes.c_double),
+        ("mem_mhz", ctypes.c_double),
+        ("reasons", ctypes.c_ulonglong),
+        ("nvlink_kib_per_us", ctypes.c_double),
+        ("pcie_bytes_per_us", ctypes.c_double),
+        ("ecc_sbe", ctypes.c_double),
+        ("ecc_dbe", ctypes.c_double),
+        ("nvlinks", ctypes.c_int),
+        ("origin_us", ctypes.c_int64),
+        ("step_us", ctypes.c_int64),
+        ("event_us", ctypes.c_int64),
+        ("comm_us", ctypes.c_double),
+        ("power_w", ctypes.c_double),
+        ("temperature_c", ctypes.c_double),
+        ("memory_used_bytes", ctypes.c_ulonglong),
+    ]
 
 
 class SimulatedBackend:
@@ -119,15 +133,23 @@ class SimulatedBackend:
         self._xid_sent: set[int] = set()
         self._lock = threading.Lock()
         indices = range(gpus)
-        self._clocks = {g: (THROTTLED_SM_CLOCK_MHZ if g in throttle else locked.get(g, SM_CLOCK_MHZ), MEM_CLOCK_MHZ) for g in indices}
+        self._clocks = {
+            g: (THROTTLED_SM_CLOCK_MHZ if g in throttle else locked.get(g, SM_CLOCK_MHZ), MEM_CLOCK_MHZ)
+            for g in indices
+        }
         self._reasons = {g: _REASON_BITS[throttle.get(g)] for g in indices}
         self._power = {g: 400.0 if throttle.get(g) == "power" else 610.0 + 5 * g for g in indices}
         self._temperature = {g: 91.0 if throttle.get(g) == "thermal" else 62.0 + g for g in indices}
         self._util = {g: (low_util.get(g, HEALTHY_UTIL_PCT), MEMORY_UTIL_PCT) for g in indices}
         # Per GPU: link counter rates (per µs of communication) and ECC counts once the event is due.
-        self._rates = {g: (NVLINK_KIB_PER_US * (SLOW_LINK_FACTOR if slow_link.get(g) == "nvlink" else 1.0),
-                           PCIE_BYTES_PER_US * (SLOW_LINK_FACTOR if slow_link.get(g) == "pcie" else 1.0),
-                           *map(float, ecc.get(g, (0, 0)))) for g in indices}
+        self._rates = {
+            g: (
+                NVLINK_KIB_PER_US * (SLOW_LINK_FACTOR if slow_link.get(g) == "nvlink" else 1.0),
+                PCIE_BYTES_PER_US * (SLOW_LINK_FACTOR if slow_link.get(g) == "pcie" else 1.0),
+                *map(float, ecc.get(g, (0, 0))),
+            )
+            for g in indices
+        }
         # The sampler asks for the same field tuple every round: its layout is resolved once.
         self._layout_for: Sequence[tuple[int, int]] = ()
         self._layout = self._field_layout(())
@@ -201,8 +223,16 @@ class SimulatedBackend:
 
     def _field_layout(self, fields: Sequence[tuple[int, int]]) -> Callable[[tuple[float, ...]], tuple[float, ...]]:
         """Picks each asked field from (PCIe bytes, ECC SBE, ECC DBE, NVLink KiB, NaN)."""
-        device = {FI_PCIE_COUNT_TX_BYTES: 0, FI_PCIE_COUNT_RX_BYTES: 0, FI_ECC_SBE_VOL_TOTAL: 1, FI_ECC_DBE_VOL_TOTAL: 2}
-        picks = [(3 if scope < self._nvlinks else 4) if field in _NVLINK_FIELDS else device.get(field, 4) for field, scope in fields]
+        device = {
+            FI_PCIE_COUNT_TX_BYTES: 0,
+            FI_PCIE_COUNT_RX_BYTES: 0,
+            FI_ECC_SBE_VOL_TOTAL: 1,
+            FI_ECC_DBE_VOL_TOTAL: 2,
+        }
+        picks = [
+            (3 if scope < self._nvlinks else 4) if field in _NVLINK_FIELDS else device.get(field, 4)
+            for field, scope in fields
+        ]
         if len(picks) > 1:
             return operator.itemgetter(*picks)
         # itemgetter of one index returns a bare value, not a tuple.
@@ -216,15 +246,38 @@ class SimulatedBackend:
         lib = simulation_library()
         reads = ("clocks_mhz", "clock_event_reasons", "field_values", "power_w", "temperature_c", "memory_used_bytes")
         own = all(getattr(type(self), name) is getattr(SimulatedBackend, name) for name in reads)
-        if lib is None or nvml_native.library() is None or not own or self._error_every or self._clock_ns is not time.time_ns:
+        if (
+            lib is None
+            or nvml_native.library() is None
+            or not own
+            or self._error_every
+            or self._clock_ns is not time.time_ns
+        ):
             return None
-        gpus = [SimGpu(
-            sm_mhz=self._clocks[g][0], mem_mhz=self._clocks[g][1], reasons=self._reasons[g], nvlink_kib_per_us=self._rates[g][0],
-            pcie_bytes_per_us=self._rates[g][1], ecc_sbe=self._rates[g][2], ecc_dbe=self._rates[g][3], nvlinks=self._nvlinks,
-            origin_us=self.origin_us, step_us=self.step_us, event_us=self._event_us, comm_us=self._comm_us, power_w=self._power[g],
-            temperature_c=self._temperature[g], memory_used_bytes=MEMORY_USED_BYTES) for g in range(self._gpus)]
-        functions = [nvml_native.function_address(lib, f"ss_sim_{name}")
-                     for name in ("clock_info", "reasons", "field_values", "power", "temperature", "memory_info")]
+        gpus = [
+            SimGpu(
+                sm_mhz=self._clocks[g][0],
+                mem_mhz=self._clocks[g][1],
+                reasons=self._reasons[g],
+                nvlink_kib_per_us=self._rates[g][0],
+                pcie_bytes_per_us=self._rates[g][1],
+                ecc_sbe=self._rates[g][2],
+                ecc_dbe=self._rates[g][3],
+                nvlinks=self._nvlinks,
+                origin_us=self.origin_us,
+                step_us=self.step_us,
+                event_us=self._event_us,
+                comm_us=self._comm_us,
+                power_w=self._power[g],
+                temperature_c=self._temperature[g],
+                memory_used_bytes=MEMORY_USED_BYTES,
+            )
+            for g in range(self._gpus)
+        ]
+        functions = [
+            nvml_native.function_address(lib, f"ss_sim_{name}")
+            for name in ("clock_info", "reasons", "field_values", "power", "temperature", "memory_info")
+        ]
         return NativeReads(*functions, devices=[ctypes.addressof(g) for g in gpus], keep_alive=gpus)
 
     def xid_events(self) -> list[tuple[int, int]]:

@@ -1,5 +1,6 @@
 """`stepscope diff`: kernels and functions added, removed, slower, faster; synthetic runs and the
 real control/test pair HTA's trace diff ships."""
+
 from __future__ import annotations
 
 import gzip
@@ -27,8 +28,27 @@ def _changed_run():
             kernels[name].meanUs *= factor
             kernels[name].sumUs *= factor
         s.kernels = [k for k in s.kernels if k.name != "volta_sgemm_128x64_nn_11"]
-        s.kernels.append(KernelStat(name="triton_fused_add_mul_0", type="COMP", count=40, sumUs=4000.0, meanUs=100.0, medianUs=100.0, minUs=90.0, maxUs=110.0))
-        s.functions.append(FunctionStat(name="train.py(120): log_metrics", stack="train.py(120): log_metrics", count=4, exclusiveUs=80_000.0, notOverlappedUs=80_000.0))
+        s.kernels.append(
+            KernelStat(
+                name="triton_fused_add_mul_0",
+                type="COMP",
+                count=40,
+                sumUs=4000.0,
+                meanUs=100.0,
+                medianUs=100.0,
+                minUs=90.0,
+                maxUs=110.0,
+            )
+        )
+        s.functions.append(
+            FunctionStat(
+                name="train.py(120): log_metrics",
+                stack="train.py(120): log_metrics",
+                count=4,
+                exclusiveUs=80_000.0,
+                notOverlappedUs=80_000.0,
+            )
+        )
     return make_summaries(4, seed=31), b
 
 
@@ -54,7 +74,20 @@ def test_diff_cli_on_session_folders(tmp_path: Path, capsys: pytest.CaptureFixtu
         (tmp_path / name / "ranks").mkdir(parents=True)
         for s in run:
             (tmp_path / name / "ranks" / f"rank-{s.rank}.summary.json").write_bytes(encode(s))
-    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--csv", str(tmp_path / "d.csv"), "--json", str(tmp_path / "d.json")]) == 0
+    assert (
+        main(
+            [
+                "diff",
+                str(tmp_path / "a"),
+                str(tmp_path / "b"),
+                "--csv",
+                str(tmp_path / "d.csv"),
+                "--json",
+                str(tmp_path / "d.json"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "2 added, 1 removed, 1 slower, 1 faster" in out
     assert "volta_sgemm_128x64_nn_3" in out and "unchanged " not in out
@@ -67,7 +100,11 @@ def test_diff_cli_on_session_folders(tmp_path: Path, capsys: pytest.CaptureFixtu
 def _raw_kernels(path: Path) -> pd.DataFrame:
     """Kernel, memcpy and memset events straight from the JSON, to check the diff independently."""
     events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
-    rows = [(e["name"], e["dur"]) for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    rows = [
+        (e["name"], e["dur"])
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    ]
     return pd.DataFrame(rows, columns=["name", "dur"])
 
 
@@ -142,13 +179,35 @@ def test_the_rank_that_changed_is_shown_and_long_names_stay_apart():
     a = make_summaries(4, seed=44)
     b = make_summaries(4, seed=44)
     steps = len(b[2].steps)
-    b[2].functions.append(FunctionStat(name="train.py(77): rebuild_index", stack="train.py(77): rebuild_index", count=steps,
-                                       exclusiveUs=60_000.0 * steps, notOverlappedUs=60_000.0 * steps))
-    long = "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, float, at::native::MulFunctor<float>>, " \
-           "at::detail::Array<char*, 3>>(int, at::native::BinaryFunctor<float, float, float, at::native::MulFunctor<float>>, variant{}"
+    b[2].functions.append(
+        FunctionStat(
+            name="train.py(77): rebuild_index",
+            stack="train.py(77): rebuild_index",
+            count=steps,
+            exclusiveUs=60_000.0 * steps,
+            notOverlappedUs=60_000.0 * steps,
+        )
+    )
+    long = (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, float, "
+        "at::native::MulFunctor<float>>, "
+        "at::detail::Array<char*, 3>>(int, at::native::BinaryFunctor<float, float, float, "
+        "at::native::MulFunctor<float>>, variant{}"
+    )
     for run, variant in ((a, "1"), (b, "2")):
         for s in run:
-            s.kernels.append(KernelStat(name=long + variant + ")", type="COMP", count=4, sumUs=400.0, meanUs=100.0, medianUs=100.0, minUs=90.0, maxUs=110.0))
+            s.kernels.append(
+                KernelStat(
+                    name=long + variant + ")",
+                    type="COMP",
+                    count=4,
+                    sumUs=400.0,
+                    meanUs=100.0,
+                    medianUs=100.0,
+                    minUs=90.0,
+                    maxUs=110.0,
+                )
+            )
     result = diff_runs(a, b)
     row = result.table.set_index("name").loc["train.py(77): rebuild_index"]
     assert row["rank"] == 2 and row["rankDeltaUs"] == pytest.approx(60_000.0) and row["usB"] == pytest.approx(15_000.0)
@@ -160,14 +219,25 @@ def test_the_rank_that_changed_is_shown_and_long_names_stay_apart():
 def test_a_one_step_hiccup_of_a_function_is_within_its_own_noise():
     """A busy machine stretched one call in one step: the function's own step-to-step spread
     (FunctionStat.stepsUs) covers it; a function slower in every step is still slower."""
+
     def run(hiccup: list[float], steady: list[float]) -> list:
         summaries = make_summaries(2, seed=45)
         for s in summaries:
             for name, per_step in (("train.py(9): load_batch", hiccup), ("train.py(12): augment", steady)):
-                s.functions.append(FunctionStat(name=name, stack=name, count=len(per_step), exclusiveUs=sum(per_step),
-                                                notOverlappedUs=sum(per_step), stepsUs=per_step))
+                s.functions.append(
+                    FunctionStat(
+                        name=name,
+                        stack=name,
+                        count=len(per_step),
+                        exclusiveUs=sum(per_step),
+                        notOverlappedUs=sum(per_step),
+                        stepsUs=per_step,
+                    )
+                )
         return summaries
 
-    table = diff_runs(run([300.0] * 4, [5_000.0] * 4), run([300.0, 24_000.0, 300.0, 300.0], [9_000.0, 9_100.0, 8_900.0, 9_000.0])).table.set_index("name")
+    table = diff_runs(
+        run([300.0] * 4, [5_000.0] * 4), run([300.0, 24_000.0, 300.0, 300.0], [9_000.0, 9_100.0, 8_900.0, 9_000.0])
+    ).table.set_index("name")
     assert table.loc["train.py(9): load_batch", "status"] == "unchanged"
     assert table.loc["train.py(12): augment", "status"] == "slower"

@@ -1,5 +1,6 @@
 """Every shared trace set (../shared/data/traces) gives findings without contradictions, with
 one-time setup calls told as setup, and warnings only for what costs the step something."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,9 @@ from stepscope.analysis.gathering.session_files import find_files, open_session,
 from tests.conftest import TRACES as SHARED
 
 SETS = sorted(p.name for p in SHARED.iterdir()) if SHARED.is_dir() else []
-pytestmark = pytest.mark.skipif(not SETS, reason=f"no shared trace sets at {SHARED} (set STEPSCOPE_SHARED to the shared folder)")
+pytestmark = pytest.mark.skipif(
+    not SETS, reason=f"no shared trace sets at {SHARED} (set STEPSCOPE_SHARED to the shared folder)"
+)
 
 
 def _findings(name: str) -> list[dict]:

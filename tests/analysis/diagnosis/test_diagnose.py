@@ -1,4 +1,5 @@
 """The cross-rank diagnosis on synthetic summaries of a synchronous job (stepscope/testing/synthetic_ranks.py)."""
+
 from __future__ import annotations
 
 import re
@@ -41,7 +42,9 @@ def test_slow_kernels_name_the_rank_and_the_kernels():
     named = [k["name"] for k in slow.data["slowKernels"]]
     assert named and all(n.startswith(("volta_sgemm", "void at::native")) for n in named)
     # Every rank's step is as long (they wait for rank 5): the figures are its peers' wait, not "1.3x slower".
-    assert diagnosis.summary.startswith("rank 5 holds its peers back, they wait ") and "kernels run 3" in diagnosis.summary
+    assert (
+        diagnosis.summary.startswith("rank 5 holds its peers back, they wait ") and "kernels run 3" in diagnosis.summary
+    )
     assert short(named[0]) in diagnosis.summary
 
 
@@ -76,7 +79,9 @@ def test_python_function_straggler_is_named_with_its_place():
     diagnosis, full = diagnose(make_summaries(8, python_rank=2, python_us=140_000, seed=6))
     python = _by_category(full, "python")
     assert [f.ranks for f in python] == [[2]]
-    assert python[0].message.startswith("rank 2 spends 140 ms/step in augment_batch_slowly (train.py:42), 10x its peers")
+    assert python[0].message.startswith(
+        "rank 2 spends 140 ms/step in augment_batch_slowly (train.py:42), 10x its peers"
+    )
     assert [w.rank for w in diagnosis.slowWorkers] == [2]
     assert "augment_batch_slowly (train.py:42)" in diagnosis.summary
 
@@ -115,14 +120,34 @@ def test_low_bandwidth_rank_is_a_communication_finding():
 
 
 def _stacks(rank: int, frames: list[tuple[str, str, int]]) -> dict:
-    return {"version": 1, "rank": rank, "step": 41, "secondsSinceStep": 312.0,
-            "threads": [{"id": 1, "name": "watchdog", "main": False, "frames": [{"file": "stepscope_agent.py", "line": 1, "function": "run"}]},
-                        {"id": 2, "name": "MainThread", "main": True,
-                         "frames": [{"file": f, "function": fn, "line": ln} for f, fn, ln in frames]}]}
+    return {
+        "version": 1,
+        "rank": rank,
+        "step": 41,
+        "secondsSinceStep": 312.0,
+        "threads": [
+            {
+                "id": 1,
+                "name": "watchdog",
+                "main": False,
+                "frames": [{"file": "stepscope_agent.py", "line": 1, "function": "run"}],
+            },
+            {
+                "id": 2,
+                "name": "MainThread",
+                "main": True,
+                "frames": [{"file": f, "function": fn, "line": ln} for f, fn, ln in frames],
+            },
+        ],
+    }
 
 
 def test_hang_odd_rank_out_is_the_culprit():
-    waiting = [("train.py", "main", 100), ("train.py", "train_step", 57), ("/usr/lib/python3/site-packages/torch/distributed/c10d.py", "all_reduce", 2100)]
+    waiting = [
+        ("train.py", "main", 100),
+        ("train.py", "train_step", 57),
+        ("/usr/lib/python3/site-packages/torch/distributed/c10d.py", "all_reduce", 2100),
+    ]
     stuck = [("train.py", "main", 100), ("train.py", "train_step", 50), ("data.py", "read_shard", 12)]
     stacks = {r: _stacks(r, stuck if r == 2 else waiting) for r in range(4)}
     diagnosis, full = diagnose(make_summaries(4, seed=9), stacks=stacks)
@@ -186,12 +211,22 @@ def test_peer_median_leaves_each_rank_out():
 def test_cpu_only_gloo_run_weighs_collective_wait_against_python():
     summaries = make_summaries(4, python_rank=1, python_us=300_000, seed=13)
     for s in summaries:
-        s.hasGpu, s.backend, s.kernels, s.kernelTypes, s.launch, s.memoryOps, s.runtime = False, "gloo", [], [], None, [], []
+        s.hasGpu, s.backend, s.kernels, s.kernelTypes, s.launch, s.memoryOps, s.runtime = (
+            False,
+            "gloo",
+            [],
+            [],
+            None,
+            [],
+            [],
+        )
     diagnosis, full = diagnose(summaries)
     assert [w.rank for w in diagnosis.slowWorkers] == [1]
     assert "augment_batch_slowly (train.py:42)" in diagnosis.summary
     comm = [f for f in full if f.category == "communication"]
-    assert len(comm) == 1 and "in gloo collectives (AllReduce)" in comm[0].message and "least: rank 1" in comm[0].message
+    assert (
+        len(comm) == 1 and "in gloo collectives (AllReduce)" in comm[0].message and "least: rank 1" in comm[0].message
+    )
     assert not [f for f in full if f.message.startswith("the Python hot spot is ")]
     for s in summaries:
         s.functions = [f for f in s.functions if "augment_batch_slowly" not in f.name]
@@ -202,8 +237,10 @@ def test_cpu_only_gloo_run_weighs_collective_wait_against_python():
 
 
 def test_kernel_names_are_shortened_to_the_name_itself():
-    assert short("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int, float)") == \
-        "native::vectorized_elementwise_kernel<native::FillFunctor>"
+    assert (
+        short("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int, float)")
+        == "native::vectorized_elementwise_kernel<native::FillFunctor>"
+    )
     assert short("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)") == "ncclKernel_AllReduce_RING_LL_Sum_float"
     assert short("volta_sgemm_128x32_nt") == "volta_sgemm_128x32_nt"
 
@@ -211,18 +248,39 @@ def test_kernel_names_are_shortened_to_the_name_itself():
 def test_generic_kernel_names_keep_what_they_run_never_a_bare_namespace():
     """Kernels of real traces whose name alone is a wrapper (cutlass::device_kernel, Kernel2) or
     starts in an anonymous namespace: the short form names the kernel they instantiate."""
-    assert short("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
-                 "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)") == "at::native::cunn_SoftMaxForward<float>"
-    flash = "void cutlass::device_kernel<flash::FlashAttnBwd<flash::CollectiveMainloopBwd<2, cute::tuple<cute::C<64>>>>>(flash::Params)"
+    assert (
+        short(
+            "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+            "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)"
+        )
+        == "at::native::cunn_SoftMaxForward<float>"
+    )
+    flash = (
+        "void cutlass::device_kernel<flash::FlashAttnBwd<flash::CollectiveMainloopBwd<2, "
+        "cute::tuple<cute::C<64>>>>>(flash::Params)"
+    )
     assert short(flash, 90) == "cutlass::device_kernel<flash::FlashAttnBwd>"
-    gemm = "void cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_dptp128c_acc::GemmKernel>(dpsk::grouped_gemm::Params)"
+    gemm = (
+        "void "
+        "cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_dptp128c_acc::GemmKernel>(dpsk::grouped_gemm::Params)"
+    )
     assert short(gemm, 50) == "cutlass::device_kernel<GemmKernel>"
     assert short(gemm, 90) == "cutlass::device_kernel<fp8_dptp128c_acc::GemmKernel>"
-    cutlass2 = "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>(cutlass_80_wmma::Params)"
-    assert short(cutlass2, 90) == "cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>"
-    assert short("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)") == \
-        "multimem_all_reduce_kernel<c10::BFloat16>"
-    assert short("void dpsk::ep::cuda::get_dispatch_layout<256, 32, 8>(long const*, int*)") == "dpsk::ep::cuda::get_dispatch_layout"
+    cutlass2 = (
+        "void "
+        "cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>(cutlass_80_wmma::Params)"
+    )
+    assert (
+        short(cutlass2, 90) == "cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>"
+    )
+    assert (
+        short("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)")
+        == "multimem_all_reduce_kernel<c10::BFloat16>"
+    )
+    assert (
+        short("void dpsk::ep::cuda::get_dispatch_layout<256, 32, 8>(long const*, int*)")
+        == "dpsk::ep::cuda::get_dispatch_layout"
+    )
 
 
 def test_hang_with_two_ranks_the_one_outside_the_collective_is_the_culprit():
@@ -232,7 +290,10 @@ def test_hang_with_two_ranks_the_one_outside_the_collective_is_the_culprit():
         stacks = {r: _stacks(r, stuck if r == culprit else waiting) for r in range(2)}
         _, full = diagnose(make_summaries(2, seed=14), stacks=stacks)
         assert full[0].category == "hang" and full[0].ranks == [culprit]
-        assert "stuck at read_shard (data.py:12) while 1 other rank(s) wait at all_reduce in train_step (train.py:57)" in full[0].message
+        assert (
+            "stuck at read_shard (data.py:12) while 1 other rank(s) wait at all_reduce in train_step (train.py:57)"
+            in full[0].message
+        )
 
 
 def test_one_kernel_slower_on_one_rank_is_a_kernel_finding():

@@ -4,6 +4,7 @@ analysis process tree never holds more than 1 GiB. Each case runs the real CLI i
 of a small runner process, which reads the peak RSS of the CLI and its worker processes from
 RUSAGE_CHILDREN (a child of the test process itself would count the test's own memory: Linux
 keeps a process's peak RSS across the exec that follows its fork)."""
+
 from __future__ import annotations
 
 import gzip
@@ -48,16 +49,24 @@ open(sys.argv[1], "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru
 sys.exit(rc)"""
 
 
-def peak_rss(command: list[str], tmp: Path, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, int]:
+def peak_rss(
+    command: list[str], tmp: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, int]:
     """Run `command`; its result and the peak RSS in bytes of it and its descendants."""
     rss = tmp / "rss"
-    done = subprocess.run([sys.executable, "-c", RUNNER, str(rss), *command], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(rss), *command],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     return done, int(rss.read_text())
 
 
 def analyze(folder: Path, *args: str, env: dict[str, str] | None = None) -> Run:
-    done, rss = peak_rss([sys.executable, "-m", "stepscope.cli", "analyze", str(folder), "--no-progress", *args], folder.parent, env)
+    done, rss = peak_rss(
+        [sys.executable, "-m", "stepscope.cli", "analyze", str(folder), "--no-progress", *args], folder.parent, env
+    )
     return Run(done.returncode, done.stdout, done.stderr, rss, folder)
 
 
@@ -76,7 +85,9 @@ def assert_flagged(run: Run, why: str) -> None:
     """Ranks 0 and 1 diagnosed, rank 2 named as not analysed with `why`, one line on stderr."""
     assert "Traceback" not in run.stderr + run.stdout
     assert run.rc == 3, run.stderr
-    assert run.stderr.strip().splitlines() == ["stepscope analyze: 1 of 3 rank(s) could not be analysed (see the report)"]
+    assert run.stderr.strip().splitlines() == [
+        "stepscope analyze: 1 of 3 rank(s) could not be analysed (see the report)"
+    ]
     doc = run.diagnosis
     assert doc["ranks"]["failed"] == [2] and doc["ranks"]["analysed"] == 2
     assert why in " ".join(doc["problems"]["2"]), doc["problems"]["2"]
@@ -85,7 +96,16 @@ def assert_flagged(run: Run, why: str) -> None:
 
 
 def event(**fields) -> dict:
-    base = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1000, "dur": 5, "args": {"stream": 7, "correlation": 1}}
+    base = {
+        "ph": "X",
+        "cat": "kernel",
+        "name": "k",
+        "pid": 0,
+        "tid": 7,
+        "ts": 1000,
+        "dur": 5,
+        "args": {"stream": 7, "correlation": 1},
+    }
     return {**base, **fields}
 
 
@@ -99,9 +119,29 @@ def nested(depth: int) -> str:
 
 def bomb_block(events_per_member: int) -> bytes:
     """Valid events that repeat every 100 (a deflate window holds them: ~1000x compression)."""
-    return ",".join(json.dumps(e, separators=(",", ":")) for i in range(events_per_member) for e in (
-        event(name=f"k{i % 50}", ts=4 * (i % 100), dur=3, args={"stream": 7, "correlation": i % 100, "External id": i % 100}),
-        event(cat="cpu_op", name=f"aten::op{i % 30}", pid=100, ts=4 * (i % 100), dur=2, args={"External id": i % 100}))).encode() + b","
+    return (
+        ",".join(
+            json.dumps(e, separators=(",", ":"))
+            for i in range(events_per_member)
+            for e in (
+                event(
+                    name=f"k{i % 50}",
+                    ts=4 * (i % 100),
+                    dur=3,
+                    args={"stream": 7, "correlation": i % 100, "External id": i % 100},
+                ),
+                event(
+                    cat="cpu_op",
+                    name=f"aten::op{i % 30}",
+                    pid=100,
+                    ts=4 * (i % 100),
+                    dur=2,
+                    args={"External id": i % 100},
+                ),
+            )
+        ).encode()
+        + b","
+    )
 
 
 def bomb(events_per_member: int, members: int, rank: int = 2) -> bytes:
@@ -113,22 +153,44 @@ def bomb(events_per_member: int, members: int, rank: int = 2) -> bytes:
 
 # (case, file content, the reason the report gives) for a rank that cannot be analysed at all.
 UNREADABLE = [
-    ("args nested 10k deep", trace([event(args={"x": "@"})]).replace(b'"@"', nested(10_000).encode()), "nested too deeply"),
-    ("a metadata key nested 10k deep", trace([event()])[:-1] + b', "extra": ' + nested(10_000).encode() + b"}", "nested too deeply"),
-    ("the event list nested 10k deep", b'{"traceEvents": ' + nested(10_000).encode() + b"}", "Expected `object`, got `array`"),
+    (
+        "args nested 10k deep",
+        trace([event(args={"x": "@"})]).replace(b'"@"', nested(10_000).encode()),
+        "nested too deeply",
+    ),
+    (
+        "a metadata key nested 10k deep",
+        trace([event()])[:-1] + b', "extra": ' + nested(10_000).encode() + b"}",
+        "nested too deeply",
+    ),
+    (
+        "the event list nested 10k deep",
+        b'{"traceEvents": ' + nested(10_000).encode() + b"}",
+        "Expected `object`, got `array`",
+    ),
     ("truncated gzip", gzip.compress(trace([event(ts=t) for t in range(0, 50_000, 10)]))[:3000], "truncated"),
-    ("truncated JSON", gzip.compress(trace([event(ts=t) for t in range(0, 5000, 10)])[:-700]), "invalid or truncated JSON"),
+    (
+        "truncated JSON",
+        gzip.compress(trace([event(ts=t) for t in range(0, 5000, 10)])[:-700]),
+        "invalid or truncated JSON",
+    ),
     ("empty file", b"", "empty"),
     ("binary junk", random.Random(7).randbytes(200_000), "not a Kineto"),
     ("gzip of binary junk", gzip.compress(random.Random(8).randbytes(200_000)), "not a Kineto"),
     ("JSON's NaN literal", trace([event()]).replace(b'"dur": 5', b'"dur": NaN'), "invalid or truncated JSON"),
     ("an event of 100 MB", trace([event(name="x" * (100 << 20))]), "no event boundary within 64 MiB"),
-    ("only impossible durations", trace([event(dur=-5), event(dur=1e300), event(dur=86_400e6 + 1)]), "no events with a duration"),
+    (
+        "only impossible durations",
+        trace([event(dur=-5), event(dur=1e300), event(dur=86_400e6 + 1)]),
+        "no events with a duration",
+    ),
 ]
 
 
 @pytest.mark.parametrize("content,why", [c[1:] for c in UNREADABLE], ids=[c[0] for c in UNREADABLE])
-def test_unreadable_rank_is_named_and_the_others_diagnosed(tmp_path: Path, shared_traces: Path, content: bytes, why: str) -> None:
+def test_unreadable_rank_is_named_and_the_others_diagnosed(
+    tmp_path: Path, shared_traces: Path, content: bytes, why: str
+) -> None:
     assert_flagged(analyze(session(tmp_path, shared_traces, content)), why)
 
 
@@ -145,9 +207,19 @@ def test_zip_of_a_zip_named_like_a_trace(tmp_path: Path, shared_traces: Path) ->
 
 # Values of the wrong type in each field the loader reads: refused with the field's name, or (for
 # the identifiers, which profilers write as numbers, strings or null) read as absent.
-WRONG_TYPES = [("cat", 5), ("name", []), ("pid", {}), ("ts", "abc"), ("dur", [1]), ("args", []),
-               ("args", {"stream": {}}), ("args", {"correlation": []}), ("args", {"Collective name": 5}),
-               ("args", {"External id": [1]}), ("args", {"dtype": 3})]
+WRONG_TYPES = [
+    ("cat", 5),
+    ("name", []),
+    ("pid", {}),
+    ("ts", "abc"),
+    ("dur", [1]),
+    ("args", []),
+    ("args", {"stream": {}}),
+    ("args", {"correlation": []}),
+    ("args", {"Collective name": 5}),
+    ("args", {"External id": [1]}),
+    ("args", {"dtype": 3}),
+]
 
 
 @pytest.mark.parametrize("key,value", WRONG_TYPES, ids=[f"{k}={json.dumps(v)}" for k, v in WRONG_TYPES])
@@ -164,11 +236,19 @@ def test_huge_numbers_are_read_or_refused_never_a_crash(tmp_path: Path) -> None:
     path.write_bytes(trace(events).replace(b'"ts": 1000,', b'"ts": 1e400,', 1))
     with pytest.raises(TraceError, match="Number out of range"):
         load_trace(path)
-    path.write_bytes(trace(events + [event(pid=10 ** 30, args={"stream": 10 ** 40, "correlation": -(10 ** 30), "bytes": 10 ** 25}),
-                                     event(ts=10 ** 30), event(dur=10 ** 30)]))
+    path.write_bytes(
+        trace(
+            events
+            + [
+                event(pid=10**30, args={"stream": 10**40, "correlation": -(10**30), "bytes": 10**25}),
+                event(ts=10**30),
+                event(dur=10**30),
+            ]
+        )
+    )
     loaded = load_trace(path)
     assert np.isfinite(loaded.ts).all() and np.isfinite(loaded.dur).all() and (loaded.dur >= -1).all()
-    assert loaded.stream.max() < 10 ** 18 and loaded.pid.max() < 10 ** 18
+    assert loaded.stream.max() < 10**18 and loaded.pid.max() < 10**18
     assert any("impossible times" in w for w in loaded.warnings)
 
 
@@ -178,8 +258,12 @@ def test_nonsense_durations_are_dropped_and_counted(tmp_path: Path, shared_trace
     good = json.loads(gzip.decompress((shared_traces / GOOD / "sampled_rank-0.json.gz").read_bytes()))
     before = load_trace(shared_traces / GOOD / "sampled_rank-0.json.gz")
     start = float(np.min(before.ts))
-    bad = [event(ts=start + 10, dur=-50), event(ts=start + 20, dur=2 * 86_400e6), event(ts=start + 1e6 * 86_400 * 365, dur=5),
-           event(ts=start + 30, dur=-1e300)]
+    bad = [
+        event(ts=start + 10, dur=-50),
+        event(ts=start + 20, dur=2 * 86_400e6),
+        event(ts=start + 1e6 * 86_400 * 365, dur=5),
+        event(ts=start + 30, dur=-1e300),
+    ]
     good["traceEvents"] += bad
     folder = tmp_path / "s"
     folder.mkdir()
@@ -187,8 +271,10 @@ def test_nonsense_durations_are_dropped_and_counted(tmp_path: Path, shared_trace
     after = load_trace(folder / "rank0.json")
     assert len(after) == len(before)
     np.testing.assert_array_equal(after.ts, before.ts)
-    assert after.warnings[-1] == (f"dropped 4 of {len(before) + 4:,} events with impossible times (2 negative duration, "
-                                  "1 longer than a day, 1 starting over a day away from the trace's other events)")
+    assert after.warnings[-1] == (
+        f"dropped 4 of {len(before) + 4:,} events with impossible times (2 negative duration, "
+        "1 longer than a day, 1 starting over a day away from the trace's other events)"
+    )
     run = analyze(folder)
     assert run.rc == 0 and "Traceback" not in run.stderr
     assert any("impossible times" in f["message"] for f in run.diagnosis["findings"])
@@ -221,7 +307,9 @@ def test_byte_cap_cuts_a_rank_and_the_report_says_so(tmp_path: Path, shared_trac
 
 def test_bad_cap_setting_is_a_one_line_error(tmp_path: Path, shared_traces: Path) -> None:
     run = analyze(session(tmp_path, shared_traces, None), env={"STEPSCOPE_MAX_TRACE_EVENTS": "lots"})
-    assert run.rc == 1 and run.stderr.strip().splitlines() == ["stepscope analyze: STEPSCOPE_MAX_TRACE_EVENTS must be a positive integer, not 'lots'"]
+    assert run.rc == 1 and run.stderr.strip().splitlines() == [
+        "stepscope analyze: STEPSCOPE_MAX_TRACE_EVENTS must be a positive integer, not 'lots'"
+    ]
 
 
 def test_every_rank_hostile_is_one_line_and_nonzero(tmp_path: Path) -> None:
@@ -231,7 +319,9 @@ def test_every_rank_hostile_is_one_line_and_nonzero(tmp_path: Path) -> None:
     (folder / "rank1.json.gz").write_bytes(b"\x1f\x8b" + b"\0" * 100)
     run = analyze(folder)
     assert run.rc == 1 and "Traceback" not in run.stderr
-    assert run.stderr.strip().splitlines() == ["stepscope analyze: 2 of 2 rank(s) could not be analysed (see the report)"]
+    assert run.stderr.strip().splitlines() == [
+        "stepscope analyze: 2 of 2 rank(s) could not be analysed (see the report)"
+    ]
 
 
 def test_symlink_out_of_the_session_is_not_read(tmp_path: Path, shared_traces: Path) -> None:
@@ -262,13 +352,15 @@ def test_random_mutations_of_a_real_trace_never_crash(tmp_path: Path, shared_tra
                 case 0:
                     data[at] = rng.randrange(256)
                 case 1:
-                    del data[at: at + rng.randint(1, 500)]
+                    del data[at : at + rng.randint(1, 500)]
                 case 2:
-                    data[at:at] = rng.choice([b"[" * 3000, b"{", b"}", b'"', b",", b"-1e999", b"NaN", b"null", b"\xff\xfe"])
+                    data[at:at] = rng.choice(
+                        [b"[" * 3000, b"{", b"}", b'"', b",", b"-1e999", b"NaN", b"null", b"\xff\xfe"]
+                    )
                 case 3:
-                    data[at:at] = data[at: at + rng.randint(1, 5000)]
+                    data[at:at] = data[at : at + rng.randint(1, 5000)]
                 case 4:
-                    data[at:at] = str(rng.choice([-1, 10 ** 20, -(10 ** 20), 1e308, 0.5])).encode()
+                    data[at:at] = str(rng.choice([-1, 10**20, -(10**20), 1e308, 0.5])).encode()
         path.write_bytes(gzip.compress(bytes(data), 1) if rng.random() < 0.5 else bytes(data))
         try:
             loaded = load_trace(path)
@@ -282,14 +374,20 @@ def test_random_mutations_of_a_real_trace_never_crash(tmp_path: Path, shared_tra
 
 # GPU metrics files (nodes/<pod>/gpu-metrics.csv.gz) are untrusted too.
 
+
 def test_metrics_gzip_bomb_is_cut_at_the_cap(tmp_path: Path) -> None:
     rows = b"".join(b"%d,0,1410,1215,0,300,60,1000,90,40,,,,,\n" % (1_700_000_000_000_000 + i) for i in range(20_000))
-    header = b"ts_us,gpu,sm_clock_mhz,mem_clock_mhz,clock_reasons,power_w,temperature_c,memory_used_mib,gpu_util_pct,mem_util_pct,pcie_tx_bytes,pcie_rx_bytes,ecc_sbe,ecc_dbe,xid\n"
+    header = (
+        b"ts_us,gpu,sm_clock_mhz,mem_clock_mhz,clock_reasons,power_w,temperature_c,memory_used_mib,"
+        b"gpu_util_pct,mem_util_pct,pcie_tx_bytes,pcie_rx_bytes,ecc_sbe,ecc_dbe,xid\n"
+    )
     member = gzip.compress(rows, 9)
     path = tmp_path / "gpu-metrics.csv.gz"
     path.write_bytes(gzip.compress(header) + member * 2000)  # ~1.7 GB of CSV
-    code = ("from pathlib import Path; from stepscope.analysis.loading.gpu_samples import read_metrics;"
-            f"f = read_metrics(Path({str(path)!r}), 32 << 20); print(len(f), f.attrs['warnings'])")
+    code = (
+        "from pathlib import Path; from stepscope.analysis.loading.gpu_samples import read_metrics;"
+        f"f = read_metrics(Path({str(path)!r}), 32 << 20); print(len(f), f.attrs['warnings'])"
+    )
     done, rss = peak_rss([sys.executable, "-c", code], tmp_path)
     assert "cut after 32 MiB of CSV" in done.stdout and int(done.stdout.split()[0]) > 300_000, done.stderr
     assert rss < GIB / 2
@@ -309,7 +407,9 @@ def test_a_nodes_metrics_bomb_is_cut_and_reported_by_the_cli(tmp_path: Path, sha
     root = tmp_path / "session"
     (root / "ranks").mkdir(parents=True)
     for rank in (0, 1):
-        shutil.copy(shared_traces / GOOD / f"sampled_rank-{rank}.json.gz", root / "ranks" / f"rank-{rank}.trace.json.gz")
+        shutil.copy(
+            shared_traces / GOOD / f"sampled_rank-{rank}.json.gz", root / "ranks" / f"rank-{rank}.trace.json.gz"
+        )
     header = b"ts_us,gpu,sm_clock_mhz,power_w\n"
     rows = b"".join(b"%d,0,1410,300\n" % (1_700_000_000_000_000 + i) for i in range(20_000))
     (root / "nodes" / "pod-a").mkdir(parents=True)
@@ -325,12 +425,20 @@ def test_oversized_summary_and_stacks_files_are_refused_unread(tmp_path: Path, s
     root = tmp_path / "session"
     (root / "ranks").mkdir(parents=True)
     for rank in (0, 1):
-        shutil.copy(shared_traces / GOOD / f"sampled_rank-{rank}.json.gz", root / "ranks" / f"rank-{rank}.trace.json.gz")
-    (root / "ranks" / "rank-2.summary.json").write_bytes(b'{"version": 1, "rank": 2, "warnings": [' + b'"x",' * (10 << 20) + b'"x"]}')
+        shutil.copy(
+            shared_traces / GOOD / f"sampled_rank-{rank}.json.gz", root / "ranks" / f"rank-{rank}.trace.json.gz"
+        )
+    (root / "ranks" / "rank-2.summary.json").write_bytes(
+        b'{"version": 1, "rank": 2, "warnings": [' + b'"x",' * (10 << 20) + b'"x"]}'
+    )
     (root / "ranks" / "rank-1.stacks.json").write_bytes(b'{"step": 3, "threads": [' + b"[1.5]," * (7 << 20) + b"[1]]}")
     run = analyze(root)
     assert run.rc == 3 and "Traceback" not in run.stderr, run.stderr
     problems = run.diagnosis["problems"]
-    assert any("ranks/rank-2.summary.json holds 42 MB, more than the 32 MiB such a file may" in p for p in problems["2"]), problems
-    assert any("ranks/rank-1.stacks.json cannot be read: " in p and "more than the 32 MiB" in p for p in problems["1"]), problems
+    assert any(
+        "ranks/rank-2.summary.json holds 42 MB, more than the 32 MiB such a file may" in p for p in problems["2"]
+    ), problems
+    assert any(
+        "ranks/rank-1.stacks.json cannot be read: " in p and "more than the 32 MiB" in p for p in problems["1"]
+    ), problems
     assert run.diagnosis["ranks"]["analysed"] == 2 and run.max_rss < GIB

@@ -1,5 +1,6 @@
 """How many worker processes an analysis runs: cores it may use, its cgroup's CPU quota and memory
 limit (v2 and v1 files as the kernel writes them), never more than there are ranks."""
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,9 @@ def cgroup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_no_cgroup_limits_take_the_cores_up_to_the_ranks(cgroup: Path):
-    assert parallel.analysis_workers(8) == 8 and parallel.analysis_workers(100) == 16 and parallel.analysis_workers(0) == 1
+    assert (
+        parallel.analysis_workers(8) == 8 and parallel.analysis_workers(100) == 16 and parallel.analysis_workers(0) == 1
+    )
 
 
 def test_cgroup_v2_quota_and_memory_bound_the_workers(cgroup: Path):
@@ -56,11 +59,15 @@ def test_one_worker_runs_in_this_process():
 
 def test_a_pool_started_from_a_script_on_stdin_runs_its_workers(tmp_path: Path):
     """`python - <<EOF` names its __main__ "<stdin>": spawned workers must not try to run that file."""
-    script = ("from stepscope.analysis.loading.parallel import worker_pool\n"
-              "import os\n"
-              "with worker_pool(2) as pool:\n"
-              "    pids = {pool.submit(os.getpid).result() for _ in range(4)}\n"
-              "print(len(pids - {os.getpid()}) >= 1, __file__)\n")
-    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    script = (
+        "from stepscope.analysis.loading.parallel import worker_pool\n"
+        "import os\n"
+        "with worker_pool(2) as pool:\n"
+        "    pids = {pool.submit(os.getpid).result() for _ in range(4)}\n"
+        "print(len(pids - {os.getpid()}) >= 1, __file__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-"], input=script, capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["True", "<stdin>"]

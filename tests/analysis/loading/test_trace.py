@@ -1,4 +1,5 @@
 """Loading Kineto traces: formats and profiler generations, streaming in pieces, and bad input."""
+
 from __future__ import annotations
 
 import gzip
@@ -13,8 +14,19 @@ from stepscope.analysis.loading import trace as trace_module
 from stepscope.analysis.loading.trace import TraceError, load_trace
 from stepscope.analysis.statistics.summary import summarize, summarize_file
 
-COLUMNS = ("cat", "name", "pid", "ts", "dur", "stream", "correlation", "external_id", "nbytes",
-           "python_id", "python_parent")
+COLUMNS = (
+    "cat",
+    "name",
+    "pid",
+    "ts",
+    "dur",
+    "stream",
+    "correlation",
+    "external_id",
+    "nbytes",
+    "python_id",
+    "python_parent",
+)
 
 
 def one(folder: Path) -> Path:
@@ -31,13 +43,29 @@ def write(path: Path, events: list[dict], **meta) -> Path:
 
 
 def kernel(name: str, ts: float, dur: float, corr: int, stream: int = 7) -> dict:
-    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
-            "args": {"stream": stream, "correlation": corr, "device": 0}}
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "pid": 0,
+        "tid": stream,
+        "ts": ts,
+        "dur": dur,
+        "args": {"stream": stream, "correlation": corr, "device": 0},
+    }
 
 
 def launch(ts: float, dur: float, corr: int, name: str = "cudaLaunchKernel") -> dict:
-    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
-            "args": {"correlation": corr}}
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": name,
+        "pid": 1,
+        "tid": 1,
+        "ts": ts,
+        "dur": dur,
+        "args": {"correlation": corr},
+    }
 
 
 def same_columns(a, b) -> None:
@@ -79,8 +107,10 @@ def test_pieces_cut_anywhere_give_the_same_columns(shared_traces: Path, tmp_path
 def test_metadata_after_the_events_and_bare_arrays(tmp_path: Path):
     events = [launch(10, 5, 1), kernel("k", 20, 4, 1)]
     tail = tmp_path / "tail.json"
-    tail.write_text('{"traceEvents": ' + json.dumps(events) + ', "distributedInfo": {"rank": 3, "world_size": 4,'
-                    ' "backend": "gloo"}, "displayTimeUnit": "ns"}')
+    tail.write_text(
+        '{"traceEvents": ' + json.dumps(events) + ', "distributedInfo": {"rank": 3, "world_size": 4,'
+        ' "backend": "gloo"}, "displayTimeUnit": "ns"}'
+    )
     t = load_trace(tail)
     assert (t.rank, t.world_size, t.backend) == (3, 4, "gloo")
     bare = tmp_path / "bare.json"
@@ -109,10 +139,14 @@ def test_rocm_traces_measure_hip_launches(shared_traces: Path):
 
 
 def test_nanosecond_timestamps_are_rounded_inwards_like_hta(tmp_path: Path):
-    path = write(tmp_path / "ns.json", [
-        {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 10.2, "dur": 1.5},
-        {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 20.7, "dur": 3.6},
-    ], displayTimeUnit="ns")
+    path = write(
+        tmp_path / "ns.json",
+        [
+            {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 10.2, "dur": 1.5},
+            {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 20.7, "dur": 3.6},
+        ],
+        displayTimeUnit="ns",
+    )
     t = load_trace(path)
     assert t.rounded
     assert t.ts.tolist() == [11.0, 21.0]  # start rounded up
@@ -138,17 +172,22 @@ def test_trace_without_steps_is_one_step(shared_traces: Path):
     assert any("no ProfilerStep" in w for w in s.warnings)
 
 
-@pytest.mark.parametrize("content, reason", [
-    (b"", "empty"),
-    (b'{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 2}',
-     "truncated"),
-    (b'{"traceEvents": [{"ph": "X", "cat": ', "truncated"),
-    (b"this is not json", "no \"traceEvents\""),
-    (b'{"traceEvents": []}', "no events"),
-    (b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "x"}}]}', "no events"),
-    (b'{"schemaVersion": 1}', "no \"traceEvents\""),
-    (b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": "soon", "dur": 2}]}', "unexpected value"),
-])
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (b"", "empty"),
+        (
+            b'{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 2}',
+            "truncated",
+        ),
+        (b'{"traceEvents": [{"ph": "X", "cat": ', "truncated"),
+        (b"this is not json", 'no "traceEvents"'),
+        (b'{"traceEvents": []}', "no events"),
+        (b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "x"}}]}', "no events"),
+        (b'{"schemaVersion": 1}', 'no "traceEvents"'),
+        (b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": "soon", "dur": 2}]}', "unexpected value"),
+    ],
+)
 def test_bad_traces_raise_a_clear_error_and_summaries_carry_it(tmp_path: Path, content: bytes, reason: str):
     path = tmp_path / "rank-2.trace.json"
     path.write_bytes(content)
@@ -206,13 +245,19 @@ def test_random_layouts_and_window_sizes_load_like_json(tmp_path: Path, monkeypa
     """Any JSON layout, names full of '},' and quotes, nested args, any window size: the rows are
     the ones json.loads sees."""
     rng = np.random.default_rng(seed)
-    pieces = ['},', '{', '"', '\\', '}, {', ']', 'é', 'ProfilerStep#1', ' ']
+    pieces = ["},", "{", '"', "\\", "}, {", "]", "é", "ProfilerStep#1", " "]
     events = []
     for i in range(int(rng.integers(1, 400))):
         name = "".join(str(rng.choice(pieces)) for _ in range(int(rng.integers(0, 6))))
-        event = {"ph": str(rng.choice(["X", "X", "X", "i", "f"])), "cat": str(rng.choice(["kernel", "cpu_op", "Trace"])),
-                 "name": name, "pid": int(rng.integers(0, 3)), "tid": "stream 7", "ts": float(rng.integers(0, 1000)),
-                 "args": {"stream": 7, "correlation": i, "nested": [{"a": name}, {"b": [1, {"c": "},"}]}]}}
+        event = {
+            "ph": str(rng.choice(["X", "X", "X", "i", "f"])),
+            "cat": str(rng.choice(["kernel", "cpu_op", "Trace"])),
+            "name": name,
+            "pid": int(rng.integers(0, 3)),
+            "tid": "stream 7",
+            "ts": float(rng.integers(0, 1000)),
+            "args": {"stream": 7, "correlation": i, "nested": [{"a": name}, {"b": [1, {"c": "},"}]}]},
+        }
         if event["ph"] == "X":
             event["dur"] = float(rng.integers(0, 50))
         events.append(event)
@@ -235,9 +280,13 @@ def test_random_layouts_and_window_sizes_load_like_json(tmp_path: Path, monkeypa
 def test_numbers_beyond_int64_read_as_absent(tmp_path: Path):
     huge = 18446744073709551615
     coll = kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 20, 5, huge)
-    coll["args"].update({"In msg nelems": huge, "Out msg nelems": 4, "Group size": 2, "dtype": "Float", "External id": huge})
+    coll["args"].update(
+        {"In msg nelems": huge, "Out msg nelems": 4, "Group size": 2, "dtype": "Float", "External id": huge}
+    )
     odd_pid = {**kernel("k", 30, 5, 3), "pid": huge}
-    path = write(tmp_path / "huge.json", [launch(10, 2, 1), coll, odd_pid, {**kernel("k", 40, 5, 4), "args": {"stream": huge}}])
+    path = write(
+        tmp_path / "huge.json", [launch(10, 2, 1), coll, odd_pid, {**kernel("k", 40, 5, 4), "args": {"stream": huge}}]
+    )
     trace = load_trace(path)
     assert trace.correlation.tolist() == [1, -1, 3, -1]
     assert trace.stream.tolist() == [-1, 7, 7, -1]

@@ -1,5 +1,6 @@
 """The report page escapes what comes from the traces: a kernel or pod name is text, never markup
 (the page is opened in a browser, and a trace is anyone's input)."""
+
 from __future__ import annotations
 
 import csv
@@ -29,7 +30,10 @@ def test_names_from_traces_are_escaped(tmp_path: Path) -> None:
 
 
 def test_kernel_tables_show_a_readable_name_beside_the_full_one(tmp_path: Path) -> None:
-    full = "void cutlass::device_kernel<flash::FlashAttnBwd<flash::CollectiveMainloopBwd<2, cute::tuple<cute::C<64>>>>>(flash::Params)"
+    full = (
+        "void cutlass::device_kernel<flash::FlashAttnBwd<flash::CollectiveMainloopBwd<2, "
+        "cute::tuple<cute::C<64>>>>>(flash::Params)"
+    )
     ranks = tmp_path / "ranks"
     ranks.mkdir()
     for s in make_summaries(2, slow_rank=1, kernel_factor=1.5, seed=3):

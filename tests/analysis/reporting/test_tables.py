@@ -1,4 +1,5 @@
 """The report's CSV tables agree with the summaries they come from."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,7 +14,9 @@ def test_tables_add_up():
     csv = report_tables(build_tables(summaries))
     steps = csv["step_trace_time.csv"]
     assert len(steps) == sum(len(s.steps) for s in summaries)
-    assert steps["Stage"].to_numpy() == pytest.approx((steps["Computing"] + steps["Communication(Not Overlapped)"] + steps["Free"]).to_numpy())
+    assert steps["Stage"].to_numpy() == pytest.approx(
+        (steps["Computing"] + steps["Communication(Not Overlapped)"] + steps["Free"]).to_numpy()
+    )
 
     ops = csv["op_statistic.csv"]
     assert ops["Ratio(%)"].sum() == pytest.approx(100.0)

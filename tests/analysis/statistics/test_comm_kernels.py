@@ -6,6 +6,7 @@ The real DeepSeek-V3 training trace (deepseek-ai/profile-data, train.json: one H
 is read from $STEPSCOPE_EXTDATA/deepseek-profile-data (default: ../extdata next to the checkout)
 and the test skips without it; it is never copied into the repository.
 """
+
 from __future__ import annotations
 
 import csv
@@ -31,29 +32,38 @@ COMBINE = "void deep_ep::internode::combine<__nv_bfloat16, 8, 2>(int4*, float*, 
 GEMM = "void cutlass::device_kernel<flash::FlashAttnFwd<x>>(flash::Params)"
 
 
-@pytest.mark.parametrize("name, library", [
-    (DISPATCH, "DeepEP"),
-    ("void dpsk::ep::internode::notify_dispatch<false, 8>(int const*, long*, int)", "DeepEP"),
-    ("void deep_ep::internode_ll::combine<8, 7168>(void*, int*)", "DeepEP"),
-    ("nvshmemi_transfer_rma_nbi_kernel(void*)", "NVSHMEM"),
-    ("void nvshmemi_barrier_all_on_stream_kernel()", "NVSHMEM"),
-    ("rcclKernel_AllToAllPivot(ncclDevComm*)", "RCCL"),
-    ("void fused_moe_all_to_all_kernel<float>(float*)", "all-to-all"),
-    ("void moe_a2a_combine(float*)", "all-to-all"),
-    ("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)", "collective"),
-    ("void vllm::cross_device_reduce_1stage<half, 8>(vllm::RankData*)", "collective"),
-    ("void mscclpp::allreduce6<float>(float*)", "MSCCL"),
-])
+@pytest.mark.parametrize(
+    "name, library",
+    [
+        (DISPATCH, "DeepEP"),
+        ("void dpsk::ep::internode::notify_dispatch<false, 8>(int const*, long*, int)", "DeepEP"),
+        ("void deep_ep::internode_ll::combine<8, 7168>(void*, int*)", "DeepEP"),
+        ("nvshmemi_transfer_rma_nbi_kernel(void*)", "NVSHMEM"),
+        ("void nvshmemi_barrier_all_on_stream_kernel()", "NVSHMEM"),
+        ("rcclKernel_AllToAllPivot(ncclDevComm*)", "RCCL"),
+        ("void fused_moe_all_to_all_kernel<float>(float*)", "all-to-all"),
+        ("void moe_a2a_combine(float*)", "all-to-all"),
+        ("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)", "collective"),
+        ("void vllm::cross_device_reduce_1stage<half, 8>(vllm::RankData*)", "collective"),
+        ("void mscclpp::allreduce6<float>(float*)", "MSCCL"),
+    ],
+)
 def test_communication_kernels_outside_nccl_are_recognised(name: str, library: str):
     assert CommKernels().library(name) == library
     assert kernel_type(name) == COMM
     assert kernel_type(name, HTA_COMM_KERNELS) == COMP  # HTA's definition: an nccl prefix only
 
 
-@pytest.mark.parametrize("name", [
-    GEMM, "volta_sgemm_128x64_nn", "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)",
-    "void dpsk::ep::cuda::get_dispatch_layout<256, 32, 8>(long const*, int*)",  # computes the routing, moves nothing
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        GEMM,
+        "volta_sgemm_128x64_nn",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)",
+        # computes the routing, moves nothing
+        "void dpsk::ep::cuda::get_dispatch_layout<256, 32, 8>(long const*, int*)",
+    ],
+)
 def test_compute_kernels_stay_compute(name: str):
     assert kernel_type(name) == COMP
 
@@ -72,10 +82,16 @@ def test_user_patterns_extend_the_list():
 def _ep_trace(path: Path, exchange: str = DISPATCH) -> Path:
     """One step of 300 µs: a GEMM 0-100 on stream 7, a dispatch 50-150 on stream 20 (50 µs of it
     under the GEMM), a combine 200-240 alone."""
-    events = [ev("user_annotation", "ProfilerStep#1", 0, 300),
-              *(ev("cuda_runtime", "cudaLaunchKernel", t, 1, correlation=c) for t, c in ((0, 1), (1, 2), (2, 3))),
-              gpu(GEMM, 0, 100, 1), gpu(exchange, 50, 100, 2, stream=20), gpu(COMBINE, 200, 40, 3, stream=20)]
-    path.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 64, "backend": "nccl"}, "traceEvents": events}))
+    events = [
+        ev("user_annotation", "ProfilerStep#1", 0, 300),
+        *(ev("cuda_runtime", "cudaLaunchKernel", t, 1, correlation=c) for t, c in ((0, 1), (1, 2), (2, 3))),
+        gpu(GEMM, 0, 100, 1),
+        gpu(exchange, 50, 100, 2, stream=20),
+        gpu(COMBINE, 200, 40, 3, stream=20),
+    ]
+    path.write_text(
+        json.dumps({"distributedInfo": {"rank": 0, "world_size": 64, "backend": "nccl"}, "traceEvents": events})
+    )
     return path
 
 
@@ -105,7 +121,10 @@ def test_cli_takes_user_patterns_and_refuses_bad_ones(tmp_path: Path, capsys: py
     with open(out / "communication.csv", newline="") as f:
         table = {(r["Collective"], r["Algorithm"]): float(r["Total Time(us)"]) for r in csv.DictReader(f)}
     assert table == {("Other", "user"): 100.0, ("Combine", "DeepEP"): 40.0}
-    assert main(["analyze", str(trace), "--output", str(tmp_path / "hta"), "--no-progress", "--hta-comm-kernels"]) == EXIT_OK
+    assert (
+        main(["analyze", str(trace), "--output", str(tmp_path / "hta"), "--no-progress", "--hta-comm-kernels"])
+        == EXIT_OK
+    )
     with open(tmp_path / "hta" / "communication.csv", newline="") as f:
         assert list(csv.DictReader(f)) == []
     assert main(["analyze", str(trace), "--no-progress", "--comm-kernel", "("]) == EXIT_USAGE
@@ -115,7 +134,10 @@ def test_cli_takes_user_patterns_and_refuses_bad_ones(tmp_path: Path, capsys: py
 @pytest.fixture(scope="module")
 def deepseek_train():
     if not DEEPSEEK_TRAIN.is_file():
-        pytest.skip(f"DeepSeek-V3 training trace not found at {DEEPSEEK_TRAIN} (deepseek-ai/profile-data train.json; set STEPSCOPE_EXTDATA)")
+        pytest.skip(
+            f"DeepSeek-V3 training trace not found at {DEEPSEEK_TRAIN} (deepseek-ai/profile-data train.json; set "
+            "STEPSCOPE_EXTDATA)"
+        )
     return load_trace(DEEPSEEK_TRAIN)
 
 
@@ -137,7 +159,12 @@ def test_deepseek_v3_expert_parallel_communication_is_counted(deepseek_train):
     # HTA's definition gives HTA 0.5.0's own numbers for this trace (run_hta.py --mode full on it):
     # idle 497 µs, compute 128,500 µs, non-compute 15 µs, no overlap, all kernel time COMPUTATION.
     hta = summarize(deepseek_train, comm=HTA_COMM_KERNELS)
-    assert (hta.temporal.idleUs, hta.temporal.computeUs, hta.temporal.nonComputeUs, hta.temporal.computePct) == (497, 128500, 15, 99.6)
+    assert (hta.temporal.idleUs, hta.temporal.computeUs, hta.temporal.nonComputeUs, hta.temporal.computePct) == (
+        497,
+        128500,
+        15,
+        99.6,
+    )
     assert {t.type: t.sumUs for t in hta.kernelTypes} == {"COMP": 128487, "MEM": 15, "COMP+MEM": 13}
     assert hta.overlapPct is None and hta.collectives == []
     # By default the DeepEP kernels leave compute: what none of the GEMMs hides becomes non-compute
@@ -152,11 +179,18 @@ def test_a_sessions_own_patterns_reach_the_summaries_and_the_report(tmp_path: Pa
     from stepscope import analysis
     from stepscope.contracts.session import SessionSpec
 
-    spec = SessionSpec.from_dict({"storage": {"uri": tmp_path.as_uri()}, "analysis": {"commKernelPatterns": ["halo_swap"]}})
+    spec = SessionSpec.from_dict(
+        {"storage": {"uri": tmp_path.as_uri()}, "analysis": {"commKernelPatterns": ["halo_swap"]}}
+    )
     trace = _ep_trace(tmp_path / "rank-0.json", exchange="void halo_swap<4>(float*)")
     mine = analysis.summarize(trace, comm_kernel_patterns=spec.analysis.commKernelPatterns)
     plain = analysis.summarize(trace)
     assert (mine.steps[0].communicationUs, plain.steps[0].communicationUs) == (140, 40)
-    analysis.report(str(trace), output=str(tmp_path / "out"), progress=False, comm_kernel_patterns=spec.analysis.commKernelPatterns)
+    analysis.report(
+        str(trace), output=str(tmp_path / "out"), progress=False, comm_kernel_patterns=spec.analysis.commKernelPatterns
+    )
     with open(tmp_path / "out" / "communication.csv", newline="") as f:
-        assert {(r["Collective"], r["Algorithm"]) for r in csv.DictReader(f)} == {("Other", "user"), ("Combine", "DeepEP")}
+        assert {(r["Collective"], r["Algorithm"]) for r in csv.DictReader(f)} == {
+            ("Other", "user"),
+            ("Combine", "DeepEP"),
+        }

@@ -5,6 +5,7 @@ the ones that failed) is compared with the summary of the same trace: times with
 percentages within 0.1 percentage point. Where HTA failed, the sane answer is stated. Communication
 kernels are HTA's (its nccl regex, HTA_COMM_KERNELS), not the wider default set.
 """
+
 from __future__ import annotations
 
 import csv
@@ -111,8 +112,10 @@ def test_kernel_type_breakdown(case):
     for s in ranked.values():
         for share in s.kernelTypes:
             totals[share.type] = totals.get(share.type, 0.0) + share.sumUs
-    expected = {"+".join(TYPE_NAMES[p] for p in r["kernel_type"].split(" overlapping ")): float(r["sum"])
-                for r in rows(ref / "get_gpu_kernel_breakdown__0.csv")}
+    expected = {
+        "+".join(TYPE_NAMES[p] for p in r["kernel_type"].split(" overlapping ")): float(r["sum"])
+        for r in rows(ref / "get_gpu_kernel_breakdown__0.csv")
+    }
     grand = sum(expected.values())
     if grand == 0:
         assert not any(s.hasGpu for s in ranked.values())

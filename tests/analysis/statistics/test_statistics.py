@@ -1,4 +1,5 @@
 """The metric building blocks against brute force, and each metric on small traces with known answers."""
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,7 @@ def test_unions_intersections_and_coverage_match_brute_force(seed: int):
     assert intervals.intersection((ms, me), other) == (grid(s, e) & grid(s2, e2)).sum()
     qs = rng.integers(0, 350, 30).astype(float)
     qe = qs + rng.integers(0, 80, 30)
-    expected = [grid(s, e)[int(a):int(b)].sum() for a, b in zip(qs, qe)]
+    expected = [grid(s, e)[int(a) : int(b)].sum() for a, b in zip(qs, qe)]
     assert intervals.covered((ms, me), qs, qe).tolist() == expected
 
 
@@ -56,26 +57,32 @@ def test_group_stats_match_numpy():
         assert (st["min"][i], st["max"][i]) == (v.min(), v.max())
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", COMM),
-    ("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", COMM),
-    ("Memcpy DtoD (Device -> Device)", MEM),
-    ("Memset (Device)", MEM),
-    ("volta_sgemm_128x64_nn", COMP),
-    ("Event Sync", OTHER),
-    ("void at::native::vectorized_elementwise_kernel<4, Memcpy>", OTHER),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", COMM),
+        ("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", COMM),
+        ("Memcpy DtoD (Device -> Device)", MEM),
+        ("Memset (Device)", MEM),
+        ("volta_sgemm_128x64_nn", COMP),
+        ("Event Sync", OTHER),
+        ("void at::native::vectorized_elementwise_kernel<4, Memcpy>", OTHER),
+    ],
+)
 def test_kernel_types_follow_hta(name: str, expected: int):
     assert kernel_type(name) == expected
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", ("AllReduce", "RING", "LL")),
-    ("ncclDevKernel_AllGather_RING_LL128(ncclDevComm*)", ("AllGather", "RING", "LL128")),
-    ("ncclDevKernel_ReduceScatter_Sum_f32_COLLNET_DIRECT_SIMPLE(x)", ("ReduceScatter", "COLLNET_DIRECT", "SIMPLE")),
-    ("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", ("SendRecv", "", "")),
-    ("ncclKernel_Broadcast_TREE_SIMPLE_Sum_int8_t", ("Broadcast", "TREE", "SIMPLE")),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", ("AllReduce", "RING", "LL")),
+        ("ncclDevKernel_AllGather_RING_LL128(ncclDevComm*)", ("AllGather", "RING", "LL128")),
+        ("ncclDevKernel_ReduceScatter_Sum_f32_COLLNET_DIRECT_SIMPLE(x)", ("ReduceScatter", "COLLNET_DIRECT", "SIMPLE")),
+        ("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", ("SendRecv", "", "")),
+        ("ncclKernel_Broadcast_TREE_SIMPLE_Sum_int8_t", ("Broadcast", "TREE", "SIMPLE")),
+    ],
+)
 def test_nccl_kernel_names(name: str, expected: tuple[str, str, str]):
     assert parse_nccl_name(name) == expected
 
@@ -100,10 +107,23 @@ def two_step_trace(tmp_path: Path) -> Path:
     step 2 computes 110-130, copies 130-140 and communicates 150-160 alone."""
     allreduce = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"
     events = [
-        ev("user_annotation", "ProfilerStep#1", 0, 100), ev("user_annotation", "ProfilerStep#2", 100, 100),
+        ev("user_annotation", "ProfilerStep#1", 0, 100),
+        ev("user_annotation", "ProfilerStep#2", 100, 100),
         ev("cuda_runtime", "cudaLaunchKernel", 5, 2, correlation=1),
-        ev("record_param_comms", "record_param_comms", 6, 3, **{"Collective name": "allreduce", "In msg nelems": 1000,
-           "Out msg nelems": 1000, "dtype": "Float", "Group size": 4, "External id": 77}),
+        ev(
+            "record_param_comms",
+            "record_param_comms",
+            6,
+            3,
+            **{
+                "Collective name": "allreduce",
+                "In msg nelems": 1000,
+                "Out msg nelems": 1000,
+                "dtype": "Float",
+                "Group size": 4,
+                "External id": 77,
+            },
+        ),
         ev("cuda_runtime", "cudaLaunchKernel", 6, 2, correlation=2, **{"External id": 77}),
         ev("cuda_runtime", "cudaLaunchKernel", 105, 2, correlation=3),
         ev("cuda_runtime", "cudaMemcpyAsync", 106, 2, correlation=4),
@@ -112,13 +132,23 @@ def two_step_trace(tmp_path: Path) -> Path:
         gpu("volta_sgemm_128x64_nn", 10, 40, 1),
         gpu(allreduce, 40, 30, 2, stream=13, **{"External id": 77}),
         gpu("volta_sgemm_128x64_nn", 110, 20, 3),
-        ev("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 130, 10, pid=0, tid=7, stream=7, correlation=4,
-           bytes=1_000_000),
+        ev(
+            "gpu_memcpy",
+            "Memcpy HtoD (Pageable -> Device)",
+            130,
+            10,
+            pid=0,
+            tid=7,
+            stream=7,
+            correlation=4,
+            bytes=1_000_000,
+        ),
         gpu(allreduce, 150, 10, 5, stream=13),
     ]
     path = tmp_path / "rank-1.json"
-    path.write_text(json.dumps({"distributedInfo": {"rank": 1, "world_size": 4, "backend": "nccl"},
-                                "traceEvents": events}))
+    path.write_text(
+        json.dumps({"distributedInfo": {"rank": 1, "world_size": 4, "backend": "nccl"}, "traceEvents": events})
+    )
     return path
 
 
@@ -184,8 +214,13 @@ def test_python_functions_by_stack(tmp_path: Path):
 
 def test_rccl_generic_kernels_take_their_kind_from_the_recorded_arguments(tmp_path: Path):
     generic = "ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)"
-    args = {"Collective name": "allreduce", "In msg nelems": 256, "Out msg nelems": 256, "dtype": "BFloat16",
-            "Group size": 8}
+    args = {
+        "Collective name": "allreduce",
+        "In msg nelems": 256,
+        "Out msg nelems": 256,
+        "dtype": "BFloat16",
+        "Group size": 8,
+    }
     events = [gpu(generic, 0, 10, 1, **args), gpu(generic, 20, 10, 2), gpu(generic, 40, 10, 3, **args)]
     path = tmp_path / "rccl.json"
     path.write_text(json.dumps({"traceEvents": events}))
@@ -196,13 +231,32 @@ def test_rccl_generic_kernels_take_their_kind_from_the_recorded_arguments(tmp_pa
 
 def test_cpu_collectives_pair_with_recorded_arguments_in_order(tmp_path: Path):
     """gloo runs the collective on its own thread; sizes come from record_param_comms, in issue order."""
+
     def recorded(ts: float, nelems: int) -> dict:
-        return ev("cpu_op", "record_param_comms", ts, 5, **{"Collective name": "allreduce", "In msg nelems": nelems,
-                                                             "Out msg nelems": nelems, "dtype": "Float", "Group size": 2})
-    events = [recorded(0, 100), ev("user_annotation", "gloo:all_reduce", 10, 50, tid=9),
-              recorded(100, 300), ev("user_annotation", "gloo:all_reduce", 110, 30, tid=9)]
+        return ev(
+            "cpu_op",
+            "record_param_comms",
+            ts,
+            5,
+            **{
+                "Collective name": "allreduce",
+                "In msg nelems": nelems,
+                "Out msg nelems": nelems,
+                "dtype": "Float",
+                "Group size": 2,
+            },
+        )
+
+    events = [
+        recorded(0, 100),
+        ev("user_annotation", "gloo:all_reduce", 10, 50, tid=9),
+        recorded(100, 300),
+        ev("user_annotation", "gloo:all_reduce", 110, 30, tid=9),
+    ]
     path = tmp_path / "gloo.json"
-    path.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 2, "backend": "gloo"}, "traceEvents": events}))
+    path.write_text(
+        json.dumps({"distributedInfo": {"rank": 0, "world_size": 2, "backend": "gloo"}, "traceEvents": events})
+    )
     (allreduce,) = summarize(load_trace(path)).collectives
     assert (allreduce.kind, allreduce.count, allreduce.durationsUs, allreduce.bytes) == ("AllReduce", 2, [50, 30], 1600)
     assert allreduce.busBandwidthGBs == pytest.approx(1600 * 2 * 1 / 2 / 80 / 1e3)
@@ -211,16 +265,23 @@ def test_cpu_collectives_pair_with_recorded_arguments_in_order(tmp_path: Path):
 def test_overlapping_gloo_calls_count_once_in_the_share_of_the_step(tmp_path: Path):
     """gloo runs several all-reduce buckets at once on its threads: rank 0 (waiting for rank 1)
     has 390 µs of calls in two 100 µs steps, covering 85 µs of step 1 and 90 µs of step 2."""
+
     def gloo(ts: float, dur: float, tid: int) -> dict:
         return ev("user_annotation", "gloo:all_reduce", ts, dur, tid=tid)
+
     steps = [ev("user_annotation", "ProfilerStep#1", 0, 100), ev("user_annotation", "ProfilerStep#2", 100, 100)]
-    calls = {0: [gloo(10, 80, 9), gloo(20, 75, 10), gloo(110, 80, 9), gloo(120, 75, 10), gloo(180, 80, 11)],
-             1: [gloo(85, 10, 9), gloo(88, 8, 10), gloo(185, 10, 9), gloo(188, 8, 10)]}
+    calls = {
+        0: [gloo(10, 80, 9), gloo(20, 75, 10), gloo(110, 80, 9), gloo(120, 75, 10), gloo(180, 80, 11)],
+        1: [gloo(85, 10, 9), gloo(88, 8, 10), gloo(185, 10, 9), gloo(188, 8, 10)],
+    }
     summaries = []
     for rank, events in calls.items():
         path = tmp_path / f"rank-{rank}.json"
-        path.write_text(json.dumps({"distributedInfo": {"rank": rank, "world_size": 2, "backend": "gloo"},
-                                    "traceEvents": steps + events}))
+        path.write_text(
+            json.dumps(
+                {"distributedInfo": {"rank": rank, "world_size": 2, "backend": "gloo"}, "traceEvents": steps + events}
+            )
+        )
         summaries.append(summarize(load_trace(path)))
     assert [[s.collectiveUs for s in r.steps] for r in summaries] == [[85, 90], [11, 11]]
     assert [r.collectives[0].sumUs for r in summaries] == [390, 36]  # per kind: each call counts
@@ -229,8 +290,11 @@ def test_overlapping_gloo_calls_count_once_in_the_share_of_the_step(tmp_path: Pa
         (comm,) = [f for f in diagnose(summaries)[1] if f.category == "communication"]
         return comm.message, comm.data.get("collectiveShare")
 
-    assert share(summaries) == ("ranks spend 49% of each step in gloo collectives (AllReduce) (least: rank 1 11%, most: rank 0 88%): "
-                                "most of it is waiting for the slowest rank", {"0": 0.875, "1": 0.11})
+    assert share(summaries) == (
+        "ranks spend 49% of each step in gloo collectives (AllReduce) (least: rank 1 11%, most: rank 0 88%): "
+        "most of it is waiting for the slowest rank",
+        {"0": 0.875, "1": 0.11},
+    )
     # Summaries written before StepRow.collectiveUs: the per-kind sum, capped at the step time.
     older = []
     for s in summaries:
@@ -247,9 +311,13 @@ def test_random_traces_summarise_without_surprises(tmp_path: Path, seed: int):
     """Odd but valid traces (zero and sub-µs durations, unmatched correlations, steps or none,
     kernels without launches, nested Python calls) give a summary whose numbers hold together."""
     rng = np.random.default_rng(seed)
-    names = {"kernel": ["volta_sgemm_128x64_nn", "ncclKernel_AllReduce_RING_LL_Sum_float(x)", "Memset (Device)"],
-             "gpu_memcpy": ["Memcpy HtoD (Pageable -> Device)"], "cuda_runtime": ["cudaLaunchKernel", "cudaMemcpyAsync"],
-             "cpu_op": ["aten::mm", "ProfilerStep#%d"], "python_function": ["a.py(1): f", "a.py(2): g"]}
+    names = {
+        "kernel": ["volta_sgemm_128x64_nn", "ncclKernel_AllReduce_RING_LL_Sum_float(x)", "Memset (Device)"],
+        "gpu_memcpy": ["Memcpy HtoD (Pageable -> Device)"],
+        "cuda_runtime": ["cudaLaunchKernel", "cudaMemcpyAsync"],
+        "cpu_op": ["aten::mm", "ProfilerStep#%d"],
+        "python_function": ["a.py(1): f", "a.py(2): g"],
+    }
     events = []
     for i in range(int(rng.integers(1, 200))):
         cat = str(rng.choice(list(names)))

@@ -1,6 +1,7 @@
 """Summaries of real CPU-only traces: two gloo ranks profiled with torch.profiler, rank 1 slowed
 inside a Python function (stepscope.local.workload.augment_batch_slowly). DDP splits the gradients into
 two buckets, which gloo all-reduces at once on its two threads, as it does on real models."""
+
 from __future__ import annotations
 
 import os
@@ -50,10 +51,15 @@ def gloo_traces(tmp_path_factory) -> Path:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, str(out), str(SLOW_MS), str(STEPS)],
-                              env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                   "RANK": str(r), "WORLD_SIZE": "2"},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, str(out), str(SLOW_MS), str(STEPS)],
+            env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r), "WORLD_SIZE": "2"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(2)
+    ]
     for p in procs:
         output = p.communicate(timeout=240)[0]
         assert p.returncode == 0, output.decode()[-2000:]

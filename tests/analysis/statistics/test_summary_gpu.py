@@ -1,4 +1,5 @@
 """Summaries of real GPU traces: PerfTracker's and Ascend's sections, which HTA does not have."""
+
 from __future__ import annotations
 
 import gzip

@@ -1,4 +1,5 @@
 """`stepscope analyze` on a session folder with NVML samples: findings and Perfetto counter tracks."""
+
 from __future__ import annotations
 
 import gzip
@@ -89,7 +90,10 @@ def test_bad_gpu_metrics_files_are_problems_of_their_pods_ranks(unhealthy_run: R
     for rank in pods[truncated]:
         assert any(f"GPU metrics of pod {truncated}" in p and "truncated" in p for p in problems[str(rank)])
     for rank in pods[wrong]:
-        assert any(f"GPU metrics of pod {wrong} unreadable" in p and "lacks column(s) ['gpu']" in p for p in problems[str(rank)])
+        assert any(
+            f"GPU metrics of pod {wrong} unreadable" in p and "lacks column(s) ['gpu']" in p
+            for p in problems[str(rank)]
+        )
 
 
 def test_gpu_metrics_with_only_the_required_columns(unhealthy_run: Run, tmp_path: Path) -> None:
@@ -97,7 +101,11 @@ def test_gpu_metrics_with_only_the_required_columns(unhealthy_run: Run, tmp_path
     for pod in unhealthy_run.files:
         target = session / layout.node_metrics(pod)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(gzip.compress(b"ts_us,gpu\n" + b"".join(b"%d,%d\n" % (t, g) for t in range(0, 10**7, 10**5) for g in range(4))))
+        target.write_bytes(
+            gzip.compress(
+                b"ts_us,gpu\n" + b"".join(b"%d,%d\n" % (t, g) for t in range(0, 10**7, 10**5) for g in range(4))
+            )
+        )
 
     diagnosis = analyze_uri(str(session), progress=False)
 

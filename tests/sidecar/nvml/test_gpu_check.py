@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.py, the one-command real-GPU check, kept working where no GPU is lent:
 its --simulate path runs the same capture, analysis and read-out on the CPU."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,22 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_gpu_check_reads_out_rate_metrics_tracks_and_findings(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--simulate", "--interval-us", "1000",
-                             "--steps", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "gpu_check.py"),
+            "--simulate",
+            "--interval-us",
+            "1000",
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     check = json.loads((tmp_path / "gpu-check.json").read_text())
     assert check["device"] == "simulated" and check["intervalUs"] == 1000

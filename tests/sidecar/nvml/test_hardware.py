@@ -1,4 +1,5 @@
 """Hardware findings on simulated runs recorded by the real sampler (tests/sidecar/nvml/conftest.py)."""
+
 from __future__ import annotations
 
 import gzip
@@ -90,7 +91,9 @@ def test_findings_are_scored_by_what_they_measure(unhealthy_run: Run) -> None:
     found, _ = findings(unhealthy_run.summaries, unhealthy_run.metrics)
     scores = {f.message.split(":")[0] if "XID" not in f.message else "XID": f.score for f in found}
     assert scores["GPU clock throttling (thermal)"] == pytest.approx(1 - 1.10 / 1.98, abs=0.01)
-    assert scores["GPU clock below its peers' (locked or lowered clocks, e.g. nvidia-smi -lgc)"] == pytest.approx(1 - 1.41 / 1.98, abs=0.01)
+    assert scores["GPU clock below its peers' (locked or lowered clocks, e.g. nvidia-smi -lgc)"] == pytest.approx(
+        1 - 1.41 / 1.98, abs=0.01
+    )
     assert scores["slow NVLink"] == pytest.approx(0.8, abs=0.05) and scores["slow PCIe"] == pytest.approx(0.8, abs=0.05)
     assert scores["XID"] == 0.0
     _, detailed = diagnose(unhealthy_run.summaries, hardware=unhealthy_run.metrics)
@@ -147,7 +150,15 @@ def test_counter_events_for_perfetto(unhealthy_run: Run) -> None:
     counters = [e for e in events if e["ph"] == "C"]
     names = {e["name"] for e in counters}
     for gpu in range(3):
-        for track in ("SM clock (MHz)", "power (W)", "temperature (°C)", "GPU utilization (%)", "throttled", "NVLink (GB/s)", "PCIe (GB/s)"):
+        for track in (
+            "SM clock (MHz)",
+            "power (W)",
+            "temperature (°C)",
+            "GPU utilization (%)",
+            "throttled",
+            "NVLink (GB/s)",
+            "PCIe (GB/s)",
+        ):
             assert f"GPU {gpu} {track}" in names
     assert {e["args"]["value"] for e in counters if e["name"] == "GPU 1 SM clock (MHz)"} == {1100.0}
     assert {e["args"]["value"] for e in counters if e["name"] == "GPU 1 throttled"} == {1.0}

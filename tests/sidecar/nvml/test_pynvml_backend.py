@@ -1,4 +1,5 @@
 """PynvmlBackend through the real pynvml bindings over a stand-in NVML library (fake_libnvml)."""
+
 from __future__ import annotations
 
 import logging
@@ -33,6 +34,7 @@ def install(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
         monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
         monkeypatch.setattr(nvml, "_said_absent", threading.Event())
         return lib
+
     return put
 
 
@@ -90,7 +92,10 @@ def test_field_values_follow_the_value_types_the_driver_reports(install) -> None
     fake[0].refused_fields = set()
     for kind in range(pynvml.NVML_VALUE_TYPE_COUNT):
         fake[0].pcie_bytes = 40_000 + kind
-        fake[0].value_types = {FI_PCIE_COUNT_TX_BYTES: kind, FI_PCIE_COUNT_RX_BYTES: (kind + 3) % pynvml.NVML_VALUE_TYPE_COUNT}
+        fake[0].value_types = {
+            FI_PCIE_COUNT_TX_BYTES: kind,
+            FI_PCIE_COUNT_RX_BYTES: (kind + 3) % pynvml.NVML_VALUE_TYPE_COUNT,
+        }
         assert list(backend.field_values(0, fields)) == [40_000 + kind, (40_000 + kind) // 2, 10_000], kind
     assert lib.field_calls == 1 + 1 + pynvml.NVML_VALUE_TYPE_COUNT  # link count, then one call per read
     backend.close()
@@ -117,7 +122,9 @@ def test_recorder_over_pynvml(install, tmp_path: Path) -> None:  # type: ignore[
     assert (fast["nvlink1_tx_kib"] == 10_000).all() and (fast["pcie_tx_bytes"] == 10_000_000).all()
     assert frame["power_w"].dropna().eq(612.345).all()
     driver = frame[(frame["gpu"] == 0) & frame["gpu_util_pct"].notna()]
-    assert list(driver["gpu_util_pct"]) == [80, 81, 82, 83, 84] and list(driver["ts_us"]) == [s[0] for s in fake[0].gpu_samples[1:]]
+    assert list(driver["gpu_util_pct"]) == [80, 81, 82, 83, 84] and list(driver["ts_us"]) == [
+        s[0] for s in fake[0].gpu_samples[1:]
+    ]
     assert frame.loc[frame["gpu"] == 0, "mem_util_pct"].dropna().eq(41).all()
     assert frame.loc[frame["xid"].notna(), ["gpu", "xid"]].values.tolist() == [[1, 48]]
 
@@ -131,13 +138,20 @@ def test_old_driver_without_clocks_event_reasons(install) -> None:  # type: igno
     backend.close()
 
 
-@pytest.mark.parametrize(("lib", "env", "said"), [
-    (lambda: FakeNvmlLib([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED), {}, "NVML is not usable here"),
-    (lambda: FakeNvmlLib(gpus()), {"CUDA_VISIBLE_DEVICES": ""}, "sees no GPU visible to this pod"),
-    (lambda: FakeNvmlLib([]), {}, "sees no GPU visible to this pod"),
-    (lambda: FakeNvmlLib(gpus()), {"CUDA_VISIBLE_DEVICES": "MIG-4f2c9e1a-7b3d"}, "MIG-4f2c9e1a-7b3d is a MIG instance"),
-    (lambda: FakeNvmlLib(gpus()), {"NVIDIA_VISIBLE_DEVICES": "MIG-4f2c9e1a-7b3d"}, "samples whole GPUs only"),
-])
+@pytest.mark.parametrize(
+    ("lib", "env", "said"),
+    [
+        (lambda: FakeNvmlLib([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED), {}, "NVML is not usable here"),
+        (lambda: FakeNvmlLib(gpus()), {"CUDA_VISIBLE_DEVICES": ""}, "sees no GPU visible to this pod"),
+        (lambda: FakeNvmlLib([]), {}, "sees no GPU visible to this pod"),
+        (
+            lambda: FakeNvmlLib(gpus()),
+            {"CUDA_VISIBLE_DEVICES": "MIG-4f2c9e1a-7b3d"},
+            "MIG-4f2c9e1a-7b3d is a MIG instance",
+        ),
+        (lambda: FakeNvmlLib(gpus()), {"NVIDIA_VISIBLE_DEVICES": "MIG-4f2c9e1a-7b3d"}, "samples whole GPUs only"),
+    ],
+)
 def test_no_usable_gpu(install, caplog: pytest.LogCaptureFixture, lib, env: dict[str, str], said: str) -> None:  # type: ignore[no-untyped-def]
     fake = install(lib())
     with caplog.at_level(logging.INFO, logger="stepscope.sidecar.nvml"):

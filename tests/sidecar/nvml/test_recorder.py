@@ -1,4 +1,5 @@
 """The NVML sampler on the simulated backend: schedule, window, file format, clock, failures."""
+
 from __future__ import annotations
 
 import gzip
@@ -22,7 +23,14 @@ from stepscope.testing.nvml.simulated import SimulatedBackend
 from .conftest import Profiled
 
 
-def record(backend: nvml.NvmlBackend, path: Path, seconds: float, interval_us: int = 1000, margin_s: float = 0.05, **stop: object) -> MetricsRecorder:
+def record(
+    backend: nvml.NvmlBackend,
+    path: Path,
+    seconds: float,
+    interval_us: int = 1000,
+    margin_s: float = 0.05,
+    **stop: object,
+) -> MetricsRecorder:
     recorder = MetricsRecorder(backend, interval_us, margin_s=margin_s)
     recorder.start()
     time.sleep(seconds)
@@ -107,7 +115,9 @@ def test_buffered_metrics_are_read_to_the_end(tmp_path: Path) -> None:
     assert frame["xid"].dropna().tolist() == [79]
 
 
-def test_only_the_ranks_gpus_are_written_under_the_index_their_ranks_use(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_only_the_ranks_gpus_are_written_under_the_index_their_ranks_use(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The sidecar sees every GPU of the node; a pod that got GPUs 2 and 3 calls them cuda:0 and
     cuda:1, and its traces name those. Rows of other GPUs are left out; the ranks' UUIDs (torch
     writes them without NVML's 'GPU-' prefix) say which GPU is whose."""
@@ -124,7 +134,9 @@ def test_only_the_ranks_gpus_are_written_under_the_index_their_ranks_use(tmp_pat
     assert set(frame.loc[frame["sm_clock_mhz"] < 1980, "gpu"]) == {1}  # GPU 3 throttles
     assert frame["xid"].dropna().tolist() == [79] and frame.loc[frame["xid"].notna(), "gpu"].tolist() == [1]
     assert [r.message for r in caplog.records if "not among the GPUs" in r.message] == [
-        "GPU(s) elsewhere of the pod's ranks are not among the GPUs NVML shows this sidecar; their hardware metrics are missing"]
+        "GPU(s) elsewhere of the pod's ranks are not among the GPUs NVML shows this sidecar; their hardware metrics "
+        "are missing"
+    ]
 
 
 def test_samples_line_up_with_the_steps_of_a_real_profiler_trace(profiled: Profiled) -> None:
@@ -198,7 +210,9 @@ def test_backend_errors_do_not_stop_the_sampler(tmp_path: Path, caplog: pytest.L
     assert sum("clocks failed" in r.message for r in caplog.records) == 1
 
 
-def test_no_gpu_says_so_once_and_returns_none(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_no_gpu_says_so_once_and_returns_none(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(nvml, "_said_absent", threading.Event())
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
     with caplog.at_level(logging.INFO, logger="stepscope.sidecar.nvml"):
@@ -223,18 +237,21 @@ def test_no_nvml_library_returns_none(monkeypatch: pytest.MonkeyPatch, caplog: p
     assert any("NVML is not usable here" in r.message for r in caplog.records)
 
 
-@pytest.mark.parametrize(("env", "expected"), [
-    ({}, None),
-    ({"CUDA_VISIBLE_DEVICES": "1,0"}, ["1", "0"]),
-    ({"CUDA_VISIBLE_DEVICES": "GPU-8f2e, GPU-11aa"}, ["GPU-8f2e", "GPU-11aa"]),
-    ({"CUDA_VISIBLE_DEVICES": ""}, []),
-    ({"CUDA_VISIBLE_DEVICES": "-1"}, []),
-    ({"CUDA_VISIBLE_DEVICES": "2", "NVIDIA_VISIBLE_DEVICES": "GPU-aaaa"}, ["2"]),
-    ({"NVIDIA_VISIBLE_DEVICES": "all"}, None),
-    ({"NVIDIA_VISIBLE_DEVICES": "none"}, []),
-    ({"NVIDIA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb"}, ["GPU-aaaa", "GPU-bbbb"]),
-    ({"NVIDIA_VISIBLE_DEVICES": "0,1"}, None),  # host indices: the container runtime applied them
-])
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, None),
+        ({"CUDA_VISIBLE_DEVICES": "1,0"}, ["1", "0"]),
+        ({"CUDA_VISIBLE_DEVICES": "GPU-8f2e, GPU-11aa"}, ["GPU-8f2e", "GPU-11aa"]),
+        ({"CUDA_VISIBLE_DEVICES": ""}, []),
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, []),
+        ({"CUDA_VISIBLE_DEVICES": "2", "NVIDIA_VISIBLE_DEVICES": "GPU-aaaa"}, ["2"]),
+        ({"NVIDIA_VISIBLE_DEVICES": "all"}, None),
+        ({"NVIDIA_VISIBLE_DEVICES": "none"}, []),
+        ({"NVIDIA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb"}, ["GPU-aaaa", "GPU-bbbb"]),
+        ({"NVIDIA_VISIBLE_DEVICES": "0,1"}, None),  # host indices: the container runtime applied them
+    ],
+)
 def test_visible_devices(env: dict[str, str], expected: list[str] | None) -> None:
     assert visible_device_ids(env) == expected
 

@@ -1,4 +1,5 @@
 """Real kopf against the test API server: the path the operator's tests take."""
+
 from __future__ import annotations
 
 import kopf
@@ -33,7 +34,8 @@ def _registry() -> kopf.OperatorRegistry:
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
     def deleted(name, namespace, **_):
         kubernetes.client.CoreV1Api().create_namespaced_config_map(
-            namespace, {"metadata": {"name": f"{name}-cleaned"}, "data": {"by": "kopf"}})
+            namespace, {"metadata": {"name": f"{name}-cleaned"}, "data": {"by": "kopf"}}
+        )
 
     return registry
 
@@ -63,7 +65,9 @@ def test_kopf_handlers_react_to_a_profile_session(kube, listing):
         obj = custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s")
         assert obj["metadata"]["finalizers"] == ["kopf.zalando.org/KopfFinalizerMarker"]
 
-        custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s", {"metadata": {"labels": {"team": "a"}}})
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, "s", {"metadata": {"labels": {"team": "a"}}}
+        )
         wait_for(lambda: status().get("workersReady") == "1/1", what="the update handler's status")
         assert status()["observedGeneration"] == 1
 

@@ -1,5 +1,6 @@
 """The API server's checks of names, labels, owner references, pods and Jobs, as the test server
 answers them (422 Invalid with the field and the API server's wording)."""
+
 from __future__ import annotations
 
 import kubernetes
@@ -22,7 +23,10 @@ def _causes(call) -> dict[str, str]:
 def test_names_must_be_rfc1123(core):
     causes = _causes(lambda: core.create_namespaced_pod("default", pod("Train_0")))
     assert causes["metadata.name"].startswith('Invalid value: "Train_0": a lowercase RFC 1123 subdomain')
-    assert "must be no more than 63 characters" in _causes(lambda: core.create_namespace({"metadata": {"name": "n" * 64}}))["metadata.name"]
+    assert (
+        "must be no more than 63 characters"
+        in _causes(lambda: core.create_namespace({"metadata": {"name": "n" * 64}}))["metadata.name"]
+    )
     assert core.create_namespaced_pod("default", pod("train-0.worker")).metadata.name == "train-0.worker"
 
 
@@ -39,7 +43,10 @@ def test_labels_and_annotations_are_checked(core):
     assert "name part must consist of alphanumeric characters" in causes["metadata.labels"]
     body = pod("p", {"stepscope.io/inject": "true"})
     body["metadata"]["annotations"] = {"Not_A.Domain/x": "1"}
-    assert "prefix part a lowercase RFC 1123 subdomain" in _causes(lambda: core.create_namespaced_pod("default", body))["metadata.annotations"]
+    assert (
+        "prefix part a lowercase RFC 1123 subdomain"
+        in _causes(lambda: core.create_namespaced_pod("default", body))["metadata.annotations"]
+    )
 
 
 def test_owner_references_need_a_uid(kube):
@@ -51,8 +58,10 @@ def test_owner_references_need_a_uid(kube):
 
 def test_pods_need_named_containers_with_images(core):
     body = pod("p")
-    body["spec"]["containers"] = [{"name": "train", "image": "trainer:1", "env": [{"name": "1BAD", "value": "x"}]},
-                                  {"name": "train", "image": ""}]
+    body["spec"]["containers"] = [
+        {"name": "train", "image": "trainer:1", "env": [{"name": "1BAD", "value": "x"}]},
+        {"name": "train", "image": ""},
+    ]
     causes = _causes(lambda: core.create_namespaced_pod("default", body))
     assert set(causes) == {"spec.containers[0].env[0].name", "spec.containers[1].image", "spec.containers[1].name"}
     assert causes["spec.containers[1].name"] == 'Duplicate value: "train"'
@@ -62,9 +71,17 @@ def test_pods_need_named_containers_with_images(core):
     core.create_namespaced_pod("default", pod("ok"))
     # Containers merge by name (an image is all a pod update may change: tests/testing/kube/test_pod_update.py).
     image = [{"name": "train", "image": "trainer:2"}]
-    assert [(c.name, c.image) for c in core.patch_namespaced_pod("ok", "default", {"spec": {"containers": image}}).spec.containers] == [("train", "trainer:2")]
-    twice = [{"op": "add", "path": "/spec/volumes", "value": [{"name": "v", "emptyDir": {}}, {"name": "v", "emptyDir": {}}]}]
-    assert _causes(lambda: core.patch_namespaced_pod("ok", "default", twice))["spec.volumes[1].name"] == 'Duplicate value: "v"'
+    assert [
+        (c.name, c.image)
+        for c in core.patch_namespaced_pod("ok", "default", {"spec": {"containers": image}}).spec.containers
+    ] == [("train", "trainer:2")]
+    twice = [
+        {"op": "add", "path": "/spec/volumes", "value": [{"name": "v", "emptyDir": {}}, {"name": "v", "emptyDir": {}}]}
+    ]
+    assert (
+        _causes(lambda: core.patch_namespaced_pod("ok", "default", twice))["spec.volumes[1].name"]
+        == 'Duplicate value: "v"'
+    )
 
 
 def test_job_names_fit_the_job_name_label_and_restart_policy_is_set(kube):

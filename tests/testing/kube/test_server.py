@@ -1,4 +1,5 @@
 """The test API server, exercised with the real kubernetes client over HTTP."""
+
 from __future__ import annotations
 
 import contextlib
@@ -30,8 +31,10 @@ def custom(kube):
 def _events(api_call, *args, **kwargs) -> list[tuple[str, str]]:
     """(type, name) of the events a watch with a 1 s server timeout delivers."""
     stream = kubernetes.watch.Watch().stream(api_call, *args, timeout_seconds=1, **kwargs)
-    return [(e["type"], (e["object"]["metadata"]["name"] if isinstance(e["object"], dict) else e["object"].metadata.name))
-            for e in stream]
+    return [
+        (e["type"], (e["object"]["metadata"]["name"] if isinstance(e["object"], dict) else e["object"].metadata.name))
+        for e in stream
+    ]
 
 
 def test_discovery_lists_builtin_groups_and_the_crd_once_applied(kube):
@@ -41,7 +44,9 @@ def test_discovery_lists_builtin_groups_and_the_crd_once_applied(kube):
     assert "stepscope.io" not in groups
     kube.apply_crd()
     assert "stepscope.io" in {g.name for g in apis.get_api_versions().groups}
-    response = kube.api_client.call_api(*kube.api_client.param_serialize("GET", f"/apis/{GROUP}/{VERSION}", auth_settings=["BearerToken"]))
+    response = kube.api_client.call_api(
+        *kube.api_client.param_serialize("GET", f"/apis/{GROUP}/{VERSION}", auth_settings=["BearerToken"])
+    )
     response.read()
     names = {r["name"]: r for r in json.loads(response.data)["resources"]}
     assert names[PLURAL]["kind"] == "ProfileSession" and names[PLURAL]["namespaced"] is True
@@ -98,7 +103,11 @@ def test_label_and_field_selectors(core, kube):
     assert names(field_selector="metadata.name=b") == ["b"]
     assert names(field_selector="metadata.name!=b,status.phase=Pending") == ["a", "c"]
     everywhere = core.list_pod_for_all_namespaces(label_selector="app=trainer").items
-    assert sorted((p.metadata.namespace, p.metadata.name) for p in everywhere) == [("default", "a"), ("default", "b"), ("other", "d")]
+    assert sorted((p.metadata.namespace, p.metadata.name) for p in everywhere) == [
+        ("default", "a"),
+        ("default", "b"),
+        ("other", "d"),
+    ]
     assert "field label not supported" in refused(lambda: names(field_selector="spec.hostname=x"), 400)["message"]
 
 
@@ -109,7 +118,10 @@ def test_watch_resumes_from_a_resource_version(core):
     core.create_namespaced_pod("default", pod("b"))
     core.delete_namespaced_pod("a", "default")
     assert _events(core.list_namespaced_pod, "default", resource_version=listed.metadata.resource_version) == [
-        ("MODIFIED", "a"), ("ADDED", "b"), ("DELETED", "a")]
+        ("MODIFIED", "a"),
+        ("ADDED", "b"),
+        ("DELETED", "a"),
+    ]
     assert _events(core.list_namespaced_pod, "default") == [("ADDED", "b")]
 
 
@@ -120,7 +132,10 @@ def test_watch_sees_objects_enter_and_leave_its_selector(core):
     core.patch_namespaced_pod("a", "default", {"metadata": {"labels": {"step": "2"}}})
     core.patch_namespaced_pod("a", "default", {"metadata": {"labels": {"app": "web"}}})
     assert _events(core.list_namespaced_pod, "default", label_selector="app=trainer", resource_version=start) == [
-        ("ADDED", "a"), ("MODIFIED", "a"), ("DELETED", "a")]
+        ("ADDED", "a"),
+        ("MODIFIED", "a"),
+        ("DELETED", "a"),
+    ]
 
 
 def test_watch_from_a_dropped_resource_version_is_gone(core, kube):
@@ -142,33 +157,78 @@ def test_strategic_merge_patch_merges_lists_by_key(kube):
     template = pod("p")
     template["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]
     template["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
-    apps.create_namespaced_deployment("default", {"metadata": {"name": "d"}, "spec": {
-        "selector": {"matchLabels": {"app": "p"}}, "template": {"metadata": {"labels": {"app": "p"}}, "spec": template["spec"]}}})
-    patched = apps.patch_namespaced_deployment("d", "default", {"spec": {"template": {"spec": {
-        "containers": [{"name": "train", "env": [{"name": "B", "value": "3"}, {"name": "C", "value": "4"}]},
-                       {"name": "stepscope", "image": "sidecar:1"}],
-        "volumes": [{"name": "stepscope", "emptyDir": {}}]}}}}).spec.template
+    apps.create_namespaced_deployment(
+        "default",
+        {
+            "metadata": {"name": "d"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "p"}},
+                "template": {"metadata": {"labels": {"app": "p"}}, "spec": template["spec"]},
+            },
+        },
+    )
+    patched = apps.patch_namespaced_deployment(
+        "d",
+        "default",
+        {
+            "spec": {
+                "template": {
+                    "spec": {
+                        "containers": [
+                            {"name": "train", "env": [{"name": "B", "value": "3"}, {"name": "C", "value": "4"}]},
+                            {"name": "stepscope", "image": "sidecar:1"},
+                        ],
+                        "volumes": [{"name": "stepscope", "emptyDir": {}}],
+                    }
+                }
+            }
+        },
+    ).spec.template
     train, sidecar = patched.spec.containers
     assert train.image == "trainer:1" and sidecar.name == "stepscope"
     assert [(e.name, e.value) for e in train.env] == [("A", "1"), ("B", "3"), ("C", "4")]
     assert [v.name for v in patched.spec.volumes] == ["data", "stepscope"]
-    removed = apps.patch_namespaced_deployment("d", "default", {"spec": {"template": {"spec": {"containers": [{"name": "stepscope", "$patch": "delete"}]}}}})
+    removed = apps.patch_namespaced_deployment(
+        "d", "default", {"spec": {"template": {"spec": {"containers": [{"name": "stepscope", "$patch": "delete"}]}}}}
+    )
     assert [c.name for c in removed.spec.template.spec.containers] == ["train"]
 
 
 def test_json_and_merge_patches(core, custom):
     core.create_namespaced_pod("default", pod("p", {"a": "1"}))
-    patched = core.patch_namespaced_pod("p", "default", [{"op": "add", "path": "/metadata/labels/b", "value": "2"},
-                                                         {"op": "remove", "path": "/metadata/labels/a"}])
+    patched = core.patch_namespaced_pod(
+        "p",
+        "default",
+        [{"op": "add", "path": "/metadata/labels/b", "value": "2"}, {"op": "remove", "path": "/metadata/labels/a"}],
+    )
     assert patched.metadata.labels == {"b": "2"}
-    refused(lambda: core.patch_namespaced_pod("p", "default", [{"op": "test", "path": "/metadata/labels/b", "value": "9"}]), 422)
+    refused(
+        lambda: core.patch_namespaced_pod("p", "default", [{"op": "test", "path": "/metadata/labels/b", "value": "9"}]),
+        422,
+    )
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, session("s", saveRawTrace="master"))
-    merged = custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s",
-                                                   {"metadata": {"annotations": {"k": "v"}}, "spec": {"saveRawTrace": None}})
+    merged = custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        "default",
+        PLURAL,
+        "s",
+        {"metadata": {"annotations": {"k": "v"}}, "spec": {"saveRawTrace": None}},
+    )
     assert merged["metadata"]["annotations"] == {"k": "v"}
     assert merged["spec"]["saveRawTrace"] == "all"  # removed by the patch, defaulted again
-    refused(lambda: custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s", {"spec": {"saveRawTrace": "none"}},
-                                                          _content_type="application/strategic-merge-patch+json"), 415)
+    refused(
+        lambda: custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            "default",
+            PLURAL,
+            "s",
+            {"spec": {"saveRawTrace": "none"}},
+            _content_type="application/strategic-merge-patch+json",
+        ),
+        415,
+    )
 
 
 def test_status_subresource_and_generation(custom):
@@ -176,17 +236,28 @@ def test_status_subresource_and_generation(custom):
     body["status"] = {"phase": "Succeeded"}
     created = custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
     assert "status" not in created and created["metadata"]["generation"] == 1
-    status = custom.patch_namespaced_custom_object_status(GROUP, VERSION, "default", PLURAL, "s", {
-        "spec": {"saveRawTrace": "none"}, "status": {"phase": "Pending", "observedGeneration": 1, "unknownField": 1}})
+    status = custom.patch_namespaced_custom_object_status(
+        GROUP,
+        VERSION,
+        "default",
+        PLURAL,
+        "s",
+        {"spec": {"saveRawTrace": "none"}, "status": {"phase": "Pending", "observedGeneration": 1, "unknownField": 1}},
+    )
     assert status["status"] == {"phase": "Pending", "observedGeneration": 1}
     assert status["spec"]["saveRawTrace"] == "all" and status["metadata"]["generation"] == 1
-    main = custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s", {
-        "spec": {"saveRawTrace": "none"}, "status": {"phase": "Failed"}})
+    main = custom.patch_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, "s", {"spec": {"saveRawTrace": "none"}, "status": {"phase": "Failed"}}
+    )
     assert main["status"]["phase"] == "Pending" and main["spec"]["saveRawTrace"] == "none"
     assert main["metadata"]["generation"] == 2
-    labelled = custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s", {"metadata": {"labels": {"x": "y"}}})
+    labelled = custom.patch_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, "s", {"metadata": {"labels": {"x": "y"}}}
+    )
     assert labelled["metadata"]["generation"] == 2
-    unchanged = custom.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s", {"metadata": {"labels": {"x": "y"}}})
+    unchanged = custom.patch_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, "s", {"metadata": {"labels": {"x": "y"}}}
+    )
     assert unchanged["metadata"]["resourceVersion"] == labelled["metadata"]["resourceVersion"]
 
 
@@ -198,8 +269,15 @@ def test_finalizers_hold_deletion_until_removed(core):
     core.delete_namespaced_pod("p", "default")
     held = core.read_namespaced_pod("p", "default")
     assert held.metadata.deletion_timestamp is not None and held.metadata.generation == 2
-    assert "no new finalizers" in refused(lambda: core.patch_namespaced_pod("p", "default", {"metadata": {"finalizers": ["another/one"]}}), 422)["message"]
-    core.patch_namespaced_pod("p", "default", {"metadata": {"$deleteFromPrimitiveList/finalizers": ["stepscope.io/cleanup"]}})
+    assert (
+        "no new finalizers"
+        in refused(
+            lambda: core.patch_namespaced_pod("p", "default", {"metadata": {"finalizers": ["another/one"]}}), 422
+        )["message"]
+    )
+    core.patch_namespaced_pod(
+        "p", "default", {"metadata": {"$deleteFromPrimitiveList/finalizers": ["stepscope.io/cleanup"]}}
+    )
     refused(lambda: core.read_namespaced_pod("p", "default"), 404)
     assert _events(core.list_namespaced_pod, "default", resource_version=start) == [("MODIFIED", "p"), ("DELETED", "p")]
 
@@ -227,8 +305,10 @@ def test_orphan_propagation_keeps_dependents(kube, custom):
     owner = custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, session("s"))
     batch.create_namespaced_job("default", job("analysis", [owner_ref(owner)]))
     custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "s", propagation_policy="Orphan")
-    wait_for(lambda: not batch.read_namespaced_job("analysis", "default").metadata.owner_references,
-             what="the owner reference to be removed")
+    wait_for(
+        lambda: not batch.read_namespaced_job("analysis", "default").metadata.owner_references,
+        what="the owner reference to be removed",
+    )
 
 
 def test_deleting_the_crd_removes_its_resources_and_discovery(kube, custom):
@@ -240,8 +320,14 @@ def test_deleting_the_crd_removes_its_resources_and_discovery(kube, custom):
 
 
 def test_secret_string_data_is_stored_base64_in_data(core):
-    core.create_namespaced_secret("default", {"metadata": {"name": "s3"}, "data": {"region": "dXMtZWFzdC0x"},
-                                              "stringData": {"accessKeyId": "AKIA", "region": "eu-west-1"}})
+    core.create_namespaced_secret(
+        "default",
+        {
+            "metadata": {"name": "s3"},
+            "data": {"region": "dXMtZWFzdC0x"},
+            "stringData": {"accessKeyId": "AKIA", "region": "eu-west-1"},
+        },
+    )
     secret = core.read_namespaced_secret("s3", "default")
     assert secret.string_data is None and secret.type == "Opaque"
     assert secret.data == {"accessKeyId": "QUtJQQ==", "region": "ZXUtd2VzdC0x"}
@@ -255,8 +341,10 @@ def _raw_watch(kube, query: str) -> Iterator[BinaryIO]:
     bookmarks and cannot be made to drop its connection on demand)."""
     host, port = kube.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock, sock.makefile("rb") as stream:
-        sock.sendall(f"GET /api/v1/namespaces/default/pods?{query} HTTP/1.1\r\nHost: {host}\r\n"
-                     f"Authorization: Bearer {kube.server.token}\r\n\r\n".encode())
+        sock.sendall(
+            f"GET /api/v1/namespaces/default/pods?{query} HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {kube.server.token}\r\n\r\n".encode()
+        )
         yield stream
 
 
@@ -301,7 +389,10 @@ def test_continue_tokens_expire_with_the_history(core, kube):
     first = core.list_namespaced_pod("default", limit=1)
     for n in range(3):
         core.create_namespaced_pod("default", pod(f"later{n}"))
-    assert refused(lambda: core.list_namespaced_pod("default", limit=1, _continue=first.metadata._continue), 410)["reason"] == "Expired"
+    assert (
+        refused(lambda: core.list_namespaced_pod("default", limit=1, _continue=first.metadata._continue), 410)["reason"]
+        == "Expired"
+    )
 
 
 @pytest.fixture
@@ -323,6 +414,12 @@ def test_initial_events_end_with_a_marked_bookmark(core, quick_bookmarks):
     core.create_namespaced_pod("default", pod("b"))
     query = "watch=true&allowWatchBookmarks=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"
     events = _watch_lines(quick_bookmarks, query, 3)
-    assert [(e["type"], e["object"]["metadata"].get("name")) for e in events] == [("ADDED", "a"), ("ADDED", "b"), ("BOOKMARK", None)]
+    assert [(e["type"], e["object"]["metadata"].get("name")) for e in events] == [
+        ("ADDED", "a"),
+        ("ADDED", "b"),
+        ("BOOKMARK", None),
+    ]
     assert events[2]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
-    assert refused(lambda: core.list_namespaced_pod("default", watch=True, send_initial_events=True, _preload_content=False), 422)
+    assert refused(
+        lambda: core.list_namespaced_pod("default", watch=True, send_initial_events=True, _preload_content=False), 422
+    )
