@@ -7,6 +7,8 @@ thousands of summaries fast. Times are microseconds unless a name says otherwise
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -287,9 +289,178 @@ def encode(obj: msgspec.Struct) -> bytes:
     return msgspec.json.encode(obj)
 
 
+# The uploaded summary is an Arrow IPC stream of one row whose columns are RankSummary's fields
+# (lists of structs for its tables): the analysis Job concatenates thousands of them and reads
+# every rank's kernels, steps or functions as one column, never rank by rank in Python. JSON is
+# for what a person reads (report/diagnosis.json); older summaries in JSON are still read.
+_ARROW_STREAM = b"\xff\xff\xff\xff"
+
+
+def _arrow_type(info: Any) -> Any:
+    """The Arrow type of a field of the model (msgspec.inspect's description of it)."""
+    import msgspec.inspect as mi
+    import pyarrow as pa
+
+    if isinstance(info, mi.UnionType):
+        (inner,) = [t for t in info.types if not isinstance(t, mi.NoneType)]
+        return _arrow_type(inner)
+    if isinstance(info, mi.StructType):
+        return pa.struct([pa.field(f.encode_name, _arrow_type(f.type)) for f in info.fields])
+    if isinstance(info, mi.ListType):
+        return pa.list_(_arrow_type(info.item_type))
+    if isinstance(info, mi.DictType):
+        return pa.map_(_arrow_type(info.key_type), _arrow_type(info.value_type))
+    simple = {mi.IntType: pa.int64(), mi.FloatType: pa.float64(), mi.StrType: pa.string(), mi.BoolType: pa.bool_()}
+    return simple[type(info)]
+
+
+@functools.cache
+def summary_schema() -> Any:
+    """RankSummary as an Arrow schema (pyarrow.Schema), field for field."""
+    import msgspec.inspect as mi
+    import pyarrow as pa
+
+    return pa.schema([pa.field(f.encode_name, _arrow_type(f.type)) for f in mi.type_info(RankSummary).fields])
+
+
+def _with_defaults(array: Any, info: Any) -> Any:
+    """`array` (of the Arrow type of `info`) with the model's defaults where a value was left out:
+    Structs encode without their defaults, so that a null stands only for a default of None."""
+    import msgspec.inspect as mi
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(info, mi.UnionType):
+        return _with_defaults(array, next(t for t in info.types if not isinstance(t, mi.NoneType)))
+    if isinstance(info, mi.ListType):
+        return pa.ListArray.from_arrays(array.offsets, _with_defaults(array.values, info.item_type), mask=array.is_null())
+    if not isinstance(info, mi.StructType):
+        return array
+    children = []
+    for i, f in enumerate(info.fields):
+        child = _with_defaults(array.field(i), f.type)
+        if isinstance(f.type, mi.ListType | mi.DictType):
+            # A null list's offsets are equal: without the mask it reads as the empty list.
+            cls = pa.ListArray if isinstance(f.type, mi.ListType) else pa.MapArray
+            parts = (child.values,) if cls is pa.ListArray else (child.keys, child.items)
+            child = cls.from_arrays(child.offsets, *parts)
+        elif f.default is not msgspec.NODEFAULT and f.default is not None:
+            child = pc.fill_null(child, pa.scalar(f.default, child.type))
+        children.append(child)
+    return pa.StructArray.from_arrays(children, fields=list(array.type), mask=array.is_null())
+
+
+def summaries_table(summaries: Sequence[RankSummary]) -> Any:
+    """Summaries as one Arrow table (pyarrow.Table), a row per rank, in summary_schema(); a
+    null only where the model's default is None."""
+    import msgspec.inspect as mi
+    import pyarrow as pa
+
+    rows = pa.array(msgspec.to_builtins(list(summaries)), type=pa.struct(list(summary_schema())))
+    return pa.Table.from_struct_array(_with_defaults(rows, mi.type_info(RankSummary)))
+
+
+def table_summaries(table: Any) -> list[RankSummary]:
+    """The rows of a summaries_table as RankSummary objects (for the few readers that want them)."""
+    return msgspec.convert(table.to_pylist(maps_as_pydicts="strict"), list[RankSummary])
+
+
+def encode_summary(summary: RankSummary) -> bytes:
+    """The rank summary as it is uploaded: an Arrow IPC stream of one row (uncompressed, so that
+    reading a hostile one allocates no more than its own size)."""
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, summary_schema()) as writer:
+        writer.write_table(summaries_table([summary]))
+    return sink.getvalue().to_pybytes()
+
+
+def _compressed(metadata: bytes) -> bool:
+    """Whether an IPC message's flatbuffer (Message -> RecordBatch) declares body compression: a
+    compressed buffer states its own decompressed length, which a hostile file sets at will."""
+    def table(pos: int) -> tuple[int, int, int]:
+        vtable = pos - int.from_bytes(metadata[pos:pos + 4], "little", signed=True)
+        return pos, vtable, int.from_bytes(metadata[vtable:vtable + 2], "little")
+
+    def field(tab: tuple[int, int, int], index: int) -> int:
+        pos, vtable, size = tab
+        at = 4 + 2 * index
+        return int.from_bytes(metadata[vtable + at:vtable + at + 2], "little") if at + 2 <= size else 0
+
+    message = table(int.from_bytes(metadata[0:4], "little"))
+    header = field(message, 2)  # Message.header: the RecordBatch or DictionaryBatch
+    if not header:
+        return False
+    where = message[0] + header
+    batch = table(where + int.from_bytes(metadata[where:where + 4], "little"))
+    return bool(field(batch, 3))  # RecordBatch.compression
+
+
+def summary_batch(data: bytes) -> Any:
+    """One uploaded summary (Arrow IPC, or JSON from an older sidecar) as a one-row pyarrow
+    RecordBatch in summary_schema(); ValueError for anything else, a newer version included."""
+    import pyarrow as pa
+
+    if not data.startswith(_ARROW_STREAM):
+        return summaries_table([decode_summary(data)]).to_batches()[0]
+    schema = summary_schema()
+    try:
+        messages = iter(pa.ipc.MessageReader.open_stream(pa.py_buffer(data)))
+        message = next(messages, None)
+        if message is None or message.type != "schema":
+            raise ValueError("no schema first")
+        got = pa.ipc.read_schema(message)
+        batches = []
+        for message in messages:
+            if message.type != "record batch" or _compressed(message.metadata.to_pybytes()):
+                raise ValueError(f"unexpected {message.type} message (compressed or dictionary batches are not written)")
+            batches.append(pa.ipc.read_record_batch(message, got))
+    except (pa.ArrowException, IndexError) as exc:
+        raise ValueError(f"not an Arrow summary: {exc}") from exc
+    if sum(b.num_rows for b in batches) != 1:
+        raise ValueError(f"an Arrow summary holds one row, not {sum(b.num_rows for b in batches)}")
+    batch = next(b for b in batches if b.num_rows)
+    try:
+        batch.validate(full=True)  # offsets out of bounds would be read later, past the buffer
+    except pa.ArrowException as exc:
+        raise ValueError(f"not an Arrow summary: {exc}") from exc
+    if not got.equals(schema):
+        batch = _conform(batch, schema)
+    _check_version(batch.column(0)[0].as_py() if batch.schema.names[0] == "version" else None)
+    return batch
+
+
+def _conform(batch: Any, schema: Any) -> Any:
+    """A summary of another version's schema in this one's: fields it lacks at their defaults,
+    fields this version does not know dropped; a field of another type is refused."""
+    import pyarrow as pa
+
+    defaults = msgspec.to_builtins(RankSummary(version=SUMMARY_VERSION, rank=-1))
+    columns = []
+    for f in schema:
+        if f.name in batch.schema.names:
+            column = batch.column(f.name)
+            if not column.type.equals(f.type):
+                raise ValueError(f"field {f.name} is {column.type}, expected {f.type}")
+            columns.append(column)
+        elif f.name in ("version", "rank"):
+            raise ValueError(f"field {f.name} is missing")
+        else:
+            columns.append(pa.array([defaults.get(f.name)], type=f.type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _check_version(version: int | None) -> None:
+    if version is None or version > SUMMARY_VERSION:
+        raise ValueError(f"summary version {version} is newer than this stepscope understands ({SUMMARY_VERSION}); upgrade the analysis image")
+
+
 def decode_summary(data: bytes) -> RankSummary:
-    """Read a summary written by this or an older version; a newer version is refused clearly."""
+    """Read a summary written by this or an older version, as Arrow or JSON; a newer version is
+    refused clearly."""
+    if data.startswith(_ARROW_STREAM):
+        return table_summaries(summary_batch(data))[0]
     summary = msgspec.json.decode(data, type=RankSummary)
-    if summary.version > SUMMARY_VERSION:
-        raise ValueError(f"summary version {summary.version} is newer than this stepscope understands ({SUMMARY_VERSION}); upgrade the analysis image")
+    _check_version(summary.version)
     return summary
