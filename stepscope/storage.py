@@ -54,11 +54,17 @@ class Store(Protocol):
 
     def put_file(self, key: str, path: Path | str) -> None: ...
     def put_bytes(self, key: str, data: bytes) -> None: ...
-    def get_bytes(self, key: str) -> bytes: ...
+    def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes: ...
     def download(self, key: str, path: Path | str) -> Path: ...
     def list(self, prefix: str = "") -> list[str]: ...
     def exists(self, key: str) -> bool: ...
     def uri_for(self, key: str) -> str: ...
+
+
+def _check_size(uri: str, size: int, max_bytes: int) -> None:
+    """Refuse an object larger than a reader may hold, before its body is read."""
+    if size > max_bytes:
+        raise StoreError(f"{uri} holds {size / 1e6:,.0f} MB, more than the {max_bytes / (1 << 20):,.0f} MiB such a file may")
 
 
 def _clean_key(key: str) -> str:
@@ -105,9 +111,11 @@ class FileStore:
         except OSError as exc:
             raise StoreError(f"cannot write {target}: {exc.strerror or exc}") from exc
 
-    def get_bytes(self, key: str) -> bytes:
+    def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
         path = self._path(key)
         try:
+            if max_bytes is not None:
+                _check_size(self.uri_for(key), path.stat().st_size, max_bytes)
             return path.read_bytes()
         except FileNotFoundError:
             raise ObjectNotFound(f"{self.uri_for(key)} does not exist") from None
@@ -214,8 +222,15 @@ class S3Store:
     def put_bytes(self, key: str, data: bytes) -> None:
         self._call(f"write {self.uri_for(key)}", lambda: self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data))
 
-    def get_bytes(self, key: str) -> bytes:
-        return self._call(f"read {self.uri_for(key)}", lambda: self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read())
+    def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
+        def read() -> bytes:
+            answer = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            if max_bytes is not None and answer["ContentLength"] > max_bytes:
+                answer["Body"].close()
+                _check_size(self.uri_for(key), answer["ContentLength"], max_bytes)
+            return answer["Body"].read()
+
+        return self._call(f"read {self.uri_for(key)}", read)
 
     def download(self, key: str, path: Path | str) -> Path:
         target = Path(path)

@@ -310,7 +310,7 @@ def _arrow_type(info: Any) -> Any:
         return pa.list_(_arrow_type(info.item_type))
     if isinstance(info, mi.DictType):
         return pa.map_(_arrow_type(info.key_type), _arrow_type(info.value_type))
-    simple = {mi.IntType: pa.int64(), mi.FloatType: pa.float64(), mi.StrType: pa.string(), mi.BoolType: pa.bool_()}
+    simple: dict[type, Any] = {mi.IntType: pa.int64(), mi.FloatType: pa.float64(), mi.StrType: pa.string(), mi.BoolType: pa.bool_()}
     return simple[type(info)]
 
 
@@ -320,7 +320,9 @@ def summary_schema() -> Any:
     import msgspec.inspect as mi
     import pyarrow as pa
 
-    return pa.schema([pa.field(f.encode_name, _arrow_type(f.type)) for f in mi.type_info(RankSummary).fields])
+    info = mi.type_info(RankSummary)
+    assert isinstance(info, mi.StructType)
+    return pa.schema([pa.field(f.encode_name, _arrow_type(f.type)) for f in info.fields])
 
 
 def _with_defaults(array: Any, info: Any) -> Any:

@@ -15,10 +15,10 @@ import pandas as pd
 
 from stepscope import layout
 from stepscope.analysis.diagnosis.rank_tables import RankTables
-from stepscope.analysis.model import Diagnosis, Finding, RankSummary
+from stepscope.analysis.model import Diagnosis, Finding
 from stepscope.analysis.reporting.report_html import render_html
 from stepscope.analysis.reporting.report_merge import MergePlan, describe, sentence, write_merged_trace
-from stepscope.analysis.reporting.report_tables import kernel_efficiency, report_tables
+from stepscope.analysis.reporting.report_tables import report_tables
 from stepscope.storage import Store
 
 REPORT_VERSION = 1
@@ -32,13 +32,13 @@ def _builtin(value: Any) -> Any:
 
 
 def diagnosis_document(*, source: str, generated: str, diagnosis: Diagnosis, full: list[Finding], tables: RankTables,
-                       summaries: list[RankSummary], problems: dict[int, list[str]], merged: dict[str, Any]) -> bytes:
+                       total_ranks: int, failed: list[int], problems: dict[int, list[str]], merged: dict[str, Any]) -> bytes:
     ranks = tables.ranks
     per_rank = [{"rank": int(r), "pod": p, "node": n, "stepTimeMs": None if np.isnan(s) else round(float(s) / 1000.0, 3), "steps": int(c)}
                 for r, p, n, s, c in zip(ranks["rank"], ranks["pod"], ranks["node"], ranks["stepUs"], ranks["steps"])]
     document = {
         "version": REPORT_VERSION, "source": source, "generatedAt": generated,
-        "ranks": {"total": len(summaries), "analysed": len(ranks), "failed": sorted(s.rank for s in summaries if s.error)},
+        "ranks": {"total": total_ranks, "analysed": len(ranks), "failed": sorted(failed)},
         "diagnosis": msgspec.to_builtins(diagnosis), "findings": [msgspec.structs.asdict(f) for f in full], "problems": {str(r): p for r, p in sorted(problems.items())},
         "mergedTrace": merged, "perRank": per_rank,
     }
@@ -55,7 +55,7 @@ def report_key(name: str, in_session: bool) -> str:
 
 
 def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diagnosis, full: list[Finding], tables: RankTables,
-                 summaries: list[RankSummary], problems: dict[int, list[str]], merge: MergePlan, pool: Executor,
+                 total_ranks: int, failed: list[int], problems: dict[int, list[str]], merge: MergePlan, pool: Executor,
                  on_step: Callable[[str], object] = lambda name: None) -> dict[str, str]:
     """Write every report file; returns name -> URI. A rank left out of the merged trace (no room,
     or its raw trace cannot be read) gets a problem entry; the merged trace is written first, so
@@ -78,15 +78,15 @@ def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diag
         written[merged_name] = store.uri_for(key)
     for rank, why in merged.left_out.items():
         problems.setdefault(rank, []).append(why)
-    csv = report_tables(tables) | {"kernel_efficiency.csv": kernel_efficiency(summaries)}
+    csv = report_tables(tables)
     for name, frame in csv.items():
         put(name, _csv(frame))
     on_step("tables")
     put(layout.REPORT_DIAGNOSIS.removeprefix("report/"),
-        diagnosis_document(source=source, generated=generated, diagnosis=diagnosis, full=full, tables=tables, summaries=summaries,
-                           problems=problems, merged=describe(merge, merged, written[merged_name])))
+        diagnosis_document(source=source, generated=generated, diagnosis=diagnosis, full=full, tables=tables, total_ranks=total_ranks,
+                           failed=failed, problems=problems, merged=describe(merge, merged, written[merged_name])))
     put(layout.REPORT_HTML.removeprefix("report/"),
         render_html(title="stepscope report", source=source, generated=generated, diagnosis=diagnosis, full=full, tables=tables,
-                    csv=csv, problems=problems, total_ranks=len(summaries), merged=sentence(merge, merged)).encode())
+                    csv=csv, problems=problems, total_ranks=total_ranks, merged=sentence(merge, merged)).encode())
     on_step("report")
     return written

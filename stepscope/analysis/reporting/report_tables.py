@@ -7,7 +7,6 @@ import pandas as pd
 from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.diagnosis.slow_workers import kernel_ratios
 from stepscope.analysis.diagnosis.wording import short
-from stepscope.analysis.model import RankSummary
 
 
 def step_trace_time(tables: RankTables) -> pd.DataFrame:
@@ -73,14 +72,18 @@ EFFICIENCY_COLUMNS = ["Rank", "Kind", "Name", "Short Name", "Family", "Input Dim
                       "FLOP/Byte", "TFLOP/s", "TB/s", "Peak TFLOP/s", "Peak TB/s", "% of Roofline", "Device", "Related"]
 
 
-def kernel_efficiency(summaries: list[RankSummary]) -> pd.DataFrame:
+def kernel_efficiency(tables: RankTables) -> pd.DataFrame:
     """Each rank's ops (Kind op) and kernels (Kind kernel) with FLOPs and bytes from shapes,
     achieved rates and their place under the device's roofline (metrics/efficiency.py)."""
-    rows = [(s.rank, kind, e.name, e.family, e.shapes, e.dtype, e.count, e.gpuUs, e.flops, e.bytes, e.tflops, e.tbs, e.peakTflops,
-             e.peakTbs, e.pctOfPeak, s.device.model if s.device else "", e.related)
-            for s in summaries if not s.error for kind, items in (("op", s.opEfficiency), ("kernel", s.kernelEfficiency)) for e in items]
-    t = pd.DataFrame(rows, columns=["Rank", "Kind", "Name", "Family", "Input Dims", "Dtype", "Count", "GPU Time(us)", "FLOPs", "Bytes",
-                                    "TFLOP/s", "TB/s", "Peak TFLOP/s", "Peak TB/s", "% of Roofline", "Device", "Related"])
+    e = tables.efficiency
+    names = {"rank": "Rank", "kind": "Kind", "name": "Name", "family": "Family", "shapes": "Input Dims", "dtype": "Dtype", "count": "Count",
+             "gpuUs": "GPU Time(us)", "flops": "FLOPs", "bytes": "Bytes", "tflops": "TFLOP/s", "tbs": "TB/s", "peakTflops": "Peak TFLOP/s",
+             "peakTbs": "Peak TB/s", "pctOfPeak": "% of Roofline", "related": "Related"}
+    if e.empty:
+        t = pd.DataFrame(columns=[*names.values(), "Device"])
+    else:
+        t = e[list(names)].rename(columns=names)
+        t["Device"] = e["rank"].map(tables.ranks.set_index("rank")["device"]).to_numpy()
     t["Short Name"] = _short_names(t["Name"]) if len(t) else pd.Series(dtype=str)
     t["FLOP/Byte"] = t["FLOPs"] / t["Bytes"].where(t["Bytes"] > 0)
     return t[EFFICIENCY_COLUMNS].sort_values(["Rank", "Kind", "GPU Time(us)"], ascending=[True, False, False], kind="stable")
@@ -89,4 +92,5 @@ def kernel_efficiency(summaries: list[RankSummary]) -> pd.DataFrame:
 def report_tables(tables: RankTables) -> dict[str, pd.DataFrame]:
     """File name (under report/) -> table."""
     return {"step_trace_time.csv": step_trace_time(tables), "kernel_details.csv": kernel_details(tables),
-            "op_statistic.csv": op_statistic(tables), "communication.csv": communication(tables)}
+            "op_statistic.csv": op_statistic(tables), "communication.csv": communication(tables),
+            "kernel_efficiency.csv": kernel_efficiency(tables)}
