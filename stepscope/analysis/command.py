@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from tqdm import tqdm
 
 from stepscope.analysis.diagnosis.diagnose import diagnose
-from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables
+from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables, usable
 from stepscope.analysis.loading.gpu_samples import DEFAULT_MAX_METRICS_MB, MAX_METRICS_MB_ENV, max_metrics_bytes, read_metrics
 from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
 from stepscope.analysis.loading.session_files import SessionFiles, SessionRanks, find_files, local_path, open_session, read_ranks
@@ -142,7 +142,7 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
         table, stacks, problems = read.table, read.stacks, read.problems
         if not len(table):
             raise AnalysisError(f"nothing to analyse at {uri}: {', '.join(read.skipped)} are not traces (no traceEvents)")
-        ok = table.filter(pc.equal(table.column("error"), ""))
+        ok = usable(table)
         on_ranks(len(ok), len(table), read.skipped)
         hardware = _read_metrics(files, problems, table)
         bar.set_postfix_str("diagnosing", refresh=False)

@@ -8,6 +8,7 @@ thousands of summaries fast. Times are microseconds unless a name says otherwise
 from __future__ import annotations
 
 import functools
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -378,25 +379,98 @@ def encode_summary(summary: RankSummary) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+class _Flat:
+    """A table of an IPC message's flatbuffer metadata (Message, RecordBatch): just enough of the
+    format to check a summary's structure before Arrow reads it. Out-of-range reads raise
+    struct.error (or IndexError)."""
+
+    def __init__(self, buf: memoryview, pos: int) -> None:
+        self.buf, self.pos = buf, pos
+        self.vtable = pos - struct.unpack_from("<i", buf, pos)[0]
+        self.size = struct.unpack_from("<H", buf, self.vtable)[0]
+
+    def _at(self, index: int) -> int:
+        at = 4 + 2 * index
+        return struct.unpack_from("<H", self.buf, self.vtable + at)[0] if at + 2 <= self.size else 0
+
+    def scalar(self, index: int, fmt: str) -> int:
+        at = self._at(index)
+        return struct.unpack_from(fmt, self.buf, self.pos + at)[0] if at else 0
+
+    def table(self, index: int) -> _Flat | None:
+        at = self._at(index)
+        return _Flat(self.buf, self.pos + at + struct.unpack_from("<I", self.buf, self.pos + at)[0]) if at else None
+
+
+_RECORD_BATCH = 3  # MessageHeader.RecordBatch
+_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
 def _compressed(metadata: bytes) -> bool:
     """Whether an IPC message's flatbuffer (Message -> RecordBatch) declares body compression: a
     compressed buffer states its own decompressed length, which a hostile file sets at will."""
-    def table(pos: int) -> tuple[int, int, int]:
-        vtable = pos - int.from_bytes(metadata[pos:pos + 4], "little", signed=True)
-        return pos, vtable, int.from_bytes(metadata[vtable:vtable + 2], "little")
+    view = memoryview(metadata)
+    batch = _Flat(view, struct.unpack_from("<I", view, 0)[0]).table(2)  # Message.header
+    return batch is not None and batch.table(3) is not None  # RecordBatch.compression
 
-    def field(tab: tuple[int, int, int], index: int) -> int:
-        pos, vtable, size = tab
-        at = 4 + 2 * index
-        return int.from_bytes(metadata[vtable + at:vtable + at + 2], "little") if at + 2 <= size else 0
 
-    message = table(int.from_bytes(metadata[0:4], "little"))
-    header = field(message, 2)  # Message.header: the RecordBatch or DictionaryBatch
-    if not header:
+@functools.cache
+def _schema_message() -> bytes:
+    return bytes(summary_schema().serialize())
+
+
+def _one_row(data: bytes, head: int) -> bool:
+    """Whether `data` is this version's schema message (`head` bytes) followed by exactly one
+    uncompressed record batch of one row and the end of the stream, as encode_summary writes it."""
+    view = memoryview(data)
+    try:
+        if view[head:head + 4] != _ARROW_STREAM or view[-8:] != _END:
+            return False
+        length = struct.unpack_from("<i", view, head + 4)[0]
+        meta = view[head + 8:head + 8 + length]
+        message = _Flat(meta, struct.unpack_from("<I", meta, 0)[0])
+        batch = message.table(2)
+        return (message.scalar(1, "<B") == _RECORD_BATCH and batch is not None and batch.scalar(0, "<q") == 1
+                and batch.table(3) is None and head + 8 + length + message.scalar(3, "<q") == len(data) - 8)
+    except (struct.error, IndexError):
         return False
-    where = message[0] + header
-    batch = table(where + int.from_bytes(metadata[where:where + 4], "little"))
-    return bool(field(batch, 3))  # RecordBatch.compression
+
+
+def decode_summaries(blobs: Sequence[bytes]) -> tuple[Any, list[int], dict[int, str]]:
+    """Many uploaded summaries at once: the table of those that could be read (summary_schema(),
+    pyarrow.Table), which blob each of its rows came from, and why each other blob could not be.
+
+    Summaries written as encode_summary writes them are read together, their messages in one
+    stream (Arrow reads and checks thousands of rows in one call); any other (JSON, another
+    version's schema, a damaged or hostile file) goes through summary_batch alone."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    head = _schema_message()
+    together = [i for i, b in enumerate(blobs) if b.startswith(head) and _one_row(b, len(head))]
+    alone = sorted(set(range(len(blobs))) - set(together))
+    tables, rows, errors = [], [], {}
+    if together:
+        stream = b"".join([head, *(memoryview(blobs[i])[len(head):-8] for i in together), _END])
+        try:
+            table = pa.ipc.open_stream(stream).read_all()
+            table.validate(full=True)  # offsets out of bounds would be read later, past the buffer
+        except pa.ArrowException:
+            alone, together = sorted(alone + together), []  # each alone tells which
+        else:
+            newer = pc.greater(table.column("version"), SUMMARY_VERSION)
+            if pc.any(newer).as_py():
+                alone, together = sorted(alone + together), []
+            else:
+                tables.append(table)
+                rows += together
+    for i in alone:
+        try:
+            tables.append(pa.Table.from_batches([summary_batch(blobs[i])]))
+            rows.append(i)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError) as exc:
+            errors[i] = str(exc)
+    return (pa.concat_tables(tables) if tables else summary_schema().empty_table()), rows, errors
 
 
 def summary_batch(data: bytes) -> Any:

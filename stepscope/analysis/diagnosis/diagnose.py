@@ -19,7 +19,7 @@ from stepscope.analysis.diagnosis.causes import PROFILED_CALL_US, Cause
 from stepscope.analysis.diagnosis.consistency import CPU_ONLY, reconcile
 from stepscope.analysis.diagnosis.efficiency import efficiency_findings
 from stepscope.analysis.diagnosis.hangs import hang_findings
-from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables
+from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables, usable
 from stepscope.analysis.diagnosis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
 from stepscope.analysis.diagnosis.straggler import Straggler, find_straggler, lost_time_shares, more_steps
 from stepscope.analysis.diagnosis.wording import function_text, ms, ranks_text, short
@@ -51,9 +51,9 @@ def _trace_findings(table: pa.Table) -> list[Finding]:
     out = []
     ranks = table.column("rank").to_numpy()
     error = table.column("error").to_numpy(zero_copy_only=False)
-    warned = table.column("warnings").combine_chunks()
+    warned = table.column("warnings")
     errors, warnings = _ranks_by_text(ranks, error, error != ""), _ranks_by_text(
-        ranks[pc.list_parent_indices(warned).to_numpy()], warned.flatten().to_numpy(zero_copy_only=False))
+        ranks[pc.list_parent_indices(warned).to_numpy()], pc.list_flatten(warned).to_numpy())
     for text, rows in errors.items():
         # Critical, but after the slow workers and hangs: those say what to fix, this what is unseen.
         out.append(Finding("critical", "trace", rows, f"{ranks_text(rows)} could not be analysed: {text}", 0.001 * len(rows), {"error": text}))
@@ -289,7 +289,7 @@ def diagnose(summaries: list[RankSummary] | pa.Table, *, stacks: dict[int, dict]
     Returns the compact Diagnosis for the status and the full findings, worst first, each with its
     score (roughly the share of step time at stake) and data."""
     table = summaries if isinstance(summaries, pa.Table) else summaries_table(summaries)
-    ok = table.filter(pc.equal(table.column("error"), ""))
+    ok = usable(table)
     tables = build_tables(ok)
     steps = tables.step_us.dropna()
     median_step_us = float(steps.median()) if len(steps) else 0.0
@@ -301,8 +301,8 @@ def diagnose(summaries: list[RankSummary] | pa.Table, *, stacks: dict[int, dict]
     waiting_workers: list[SlowWorker] = []
     confidence: float | None = None
     # The agent's capture budget says so in the summary's warnings (stepscope.wire.STACKS_DROPPED).
-    warned = ok.column("warnings").combine_chunks()
-    dropped_rows = pc.starts_with(warned.flatten(), STACKS_DROPPED).to_numpy(zero_copy_only=False)
+    warned = ok.column("warnings")
+    dropped_rows = pc.starts_with(pc.list_flatten(warned), STACKS_DROPPED).to_numpy()
     dropped = {int(r) for r in ok.column("rank").to_numpy()[pc.list_parent_indices(warned).to_numpy()[dropped_rows]]}
     if verdict is not None:
         straggler = find_straggler(tables, verdict, frozenset(dropped))

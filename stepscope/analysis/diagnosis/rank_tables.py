@@ -23,8 +23,9 @@ _THREAD_PLUMBING = r"threading\.py\(\d+\): (?:_bootstrap|_bootstrap_inner|run)$"
 def _items_frame(table: pa.Table, attr: str, skip: tuple[str, ...] = ()) -> pd.DataFrame:
     """One row per item of the list column `attr` over all ranks, with its rank: the lists
     flattened at once, in rank order and each rank's own order."""
-    column = table.column(attr).combine_chunks()
-    items = pa.Table.from_struct_array(column.flatten())
+    column = table.column(attr)
+    flat = pc.list_flatten(column)
+    items = pa.Table.from_batches([pa.RecordBatch.from_struct_array(c) for c in flat.chunks], schema=pa.schema(list(flat.type)))
     items = items.drop_columns([f for f in skip if f in items.column_names])
     rank = pc.take(table.column("rank"), pc.list_parent_indices(column))
     return items.add_column(0, "rank", rank).to_pandas()
@@ -83,13 +84,13 @@ def _ranks_frame(table: pa.Table, steps: pd.DataFrame) -> pd.DataFrame:
 def _durations(table: pa.Table) -> pd.DataFrame:
     """Every collective call's duration in issue order: rank, kind, its place among the rank's calls
     of that kind, durationUs."""
-    calls = table.column("collectives").combine_chunks()
-    per_kind = calls.flatten()
-    lists = per_kind.field("durationsUs")
-    kind = pc.take(per_kind.field("kind"), pc.list_parent_indices(lists))
+    calls = table.column("collectives")
+    per_kind = pc.list_flatten(calls)
+    lists = pc.struct_field(per_kind, "durationsUs")
+    kind = pc.take(pc.struct_field(per_kind, "kind"), pc.list_parent_indices(lists))
     owner = pc.take(pc.list_parent_indices(calls), pc.list_parent_indices(lists))
     frame = pd.DataFrame({"rank": pc.take(table.column("rank"), owner).to_numpy(), "kind": kind.to_pandas(),
-                          "durationUs": lists.flatten().to_numpy()})
+                          "durationUs": pc.list_flatten(lists).to_numpy()})
     frame["position"] = frame.groupby(["rank", "kind"]).cumcount()
     return frame
 
@@ -189,6 +190,13 @@ def _with_stage(steps: pd.DataFrame) -> pd.DataFrame:
     (durationUs) would give shares above 100 %; it stands in only where the table is empty."""
     stage = steps["computingUs"] + steps["commNotOverlappedUs"] + steps["freeUs"]
     return steps.assign(stageUs=stage.where(stage > 0, steps["durationUs"]))
+
+
+def usable(table: pa.Table) -> pa.Table:
+    """The ranks of a summaries_table whose summary carries no error (the table itself, not a
+    copy, where every rank's does)."""
+    failed = pc.not_equal(table.column("error"), "")
+    return table.filter(pc.invert(failed)) if pc.any(failed).as_py() else table
 
 
 def build_tables(summaries: list[RankSummary] | pa.Table) -> RankTables:

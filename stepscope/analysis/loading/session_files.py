@@ -10,7 +10,7 @@ import contextlib
 import functools
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +25,7 @@ from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
 from stepscope.analysis.metrics.gpu_scope import DEFAULT_COMM_KERNELS, CommKernels
 from stepscope.analysis.metrics.summary import rank_from_name
 from stepscope.analysis.metrics.trace import NOT_A_TRACE
-from stepscope.analysis.model import RANK_DIGITS, SUMMARY_VERSION, RankSummary, summaries_table, summary_batch, summary_schema, table_summaries
+from stepscope.analysis.model import RANK_DIGITS, SUMMARY_VERSION, RankSummary, decode_summaries, summaries_table, summary_schema, table_summaries
 from stepscope.storage import Store, StoreError, open_store
 
 _RAW_TRACE = re.compile(r"^[^/]+\.json(?:\.gz)?$")
@@ -44,7 +44,7 @@ MAX_JSON_FILE_BYTES = 32 << 20
 # Summaries read from the store at once: each read waits mostly on the network, and thousands of
 # ranks read one after the other would take minutes.
 READ_CONCURRENCY = 16
-# Ranks whose summaries are copied together out of the bytes they were read from.
+# Ranks whose summaries are decoded together, then copied out of the bytes they were read from.
 COMPACT_EVERY = 256
 
 T = TypeVar("T")
@@ -151,50 +151,86 @@ def read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int = 
                  comm: CommKernels = DEFAULT_COMM_KERNELS) -> RankSummary:
     """The rank's summary: the uploaded one, else one made now from its raw trace (keeping the
     `top` kernels of each type and Python functions, `comm` its communication kernels), else an error."""
-    return table_summaries(pa.Table.from_batches([_read_summary(store, files, fallback_rank, top, comm)[0]]))[0]
-
-
-def _batch(summary: RankSummary) -> pa.RecordBatch:
-    return summaries_table([summary]).to_batches()[0]
+    return _read_summary(store, files, fallback_rank, top, comm)[0]
 
 
 def _read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int = 50,
-                  comm: CommKernels = DEFAULT_COMM_KERNELS) -> tuple[pa.RecordBatch, bool]:
-    """read_summary as a one-row batch of summary_schema(), and whether its raw trace was parsed
-    whole doing it."""
+                  comm: CommKernels = DEFAULT_COMM_KERNELS) -> tuple[RankSummary, bool]:
+    """read_summary, and whether its raw trace was parsed whole doing it."""
     rank = files.rank if files.rank is not None else fallback_rank
-    problem = ""
-    if files.summary:
-        try:
-            batch = summary_batch(read_small(store, files.summary))
-            said = batch.column("rank")[0].as_py()
-            if said < 0:
-                summary = table_summaries(pa.Table.from_batches([batch]))[0]
-                summary.warnings.append(f"{files.summary} says rank {said}; shown as rank {rank}")
-                summary.rank = rank
-                return _batch(summary), False
-            return batch, False
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError) as exc:
-            problem = f"{files.summary} is not a valid summary ({exc})"
-        except StoreError as exc:
-            problem = f"cannot read {files.summary}: {exc}"
+    chunk = _chunk(store, [(files, rank, _uploaded(store, files))], top, comm)
+    return table_summaries(chunk.table)[0], chunk.whole[0]
+
+
+def _uploaded(store: Store, files: RankFiles) -> bytes | str:
+    """The bytes of the rank's uploaded summary, or why they cannot be read ('' where none was)."""
+    if not files.summary:
+        return ""
+    try:
+        return read_small(store, files.summary)
+    except StoreError as exc:
+        return f"cannot read {files.summary}: {exc}"
+
+
+def _from_trace(store: Store, files: RankFiles, rank: int, top: int, comm: CommKernels, problem: str) -> tuple[RankSummary, bool]:
+    """A rank without a usable uploaded summary (`problem` says why; '' where none was uploaded):
+    summarised from its raw trace, else failed with why; and whether the trace was parsed whole."""
     if files.trace:
         from stepscope.analysis.metrics.summary import summarize_file
         try:
             with local_path(store, files.trace) as path:
                 summary = summarize_file(path, rank=files.rank, top=top, comm=comm)
         except StoreError as exc:
-            return _batch(failed(rank, f"cannot read {files.trace}: {exc}")), False
+            return failed(rank, f"cannot read {files.trace}: {exc}"), False
         if problem:
             summary.warnings.append(problem + "; summarised the raw trace instead")
         if summary.rank is None or summary.rank < 0:
             summary.rank = rank
-        return _batch(summary), not summary.error
+        return summary, not summary.error
     if problem:
-        return _batch(failed(rank, problem)), False
+        return failed(rank, problem), False
     if files.stacks:
-        return _batch(failed(rank, "no trace or summary was uploaded, only Python stacks (see the hang findings)")), False
-    return _batch(failed(rank, "no trace or summary was uploaded for this rank")), False
+        return failed(rank, "no trace or summary was uploaded, only Python stacks (see the hang findings)"), False
+    return failed(rank, "no trace or summary was uploaded for this rank"), False
+
+
+@dataclass
+class _Chunk:
+    """Summaries of a few hundred ranks as one table, and for each row its files and whether its
+    raw trace was parsed whole."""
+    table: pa.Table
+    files: list[RankFiles]
+    whole: list[bool]
+
+
+def _chunk(store: Store, group: list[tuple[RankFiles, int, bytes | str]], top: int, comm: CommKernels) -> _Chunk:
+    """The ranks of `group` (files, the rank to show where it knows none, its uploaded summary's
+    bytes or why there are none): the uploaded summaries decoded together, the others made from
+    raw traces or failed one by one."""
+    blobs = [k for k, (_, _, data) in enumerate(group) if isinstance(data, bytes)]
+    table, rows, errors = decode_summaries([data for _, _, data in group if isinstance(data, bytes)])
+    said = table.column("rank").to_pylist()
+    kept = [i for i, r in enumerate(said) if r >= 0]
+    alone: list[tuple[int, RankSummary, bool]] = []
+    for i in sorted(set(range(len(said))) - set(kept)):
+        files, rank, _ = group[blobs[rows[i]]]
+        summary = table_summaries(table.slice(i, 1))[0]
+        summary.warnings.append(f"{files.summary} says rank {summary.rank}; shown as rank {rank}")
+        summary.rank = rank
+        alone.append((blobs[rows[i]], summary, False))
+    problems = {blobs[i]: f"{group[blobs[i]][0].summary} is not a valid summary ({why})" for i, why in errors.items()}
+    problems |= {k: data for k, (_, _, data) in enumerate(group) if isinstance(data, str)}
+    for k, problem in problems.items():
+        files, rank, _ = group[k]
+        summary, whole = _outcome(functools.partial(_from_trace, store, files, rank, top, comm, problem), files, rank)
+        alone.append((k, summary, whole))
+    if len(kept) < len(said):
+        table = table.take(kept)
+    order = [blobs[rows[i]] for i in kept] + [k for k, _, _ in alone]
+    if alone:
+        table = pa.concat_tables([table, summaries_table([s for _, s, _ in alone])])
+    parsed = dict.fromkeys(order, False) | {k: w for k, _, w in alone}
+    return _Chunk(table.combine_chunks(), [group[k][0] for k in order], [parsed[k] for k in order])
 
 
 def read_stacks(store: Store, files: RankFiles) -> tuple[dict | None, str]:
@@ -237,52 +273,47 @@ def _in_order(read: Callable[[Any], T], items: list[Any], workers: int) -> Itera
             yield pending.popleft().result()
 
 
-def _compacted(batches: Iterable[pa.RecordBatch], every: int = COMPACT_EVERY) -> Iterator[pa.RecordBatch]:
-    """The batches, every `every` of them copied into one: a batch read from the store points into
-    the bytes it was read from, which are let go once copied."""
-    held: list[pa.RecordBatch] = []
-    for batch in batches:
-        held.append(batch)
-        if len(held) >= every:
-            yield pa.Table.from_batches(held).combine_chunks().to_batches()[0]
-            held = []
-    if held:
-        yield pa.Table.from_batches(held).combine_chunks().to_batches()[0]
-
-
 def _summaries(files: SessionFiles, top: int, on_rank: Callable[[str], object], pool: Executor,
-               comm: CommKernels) -> Iterator[tuple[pa.RecordBatch, bool]]:
-    """_read_summary of every rank, in files.ranks order. Uploaded summaries are read from the
-    store READ_CONCURRENCY at a time (the store's own retries apply to each); large raw traces in
-    a directory are summarised in the pool's processes (the summariser is single-threaded and
-    streams, so a process holds a couple of hundred MB whatever the trace size)."""
+               comm: CommKernels) -> Iterator[_Chunk]:
+    """Every rank's summary (_read_summary), COMPACT_EVERY ranks to a chunk. Uploaded summaries are
+    read from the store READ_CONCURRENCY at a time (the store's own retries apply to each) and
+    decoded together as they come, so memory holds the columns and not every rank's file; large
+    raw traces in a directory are summarised in the pool's processes (the summariser is
+    single-threaded and streams, so a process holds a couple of hundred MB whatever the trace size)."""
     jobs = [(f, f.rank if f.rank is not None else i) for i, f in enumerate(files.ranks)]
     root = getattr(files.store, "root", None)
     raw = [Path(root) / f.trace for f, _ in jobs if f.trace and not f.summary] if root is not None else []
     if len(raw) < 2 or sum(p.stat().st_size for p in raw if p.exists()) < PARALLEL_BYTES:
-        def read(job: tuple[RankFiles, int]) -> tuple[pa.RecordBatch, bool]:
-            f, rank = job
-            return _outcome(functools.partial(_read_summary, files.store, f, rank, top, comm), f, rank)
+        def fetch(job: tuple[RankFiles, int]) -> tuple[RankFiles, int, bytes | str]:
+            return job[0], job[1], _uploaded(files.store, job[0])
 
-        for (f, _), got in zip(jobs, _in_order(read, jobs, READ_CONCURRENCY)):
-            on_rank(f.trace or f.summary or f.stacks or "")
-            yield got
+        group: list[tuple[RankFiles, int, bytes | str]] = []
+        for got in _in_order(fetch, jobs, READ_CONCURRENCY):
+            on_rank(got[0].trace or got[0].summary or got[0].stacks or "")
+            group.append(got)
+            if len(group) >= COMPACT_EVERY:
+                yield _chunk(files.store, group, top, comm)
+                group = []
+        if group:
+            yield _chunk(files.store, group, top, comm)
         return
     futures = {pool.submit(_read_summary, files.store, f, rank, top, comm): (f, rank) for f, rank in jobs}
     for done in as_completed(futures):
         f = futures[done][0]
         on_rank(f.trace or f.summary or f.stacks or "")
-    for future in futures:
-        yield _outcome(future.result, *futures[future])
+    read = [(futures[future][0], *_outcome(future.result, *futures[future])) for future in futures]
+    for i in range(0, len(read), COMPACT_EVERY):
+        part = read[i:i + COMPACT_EVERY]
+        yield _Chunk(summaries_table([s for _, s, _ in part]), [f for f, _, _ in part], [w for _, _, w in part])
 
 
-def _outcome(read: Callable[[], tuple[pa.RecordBatch, bool]], files: RankFiles, rank: int) -> tuple[pa.RecordBatch, bool]:
+def _outcome(read: Callable[[], tuple[RankSummary, bool]], files: RankFiles, rank: int) -> tuple[RankSummary, bool]:
     """The rank's summary, or a failed one saying why: a rank whose reading fails in a way
     nobody foresaw (its worker process killed, an analysis bug) costs that rank alone."""
     try:
         return read()
     except Exception as exc:  # noqa: BLE001 - one bad rank never stops the others
-        return _batch(failed(rank, f"{files.trace or files.summary or files.stacks}: reading failed: {type(exc).__name__}: {exc}")), False
+        return failed(rank, f"{files.trace or files.summary or files.stacks}: reading failed: {type(exc).__name__}: {exc}"), False
 
 
 @dataclass
@@ -317,13 +348,12 @@ def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda na
         with worker_pool(analysis_workers(len(files.ranks))) as own:
             return read_ranks(files, on_rank, top, own, comm)
     read: list[_Read] = []
-
-    def batches() -> Iterator[pa.RecordBatch]:
-        for f, (batch, whole) in zip(files.ranks, _summaries(files, top, on_rank, pool, comm)):
-            read.append(_Read(f, batch.column("rank")[0].as_py(), batch.column("error")[0].as_py(), whole))
-            yield batch
-
-    table = pa.Table.from_batches(list(_compacted(batches())), schema=summary_schema())
+    chunks = []
+    for chunk in _summaries(files, top, on_rank, pool, comm):
+        ranks, errors = chunk.table.column("rank").to_pylist(), chunk.table.column("error").to_pylist()
+        read += [_Read(f, r, e, w) for f, r, e, w in zip(chunk.files, ranks, errors, chunk.whole)]
+        chunks.append(chunk.table)
+    table = pa.concat_tables(chunks) if chunks else summary_schema().empty_table()
     stacks: dict[int, dict] = {}
     problems: dict[int, list[str]] = {}
     traces: dict[int, str] = {}
