@@ -136,8 +136,10 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
         raise AnalysisError(f"nothing to analyse at {uri}: expected ranks/rank-<r>.summary.arrow or .trace.json.gz (a stepscope session) "
                             "or Kineto traces (*.json, *.json.gz)")
     bar = tqdm(total=len(files.ranks) + 2, desc="stepscope analyze", unit="rank", file=sys.stderr, disable=not progress, leave=False)
-    # One pool of worker processes summarises the raw traces, then rewrites the merged trace's ranks.
-    with contextlib.closing(bar), worker_pool(analysis_workers(len(files.ranks))) as pool, contextlib.ExitStack() as local:
+    # One pool of worker processes summarises the raw traces, then rewrites the merged trace's ranks;
+    # a session whose ranks uploaded only summaries needs none.
+    traces = sum(1 for f in files.ranks if f.trace)
+    with contextlib.closing(bar), worker_pool(analysis_workers(traces) if traces else 1) as pool, contextlib.ExitStack() as local:
         read = read_ranks(files, on_rank=lambda name: (bar.set_postfix_str(name, refresh=False), bar.update(1)), pool=pool, comm=comm)
         table, stacks, problems = read.table, read.stacks, read.problems
         if not len(table):
@@ -146,11 +148,11 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
         on_ranks(len(ok), len(table), read.skipped)
         hardware = _read_metrics(files, problems, table)
         bar.set_postfix_str("diagnosing", refresh=False)
-        diagnosis, full = diagnose(table, stacks=stacks, hardware=hardware)
+        tables = build_tables(ok)
+        diagnosis, full = diagnose(table, stacks=stacks, hardware=hardware, tables=tables)
         bar.update(1)
         out_store = (open_store(output, endpoint=endpoint, region=region, credentials=credentials, ambient_credentials=ambient_credentials)
                      if output else store)
-        tables = build_tables(ok)
         plan = _merge_plan(files, read, diagnosis, tables, hardware, merged_limit_mb << 20, local)
         bar.total += len(plan.ranks)
         try:

@@ -282,15 +282,16 @@ def _summary_line(found: list[Finding], tables: RankTables, ranks: int, failed: 
 
 
 def diagnose(summaries: list[RankSummary] | pa.Table, *, stacks: dict[int, dict] | None = None,
-             hardware: dict[str, pd.DataFrame] | None = None) -> tuple[Diagnosis, list[Finding]]:
+             hardware: dict[str, pd.DataFrame] | None = None, tables: RankTables | None = None) -> tuple[Diagnosis, list[Finding]]:
     """Diagnose a session from its rank summaries (plus hang stacks and NVML samples by pod), as
-    objects or as one summaries_table (the form the analysis reads them in).
+    objects or as one summaries_table (the form the analysis reads them in); `tables`: their
+    usable ranks' build_tables where the caller has them already.
 
     Returns the compact Diagnosis for the status and the full findings, worst first, each with its
     score (roughly the share of step time at stake) and data."""
     table = summaries if isinstance(summaries, pa.Table) else summaries_table(summaries)
     ok = usable(table)
-    tables = build_tables(ok)
+    tables = build_tables(ok) if tables is None else tables
     steps = tables.step_us.dropna()
     median_step_us = float(steps.median()) if len(steps) else 0.0
     verdict = wait_verdict(tables)

@@ -59,7 +59,9 @@ def stands_out_in_groups(values: np.ndarray, groups: np.ndarray, *, min_ratio: f
     values = np.asarray(values, dtype=float)
     out = np.zeros(len(values), dtype=bool)
     order = np.argsort(groups, kind="stable")
-    _, starts, sizes = np.unique(np.asarray(groups)[order], return_index=True, return_counts=True)
+    ordered = np.asarray(groups)[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1]))) if len(ordered) else np.zeros(0, dtype=np.int64)
+    sizes = np.diff(np.append(starts, len(ordered)))
     for size in np.unique(sizes):
         entries = order[starts[sizes == size][None, :] + np.arange(size)[:, None]]  # size x groups
         out[entries] = stands_out(values[entries], min_ratio=min_ratio)

@@ -2,7 +2,9 @@
 cross-rank check and report table works on."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -11,6 +13,7 @@ import pyarrow.compute as pc
 
 from stepscope.analysis.model import RankSummary, summaries_table
 
+T = TypeVar("T")
 _ADDRESS = r" at 0x[0-9a-fA-F]+"
 # stepscope's own agent (its heartbeat and watchdog threads, its step hook) and torch's profiler
 # (its step and record_function frames): never a finding; their time is reported apart.
@@ -118,6 +121,14 @@ class RankTables:
     # Each collective call's duration (rank, kind, position, durationUs) and the efficiency rows.
     durations: pd.DataFrame = field(default_factory=pd.DataFrame)
     efficiency: pd.DataFrame = field(default_factory=pd.DataFrame)
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def memo(self, key: str, make: Callable[[], T]) -> T:
+        """make(), computed once for these tables (the diagnosis and the report ask for some
+        figures of millions of rows several times); what it returns must not be changed."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     @property
     def step_us(self) -> pd.Series:
@@ -162,7 +173,9 @@ def _same_function_across_ranks(functions: pd.DataFrame) -> pd.DataFrame:
         return functions.assign(thread=pd.Series(dtype=str), own=pd.Series(dtype=bool))
     # Thousands of ranks run the same few hundred stacks: each distinct text is worked on once.
     codes, names = pd.factorize(functions["name"])
-    functions["name"] = pd.Series(names).str.replace(_ADDRESS, "", regex=True).to_numpy()[codes]
+    cleaned = pd.Series(names).str.replace(_ADDRESS, "", regex=True)
+    if (cleaned != pd.Series(names)).any():
+        functions["name"] = pd.array(cleaned.to_numpy(), dtype=functions["name"].dtype).take(codes)
     codes, stacks = pd.factorize(functions["stack"])
     frames = pd.Series(stacks).str.split(" > ")
     started = frames.str[0].str.contains(_THREAD_PLUMBING, regex=True)
@@ -171,7 +184,7 @@ def _same_function_across_ranks(functions: pd.DataFrame) -> pd.DataFrame:
     target = target.reindex(frames.index).fillna(frames.str[-1])
     thread = np.where(started, target.str.replace(_ADDRESS, "", regex=True), MAIN_THREAD)
     own = pd.Series(stacks).str.contains(OWN_FRAMES, regex=True).to_numpy(dtype=bool)
-    functions["thread"] = thread[codes]
+    functions["thread"] = pd.array(thread, dtype=functions["stack"].dtype).take(codes)
     functions["own"] = own[codes]
     return functions
 

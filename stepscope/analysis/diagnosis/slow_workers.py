@@ -100,15 +100,30 @@ def kernel_ratios(tables: RankTables) -> tuple[pd.Series, pd.DataFrame]:
     ranks = tables.ranks["rank"].nunique()
     if k.empty or ranks < 2:
         return pd.Series(dtype=float), k.iloc[0:0]
-    k = k[["rank", "name", "type", "count", "sumUs", "meanUs"]].copy()
-    k = k[k.groupby("name")["rank"].transform("nunique") >= max(2, (ranks + 1) // 2)]
+    return tables.memo("kernel_ratios", lambda: _kernel_ratios(tables, ranks))
+
+
+def _kernel_ratios(tables: RankTables, ranks: int) -> tuple[pd.Series, pd.DataFrame]:
+    k = tables.kernels[["rank", "name", "type", "count", "sumUs", "meanUs"]]
+    # Each kernel name as a number once: every figure below groups millions of rows by it.
+    codes, names = pd.factorize(k["name"])
+    rank = k["rank"].to_numpy(dtype=np.int64) - int(k["rank"].min())
+    span = int(rank.max()) + 1
+    pairs = np.sort(codes.astype(np.int64) * span + rank)
+    distinct = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
+    on = np.bincount(distinct // span, minlength=len(names))  # ranks that run each kernel
+    keep = on[codes] >= max(2, (ranks + 1) // 2)
+    k = k.copy() if keep.all() else k[keep].copy()
+    codes = codes[keep]
     if k.empty:
         return pd.Series(dtype=float), k
-    k["peerMeanUs"] = k.groupby("name")["meanUs"].transform("median")
-    k["peerSumUs"] = k.groupby("name")["sumUs"].transform("median")
+    by_name = pd.DataFrame({"meanUs": k["meanUs"].to_numpy(), "sumUs": k["sumUs"].to_numpy()}).groupby(codes)
+    k["peerMeanUs"] = by_name["meanUs"].transform("median").to_numpy()
+    k["peerSumUs"] = by_name["sumUs"].transform("median").to_numpy()
     k["ratio"] = np.where(k["peerMeanUs"] > 0, k["meanUs"] / k["peerMeanUs"].where(k["peerMeanUs"] > 0, 1.0), 1.0)
     k["excessUsPerStep"] = tables.per_step(k.assign(excess=k["sumUs"] - k["peerSumUs"]), "excess")
-    weighted = k[k["type"] != "COMM"] if (k["type"] != "COMM").any() else k
+    computing = (k["type"] != "COMM").to_numpy()
+    weighted = k[computing] if computing.any() else k
     logs = np.log(weighted["ratio"].clip(lower=1e-6)) * weighted["peerSumUs"]
     grouped = pd.DataFrame({"rank": weighted["rank"], "log": logs, "w": weighted["peerSumUs"]}).groupby("rank").sum()
     per_rank = np.exp(grouped["log"] / grouped["w"].where(grouped["w"] > 0, 1.0))

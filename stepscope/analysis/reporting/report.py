@@ -18,7 +18,7 @@ from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.model import Diagnosis, Finding
 from stepscope.analysis.reporting.report_html import render_html
 from stepscope.analysis.reporting.report_merge import MergePlan, describe, sentence, write_merged_trace
-from stepscope.analysis.reporting.report_tables import report_tables
+from stepscope.analysis.reporting.report_tables import detail_ranks, report_tables
 from stepscope.storage import Store
 
 REPORT_VERSION = 1
@@ -78,7 +78,11 @@ def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diag
         written[merged_name] = store.uri_for(key)
     for rank, why in merged.left_out.items():
         problems.setdefault(rank, []).append(why)
-    csv = report_tables(tables)
+    first = [w.rank for w in diagnosis.slowWorkers] + [r for f in full if f.category in ("hang", "slow-worker") for r in f.ranks] + [0]
+    detail = detail_ranks(tables, first)
+    csv = report_tables(tables, detail)
+    held = (f"kernel_details.csv and kernel_efficiency.csv hold {len(detail)} of {len(tables.ranks):,} ranks (the slow workers and the "
+            "longest median steps); every rank's figures are in its summary (ranks/rank-<r>.summary.arrow)") if detail else ""
     for name, frame in csv.items():
         put(name, _csv(frame))
     on_step("tables")
@@ -87,6 +91,6 @@ def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diag
                            failed=failed, problems=problems, merged=describe(merge, merged, written[merged_name])))
     put(layout.REPORT_HTML.removeprefix("report/"),
         render_html(title="stepscope report", source=source, generated=generated, diagnosis=diagnosis, full=full, tables=tables,
-                    csv=csv, problems=problems, total_ranks=total_ranks, merged=sentence(merge, merged)).encode())
+                    csv=csv, problems=problems, total_ranks=total_ranks, merged=sentence(merge, merged), held=held).encode())
     on_step("report")
     return written

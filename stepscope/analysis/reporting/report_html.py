@@ -437,7 +437,7 @@ def _rank_search(r: pd.DataFrame, slowdown: dict[int, float], problems: dict[int
 
 def render_html(*, title: str, source: str, generated: str, diagnosis: Diagnosis, full: list[Finding], tables: RankTables,
                 csv: dict[str, pd.DataFrame], problems: dict[int, list[str]], total_ranks: int,
-                merged: str = "merged.trace.json.gz: the ranks' traces (open it in Perfetto).") -> str:
+                merged: str = "merged.trace.json.gz: the ranks' traces (open it in Perfetto).", held: str = "") -> str:
     step = diagnosis.stepTimeMs
     b = diagnosis.breakdown
     slow = {w.rank for w in diagnosis.slowWorkers}
@@ -459,5 +459,5 @@ def render_html(*, title: str, source: str, generated: str, diagnosis: Diagnosis
         findings=_findings(full), hangs=_hangs(full), slow_workers=_slow_workers(full),
         step_chart=_per_rank_chart(ranks["rank"].to_numpy(), ranks["stepUs"].to_numpy() / 1000.0, slow, "ms", step.median if step else None),
         kernel_chart=kernel_chart, breakdown_chart=_stacked_chart(tables, slow), kernels=_kernels(csv["op_statistic.csv"]), functions=_functions(tables),
-        communication=_communication(csv["communication.csv"]), ranks=rank_table, search=search, merged=merged,
+        communication=_communication(csv["communication.csv"]), ranks=rank_table, search=search, merged=merged, held=held,
         efficiency=_roofline(csv["kernel_efficiency.csv"]) if "kernel_efficiency.csv" in csv else Block(note="no kernel efficiency table"))

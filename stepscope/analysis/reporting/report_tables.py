@@ -8,6 +8,10 @@ from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.diagnosis.slow_workers import kernel_ratios
 from stepscope.analysis.diagnosis.wording import short
 
+# Past this many ranks, the per-rank kernel tables hold this many ranks (the full figures of every
+# rank are in its summary, ranks/rank-<r>.summary.arrow).
+DETAIL_RANKS = 64
+
 
 def step_trace_time(tables: RankTables) -> pd.DataFrame:
     s = tables.steps
@@ -89,8 +93,23 @@ def kernel_efficiency(tables: RankTables) -> pd.DataFrame:
     return t[EFFICIENCY_COLUMNS].sort_values(["Rank", "Kind", "GPU Time(us)"], ascending=[True, False, False], kind="stable")
 
 
-def report_tables(tables: RankTables) -> dict[str, pd.DataFrame]:
-    """File name (under report/) -> table."""
-    return {"step_trace_time.csv": step_trace_time(tables), "kernel_details.csv": kernel_details(tables),
+def detail_ranks(tables: RankTables, first: list[int], limit: int = DETAIL_RANKS) -> list[int] | None:
+    """The ranks whose every kernel and op the detail tables hold: all of them up to `limit`,
+    else `first` (the ranks that explain the diagnosis) and the longest median steps up to it;
+    None for all."""
+    ranks = tables.ranks
+    if len(ranks) <= limit:
+        return None
+    slowest = ranks.sort_values("stepUs", ascending=False, kind="stable")["rank"].astype(int).tolist()
+    return list(dict.fromkeys([r for r in first if r in set(ranks["rank"])] + slowest))[:limit]
+
+
+def report_tables(tables: RankTables, detail: list[int] | None = None) -> dict[str, pd.DataFrame]:
+    """File name (under report/) -> table; kernel_details and kernel_efficiency of the `detail`
+    ranks only where given (one row per rank and kernel is millions of rows at fleet scale)."""
+    kernels, efficiency = kernel_details(tables), kernel_efficiency(tables)
+    if detail is not None:
+        kernels, efficiency = kernels[kernels["Rank"].isin(detail)], efficiency[efficiency["Rank"].isin(detail)]
+    return {"step_trace_time.csv": step_trace_time(tables), "kernel_details.csv": kernels,
             "op_statistic.csv": op_statistic(tables), "communication.csv": communication(tables),
-            "kernel_efficiency.csv": kernel_efficiency(tables)}
+            "kernel_efficiency.csv": efficiency}
