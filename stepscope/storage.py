@@ -7,6 +7,7 @@ in reprs, messages or logs.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -134,8 +135,11 @@ class FileStore:
         if not self.root.is_dir():
             return []
         # A link to a file outside the folder is no object of it: a session's files never point out.
+        # Each folder is resolved once (a session's thousands of ranks share one), a file only if a link.
+        inside = functools.cache(lambda folder: folder.resolve().is_relative_to(self.root))
         keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*")
-                if p.is_file() and not p.name.endswith(PARTIAL_SUFFIX) and p.resolve().is_relative_to(self.root))
+                if p.is_file() and not p.name.endswith(PARTIAL_SUFFIX) and inside(p.parent)
+                and (not p.is_symlink() or p.resolve().is_relative_to(self.root)))
         return sorted(k for k in keys if k.startswith(prefix))
 
     def exists(self, key: str) -> bool:
