@@ -197,6 +197,8 @@ class S3Store:
             retries={"mode": "standard", "total_max_attempts": 1},
             s3={"addressing_style": style},
             connect_timeout=10, read_timeout=60,
+            # The analysis reads thousands of summaries 16 at a time (loading.session_files).
+            max_pool_connections=32,
             proxies=proxies,
             # Newer boto3 adds CRC checksums that OSS and older S3-compatible services refuse.
             request_checksum_calculation="when_required" if endpoint or scheme == "oss" else "when_supported",

@@ -455,7 +455,7 @@ def decode_summaries(blobs: Sequence[bytes]) -> tuple[Any, list[int], dict[int, 
         try:
             table = pa.ipc.open_stream(stream).read_all()
             table.validate(full=True)  # offsets out of bounds would be read later, past the buffer
-        except pa.ArrowException:
+        except (pa.ArrowException, OSError):
             alone, together = sorted(alone + together), []  # each alone tells which
         else:
             newer = pc.greater(table.column("version"), SUMMARY_VERSION)
@@ -492,14 +492,14 @@ def summary_batch(data: bytes) -> Any:
             if message.type != "record batch" or _compressed(message.metadata.to_pybytes()):
                 raise ValueError(f"unexpected {message.type} message (compressed or dictionary batches are not written)")
             batches.append(pa.ipc.read_record_batch(message, got))
-    except (pa.ArrowException, IndexError) as exc:
+    except (pa.ArrowException, OSError, IndexError, struct.error) as exc:
         raise ValueError(f"not an Arrow summary: {exc}") from exc
     if sum(b.num_rows for b in batches) != 1:
         raise ValueError(f"an Arrow summary holds one row, not {sum(b.num_rows for b in batches)}")
     batch = next(b for b in batches if b.num_rows)
     try:
         batch.validate(full=True)  # offsets out of bounds would be read later, past the buffer
-    except pa.ArrowException as exc:
+    except (pa.ArrowException, OSError) as exc:
         raise ValueError(f"not an Arrow summary: {exc}") from exc
     if not got.equals(schema):
         batch = _conform(batch, schema)
@@ -512,7 +512,8 @@ def _conform(batch: Any, schema: Any) -> Any:
     fields this version does not know dropped; a field of another type is refused."""
     import pyarrow as pa
 
-    defaults = msgspec.to_builtins(RankSummary(version=SUMMARY_VERSION, rank=-1))
+    defaults = {f.encode_name: f.default if f.default is not msgspec.NODEFAULT else f.default_factory()
+                for f in msgspec.structs.fields(RankSummary) if f.default is not msgspec.NODEFAULT or f.default_factory is not msgspec.NODEFAULT}
     columns = []
     for f in schema:
         if f.name in batch.schema.names:
