@@ -31,7 +31,8 @@ def _items_frame(table: pa.Table, attr: str, skip: tuple[str, ...] = ()) -> pd.D
     items = pa.Table.from_batches([pa.RecordBatch.from_struct_array(c) for c in flat.chunks], schema=pa.schema(list(flat.type)))
     items = items.drop_columns([f for f in skip if f in items.column_names])
     rank = pc.take(table.column("rank"), pc.list_parent_indices(column))
-    return items.add_column(0, "rank", rank).to_pandas()
+    # A block per column: no copy of millions of rows into one 2-D block per dtype.
+    return items.add_column(0, "rank", rank).to_pandas(split_blocks=True)
 
 
 def _common_steps(steps: pd.DataFrame) -> pd.Index | None:
