@@ -31,8 +31,13 @@ def _items_frame(table: pa.Table, attr: str, skip: tuple[str, ...] = ()) -> pd.D
     items = pa.Table.from_batches([pa.RecordBatch.from_struct_array(c) for c in flat.chunks], schema=pa.schema(list(flat.type)))
     items = items.drop_columns([f for f in skip if f in items.column_names])
     rank = pc.take(table.column("rank"), pc.list_parent_indices(column))
-    # A block per column: no copy of millions of rows into one 2-D block per dtype.
-    return items.add_column(0, "rank", rank).to_pandas(split_blocks=True)
+    # A block per column: no copy of millions of rows into one 2-D block per dtype; lists (each
+    # function's time per step) stay Arrow's, not a Python object per row.
+    return items.add_column(0, "rank", rank).to_pandas(split_blocks=True, types_mapper=_arrow_lists)
+
+
+def _arrow_lists(kind: pa.DataType) -> pd.ArrowDtype | None:
+    return pd.ArrowDtype(kind) if pa.types.is_list(kind) else None
 
 
 def _common_steps(steps: pd.DataFrame) -> pd.Index | None:
