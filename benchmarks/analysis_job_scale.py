@@ -77,8 +77,8 @@ def _upload(s3, dest: str, ranks: int) -> float:
     return time.perf_counter() - start
 
 
-def _job(name: str, kubeconfig: Path) -> tuple[float, float, int]:
-    """Run the Job in a fresh process: its wall seconds, peak MB and exit code."""
+def _job(name: str, kubeconfig: Path) -> tuple[float, float, float, int]:
+    """Run the Job in a fresh process: its wall seconds, CPU seconds, peak MB and exit code."""
     env = {**os.environ, **CREDENTIALS, "KUBECONFIG": str(kubeconfig)}
     run = f"import sys; from stepscope.operator.analysis_job import run_session_analysis; sys.exit(run_session_analysis({NAMESPACE!r}, {name!r}))"
     with tempfile.TemporaryFile("w+") as errors:
@@ -90,17 +90,17 @@ def _job(name: str, kubeconfig: Path) -> tuple[float, float, int]:
         if code:
             errors.seek(0)
             print(errors.read()[-4000:], file=sys.stderr)
-    return wall, usage.ru_maxrss / 1024, code
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code
 
 
 def _measure(name: str, ranks: int, api: kubernetes.client.ApiClient, s3, endpoint: str, kubeconfig: Path) -> dict:
     dest = _session(api, name, endpoint)
     uploaded = _upload(s3, dest, ranks)
-    wall, peak, code = _job(name, kubeconfig)
+    wall, cpu, peak, code = _job(name, kubeconfig)
     status = kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)["status"]
     page = s3.head_object(Bucket=BUCKET, Key=f"{dest.removeprefix(f's3://{BUCKET}/')}/{layout.REPORT_HTML}")["ContentLength"]
     diagnosis = status.get("diagnosis") or {}
-    return {"ranks": ranks, "upload_s": uploaded, "job_s": wall, "peak_mb": peak, "exit": code, "status_bytes": len(json.dumps(status).encode()),
+    return {"ranks": ranks, "upload_s": uploaded, "job_s": wall, "cpu_s": cpu, "peak_mb": peak, "exit": code, "status_bytes": len(json.dumps(status).encode()),
             "page_bytes": page, "slow": [w["rank"] for w in diagnosis.get("slowWorkers") or []], "summary": diagnosis.get("summary", "")}
 
 
@@ -128,10 +128,11 @@ def main() -> int:
         moto.stop()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end; generator peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")
     for r in results:
-        print(f"{r['ranks']:>6,} ranks: Job start to status written {r['job_s']:6.1f} s, peak {r['peak_mb']:6,.0f} MB, status {r['status_bytes']:,} B, "
+        print(f"{r['ranks']:>6,} ranks: Job start to status written {r['job_s']:6.1f} s ({r['cpu_s']:.1f} s of CPU), peak {r['peak_mb']:6,.0f} MB, "
+              f"status {r['status_bytes']:,} B, "
               f"report page {r['page_bytes'] / 1024:,.0f} KiB (uploads took {r['upload_s']:.0f} s); slow workers {r['slow']}")
     ref, big = results
-    print(f"ratio {big['ranks'] // ref['ranks']}x the ranks: time {big['job_s'] / ref['job_s']:.2f}x, peak memory {big['peak_mb'] / ref['peak_mb']:.2f}x; "
+    print(f"ratio {big['ranks'] // ref['ranks']}x the ranks: time {big['job_s'] / ref['job_s']:.2f}x, CPU {big['cpu_s'] / ref['cpu_s']:.2f}x, peak memory {big['peak_mb'] / ref['peak_mb']:.2f}x; "
           f"goal {GOAL_S:.0f} s -> {big['job_s'] / GOAL_S:.2f}x, status {big['status_bytes'] / STATUS_BUDGET:.2f}x of 32 KiB")
     print(f"summary: {big['summary']}")
     ok = all(r["exit"] == 0 and r["slow"] == [5] and r["status_bytes"] < STATUS_BUDGET for r in results)

@@ -13,6 +13,7 @@ memory (ru_maxrss) is that of reading and diagnosing alone. References measured 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import subprocess
@@ -34,20 +35,20 @@ def _child(folder: Path, repeat: int) -> int:
     from stepscope.analysis.loading.session_files import find_files, read_ranks
     from stepscope.storage import open_store
 
-    best = (float("inf"), float("inf"))
+    best = (float("inf"), float("inf"), float("inf"))
     diagnosis = None
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         with worker_pool(1) as here:
             table = read_ranks(find_files(open_store(str(folder))), pool=here).table
         read = time.perf_counter() - start
         diagnosis, _ = diagnose(table)
         total = time.perf_counter() - start
         del table
-        best = min(best, (total, read))
+        best = min(best, (total, read, time.process_time() - cpu))
     assert diagnosis is not None
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"{best[0]:.3f} {best[1]:.3f} {peak_mb:.0f} {','.join(str(w.rank) for w in diagnosis.slowWorkers)}")
+    print(f"{best[0]:.3f} {best[1]:.3f} {peak_mb:.0f} {','.join(str(w.rank) for w in diagnosis.slowWorkers)} {best[2]:.3f}")
     print(diagnosis.summary)
     return 0
 
@@ -90,11 +91,12 @@ def main() -> int:
         del arrow
         out = subprocess.run([sys.executable, __file__, "--child", tmp, "--repeat", str(args.repeat)],
                              capture_output=True, text=True, check=True).stdout.splitlines()
-    total, read, peak, slow = out[0].split()
+    total, read, peak, slow, cpu = out[0].split()
     total_s, read_s = float(total), float(read)
     print(f"ranks: {args.ranks:,}  ({rows:,} kernel/function/step/collective rows; built in {built:.1f} s, encoded as Arrow in {encoded:.1f} s "
           f"at the edge; {arrow_kib:.1f} KiB per Arrow summary, {json_kib:.1f} KiB as JSON)")
-    print(f"read + diagnose:      {total_s:8.3f} s   (best of {args.repeat}; reading the Arrow summaries into one table {read_s:.3f} s)")
+    print(f"read + diagnose:      {total_s:8.3f} s   (best of {args.repeat}; {float(cpu):.3f} s of CPU; reading the Arrow summaries into one table "
+          f"{read_s:.3f} s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
     print(f"peak memory:          {float(peak):8.0f} MB  (ru_maxrss of the reading and diagnosing process)")
     print(f"reference, JSON decode alone: {json_decode:8.3f} s   -> read + diagnose / JSON decode = {total_s / json_decode:.2f}x")
     goal = GOAL_S.get(args.ranks, GOAL_S[10240] * args.ranks / 10240)
