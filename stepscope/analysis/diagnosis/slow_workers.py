@@ -113,7 +113,7 @@ def _kernel_ratios(tables: RankTables, ranks: int) -> tuple[pd.Series, pd.DataFr
     distinct = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
     on = np.bincount(distinct // span, minlength=len(names))  # ranks that run each kernel
     keep = on[codes] >= max(2, (ranks + 1) // 2)
-    k = k.copy() if keep.all() else k[keep].copy()
+    k = k if keep.all() else k[keep]  # copy-on-write: the columns added below are this frame's own
     codes = codes[keep]
     if k.empty:
         return pd.Series(dtype=float), k
