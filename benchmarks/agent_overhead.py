@@ -45,7 +45,7 @@ def child(steps: int, rounds: int) -> None:
     optimizer = torch.optim.SGD([param], lr=0.0)
     timed(optimizer.step, 1000)
     module = sys.modules.get("stepscope_agent")
-    agent = module._AGENT if module is not None else None
+    agent = module.current() if module is not None else None
     if agent is None:
         per_step = [timed(optimizer.step, steps) for _ in range(rounds)]
         print(json.dumps({"step_us": statistics.median(per_step), "min_us": min(per_step)}))

@@ -1,13 +1,13 @@
-"""The analysis Job end to end at fleet scale: from its start to the session's status written.
+"""The analysis Job end to end at fleet scale: from its start to its result written in the store.
 
-moto's S3 server runs over HTTP and the in-memory API server of tests/kube holds the
-ProfileSession; a generator uploads N synthetic rank summaries (tests/analysis/synthetic_ranks.py,
+moto's S3 server runs over HTTP and the in-memory API server of stepscope/testing/kube holds the
+ProfileSession; a generator uploads N synthetic rank summaries (stepscope/testing/synthetic_ranks.py,
 as the sidecars upload them: ranks/rank-<r>.summary.arrow; rank 5's kernels 1.3x longer). The Job
-(stepscope.operator.analysis_job.run_session_analysis, what `stepscope analyze --session` runs)
+(stepscope.operator.sessions.analysis_job.run_session_analysis, what `stepscope analyze --session` runs)
 then runs in a fresh process with the session's credentials in its environment: it lists and
-reads the summaries, diagnoses them, writes the report into the store and the diagnosis into the
-status. Measured: that process's wall time and peak memory (ru_maxrss), the status's size (the
-CRD's budget is 32 KiB) and the report page's. The same is measured at --reference ranks in the
+reads the summaries, diagnoses them, writes the report and its result into the store. Measured:
+that process's wall time and peak memory (ru_maxrss), the size of the status the operator makes of
+the report (diagnosed_status; the CRD's budget is 32 KiB) and the report page's. The same is measured at --reference ranks in the
 same run.
 
     .venv/bin/python benchmarks/analysis_job_scale.py [--ranks 10240] [--reference 1024]
@@ -35,14 +35,15 @@ import yaml
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
-from stepscope import layout
 from stepscope.analysis.model import RankSummary, encode_summary
-from stepscope.operator.record import destination
+from stepscope.contracts import layout
+from stepscope.contracts.session import SessionSpec
+from stepscope.operator.sessions.record import destination
+from stepscope.operator.sessions.status import diagnosed_status
 from stepscope.operator.settings import GROUP, PLURAL, VERSION
-from stepscope.session import SessionSpec
-from tests.analysis.synthetic_ranks import iter_summaries
-from tests.kube.fixtures import CRD_PATH
-from tests.kube.server import KubeTestServer
+from stepscope.testing.kube.fixtures import CRD_PATH
+from stepscope.testing.kube.server import KubeTestServer
+from stepscope.testing.synthetic_ranks import iter_summaries
 
 BUCKET = "fleet"
 NAMESPACE = "default"
@@ -80,7 +81,7 @@ def _upload(s3, dest: str, ranks: int) -> float:
 def _job(name: str, kubeconfig: Path) -> tuple[float, float, float, int]:
     """Run the Job in a fresh process: its wall seconds, CPU seconds, peak MB and exit code."""
     env = {**os.environ, **CREDENTIALS, "KUBECONFIG": str(kubeconfig)}
-    run = f"import sys; from stepscope.operator.analysis_job import run_session_analysis; sys.exit(run_session_analysis({NAMESPACE!r}, {name!r}))"
+    run = f"import sys; from stepscope.operator.sessions.analysis_job import run_session_analysis; sys.exit(run_session_analysis({NAMESPACE!r}, {name!r}))"
     with tempfile.TemporaryFile("w+") as errors:
         start = time.perf_counter()
         child = subprocess.Popen([sys.executable, "-c", run], env=env, stdout=subprocess.DEVNULL, stderr=errors)
@@ -97,8 +98,12 @@ def _measure(name: str, ranks: int, api: kubernetes.client.ApiClient, s3, endpoi
     dest = _session(api, name, endpoint)
     uploaded = _upload(s3, dest, ranks)
     wall, cpu, peak, code = _job(name, kubeconfig)
-    status = kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)["status"]
-    page = s3.head_object(Bucket=BUCKET, Key=f"{dest.removeprefix(f's3://{BUCKET}/')}/{layout.REPORT_HTML}")["ContentLength"]
+    prefix = dest.removeprefix(f"s3://{BUCKET}/")
+    session = kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+    # The Job leaves its result and report in the store; the status is what the operator makes of them.
+    report = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{prefix}/{layout.REPORT_DIAGNOSIS}")["Body"].read())
+    status = {**(session.get("status") or {}), **diagnosed_status(session.get("status") or {}, report["diagnosis"], dest, 1)}
+    page = s3.head_object(Bucket=BUCKET, Key=f"{prefix}/{layout.REPORT_HTML}")["ContentLength"]
     diagnosis = status.get("diagnosis") or {}
     return {"ranks": ranks, "upload_s": uploaded, "job_s": wall, "cpu_s": cpu, "peak_mb": peak, "exit": code, "status_bytes": len(json.dumps(status).encode()),
             "page_bytes": page, "slow": [w["rank"] for w in diagnosis.get("slowWorkers") or []], "summary": diagnosis.get("summary", "")}
@@ -128,7 +133,7 @@ def main() -> int:
         moto.stop()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end; generator peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")
     for r in results:
-        print(f"{r['ranks']:>6,} ranks: Job start to status written {r['job_s']:6.1f} s ({r['cpu_s']:.1f} s of CPU), peak {r['peak_mb']:6,.0f} MB, "
+        print(f"{r['ranks']:>6,} ranks: Job start to its result written {r['job_s']:6.1f} s ({r['cpu_s']:.1f} s of CPU), peak {r['peak_mb']:6,.0f} MB, "
               f"status {r['status_bytes']:,} B, "
               f"report page {r['page_bytes'] / 1024:,.0f} KiB (uploads took {r['upload_s']:.0f} s); slow workers {r['slow']}")
     ref, big = results

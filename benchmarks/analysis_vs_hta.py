@@ -5,7 +5,7 @@ Every side runs as a child process on the same files in the same run (page cache
 peak memory is the largest sum of RSS over the child's process tree, sampled from /proc every
 20 ms; CPU is user + system of the tree. With --repeat N the sides run N times, interleaved.
 
-  HTA:       /work/shared/tools/run_hta.py DIR --mode full: TraceAnalysis(trace_dir=DIR) plus its
+  HTA:       $STEPSCOPE_SHARED/tools/run_hta.py DIR --mode full: TraceAnalysis(trace_dir=DIR) plus its
              temporal, idle-time, kernel, overlap and launch analyses (HTA 0.5.0 with pandas 2.3.3
              in its own virtual environment, created once under ~/.cache/stepscope/hta-venv: HTA
              pulls Jupyter and breaks on pandas 3).
@@ -14,8 +14,8 @@ peak memory is the largest sum of RSS over the child's process tree, sampled fro
   merge:     write_merged_trace of the ranks the report held, beside reading (gunzipping) the same
              files, in one process: MB/s of uncompressed JSON per CPU second each.
 
-Make the sets once, outside the repository:
-  python3 /work/shared/tools/make_scaled_trace.py --out /tmp/scaled_8rank
+Make the sets once, outside the repository ($STEPSCOPE_SHARED: the shared folder, ../shared by default):
+  python3 $STEPSCOPE_SHARED/tools/make_scaled_trace.py --out /tmp/scaled_8rank
   .venv/bin/python benchmarks/analysis_vs_hta.py /tmp/scaled_8rank --repeat 2
 """
 from __future__ import annotations
@@ -112,8 +112,8 @@ def ensure_hta_venv() -> Path:
 
 
 def _summarize(path: str) -> tuple[str, float, float, bytes]:
-    from stepscope.analysis.metrics.summary import summarize_file
     from stepscope.analysis.model import encode
+    from stepscope.analysis.statistics.summary import summarize_file
     wall, cpu = time.perf_counter(), time.process_time()
     summary = summarize_file(path)
     return path, time.perf_counter() - wall, time.process_time() - cpu, encode(summary)
@@ -144,8 +144,8 @@ def merge_child(report: Path, trace_dir: Path) -> None:
     """The measured child: read (gunzip) the merged ranks' files, then write the merged trace of the
     same ranks as the report did (same order and limit); print one JSON line."""
     from stepscope.analysis.loading.parallel import worker_pool
-    from stepscope.analysis.metrics.trace import open_trace
-    from stepscope.analysis.reporting.report_merge import MergePlan, MergeRank, expected_size, write_merged_trace
+    from stepscope.analysis.loading.trace import open_trace
+    from stepscope.analysis.reporting.merged_trace import MergePlan, MergeRank, expected_size, write_merged_trace
     merged = json.loads((report / "diagnosis.json").read_text())["mergedTrace"]
     ranks = [MergeRank(h["rank"], trace_dir / h["source"], h["why"], h["shiftUs"], checked=True, size_hint=expected_size(trace_dir / h["source"]))
              for h in merged["held"]]
@@ -183,7 +183,7 @@ def main() -> int:
         merge_child(a.report, a.trace_dir)
         return 0
     if not a.trace_dir.is_dir():
-        raise SystemExit(f"{a.trace_dir} not found; make it with python3 /work/shared/tools/make_scaled_trace.py "
+        raise SystemExit(f"{a.trace_dir} not found; make it with python3 $STEPSCOPE_SHARED/tools/make_scaled_trace.py "
                          f"--out {a.trace_dir}")
     files = trace_files(a.trace_dir)
     size = sum(p.stat().st_size for p in files)

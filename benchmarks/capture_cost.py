@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from stepscope import AGENT_MODULE
+from stepscope.contracts.session import SessionSpec
 from stepscope.local.launch import free_port
-from stepscope.session import SessionSpec
 from stepscope.sidecar import shared_dir
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
 
@@ -87,8 +88,12 @@ class Run:
     def __init__(self, directory: Path, calls: int, agent: Path | None) -> None:
         self.directory = directory
         folder = install_bootstrap(directory)
-        if agent is not None:
-            (folder / f"{AGENT_MODULE}.py").write_bytes(agent.read_bytes())
+        if agent is not None:  # another version's agent: its package folder, or an older single-file module
+            shutil.rmtree(folder / AGENT_MODULE)
+            if agent.is_dir():
+                shutil.copytree(agent, folder / AGENT_MODULE)
+            else:
+                (folder / f"{AGENT_MODULE}.py").write_bytes(agent.read_bytes())
         env = dict(os.environ)
         env.update(training_env(directory, env))
         env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(WORLD),
@@ -221,7 +226,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=100_000, help="helper calls per step (CPU-heavy Python)")
     p.add_argument("--cases", default="steps=2,steps=20,duration=2", help="comma-separated: steps=N or duration=S")
     p.add_argument("--timeout", type=float, default=400, help="seconds to wait for a capture to end")
-    p.add_argument("--agent", type=Path, help="agent file to install instead of this checkout's (to compare versions)")
+    p.add_argument("--agent", type=Path, help="agent package folder or file to install instead of this checkout's (to compare versions)")
     p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_worker:

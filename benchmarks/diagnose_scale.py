@@ -1,10 +1,10 @@
 """How long the cross-rank diagnosis takes for a large job, reading included.
 
-Builds N synthetic rank summaries of a synchronous job (tests/analysis/synthetic_ranks.py: by
+Builds N synthetic rank summaries of a synchronous job (stepscope/testing/synthetic_ranks.py: by
 default 300 kernels and 205 Python functions per rank, 80 collectives with per-call durations;
 rank 5's kernels 1.3x longer) and writes each as the sidecar uploads it (Arrow IPC,
 ranks/rank-<r>.summary.arrow) into a session folder. A fresh process then reads them into one
-table (loading.session_files.read_ranks, as the analysis Job does) and diagnoses it; its peak
+table (gathering.session_files.read_ranks, as the analysis Job does) and diagnoses it; its peak
 memory (ru_maxrss) is that of reading and diagnosing alone. References measured in the same run: the goals (5 s and 1.5 GB at 10,240 ranks,
 0.5 s at 1,024) and decoding the same summaries from JSON, as older sidecars uploaded them.
 
@@ -31,8 +31,8 @@ GOAL_PEAK_MB = 1500
 def _child(folder: Path, repeat: int) -> int:
     """Read and diagnose the session in `folder`: prints the times and the peak memory."""
     from stepscope.analysis.diagnosis.diagnose import diagnose
+    from stepscope.analysis.gathering.session_files import find_files, read_ranks
     from stepscope.analysis.loading.parallel import worker_pool
-    from stepscope.analysis.loading.session_files import find_files, read_ranks
     from stepscope.storage import open_store
 
     best = (float("inf"), float("inf"), float("inf"))
@@ -64,9 +64,9 @@ def main() -> int:
     if args.child:
         return _child(args.child, args.repeat)
 
-    from stepscope import layout
     from stepscope.analysis.model import decode_summary, encode, encode_summary
-    from tests.analysis.synthetic_ranks import make_summaries
+    from stepscope.contracts import layout
+    from stepscope.testing.synthetic_ranks import make_summaries
 
     start = time.perf_counter()
     summaries = make_summaries(args.ranks, slow_rank=5, kernel_factor=1.3, seed=7, kernels=args.kernels, functions=args.functions)

@@ -142,7 +142,7 @@ def main() -> int:
 
     import kubernetes
 
-    from tests.kube.server import KubeTestServer
+    from stepscope.testing.kube.server import KubeTestServer
 
     os.environ.update({"STEPSCOPE_HMAC_KEY": KEY.decode(), "STEPSCOPE_POLL_INTERVAL_S": "1.0", "STEPSCOPE_SELECTION_GRACE_S": "5"})
     from stepscope.local.launch import free_port

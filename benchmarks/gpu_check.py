@@ -31,13 +31,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the simulated node lives in tests/
 
-from stepscope import layout
 from stepscope.analysis.loading.gpu_samples import read_metrics
+from stepscope.contracts import layout
 from stepscope.local import capture
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar.nvml import NvmlBackend, default_backend
-from tests.nvml.simulated import SimulatedBackend
+from stepscope.testing.nvml.simulated import SimulatedBackend
 
 POD = "gpu-check"
 LOOP = """

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from isal import igzip
 
-from stepscope.analysis.reporting.report_merge import shift_ts
+from stepscope.analysis.reporting.merged_trace import shift_ts
 
 ORIGIN_US = 1669783600000000  # the scaled set's ts all start with these digits
 LEADING = b'"ts": 16697836'

@@ -10,7 +10,7 @@ reference), and the sampler thread's own CPU time. The "bare" columns are the sa
 node without GPUs, run just before: what the machine's timers and current load allow before any
 NVML work; "per GPU" is what each GPU adds to a round on top of that (process CPU - bare CPU,
 in µs per GPU and round). Each interval runs twice: with the every-round reads in Python, then in
-the native fast tier (sidecar/fast_sampler.c, where `make` built it and the backend offers its
+the native fast tier (sidecar/nvml/fast_sampler.c, where `make` built it and the backend offers its
 reads as C functions: the simulation always, real NVML with STEPSCOPE_NATIVE_SAMPLER=1).
 Goal: >= 90 % of the asked rate at 1 ms with < 5 % of one core.
 """
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the simulated no
 
 from stepscope.analysis.loading.gpu_samples import read_metrics
 from stepscope.sidecar.nvml import MetricsRecorder, NvmlBackend, default_backend
-from tests.nvml.simulated import SimulatedBackend
+from stepscope.testing.nvml.simulated import SimulatedBackend
 
 
 def process_cpu_share(seconds: float, recorder: MetricsRecorder | None) -> tuple[float, float]:

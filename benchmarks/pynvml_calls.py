@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/pynvml_calls.py [--links 4] [--repeat 5]
 
-Both sides run over the stand-in NVML library of the tests (tests/nvml/fake_libnvml.py) with every
+Both sides run over the stand-in NVML library of the tests (stepscope/testing/nvml/fake_libnvml.py) with every
 C function the round calls replaced by one that returns NVML_SUCCESS at once, so what is timed is
 the Python around the driver call: argument building, the call through ctypes, reading results.
 On a real GPU the driver's own time comes on top of both. The reference is the plain pynvml way
@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pynvml as nv
 
-from stepscope.gpu_metrics import round_fields
-from stepscope.sidecar.nvml_pynvml import UNION_MEMBER, PynvmlBackend
-from tests.nvml.fake_libnvml import FakeGpu, FakeNvmlLib
+from stepscope.gpu_sample_file import round_fields
+from stepscope.sidecar.nvml.pynvml_backend import UNION_MEMBER, PynvmlBackend
+from stepscope.testing.nvml.fake_libnvml import FakeGpu, FakeNvmlLib
 
 ROUND_CALLS = ("nvmlDeviceGetFieldValues", "nvmlDeviceGetClockInfo", "nvmlDeviceGetCurrentClocksEventReasons")
 

@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from stepscope.sidecar.agent import _StackSampler
-from stepscope.wire import DEFAULT_MAX_STACK_EVENTS
+from stepscope.agent.stacks import StackSampler
+from stepscope.contracts.wire import DEFAULT_MAX_STACK_EVENTS
 
 
 def helper(i: int) -> int:
@@ -55,7 +55,7 @@ def main() -> None:
     kept, frames, export_s = 0, 0, 0.0
     for _ in range(args.blocks):
         reference += block(args.steps, x)
-        sampler = _StackSampler(threading.get_ident(), DEFAULT_MAX_STACK_EVENTS)
+        sampler = StackSampler(threading.get_ident(), DEFAULT_MAX_STACK_EVENTS)
         sampler.start(0)
         sampled += block(args.steps, x)
         sampler.stop()

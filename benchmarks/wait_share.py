@@ -1,4 +1,4 @@
-"""The wait-share signal (issue 15) on the fault-injection scenarios: each scenario's gloo job runs
+"""The wait-share signal on the fault-injection scenarios: each scenario's gloo job runs
 with a real sidecar, and every 2 s its GET /v1/telemetry gives each rank's wait share (the share of
 its step in DDP's gradient all-reduce). Prints, per scenario, the gap between the least-waiting
 rank and its peers' median (detection's reading WaitShareGap), its largest and median over the

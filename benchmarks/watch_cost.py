@@ -1,4 +1,4 @@
-"""What the always-on step telemetry costs a training step (issue 15, goal <= 5 us a step): in a
+"""What the always-on step telemetry costs a training step (goal <= 5 us a step): in a
 fresh interpreter started the zero-code way, once the agent has mapped its ring file, rounds of
 the same optimizer-step loop with the telemetry on and off (its ring's record replaced by a no-op
 method, so the difference is the two struct writes into the mapped file), back to back in random
@@ -10,7 +10,7 @@ one-rank gloo group), which a step boundary makes every 2 s, and the test every 
 
 The operator's part (--part operator): a ProfileTrigger's poll of 1,000 simulated pods (8 ranks
 each; one aiohttp server in a child process answers the signed GET /v1/telemetry for every pod
-address 127.0.x.y, verifying each signature), the way its daemon polls (stepscope.operator.fanout
+address 127.0.x.y, verifying each signature), the way its daemon polls (stepscope.operator.sessions.fanout
 pool, detection.observe, triggers.step): this process's CPU seconds a poll (all threads), the
 CPU share at the default 10 s interval, requests per second, and the detection delay of a
 slowdown (every rank's steps 2x slower) with the benchmark's short windows. The reference in the
@@ -66,7 +66,7 @@ def child(steps: int, rounds: int) -> None:
     param = torch.zeros(16, requires_grad=True)
     param.grad = torch.ones(16)
     optimizer = torch.optim.SGD([param], lr=0.0)
-    agent = sys.modules["stepscope_agent"]._AGENT
+    agent = sys.modules["stepscope_agent"].current()
     deadline = time.monotonic() + 30
     while agent.ring.path is None:  # the watchdog maps the ring file at its first beat after a step
         optimizer.step()
@@ -149,10 +149,11 @@ def operator_cost(pods: int, ranks_per_pod: int, interval_s: float, polls: int) 
 
     from stepscope import detection
     from stepscope.local.launch import free_port
-    from stepscope.operator import fanout, triggers
     from stepscope.operator.namespace_keys import namespace_key
-    from stepscope.operator.selection import Target
+    from stepscope.operator.sessions import fanout
+    from stepscope.operator.sessions.selection import Target
     from stepscope.operator.settings import OperatorSettings
+    from stepscope.operator.triggers import policy as triggers
 
     settings = OperatorSettings()
     pool = ThreadPoolExecutor(settings.fanout_concurrency, thread_name_prefix="stepscope-sidecar")  # the operator's Context makes it so

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from stepscope.wire import AGENT_MODULE
+from stepscope.contracts.wire import AGENT_MODULE
 
 __version__ = "0.1.0"
 

@@ -1,6 +1,6 @@
-"""The `stepscope` command. Each subcommand lives in the module of the part it drives; that
-module defines `add_arguments(parser)` and `run(args) -> int`, and is imported only when its
-subcommand runs, so `stepscope sidecar` never loads the operator and nothing loads torch."""
+"""The `stepscope` command. Each subcommand lives in the module of the part it drives, named with
+its argument adder and runner in COMMANDS; the module is imported only when its subcommand runs,
+so `stepscope sidecar` never loads the operator and nothing loads torch."""
 from __future__ import annotations
 
 import argparse
@@ -8,19 +8,33 @@ import importlib
 import logging
 import os
 import sys
+from typing import NamedTuple
 
 from stepscope import __version__
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("stepscope.local.demo", "run a 4-rank CPU training, capture 3 steps through a real sidecar, diagnose it (--scenario NAME: a known fault)"),
-    "capture": ("stepscope.local.capture", "capture steps of every training process on this machine through its sidecar"),
-    "watch": ("stepscope.local.watch", "watch the training on this machine through its sidecar and capture by itself when it slows down or hangs"),
-    "sidecar": ("stepscope.sidecar.daemon", "run the sidecar daemon (control endpoint, uploader, NVML sampler)"),
-    "analyze": ("stepscope.analysis", "diagnose a captured session (directory or object-store URI) and write the report"),
-    "diff": ("stepscope.analysis", "compare two captured sessions or traces: kernels and functions added, removed, slower, faster"),
-    "operator": ("stepscope.operator.command", "run the Kubernetes operator (kopf)"),
-    "get": ("stepscope.operator.report_command", "list ProfileSessions like kubectl get does"),
-    "report": ("stepscope.operator.report_command", "download a session's report from the object store and print or open it"),
+
+class Command(NamedTuple):
+    """A subcommand: the module of the part it drives (imported only when it runs), the names of
+    that module's argument adder and runner, and its help."""
+    module: str
+    help: str
+    add_arguments: str = "add_arguments"
+    run: str = "run"
+
+
+COMMANDS: dict[str, Command] = {
+    "demo": Command("stepscope.local.demo", "run a 4-rank CPU training, capture 3 steps through a real sidecar, diagnose it (--scenario NAME: a known fault)"),
+    "capture": Command("stepscope.local.capture", "capture steps of every training process on this machine through its sidecar"),
+    "watch": Command("stepscope.local.watch", "watch the training on this machine through its sidecar and capture by itself when it slows down or hangs"),
+    "sidecar": Command("stepscope.sidecar.daemon", "run the sidecar daemon (control endpoint, uploader, NVML sampler)"),
+    "analyze": Command("stepscope.analysis", "diagnose a captured session (directory or object-store URI) and write the report",
+                       "add_analyze_arguments", "run_analyze"),
+    "diff": Command("stepscope.analysis", "compare two captured sessions or traces: kernels and functions added, removed, slower, faster",
+                    "add_diff_arguments", "run_diff"),
+    "operator": Command("stepscope.operator.command", "run the Kubernetes operator (kopf)"),
+    "get": Command("stepscope.operator.sessions.report_command", "list ProfileSessions like kubectl get does", "add_get_arguments", "run_get"),
+    "report": Command("stepscope.operator.sessions.report_command", "download a session's report from the object store and print or open it",
+                      "add_report_arguments", "run_report"),
 }
 
 
@@ -29,13 +43,12 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     parser.add_argument("--version", action="version", version=f"stepscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module_name, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    for name, spec in COMMANDS.items():
+        p = sub.add_parser(name, help=spec.help, description=spec.help)
         if name == command:
-            module = importlib.import_module(module_name)
-            adder = getattr(module, f"add_{name}_arguments", None) or module.add_arguments
-            adder(p)
-            p.set_defaults(_run=getattr(module, f"run_{name}", None) or module.run)
+            module = importlib.import_module(spec.module)
+            getattr(module, spec.add_arguments)(p)
+            p.set_defaults(_run=getattr(module, spec.run))
             if name == "analyze":
                 p.add_argument("--session", metavar="NS/NAME", help="analyse a ProfileSession in the cluster and write its status (what the analysis Job runs)")
     return parser
@@ -49,7 +62,7 @@ def _run_session_analysis(session: str) -> int:
     if not namespace or not name:
         print(f"stepscope analyze: --session wants NAMESPACE/NAME, got {session!r}", file=sys.stderr)
         return 2
-    from stepscope.operator.analysis_job import run_session_analysis
+    from stepscope.operator.sessions.analysis_job import run_session_analysis
     return run_session_analysis(namespace, name)
 
 

@@ -1,4 +1,4 @@
-"""When to capture by itself (issue 15): the three conditions over the ranks' step telemetry
+"""When to capture by itself: the three conditions over the ranks' step telemetry
 (docs/wire.md, GET /v1/telemetry), as a pure function `detect(state, observation) -> (state,
 actions)` with no I/O and no clock of its own, so that the operator's ProfileTrigger controller
 and `stepscope watch` share it and tests drive it step by step.

@@ -15,6 +15,7 @@ import urllib.parse
 from typing import Any
 
 from stepscope.bounded_http import WATCHDOG
+from stepscope.contracts.sidecar_api import SessionRequest
 from stepscope.signing import sign, target
 
 # The largest answer of the wire API (a session with its ranks, or 64 step times per local rank)
@@ -40,8 +41,11 @@ class SidecarClient:
     def __repr__(self) -> str:
         return f"SidecarClient({self.base_url!r})"
 
-    def put_session(self, session_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._request("PUT", self._session_path(session_id), body)
+    def put_session(self, session_id: str, body: SessionRequest | dict[str, Any]) -> dict[str, Any]:
+        """PUT a session: the request as the contract encodes it, or any JSON object (what a peer
+        the sidecar must not trust may send)."""
+        data = body.to_json() if isinstance(body, SessionRequest) else json.dumps(body).encode()
+        return self._request("PUT", self._session_path(session_id), data)
 
     def get_session(self, session_id: str) -> dict[str, Any]:
         return self._request("GET", self._session_path(session_id))
@@ -64,7 +68,7 @@ class SidecarClient:
     def _session_path(session_id: str) -> str:
         return "/v1/sessions/" + urllib.parse.quote(session_id, safe="")
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *, signed: bool = True) -> dict[str, Any]:
+    def _request(self, method: str, path: str, data: bytes | None = None, *, signed: bool = True) -> dict[str, Any]:
         parts = urllib.parse.urlsplit(self.base_url)
         try:
             host, port, path = parts.hostname, parts.port or 80, parts.path + path
@@ -72,17 +76,16 @@ class SidecarClient:
             host = None
         if parts.scheme != "http" or not host:
             raise SidecarError(0, f"the sidecar's address must be http://HOST:PORT, not {self.base_url!r}")
-        data = json.dumps(body).encode() if body is not None else b""
-        headers = {"Content-Type": "application/json"} if body is not None else {}
+        headers = {"Content-Type": "application/json"} if data is not None else {}
         if signed:
-            headers.update(sign(self._key, method, path, data, to=target(host, port)))
+            headers.update(sign(self._key, method, path, data or b"", to=target(host, port)))
         deadline = time.monotonic() + self.timeout
         conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
         try:
             conn.connect()
             assert conn.sock is not None  # connect() made it
             with WATCHDOG.watching(conn.sock, deadline):
-                conn.request(method, path, body=data if body is not None else None, headers=headers)
+                conn.request(method, path, body=data, headers=headers)
                 response = conn.getresponse()
                 raw = _read_capped(response)
         except (OSError, http.client.HTTPException) as exc:

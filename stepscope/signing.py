@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import os
 import re
 import secrets
 import threading
@@ -19,11 +18,11 @@ from collections.abc import Collection, Mapping
 from email.message import Message
 from pathlib import Path
 
+from stepscope.settings import KEY_ENV, hmac_key
+
 HEADER_TIMESTAMP = "X-Stepscope-Timestamp"
 HEADER_NONCE = "X-Stepscope-Nonce"
 HEADER_SIGNATURE = "X-Stepscope-Signature"
-KEY_ENV = "STEPSCOPE_HMAC_KEY"
-KEY_FILE_ENV = "STEPSCOPE_HMAC_KEY_FILE"  # the operator's key file when KEY_ENV is unset
 DEFAULT_KEY_FILE = "/etc/stepscope/hmac/key"
 # A nonce store this size holds more than a sidecar sees in a 300 s window by orders of magnitude;
 # only correctly signed requests enter it, so filling it needs the key.
@@ -137,7 +136,7 @@ class Verifier:
 
 def load_key(path: str | None) -> bytes:
     """The shared key: $STEPSCOPE_HMAC_KEY, else the file at `path` (default the Secret mount)."""
-    value = os.environ.get(KEY_ENV, "").strip()
+    value = hmac_key()
     if value:
         return value.encode()
     key_path = Path(path or DEFAULT_KEY_FILE)

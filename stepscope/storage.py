@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -19,6 +18,7 @@ from urllib.parse import urlparse
 from stepscope import retry
 from stepscope.files import PARTIAL_SUFFIX, write_atomically
 from stepscope.retry import RetryPolicy
+from stepscope.settings import CREDENTIALS_DIR_ENV, credentials_dir, store_keys
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -26,7 +26,6 @@ T = TypeVar("T")
 for _name in ("botocore", "boto3", "s3transfer"):
     logging.getLogger(_name).setLevel(logging.INFO)
 
-CREDENTIALS_DIR_ENV = "STEPSCOPE_CREDENTIALS_DIR"
 # Parts of 16 MiB keep a sidecar's upload buffers (chunk x concurrency) at 64 MiB while a multi-GB
 # trace still fits far below S3's 10 000-part limit.
 MULTIPART_THRESHOLD = 32 * 1024 * 1024
@@ -158,16 +157,15 @@ def _credentials(scheme: str, given: dict[str, Any] | None, ambient: bool = True
         return {"accessKeyId": given["accessKeyId"], "secretAccessKey": given.get("secretAccessKey"), "sessionToken": given.get("sessionToken")}
     if not ambient:
         raise StoreError(f"no credentials for {scheme}:// from spec.storage.credentialsSecret; a session on the cluster uses no other")
-    folder = os.environ.get(CREDENTIALS_DIR_ENV)
+    folder = credentials_dir()
     if folder:
         files = {name: Path(folder, name) for name in ("accessKeyId", "secretAccessKey", "sessionToken")}
         if files["accessKeyId"].is_file() and files["secretAccessKey"].is_file():
             return {name: (p.read_text().strip() if p.is_file() else None) for name, p in files.items()}
         raise StoreError(f"{CREDENTIALS_DIR_ENV}={folder} must hold the files accessKeyId and secretAccessKey")
-    if scheme == "oss" and os.environ.get("OSS_ACCESS_KEY_ID"):
-        return {"accessKeyId": os.environ["OSS_ACCESS_KEY_ID"], "secretAccessKey": os.environ.get("OSS_ACCESS_KEY_SECRET"), "sessionToken": os.environ.get("OSS_SESSION_TOKEN")}
-    if os.environ.get("AWS_ACCESS_KEY_ID"):
-        return {"accessKeyId": os.environ["AWS_ACCESS_KEY_ID"], "secretAccessKey": os.environ.get("AWS_SECRET_ACCESS_KEY"), "sessionToken": os.environ.get("AWS_SESSION_TOKEN")}
+    keys = (store_keys("oss") if scheme == "oss" else None) or store_keys("s3")
+    if keys is not None:
+        return keys
     if scheme == "oss":
         raise StoreError(f"no credentials for oss://: set OSS_ACCESS_KEY_ID/OSS_ACCESS_KEY_SECRET, {CREDENTIALS_DIR_ENV}, or spec.storage.credentialsSecret")
     return None
@@ -197,7 +195,7 @@ class S3Store:
             retries={"mode": "standard", "total_max_attempts": 1},
             s3={"addressing_style": style},
             connect_timeout=10, read_timeout=60,
-            # The analysis reads thousands of summaries 16 at a time (loading.session_files).
+            # The analysis reads thousands of summaries 16 at a time (gathering.session_files).
             max_pool_connections=32,
             proxies=proxies,
             # Newer boto3 adds CRC checksums that OSS and older S3-compatible services refuse.

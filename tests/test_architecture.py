@@ -1,6 +1,9 @@
 """Dependencies point one way (docs/architecture.md): the core imports none of the parts; the
-analysis imports only the core; the sidecar and the operator import the analysis and the core, never
-each other; only the roof (stepscope.cli, stepscope.local) imports everything, and nothing imports
+analysis imports only the core; the agent, which runs inside training processes, imports only the
+standard library and the wire vocabulary the bootstrap copies beside it; the sidecar and the
+operator import the analysis and the core, never each other (the sidecar also the agent, whose
+files it installs); the test doubles (stepscope.testing) may import every part and no part imports
+them; only the roof (stepscope.cli, stepscope.local) imports everything, and nothing imports
 the roof. Outside the analysis, code imports only its facade (stepscope.analysis) and its types
 (stepscope.analysis.model); inside, each stage imports only the stages before it. Checked over the
 source's AST, so an import inside a function counts as much as one at the top, and no module is
@@ -15,32 +18,46 @@ from pathlib import Path
 
 import pytest
 
+from stepscope.contracts.wire import CONTRACTS_MODULE
+
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("operator", "sidecar", "analysis")
+# The agent's package: copied whole into training pods by the bootstrap, beside the contracts
+# (under their bootstrap name), so it may import nothing else of stepscope.
+AGENT = "stepscope.agent"
+AGENT_MAY_IMPORT = ("stepscope.contracts",)
+# The doubles the tests and benchmarks share (an API server, a GPU node, rank summaries): they
+# stand in for what the parts talk to, so no part may lean on them.
+TESTING = "stepscope.testing"
+BOOTSTRAP_NAMES = (CONTRACTS_MODULE,)
 ROOF = ("stepscope.cli", "stepscope.local")
 # What each layer may import besides itself.
 ALLOWED = {
     "core": set(),
+    "agent": {"core"},
     "analysis": {"core"},
-    "sidecar": {"core", "analysis"},
+    "sidecar": {"core", "analysis", "agent"},
     "operator": {"core", "analysis"},
-    "roof": {"core", "analysis", "sidecar", "operator"},
+    "roof": {"core", "analysis", "sidecar", "operator", "agent"},
+    "testing": {"core", "analysis", "sidecar", "operator", "agent"},
 }
 # Layers that must never load torch: the operator's and the analysis Job's images have none.
 NO_TORCH = ("core", "analysis", "operator")
 # Folders a module started in the repository root could import under a second, top-level name
 # (`operator` is not among them: without an __init__.py it never wins over the standard library's).
 SECOND_NAMES = ("sidecar", "analysis", "tests", "benchmarks")
-# The analysis's stages (its subpackages, and model.py, the types they exchange) and which of the
-# others each may import: each those before it. The facade (stepscope/analysis/__init__.py) and
-# `stepscope analyze` (command.py) sit above them all.
+# The analysis's stages (its subpackages, model.py, the types they exchange, and settings.py, what
+# it reads from the environment) and which of the others each may import: each those before it. The facade (stepscope/analysis/__init__.py) and
+# `stepscope analyze` (pipeline.py) sit above them all.
 STAGES = {
-    "model": set(),
-    "metrics": {"model"},
-    "loading": {"model", "metrics"},
-    "diagnosis": {"model", "metrics", "loading"},
-    "reporting": {"model", "metrics", "loading", "diagnosis"},
-    "comparison": {"model", "metrics", "loading", "diagnosis"},
+    "settings": set(),
+    "model": {"settings"},
+    "loading": {"settings", "model"},
+    "statistics": {"settings", "model", "loading"},
+    "gathering": {"settings", "model", "loading", "statistics"},
+    "diagnosis": {"settings", "model", "loading", "statistics", "gathering"},
+    "reporting": {"settings", "model", "loading", "statistics", "gathering", "diagnosis"},
+    "comparison": {"settings", "model", "loading", "statistics", "gathering", "diagnosis"},
 }
 # All the analysis that code outside it may import: the facade and the types.
 ANALYSIS_FACE = ("stepscope.analysis", "stepscope.analysis.model")
@@ -52,13 +69,17 @@ def layer(module: str) -> str:
         raise ValueError(f"{module} is outside the package")
     if len(parts) > 1 and parts[1] in PARTS:
         return parts[1]
+    if module == AGENT or module.startswith(AGENT + "."):
+        return "agent"
+    if module == TESTING or module.startswith(TESTING + "."):
+        return "testing"
     if any(module == roof or module.startswith(roof + ".") for roof in ROOF):
         return "roof"
     return "core"
 
 
 def stage(module: str) -> str:
-    """The analysis stage a module of stepscope.analysis belongs to ("top": the facade, command)."""
+    """The analysis stage a module of stepscope.analysis belongs to ("top": the facade, the pipeline)."""
     parts = module.split(".")
     return parts[2] if len(parts) > 2 and parts[2] in STAGES else "top"
 
@@ -70,6 +91,12 @@ def module_name(path: Path) -> str:
     if names[-1] == "__init__":
         names.pop()
     return ".".join(names)
+
+
+def is_module(name: str) -> bool:
+    """A module or package of the repository (what `from stepscope.contracts import layout` names)."""
+    path = REPO.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def imports(path: Path, module: str) -> set[str]:
@@ -85,8 +112,8 @@ def imports(path: Path, module: str) -> set[str]:
                 anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{anchor}.{base}" if base else anchor
             found.add(base)
-            # `from stepscope import layout` imports the module stepscope.layout
-            found.update(f"{base}.{alias.name}" for alias in node.names if base == "stepscope")
+            # `from stepscope.contracts import layout` imports the module stepscope.contracts.layout
+            found.update(f"{base}.{alias.name}" for alias in node.names if is_module(f"{base}.{alias.name}"))
     return found
 
 
@@ -98,6 +125,13 @@ def graph() -> dict[str, set[str]]:
     return {module: imports(path, module) for module, path in sources().items()}
 
 
+def agent_may_import(target: str) -> bool:
+    """The standard library, torch (once the program imported it), the agent's own modules, and the
+    core's modules that the bootstrap copies beside it, under either name."""
+    top = target.split(".")[0]
+    return (top in sys.stdlib_module_names or top == "torch" or target == "stepscope" or any(target == m or target.startswith(m + ".") for m in (*AGENT_MAY_IMPORT, *BOOTSTRAP_NAMES)) or target == AGENT or target.startswith(AGENT + "."))
+
+
 def violations(edges: dict[str, set[str]]) -> list[str]:
     """One line per import that goes against the layering."""
     found = []
@@ -105,7 +139,9 @@ def violations(edges: dict[str, set[str]]) -> list[str]:
         here = layer(source)
         for target in sorted(targets):
             top = target.split(".")[0]
-            if top in SECOND_NAMES:
+            if here == "agent" and not agent_may_import(target):
+                found.append(f"{source} (agent) imports {target}: the agent's package runs in training pods, with the standard library and {', '.join(AGENT_MAY_IMPORT)} alone")
+            elif top in SECOND_NAMES:
                 found.append(f"{source} imports {target}: a second name for a folder of the repository")
             elif top == "torch" and here in NO_TORCH:
                 found.append(f"{source} ({here}) imports torch")
@@ -131,19 +167,24 @@ def test_the_check_sees_back_edges() -> None:
     """The check itself: each kind of back-edge, at the top or inside a function, is reported."""
     planted = {
         "stepscope.storage": {"stepscope.analysis.model"},
-        "stepscope.analysis.diagnosis.hardware": {"stepscope.sidecar.nvml_api"},
+        "stepscope.analysis.diagnosis.hardware": {"stepscope.sidecar.nvml.api"},
         "stepscope.sidecar.sessions": {"stepscope.operator.kube"},
-        "stepscope.operator.metrics": {"stepscope.sidecar.metrics"},
-        "stepscope.analysis.metrics.summary": {"stepscope.local.launch", "torch"},
+        "stepscope.operator.metrics": {"stepscope.sidecar.prometheus"},
+        "stepscope.analysis.statistics.summary": {"stepscope.local.launch", "torch"},
         "stepscope.sidecar.uploads": {"sidecar.nvml"},
-        "stepscope.sidecar.daemon": {"stepscope.analysis.metrics.summary"},
-        "stepscope.analysis.loading.session_files": {"stepscope.analysis.reporting.report_merge"},
-        "stepscope.analysis.metrics.steps": {"stepscope.analysis"},
+        "stepscope.sidecar.daemon": {"stepscope.analysis.statistics.summary"},
+        "stepscope.analysis.gathering.session_files": {"stepscope.analysis.reporting.merged_trace"},
+        "stepscope.analysis.statistics.steps": {"stepscope.analysis"},
+        "stepscope.agent.capture": {"stepscope.files", "numpy"},
+        "stepscope.operator.sessions.handlers": {"stepscope.agent"},
+        "stepscope.local.demo": {"stepscope.testing.nvml.simulated"},
+        "stepscope.testing.kube.server": {"tests.polling"},
+        "stepscope.analysis.loading.trace": {"stepscope.analysis.statistics.steps"},
     }
-    assert len(violations(planted)) == 10
+    assert len(violations(planted)) == 16
     edges = graph()
-    assert "stepscope.operator.analysis_job" in edges["stepscope.cli"]  # found inside a function
-    assert "stepscope.layout" in edges["stepscope.analysis.reporting.report"]  # `from stepscope import layout`
+    assert "stepscope.operator.sessions.analysis_job" in edges["stepscope.cli"]  # found inside a function
+    assert "stepscope.contracts.layout" in edges["stepscope.analysis.reporting.report"]  # `from stepscope.contracts import layout`
 
 
 def test_parts_live_under_their_import_names() -> None:
@@ -154,6 +195,60 @@ def test_parts_live_under_their_import_names() -> None:
         assert home.is_dir() and not home.is_symlink(), f"stepscope/{part} must hold the code"
         link = REPO / part
         assert link.is_symlink() and link.resolve() == home, f"{part}/ must link to stepscope/{part}"
+
+
+# Where the environment is read: each part's settings module, and the agent's own reader (the agent
+# runs in training processes and imports nothing of the parts).
+ENVIRONMENT_READERS = ("settings.py", "stepscope/agent/environment.py")
+
+
+def environment_reads(path: Path) -> list[str]:
+    """Each place `path` reads a variable of the environment (`os.environ.get`, `os.environ[...]`,
+    `in os.environ`, `os.getenv`, the whole mapping picked by a condition), as "line: code".
+    Writes (`os.environ[k] = v`, `setdefault`) and the whole environment handed on as an argument
+    (`dict(os.environ)`, `{**os.environ}`: what a child process starts with) are not reads."""
+    tree = ast.parse(path.read_text(), str(path))
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def is_environ(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name) and node.value.id == "os"
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "getenv" and isinstance(node.value, ast.Name) and node.value.id == "os":
+            found.append(node)
+        elif is_environ(node):
+            parent = parents[node]
+            written = (isinstance(parent, ast.Subscript) and isinstance(parent.ctx, ast.Store | ast.Del)) or (
+                isinstance(parent, ast.Attribute) and parent.attr in ("setdefault", "update", "pop"))
+            handed_on = (isinstance(parent, ast.Call) and node in parent.args) or (isinstance(parent, ast.Dict) and None in parent.keys)
+            if not (written or handed_on):
+                found.append(node)
+    return [f"{node.lineno}: {ast.get_source_segment(path.read_text(), parents[node]) or ''}" for node in sorted(found, key=lambda n: (n.lineno, n.col_offset))]
+
+
+def test_only_settings_modules_read_the_environment() -> None:
+    found = [f"{path.relative_to(REPO)}:{read}" for path in sorted((REPO / "stepscope").rglob("*.py"))
+             if not (path.name == ENVIRONMENT_READERS[0] or str(path.relative_to(REPO)) in ENVIRONMENT_READERS[1:]
+                     or path.is_relative_to(REPO / "stepscope" / "testing"))
+             for read in environment_reads(path)]
+    assert not found, "the environment read outside a settings module:\n" + "\n".join(found)
+
+
+def test_the_check_sees_environment_reads(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text("import os\n"
+                       "a = os.environ.get('A')\nb = os.environ['B']\nc = 'C' in os.environ\nd = os.getenv('D')\n"
+                       "e = os.environ if a else {}\n"
+                       "os.environ['F'] = '1'\nos.environ.setdefault('G', '1')\nchild = dict(os.environ)\nalso = {**os.environ, 'H': '1'}\n")
+    assert [line.split(":")[0] for line in environment_reads(planted)] == ["2", "3", "4", "5", "6"]
+
+
+def test_the_benchmarks_import_no_tests() -> None:
+    """The benchmarks share the tests' doubles through stepscope.testing, never through tests.*."""
+    found = [f"{path.name} imports {target}" for path in sorted((REPO / "benchmarks").glob("*.py"))
+             for target in sorted(imports(path, f"benchmarks.{path.stem}")) if target.split(".")[0] == "tests"]
+    assert not found, "\n".join(found)
 
 
 @pytest.mark.parametrize("name", ["tests", "helm", "benchmarks"])
@@ -180,3 +275,20 @@ def test_the_linter_reads_every_part() -> None:
         assert ("stepscope", part) in checked, f"ruff skips stepscope/{part}/"
         assert (part,) not in {p[:1] for p in checked}, f"ruff reads {part}/ twice, through its link"
     assert ("tests", "analysis") in checked, "ruff skips tests/analysis/"
+
+
+def outside_the_standard_library(edges: dict[str, set[str]]) -> list[str]:
+    """The contracts' imports of anything but the standard library and the contracts."""
+    return [f"{module} imports {target}" for module, targets in sorted(edges.items()) if module.startswith("stepscope.contracts")
+            for target in sorted(targets) if target.split(".")[0] not in sys.stdlib_module_names and not target.startswith("stepscope.contracts")]
+
+
+def test_the_contracts_import_the_standard_library_alone() -> None:
+    """stepscope.contracts is what the agent reads in every training process and what the CRDs are
+    generated from: it imports nothing but the standard library and itself."""
+    edges = graph()
+    assert "stepscope.contracts.session" in edges
+    found = outside_the_standard_library(edges)
+    assert not found, "\n".join(found)
+    planted = {"stepscope.contracts.session": {"yaml", "enum", "stepscope.contracts.schema"}, "stepscope.contracts.states": {"stepscope.wire"}}
+    assert outside_the_standard_library(planted) == ["stepscope.contracts.session imports yaml", "stepscope.contracts.states imports stepscope.wire"]

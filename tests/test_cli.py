@@ -1,4 +1,4 @@
-"""The `stepscope` command's rough edges (issue 9, point 10): --version, a reader that goes away,
+"""The `stepscope` command's rough edges: --version, a reader that goes away,
 option errors that name the option and what to type instead."""
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
 def test_a_reader_that_goes_away_is_no_traceback() -> None:
     """`stepscope analyze ... | head`: the reader closes the pipe while the command prints."""
-    code = "import sys, stepscope.cli as c; c.COMMANDS['analyze'] = ('tests.test_cli', ''); sys.exit(c.main(['analyze']))"
+    code = "import sys, stepscope.cli as c; c.COMMANDS['analyze'] = c.Command('tests.test_cli', ''); sys.exit(c.main(['analyze']))"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.readline().startswith(b"finding 0")
@@ -66,8 +66,22 @@ def test_operator_without_a_key_is_one_line(tmp_path: Path) -> None:
 def test_capture_says_when_the_analysis_finds_nothing(tmp_path: Path, capsys) -> None:
     """`stepscope capture` ends with the analysis: a session folder it cannot analyse is a one-line
     error that keeps the capture, not a traceback."""
+    from stepscope.contracts.session import SessionSpec
     from stepscope.local.capture import _analyze
 
-    _analyze(tmp_path)
+    _analyze(tmp_path, SessionSpec.from_dict({"storage": {"uri": tmp_path.as_uri()}}))
     err = capsys.readouterr().err
     assert err.startswith("stepscope capture: the analysis failed: nothing to analyse at") and "the capture is intact" in err
+
+
+def test_every_command_names_its_adder_and_runner() -> None:
+    """The table of commands says where each one's code is: no handler found by a name made up at
+    run time."""
+    import importlib
+
+    from stepscope.cli import COMMANDS
+
+    for name, command in COMMANDS.items():
+        module = importlib.import_module(command.module)
+        assert callable(getattr(module, command.add_arguments)) and callable(getattr(module, command.run)), name
+    assert (COMMANDS["get"].run, COMMANDS["report"].run, COMMANDS["analyze"].run) == ("run_get", "run_report", "run_analyze")

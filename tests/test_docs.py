@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,19 @@ def test_every_test_a_doc_names_exists(doc: str) -> None:
     missing = [f"{path}::{name}" if name else path for path, name in refs
                if not (REPO / path).is_file() or (name is not None and name not in functions(REPO / path))]
     assert not missing, f"{doc} names tests that do not exist: {missing}"
+
+
+# The design the repository follows is docs/design.md; no file leans on one outside it, on a
+# tracker's numbers or on a folder of one machine. docs/benchmarks.md is left out: its history is
+# rewritten as a whole.
+OUTSIDE = re.compile("|".join((r"ARCHITECTURE\.md", r"shared[/]design", r"\bissues? #?\d+", r"\bIssue \d+", r"(?<![\w.])/wor[k]/")))
+TEXT = (".py", ".md", ".yaml", ".yml", ".toml", ".c", ".h", ".html", ".txt", "Makefile", "Dockerfile")
+
+
+def test_the_repository_points_nowhere_outside_itself() -> None:
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    files = [REPO / name for name in listed if name.endswith(TEXT) and name != "docs/benchmarks.md" and (REPO / name).is_file()]
+    assert len(files) > 100
+    found = [f"{path.relative_to(REPO)}:{number}: {line.strip()[:100]}" for path in files
+             for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if OUTSIDE.search(line)]
+    assert not found, "\n".join(found)

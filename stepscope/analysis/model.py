@@ -150,16 +150,37 @@ class FunctionStat(Struct):
 
 
 class DeviceSpec(Struct):
-    """The rank's GPU (deviceProperties' name) and its datasheet peaks (metrics/devices.py)."""
+    """The rank's GPU (deviceProperties' name) and its datasheet peaks (statistics/devices.py)."""
     name: str
     model: str  # the row of the device table it matched
     tflops: dict[str, float] = {}  # dense TFLOP/s by dtype class: fp32, tf32, bf16, fp16, fp8
     tbs: float = 0.0  # memory bandwidth, TB/s
 
 
+class PathShare(Struct):
+    """An op, kernel or gap on a rank's critical path and its time on it."""
+    name: str
+    boundBy: str  # HTA's bound_by: cpu_bound, gpu_compute_bound, gpu_kernel_kernel_overhead, ...
+    us: float
+
+
+class CriticalPathSummary(Struct):
+    """The longest chain of dependent CPU ops, launches, kernels and syncs over the rank's profiled
+    steps (HTA's critical_path_analysis, metrics/critical_path.py)."""
+    totalUs: float
+    startUs: float
+    endUs: float
+    byBound: dict[str, float] = {}  # µs on the path by what bounds it
+    top: list[PathShare] = []  # the ops and kernels of most time on the path
+    # The longest edges of the path for the merged trace: [start µs, duration µs, index into
+    # spanNames (the op, kernel or gap), boundBy].
+    spans: list[tuple[float, float, int, str]] = []
+    spanNames: list[str] = []
+
+
 class OpEfficiency(Struct):
     """FLOPs and bytes of an op, from its recorded shapes, over the time of the kernels it launched
-    (metrics/efficiency.py); for a kernel, its share of its ops' FLOPs and bytes."""
+    (statistics/efficiency.py); for a kernel, its share of its ops' FLOPs and bytes."""
     name: str  # op (aten::addmm) or kernel
     family: str  # gemm | conv | attention | elementwise | reduction | normalization
     count: int
@@ -219,7 +240,8 @@ class RankSummary(Struct):
     opEfficiency: list[OpEfficiency] = []  # the ops of most GPU time with FLOPs from their shapes
     kernelEfficiency: list[OpEfficiency] = []
     operators: list[OperatorStat] = []
-    # Per-step hardware statistics from the node's NVML samples (issue 5), keyed by metric name.
+    criticalPath: CriticalPathSummary | None = None
+    # Per-step hardware statistics from the node's NVML samples, keyed by metric name.
     hardware: dict[str, list[float]] = {}
     warnings: list[str] = []
     error: str = ""  # set when the trace could not be summarised; the diagnosis reports it
@@ -307,6 +329,8 @@ def _arrow_type(info: Any) -> Any:
         return _arrow_type(inner)
     if isinstance(info, mi.StructType):
         return pa.struct([pa.field(f.encode_name, _arrow_type(f.type)) for f in info.fields])
+    if isinstance(info, mi.TupleType):  # a struct of fields "0", "1", ...: its items differ in type
+        return pa.struct([pa.field(str(i), _arrow_type(t)) for i, t in enumerate(info.item_types)])
     if isinstance(info, mi.ListType):
         return pa.list_(_arrow_type(info.item_type))
     if isinstance(info, mi.DictType):
@@ -316,14 +340,63 @@ def _arrow_type(info: Any) -> Any:
 
 
 @functools.cache
-def summary_schema() -> Any:
-    """RankSummary as an Arrow schema (pyarrow.Schema), field for field."""
+def _summary_info() -> Any:
     import msgspec.inspect as mi
-    import pyarrow as pa
 
     info = mi.type_info(RankSummary)
     assert isinstance(info, mi.StructType)
-    return pa.schema([pa.field(f.encode_name, _arrow_type(f.type)) for f in info.fields])
+    return info
+
+
+@functools.cache
+def summary_schema() -> Any:
+    """RankSummary as an Arrow schema (pyarrow.Schema), field for field."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field(f.encode_name, _arrow_type(f.type)) for f in _summary_info().fields])
+
+
+def _has_tuple(info: Any) -> bool:
+    import msgspec.inspect as mi
+
+    if isinstance(info, mi.TupleType):
+        return True
+    if isinstance(info, mi.UnionType):
+        return any(_has_tuple(t) for t in info.types)
+    if isinstance(info, mi.StructType):
+        return any(_has_tuple(f.type) for f in info.fields)
+    if isinstance(info, mi.ListType):
+        return _has_tuple(info.item_type)
+    return isinstance(info, mi.DictType) and _has_tuple(info.value_type)
+
+
+@functools.cache
+def _tuple_fields() -> tuple[Any, ...]:
+    """The fields of RankSummary that hold tuples somewhere (the critical path's spans)."""
+    return tuple(f for f in _summary_info().fields if _has_tuple(f.type))
+
+
+def _tuples(value: Any, info: Any, make: Any) -> Any:
+    """`value` (builtins of the model's type `info`) with each tuple in it made by `make` from its
+    items: msgspec writes and reads a tuple as a list, Arrow holds it as a struct of "0", "1", ..."""
+    import msgspec.inspect as mi
+
+    if value is None or not _has_tuple(info):
+        return value
+    if isinstance(info, mi.UnionType):
+        return _tuples(value, next(t for t in info.types if not isinstance(t, mi.NoneType)), make)
+    if isinstance(info, mi.TupleType):
+        return make(value.values() if isinstance(value, dict) else value)
+    if isinstance(info, mi.ListType):
+        return [_tuples(v, info.item_type, make) for v in value]
+    if isinstance(info, mi.DictType):
+        return {k: _tuples(v, info.value_type, make) for k, v in value.items()}
+    return {**value, **{f.encode_name: _tuples(value[f.encode_name], f.type, make) for f in info.fields if f.encode_name in value}}
+
+
+def _row_tuples(row: dict, make: Any) -> dict:
+    fields = _tuple_fields()
+    return {**row, **{f.encode_name: _tuples(row[f.encode_name], f.type, make) for f in fields if f.encode_name in row}} if fields else row
 
 
 def _with_defaults(array: Any, info: Any) -> Any:
@@ -356,16 +429,23 @@ def _with_defaults(array: Any, info: Any) -> Any:
 def summaries_table(summaries: Sequence[RankSummary]) -> Any:
     """Summaries as one Arrow table (pyarrow.Table), a row per rank, in summary_schema(); a
     null only where the model's default is None."""
-    import msgspec.inspect as mi
     import pyarrow as pa
 
-    rows = pa.array(msgspec.to_builtins(list(summaries)), type=pa.struct(list(summary_schema())))
-    return pa.Table.from_struct_array(_with_defaults(rows, mi.type_info(RankSummary)))
+    rows = [_row_tuples(r, tuple) for r in msgspec.to_builtins(list(summaries))]
+    array = pa.array(rows, type=pa.struct(list(summary_schema())))
+    return pa.Table.from_struct_array(_with_defaults(array, _summary_info()))
 
 
 def table_summaries(table: Any) -> list[RankSummary]:
     """The rows of a summaries_table as RankSummary objects (for the few readers that want them)."""
-    return msgspec.convert(table.to_pylist(maps_as_pydicts="strict"), list[RankSummary])
+    return msgspec.convert([_row_tuples(r, list) for r in table.to_pylist(maps_as_pydicts="strict")], list[RankSummary])
+
+
+def table_critical_path(column: Any, row: int) -> CriticalPathSummary | None:
+    """The critical path of one row of a summaries_table's criticalPath column (pyarrow ChunkedArray)."""
+    info = next(f.type for f in _summary_info().fields if f.encode_name == "criticalPath")
+    value = column[row].as_py(maps_as_pydicts="strict")
+    return msgspec.convert(_tuples(value, info, list), CriticalPathSummary | None)
 
 
 def encode_summary(summary: RankSummary) -> bytes:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import re
 import sys
 import time
@@ -13,39 +12,43 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from stepscope import analysis, layout
-from stepscope.session import SAVE_RAW_TRACE, CaptureSpec, HardwareMetricsSpec, SessionSpec, SpecError
+from stepscope import analysis
+from stepscope.contracts import layout
+from stepscope.contracts.session import DEFAULT_CAPTURE_STEPS, SAVE_RAW_TRACE, CaptureLimits, CaptureSpec, HardwareMetricsSpec, SessionSpec, SpecError
+from stepscope.contracts.sidecar_api import SessionRequest
+from stepscope.contracts.states import SIDECAR_FINAL, SidecarPhase
+from stepscope.local import settings
 from stepscope.sidecar_client import SidecarClient, SidecarError
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, load_key
 from stepscope.storage import StoreError, open_store
-from stepscope.wire import DEFAULT_MAX_MEMORY_MB, DEFAULT_MAX_STACK_EVENTS, DEFAULT_PORT
 
-FINISHED = ("Succeeded", "Failed", "Cancelled")
 # Exit codes a script can tell apart.
 EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_UNAUTHORIZED, EXIT_BUSY, EXIT_TIMEOUT, EXIT_INTERRUPTED = 1, 2, 3, 4, 5, 6, 130
 CANCEL_GRACE_S = 60.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--wait", type=int, default=CaptureSpec.waitSteps, metavar="N", help="steps to let pass before capturing (default %(default)s)")
+    parser.add_argument("--wait", type=int, default=CaptureSpec.default_of("waitSteps"), metavar="N", help="steps to let pass before capturing (default %(default)s)")
     window = parser.add_mutually_exclusive_group()
-    window.add_argument("--steps", type=int, default=None, metavar="N", help=f"steps to capture, 1..50 (default {CaptureSpec.steps})")
+    window.add_argument("--steps", type=int, default=None, metavar="N", help=f"steps to capture, 1..50 (default {DEFAULT_CAPTURE_STEPS})")
     window.add_argument("--duration", type=float, default=None, metavar="S", help="capture S seconds instead (loops without steps)")
     parser.add_argument("--output-dir", type=Path, default=None, metavar="DIR", help="where the artifacts go (default ./stepscope-<time>)")
-    parser.add_argument("--save-raw-trace", choices=SAVE_RAW_TRACE, default=SessionSpec.saveRawTrace, help="raw traces to keep (summaries always)")
+    parser.add_argument("--save-raw-trace", choices=SAVE_RAW_TRACE, default=SessionSpec.default_of("saveRawTrace"), help="raw traces to keep (summaries always)")
     parser.add_argument("--analyze", action="store_true", help="diagnose the capture and write the report into DIR/report")
-    parser.add_argument("--sidecar", type=_sidecar_url, default=os.environ.get("STEPSCOPE_SIDECAR", f"http://127.0.0.1:{DEFAULT_PORT}"), metavar="URL",
+    parser.add_argument("--comm-kernel", action="append", default=[], metavar="REGEX",
+                        help="a communication kernel of this job's own (spec.analysis.commKernelPatterns; repeatable)")
+    parser.add_argument("--sidecar", type=_sidecar_url, default=settings.sidecar_url(), metavar="URL",
                         help="the sidecar's control endpoint (env STEPSCOPE_SIDECAR, default %(default)s)")
     parser.add_argument("--key-file", default=None, help=f"HMAC key file (default $STEPSCOPE_HMAC_KEY, else {DEFAULT_KEY_FILE})")
-    parser.add_argument("--timeout", type=int, default=SessionSpec.timeoutSeconds, metavar="S", help="give up after S seconds (default %(default)s)")
-    parser.add_argument("--hang-timeout", type=int, default=SessionSpec.hangTimeoutSeconds, metavar="S", help="no step for S seconds counts as a hang (default %(default)s)")
+    parser.add_argument("--timeout", type=int, default=SessionSpec.default_of("timeoutSeconds"), metavar="S", help="give up after S seconds (default %(default)s)")
+    parser.add_argument("--hang-timeout", type=int, default=SessionSpec.default_of("hangTimeoutSeconds"), metavar="S", help="no step for S seconds counts as a hang (default %(default)s)")
     parser.add_argument("--no-hardware-metrics", action="store_true", help="do not sample NVML during the capture")
     parser.add_argument("--no-stack", action="store_true", help="record no Python function events (capture.withStack=false)")
-    parser.add_argument("--max-stack-events", type=int, default=DEFAULT_MAX_STACK_EVENTS, metavar="N",
+    parser.add_argument("--max-stack-events", type=int, default=CaptureLimits.default_of("maxStackEvents"), metavar="N",
                         help="capture budget: drop Python stacks when the capture would record more (default %(default)s)")
-    parser.add_argument("--max-memory-mb", type=int, default=DEFAULT_MAX_MEMORY_MB, metavar="MB",
+    parser.add_argument("--max-memory-mb", type=int, default=CaptureLimits.default_of("maxMemoryMB"), metavar="MB",
                         help="capture budget: cut the capture short once a process grew this much (default %(default)s)")
-    parser.add_argument("--metrics-interval-us", type=_metrics_interval, default=HardwareMetricsSpec.intervalMicroseconds, metavar="US",
+    parser.add_argument("--metrics-interval-us", type=_metrics_interval, default=HardwareMetricsSpec.default_of("intervalMicroseconds"), metavar="US",
                         help="NVML sampling interval in microseconds, >= 100 (default %(default)s; below 1000 the sampler "
                              "spins between rounds and takes most of a core)")
 
@@ -55,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 OPTION_OF_FIELD = {
     "spec.capture.steps": "--steps", "spec.capture.durationSeconds": "--duration", "spec.capture.waitSteps": "--wait",
     "spec.capture": "--steps/--duration", "spec.hardwareMetrics.intervalMicroseconds": "--metrics-interval-us",
-    "spec.saveRawTrace": "--save-raw-trace", "spec.timeoutSeconds": "--timeout", "spec.hangTimeoutSeconds": "--hang-timeout",
+    "spec.saveRawTrace": "--save-raw-trace", "spec.analysis.commKernelPatterns": "--comm-kernel", "spec.timeoutSeconds": "--timeout", "spec.hangTimeoutSeconds": "--hang-timeout",
 }
 
 
@@ -87,8 +90,8 @@ def _spec(args: argparse.Namespace, destination: str) -> SessionSpec:
                                "limits": {"maxStackEvents": args.max_stack_events, "maxMemoryMB": args.max_memory_mb}}
     if args.duration is not None:
         capture["durationSeconds"] = args.duration
-    else:
-        capture["steps"] = args.steps if args.steps is not None else CaptureSpec.steps
+    elif args.steps is not None:
+        capture["steps"] = args.steps
     return SessionSpec.from_dict({
         "capture": capture,
         "hardwareMetrics": {"enabled": not args.no_hardware_metrics, "intervalMicroseconds": args.metrics_interval_us},
@@ -96,6 +99,7 @@ def _spec(args: argparse.Namespace, destination: str) -> SessionSpec:
         "storage": {"uri": destination},
         "hangTimeoutSeconds": args.hang_timeout,
         "timeoutSeconds": args.timeout,
+        "analysis": {"commKernelPatterns": args.comm_kernel},
     })
 
 
@@ -106,7 +110,7 @@ def _progress_line(status: dict[str, Any]) -> str:
             f"uploaded {w.get('uploaded', 0)}/{total}")
     line += f", failed {w['failed']}" if w.get("failed") else ""
     # Before any rank captures, the sidecar's message says what it waits for (no training process yet?).
-    return line + (f" - {status['message']}" if status.get("phase") == "Pending" and status.get("message") else "")
+    return line + (f" - {status['message']}" if status.get("phase") == SidecarPhase.PENDING and status.get("message") else "")
 
 
 class _Progress:
@@ -152,7 +156,7 @@ def _follow(client: SidecarClient, session_id: str, deadline: float, progress: _
     deliver it before print returns); a second one leaves."""
     interrupted = False
     status: dict[str, Any] | None = None
-    while status is None or status["phase"] not in FINISHED:
+    while status is None or status["phase"] not in SIDECAR_FINAL:
         try:
             if announce:
                 print(announce, flush=True)
@@ -186,9 +190,9 @@ def _write_session_json(out_dir: Path, session_id: str, url: str, spec: SessionS
     open_store(out_dir.as_uri()).put_bytes(layout.session_json(), json.dumps(record, indent=1).encode())
 
 
-def _analyze(out_dir: Path) -> None:
+def _analyze(out_dir: Path, spec: SessionSpec) -> None:
     try:
-        diagnosis = analysis.report(str(out_dir), progress=sys.stderr.isatty())
+        diagnosis = analysis.report(str(out_dir), progress=sys.stderr.isatty(), comm_kernel_patterns=spec.analysis.commKernelPatterns)
     except (ValueError, OSError, StoreError) as exc:
         print(f"stepscope capture: the analysis failed: {exc}; the capture is intact, retry with `stepscope analyze {out_dir}`", file=sys.stderr)
         return
@@ -215,11 +219,11 @@ def run(args: argparse.Namespace) -> int:
 
     session_id = str(uuid.uuid4())
     client = SidecarClient(args.sidecar, key)
-    body = {"session": session_id, "namespace": "", "name": "capture", "destination": out_dir.as_uri(), "spec": spec.to_dict()}
+    request = SessionRequest(session=session_id, name="capture", destination=out_dir.as_uri(), spec=spec)
     started = time.time()
     progress = _Progress()
     try:
-        client.put_session(session_id, body)
+        client.put_session(session_id, request)
         # The sidecar enforces spec.timeoutSeconds; the CLI waits a little longer for its verdict.
         status, code = _follow(client, session_id, time.monotonic() + args.timeout + 30, progress,
                                f"session {session_id}: capturing {_window(spec)} on every rank behind {args.sidecar}")
@@ -240,10 +244,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{status['phase']}: {status.get('message', '')}")
     print(f"artifacts in {out_dir}: {_artifact_counts(status.get('artifacts') or [])}")
     if args.analyze and any(a.endswith(SUMMARY_SUFFIXES) for a in status.get("artifacts") or []):
-        _analyze(out_dir)
+        _analyze(out_dir, spec)
     if code is not None:
         return code
-    return 0 if status["phase"] == "Succeeded" else EXIT_FAILED
+    return 0 if status["phase"] == SidecarPhase.SUCCEEDED else EXIT_FAILED
 
 
 # A rank's summary as this sidecar uploads it (Arrow) or as an older one did (JSON).

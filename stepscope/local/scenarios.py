@@ -43,7 +43,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b", "c", "d") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "e") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -186,4 +186,41 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "mix_samples", "sleep", slow_ms=40.0, causes=("await_feature_store",), where="last",
              second=Second("cpu", 30.0, ("mix_samples",), "second"), min_ranks=3,
              extra=("--fault-function", "await_feature_store,mix_samples"), held_aside="d"),
+    # Held aside (set e): throttles of 4 and 6 of 10 ms on other model sizes, batches 1.8x and
+    # 3.5x, a GIL thread at 40 % of its period, a blocking cost every 2nd and a computing one every
+    # 4th step, new functions, two slow ranks with a thread among them, and a healthy job whose
+    # operators are most of its step; 2 to 4 ranks.
+    Scenario("slow-host-e4", "the middle rank's CPU is stopped 4 ms of every 10 ms (hidden 800, batch 60)", "host", slow_ms=4.0,
+             causes=("same shapes",), extra=("--hidden", "800", "--batch-size", "60"), held_aside="e"),
+    Scenario("slow-host-e6", "the last rank's CPU is stopped 6 ms of every 10 ms (hidden 608, batch 96)", "host", slow_ms=6.0,
+             causes=("same shapes",), where="last", extra=("--hidden", "608", "--batch-size", "96"), held_aside="e"),
+    Scenario("uneven-batches-e", "the second rank's batches are 1.8x its peers' (uneven shards)", "batch",
+             causes=("larger", "uneven"), where="second", extra=("--hidden", "1088", "--batch-factor", "1.8"), held_aside="e"),
+    Scenario("uneven-batches-e35", "the last rank's batches are 3.5x its peers' (uneven shards)", "batch",
+             causes=("larger", "uneven"), where="last", extra=("--hidden", "896", "--batch-factor", "3.5"), held_aside="e"),
+    Scenario("gil-thread-e", "a dashboard thread of the last rank renders panels in pure Python 22 ms of every 55 ms "
+             "(export_dashboard, its work in a helper)", "thread", slow_ms=22.0, causes=("export_dashboard",),
+             requires=("thread",), where="last", extra=("--period-ms", "55", "--fault-function", "export_dashboard"),
+             held_aside="e"),
+    Scenario("periodic-compact-e", "every 2nd step the middle rank blocks 60 ms in compact_cache", "periodic", slow_ms=60.0,
+             causes=("compact_cache",), requires=("every 2",), extra=("--every-steps", "2", "--fault-function", "compact_cache"),
+             held_aside="e"),
+    Scenario("periodic-holdout-e", "every 4th step rank 0 computes 110 ms in score_holdout, in one helper", "periodic",
+             slow_ms=110.0, causes=("score_holdout",), requires=("every 4",), where="first",
+             extra=("--every-steps", "4", "--fault-function", "score_holdout"), held_aside="e"),
+    Scenario("jitter-crops-e", "rank 0 computes 25 ms a step in jitter_crops, in two helpers of its own", "cpu", slow_ms=25.0,
+             causes=("jitter_crops",), where="first", extra=("--fault-function", "jitter_crops"), held_aside="e"),
+    Scenario("python-heavy-e", "every rank makes 2,500 small calls a step; the middle rank also spends 18 ms a step in "
+             "strip_markup, tens of thousands of tiny calls", "calls", slow_ms=18.0, causes=("strip_markup",),
+             extra=("--python-calls", "2500", "--fault-function", "strip_markup"), held_aside="e"),
+    Scenario("two-slow-e", "rank 0 blocks 30 ms a step in wait_for_lease, the last rank computes 35 ms in jitter_crops",
+             "sleep", slow_ms=30.0, causes=("wait_for_lease",), where="first",
+             second=Second("cpu", 35.0, ("jitter_crops",), "last"), min_ranks=3,
+             extra=("--fault-function", "wait_for_lease,jitter_crops"), held_aside="e"),
+    Scenario("two-slow-thread-e", "a dashboard thread of the second rank renders panels 25 ms of every 50 ms, the last rank "
+             "blocks 35 ms a step in wait_for_lease", "thread", slow_ms=25.0, causes=("export_dashboard",), where="second",
+             second=Second("sleep", 35.0, ("wait_for_lease",), "last"), min_ranks=3,
+             extra=("--period-ms", "50", "--fault-function", "export_dashboard,wait_for_lease"), held_aside="e"),
+    Scenario("healthy-e", "no fault, a larger model (hidden 1024, batch 64): the operators are most of the step", None,
+             extra=("--hidden", "1024", "--batch-size", "64"), held_aside="e"),
 )}

@@ -5,17 +5,15 @@ capture runs exactly as `stepscope capture --analyze` would, into a folder of it
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from stepscope import detection
-from stepscope.local import capture
+from stepscope.local import capture, settings
 from stepscope.sidecar_client import SidecarClient, SidecarError
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, load_key
-from stepscope.wire import DEFAULT_PORT
 
 _BASE = detection.Conditions()
 # Conditions' fields by the option that sets them: its errors name the field, the user typed the option.
@@ -42,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, metavar="N", help="steps each capture records (default: capture's)")
     parser.add_argument("--output-dir", type=Path, default=Path("stepscope-watch"), metavar="DIR",
                         help="each capture goes into DIR/<time>-<condition> (default %(default)s)")
-    parser.add_argument("--sidecar", type=capture._sidecar_url, default=os.environ.get("STEPSCOPE_SIDECAR", f"http://127.0.0.1:{DEFAULT_PORT}"), metavar="URL",
+    parser.add_argument("--sidecar", type=capture._sidecar_url, default=settings.sidecar_url(), metavar="URL",
                         help="the sidecar's control endpoint (env STEPSCOPE_SIDECAR, default %(default)s)")
     parser.add_argument("--key-file", default=None, help=f"HMAC key file (default $STEPSCOPE_HMAC_KEY, else {DEFAULT_KEY_FILE})")
 

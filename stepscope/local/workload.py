@@ -5,9 +5,10 @@ It knows nothing of stepscope: the agent attaches through the bootstrap. Faults 
 --slow-rank (--fault, each with a known cause, for stepscope's fault-injection scenarios):
 
 - cpu: extra CPU work in the Python function `augment_batch_slowly` (--slow-ms a step), or in
-  `prepare_features` or `mix_samples` (--fault-function), which spread it over helpers of their own
+  `prepare_features`, `mix_samples` or `jitter_crops` (--fault-function), which spread it over helpers of their own
 - helpers: CPU work spread over many calls of small helpers, made by `augment_with_helpers`
-- sleep: blocking, not computing: `fetch_remote_features` (or `load_side_inputs`, `await_feature_store`, --fault-function)
+- sleep: blocking, not computing: `fetch_remote_features` (or `load_side_inputs`, `await_feature_store`, `wait_for_lease`,
+  --fault-function)
   sleeps --slow-ms a step
 - compute: more operator work (its batch repeated --compute-factor times), no Python function of its own
 - data: slow data loading: the rank's Dataset decodes each sample for --slow-ms / batch size
@@ -20,14 +21,14 @@ It knows nothing of stepscope: the agent attaches through the bootstrap. Faults 
   operator of the rank takes longer with the same shapes
 - batch: larger batches (uneven shards): the rank's DataLoader gives --batch-factor times the batch
 - thread: a background thread of the rank (--fault-function: publish_metrics, flush_log_records,
-  compress_telemetry or sync_feature_flags)
+  compress_telemetry, sync_feature_flags or export_dashboard)
   runs pure Python for --slow-ms of every --period-ms, holding the GIL the training thread needs
 - periodic: every --every-steps steps the rank spends --slow-ms in --fault-function
-  (save_checkpoint, which blocks as a write does; run_evaluation, refresh_embeddings, three calls
-  deep, validate_model, in two helpers, rebuild_vocab or snapshot_optimizer, in one helper, which
-  compute), not in the others
-- calls: Python-heavy work: --fault-function (tokenize_records, parse_annotations, normalize_text or
-  canonicalize_tokens)
+  (save_checkpoint or compact_cache, which block as a write does; run_evaluation, refresh_embeddings,
+  three calls deep, validate_model, in two helpers, rebuild_vocab, snapshot_optimizer or
+  score_holdout, in one helper, which compute), not in the others
+- calls: Python-heavy work: --fault-function (tokenize_records, parse_annotations, normalize_text,
+  canonicalize_tokens or strip_markup)
   makes tens of thousands of tiny calls for --slow-ms a step, more than the capture budget's stacks hold
 
 --fault-function may name several functions (comma-separated): each fault takes the first of its own.
@@ -335,12 +336,70 @@ def parse_annotations(milliseconds: float) -> int:
     return acc
 
 
-THREAD_FUNCTIONS = {f.__name__: f for f in (publish_metrics, flush_log_records, compress_telemetry, sync_feature_flags)}
+def _crop(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def _flip(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def jitter_crops(batch: torch.Tensor, milliseconds: float) -> torch.Tensor:
+    """Random crops and flips in Python, its time in two helpers of its own."""
+    acc = _crop(milliseconds * 0.6) + _flip(milliseconds * 0.4)
+    return batch + (acc % 3) * 1e-6
+
+
+def wait_for_lease(batch: torch.Tensor, milliseconds: float) -> torch.Tensor:
+    """Blocks on a coordination service's lease, using no CPU."""
+    time.sleep(milliseconds / 1000.0)
+    return batch
+
+
+def _render_panel(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def export_dashboard(milliseconds: float, period_ms: float, stop: threading.Event) -> None:
+    """A dashboard thread: every `period_ms` it renders panels in pure Python for `milliseconds`."""
+    while not stop.wait(max(period_ms - milliseconds, 1.0) / 1000.0):
+        _render_panel(milliseconds)
+
+
+def compact_cache(milliseconds: float) -> None:
+    """A cache compaction every few steps: blocks, as a write to local disk does."""
+    time.sleep(milliseconds / 1000.0)
+
+
+def _rank_candidates(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def score_holdout(milliseconds: float) -> None:
+    """A held-out scoring pass every few steps: its work in one helper."""
+    _rank_candidates(milliseconds)
+
+
+def _unescape(i: int) -> int:
+    return (i * 11) % 19
+
+
+def strip_markup(milliseconds: float) -> int:
+    """Python-heavy markup stripping: tiny calls, tens of thousands a step."""
+    deadline = time.perf_counter() + milliseconds / 1000.0
+    acc = 0
+    while time.perf_counter() < deadline:
+        acc += sum([_unescape(i) for i in range(100)])
+    return acc
+
+
+THREAD_FUNCTIONS = {f.__name__: f for f in (publish_metrics, flush_log_records, compress_telemetry, sync_feature_flags,
+                                           export_dashboard)}
 PERIODIC_FUNCTIONS = {f.__name__: f for f in (save_checkpoint, run_evaluation, refresh_embeddings, validate_model, rebuild_vocab,
-                                             snapshot_optimizer)}
-CALLS_FUNCTIONS = {f.__name__: f for f in (tokenize_records, parse_annotations, normalize_text, canonicalize_tokens)}
-CPU_FUNCTIONS = {f.__name__: f for f in (augment_batch_slowly, prepare_features, mix_samples)}
-SLEEP_FUNCTIONS = {f.__name__: f for f in (fetch_remote_features, load_side_inputs, await_feature_store)}
+                                             snapshot_optimizer, compact_cache, score_holdout)}
+CALLS_FUNCTIONS = {f.__name__: f for f in (tokenize_records, parse_annotations, normalize_text, canonicalize_tokens, strip_markup)}
+CPU_FUNCTIONS = {f.__name__: f for f in (augment_batch_slowly, prepare_features, mix_samples, jitter_crops)}
+SLEEP_FUNCTIONS = {f.__name__: f for f in (fetch_remote_features, load_side_inputs, await_feature_store, wait_for_lease)}
 
 
 def fault_function(table: dict[str, Callable], names: str) -> Callable:
@@ -426,9 +485,10 @@ def restart_in_place(argv: list[str]) -> None:
     rank does it after the same step, once all are there; the new rank 0 serves the rendezvous
     again on MASTER_PORT."""
     dist.barrier()
+    rank = dist.get_rank()
     dist.destroy_process_group()
     at = argv.index("--restart-at-step")
-    print(f"rank {os.environ.get('RANK')} restarts in place (pid {os.getpid()})", flush=True)
+    print(f"rank {rank} restarts in place (pid {os.getpid()})", flush=True)
     os.execv(sys.executable, [sys.executable, *argv[:at], *argv[at + 2:]])
 
 

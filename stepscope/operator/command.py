@@ -11,11 +11,9 @@ import sys
 import kopf
 
 from stepscope.operator import master_key, metrics, registry
-from stepscope.operator.settings import OperatorSettings
-from stepscope.signing import KEY_ENV, KEY_FILE_ENV, KeyLoadError, load_key
-
-# The chart names the master key's Secret here (stepscope.operator.master_key).
-SECRET_ENV = "STEPSCOPE_HMAC_SECRET"
+from stepscope.operator.settings import OperatorSettings, master_key_secret_named, peering
+from stepscope.settings import KEY_ENV, KEY_FILE_ENV, hmac_key, hmac_key_file
+from stepscope.signing import KeyLoadError, load_key
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=9090, help="port of /metrics; 0 disables it (default %(default)s)")
     parser.add_argument("--key-file", default=None, help=f"the sidecars' HMAC key file, when ${{STEPSCOPE_HMAC_KEY}} is not set (env {KEY_FILE_ENV})")
     parser.add_argument("--webhook", action="store_true", help="also serve the sidecar injection webhook (STEPSCOPE_WEBHOOK_* env tune it)")
-    parser.add_argument("--peering", default=os.environ.get("STEPSCOPE_PEERING") or None,
+    parser.add_argument("--peering", default=peering(),
                         help="name of the KopfPeering objects that elect one replica to handle sessions (default: standalone, one replica)")
     parser.add_argument("--priority", type=int, default=None,
                         help="this replica's peering priority (default: random, so that replicas never tie; the highest handles sessions)")
@@ -35,11 +33,11 @@ def run(args: argparse.Namespace) -> int:
     if args.key_file:
         os.environ[KEY_FILE_ENV] = args.key_file  # what the startup handler reads (handlers.configure)
     try:
-        if not os.environ.get(KEY_ENV) and not os.environ.get(KEY_FILE_ENV) and os.environ.get(SECRET_ENV):
+        if not hmac_key() and not hmac_key_file() and master_key_secret_named():
             # In the chart: the master key Secret of the operator's namespace, created when absent.
             settings = OperatorSettings()
             os.environ[KEY_ENV] = master_key.ensure(settings.own_namespace, settings.hmac_secret, settings.hmac_secret_key).decode()
-        load_key(os.environ.get(KEY_FILE_ENV))  # fail here in one line, not in a kopf startup handler retried for ever
+        load_key(hmac_key_file())  # fail here in one line, not in a kopf startup handler retried for ever
     except KeyLoadError as exc:
         print(f"stepscope operator: {exc}", file=sys.stderr)
         return 2

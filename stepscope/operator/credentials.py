@@ -5,12 +5,12 @@ nowhere else: never into status, events or logs (error messages name the Secret,
 from __future__ import annotations
 
 import base64
-import os
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 
 from stepscope.operator import kube
+from stepscope.settings import STORE_KEY_ENV, store_keys
 
 # Secret data key -> field of the wire `credentials` object. Both the camelCase names of
 # docs/wire.md and the AWS environment names (what `kubectl create secret --from-env-file` of an
@@ -21,7 +21,7 @@ SECRET_KEYS = {
     "sessionToken": "sessionToken", "AWS_SESSION_TOKEN": "sessionToken",
 }
 # What the analysis Job's container reads them from (boto3 reads the same names by itself).
-ENV_OF_FIELD = {"accessKeyId": "AWS_ACCESS_KEY_ID", "secretAccessKey": "AWS_SECRET_ACCESS_KEY", "sessionToken": "AWS_SESSION_TOKEN"}
+ENV_OF_FIELD = dict(zip(("accessKeyId", "secretAccessKey", "sessionToken"), STORE_KEY_ENV["s3"], strict=True))
 
 
 class CredentialsError(Exception):
@@ -70,5 +70,5 @@ def from_secret(namespace: str, secret: str) -> dict[str, Any]:
 
 def from_env() -> dict[str, Any] | None:
     """What the analysis Job got through secretKeyRef env; None lets the store use its default chain."""
-    values = {field: os.environ.get(env) for field, env in ENV_OF_FIELD.items()}
-    return values if values["accessKeyId"] and values["secretAccessKey"] else None
+    values = store_keys("s3")
+    return values if values is not None and values["secretAccessKey"] else None

@@ -5,14 +5,13 @@ which is also how the tests point everything at their API server."""
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import kopf
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-from stepscope.operator.settings import GROUP, PLURAL, VERSION
+from stepscope.operator.settings import GROUP, PLURAL, VERSION, kubeconfig
 
 
 @functools.lru_cache(maxsize=1)
@@ -22,7 +21,7 @@ def configuration() -> kubernetes.client.Configuration:
         kubernetes.config.load_incluster_config(client_configuration=config)
     except kubernetes.config.ConfigException:
         # $KUBECONFIG is read now, not when the kubernetes package was imported (its default).
-        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=config)
+        kubernetes.config.load_kube_config(config_file=kubeconfig(), client_configuration=config)
     return config
 
 

@@ -12,6 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from stepscope.contracts.states import SessionPhase
+
 REGISTRY = CollectorRegistry()
 
 
@@ -19,7 +21,7 @@ class PhaseGauge(Collector):
     """Sessions by phase: each session counts in exactly one phase, the last one it was seen in;
     every phase is exposed, at 0 when no session is in it."""
 
-    PHASES = ("Pending", "Capturing", "Analyzing", "Succeeded", "Failed")
+    PHASES = tuple(SessionPhase)
 
     def __init__(self, name: str, help_text: str) -> None:
         self.name, self.help = name, help_text

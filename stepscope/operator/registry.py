@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import kopf
 
-from stepscope.operator import handlers, triggers_daemon, webhook
+from stepscope.operator.injection import webhook
+from stepscope.operator.sessions import handlers
+from stepscope.operator.triggers import daemon as triggers_daemon
 
 
 def build(*, with_webhook: bool = False) -> kopf.OperatorRegistry:

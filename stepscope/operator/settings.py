@@ -1,14 +1,17 @@
 """Operator settings, read once from the environment so that the Helm chart, the tests and the
-benchmark tune the same knobs without code changes."""
+benchmark tune the same knobs without code changes: the one module of the operator that reads the
+environment."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 
-GROUP = "stepscope.io"
-VERSION = "v1alpha1"
-PLURAL = "profilesessions"
-KIND = "ProfileSession"
+from stepscope.contracts import session as session_contract
+
+GROUP, VERSION, PLURAL, KIND = session_contract.GROUP, session_contract.VERSION, session_contract.PLURAL, session_contract.KIND
+# The image's USER (Dockerfile), which the sidecar and the analysis Job run as; named here so that
+# runAsNonRoot can be checked before the image is pulled.
+IMAGE_UID = 10001
 FINALIZER = "stepscope.io/finalizer"
 INJECT_LABEL = "stepscope.io/inject"
 SESSION_LABEL = "stepscope.io/session"
@@ -18,6 +21,8 @@ INJECTED_ANNOTATION = "stepscope.io/injected"
 INJECTION_WARNING_ANNOTATION = "stepscope.io/injection-warning"
 # Never injected, whatever operator.namespaces says (the operator's own namespace is excluded too).
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
+# The chart names the master key's Secret here (stepscope.operator.master_key).
+SECRET_ENV = "STEPSCOPE_HMAC_SECRET"
 
 
 def _float(name: str, default: float) -> float:
@@ -38,7 +43,7 @@ class OperatorSettings:
     # started job take a moment to reach Running, so failing at once would race the scheduler.
     selection_grace_s: float = field(default_factory=lambda: _float("STEPSCOPE_SELECTION_GRACE_S", 30.0))
     poll_interval_s: float = field(default_factory=lambda: _float("STEPSCOPE_POLL_INTERVAL_S", 1.0))
-    # The floor between two status writes of one session (ARCHITECTURE.md: at most one per second).
+    # The floor between two status writes of one session (docs/design.md: at most one per second).
     status_interval_s: float = field(default_factory=lambda: _float("STEPSCOPE_STATUS_INTERVAL_S", 1.0))
     fanout_concurrency: int = field(default_factory=lambda: _int("STEPSCOPE_FANOUT_CONCURRENCY", 64))
     sidecar_timeout_s: float = field(default_factory=lambda: _float("STEPSCOPE_SIDECAR_TIMEOUT_S", 5.0))
@@ -48,11 +53,11 @@ class OperatorSettings:
     # How often a ProfileTrigger reads its pods' telemetry: detection's delay is its sustained
     # window plus up to one interval (benchmarks/watch_cost.py measures the cost per pod).
     trigger_poll_interval_s: float = field(default_factory=lambda: _float("STEPSCOPE_TRIGGER_POLL_INTERVAL_S", 10.0))
-    # The Alertmanager webhook endpoint (stepscope.operator.triggers_alerts); 0 serves none.
+    # The Alertmanager webhook endpoint (stepscope.operator.triggers.alerts); 0 serves none.
     alerts_port: int = field(default_factory=lambda: _int("STEPSCOPE_ALERTS_PORT", 0))
     image: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_IMAGE", "ghcr.io/stepscope/stepscope:0.1.0"))
     image_pull_policy: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_IMAGE_PULL_POLICY", "IfNotPresent"))
-    hmac_secret: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_HMAC_SECRET", "stepscope-hmac"))
+    hmac_secret: str = field(default_factory=lambda: os.environ.get(SECRET_ENV, "stepscope-hmac"))
     hmac_secret_key: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_HMAC_SECRET_KEY", "key"))
     # The analysis Jobs' ServiceAccount, which the chart creates in every namespace it serves.
     analysis_account: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_ANALYSIS_SERVICE_ACCOUNT", "stepscope-analysis"))
@@ -66,9 +71,40 @@ class OperatorSettings:
     # the operator's own namespace, which never gets a sidecar.
     namespaces: tuple[str, ...] = field(default_factory=lambda: _names("STEPSCOPE_NAMESPACES"))
     own_namespace: str = field(default_factory=lambda: os.environ.get("POD_NAMESPACE", ""))
+    # kopf's watch requests end after this long and resume from where they were.
+    watch_timeout_s: int = field(default_factory=lambda: _int("STEPSCOPE_WATCH_TIMEOUT_S", 300))
+    # How often the injector re-reads the namespaces' key Secrets and looks for pods admitted without a sidecar.
+    injection_resync_s: float = field(default_factory=lambda: _float("STEPSCOPE_INJECTION_RESYNC_S", 15.0))
 
     def injects_into(self, namespace: str) -> bool:
         """Whether pods of `namespace` get the sidecar: the chart's webhook namespaceSelector, in code."""
         if namespace in SYSTEM_NAMESPACES or namespace == self.own_namespace:
             return False
         return not self.namespaces or namespace in self.namespaces
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """Where the API server reaches the injection webhook: the chart's Service, or a URL (a local operator)."""
+    config: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_WEBHOOK_CONFIG", "stepscope-injector.stepscope.io"))
+    tls_secret: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_WEBHOOK_TLS_SECRET", "stepscope-webhook-tls"))
+    service: str | None = field(default_factory=lambda: os.environ.get("STEPSCOPE_WEBHOOK_SERVICE") or None)
+    namespace: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_WEBHOOK_NAMESPACE") or os.environ.get("POD_NAMESPACE", "stepscope"))
+    url: str | None = field(default_factory=lambda: os.environ.get("STEPSCOPE_WEBHOOK_URL") or None)
+    addr: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_WEBHOOK_ADDR", "0.0.0.0"))
+    port: int = field(default_factory=lambda: _int("STEPSCOPE_WEBHOOK_PORT", 9443))
+
+
+def kubeconfig() -> str | None:
+    """$KUBECONFIG, read when a client is configured, not when the kubernetes package was imported (its default)."""
+    return os.environ.get("KUBECONFIG")
+
+
+def peering() -> str | None:
+    """The KopfPeering name that elects one replica to handle sessions; None: standalone."""
+    return os.environ.get("STEPSCOPE_PEERING") or None
+
+
+def master_key_secret_named() -> bool:
+    """Whether the chart named a master key Secret for the operator to create or read."""
+    return bool(os.environ.get(SECRET_ENV))

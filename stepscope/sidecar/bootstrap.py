@@ -1,7 +1,7 @@
 """Puts the zero-code-change bootstrap into a shared directory.
 
-`install_bootstrap` copies the agent and the wire vocabulary it imports (two standard-library
-files) next to a `sitecustomize.py`;
+`install_bootstrap` copies the agent's package (stepscope/agent, standard library only) and the
+contracts it reads (stepscope/contracts) next to a `sitecustomize.py`;
 a training process whose PYTHONPATH starts with that folder (`training_env`) then runs the image's
 own `sitecustomize` first, if it has one, and starts the agent. The training image needs torch and
 nothing of stepscope.
@@ -14,12 +14,13 @@ from collections.abc import Mapping
 from operator import methodcaller
 from pathlib import Path
 
-from stepscope import wire
+from stepscope import agent
+from stepscope.contracts import wire
+from stepscope.contracts.wire import AGENT_MODULE, BOOTSTRAP_FOLDER, CONTRACTS_MODULE
 from stepscope.files import write_atomically
-from stepscope.wire import AGENT_MODULE, BOOTSTRAP_FOLDER, WIRE_MODULE
 
-AGENT_SOURCE = Path(__file__).with_name("agent.py")
-WIRE_SOURCE = Path(wire.__file__)
+AGENT_SOURCE = Path(agent.__file__).parent
+CONTRACTS_SOURCE = Path(wire.__file__).parent
 
 # site.py imports this in every interpreter; it must never stop one from starting.
 SITECUSTOMIZE = f'''"""stepscope bootstrap (written by the stepscope sidecar): chain-load the image's own
@@ -61,23 +62,28 @@ _stepscope_start()
 
 
 def install_bootstrap(stepscope_dir: Path) -> Path:
-    """Write `<dir>/bootstrap/{sitecustomize.py, stepscope_agent.py, stepscope_wire.py}`; returns the bootstrap folder."""
+    """Write `<dir>/bootstrap/{sitecustomize.py, stepscope_agent/, stepscope_contracts/}`; returns the bootstrap folder."""
     folder = Path(stepscope_dir) / BOOTSTRAP_FOLDER
-    folder.mkdir(parents=True, exist_ok=True)
-    # The vocabulary first: an agent written before it would import an older one.
-    for name, source in ((f"{WIRE_MODULE}.py", WIRE_SOURCE.read_bytes()), (f"{AGENT_MODULE}.py", AGENT_SOURCE.read_bytes()),
-                         ("sitecustomize.py", SITECUSTOMIZE.encode())):
-        write_atomically(folder / name, methodcaller("write", source))
+    # The contracts first, the agent's __init__ last: a process that starts during a first
+    # install finds no agent to start until every module it imports is there.
+    files = []
+    for package, name in ((CONTRACTS_SOURCE, CONTRACTS_MODULE), (AGENT_SOURCE, AGENT_MODULE)):
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        modules = sorted(package.glob("*.py"), key=lambda p: p.name == "__init__.py")
+        files += [(folder / name / module.name, module.read_bytes()) for module in modules]
+    files.append((folder / "sitecustomize.py", SITECUSTOMIZE.encode()))
+    for path, source in files:
+        write_atomically(path, methodcaller("write", source))
         # Every Python process in the pod loads these at start. Images often set
         # PYTHONDONTWRITEBYTECODE, which would recompile the agent each time (~9 ms); a training
         # interpreter of the sidecar's Python version reads this cache even then, others ignore it.
-        py_compile.compile(str(folder / name), doraise=True)
+        py_compile.compile(str(path), doraise=True)
     return folder
 
 
 def training_env(stepscope_dir: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables a training process needs for the bootstrap (PYTHONPATH first, STEPSCOPE_DIR)."""
-    base = os.environ if base is None else base
+    base = dict(os.environ) if base is None else base
     folder = str(Path(stepscope_dir).resolve() / BOOTSTRAP_FOLDER)
     existing = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and p != folder]
     return {"PYTHONPATH": os.pathsep.join([folder, *existing]), wire.DIR_ENV: str(Path(stepscope_dir).resolve())}

@@ -7,13 +7,12 @@ connections are capped in all and per peer, each with a total deadline."""
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import re
 from urllib.parse import unquote, urlsplit
 
 from stepscope.bounded_http import BoundedHandler, BoundedHTTPServer, RateLimitedLog, Refused
-from stepscope.sidecar.metrics import exposition
+from stepscope.sidecar.prometheus import exposition
 from stepscope.sidecar.sessions import SessionManager
 from stepscope.sidecar.telemetry import StepTelemetry
 from stepscope.signing import SignatureError, Verifier, target
@@ -116,12 +115,7 @@ class ControlHandler(BoundedHandler):
         session_id = unquote(match.group(1))
         manager = self.server.manager
         if method == "PUT":
-            try:
-                payload = json.loads(body or b"null")
-            except ValueError:
-                self.send_json(400, {"error": "the body is not JSON"})
-                return
-            self.send_json(*manager.put(session_id, payload))
+            self.send_json(*manager.put(session_id, body))
             return
         result = manager.get(session_id) if method == "GET" else manager.delete(session_id)
         if result is None:

@@ -13,13 +13,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from stepscope.contracts.wire import DEFAULT_PORT
 from stepscope.retry import RetryPolicy
+from stepscope.sidecar import settings
 from stepscope.sidecar.control import ControlServer
 from stepscope.sidecar.sessions import EXPORT_GRACE_S, LEFTOVER_TTL_S, MAX_LOCAL_MB, STALE_AFTER_S, SessionManager
 from stepscope.sidecar.telemetry import StepTelemetry
 from stepscope.sidecar.uploads import Uploader
 from stepscope.signing import DEFAULT_KEY_FILE, KeyLoadError, Verifier, load_key
-from stepscope.wire import DEFAULT_DIR, DEFAULT_PORT, DIR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -80,15 +81,15 @@ class Sidecar:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dir", type=Path, default=Path(os.environ.get(DIR_ENV, DEFAULT_DIR)),
+    parser.add_argument("--dir", type=Path, default=settings.shared_dir(),
                         help="shared directory with the training processes (env STEPSCOPE_DIR, default %(default)s)")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default %(default)s)")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("STEPSCOPE_PORT", DEFAULT_PORT)),
+    parser.add_argument("--port", type=int, default=settings.port(),
                         help="control port; 0 picks a free one (default %(default)s)")
     parser.add_argument("--key-file", default=None, help=f"HMAC key file (default $STEPSCOPE_HMAC_KEY, else {DEFAULT_KEY_FILE})")
-    parser.add_argument("--pod", default=os.environ.get("POD_NAME") or socket.gethostname(), help="this pod's name (env POD_NAME)")
-    parser.add_argument("--node", default=os.environ.get("NODE_NAME", ""), help="this node's name (env NODE_NAME)")
-    parser.add_argument("--pod-ip", default=os.environ.get("POD_IP", ""),
+    parser.add_argument("--pod", default=settings.pod_name(), help="this pod's name (env POD_NAME)")
+    parser.add_argument("--node", default=settings.node_name(), help="this node's name (env NODE_NAME)")
+    parser.add_argument("--pod-ip", default=settings.pod_ip(),
                         help="this pod's IP (env POD_IP): requests from other pods must be signed for it and the port")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between reads of the ranks' state files")
     parser.add_argument("--upload-attempts", type=int, default=6, help="tries per store request that failed for a transient reason (a permanent one fails at once)")

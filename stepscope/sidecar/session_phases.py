@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from stepscope import wire
+from stepscope.contracts import wire
+from stepscope.contracts.states import SIDECAR_FINAL, RankState, SidecarPhase
 
-FINISHED_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
-PENDING = "pending"  # a rank with no state file yet: its agent has not seen the request
+FINISHED_PHASES = SIDECAR_FINAL
+PENDING = RankState.PENDING  # a rank with no state file yet: its agent has not seen the request
 
 
 def settled(state: str) -> bool:
@@ -155,26 +156,26 @@ def phase_of(view: SessionView) -> tuple[str, str]:
     failures = [f"rank {r.rank} {r.error}" for r in ranks if r.failed]
     done = (not ranks or all_settled) and not uploading
     if view.cancel_requested and done:
-        phase, message = "Cancelled", f"cancelled; what was captured is in {view.destination}"
+        phase, message = SidecarPhase.CANCELLED, f"cancelled; what was captured is in {view.destination}"
     elif view.timed_out and done:
-        phase = "Failed"
+        phase = SidecarPhase.FAILED
         message = f"timed out after {view.timeout_seconds} s: " + ("; ".join(failures[:5]) if failures else
                                                                      f"no training process registered in {view.agents_dir}")
     elif not ranks:
-        phase, message = "Pending", f"waiting for training processes to register in {view.agents_dir}"
+        phase, message = SidecarPhase.PENDING, f"waiting for training processes to register in {view.agents_dir}"
     elif not any(r.state in wire.STARTED_STATES or settled(r.state) for r in ranks):
         waiting = sum(r.state == wire.WAITING for r in ranks)
-        phase, message = "Pending", f"{waiting}/{len(ranks)} rank(s) saw the request, waiting {view.wait_steps} step(s) before capturing"
+        phase, message = SidecarPhase.PENDING, f"{waiting}/{len(ranks)} rank(s) saw the request, waiting {view.wait_steps} step(s) before capturing"
     elif not all_settled:
         capturing = sum(r.state in (wire.CAPTURING, wire.WRITING) for r in ranks)
         captured = sum(r.state == wire.DONE for r in ranks)
-        phase, message = "Capturing", f"{capturing} rank(s) capturing, {captured}/{len(ranks)} captured"
+        phase, message = SidecarPhase.CAPTURING, f"{capturing} rank(s) capturing, {captured}/{len(ranks)} captured"
     elif uploading:
-        phase, message = "Uploading", f"uploading to {view.destination}"
+        phase, message = SidecarPhase.UPLOADING, f"uploading to {view.destination}"
     elif failures:
-        phase, message = "Failed", "; ".join(failures[:5]) + (f" (+{len(failures) - 5} more)" if len(failures) > 5 else "")
+        phase, message = SidecarPhase.FAILED, "; ".join(failures[:5]) + (f" (+{len(failures) - 5} more)" if len(failures) > 5 else "")
     else:
-        phase, message = "Succeeded", f"{len(ranks)} rank(s) captured and uploaded to {view.destination}"
+        phase, message = SidecarPhase.SUCCEEDED, f"{len(ranks)} rank(s) captured and uploaded to {view.destination}"
     degraded = [r for r in ranks if r.degraded]
     if degraded and phase in FINISHED_PHASES:
         message += f"; {len(degraded)} rank(s) degraded by the capture budget, rank {degraded[0].rank}: {'; '.join(degraded[0].degraded)}"

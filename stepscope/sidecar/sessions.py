@@ -23,9 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stepscope import analysis, layout, wire
+from stepscope import analysis
+from stepscope.contracts import layout, wire
+from stepscope.contracts.session import SessionSpec, SpecError
+from stepscope.contracts.sidecar_api import CANCEL, CAPTURE, SessionRequest
+from stepscope.contracts.states import RankState, SidecarPhase
 from stepscope.retry import RetryPolicy
-from stepscope.session import SessionSpec, SpecError
 from stepscope.sidecar import session_phases, shared_dir
 from stepscope.sidecar.session_phases import FINISHED_PHASES, Limits, QueueMetrics, QueueRank, RankView, SessionView, StartRecorder, TimeOut, Verdict
 from stepscope.sidecar.telemetry import live_step_counts
@@ -73,7 +76,7 @@ class RankProgress:
     stacks: str | None = None
     queued_state: str | None = None  # the state whose artifacts were last queued
     sent: set[str] = field(default_factory=set)  # local files queued for upload
-    agent_state: str = "pending"  # as the agent last wrote it; `state` may be the sidecar's verdict
+    agent_state: str = RankState.PENDING  # as the agent last wrote it; `state` may be the sidecar's verdict
     degraded: list[str] = field(default_factory=list)
     captured_trace: bool = False
     jobs_left: int = 0
@@ -120,7 +123,7 @@ class Session:
     accepted_at: float
     ranks: dict[int, RankProgress] = field(default_factory=dict)
     artifacts: list[str] = field(default_factory=list)
-    phase: str = "Pending"
+    phase: str = SidecarPhase.PENDING
     message: str = "waiting for the training processes to see the request"
     cancel_requested: bool = False
     timed_out: bool = False
@@ -150,7 +153,7 @@ class Session:
         ranks = self.ranks.values()
         return {
             "total": len(self.ranks),
-            "triggered": sum(r.state != "pending" for r in ranks),
+            "triggered": sum(r.state != RankState.PENDING for r in ranks),
             "capturing": sum(r.state in (wire.CAPTURING, wire.WRITING) for r in ranks),
             "captured": sum(r.state == wire.DONE for r in ranks),
             "uploaded": sum(r.uploaded for r in ranks),
@@ -209,13 +212,16 @@ class SessionManager:
 
     # -- control endpoint -------------------------------------------------------------------
 
-    def put(self, session_id: str, body: Any) -> tuple[int, dict[str, Any]]:
+    def put(self, session_id: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """A trigger (PUT /v1/sessions/{id}): the body read straight into the contract's SessionRequest."""
         if not wire.valid_session_id(session_id):
             return 400, {"error": f"invalid session id {session_id!r}: letters, digits, '.', '_', '-' only"}
-        if not isinstance(body, dict):
-            return 400, {"error": "the body must be a JSON object"}
-        if body.get("session", session_id) != session_id:
-            return 400, {"error": f"body.session {body.get('session')!r} does not match the path's {session_id!r}"}
+        try:
+            request = SessionRequest.from_json(body, "body")
+        except SpecError as exc:
+            return 400, {"error": f"bad spec: {exc}" if str(exc).startswith("body.spec") else str(exc)}
+        if request.session not in (None, session_id):
+            return 400, {"error": f"body.session {request.session!r} does not match the path's {session_id!r}"}
         with self._lock:
             known = self._sessions.get(session_id)
             if known is not None:
@@ -223,20 +229,11 @@ class SessionManager:
             other = self.active()
             if other is not None:
                 return 409, {"error": f"session {other.id} is still {other.phase} on this sidecar; delete it or wait for it to finish"}
-            try:
-                spec = SessionSpec.from_dict(body.get("spec") or {})
-            except (SpecError, TypeError) as exc:
-                return 400, {"error": f"bad spec: {exc}"}
-            start_step = body.get("startStep")
-            if start_step is not None and (type(start_step) is not int or start_step < 0):
-                return 400, {"error": f"body.startStep must be a step number >= 0, got {start_step!r}"}
-            destination = body.get("destination")
-            if not isinstance(destination, str) or not destination:
-                return 400, {"error": "body.destination (the session's folder in the store) is required"}
+            spec, destination, start_step = request.spec, request.destination, request.startStep
             try:
                 # The operator's credentials from the session's Secret, never the pod's or node's cloud identity.
                 store = open_store(destination, endpoint=spec.storage.endpoint, region=spec.storage.region,
-                                   credentials=body.get("credentials") or None, retry=self._retry, ambient_credentials=False)
+                                   credentials=request.credentials.to_dict() if request.credentials else None, retry=self._retry, ambient_credentials=False)
             except StoreError as exc:
                 return 400, {"error": str(exc)}
             # The session folder is the agents' to create: they may run as another user than the sidecar.
@@ -245,11 +242,11 @@ class SessionManager:
                 # Every local rank starts at the same absolute step (they step in lockstep), not
                 # waitSteps after whichever step each happens to read the request at.
                 start_step = wire.aligned_start_step(live_step_counts(self.dir, stale_after_s=self._stale_after_s), spec.capture.waitSteps)
-            shared_dir.write_request(self.dir, session_id, "capture", spec.to_dict()["capture"], spec.hangTimeoutSeconds, start_step)
-            self._transition(session, "Pending")
+            shared_dir.write_request(self.dir, session_id, CAPTURE, spec, start_step)
+            self._transition(session, SidecarPhase.PENDING)
             self._sessions[session_id] = session
             self._forget_old()
-            log.info("session %s accepted: capture %s, upload to %s", session_id, spec.to_dict()["capture"], destination)
+            log.info("session %s accepted: capture %s, upload to %s", session_id, spec.capture, destination)
             return 201, session.to_dict()
 
     def get(self, session_id: str) -> dict[str, Any] | None:
@@ -264,7 +261,7 @@ class SessionManager:
                 return None
             if not session.finished and not session.cancel_requested:
                 session.cancel_requested = True
-                shared_dir.write_request(self.dir, session_id, "cancel", session.spec.to_dict()["capture"], session.spec.hangTimeoutSeconds)
+                shared_dir.write_request(self.dir, session_id, CANCEL, session.spec)
                 log.info("session %s: cancel requested", session_id)
                 self._update_phase(session)
             return session.to_dict()
@@ -328,7 +325,7 @@ class SessionManager:
         states = shared_dir.rank_states(self.dir, session.id)
         with self._lock:
             for rank in set(agents) | set(states):
-                if rank not in session.ranks and (session.phase in ("Pending", "Capturing") or rank in states):
+                if rank not in session.ranks and (session.phase in (SidecarPhase.PENDING, SidecarPhase.CAPTURING) or rank in states):
                     session.ranks[rank] = RankProgress(rank, last_sign_of_life=now)
             for rank, progress in session.ranks.items():
                 if not progress.terminal:
@@ -398,7 +395,7 @@ class SessionManager:
 
     def _time_out(self, session: Session) -> None:
         session.timed_out = True
-        shared_dir.write_request(self.dir, session.id, "cancel", session.spec.to_dict()["capture"], session.spec.hangTimeoutSeconds)
+        shared_dir.write_request(self.dir, session.id, CANCEL, session.spec)
         log.warning("session %s timed out after %d s", session.id, session.spec.timeoutSeconds)
 
     def _start_recorder(self, session: Session) -> None:
@@ -517,7 +514,8 @@ class SessionManager:
                                   pod=self.pod, node=self.node, error=progress.error or f"no trace ({progress.state})",
                                   warnings=list(progress.degraded))
             return encode_summary(summary)
-        summary = analysis.summarize(trace, rank=progress.rank, pod=self.pod, node=self.node, samples=session.metrics)
+        summary = analysis.summarize(trace, rank=progress.rank, pod=self.pod, node=self.node, samples=session.metrics,
+                                     comm_kernel_patterns=session.spec.analysis.commKernelPatterns)
         # What the capture budget dropped or cut reaches the diagnosis and the report.
         summary.warnings = [*progress.degraded, *summary.warnings]
         if summary.error:

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepscope import wire
+from stepscope.contracts import wire
+from stepscope.contracts.session import SessionSpec
+from stepscope.contracts.sidecar_api import capture_request
 from stepscope.files import write_atomically
 
 
@@ -86,15 +88,9 @@ def local_file(stepscope_dir: Path, session_id: str, name: Any) -> Path | None:
     return path if path.is_file() else None
 
 
-def write_request(stepscope_dir: Path, session_id: str, action: str, capture: dict[str, Any], hang_timeout_s: int,
-                  start_step: int | None = None) -> None:
-    request: dict[str, Any] = {
-        "version": wire.WIRE_VERSION, "session": session_id, "action": action, "capture": capture,
-        "hangTimeoutSeconds": hang_timeout_s, "issuedAt": time.time(),
-    }
-    if start_step is not None:
-        request["startStep"] = start_step
-    write_json_atomic(stepscope_dir / wire.REQUEST_FILE, request)
+def write_request(stepscope_dir: Path, session_id: str, action: str, spec: SessionSpec, start_step: int | None = None) -> None:
+    request = capture_request(session_id, action, spec, start_step, time.time())
+    write_atomically(stepscope_dir / wire.REQUEST_FILE, lambda out: out.write(request.to_json()))
 
 
 @dataclass(frozen=True)

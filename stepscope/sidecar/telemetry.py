@@ -1,6 +1,6 @@
 """The sidecar's side of the step telemetry (docs/wire.md, "Step telemetry"): it reads each rank's
 step ring without a lock and folds the new steps into per-rank totals and a histogram, which the
-Prometheus exposition (stepscope.sidecar.metrics) and GET /v1/telemetry serve."""
+Prometheus exposition (stepscope.sidecar.prometheus) and GET /v1/telemetry serve."""
 from __future__ import annotations
 
 import bisect
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepscope import wire
+from stepscope.contracts import wire
 from stepscope.sidecar import shared_dir
 
 _HEADER = struct.Struct(wire.TELEMETRY_HEADER)

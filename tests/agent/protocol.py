@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from stepscope.local.launch import LocalJob, launch_ranks
-from tests.polling import wait_for
+from stepscope.testing.polling import wait_for
 
 
 def write_request(directory: Path, session: str, *, action: str = "capture", hang_timeout: float = 300, version: int = 1,

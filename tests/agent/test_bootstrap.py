@@ -8,11 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stepscope import AGENT_MODULE, wire
-from stepscope.sidecar import agent as sidecar_agent
+from stepscope import AGENT_MODULE
+from stepscope.agent import vocabulary
+from stepscope.contracts import wire
+from stepscope.contracts.wire import CONTRACTS_MODULE
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
 from stepscope.sidecar.sessions import RankProgress
-from stepscope.wire import WIRE_MODULE
 
 
 def run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -22,32 +23,43 @@ def run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 def test_install_writes_the_agent_and_sitecustomize(tmp_path: Path) -> None:
     folder = install_bootstrap(tmp_path)
     assert folder == tmp_path / "bootstrap"
-    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == ["sitecustomize.py", f"{AGENT_MODULE}.py", f"{WIRE_MODULE}.py"]
+    assert sorted(p.name for p in folder.iterdir() if p.name != "__pycache__") == sorted([AGENT_MODULE, "sitecustomize.py", CONTRACTS_MODULE])
+    # The agent's package whole, module for module.
+    package = Path(__file__).parents[2] / "stepscope" / "agent"
+    modules = sorted(p.name for p in package.glob("*.py"))
+    assert "__init__.py" in modules and len(modules) > 5
+    assert sorted(p.name for p in (folder / AGENT_MODULE).glob("*.py")) == modules
+    for name in modules:
+        assert (folder / AGENT_MODULE / name).read_bytes() == (package / name).read_bytes()
     # Byte-compiled by the installer, so that images with PYTHONDONTWRITEBYTECODE do not
     # recompile the agent in every process.
-    for name in ("sitecustomize.py", f"{AGENT_MODULE}.py", f"{WIRE_MODULE}.py"):
-        assert Path(importlib.util.cache_from_source(str(folder / name))).is_file()
-    assert (folder / f"{AGENT_MODULE}.py").read_bytes() == (Path(__file__).parents[2] / "stepscope" / "sidecar" / "agent.py").read_bytes()
+    contracts = Path(wire.__file__).parent
+    assert sorted(p.name for p in (folder / CONTRACTS_MODULE).glob("*.py")) == sorted(p.name for p in contracts.glob("*.py"))
+    for path in ("sitecustomize.py", f"{CONTRACTS_MODULE}/wire.py", *(f"{AGENT_MODULE}/{name}" for name in modules)):
+        assert Path(importlib.util.cache_from_source(str(folder / path))).is_file()
     env = training_env(tmp_path, {"PYTHONPATH": "/opt/a:/opt/b"})
     assert env == {"PYTHONPATH": f"{folder.resolve()}:/opt/a:/opt/b", "STEPSCOPE_DIR": str(tmp_path.resolve())}
     assert training_env(tmp_path, env)["PYTHONPATH"] == env["PYTHONPATH"]
 
 
 def test_the_bootstrap_agent_and_the_sidecar_speak_one_vocabulary(tmp_path: Path) -> None:
-    """The agent a training process loads from the bootstrap folder uses the copy of the wire module
-    written beside it; its states, sets, names and defaults are the sidecar's, and the sidecar's
-    idea of a finished rank is built from the same sets."""
+    """The agent a training process loads from the bootstrap folder uses the copy of the contracts
+    written beside it, and nothing of the stepscope package (a training image has none); its
+    states, sets, names and defaults are the sidecar's, and the sidecar's idea of a finished rank
+    is built from the same sets."""
     install_bootstrap(tmp_path)
     names = [n for n in dir(wire) if n.isupper()]
-    probe = (f"import json, {AGENT_MODULE} as a, {WIRE_MODULE} as w; "
-             f"print(json.dumps({{'same': a.wire is w, 'file': w.__file__, 'values': {{n: sorted(v) if isinstance(v, frozenset) else v for n, v in vars(w).items() if n.isupper()}}}}))")
+    probe = (f"import json, sys, {AGENT_MODULE} as a, {CONTRACTS_MODULE}.wire as w; "
+             f"print(json.dumps({{'same': a.vocabulary.wire is w, 'file': w.__file__, 'agent': a.__file__, "
+             f"'stepscope': sorted(m for m in sys.modules if m.split('.')[0] == 'stepscope'), 'values': {{n: sorted(v) if isinstance(v, frozenset) else v for n, v in vars(w).items() if n.isupper()}}}}))")
     result = run_python(probe, training_env(tmp_path, {}))
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout)
-    assert seen["same"] and Path(seen["file"]).parent == tmp_path / "bootstrap"
+    assert seen["same"] and Path(seen["file"]).parent == tmp_path / "bootstrap" / CONTRACTS_MODULE
+    assert Path(seen["agent"]).parent == tmp_path / "bootstrap" / AGENT_MODULE and seen["stepscope"] == []
     ours = {n: sorted(v) if isinstance(v, frozenset) else list(v) if isinstance(v, tuple) else v for n, v in vars(wire).items() if n.isupper()}  # as JSON has them
     assert seen["values"] == ours and set(ours) == set(names)
-    assert sidecar_agent.wire is wire
+    assert vocabulary.wire is wire
     assert wire.HUNG not in wire.FINAL_STATES and wire.HUNG in wire.ACTIVE_STATES, "a hung rank may resume"
     assert wire.ACTIVE_STATES.isdisjoint(wire.FINAL_STATES) and wire.FAILED_STATES <= wire.STATES
     for state in wire.STATES:
@@ -80,7 +92,7 @@ def test_without_an_image_sitecustomize_the_agent_still_starts(tmp_path: Path) -
 
 def test_a_broken_agent_or_image_sitecustomize_never_breaks_the_interpreter(tmp_path: Path) -> None:
     folder = install_bootstrap(tmp_path / "ss")
-    (folder / f"{AGENT_MODULE}.py").write_text("raise RuntimeError('agent exploded')\n")
+    (folder / AGENT_MODULE / "__init__.py").write_text("raise RuntimeError('agent exploded')\n")
     image = tmp_path / "image-site"
     image.mkdir()
     (image / "sitecustomize.py").write_text("raise ValueError('image exploded')\n")
@@ -99,11 +111,11 @@ def test_steps_are_counted_once_per_training_step(tmp_path: Path) -> None:
         "a, b = torch.optim.SGD([m.weight], lr=0.1), torch.optim.SGD([m.bias], lr=0.1)\n"
         "for _ in range(3):\n"
         "    m(torch.ones(1, 2)).sum().backward(); a.step(); b.step()\n"
-        "print(stepscope_agent._AGENT.step_count)\n"
+        "print(stepscope_agent.current().step_count)\n"
         "stepscope.step()\n"
         "a.step(); b.step()\n"
         "stepscope.step()\n"
-        "print(stepscope_agent._AGENT.step_count)\n")
+        "print(stepscope_agent.current().step_count)\n")
     result = run_python(code, {**training_env(tmp_path, {}), "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["3", "5"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from stepscope.contracts.session import MAX_STACK_EVENTS
 from tests.agent.protocol import load_trace, logs, profiler_steps, wait_for_state, write_request
 
 
@@ -36,7 +37,7 @@ def test_over_budget_captures_degrade_in_order_and_say_so(stepscope_dir: Path, s
     assert all(begin - slack <= e["ts"] and e["ts"] + e["dur"] <= end + slack for e in python)
 
     # Stacks within budget, but the process may grow by 1 MB only: cut after the first step(s).
-    write_request(stepscope_dir, "s-memory", waitSteps=1, steps=20, limits={"maxStackEvents": 10_000_000, "maxMemoryMB": 1})
+    write_request(stepscope_dir, "s-memory", waitSteps=1, steps=20, limits={"maxStackEvents": MAX_STACK_EVENTS, "maxMemoryMB": 1})
     state = wait_for_state(stepscope_dir, "s-memory", 0, ("done", "failed"), timeout=120)
     assert state["state"] == "done" and state["withStack"] is True, logs(job)
     assert 1 <= state["capturedSteps"] < 20 and len(state["degraded"]) == 1, state

@@ -1,4 +1,4 @@
-"""The agent's capture decisions, on its pure functions (stepscope.sidecar.agent.decide and the
+"""The agent's capture decisions, on its pure functions (stepscope.agent.decisions.decide and the
 watchdog's predicates): each row a session snapshot and a moment, and the actions that must come
 of them. No torch here; the shell (Agent) is covered by the real-process tests beside this file."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from stepscope.sidecar.agent import CANCEL_UNSTARTED, FIRST_STEP_GRACE_SECONDS, HEARTBEAT_SECONDS, PROBE, RESUME, START, STEP, STOP, CaptureView, Tick, decide, hangs, starts_stepless, watchdog_wait
-from stepscope.wire import CANCELLED, CAPTURING, DONE, FAILED, HUNG, WAITING
+from stepscope.agent.decisions import CANCEL_UNSTARTED, FIRST_STEP_GRACE_SECONDS, HEARTBEAT_SECONDS, PROBE, RESUME, START, STEP, STOP, CaptureView, Tick, decide, hangs, starts_stepless, watchdog_wait
+from stepscope.contracts.wire import CANCELLED, CAPTURING, DONE, FAILED, HUNG, WAITING
 
 T = 1000.0
 WAITING_VIEW = CaptureView(state=WAITING, profiling=False, on_watchdog=False, all_threads=False, cancel=False, hung=False, hung_step=0,

@@ -17,6 +17,12 @@ def test_failed_capture_leaves_training_running(stepscope_dir: Path, start_job) 
     for rank in (0, 1):
         unsupported = wait_for_state(stepscope_dir, "s-v2", rank, ("failed",), timeout=10)
         assert unsupported["error"].startswith("unsupported request: version 2")
+    # A hand-written request past the CRD's bounds is refused as the API server would refuse the
+    # spec, naming the field, not captured with a budget no agent can hold.
+    write_request(stepscope_dir, "s-big", waitSteps=1, steps=2, limits={"maxStackEvents": 10_000_000})
+    for rank in (0, 1):
+        refused = wait_for_state(stepscope_dir, "s-big", rank, ("failed",), timeout=10)
+        assert refused["error"].startswith("bad capture request: request.json.capture.limits.maxStackEvents must be within 0..1,000,000")
     write_request(stepscope_dir, "s-fail", waitSteps=1, steps=2)
     assert job.wait(60) == [0, 0], logs(job)
     failed = wait_for_state(stepscope_dir, "s-fail", 0, ("failed",), timeout=5)

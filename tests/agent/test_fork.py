@@ -49,7 +49,7 @@ def registered():
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    parent = stepscope_agent._AGENT
+    parent = stepscope_agent.current()
     ctx = torch.multiprocessing.get_context("fork")
     ranks = [ctx.Process(target=train, args=(rank, 2, int(sys.argv[1]))) for rank in range(2)]
     for p in ranks:
@@ -65,7 +65,7 @@ if __name__ == "__main__":
         opt.step()
     print(json.dumps({"parent": os.getpid(), "ranks": [p.pid for p in ranks], "codes": [p.exitcode for p in ranks],
                       "heartbeats": {rank: sorted(pids) for rank, pids in heartbeats.items()}, "left_behind": left_behind,
-                      "parent_agent_kept": stepscope_agent._AGENT is parent and parent.pid == os.getpid(),
+                      "parent_agent_kept": stepscope_agent.current() is parent and parent.pid == os.getpid(),
                       "parent_steps": parent.step_count}))
 """
 

@@ -77,14 +77,14 @@ class _Cuda:
 
 
 def test_the_agent_names_the_gpu_only_once_the_program_initialised_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stepscope.sidecar import agent
+    from stepscope.agent.torch_hooks import cuda_device
 
     monkeypatch.delitem(sys.modules, "torch.cuda", raising=False)
-    assert agent._cuda_device() == (-1, "")  # torch not imported: nothing to ask
+    assert cuda_device() == (-1, "")  # torch not imported: nothing to ask
     cuda = _Cuda(initialized=False)
     monkeypatch.setitem(sys.modules, "torch.cuda", cuda)
-    assert agent._cuda_device() == (-1, "") and cuda.calls == 0
+    assert cuda_device() == (-1, "") and cuda.calls == 0
     cuda.initialized = True
-    assert agent._cuda_device() == (3, "8c1e0b0a-5d6f-4a2b-9c3d-112233445566")
+    assert cuda_device() == (3, "8c1e0b0a-5d6f-4a2b-9c3d-112233445566")
     monkeypatch.setattr(_Cuda, "current_device", lambda self: 1 / 0)
-    assert agent._cuda_device() == (-1, "")  # never raises into training
+    assert cuda_device() == (-1, "")  # never raises into training

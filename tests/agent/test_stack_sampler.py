@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 import time
 
-from stepscope.sidecar.agent import _StackSampler, sample_spans
-from stepscope.wire import STACK_SAMPLE_SECONDS
+from stepscope.agent.stacks import StackSampler, sample_spans
+from stepscope.contracts.wire import STACK_SAMPLE_SECONDS
 
 
 def test_a_late_sample_stands_for_the_time_the_sampler_waited_for_it():
@@ -32,7 +32,7 @@ def test_a_pure_python_function_gets_its_time_from_the_samples():
     # Each step sleeps 20 ms (the GIL free) and then computes 15 ms in pure Python: the sampler
     # thread waits for the GIL there. The function's sampled time is its own, not the sleep's.
     switch = sys.getswitchinterval()
-    sampler = _StackSampler(0, 10_000_000)
+    sampler = StackSampler(0, 10_000_000)
     sampler.start(1)
     steps = []
     for step in range(1, 9):

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.sidecar import agent as agent_module
+from stepscope.agent import agent as agent_module
+from stepscope.agent.session import Session
+from stepscope.agent.vocabulary import capture_request
 from tests.agent.protocol import read_state, stepscope_dir, wait_for_state, write_request  # noqa: F401  (fixture)
 
 
@@ -49,13 +51,13 @@ def test_a_rank_before_start_step_waits_for_it_and_one_past_it_starts_at_its_nex
 
 
 def test_a_hand_written_request_gets_the_specs_defaults_for_what_it_leaves_out() -> None:
-    """One home for the capture's defaults (stepscope.wire): the spec and the agent agree, and only
+    """One home for the capture's defaults (stepscope.contracts.wire): the spec and the agent agree, and only
     a missing field takes one (waitSteps 0 is a choice)."""
-    from stepscope.session import SessionSpec
-    from stepscope.wire import DEFAULT_ACTIVITIES
+    from stepscope.contracts.session import SessionSpec
+    from stepscope.contracts.wire import DEFAULT_ACTIVITIES
 
     spec = SessionSpec()
-    bare = agent_module._Session({"session": "s-bare"}, 3, "unused")
+    bare = Session(capture_request(b'{"session": "s-bare"}'), 3, "unused")
     assert (bare.wait_steps, bare.steps, bare.hang_timeout) == (spec.capture.waitSteps, spec.capture.steps, spec.hangTimeoutSeconds)
-    assert tuple(bare.activities) == DEFAULT_ACTIVITIES == spec.capture.activities and bare.start_at == 3 + spec.capture.waitSteps
-    assert agent_module._Session({"session": "s-now", "capture": {"waitSteps": 0}}, 3, "unused").start_at == 3
+    assert bare.capture == spec.capture and tuple(bare.capture.activities) == DEFAULT_ACTIVITIES and bare.start_at == 3 + spec.capture.waitSteps
+    assert Session(capture_request(b'{"session": "s-now", "capture": {"waitSteps": 0}}'), 3, "unused").start_at == 3

@@ -71,7 +71,7 @@ class _Timed:
 
 
 def test_the_wait_read_skips_ddps_warm_up_takes_the_median_of_three_drops_a_failing_model_and_stops_retrying(tmp_path: Path) -> None:
-    from stepscope.sidecar import agent as agent_module
+    from stepscope.agent import agent as agent_module
 
     agent = agent_module.Agent(str(tmp_path))
     agent._watchdog = threading.Thread()  # never started: no heartbeats, only the boundary

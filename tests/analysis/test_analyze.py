@@ -11,11 +11,11 @@ from pathlib import Path
 import boto3
 import pandas as pd
 import pytest
-from synthetic_ranks import make_summaries
 
-from stepscope.analysis.command import EXIT_PARTIAL, AnalysisError, analyze_uri
 from stepscope.analysis.model import encode
+from stepscope.analysis.pipeline import EXIT_PARTIAL, AnalysisError, analyze_uri
 from stepscope.cli import main
+from stepscope.testing.synthetic_ranks import make_summaries
 from tests.storage.conftest import moto_endpoint  # noqa: F401  (moto's S3 server over HTTP, one per module)
 
 REPORT_FILES = {"diagnosis.json", "index.html", "step_trace_time.csv", "kernel_details.csv", "op_statistic.csv", "communication.csv", "merged.trace.json.gz"}

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.analysis.command import EXIT_NONE, EXIT_OK, EXIT_PARTIAL
-from stepscope.analysis.metrics.summary import summarize_file
+from stepscope.analysis.pipeline import EXIT_NONE, EXIT_OK, EXIT_PARTIAL
+from stepscope.analysis.statistics.summary import summarize_file
 from stepscope.cli import main
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stepscope.analysis.command import analyze_uri
+from stepscope.analysis.pipeline import analyze_uri
 from stepscope.cli import main
 from tests.agent.protocol import start_job, stepscope_dir, wait_for, wait_for_state, write_request  # noqa: F401  (fixtures)
 

@@ -8,12 +8,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from synthetic_ranks import make_summaries
 
-from stepscope.analysis.command import analyze_uri
-from stepscope.analysis.loading import session_files
+from stepscope.analysis.gathering import session_files
 from stepscope.analysis.model import encode
+from stepscope.analysis.pipeline import analyze_uri
 from stepscope.cli import main
+from stepscope.testing.synthetic_ranks import make_summaries
 
 
 def _files(root: Path) -> dict[str, bytes]:

@@ -5,10 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from synthetic_ranks import make_summaries
-
-from stepscope import analysis, layout
+from stepscope import analysis
 from stepscope.analysis.model import encode
+from stepscope.contracts import layout
+from stepscope.testing.synthetic_ranks import make_summaries
 
 
 def test_importing_the_facade_loads_no_stage() -> None:

@@ -10,17 +10,18 @@ import time
 from pathlib import Path
 
 import msgspec
+import pandas as pd
 
-from stepscope import layout
-from stepscope.analysis.command import analyze_uri
 from stepscope.analysis.diagnosis.diagnose import diagnose
-from stepscope.analysis.loading import session_files
-from stepscope.analysis.loading.session_files import find_files, read_ranks
-from stepscope.analysis.model import encode, encode_summary, table_summaries
-from stepscope.analysis.reporting.report_html import HISTOGRAM_BINS, MAX_RANK_ROWS
-from stepscope.analysis.reporting.report_tables import DETAIL_RANKS
+from stepscope.analysis.gathering import session_files
+from stepscope.analysis.gathering.session_files import find_files, read_ranks
+from stepscope.analysis.model import CriticalPathSummary, PathShare, encode, encode_summary, table_summaries
+from stepscope.analysis.pipeline import analyze_uri
+from stepscope.analysis.reporting.html import HISTOGRAM_BINS, MAX_RANK_ROWS
+from stepscope.analysis.reporting.tables import DETAIL_RANKS
+from stepscope.contracts import layout
 from stepscope.storage import FileStore, open_store
-from tests.analysis.synthetic_ranks import make_summaries
+from stepscope.testing.synthetic_ranks import make_summaries
 
 
 def _session(folder: Path, ranks: int, **kwargs) -> list:
@@ -88,6 +89,10 @@ def test_the_diagnosis_over_the_table_is_the_diagnosis_over_the_summaries(tmp_pa
 def test_the_report_of_hundreds_of_ranks_shows_distributions_the_ranks_that_matter_and_a_search(tmp_path: Path) -> None:
     ranks = 600
     summaries = make_summaries(ranks, slow_rank=5, kernel_factor=1.3, seed=2, kernels=12, functions=2)
+    # Every rank with a critical path, rank 0's the shortest: the section shows the slow worker and the longest.
+    summaries = [msgspec.structs.replace(s, criticalPath=CriticalPathSummary(
+        totalUs=1000.0 + s.rank, startUs=0.0, endUs=1000.0 + s.rank, byBound={"cpu_bound": 1000.0 + s.rank},
+        top=[PathShare("aten::addmm", "cpu_bound", 500.0)])) for s in summaries]
     (tmp_path / "ranks").mkdir()
     for s in summaries:  # JSON, as older sidecars uploaded them: the report does not depend on the format
         (tmp_path / "ranks" / f"rank-{s.rank}.summary.json").write_bytes(encode(s))
@@ -103,6 +108,11 @@ def test_the_report_of_hundreds_of_ranks_shows_distributions_the_ranks_that_matt
     assert rows <= MAX_RANK_ROWS + 1 and '<tr class="slow"><td class="n">5</td>' in table
     data = json.loads(re.search(r'<script type="application/json" id="rank-data">(.*?)</script>', page, re.S)[1])
     assert data["rank"] == list(range(ranks)) and data["pods"][data["pod"][599]] == "train-74" and data["slowdown"] == {"5": round(diagnosis.slowWorkers[0].slowdown, 2)}
+    section = page.split("<h2>Critical path</h2>")[1].split("</section>")[0]
+    shown = [int(r) for r in re.findall(r'<tr><td class="n">(\d+)</td>', section)]
+    assert len(shown) == MAX_RANK_ROWS and 5 in shown and 599 in shown and 0 not in shown
+    assert f"{MAX_RANK_ROWS} of {ranks:,} ranks here" in section
+    assert len(pd.read_csv(tmp_path / "report" / "critical_path.csv")) == 2 * ranks  # every rank's bound and contributor
     assert len(page) < 400_000
     detail = (tmp_path / "report" / "kernel_details.csv").read_text().splitlines()[1:]
     held = {int(line.split(",")[0]) for line in detail}

@@ -6,9 +6,12 @@ import msgspec
 import pyarrow as pa
 import pytest
 
+from stepscope.analysis.diagnosis.rank_tables import build_tables
 from stepscope.analysis.model import (
     SUMMARY_VERSION,
+    CriticalPathSummary,
     DeviceSpec,
+    PathShare,
     RankSummary,
     decode_summaries,
     decode_summary,
@@ -17,9 +20,11 @@ from stepscope.analysis.model import (
     summaries_table,
     summary_batch,
     summary_schema,
+    table_critical_path,
     table_summaries,
 )
-from tests.analysis.synthetic_ranks import make_summaries
+from stepscope.analysis.reporting.tables import critical_path
+from stepscope.testing.synthetic_ranks import make_summaries
 
 
 def _varied() -> list[RankSummary]:
@@ -52,6 +57,33 @@ def test_many_summaries_decode_together_and_json_ones_from_older_sidecars_too() 
     assert errors == {} and sorted(rows) == [0, 1, 2, 3]
     back = dict(zip(rows, table_summaries(table)))
     assert [back[i] for i in range(4)] == summaries
+
+
+def _with_path(summary: RankSummary, total_us: float) -> RankSummary:
+    path = CriticalPathSummary(totalUs=total_us, startUs=10.0, endUs=10.0 + total_us,
+                               byBound={"cpu_bound": 0.25 * total_us, "gpu_compute_bound": 0.75 * total_us},
+                               top=[PathShare("ampere_sgemm_128x64_tn", "gpu_compute_bound", 0.5 * total_us),
+                                    PathShare("aten::addmm", "cpu_bound", 0.125 * total_us)],
+                               spans=[(10.0, 0.5 * total_us, 0, "gpu_compute_bound"), (20.5, 3.0, 1, "cpu_bound"), (30.0, 1.5, 7, "cpu_bound")],
+                               spanNames=["ampere_sgemm_128x64_tn", "aten::addmm"])
+    return msgspec.structs.replace(summary, criticalPath=path)
+
+
+def test_the_critical_path_travels_in_the_arrow_summary_and_reaches_the_tables() -> None:
+    summaries = make_summaries(3, seed=4)
+    summaries[0], summaries[2] = _with_path(summaries[0], 800.0), _with_path(summaries[2], 1000.0)
+    for summary in summaries:  # nested: a struct with a map, a list of structs and tuples (spans)
+        assert decode_summary(encode_summary(summary)) == summary
+    table, rows, errors = decode_summaries([encode_summary(s) for s in summaries])
+    assert errors == {} and rows == [0, 1, 2] and table_summaries(table) == summaries
+    assert table.column("criticalPath").null_count == 1
+    assert table_critical_path(table.column("criticalPath"), 2) == summaries[2].criticalPath
+    assert table_critical_path(table.column("criticalPath"), 1) is None
+    csv = critical_path(build_tables(table))
+    assert csv["Rank"].tolist() == [0, 0, 2, 2, 0, 0, 2, 2]  # each rank's bounds, then its top contributors
+    assert csv["Name"].tolist()[:4] == [""] * 4 and csv["Short Name"].tolist()[4] != ""
+    assert csv["Path Share(%)"].tolist() == [25.0, 75.0, 25.0, 75.0, 50.0, 12.5, 50.0, 12.5]
+    assert csv["Path(us)"].tolist() == [800.0] * 2 + [1000.0] * 2 + [800.0] * 2 + [1000.0] * 2
 
 
 def _compressed(summary: RankSummary) -> bytes:
@@ -92,14 +124,14 @@ def test_a_damaged_or_hostile_summary_is_its_own_ranks_error_and_the_others_read
 
 
 def test_a_summary_of_an_older_schema_reads_with_the_fields_it_lacks_at_their_defaults() -> None:
-    summary = make_summaries(2, seed=1)[1]
+    summary = _with_path(make_summaries(2, seed=1)[1], 500.0)
     full = summaries_table([summary])
-    older = full.drop_columns(["operators", "kernelEfficiency", "gpu"])  # as a version before those fields wrote it
+    older = full.drop_columns(["operators", "kernelEfficiency", "gpu", "criticalPath"])  # as a version before those fields wrote it
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, older.schema) as writer:
         writer.write_table(older)
     back = decode_summary(sink.getvalue().to_pybytes())
-    assert back == msgspec.structs.replace(summary, operators=[], kernelEfficiency=[], gpu=-1)
+    assert back == msgspec.structs.replace(summary, operators=[], kernelEfficiency=[], gpu=-1, criticalPath=None)
     # A field of another type is no summary of this model.
     wrong = full.set_column(full.schema.get_field_index("rank"), "rank", pa.array(["1"]))
     sink = pa.BufferOutputStream()

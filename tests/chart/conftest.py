@@ -15,7 +15,7 @@ import kubernetes
 import pytest
 import yaml
 
-from tests.kube.fixtures import kube  # noqa: F401 (the kube fixture)
+from stepscope.testing.kube.fixtures import kube  # noqa: F401 (the kube fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "stepscope"

@@ -1,5 +1,5 @@
 """The chart's ValidatingAdmissionPolicies (templates/admission-policy.yaml), rendered by the real
-helm and evaluated by the test double of tests/kube/admission_policy.py (cel-python; what it does
+helm and evaluated by the test double of stepscope/testing/kube/admission_policy.py (cel-python; what it does
 not do is in its docstring): what the operator's identity writes is what the operator builds,
 and the writes an attacker holding that identity would make are refused."""
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from stepscope.operator import jobs
+from stepscope.operator.injection.webhook import Endpoint
+from stepscope.operator.sessions import jobs
 from stepscope.operator.settings import OperatorSettings
-from stepscope.operator.webhook import Endpoint
+from stepscope.testing.kube.admission_policy import refusals
 from tests.chart.conftest import RELEASE_NAMESPACE
 from tests.chart.conftest import render_templates as render
-from tests.kube.admission_policy import refusals
 
 OPERATOR = f"system:serviceaccount:{RELEASE_NAMESPACE}:stepscope-operator"
 JOBS = {"group": "batch", "version": "v1", "resource": "jobs"}

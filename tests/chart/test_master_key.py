@@ -12,8 +12,8 @@ from stepscope.cli import main
 from stepscope.operator import kube as operator_kube
 from stepscope.operator import master_key
 from stepscope.signing import KeyLoadError
+from stepscope.testing.kube.helpers import refused
 from tests.chart.conftest import CHART, RELEASE_NAMESPACE, apply_rbac, render
-from tests.kube.helpers import refused
 
 
 def test_two_renders_are_the_same_and_hold_no_key(helm: str) -> None:

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from stepscope.operator.injection import SIDECAR_PORT
+from stepscope.operator.injection.injection import SIDECAR_PORT
+from stepscope.testing.kube.admission import _matches
 from tests.chart.conftest import RELEASE_NAMESPACE
 from tests.chart.conftest import render_templates as render
-from tests.kube.admission import _matches
 
 TRAINING_NS = "team-a"
 

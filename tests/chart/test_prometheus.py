@@ -1,7 +1,7 @@
 """The chart's optional Prometheus Operator objects (values.prometheus), rendered by the real helm.
 
 Their fields are checked against the Prometheus Operator's CRD schemas as the API server applies
-them (tests.kube.schema: no field pruned as unknown, every value valid): PodMonitor and
+them (stepscope.testing.kube.schema: no field pruned as unknown, every value valid): PodMonitor and
 PrometheusRule are monitoring.coreos.com/v1, AlertmanagerConfig monitoring.coreos.com/v1alpha1
 (https://prometheus-operator.dev/docs/api-reference/api/); an AlertmanagerConfig's child routes,
 which the API server keeps as they come, against the Route schema the operator applies to them.
@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from stepscope import detection
+from stepscope.contracts.wire import PORT_NAME
 from stepscope.operator.settings import INJECT_LABEL
-from stepscope.wire import PORT_NAME
+from stepscope.testing.kube.schema import prune, validate_value
 from tests.chart.conftest import RELEASE_NAMESPACE, Failed, render_templates
-from tests.kube.schema import prune, validate_value
 
 SCHEMAS = json.loads((Path(__file__).parent / "prometheus_operator_schemas.json").read_text())
 ON = {"prometheus": {"enabled": True}}
@@ -110,7 +110,7 @@ def test_the_rules_follow_the_conditions_and_name_the_trigger_to_fire() -> None:
         assert rule["labels"] == {"severity": "warning", "namespace": RELEASE_NAMESPACE,
                                   "stepscope_namespace": "{{ $labels.namespace }}", "stepscope_trigger": "watch-llm"}
         assert "{{ $labels.job }}" in rule["annotations"]["summary"] and "humanize " not in rule["annotations"]["summary"]
-    # Every metric a rule reads is one the sidecar serves (stepscope.sidecar.metrics) or one the group records.
+    # Every metric a rule reads is one the sidecar serves (stepscope.sidecar.prometheus) or one the group records.
     recorded = {name for name in rules if name.startswith("stepscope:")}
     for rule in [r for group in rules.values() for r in group]:
         assert set(re.findall(r"stepscope[_:][\w:]+", rule["expr"])) <= recorded | {
@@ -144,7 +144,7 @@ def test_each_namespaces_alerts_go_to_its_trigger_on_the_operators_alerts_endpoi
         assert validate_value(child, route_schema) == [] and prune(child, route_schema) == child
         assert child["matchers"] == [{"name": "stepscope_namespace", "matchType": "=", "value": namespace}]
         (hook,) = receivers[child["receiver"]]["webhookConfigs"]
-        # operator/triggers_alerts.py (issue 15 part A): POST /v1/alerts/<namespace>/<trigger> on the
+        # operator/triggers/alerts.py: POST /v1/alerts/<namespace>/<trigger> on the
         # Service <release>-alerts, port 80, with the namespace's bearer token.
         assert hook["url"] == f"http://stepscope-alerts.{RELEASE_NAMESPACE}.svc:80/v1/alerts/{namespace}/watch-llm"
         assert hook["httpConfig"] == {"authorization": {"type": "Bearer", "credentials": {"name": "tokens", "key": namespace}}}

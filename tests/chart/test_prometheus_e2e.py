@@ -26,13 +26,13 @@ from urllib.request import urlopen
 import pytest
 import yaml
 
-from stepscope import wire
+from stepscope.contracts import wire
 from stepscope.local.launch import free_port, launch_ranks
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar.telemetry import Ring, read_ring
+from stepscope.testing.polling import wait_for
 from tests.chart.conftest import render_templates
 from tests.chart.promtool import binary, write_rules
-from tests.polling import wait_for
 from tests.sidecar.test_telemetry_endpoint import metrics
 
 SCRAPE_S, SUSTAINED_S = 1, 5

@@ -10,10 +10,10 @@ from typing import Any
 import kubernetes
 import pytest
 
-from stepscope.operator import jobs
+from stepscope.operator.sessions import jobs
 from stepscope.operator.settings import OperatorSettings
+from stepscope.testing.kube.helpers import refused
 from tests.chart.conftest import RELEASE_NAMESPACE, REPO, apply_rbac, render
-from tests.kube.helpers import refused
 
 NAMESPACES = ("team-a", "team-b")
 SETS = ("operator.namespaces={team-a,team-b}",)
@@ -174,9 +174,8 @@ def test_the_check_finds_what_the_chart_granted_before_its_admission_policies():
 
 def test_the_analysis_account_reads_its_namespaces_sessions_only(rendered):
     account = f"system:serviceaccount:{NAMESPACES[0]}:stepscope-analysis"
-    assert grants(rendered, account) == {Grant("get", "stepscope.io", "profilesessions", (), NAMESPACES[0]),
-                                         Grant("get", "stepscope.io", "profilesessions/status", (), NAMESPACES[0]),
-                                         Grant("patch", "stepscope.io", "profilesessions/status", (), NAMESPACES[0])}
+    """It reads the session; its result goes to the store, and the operator alone writes the status."""
+    assert grants(rendered, account) == {Grant("get", "stepscope.io", "profilesessions", (), NAMESPACES[0])}
 
 
 def test_peering_is_granted_without_the_webhook(helm):
@@ -195,7 +194,7 @@ def test_owner_references_may_block_deletion(rendered):
 
 
 def test_the_check_finds_what_the_first_chart_granted():
-    """The rules of the chart as issue 9 found it, bound cluster-wide."""
+    """The rules of the first chart, bound cluster-wide."""
     first = {Grant(v, g, r, (), "cluster") for g, r, vs in (
         ("", "secrets", ("get", "create")), ("batch", "jobs", ("get", "create")), ("rbac.authorization.k8s.io", "roles", ("create",)),
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", ("get", "create", "patch"))) for v in vs}

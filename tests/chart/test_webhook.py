@@ -1,5 +1,5 @@
 """The chart's webhook rule for pod updates: which requests the API server sends to the operator
-(rules and matchConditions, evaluated by the test API server's CEL, tests/kube/admission.py)."""
+(rules and matchConditions, evaluated by the test API server's CEL, stepscope/testing/kube/admission.py)."""
 from __future__ import annotations
 
 from functools import cache
@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from stepscope.operator import registry
+from stepscope.operator.injection.webhook import HANDLER_ID
 from stepscope.operator.settings import INJECTED_ANNOTATION
-from stepscope.operator.webhook import HANDLER_ID
+from stepscope.testing.kube.admission import _conditions_hold, _rule_matches
 from tests.chart.conftest import render_templates as render
-from tests.kube.admission import _conditions_hold, _rule_matches
 
 
 @cache

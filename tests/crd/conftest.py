@@ -1,1 +1,1 @@
-from tests.kube.fixtures import kube  # noqa: F401 (the kube fixture)
+from stepscope.testing.kube.fixtures import kube  # noqa: F401 (the kube fixture)

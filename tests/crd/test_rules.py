@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from stepscope.analysis.model import Breakdown, Diagnosis, Finding, SlowWorker, StepTime
-from tests.kube.fixtures import CRD_PATH
-from tests.kube.helpers import GROUP, PLURAL, VERSION, refused, session
+from stepscope.testing.kube.fixtures import CRD_PATH
+from stepscope.testing.kube.helpers import GROUP, PLURAL, VERSION, refused, session
 
 MATCH_EXPRESSIONS = {"matchExpressions": [{"key": "app", "operator": "In"}]}
 URI = "uri must be s3://bucket/prefix or oss://bucket/prefix; file:// is for the local CLI only (the sidecars and the analysis Job share no folder)"

@@ -1,5 +1,5 @@
 """The ProfileSession CRD document itself: a valid apiextensions/v1 object, a structural schema,
-rules that compile, the printer columns and defaults that agree with stepscope.session."""
+rules that compile, the printer columns and defaults that agree with stepscope.contracts.session."""
 from __future__ import annotations
 
 import copy
@@ -11,9 +11,9 @@ import pytest
 import yaml
 from kubernetes.client import ApiException
 
-from stepscope.session import CaptureSpec, SessionSpec
-from tests.kube.fixtures import CRD_PATH
-from tests.kube.schema import apply_defaults, prune, structural_errors
+from stepscope.contracts.session import DEFAULT_CAPTURE_STEPS, SessionSpec
+from stepscope.testing.kube.fixtures import CRD_PATH
+from stepscope.testing.kube.schema import apply_defaults, prune, structural_errors
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def _without_nones(value):
     return value
 
 
-@pytest.mark.parametrize("capture, steps", [({}, CaptureSpec.steps), ({"steps": 7}, 7), ({"durationSeconds": 30}, None)])
+@pytest.mark.parametrize("capture, steps", [({}, DEFAULT_CAPTURE_STEPS), ({"steps": 7}, 7), ({"durationSeconds": 30}, None)])
 def test_schema_defaults_agree_with_the_session_model(crd, capture, steps):
     minimal = {"selector": {"matchLabels": {"app": "trainer"}}, "storage": {"uri": "s3://bucket/prefix"}, "capture": capture}
     stored = apply_defaults(prune({"spec": minimal}, _schema(crd), root=True), _schema(crd))["spec"]
@@ -96,7 +96,7 @@ def test_schema_defaults_agree_with_the_session_model(crd, capture, steps):
 
 def test_the_api_server_accepts_the_crd(kube, crd):
     """kube-apiserver checks every default against the rules of its node when the CRD is created
-    (issue 9: the first CRD was refused for hardwareMetrics' `{}` default)."""
+    (an earlier CRD was refused for hardwareMetrics' `{}` default)."""
     created = kube.apply_crd()
     assert created["metadata"]["name"] == crd["metadata"]["name"]
     assert structural_errors(_schema(crd), "spec.validation.openAPIV3Schema") == []
@@ -125,15 +125,15 @@ def test_kubectl_explain_states_the_default_steps_the_operator_uses(crd):
     """`steps` has no schema default (it would break the steps/durationSeconds rule), so its
     description is where `kubectl explain` tells users the default: the spec's, from one home."""
     capture = _schema(crd)["properties"]["spec"]["properties"]["capture"]["properties"]
-    assert f"({CaptureSpec.steps} when neither steps nor durationSeconds is set)" in capture["steps"]["description"]
+    assert f"({DEFAULT_CAPTURE_STEPS} when neither steps nor durationSeconds is set)" in capture["steps"]["description"]
     trigger = yaml.safe_load((CRD_PATH.parent / "profiletrigger.yaml").read_text())
-    assert f"({CaptureSpec.steps} when neither" in yaml.safe_dump(trigger, width=10_000)
+    assert f"({DEFAULT_CAPTURE_STEPS} when neither" in yaml.safe_dump(trigger, width=10_000)
 
 
 def test_capture_budget_bounds_are_the_session_models_and_kubectl_explain_says_why(crd):
     """maxStackEvents and maxMemoryMB: the CRD's maxima are the model's (a spec the CLI takes, the
     API server takes), and their descriptions state the bound and what it protects."""
-    from stepscope.session import MAX_MEMORY_MB, MAX_STACK_EVENTS, SpecError
+    from stepscope.contracts.session import MAX_MEMORY_MB, MAX_STACK_EVENTS, SpecError
 
     limits = _schema(crd)["properties"]["spec"]["properties"]["capture"]["properties"]["limits"]["properties"]
     assert (limits["maxStackEvents"]["maximum"], limits["maxMemoryMB"]["maximum"]) == (MAX_STACK_EVENTS, MAX_MEMORY_MB)
@@ -143,12 +143,12 @@ def test_capture_budget_bounds_are_the_session_models_and_kubectl_explain_says_w
     SessionSpec.from_dict({"storage": storage, "capture": {"limits": {"maxStackEvents": MAX_STACK_EVENTS, "maxMemoryMB": MAX_MEMORY_MB}}})
     for limits_given in ({"maxStackEvents": MAX_STACK_EVENTS + 1}, {"maxMemoryMB": MAX_MEMORY_MB + 1}, {"maxStackEvents": 10 ** 8},
                          {"maxMemoryMB": 1 << 20}):
-        with pytest.raises(SpecError, match=r"maxStackEvents must be within 0\.\.1,000,000 and maxMemoryMB within 1\.\.16,384"):
+        with pytest.raises(SpecError, match=r"spec\.capture\.limits\.(maxStackEvents must be within 0\.\.1,000,000|maxMemoryMB must be within 1\.\.16,384)"):
             SessionSpec.from_dict({"storage": storage, "capture": {"limits": limits_given}})
 
 
 def test_the_cluster_refuses_file_stores_and_ambient_credentials_the_cli_keeps_them():
-    from stepscope.session import SpecError
+    from stepscope.contracts.session import SpecError
 
     local = SessionSpec.from_dict({"storage": {"uri": "file:///tmp/sessions"}})  # `stepscope capture` on the user's machine
     with pytest.raises(SpecError, match="file:// is for the local CLI only"):

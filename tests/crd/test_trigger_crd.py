@@ -1,6 +1,6 @@
 """The ProfileTrigger CRD: a valid, structural apiextensions/v1 object the test API server accepts;
 its session template is the ProfileSession spec without the selector; its defaults agree with
-stepscope.operator.triggers; bad specs are refused when applied, with the field named."""
+stepscope.operator.triggers.policy; bad specs are refused when applied, with the field named."""
 from __future__ import annotations
 
 import copy
@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from stepscope.operator.settings import GROUP, VERSION
-from stepscope.operator.triggers import TRIGGER_PLURAL, Policy
-from tests.kube.fixtures import CRD_PATH, REPO
-from tests.kube.helpers import refused
-from tests.kube.schema import apply_defaults, prune, structural_errors
+from stepscope.operator.triggers.policy import TRIGGER_PLURAL, Policy
+from stepscope.testing.kube.fixtures import CRD_PATH, REPO
+from stepscope.testing.kube.helpers import refused
+from stepscope.testing.kube.schema import apply_defaults, prune, structural_errors
 
 TRIGGER_CRD = REPO / "crds" / "profiletrigger.yaml"
 SPEC = {"selector": {"matchLabels": {"job": "train"}}, "sessionTemplate": {"storage": {"uri": "s3://bucket/auto", "credentialsSecret": "store-credentials"}}}

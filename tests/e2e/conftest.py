@@ -32,8 +32,8 @@ from stepscope.operator import kube as operator_kube
 from stepscope.operator import registry
 from stepscope.operator.namespace_keys import namespace_key
 from stepscope.sidecar.daemon import Sidecar
+from stepscope.testing.kube.fixtures import CRD_PATH
 from tests.chart.conftest import apply_rbac, helm, render  # noqa: F401 (helm is a fixture)
-from tests.kube.fixtures import CRD_PATH
 from tests.operator.conftest import CREDENTIALS, s3_endpoint, training  # noqa: F401 (fixtures)
 from tests.operator.harness import BUCKET, OPERATOR_KEY
 

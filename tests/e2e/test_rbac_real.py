@@ -13,9 +13,9 @@ from typing import Any
 import kubernetes
 import pytest
 
-from stepscope.operator import jobs
+from stepscope.operator.injection.webhook import Endpoint
+from stepscope.operator.sessions import jobs
 from stepscope.operator.settings import OperatorSettings
-from stepscope.operator.webhook import Endpoint
 from tests.chart.conftest import render
 from tests.e2e.conftest import Cluster
 

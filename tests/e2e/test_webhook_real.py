@@ -24,10 +24,10 @@ from kopf.testing import KopfRunner
 from stepscope.local.launch import free_port
 from stepscope.operator import kube as operator_kube
 from stepscope.operator import registry
-from stepscope.operator.injection import SIDECAR_NAME
+from stepscope.operator.injection.injection import SIDECAR_NAME
+from stepscope.testing.polling import wait_for
 from tests.chart.conftest import render_templates as render
 from tests.e2e.conftest import ensure_default_service_account
-from tests.polling import wait_for
 
 TEMPLATES = ("serviceaccount.yaml", "rbac.yaml", "rbac-webhook.yaml", "webhook.yaml")
 RESTRICTED = {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 1000,

@@ -14,7 +14,7 @@ from moto.server import ThreadedMotoServer
 from stepscope.local.launch import free_port, launch_ranks
 from stepscope.operator import kube as operator_kube
 from stepscope.sidecar.daemon import Sidecar
-from tests.kube.fixtures import Kube, kube  # noqa: F401 (the kube fixture)
+from stepscope.testing.kube.fixtures import Kube, kube  # noqa: F401 (the kube fixture)
 from tests.operator.harness import BUCKET, KEY, OPERATOR_KEY, OperatorHarness, Pods
 
 CREDENTIALS = {"accessKeyId": "testing-key-id", "secretAccessKey": "testing-secret"}

@@ -11,12 +11,12 @@ import kubernetes
 import pytest
 from kopf.testing import KopfRunner
 
+from stepscope.contracts.wire import PORT_NAME as SIDECAR_PORT_NAME
 from stepscope.operator import registry
-from stepscope.operator.lifecycle import SessionRunner, Stopped
 from stepscope.operator.namespace_keys import namespace_key
+from stepscope.operator.sessions.lifecycle import SessionRunner, Stopped
 from stepscope.operator.settings import GROUP, PLURAL, VERSION
-from stepscope.wire import PORT_NAME as SIDECAR_PORT_NAME
-from tests.kube.helpers import wait_for
+from stepscope.testing.kube.helpers import wait_for
 
 NAMESPACE = "default"
 OPERATOR_KEY = b"operator-test-hmac-key-0123456789"

@@ -13,8 +13,8 @@ from kopf.testing import KopfRunner
 from stepscope.operator import kube as operator_kube
 from stepscope.operator import registry
 from stepscope.sidecar.daemon import Sidecar
+from stepscope.testing.kube.fixtures import Kube
 from tests.chart.conftest import RELEASE_NAMESPACE, apply_rbac, helm, render  # noqa: F401 (helm is a fixture)
-from tests.kube.fixtures import Kube
 from tests.operator.harness import NAMESPACE, OperatorHarness, Pods, port_of, session_spec
 
 

@@ -9,8 +9,8 @@ import sys
 import urllib.request
 
 from stepscope.local.launch import free_port
-from tests.kube.fixtures import Kube
-from tests.kube.helpers import wait_for
+from stepscope.testing.kube.fixtures import Kube
+from stepscope.testing.kube.helpers import wait_for
 from tests.operator.harness import OPERATOR_KEY, OperatorHarness, session_spec
 
 

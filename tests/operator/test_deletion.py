@@ -10,10 +10,10 @@ from typing import Any
 import kubernetes
 import pytest
 
-from stepscope.operator import handlers, pod_record
+from stepscope.operator.sessions import handlers, pod_record
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
-from tests.kube.helpers import wait_for
+from stepscope.testing.kube.helpers import wait_for
 from tests.operator.harness import KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec, stop_before_capturing
 
 SELECTOR = {"job": "idle"}

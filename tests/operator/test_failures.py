@@ -1,6 +1,7 @@
 """Sessions the operator must end Failed, with a reason that says what to change; no sidecar runs."""
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -9,13 +10,15 @@ import kubernetes
 import pytest
 
 from stepscope.local.launch import free_port
-from stepscope.operator import metrics, pod_record
-from stepscope.operator.pod_record import PodRecord
+from stepscope.operator import metrics
+from stepscope.operator.sessions import pod_record
+from stepscope.operator.sessions.pod_record import PodRecord
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient, SidecarError
-from tests.kube.fixtures import Kube
-from tests.kube.helpers import wait_for
-from tests.operator.harness import KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec, stop_before_capturing
+from stepscope.testing.kube.fixtures import Kube
+from stepscope.testing.kube.helpers import wait_for
+from tests.operator.conftest import CREDENTIALS
+from tests.operator.harness import BUCKET, KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec, stop_before_capturing
 
 
 def _condition(status: dict, type_: str) -> dict:
@@ -188,7 +191,7 @@ def test_no_registered_training_process_fails_the_pod_after_the_registration_tim
 
 def test_a_secret_created_just_after_the_session_is_waited_for(operator: OperatorHarness, pods: Pods, idle: Sidecar, s3_endpoint: str) -> None:
     """`kubectl apply` of a file with the session before its Secret: the operator retries the
-    read within the selection grace instead of failing at once (issue 9: 1 apply in 5 failed)."""
+    read within the selection grace instead of failing at once (without the retry, 1 apply in 5 failed)."""
     pods.create("idle", {"job": "idle"}, port=port_of(idle))
     spec = session_spec({"job": "idle"}, s3_endpoint, registrationTimeoutSeconds=1)
     spec["storage"]["credentialsSecret"] = "late"
@@ -203,9 +206,9 @@ def test_a_secret_created_just_after_the_session_is_waited_for(operator: Operato
 
 
 def test_a_finished_sessions_ttl_can_be_extended(operator: OperatorHarness, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """ttlSecondsAfterFinished is the one spec field that may change after the trigger (issue 9):
+    """ttlSecondsAfterFinished is the one spec field that may change after the trigger:
     the operator reads it again before deleting."""
-    from stepscope.operator import lifecycle
+    from stepscope.operator.sessions import lifecycle
     monkeypatch.setattr(lifecycle, "TTL_RECHECK_S", 0.5)
     operator.create_session("extended", session_spec({"job": "none"}, s3_endpoint, ttlSecondsAfterFinished=3))
     operator.wait_phase("extended", ("Failed",))
@@ -262,24 +265,31 @@ def test_a_given_up_pod_is_cancelled_on_its_sidecar_while_the_others_capture(
         registered.shutdown(1)
 
 
-def test_the_analysis_result_outlives_an_api_server_blip(cluster: Kube, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The analysis Job's one status write: a 503 from the API server is retried, not a failed
-    Job (which would rerun the whole analysis)."""
-    from stepscope.operator.analysis_job import run_session_analysis
+def test_the_analysis_job_writes_its_result_to_the_store_never_the_status(cluster: Kube, s3_endpoint: str,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator alone writes a session's status: the analysis Job only reads the session and
+    leaves its result, here a failure with its reason, in the session's store folder."""
+    import boto3
+
+    from stepscope.contracts.layout import REPORT_RESULT, session_prefix
+    from stepscope.operator.sessions.analysis_job import run_session_analysis
     from stepscope.operator.settings import GROUP, PLURAL, VERSION
 
     custom = kubernetes.client.CustomObjectsApi(cluster.api_client)
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileSession", "metadata": {"name": "blip"},
-            "spec": session_spec({"job": "none"}, s3_endpoint, storage={"uri": "s3://no-such-bucket/x", "endpoint": s3_endpoint, "credentialsSecret": "s3-credentials"})}
-    custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing-key-id")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret")
-    status_path = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}/blip/status"
-    cluster.server.fail("PATCH", status_path, 503, times=2)
-    assert run_session_analysis(NAMESPACE, "blip") == 1  # nothing to analyse there: the failure is the result to write
-    analyzed = _condition(custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "blip")["status"], "Analyzed")
-    assert analyzed["reason"] == "AnalysisFailed"
-    assert [m for m, p in cluster.server.requests() if p.split("?")[0] == status_path] == ["PATCH"] * 3
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileSession", "metadata": {"name": "nothing-captured"},
+            "spec": session_spec({"job": "none"}, s3_endpoint)}
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", CREDENTIALS["accessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CREDENTIALS["secretAccessKey"])
+    assert run_session_analysis(NAMESPACE, "nothing-captured") == 1  # nothing to analyse there: the failure is the result
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1", aws_access_key_id=CREDENTIALS["accessKeyId"],
+                      aws_secret_access_key=CREDENTIALS["secretAccessKey"])
+    key = f"sessions/{session_prefix(NAMESPACE, 'nothing-captured', created['metadata']['uid'])}/{REPORT_RESULT}"
+    result = json.loads(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    assert result["analyzed"] is False and result["reason"] == "AnalysisFailed"
+    assert result["message"].startswith("analysis failed: AnalysisError: nothing to analyse at s3://"), result
+    assert [m for m, p in cluster.server.requests() if p.split("?")[0].endswith("/profilesessions/nothing-captured")] == ["GET"]
+    assert "status" not in custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "nothing-captured")
 
 
 def _crd_before_storage_rules(kube: Kube) -> None:

@@ -11,10 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from stepscope.operator import fanout
-from stepscope.operator.selection import Target
+from stepscope.contracts.session import SessionSpec
+from stepscope.contracts.sidecar_api import SessionRequest
+from stepscope.contracts.wire import aligned_start_step
+from stepscope.operator.sessions import fanout
+from stepscope.operator.sessions.selection import Target
 from stepscope.signing import Verifier, target
-from stepscope.wire import aligned_start_step
 
 KEY = b"fanout-test-key"
 # At most 4 requests at once, as the operator's pool of sidecar threads bounds them.
@@ -68,9 +70,13 @@ def server() -> Iterator[Flaky]:
     s.server_close()
 
 
+def _request(session: str) -> SessionRequest:
+    return SessionRequest(session=session, destination="s3://bucket/p", spec=SessionSpec.from_dict({"storage": {"uri": "s3://bucket/p"}}))
+
+
 def test_trigger_retries_a_transient_failure_within_a_bounded_pool(server: Flaky) -> None:
     targets = [Target(f"p{i}", "127.0.0.1", server.server_address[1]) for i in range(12)]
-    outcomes = asyncio.run(fanout.trigger(targets, "s1", {"session": "s1"}, KEY, pool=POOL, timeout=5, attempts=3, backoff_s=0.01))
+    outcomes = asyncio.run(fanout.trigger(targets, _request("s1"), KEY, pool=POOL, timeout=5, attempts=3, backoff_s=0.01))
     assert all(o.ok for o in outcomes) and [o.target.pod for o in outcomes] == [f"p{i}" for i in range(12)]
     assert server.puts == {"/v1/sessions/s1": 13}  # the first attempt got 503, every other one 201
     assert server.peak <= 4
@@ -78,7 +84,7 @@ def test_trigger_retries_a_transient_failure_within_a_bounded_pool(server: Flaky
 
 def test_trigger_does_not_retry_a_final_answer(server: Flaky) -> None:
     target = Target("p", "127.0.0.1", server.server_address[1])
-    (outcome,) = asyncio.run(fanout.trigger([target], "busy", {"session": "busy"}, KEY, pool=POOL, timeout=5, attempts=3, backoff_s=0.01))
+    (outcome,) = asyncio.run(fanout.trigger([target], _request("busy"), KEY, pool=POOL, timeout=5, attempts=3, backoff_s=0.01))
     assert (outcome.ok, outcome.status, outcome.error) == (False, 409, "busy")
     assert server.puts == {"/v1/sessions/busy": 1}
 

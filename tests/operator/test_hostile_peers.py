@@ -15,10 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from stepscope.bounded_http import BoundedHTTPServer
-from stepscope.operator import fanout, triggers_alerts
-from stepscope.operator.selection import Target
+from stepscope.operator.sessions import fanout
+from stepscope.operator.sessions.selection import Target
+from stepscope.operator.triggers import alerts as triggers_alerts
 from stepscope.sidecar_client import MAX_REPLY, SidecarClient, SidecarError
-from tests.kube.helpers import wait_for
+from stepscope.testing.kube.helpers import wait_for
 
 KEY = b"alerts-test-namespace-key"
 PATH = "/v1/alerts/default/train-watch"
@@ -214,8 +215,8 @@ class Admission:
     what it calls for a review answers allowed, so that only the server's bounds are under test."""
 
     def __init__(self, **bounds: float) -> None:
-        from stepscope.operator import certs
-        from stepscope.operator.webhook import InjectionServer
+        from stepscope.operator.injection import certs
+        from stepscope.operator.injection.webhook import InjectionServer
 
         self.cert = certs.generate(["127.0.0.1"])
         self.server = InjectionServer(self.cert, addr="127.0.0.1", port=0, host="127.0.0.1", **bounds)
@@ -256,7 +257,7 @@ def admission(request: pytest.FixtureRequest) -> Iterator[Admission]:
 def test_an_admission_review_of_a_large_pod_is_taken_and_a_larger_body_refused(admission: Admission) -> None:
     """A pod update's review carries the pod twice, each up to etcd's 1.5 MiB: aiohttp's default
     1 MiB refused it (and failurePolicy Ignore admitted the pod without its injected env)."""
-    from stepscope.operator.webhook import MAX_REVIEW_BYTES
+    from stepscope.operator.injection.webhook import MAX_REVIEW_BYTES
 
     assert admission.review(3 << 20).startswith(b"HTTP/1.1 200")
     assert admission.review(MAX_REVIEW_BYTES + 1).startswith(b"HTTP/1.1 413")

@@ -12,14 +12,14 @@ from types import SimpleNamespace
 import pytest
 
 from stepscope.analysis.model import Diagnosis, Finding, SlowWorker, StepTime
-from stepscope.operator import jobs, kube
-from stepscope.operator.analysis_job import MAX_DIAGNOSIS_BYTES, compact_diagnosis
-from stepscope.operator.report_command import age, format_table, missing_report_reason, row
-from stepscope.operator.selection import label_selector
+from stepscope.contracts.session import SpecError
+from stepscope.operator import kube
+from stepscope.operator.sessions import jobs
+from stepscope.operator.sessions.report_command import age, format_table, missing_report_reason, row
+from stepscope.operator.sessions.selection import label_selector
+from stepscope.operator.sessions.status import MAX_DIAGNOSIS_BYTES, MAX_FAILED_WORKERS, PodProgress, StatusWriter, aggregate, compact_diagnosis, set_condition
 from stepscope.operator.settings import OperatorSettings
-from stepscope.operator.status import MAX_FAILED_WORKERS, PodProgress, StatusWriter, aggregate, set_condition
-from stepscope.session import SpecError
-from tests.kube import pod_security
+from stepscope.testing.kube import pod_security
 
 
 def test_label_selector_takes_every_valid_label() -> None:
@@ -142,7 +142,7 @@ def test_report_says_why_there_is_none(status: dict, expected: str) -> None:
 
 
 def test_operator_never_imports_torch() -> None:
-    modules = ["handlers", "webhook", "command", "report_command", "analysis_job"]
+    modules = ["sessions.handlers", "injection.webhook", "triggers.daemon", "command", "sessions.report_command", "sessions.analysis_job"]
     code = "import sys\n" + "".join(f"import stepscope.operator.{m}\n" for m in modules) + "print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
@@ -177,8 +177,8 @@ def test_the_analysis_pod_passes_pod_security_restricted() -> None:
 
 def test_no_key_in_the_reprs_of_what_holds_one() -> None:
     """A repr ends up in logs and tracebacks: the operator's key must never be in one."""
-    from stepscope.operator import certs
-    from stepscope.operator.lifecycle import Context
+    from stepscope.operator.injection import certs
+    from stepscope.operator.sessions.lifecycle import Context
     from stepscope.operator.settings import OperatorSettings
     from stepscope.sidecar_client import SidecarClient
     from stepscope.signing import Verifier

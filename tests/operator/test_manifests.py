@@ -12,9 +12,9 @@ import kubernetes
 import kubernetes_validate
 import yaml
 
-from stepscope.operator.injection import InjectionSettings, inject
+from stepscope.operator.injection.injection import InjectionSettings, inject
 from stepscope.operator.settings import OperatorSettings
-from tests.kube.fixtures import Kube
+from stepscope.testing.kube.fixtures import Kube
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "stepscope"
@@ -79,7 +79,7 @@ def test_chart_templates_read_only_values_that_exist() -> None:
 
 
 def test_examples_create_a_secret_before_the_session_that_names_it() -> None:
-    """`kubectl apply -f` creates in file order: a Secret after its session raced the operator (issue 9)."""
+    """`kubectl apply -f` creates in file order: a Secret after its session raced the operator."""
     for path in sorted((REPO / "examples").glob("*.yaml")):
         seen: set[str] = set()
         for doc in _documents(path):

@@ -1,4 +1,4 @@
-"""Every transition of a session's life, on the pure function (stepscope.operator.phases.step):
+"""Every transition of a session's life, on the pure function (stepscope.operator.sessions.phases.step):
 each row a state and an observation, and the state and actions that must come of them. The shell
 around it (lifecycle.SessionRunner) is covered by test_sessions.py and test_failures.py."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from stepscope.operator import phases
-from stepscope.operator.phases import AnalysisStatus, Captured, Failure, Finish, GiveUp, JobSeen, Listed, ListFailed, Polled, ReadAnalysis, RecordPods, Report, Retry, RunState, Trigger, TriggerAnswers, Wait
-from stepscope.operator.pod_record import PodRecord
-from stepscope.operator.selection import Target
-from stepscope.operator.status import WAITING, PodProgress
+from stepscope.operator.sessions import phases
+from stepscope.operator.sessions.phases import AnalysisStatus, Captured, Failure, Finish, GiveUp, JobSeen, Listed, ListFailed, Polled, ReadAnalysis, RecordPods, Report, Retry, RunState, Trigger, TriggerAnswers, Wait
+from stepscope.operator.sessions.pod_record import PodRecord
+from stepscope.operator.sessions.selection import Target
+from stepscope.operator.sessions.status import WAITING, PodProgress
 
 T0 = 1_000_000.0
 STATE = RunState("Capturing", "ml", "app=train", "s3://b/ml/s", timeout_seconds=600, selection_grace_s=30.0,

@@ -1,4 +1,4 @@
-"""The status of a session over thousands of pods stays under ARCHITECTURE.md's 32 KiB, because the
+"""The status of a session over thousands of pods stays under the 32 KiB of docs/design.md, because the
 pod names live in the session's pod record (a ConfigMap it owns), which an operator restart reads."""
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ import pytest
 from stepscope.analysis.diagnosis import diagnose
 from stepscope.analysis.model import Diagnosis, Finding, SlowWorker, StepTime
 from stepscope.operator import kube as operator_kube
-from stepscope.operator import pod_record
-from stepscope.operator.analysis_job import diagnosed_status
-from stepscope.operator.pod_record import PodRecord
-from stepscope.operator.status import MAX_MESSAGE, STATUS_BUDGET, PodProgress, aggregate, now_iso, pod_counts, set_condition
+from stepscope.operator.sessions import pod_record
+from stepscope.operator.sessions.pod_record import PodRecord
+from stepscope.operator.sessions.status import MAX_MESSAGE, STATUS_BUDGET, PodProgress, aggregate, diagnosed_status, now_iso, pod_counts, set_condition
+from stepscope.testing.kube.fixtures import Kube
 from tests.chart.conftest import RELEASE_NAMESPACE, apply_rbac, helm, render  # noqa: F401 (helm is a fixture)
-from tests.kube.fixtures import Kube
 
 PODS = 3000
 UID = "0123456789abcdef-0123-4567-89ab"

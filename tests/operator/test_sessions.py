@@ -14,12 +14,13 @@ import boto3
 import kubernetes
 import pytest
 
-from stepscope import layout
 from stepscope.cli import main
-from stepscope.operator import cancellation, fanout, metrics
+from stepscope.contracts import layout
+from stepscope.operator import metrics
+from stepscope.operator.sessions import cancellation, fanout
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
-from tests.kube.helpers import wait_for
+from stepscope.testing.kube.helpers import wait_for
 from tests.operator.conftest import CREDENTIALS
 from tests.operator.harness import BUCKET, KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec
 
@@ -122,7 +123,7 @@ def test_operator_restart_mid_capture_resumes_without_a_second_trigger(operator:
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     bodies: list[dict[str, Any]] = []
     trigger = fanout.trigger
-    monkeypatch.setattr(fanout, "trigger", lambda targets, session, body, *args, **kwargs: bodies.append(body) or trigger(targets, session, body, *args, **kwargs))
+    monkeypatch.setattr(fanout, "trigger", lambda targets, request, *args, **kwargs: bodies.append(request.to_dict()) or trigger(targets, request, *args, **kwargs))
     pods.create("train-a", SELECTOR, port=port_of(sidecar_a))
     spec = session_spec(SELECTOR, s3_endpoint, analysis={"enabled": False})
     spec["capture"]["waitSteps"] = 60  # a few seconds of capture for the restart to land in

@@ -1,4 +1,4 @@
-"""Issue 15's acceptance: the real operator (kopf against the test API server) watches a real
+"""ProfileTrigger end to end: the real operator (kopf against the test API server) watches a real
 2-rank gloo training (zero-code agent) through its real sidecar. After a healthy baseline one
 rank slows down mid-run, or hangs: the ProfileTrigger creates a ProfileSession within 60 s, and
 the session's diagnosis names that rank (its Python stacks for the hang).
@@ -20,11 +20,11 @@ import pytest
 
 from stepscope.local.launch import LocalJob, launch_ranks
 from stepscope.operator.settings import GROUP, PLURAL, VERSION
-from stepscope.operator.triggers import TRIGGER_LABEL, TRIGGER_PLURAL
+from stepscope.operator.triggers.policy import TRIGGER_LABEL, TRIGGER_PLURAL
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
-from tests.kube.fixtures import REPO, Kube
-from tests.kube.helpers import wait_for
+from stepscope.testing.kube.fixtures import REPO, Kube
+from stepscope.testing.kube.helpers import wait_for
 from tests.operator.conftest import CREDENTIALS
 from tests.operator.harness import BUCKET, KEY, NAMESPACE, OperatorHarness, Pods, port_of, session_spec
 

@@ -12,10 +12,10 @@ import pytest
 
 from stepscope.local.launch import free_port
 from stepscope.operator.settings import GROUP, PLURAL, VERSION
-from stepscope.operator.triggers import TRIGGER_LABEL, TRIGGER_PLURAL
-from stepscope.operator.triggers_alerts import ALERT_ANNOTATION, alert_token
-from tests.kube.fixtures import REPO, Kube
-from tests.kube.helpers import wait_for
+from stepscope.operator.triggers.alerts import ALERT_ANNOTATION, alert_token
+from stepscope.operator.triggers.policy import TRIGGER_LABEL, TRIGGER_PLURAL
+from stepscope.testing.kube.fixtures import REPO, Kube
+from stepscope.testing.kube.helpers import wait_for
 from tests.operator.harness import KEY, NAMESPACE, OperatorHarness
 
 # What Alertmanager posts (https://prometheus.io/docs/alerting/latest/configuration/#webhook_config).

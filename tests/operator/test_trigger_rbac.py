@@ -8,11 +8,11 @@ import json
 import kubernetes
 
 from stepscope.operator.settings import GROUP, PLURAL, VERSION
-from stepscope.operator.triggers import TRIGGER_LABEL, TRIGGER_PLURAL
-from stepscope.operator.triggers_alerts import ALERT_ANNOTATION
+from stepscope.operator.triggers.alerts import ALERT_ANNOTATION
+from stepscope.operator.triggers.policy import TRIGGER_LABEL, TRIGGER_PLURAL
+from stepscope.testing.kube.fixtures import REPO
+from stepscope.testing.kube.helpers import wait_for
 from tests.chart.conftest import helm  # noqa: F401 (a fixture chart_operator uses)
-from tests.kube.fixtures import REPO
-from tests.kube.helpers import wait_for
 from tests.operator.harness import NAMESPACE
 from tests.operator.test_chart_rbac import chart_operator  # noqa: F401 (a fixture)
 

@@ -1,4 +1,4 @@
-"""The ProfileTrigger's pure transition (stepscope.operator.triggers) driven poll by poll: which
+"""The ProfileTrigger's pure transition (stepscope.operator.triggers.policy) driven poll by poll: which
 fires create a session, which the cooldown, the hourly cap or suspend hold back, and what a
 restarted operator restores from the status."""
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from stepscope import detection
-from stepscope.operator import triggers
-from stepscope.operator.triggers import CreateSession, HoldBack, Observation, Policy, State, step
+from stepscope.contracts.session import SessionSpec
+from stepscope.operator.triggers import policy as triggers
+from stepscope.operator.triggers.policy import CreateSession, HoldBack, Observation, Policy, State, step
 
 POLL_S = 5.0
 T0 = 1_764_000_000.0  # 2025-11-24T16:00:00Z
@@ -117,7 +118,7 @@ def test_policy_reads_each_condition_of_the_spec() -> None:
     assert (c.slowdown_factor, c.baseline_window_s, c.sustained_s, c.divergence_factor, c.divergence_sustained_s, c.hang_after_s) == (2, 30, 5, 3, 7, 9)
     assert policy.enabled == {detection.SLOWDOWN, detection.HANG}
     assert (policy.cooldown_s, policy.max_per_hour, policy.suspended) == (0, 3, True)
-    with pytest.raises(ValueError, match="slowdown_factor must be above 1"):
+    with pytest.raises(ValueError, match=r"spec\.conditions\.stepTime\.factor must be within \(1, 1,000\]"):
         Policy.from_spec("t", {"conditions": {"stepTime": {"factor": 1}}})
 
 
@@ -125,7 +126,10 @@ def test_session_body_is_owned_by_the_trigger_and_uses_its_selector() -> None:
     trigger = {"metadata": {"name": "train-watch", "uid": "u-1"},
                "spec": {"selector": {"matchLabels": {"job": "a"}}, "sessionTemplate": {"storage": {"uri": "s3://b/p"}, "capture": {"steps": 3}}}}
     body = triggers.session_body(trigger, CreateSession("train-watch-20251124160200", detection.HANG, "no step", (0, 1)))
-    assert body["spec"] == {"storage": {"uri": "s3://b/p"}, "capture": {"steps": 3}, "selector": {"matchLabels": {"job": "a"}}}
+    # The template is the session's spec type: what the session gets is that spec, its defaults filled in.
+    template = SessionSpec.from_dict({"storage": {"uri": "s3://b/p"}, "capture": {"steps": 3}})
+    assert body["spec"] == {**template.to_dict(), "selector": {"matchLabels": {"job": "a"}}}
+    assert body["spec"]["capture"]["steps"] == 3 and body["spec"]["capture"]["waitSteps"] == 5 and body["spec"]["timeoutSeconds"] == 1800
     [owner] = body["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("ProfileTrigger", "train-watch", "u-1", True)
     assert body["metadata"]["labels"][triggers.TRIGGER_LABEL] == "train-watch"

@@ -1,7 +1,7 @@
 """The injection webhook on the test API server, as a cluster runs it: the chart's own
 MutatingWebhookConfiguration, RBAC and ServiceAccount are applied, the operator runs as that
 ServiceAccount (not as admin), and pods are created through the API server, which calls the
-webhook over HTTPS through the chart's Service (tests/kube/admission.py) and applies Pod Security
+webhook over HTTPS through the chart's Service (stepscope/testing/kube/admission.py) and applies Pod Security
 admission after it."""
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ from kopf.testing import KopfRunner
 from stepscope.local.launch import free_port
 from stepscope.operator import kube as operator_kube
 from stepscope.operator import metrics, registry
-from stepscope.operator.injection import BOOTSTRAP_DIR, SIDECAR_NAME, InjectionSettings, inject, reinject
+from stepscope.operator.injection.injection import BOOTSTRAP_DIR, SIDECAR_NAME, InjectionSettings, inject, reinject
 from stepscope.operator.namespace_keys import namespace_key
+from stepscope.testing.kube.fixtures import Kube
+from stepscope.testing.kube.helpers import wait_for
 from tests.chart.conftest import CHART
 from tests.chart.conftest import render_templates as render
-from tests.kube.fixtures import Kube
-from tests.kube.helpers import wait_for
 from tests.operator.harness import KEY, OPERATOR_KEY, OperatorHarness, session_spec
 
 RELEASE_NS = "stepscope"
@@ -423,7 +423,7 @@ def test_a_broken_sidecar_never_holds_the_training_containers(tmp_path: Path) ->
     started = time.monotonic()
     done = subprocess.run([str(Path(sys.executable).parent / hook[0]), *hook[1:]], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert {"sitecustomize.py", "stepscope_agent.py"} <= {p.name for p in (tmp_path / "shared" / "bootstrap").iterdir()}
+    assert {"sitecustomize.py", "stepscope_agent"} <= {p.name for p in (tmp_path / "shared" / "bootstrap").iterdir()}
     (tmp_path / "file").write_text("")
     blocked = subprocess.run([str(Path(sys.executable).parent / hook[0]), *hook[1:]], env={**env, "STEPSCOPE_DIR": str(tmp_path / "file" / "x")},
                              capture_output=True, text=True, timeout=60)

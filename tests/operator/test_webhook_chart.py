@@ -7,11 +7,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from stepscope.operator.injection.webhook import HANDLER_ID
 from stepscope.operator.settings import SYSTEM_NAMESPACES, OperatorSettings
-from stepscope.operator.webhook import HANDLER_ID
+from stepscope.testing.kube.admission import _matches
 from tests.chart.conftest import Failed
 from tests.chart.conftest import render_templates as render
-from tests.kube.admission import _matches
 from tests.operator.test_manifests import K8S_VERSION
 
 TEMPLATES = ("rbac-webhook.yaml", "webhook.yaml", "deployment.yaml")

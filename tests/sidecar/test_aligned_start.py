@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope import layout
+from stepscope.contracts import layout
 from stepscope.local.launch import launch_ranks
 from stepscope.sidecar_client import SidecarClient
 from tests.agent.protocol import profiler_steps

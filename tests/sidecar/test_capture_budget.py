@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stepscope import layout
 from stepscope.analysis.model import decode_summary
+from stepscope.contracts import layout
 from stepscope.sidecar_client import SidecarClient
 from tests.sidecar.conftest import SimulatedRanks, wait_for
 from tests.sidecar.test_session_flow import real_traces, trigger  # noqa: F401 - fixture

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from stepscope import layout
 from stepscope.analysis.model import decode_summary
+from stepscope.contracts import layout
 from stepscope.local import capture
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient, SidecarError
@@ -47,7 +47,7 @@ def sidecar_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str, Pat
 
 def test_sidecar_installs_the_bootstrap_serves_and_stops_on_sigterm(sidecar_process) -> None:
     process, url, shared = sidecar_process
-    assert (shared / "bootstrap" / "sitecustomize.py").is_file() and (shared / "bootstrap" / "stepscope_agent.py").is_file()
+    assert (shared / "bootstrap" / "sitecustomize.py").is_file() and (shared / "bootstrap" / "stepscope_agent" / "__init__.py").is_file()
     client = SidecarClient(url, KEY)
     assert client.healthz()
     with pytest.raises(SidecarError) as raised:
@@ -184,4 +184,17 @@ def test_capture_without_training_processes_times_out_with_a_reason(sidecar: Sid
     assert "ranks 0: capturing 0" in out and "waiting for training processes to register" in out
     assert "timed out after 1 s" in out and "no training process registered" in out
     record = json.loads((tmp_path / "t" / layout.session_json()).read_text())
-    assert record["phase"] == "Failed" and record["spec"]["capture"]["durationSeconds"] == 1 and record["spec"]["capture"]["steps"] is None
+    assert record["phase"] == "Failed" and record["spec"]["capture"]["durationSeconds"] == 1 and "steps" not in record["spec"]["capture"]
+
+
+def test_capture_takes_the_jobs_own_comm_kernels_into_the_spec(sidecar: Sidecar, tmp_path: Path) -> None:
+    """--comm-kernel is spec.analysis.commKernelPatterns: it travels with the session (and its
+    summaries), and a pattern that is no regular expression is a one-line error naming the option."""
+    process = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(tmp_path / "t"), "--duration", "1", "--timeout", "1",
+                        "--comm-kernel", "halo_swap", "--comm-kernel", "^my_exchange")
+    process.communicate(timeout=60)
+    record = json.loads((tmp_path / "t" / layout.session_json()).read_text())
+    assert record["spec"]["analysis"]["commKernelPatterns"] == ["halo_swap", "^my_exchange"]
+    process = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(tmp_path / "u"), "--comm-kernel", "(")
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 2 and err.strip().startswith("stepscope capture: --comm-kernel[0] is not a regular expression"), err

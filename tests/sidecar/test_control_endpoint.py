@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from stepscope.contracts.session import SessionSpec
+from stepscope.contracts.sidecar_api import CaptureRequest, SessionRequest
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient, SidecarError
 from stepscope.signing import sign, target
@@ -161,3 +163,18 @@ def test_a_start_step_in_the_body_goes_to_the_ranks_as_it_is(client: SidecarClie
     """The operator's startStep (the same for every pod of the job) wins over this sidecar's own."""
     client.put_session("s-1", {**trigger_body("s-1", (tmp_path / "store").as_uri()), "startStep": 1234})
     assert json.loads((stepscope_dir / "request.json").read_text())["startStep"] == 1234
+
+
+def test_the_capture_reaches_request_json_as_the_spec_typed_it(client: SidecarClient, tmp_path: Path, stepscope_dir: Path) -> None:
+    """The operator's typed request goes over the wire and into request.json without a hand-made
+    dict on the way: what the agent reads back is the very CaptureSpec the session's spec parsed to,
+    defaults included; a body past the spec's bounds is refused naming the field."""
+    store = (tmp_path / "store").as_uri()
+    spec = SessionSpec.from_dict({"capture": {"durationSeconds": 2.5, "limits": {"maxMemoryMB": 64}}, "storage": {"uri": store}})
+    client.put_session("s-typed", SessionRequest(session="s-typed", destination=store, spec=spec, startStep=40))
+    request = CaptureRequest.from_json((stepscope_dir / "request.json").read_bytes(), "request.json")
+    assert request.capture == spec.capture and request.capture.steps is None and request.capture.waitSteps == 5
+    assert (request.session, request.action, request.startStep, request.hangTimeoutSeconds) == ("s-typed", "capture", 40, 300)
+    client.delete_session("s-typed")
+    with pytest.raises(SidecarError, match=r"spec\.capture\.waitSteps must be within 0\.\.100,000"):
+        client.put_session("s-big", trigger_body("s-big", store, capture={"waitSteps": 100_001}))

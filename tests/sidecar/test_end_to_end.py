@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stepscope import layout
 from stepscope.analysis.model import decode_summary
+from stepscope.contracts import layout
 from stepscope.local.launch import LocalJob, launch_ranks
 from stepscope.sidecar_client import SidecarClient
 from tests.sidecar.conftest import KEY, eventually, wait_for

@@ -7,8 +7,8 @@ import os
 import time
 from pathlib import Path
 
-from stepscope import layout
 from stepscope.analysis.model import decode_summary
+from stepscope.contracts import layout
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
 from tests.sidecar.conftest import KEY, SimulatedRanks, wait_for
@@ -91,7 +91,7 @@ def test_a_restarted_sidecar_removes_old_leftovers_and_bounds_the_disk(stepscope
     try:
         assert not expired.exists() and not (stepscope_dir / "sidecar" / "s-old").exists()
         assert not older.exists() and newer.exists(), "over 1 MB: the oldest goes first"
-        assert (stepscope_dir / "bootstrap" / "stepscope_agent.py").exists() and telemetry.exists()
+        assert (stepscope_dir / "bootstrap" / "stepscope_agent" / "__init__.py").exists() and telemetry.exists()
         assert sidecar.manager.local_bytes == 600_000 + 2
     finally:
         sidecar.shutdown(5)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from stepscope import layout
 from stepscope.analysis.model import decode_summary
+from stepscope.contracts import layout
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar_client import SidecarClient
-from tests.nvml.simulated import SimulatedBackend
+from stepscope.testing.nvml.simulated import SimulatedBackend
 from tests.sidecar.conftest import KEY, SimulatedRanks, wait_for
 from tests.sidecar.test_control_endpoint import trigger_body
 from tests.storage.conftest import bucket, moto_endpoint, s3  # noqa: F401 - fixtures

@@ -8,8 +8,8 @@ import struct
 import time
 from pathlib import Path
 
-from stepscope import wire
-from stepscope.sidecar.agent import _StepRing
+from stepscope.agent.step_ring import StepRing
+from stepscope.contracts import wire
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar.telemetry import read_ring
 from tests.sidecar.conftest import write_json
@@ -17,7 +17,7 @@ from tests.sidecar.test_telemetry_endpoint import metrics
 
 
 def test_a_ring_that_turned_over_gives_the_latest_steps_it_can_vouch_for(tmp_path: Path) -> None:
-    ring = _StepRing()
+    ring = StepRing()
     ring.record(1, 10.0, 9.0)  # before the file exists: kept in memory and published with it
     path = tmp_path / "telemetry" / "rank-3.steps"
     ring.publish(str(path), 3, 1, 8)
@@ -59,7 +59,7 @@ def test_a_new_process_with_the_pid_of_the_one_before_starts_the_ranks_series_ov
         write_json(registry, {"rank": 0, "localRank": 0, "worldSize": 1, "pid": os.getpid(), "host": "node-a", "step": 0,
                               "heartbeat": time.time()})
 
-    before, after = _StepRing(), _StepRing()
+    before, after = StepRing(), StepRing()
     assert before.run_id != after.run_id
     ended = time.monotonic() - 400.0  # its last step 400 s ago: a hang by the chart's default
     for step in range(1, 51):

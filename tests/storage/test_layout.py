@@ -1,7 +1,7 @@
-"""The readers' patterns in stepscope.layout match exactly the keys its writers' functions build."""
+"""The readers' patterns in stepscope.contracts.layout match exactly the keys its writers' functions build."""
 from __future__ import annotations
 
-from stepscope import layout
+from stepscope.contracts import layout
 
 
 def test_readers_match_the_writers_keys() -> None:

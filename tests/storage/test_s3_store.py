@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from stepscope import layout, storage
-from stepscope.analysis.loading.session_files import find_files, read_ranks
+from stepscope import storage
+from stepscope.analysis.gathering.session_files import find_files, read_ranks
 from stepscope.analysis.model import encode_summary, table_summaries
+from stepscope.contracts import layout
 from stepscope.storage import ObjectNotFound, RetryPolicy, StoreError, open_store
-from tests.analysis.synthetic_ranks import make_summaries
+from stepscope.testing.synthetic_ranks import make_summaries
 from tests.storage.conftest import CREDENTIALS
 from tests.storage.proxy import Proxy
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 
 from stepscope.analysis.comparison.diff import MIN_CHANGE, RunDiff, diff_runs, format_table
-from stepscope.analysis.loading.session_files import find_files, open_session, read_ranks
+from stepscope.analysis.gathering.session_files import find_files, open_session, read_ranks
 from stepscope.analysis.model import RankSummary
 from stepscope.storage import StoreError
 

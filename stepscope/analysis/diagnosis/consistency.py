@@ -10,7 +10,7 @@ The checks each look at one thing, so two can tell opposite stories about the sa
   which is what the trace finding then says, and the runtime-call findings (measured against GPU
   compute that was not recorded) go.
 Each finding that makes such a claim carries it in data["claim"]; CONTRADICTIONS lists the pairs
-that must never be reported together (tests/analysis/test_consistency.py checks every shared trace).
+that must never be reported together (tests/analysis/diagnosis/test_consistency.py checks every shared trace).
 """
 from __future__ import annotations
 

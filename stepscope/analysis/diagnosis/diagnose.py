@@ -23,9 +23,9 @@ from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables, u
 from stepscope.analysis.diagnosis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
 from stepscope.analysis.diagnosis.straggler import Straggler, find_straggler, lost_time_shares, more_steps
 from stepscope.analysis.diagnosis.wording import function_text, ms, ranks_text, short
-from stepscope.analysis.metrics.summary import NO_GPU_EVENTS
 from stepscope.analysis.model import Breakdown, Diagnosis, Finding, RankSummary, SlowWorker, StepTime, summaries_table, table_summaries
-from stepscope.wire import STACK_SAMPLE_SECONDS, STACKS_DROPPED
+from stepscope.analysis.statistics.summary import NO_GPU_EVENTS
+from stepscope.contracts.wire import STACK_SAMPLE_SECONDS, STACKS_DROPPED
 
 MAX_FINDINGS = 20
 MAX_SLOW_WORKERS = 16
@@ -301,7 +301,7 @@ def diagnose(summaries: list[RankSummary] | pa.Table, *, stacks: dict[int, dict]
     waiting: list[Finding] = []
     waiting_workers: list[SlowWorker] = []
     confidence: float | None = None
-    # The agent's capture budget says so in the summary's warnings (stepscope.wire.STACKS_DROPPED).
+    # The agent's capture budget says so in the summary's warnings (stepscope.contracts.wire.STACKS_DROPPED).
     warned = ok.column("warnings")
     dropped_rows = pc.starts_with(pc.list_flatten(warned), STACKS_DROPPED).to_numpy()
     dropped = {int(r) for r in ok.column("rank").to_numpy()[pc.list_parent_indices(warned).to_numpy()[dropped_rows]]}

@@ -1,5 +1,5 @@
 """Ops that dominate the GPU's compute time yet run far below the device's roofline
-(metrics/efficiency.py): a GEMM at 10 % of peak costs more than any straggler on most jobs."""
+(statistics/efficiency.py): a GEMM at 10 % of peak costs more than any straggler on most jobs."""
 from __future__ import annotations
 
 import numpy as np

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.metrics.gpu_steps import counter, reason_fraction, reduce, series, step_windows
 from stepscope.analysis.model import Finding, RankSummary
-from stepscope.gpu_metrics import POWER_REASONS, THERMAL_REASONS, THROTTLE_REASONS
+from stepscope.analysis.statistics.gpu_steps import counter, reason_fraction, reduce, series, step_windows
+from stepscope.gpu_sample_file import POWER_REASONS, THERMAL_REASONS, THROTTLE_REASONS
 
 THROTTLED_FRACTION = 0.2  # share of samples with a throttle reason that makes a throttled GPU
 LOW_CLOCK_RATIO = 0.9  # an unthrottled SM clock under this share of the peers' median is low

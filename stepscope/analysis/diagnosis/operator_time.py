@@ -5,6 +5,8 @@ operator time (OperatorStat.stepsUs, the operators' own time on the training thr
 """
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +34,10 @@ class OperatorCause:
     operator: str  # the operator with the most excess
     shapes: str  # its input shapes on the rank
     peersShapes: str  # and on its peers
+    # Its inputs are larger than its peers': the shapes it spends most time in, more elements than
+    # theirs, that no peer runs. Work they do not have, which no load of the machine makes (a busy
+    # machine stretches operators, it does not change their shapes).
+    larger: bool = False
 
     @property
     def ratio(self) -> float:
@@ -45,7 +51,20 @@ class OperatorCause:
                     "or host cannot be told from larger inputs")
         if self.sameShapes:
             return f"{head} with the same shapes, most in {self.operator} {self.shapes}: a slow device or host"
+        if not self.larger:
+            return f"{head}, with other input shapes than its peers': {self.operator} takes {self.shapes} against {self.peersShapes} on its peers"
         return f"{head}, as its inputs are larger: {self.operator} takes {self.shapes} against {self.peersShapes} on its peers: uneven shards or batches"
+
+
+def _elements(shapes: str) -> int:
+    """The elements of all of an operator's input tensors, from the profiler's "Input Dims" text
+    (0 where it cannot be read)."""
+    try:
+        dims = json.loads(shapes) if shapes else []
+    except ValueError:
+        return 0
+    tensors = [d for d in dims if isinstance(d, list) and d and all(isinstance(n, int) for n in d)] if isinstance(dims, list) else []
+    return sum(math.prod(d) for d in tensors)
 
 
 def _dominant_shapes(ops: pd.DataFrame) -> pd.Series:
@@ -56,7 +75,8 @@ def _dominant_shapes(ops: pd.DataFrame) -> pd.Series:
 
 def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCause | None:
     """The operators' part of `rank`'s extra time over `steps` (those every rank captured); None
-    when its operators take no longer than its peers' (by OPERATOR_RATIO), or none were recorded."""
+    when its operators take no longer than its peers' (by OPERATOR_RATIO, unless its inputs are
+    larger than theirs: OperatorCause.larger), or none were recorded."""
     ops = tables.operators
     ranks = sorted(int(r) for r in tables.ranks["rank"])
     if ops.empty or rank not in set(ops["rank"]) or len(ranks) < 2 or len(steps) == 0:
@@ -66,7 +86,7 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
     mine = per_step[rank].to_numpy(dtype=float)
     excess = mine - peers
     typical = float(np.median(excess))
-    if typical <= 0 or float(np.median(mine)) < OPERATOR_RATIO * float(np.median(peers)):
+    if typical <= 0:
         return None
     # Which of its operators carry the excess, and whether its peers run them with the same shapes.
     by_name = ops.groupby(["name", "rank"])["sumUs"].sum().unstack("rank").reindex(columns=ranks).fillna(0.0)
@@ -80,8 +100,21 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
     shared = float(own.loc[keys[own.index].isin(others), "sumUs"].sum()) / max(float(own["sumUs"].sum()), 1e-9)
     dominant = _dominant_shapes(ops)
     peer_shapes = [str(dominant[(r, operator)]) for r in ranks if r != rank and (r, operator) in dominant.index]
+    shapes = str(dominant.get((rank, operator), ""))
+    peers_shapes = max(set(peer_shapes), key=peer_shapes.count) if peer_shapes else ""
+    known, same = bool((own["shapes"] != "").any()), shared >= SAME_SHAPES
+    # Its inputs to that operator over all of its calls (each shape's calls times its elements: the
+    # dominant shapes of an operator may be different calls of it on different ranks) against its
+    # peers' median.
+    calls = ops[ops["name"] == operator]
+    work = (calls["count"] * calls["shapes"].map(_elements)).groupby(calls["rank"]).sum().reindex(ranks).fillna(0.0)
+    inputs = float(work[rank]) - float(work.drop(rank).median())
+    larger = known and not same and f"{operator}\0{shapes}" not in others and inputs > 0
+    ratio = float(np.median(mine)) / max(float(np.median(peers)), 1e-9)
+    # Smaller inputs that take longer are neither uneven shards of its own nor its peers' work run
+    # slower: the operators tell nothing of it (a peer with the larger inputs may be the one).
+    if (known and not same and inputs < 0) or (not larger and ratio < OPERATOR_RATIO):
+        return None
     return OperatorCause(excessUsPerStep=typical, usPerStep=float(np.median(mine)), peersUsPerStep=float(np.median(peers)),
-                         stepsUs=tuple(float(e) for e in excess), sameShapes=shared >= SAME_SHAPES,
-                         shapesKnown=bool((own["shapes"] != "").any()), operator=operator,
-                         shapes=str(dominant.get((rank, operator), "")),
-                         peersShapes=max(set(peer_shapes), key=peer_shapes.count) if peer_shapes else "")
+                         stepsUs=tuple(float(e) for e in excess), sameShapes=same, shapesKnown=known, operator=operator,
+                         shapes=shapes, peersShapes=peers_shapes, larger=larger)

@@ -110,6 +110,26 @@ def _efficiency(table: pa.Table) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def _critical_path(table: pa.Table) -> pd.DataFrame:
+    """Each rank's critical path (CriticalPathSummary): a row per bound with name "" (the path's
+    time by what bounds it), then its top contributors; rank, boundBy, name, us, pathUs."""
+    path = table.column("criticalPath")
+    rank, total = table.column("rank"), pc.struct_field(path, "totalUs")
+    by_bound = pc.struct_field(path, "byBound")
+    by_bound = by_bound.cast(pa.list_(pa.struct([by_bound.type.key_field, by_bound.type.item_field])))  # a map is no list to Arrow's kernels
+    frames = []
+    for items, bound, name, us in ((by_bound, "key", None, "value"), (pc.struct_field(path, "top"), "boundBy", "name", "us")):
+        flat, owner = pc.list_flatten(items), pc.list_parent_indices(items)
+        frames.append(pd.DataFrame({
+            "rank": pc.take(rank, owner).to_numpy(),
+            "boundBy": pc.struct_field(flat, bound).to_numpy(zero_copy_only=False),
+            "name": pc.struct_field(flat, name).to_numpy(zero_copy_only=False) if name else np.full(len(flat), "", dtype=object),
+            "us": pc.struct_field(flat, us).to_numpy(),
+            "pathUs": pc.take(total, owner).to_numpy(),
+        }))
+    return pd.concat(frames, ignore_index=True)
+
+
 @dataclass(frozen=True)
 class RankTables:
     """All summaries of a session as tables; `ranks` has one row per summarised rank."""
@@ -127,6 +147,7 @@ class RankTables:
     # Each collective call's duration (rank, kind, position, durationUs) and the efficiency rows.
     durations: pd.DataFrame = field(default_factory=pd.DataFrame)
     efficiency: pd.DataFrame = field(default_factory=pd.DataFrame)
+    criticalPath: pd.DataFrame = field(default_factory=pd.DataFrame)
     _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def memo(self, key: str, make: Callable[[], T]) -> T:
@@ -236,4 +257,5 @@ def build_tables(summaries: list[RankSummary] | pa.Table) -> RankTables:
         ownUs=_own_time(functions),
         durations=_durations(table),
         efficiency=_efficiency(table),
+        criticalPath=_critical_path(table),
     )

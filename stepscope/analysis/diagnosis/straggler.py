@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.diagnosis.causes import BACKWARD, OWN_SHARE, Cause, find_cause, frame_per_step, frames, thread_cause, thread_per_step
-from stepscope.analysis.diagnosis.operator_time import OperatorCause, operator_cause
+from stepscope.analysis.diagnosis.operator_time import OPERATOR_RATIO, OperatorCause, operator_cause
 from stepscope.analysis.diagnosis.patterns import QUIET, intermittent
 from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.diagnosis.slow_workers import CONFIDENT, DOUBT, MIN_GAP_SHARE, WaitVerdict
@@ -113,7 +113,9 @@ def _best_cause(tables: RankTables, exploded: pd.DataFrame, rank: int, steps: pd
     cause = find_cause(tables, rank, exploded, sampled)
     ops = operator_cause(tables, rank, steps)
     same = ops is not None and ops.sameShapes and ops.shapesKnown and cause is not None and ops.excessUsPerStep >= 0.5 * cause.excessUsPerStep
-    if ops is not None and (cause is None or same or (not _user_frame(cause) and ops.excessUsPerStep >= cause.excessUsPerStep)):
+    # Larger inputs also stretch the program's own per-sample functions (its Dataset's __getitem__),
+    # by less than they stretch the operators.
+    if ops is not None and (cause is None or same or ((not _user_frame(cause) or ops.larger) and ops.excessUsPerStep >= cause.excessUsPerStep)):
         cause = _operators(ops)
     thread = thread_cause(tables, rank)
     if thread is not None and (cause is None or thread.excessUsPerStep >= cause.excessUsPerStep):
@@ -135,18 +137,31 @@ def _thread_in_every_step(tables: RankTables, rank: int, cause: Cause, steps: pd
     return holds == len(steps) or (len(steps) > 3 and holds >= len(steps) - 1)
 
 
-def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> Cause | None:
-    """The waiting rank's operators as its cause where the collectives name it in at least half of
-    the steps and its operators run OPERATOR_RATIO times its peers' with the same shapes in at
-    least half of them: a slower host or device stretches all of the rank's work, its Python
-    between the operators too, so the operators' own excess is a part of the gap, and the gap
-    (not that part) is what the rank costs its peers."""
-    if v.rank is None or 2 * v.agreeing < v.steps:
+def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cause, int] | None:
+    """The waiting rank's operators as its cause, with the steps that show it, where its peers wait
+    longer than it does in at least half of the steps and its operators run OPERATOR_RATIO times its
+    peers' with the same shapes in at least half of them: a slower host or device stretches all of
+    the rank's work, its Python between the operators too, so the operators' own excess is a part
+    of the gap, and the gap (not that part) is what the rank costs its peers. Each step tells only
+    which side of its peers the rank falls on: the mean gap (the verdict's, MIN_GAP_SHARE of the
+    step) says how much, and with more ranks on a loaded machine a step rarely leaves one rank alone
+    by that much (WaitVerdict.agreeing). A host slower at everything stretches its operators at
+    least by their share of its peers' own time (the step less their wait, sleeps included) times
+    the gap: operators whose typical excess falls short of that swing with the machine's load,
+    while something else (the load itself, on a rank the scheduler favours less) holds it back."""
+    if v.rank is None:
         return None
+    peers = v.perStepUs.drop(columns=[v.rank])
+    waited = int(np.sum(peers.median(axis=1).to_numpy(dtype=float) > v.perStepUs[v.rank].to_numpy(dtype=float)))
     ops = operator_cause(tables, v.rank, steps)
-    if ops is None or not (ops.sameShapes and ops.shapesKnown) or 2 * _steady_operators(tables, v.rank, steps) < len(steps):
+    if (2 * waited < v.steps or ops is None or not (ops.sameShapes and ops.shapesKnown) or ops.ratio < OPERATOR_RATIO
+            or 2 * _steady_operators(tables, v.rank, steps) < len(steps)):
         return None
-    return _operators(ops)
+    durations = tables.steps.pivot_table(index="step", columns="rank", values="durationUs", aggfunc="sum").reindex(index=steps, columns=peers.columns)
+    own_us = float(np.median((durations - peers).median(axis=1)))
+    if own_us <= 0 or ops.excessUsPerStep < ops.peersUsPerStep / own_us * v.gapUsPerStep:
+        return None
+    return _operators(ops), waited
 
 
 def _steady_operators(tables: RankTables, rank: int, steps: pd.Index) -> int:
@@ -320,11 +335,12 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
     found = _best_cause(tables, exploded, v.rank, steps, sampled)
     host = _slow_host(tables, v, steps)
     if host is not None:
-        found = host
+        found = host[0]
     elif found is not None and found.excessUsPerStep < MIN_GAP_SHARE * v.stepUs:
         # A frame that explains next to nothing of the gap is no explanation of it.
         found = None
-    conf = confidence(v.share, v.agreeing, v.steps, 1.0 if host is not None else 0.0, True)
+    agreeing = v.agreeing if host is None else host[1]
+    conf = confidence(v.share, agreeing, v.steps, 1.0 if host is not None else 0.0, True)
     once = None if found is None or host is not None else _once(tables, exploded, v, found, steps)
     if once is not None:
         # One step is no pattern (every Nth step, or once?), but no healthy job either.
@@ -341,7 +357,7 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         # whose peers waited 15 ms of a 91 ms step for the slow-compute rank, 2 steps of 4 clearly).
         conf = max(conf, DOUBT)
     return Straggler(rank=v.rank, named=conf >= CONFIDENT, cause=found, confidence=conf, gapUsPerStep=v.gapUsPerStep,
-                     costUsPerStep=v.gapUsPerStep, stepUs=v.stepUs, steps=v.steps, steadySteps=1 if once else v.agreeing, waitNames=v.rank,
+                     costUsPerStep=v.gapUsPerStep, stepUs=v.stepUs, steps=v.steps, steadySteps=1 if once else agreeing, waitNames=v.rank,
                      askSteps=once[1] if once else 0)
 
 

@@ -10,30 +10,20 @@ cut at a row and says so in its warnings.
 from __future__ import annotations
 
 import io
-import os
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.settings import MAX_METRICS_MB_ENV, metrics_cap_bytes
+
 REQUIRED_COLUMNS = ("ts_us", "gpu")
-# A node's samples at the default 1 kHz: 8 GPUs for a minute are ~480 k rows of ~100 bytes (48 MB);
-# 128 MiB and 32 M values (256 MB of float64: 600 k rows of an H100's 51 columns) leave room for
-# that while the analysis stays within its memory.
-MAX_METRICS_MB_ENV = "STEPSCOPE_MAX_METRICS_MB"
-DEFAULT_MAX_METRICS_MB = 128
+# 32 M values (256 MB of float64: 600 k rows of an H100's 51 columns) beside the byte cap
+# (settings.DEFAULT_MAX_METRICS_MB) leave room for a node's minute at 1 kHz.
 MAX_CELLS = 32_000_000
 _READ = 1 << 20
-
-
-def max_metrics_bytes(environ: Mapping[str, str]) -> int:
-    """The cap on a metrics file's uncompressed bytes that the environment sets."""
-    text = environ.get(MAX_METRICS_MB_ENV, "").strip()
-    if text and (not text.isdigit() or int(text) < 1):
-        raise ValueError(f"{MAX_METRICS_MB_ENV} must be a positive integer, not {text!r}")
-    return (int(text) if text else DEFAULT_MAX_METRICS_MB) << 20
 
 
 def read_metrics(data: bytes | Path, max_bytes: int | None = None) -> pd.DataFrame:
@@ -43,7 +33,7 @@ def read_metrics(data: bytes | Path, max_bytes: int | None = None) -> pd.DataFra
     default the environment's cap) or MAX_CELLS values the rows before the cap, and either says
     so in `frame.attrs["warnings"]`; anything that is not such a file raises ValueError.
     """
-    limit = max_metrics_bytes(os.environ) if max_bytes is None else max_bytes
+    limit = metrics_cap_bytes() if max_bytes is None else max_bytes
     raw, warnings = _bounded(_chunks(data), limit)
     if not raw.strip():
         raise ValueError("gpu metrics file is empty")

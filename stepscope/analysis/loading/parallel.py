@@ -13,10 +13,11 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-# Measured peak RSS of one worker on 286 MB ranks (docs/benchmarks.md, analysis section), with room.
-WORKER_BYTES = 400 << 20
+# Measured peak RSS of one worker on 286 MB ranks (docs/benchmarks.md, analysis section), with room:
+# 296 MiB without the critical path, 389-407 MiB with it (the path's graph, ~95 MiB at 740 k rows).
+WORKER_BYTES = 450 << 20
 # The main process: summaries, diagnosis, tables and report of up to thousands of ranks, and at
-# times one rank of the merged trace (report_merge._segments), as a worker does.
+# times one rank of the merged trace (reporting.merged_trace._segments), as a worker does.
 MAIN_BYTES = 600 << 20
 _CGROUP = Path("/sys/fs/cgroup")
 

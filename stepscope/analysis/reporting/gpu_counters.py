@@ -6,8 +6,8 @@ import zlib
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.metrics.gpu_steps import counter, series
-from stepscope.gpu_metrics import THROTTLE_REASONS
+from stepscope.analysis.statistics.gpu_steps import counter, series
+from stepscope.gpu_sample_file import THROTTLE_REASONS
 
 COUNTER_BIN_US = 1_000
 MAX_COUNTER_EVENTS = 200_000

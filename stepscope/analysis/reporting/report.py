@@ -1,5 +1,5 @@
 """Writes a session's report into a store: diagnosis.json, index.html, the CSV tables and the
-merged Perfetto trace (ARCHITECTURE.md, "Object-store layout")."""
+merged Perfetto trace (docs/design.md, "Object-store layout")."""
 from __future__ import annotations
 
 import tempfile
@@ -13,12 +13,12 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from stepscope import layout
 from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.model import Diagnosis, Finding
-from stepscope.analysis.reporting.report_html import render_html
-from stepscope.analysis.reporting.report_merge import MergePlan, describe, sentence, write_merged_trace
-from stepscope.analysis.reporting.report_tables import detail_ranks, report_tables
+from stepscope.analysis.reporting.html import render_html
+from stepscope.analysis.reporting.merged_trace import MergePlan, describe, sentence, write_merged_trace
+from stepscope.analysis.reporting.tables import detail_ranks, report_tables
+from stepscope.contracts import layout
 from stepscope.storage import Store
 
 REPORT_VERSION = 1

@@ -1,0 +1,354 @@
+"""The stragglers of real fleets, on synthetic gloo (CPU) ranks in lockstep: a rank whose operators
+run slower with the same shapes or on larger inputs, a background thread that holds the GIL, a
+cost every few steps, two slow ranks at once, a rank whose stacks were sampled beside traced ones."""
+from __future__ import annotations
+
+import numpy as np
+
+from stepscope.analysis.diagnosis.bottlenecks import python_outliers
+from stepscope.analysis.diagnosis.diagnose import diagnose
+from stepscope.analysis.diagnosis.patterns import intermittent
+from stepscope.analysis.diagnosis.rank_tables import build_tables
+from stepscope.analysis.diagnosis.straggler import lost_time_shares, more_steps
+from stepscope.analysis.model import SUMMARY_VERSION, CollectiveStat, FunctionStat, OperatorStat, RankSummary, StepRow
+from stepscope.contracts.wire import STACKS_DROPPED
+
+ROOT = "workload.py(300): <module> > workload.py(250): train"
+SHARD = f"{ROOT} > workload.py(101): read_shard > <built-in function sleep>"
+FORWARD = f"{ROOT} > module.py(1782): _call_impl > torch/nn/modules/container.py(248): forward > <built-in function linear>"
+THREAD = "threading.py(1002): _bootstrap > threading.py(1045): _bootstrap_inner > threading.py(982): run > workload.py(146): publish_metrics"
+MM = "aten::mm"
+SHAPES = "[[64, 1024], [1024, 1024]]"
+STEP_US = 60_000.0
+
+
+def _fn(stack: str, per_step: list[float], count: int | None = None) -> FunctionStat:
+    return FunctionStat(name=stack.rsplit(" > ", 1)[-1], stack=stack, count=count or len(per_step), exclusiveUs=float(sum(per_step)),
+                        notOverlappedUs=float(sum(per_step)), stepsUs=[float(x) for x in per_step])
+
+
+def _op(name: str, shapes: str, per_step: list[float]) -> OperatorStat:
+    return OperatorStat(name=name, shapes=shapes, count=2 * len(per_step), sumUs=float(sum(per_step)), stepsUs=[float(x) for x in per_step])
+
+
+def lockstep(ranks: int, steps: int, extra: dict[int, list[float]], seed: int = 0, functions: dict[int, list[FunctionStat]] | None = None,
+             operators: dict[int, list[OperatorStat]] | None = None, warnings: dict[int, list[str]] | None = None) -> list[RankSummary]:
+    """Ranks that each step work 20 ms (with 3 % noise) plus extra[r][step] µs, then meet in an
+    all-reduce that ends when the last one arrives: each waits the difference. Every rank reads its
+    shard 30 ms a step and runs the same 8 ms of aten::mm unless `operators` says otherwise."""
+    rng = np.random.default_rng(seed)
+    work = 20_000.0 * rng.uniform(0.97, 1.03, (ranks, steps))
+    for r, e in extra.items():
+        work[r] += np.asarray(e, dtype=float)
+    arrive = work.max(axis=0)
+    out = []
+    for r in range(ranks):
+        waits = arrive - work[r] + 500.0
+        step_us = STEP_US + arrive - 20_000.0
+        rows = [StepRow(step=10 + i, startUs=float(step_us[:i].sum()), durationUs=float(d), collectiveUs=float(w))
+                for i, (d, w) in enumerate(zip(step_us, waits))]
+        fns = [_fn(SHARD, [30_000.0] * steps), _fn(FORWARD, list(rng.uniform(7_000, 7_400, steps))), *(functions or {}).get(r, [])]
+        ops = (operators or {}).get(r) or [_op(MM, SHAPES, list(rng.uniform(7_800, 8_200, steps)))]
+        out.append(RankSummary(version=SUMMARY_VERSION, rank=r, worldSize=ranks, backend="gloo", capturedUs=float(step_us.sum()), steps=rows,
+                               collectives=[CollectiveStat(kind="AllReduce", count=steps, sumUs=float(waits.sum()), medianUs=float(np.median(waits)))],
+                               functions=fns, operators=ops, warnings=(warnings or {}).get(r, [])))
+    return out
+
+
+def test_operators_slower_with_the_same_shapes_are_a_slow_host():
+    # Rank 1's aten::mm takes 1.8x its peers' with the same shapes; no function of its own. The
+    # diagnosis before said it could not tell, the time being in "operators ... not attributed".
+    steps = 8
+    slow = [_op(MM, SHAPES, [14_400.0] * steps)]
+    diagnosis, _ = diagnose(lockstep(3, steps, {1: [6_400.0] * steps}, operators={1: slow}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [1]
+    assert diagnosis.summary.startswith("rank 1 holds the job back")
+    assert "same shapes" in diagnosis.summary and "aten::mm" in diagnosis.summary and "1.8x" in diagnosis.summary
+    assert "same shapes" in diagnosis.slowWorkers[0].cause
+
+
+def test_larger_inputs_are_uneven_shards_with_both_shapes():
+    steps = 8
+    big = [_op(MM, "[[128, 1024], [1024, 1024]]", [16_000.0] * steps)]
+    diagnosis, _ = diagnose(lockstep(2, steps, {0: [8_000.0] * steps}, operators={0: big}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [0]
+    assert "its inputs are larger" in diagnosis.summary and "uneven shards" in diagnosis.summary
+    assert "[[128, 1024], [1024, 1024]] against [[64, 1024], [1024, 1024]]" in diagnosis.summary
+
+
+def test_operator_noise_of_a_healthy_job_names_no_rank():
+    for seed in range(5):
+        diagnosis, _ = diagnose(lockstep(4, 8, {}, seed=seed))
+        assert diagnosis.slowWorkers == [] and not diagnosis.summary.startswith("rank"), diagnosis.summary
+
+
+def test_a_background_thread_that_holds_the_gil_is_named_with_its_function():
+    # The training thread waits for the GIL while the thread runs Python: no frame of the training
+    # thread explains the time, the thread does.
+    steps = 8
+    diagnosis, _ = diagnose(lockstep(2, steps, {1: [25_000.0] * steps}, functions={1: [_fn(THREAD, [28_000.0] * steps)]}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [1]
+    assert "a background thread in publish_metrics (workload.py:146) holds the GIL about 28.0 ms a step" in diagnosis.summary
+    assert "background thread in publish_metrics" in diagnosis.slowWorkers[0].cause
+
+
+def test_a_cost_every_fourth_step_is_named_with_its_pattern():
+    # 150 ms every 4th step: 37.5 ms/step on average, nothing in the other steps.
+    steps = 8
+    pattern = [150_000.0 if (10 + i) % 4 == 3 else 0.0 for i in range(steps)]
+    stall = _fn(f"{ROOT} > workload.py(156): save_checkpoint > <built-in function sleep>", pattern)
+    diagnosis, _ = diagnose(lockstep(2, steps, {1: pattern}, functions={1: [stall]}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [1]
+    assert "every 4th step it spends 150 ms more than its peers in save_checkpoint" in diagnosis.summary
+    assert "those steps take 210 ms, the others 60." in diagnosis.summary
+
+
+def test_intermittent_pattern_judged_per_step():
+    numbers = np.arange(10, 18)
+    found = intermittent(np.array([0, 100, 0, 0, 0, 100, 0, 0.0]), numbers, 10.0)
+    assert found is not None and found.period == 4 and found.text() == "every 4th step"
+    uneven = intermittent(np.array([0, 100, 0, 100, 0, 0, 0, 100.0]), numbers, 10.0)
+    assert uneven is not None and uneven.period is None and uneven.text() == "in 3 of 8 steps"
+    assert intermittent(np.full(8, 100.0), numbers, 10.0) is None  # every step: steady, not intermittent
+    assert intermittent(np.array([0, 100, 0, 0, 0, 0, 0, 0.0]), numbers, 10.0) is None  # once: a hiccup
+    assert intermittent(np.array([40, 100, 40, 0, 0, 100, 0, 0.0]), numbers, 10.0) is None  # not quiet between
+
+
+def test_two_slow_ranks_are_both_named_with_their_causes_and_costs():
+    steps = 8
+    cpu = _fn(f"{ROOT} > workload.py(84): augment_batch_slowly", [40_000.0] * steps)
+    io = _fn(f"{ROOT} > workload.py(123): fetch_remote_features > <built-in function sleep>", [25_000.0] * steps)
+    diagnosis, _ = diagnose(lockstep(4, steps, {1: [40_000.0] * steps, 3: [25_000.0] * steps}, functions={1: [cpu], 3: [io]}))
+    workers = {w.rank: w for w in diagnosis.slowWorkers}
+    assert [w.rank for w in diagnosis.slowWorkers] == [1, 3]
+    assert "augment_batch_slowly" in workers[1].cause and "fetch_remote_features" in workers[3].cause
+    assert diagnosis.summary.startswith("ranks 1 and 3 hold the job back")
+    # The shares of the lost time add up to what rank 1 costs; rank 1's is the larger.
+    assert workers[1].lostMsPerStep > workers[3].lostMsPerStep > 0
+    assert abs(workers[1].lostMsPerStep + workers[3].lostMsPerStep - 40.0) < 1.5
+
+
+def test_lost_time_shares_follow_the_counterfactual_and_add_up():
+    shares = lost_time_shares({1: 40.0, 3: 25.0}, 40.0)
+    # Without rank 1 the step still waits 25 for rank 3: 15 is rank 1's alone, 25 shared.
+    assert shares == {1: 15.0 + 12.5, 3: 12.5}
+    scaled = lost_time_shares({0: 30.0, 2: 30.0, 5: 10.0}, 60.0)
+    assert abs(sum(scaled.values()) - 60.0) < 1e-9 and scaled[0] == scaled[2] > scaled[5]
+
+
+def test_the_steps_to_capture_are_never_fewer_than_were_captured():
+    assert more_steps(8) == 16 and more_steps(20) == 40
+
+
+def test_a_sampled_rank_names_the_function_not_its_generator_nor_traced_built_ins():
+    # Rank 1's stacks were sampled (no built-ins, no per-call tracer cost); rank 0's were traced.
+    # The sampled rank's function is named (not its <genexpr>), and rank 0's time in sleep, which
+    # samples cannot see, is no cause of rank 0's.
+    steps = 8
+    tok = [_fn(f"{ROOT} > workload.py(170): tokenize_records > workload.py(175): <genexpr>", [14_000.0] * steps),
+           _fn(f"{ROOT} > workload.py(170): tokenize_records > workload.py(175): <genexpr> > workload.py(166): _token", [6_000.0] * steps)]
+    sampled = [f"{STACKS_DROPPED}: 30,000 Python calls per step x 8 steps = 240,000 exceeds capture.limits.maxStackEvents=100,000"]
+    summaries = lockstep(2, steps, {1: [20_000.0] * steps}, functions={1: tok}, warnings={1: sampled})
+    # Samples cannot see C functions: the sampled rank's read_shard holds its sleep as its own time.
+    summaries[1].functions[0] = _fn(f"{ROOT} > workload.py(101): read_shard", [30_000.0] * steps)
+    diagnosis, full = diagnose(summaries)
+    assert diagnosis.summary.startswith("rank 1 holds the job back") and "tokenize_records (workload.py:170)" in diagnosis.summary
+    assert "<genexpr>" not in diagnosis.summary
+    tables = build_tables(summaries)
+    # Function by function, a sampled rank is compared with sampled ranks only.
+    assert python_outliers(tables, STEP_US, set(), sampled=frozenset({1})) == []
+    assert python_outliers(tables, STEP_US, set()) != []
+
+
+def test_the_function_of_its_own_is_named_with_its_hot_helper_not_the_helper():
+    # Every 3rd step rank 0 computes 90 ms in run_evaluation, all of it in its helper _busy: the
+    # function a user knows is run_evaluation (the helper may be anything it calls).
+    steps = 9
+    pattern = [90_000.0 if (10 + i) % 3 == 2 else 0.0 for i in range(steps)]
+    busy = _fn(f"{ROOT} > workload.py(163): run_evaluation > workload.py(136): _busy", pattern)
+    diagnosis, _ = diagnose(lockstep(3, steps, {0: pattern}, functions={0: [busy]}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [0]
+    assert "in run_evaluation (workload.py:163), mostly in its helper _busy (workload.py:136)" in diagnosis.summary
+    assert "every 3rd step" in diagnosis.summary
+
+
+def test_a_cause_three_calls_deep_is_named_by_its_outermost_function_not_the_training_loop():
+    # 45 ms a step three calls deep; the training loop and <module> carry the excess too, but every
+    # rank spends most of its step there.
+    steps = 8
+    deep = _fn(f"{ROOT} > workload.py(190): refresh_embeddings > workload.py(186): _rebuild_index > workload.py(182): _score_rows",
+               [45_000.0] * steps)
+    diagnosis, _ = diagnose(lockstep(4, steps, {2: [45_000.0] * steps}, functions={2: [deep]}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [2]
+    assert "more than its peers in refresh_embeddings (workload.py:190), mostly in its helper _score_rows" in diagnosis.summary
+
+
+def _collectives_noise(ranks: int, steps: int, slow: int, gap_us: float) -> dict[int, list[float]]:
+    """Each rank's work swings by 6 ms from step to step; `slow` works `gap_us` more on average: its
+    peers' wait for it is within the collectives' noise, and they name no rank."""
+    rng = np.random.default_rng(2)
+    extra = {r: list(rng.normal(0.0, 6_000.0, steps)) for r in range(ranks)}
+    extra[slow] = [x + gap_us for x in extra[slow]]
+    return extra
+
+
+def test_a_gil_thread_of_its_own_in_every_step_is_named_when_the_collectives_show_little():
+    # The thread runs 20-40 ms of Python each step; the training thread mostly sleeps meanwhile, so
+    # its peers wait only ~2.5 ms for it, less than the collectives' noise band asks of a 27 ms cause.
+    steps = 8
+    per_step = [20_000.0, 40_000.0, 20_000.0, 20_000.0, 40_000.0, 20_000.0, 20_000.0, 40_000.0]
+    thread = _fn(THREAD.replace("publish_metrics", "flush_log_records"), per_step)
+    diagnosis, _ = diagnose(lockstep(3, steps, _collectives_noise(3, steps, 2, 2_500.0), functions={2: [thread]}))
+    assert diagnosis.summary.startswith("rank 2 holds the job back"), diagnosis.summary
+    assert "background thread in flush_log_records" in diagnosis.summary
+
+
+def test_a_gil_thread_in_some_steps_only_still_needs_the_collectives():
+    steps = 8
+    per_step = [30_000.0, 0.0, 0.0, 30_000.0, 0.0, 0.0, 0.0, 30_000.0]
+    diagnosis, _ = diagnose(lockstep(3, steps, _collectives_noise(3, steps, 2, 2_500.0), functions={2: [_fn(THREAD, per_step)]}))
+    assert diagnosis.summary.startswith("cannot tell which rank"), diagnosis.summary
+
+
+def test_a_slow_host_whose_operators_carry_part_of_the_gap_is_named_with_the_waiting():
+    # Rank 1's CPU is throttled: its aten::mm takes 1.35x its peers' with the same shapes (2.8 ms a
+    # step, under 5 % of the step), its Python between the operators is stretched too, and its peers
+    # wait 5 ms a step for it. The operators alone explain too little to be a cause of their own.
+    steps = 8
+    rng = np.random.default_rng(3)
+    slow = [_op(MM, SHAPES, list(rng.uniform(10_600, 11_000, steps)))]
+    diagnosis, _ = diagnose(lockstep(3, steps, {1: [5_000.0] * steps}, operators={1: slow}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [1]
+    assert diagnosis.summary.startswith("rank 1 holds the job back"), diagnosis.summary
+    assert "with the same shapes" in diagnosis.summary and "slow device or host" in diagnosis.summary
+
+
+def test_a_rank_the_collectives_name_without_slower_operators_is_no_slow_host():
+    steps = 8
+    diagnosis, _ = diagnose(lockstep(3, steps, {1: [5_000.0] * steps}))
+    assert "same shapes" not in diagnosis.summary
+
+
+def test_a_gil_thread_whose_rank_spends_longer_in_backward_is_still_named():
+    # The thread takes the GIL from the training thread's backward as well: rank 2 spends 6 ms a
+    # step longer there than its peers. That is its own slowness, not DDP waiting for its peers,
+    # so it does not outweigh the peers' small wait for it (before: "cannot tell").
+    steps = 8
+    thread = _fn(THREAD.replace("publish_metrics", "compress_telemetry"), [12_000.0, 24_000.0] * (steps // 2))
+    backward = f"{ROOT} > torch/_tensor.py(626): backward > <built-in method run_backward of torch._C._EngineBase object>"
+    functions = {r: [_fn(backward, [10_000.0 + (6_000.0 if r == 2 else 0.0)] * steps)] for r in range(3)}
+    functions[2].append(thread)
+    diagnosis, _ = diagnose(lockstep(3, steps, _collectives_noise(3, steps, 2, 1_000.0), functions=functions))
+    assert diagnosis.summary.startswith("rank 2 holds the job back"), diagnosis.summary
+    assert "background thread in compress_telemetry" in diagnosis.summary
+
+
+def test_a_cost_in_one_captured_step_cannot_tell_but_names_the_rank_and_function():
+    # 150 ms in validate_model in one step of 8 (every 5th step): one step is no pattern, but it is
+    # no healthy job either (before: "no problem found").
+    steps = 8
+    once = [150_000.0 if i == 4 else 0.0 for i in range(steps)]
+    validate = _fn(f"{ROOT} > workload.py(206): validate_model > workload.py(150): _busy", once)
+    diagnosis, _ = diagnose(lockstep(3, steps, {1: once}, functions={1: [validate]}))
+    assert diagnosis.summary.startswith("cannot tell which rank"), diagnosis.summary
+    assert "Rank 1 is the likeliest: in 1 of 8 steps (step 14) it spends 150 ms more than its peers in validate_model" in diagnosis.summary
+    # At most one hit in steps 10-17 at 14: another is 5 or more steps away; three hits need 15 steps.
+    assert "(steps: 16)" in diagnosis.summary
+    early = [150_000.0 if i == 1 else 0.0 for i in range(steps)]
+    diagnosis, _ = diagnose(lockstep(3, steps, {1: early}, functions={1: [_fn(validate.stack, early)]}))
+    assert "(steps: 21)" in diagnosis.summary, diagnosis.summary
+
+
+
+def test_larger_inputs_are_named_though_their_operators_are_under_the_ratio():
+    # Rank 0's batches are 2x its peers': on a loaded machine its operators took only 1.26x theirs,
+    # 3.6 ms a step, and its Dataset's __getitem__ (a function of the program's own) ran 0.3 ms
+    # longer. Larger shapes are no noise of the machine: its operators are the cause (before:
+    # "cannot tell", OPERATOR_RATIO, meant for the machine's noise, left them out).
+    steps = 8
+    rng = np.random.default_rng(4)
+    operators = {r: [_op(MM, SHAPES, list(rng.uniform(13_800, 14_200, steps)))] for r in (1, 2)}
+    operators[0] = [_op(MM, "[[128, 1024], [1024, 1024]]", list(rng.uniform(17_400, 17_800, steps)))]
+    items = f"{ROOT} > torch/utils/data/dataloader.py(733): __next__ > workload.py(389): __getitem__"
+    functions = {r: [_fn(items, [900.0 if r == 0 else 600.0] * steps)] for r in range(3)}
+    diagnosis, _ = diagnose(lockstep(3, steps, {0: [3_600.0] * steps}, operators=operators, functions=functions))
+    assert [w.rank for w in diagnosis.slowWorkers] == [0], diagnosis.summary
+    assert diagnosis.summary.startswith("rank 0 holds the job back"), diagnosis.summary
+    assert "its inputs are larger" in diagnosis.summary and "uneven shards" in diagnosis.summary
+
+
+def test_smaller_or_unsteady_larger_inputs_name_no_rank():
+    steps = 8
+    rng = np.random.default_rng(5)
+    # Smaller inputs (a short last shard) are no extra work.
+    small = [_op(MM, "[[32, 1024], [1024, 1024]]", list(rng.uniform(9_400, 9_800, steps)))]
+    diagnosis, _ = diagnose(lockstep(3, steps, {}, operators={0: small}))
+    assert diagnosis.slowWorkers == [] and not diagnosis.summary.startswith("rank"), diagnosis.summary
+    # Shapes that cannot be read tell nothing of the inputs' size.
+    unreadable = [_op(MM, "[[128, 1024], [1024", list(rng.uniform(9_400, 9_800, steps)))]
+    diagnosis, _ = diagnose(lockstep(3, steps, {}, operators={0: unreadable}))
+    assert diagnosis.slowWorkers == [] and not diagnosis.summary.startswith("rank"), diagnosis.summary
+    # Larger inputs whose operators take longer in half of the steps only: no cause of the steps.
+    unsteady = [_op(MM, "[[128, 1024], [1024, 1024]]", [9_600.0, 7_000.0] * (steps // 2))]
+    diagnosis, _ = diagnose(lockstep(3, steps, {}, operators={0: unsteady}))
+    assert diagnosis.slowWorkers == [] and not diagnosis.summary.startswith("rank"), diagnosis.summary
+
+
+def test_a_slow_host_among_many_ranks_is_named_from_the_steps_its_peers_wait_for_it():
+    # Rank 1's CPU is throttled: 8 ms a step more work, its aten::mm 1.6x its peers' with the same
+    # shapes in 6 of 8 steps. In 5 steps another rank is descheduled for nearly as long, so the
+    # collectives leave rank 1 alone by a clear gap in 3 steps only; its peers wait longer than it
+    # in every step (before: "cannot tell", the collectives agreeing in fewer than half of them).
+    steps = 8
+    extra = {1: [8_000.0] * steps, **{r: [0.0] * steps for r in (0, 2, 3)}}
+    for i, r in enumerate([0, 2, 3, 0, 2]):
+        extra[r][i] = 7_000.0
+    slow = [_op(MM, SHAPES, [12_800.0] * 6 + [7_900.0] * 2)]
+    diagnosis, _ = diagnose(lockstep(4, steps, extra, operators={1: slow}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [1], diagnosis.summary
+    assert diagnosis.summary.startswith("rank 1 holds the job back"), diagnosis.summary
+    assert "with the same shapes" in diagnosis.summary and "slow device or host" in diagnosis.summary
+
+
+def test_a_rank_its_peers_wait_for_in_few_steps_is_no_slow_host():
+    # A rank descheduled for 40 ms in 2 steps of 8: the mean gap names it, its operators took longer
+    # in those steps and a few others, but its peers waited for it in 2 steps only.
+    steps = 8
+    extra = {1: [40_000.0, 0.0, 0.0, 0.0, 40_000.0, 0.0, 0.0, 0.0]}
+    slow = [_op(MM, SHAPES, [14_000.0, 14_000.0, 14_000.0, 14_000.0, 14_000.0, 8_000.0, 8_000.0, 8_000.0])]
+    diagnosis, _ = diagnose(lockstep(4, steps, extra, operators={1: slow}))
+    assert diagnosis.slowWorkers == [] and not diagnosis.summary.startswith("rank"), diagnosis.summary
+
+
+def test_operators_that_swing_with_the_load_do_not_make_a_rank_held_back_a_slow_host():
+    # A loaded machine holds rank 0 back 16 ms a step; its aten::mm swings with the load (5x its
+    # peer's by the medians, 0.1 ms a step by the typical step), far less than a host slower at
+    # everything stretches operators that are 1/60 of its peer's own time (before: named a slow host).
+    steps = 8
+    mine = [900.0, 900.0, 900.0, 5_000.0, 5_000.0, 9_100.0, 9_100.0, 9_100.0]
+    theirs = [1_000.0] * 5 + [9_000.0] * 3
+    operators = {0: [_op(MM, SHAPES, mine)], 1: [_op(MM, SHAPES, theirs)]}
+    diagnosis, _ = diagnose(lockstep(2, steps, {0: [16_000.0] * steps}, operators=operators))
+    assert diagnosis.slowWorkers == [] and not diagnosis.summary.startswith("rank"), diagnosis.summary
+
+
+def test_smaller_inputs_that_take_longer_are_not_told_as_larger_ones():
+    # Rank 0's inputs are half its peers' and its operators take 1.5x theirs (the machine's load):
+    # neither uneven shards of its own nor the same work run slower (before: "its inputs are larger").
+    steps = 8
+    operators = {0: [_op(MM, "[[32, 1024], [1024, 1024]]", [12_000.0] * steps)]}
+    diagnosis, _ = diagnose(lockstep(3, steps, {0: [4_000.0] * steps}, operators=operators))
+    assert "larger" not in diagnosis.summary and "uneven" not in diagnosis.summary, diagnosis.summary
+    assert all("uneven" not in w.cause for w in diagnosis.slowWorkers)
+
+
+def test_larger_inputs_are_told_from_all_calls_of_the_operator_not_its_dominant_shapes():
+    # Rank 0's batches are 4x its peers': most of its aten::mm time is the weight gradient
+    # ([1024, 128] x [128, 1024]), most of theirs the forward ([32, 1024] x [1024, 1024]). Compared
+    # call by call over all of them, its inputs are the larger ones.
+    steps = 8
+    theirs = [_op(MM, "[[1024, 32], [32, 1024]]", [5_000.0] * steps), _op(MM, "[[32, 1024], [1024, 1024]]", [11_000.0] * steps)]
+    mine = [_op(MM, "[[1024, 128], [128, 1024]]", [12_000.0] * steps), _op(MM, "[[128, 1024], [1024, 1024]]", [8_000.0] * steps)]
+    diagnosis, _ = diagnose(lockstep(3, steps, {0: [4_000.0] * steps}, operators={0: mine, 1: theirs, 2: theirs}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [0], diagnosis.summary
+    assert "its inputs are larger" in diagnosis.summary and "uneven shards" in diagnosis.summary

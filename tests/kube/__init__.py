@@ -1,1 +1,0 @@
-"""An in-memory Kubernetes API server over real HTTP, for tests (see README.md in this folder)."""

@@ -1,1 +1,0 @@
-from tests.kube.fixtures import kube  # noqa: F401 (the kube fixture)

@@ -1,0 +1,1 @@
+"""Tests of the parts that run everything on one machine (stepscope/local)."""

@@ -1,0 +1,1 @@
+"""Tests of the in-memory API server (stepscope/testing/kube)."""

@@ -1,0 +1,1 @@
+from stepscope.testing.kube.fixtures import kube  # noqa: F401 (the kube fixture)
