@@ -7,6 +7,7 @@ in reprs, messages or logs.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 from collections.abc import Callable
@@ -53,11 +54,17 @@ class Store(Protocol):
 
     def put_file(self, key: str, path: Path | str) -> None: ...
     def put_bytes(self, key: str, data: bytes) -> None: ...
-    def get_bytes(self, key: str) -> bytes: ...
+    def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes: ...
     def download(self, key: str, path: Path | str) -> Path: ...
     def list(self, prefix: str = "") -> list[str]: ...
     def exists(self, key: str) -> bool: ...
     def uri_for(self, key: str) -> str: ...
+
+
+def _check_size(uri: str, size: int, max_bytes: int) -> None:
+    """Refuse an object larger than a reader may hold, before its body is read."""
+    if size > max_bytes:
+        raise StoreError(f"{uri} holds {size / 1e6:,.0f} MB, more than the {max_bytes / (1 << 20):,.0f} MiB such a file may")
 
 
 def _clean_key(key: str) -> str:
@@ -104,9 +111,11 @@ class FileStore:
         except OSError as exc:
             raise StoreError(f"cannot write {target}: {exc.strerror or exc}") from exc
 
-    def get_bytes(self, key: str) -> bytes:
+    def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
         path = self._path(key)
         try:
+            if max_bytes is not None:
+                _check_size(self.uri_for(key), path.stat().st_size, max_bytes)
             return path.read_bytes()
         except FileNotFoundError:
             raise ObjectNotFound(f"{self.uri_for(key)} does not exist") from None
@@ -125,8 +134,11 @@ class FileStore:
         if not self.root.is_dir():
             return []
         # A link to a file outside the folder is no object of it: a session's files never point out.
+        # Each folder is resolved once (a session's thousands of ranks share one), a file only if a link.
+        inside = functools.cache(lambda folder: folder.resolve().is_relative_to(self.root))
         keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*")
-                if p.is_file() and not p.name.endswith(PARTIAL_SUFFIX) and p.resolve().is_relative_to(self.root))
+                if p.is_file() and not p.name.endswith(PARTIAL_SUFFIX) and inside(p.parent)
+                and (not p.is_symlink() or p.resolve().is_relative_to(self.root)))
         return sorted(k for k in keys if k.startswith(prefix))
 
     def exists(self, key: str) -> bool:
@@ -183,6 +195,8 @@ class S3Store:
             retries={"mode": "standard", "total_max_attempts": 1},
             s3={"addressing_style": style},
             connect_timeout=10, read_timeout=60,
+            # The analysis reads thousands of summaries 16 at a time (gathering.session_files).
+            max_pool_connections=32,
             proxies=proxies,
             # Newer boto3 adds CRC checksums that OSS and older S3-compatible services refuse.
             request_checksum_calculation="when_required" if endpoint or scheme == "oss" else "when_supported",
@@ -212,8 +226,15 @@ class S3Store:
     def put_bytes(self, key: str, data: bytes) -> None:
         self._call(f"write {self.uri_for(key)}", lambda: self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data))
 
-    def get_bytes(self, key: str) -> bytes:
-        return self._call(f"read {self.uri_for(key)}", lambda: self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read())
+    def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
+        def read() -> bytes:
+            answer = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            if max_bytes is not None and answer["ContentLength"] > max_bytes:
+                answer["Body"].close()
+                _check_size(self.uri_for(key), answer["ContentLength"], max_bytes)
+            return answer["Body"].read()
+
+        return self._call(f"read {self.uri_for(key)}", read)
 
     def download(self, key: str, path: Path | str) -> Path:
         target = Path(path)

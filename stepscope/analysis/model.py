@@ -7,6 +7,9 @@ thousands of summaries fast. Times are microseconds unless a name says otherwise
 """
 from __future__ import annotations
 
+import functools
+import struct
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -309,9 +312,312 @@ def encode(obj: msgspec.Struct) -> bytes:
     return msgspec.json.encode(obj)
 
 
+# The uploaded summary is an Arrow IPC stream of one row whose columns are RankSummary's fields
+# (lists of structs for its tables): the analysis Job concatenates thousands of them and reads
+# every rank's kernels, steps or functions as one column, never rank by rank in Python. JSON is
+# for what a person reads (report/diagnosis.json); older summaries in JSON are still read.
+_ARROW_STREAM = b"\xff\xff\xff\xff"
+
+
+def _arrow_type(info: Any) -> Any:
+    """The Arrow type of a field of the model (msgspec.inspect's description of it)."""
+    import msgspec.inspect as mi
+    import pyarrow as pa
+
+    if isinstance(info, mi.UnionType):
+        (inner,) = [t for t in info.types if not isinstance(t, mi.NoneType)]
+        return _arrow_type(inner)
+    if isinstance(info, mi.StructType):
+        return pa.struct([pa.field(f.encode_name, _arrow_type(f.type)) for f in info.fields])
+    if isinstance(info, mi.TupleType):  # a struct of fields "0", "1", ...: its items differ in type
+        return pa.struct([pa.field(str(i), _arrow_type(t)) for i, t in enumerate(info.item_types)])
+    if isinstance(info, mi.ListType):
+        return pa.list_(_arrow_type(info.item_type))
+    if isinstance(info, mi.DictType):
+        return pa.map_(_arrow_type(info.key_type), _arrow_type(info.value_type))
+    simple: dict[type, Any] = {mi.IntType: pa.int64(), mi.FloatType: pa.float64(), mi.StrType: pa.string(), mi.BoolType: pa.bool_()}
+    return simple[type(info)]
+
+
+@functools.cache
+def _summary_info() -> Any:
+    import msgspec.inspect as mi
+
+    info = mi.type_info(RankSummary)
+    assert isinstance(info, mi.StructType)
+    return info
+
+
+@functools.cache
+def summary_schema() -> Any:
+    """RankSummary as an Arrow schema (pyarrow.Schema), field for field."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field(f.encode_name, _arrow_type(f.type)) for f in _summary_info().fields])
+
+
+def _has_tuple(info: Any) -> bool:
+    import msgspec.inspect as mi
+
+    if isinstance(info, mi.TupleType):
+        return True
+    if isinstance(info, mi.UnionType):
+        return any(_has_tuple(t) for t in info.types)
+    if isinstance(info, mi.StructType):
+        return any(_has_tuple(f.type) for f in info.fields)
+    if isinstance(info, mi.ListType):
+        return _has_tuple(info.item_type)
+    return isinstance(info, mi.DictType) and _has_tuple(info.value_type)
+
+
+@functools.cache
+def _tuple_fields() -> tuple[Any, ...]:
+    """The fields of RankSummary that hold tuples somewhere (the critical path's spans)."""
+    return tuple(f for f in _summary_info().fields if _has_tuple(f.type))
+
+
+def _tuples(value: Any, info: Any, make: Any) -> Any:
+    """`value` (builtins of the model's type `info`) with each tuple in it made by `make` from its
+    items: msgspec writes and reads a tuple as a list, Arrow holds it as a struct of "0", "1", ..."""
+    import msgspec.inspect as mi
+
+    if value is None or not _has_tuple(info):
+        return value
+    if isinstance(info, mi.UnionType):
+        return _tuples(value, next(t for t in info.types if not isinstance(t, mi.NoneType)), make)
+    if isinstance(info, mi.TupleType):
+        return make(value.values() if isinstance(value, dict) else value)
+    if isinstance(info, mi.ListType):
+        return [_tuples(v, info.item_type, make) for v in value]
+    if isinstance(info, mi.DictType):
+        return {k: _tuples(v, info.value_type, make) for k, v in value.items()}
+    return {**value, **{f.encode_name: _tuples(value[f.encode_name], f.type, make) for f in info.fields if f.encode_name in value}}
+
+
+def _row_tuples(row: dict, make: Any) -> dict:
+    fields = _tuple_fields()
+    return {**row, **{f.encode_name: _tuples(row[f.encode_name], f.type, make) for f in fields if f.encode_name in row}} if fields else row
+
+
+def _with_defaults(array: Any, info: Any) -> Any:
+    """`array` (of the Arrow type of `info`) with the model's defaults where a value was left out:
+    Structs encode without their defaults, so that a null stands only for a default of None."""
+    import msgspec.inspect as mi
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(info, mi.UnionType):
+        return _with_defaults(array, next(t for t in info.types if not isinstance(t, mi.NoneType)))
+    if isinstance(info, mi.ListType):
+        return pa.ListArray.from_arrays(array.offsets, _with_defaults(array.values, info.item_type), mask=array.is_null())
+    if not isinstance(info, mi.StructType):
+        return array
+    children = []
+    for i, f in enumerate(info.fields):
+        child = _with_defaults(array.field(i), f.type)
+        if isinstance(f.type, mi.ListType | mi.DictType):
+            # A null list's offsets are equal: without the mask it reads as the empty list.
+            cls = pa.ListArray if isinstance(f.type, mi.ListType) else pa.MapArray
+            parts = (child.values,) if cls is pa.ListArray else (child.keys, child.items)
+            child = cls.from_arrays(child.offsets, *parts)
+        elif f.default is not msgspec.NODEFAULT and f.default is not None:
+            child = pc.fill_null(child, pa.scalar(f.default, child.type))
+        children.append(child)
+    return pa.StructArray.from_arrays(children, fields=list(array.type), mask=array.is_null())
+
+
+def summaries_table(summaries: Sequence[RankSummary]) -> Any:
+    """Summaries as one Arrow table (pyarrow.Table), a row per rank, in summary_schema(); a
+    null only where the model's default is None."""
+    import pyarrow as pa
+
+    rows = [_row_tuples(r, tuple) for r in msgspec.to_builtins(list(summaries))]
+    array = pa.array(rows, type=pa.struct(list(summary_schema())))
+    return pa.Table.from_struct_array(_with_defaults(array, _summary_info()))
+
+
+def table_summaries(table: Any) -> list[RankSummary]:
+    """The rows of a summaries_table as RankSummary objects (for the few readers that want them)."""
+    return msgspec.convert([_row_tuples(r, list) for r in table.to_pylist(maps_as_pydicts="strict")], list[RankSummary])
+
+
+def table_critical_path(column: Any, row: int) -> CriticalPathSummary | None:
+    """The critical path of one row of a summaries_table's criticalPath column (pyarrow ChunkedArray)."""
+    info = next(f.type for f in _summary_info().fields if f.encode_name == "criticalPath")
+    value = column[row].as_py(maps_as_pydicts="strict")
+    return msgspec.convert(_tuples(value, info, list), CriticalPathSummary | None)
+
+
+def encode_summary(summary: RankSummary) -> bytes:
+    """The rank summary as it is uploaded: an Arrow IPC stream of one row (uncompressed, so that
+    reading a hostile one allocates no more than its own size)."""
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, summary_schema()) as writer:
+        writer.write_table(summaries_table([summary]))
+    return sink.getvalue().to_pybytes()
+
+
+class _Flat:
+    """A table of an IPC message's flatbuffer metadata (Message, RecordBatch): just enough of the
+    format to check a summary's structure before Arrow reads it. Out-of-range reads raise
+    struct.error (or IndexError)."""
+
+    def __init__(self, buf: memoryview, pos: int) -> None:
+        self.buf, self.pos = buf, pos
+        self.vtable = pos - struct.unpack_from("<i", buf, pos)[0]
+        self.size = struct.unpack_from("<H", buf, self.vtable)[0]
+
+    def _at(self, index: int) -> int:
+        at = 4 + 2 * index
+        return struct.unpack_from("<H", self.buf, self.vtable + at)[0] if at + 2 <= self.size else 0
+
+    def scalar(self, index: int, fmt: str) -> int:
+        at = self._at(index)
+        return struct.unpack_from(fmt, self.buf, self.pos + at)[0] if at else 0
+
+    def table(self, index: int) -> _Flat | None:
+        at = self._at(index)
+        return _Flat(self.buf, self.pos + at + struct.unpack_from("<I", self.buf, self.pos + at)[0]) if at else None
+
+
+_RECORD_BATCH = 3  # MessageHeader.RecordBatch
+_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def _compressed(metadata: bytes) -> bool:
+    """Whether an IPC message's flatbuffer (Message -> RecordBatch) declares body compression: a
+    compressed buffer states its own decompressed length, which a hostile file sets at will."""
+    view = memoryview(metadata)
+    batch = _Flat(view, struct.unpack_from("<I", view, 0)[0]).table(2)  # Message.header
+    return batch is not None and batch.table(3) is not None  # RecordBatch.compression
+
+
+@functools.cache
+def _schema_message() -> bytes:
+    return bytes(summary_schema().serialize())
+
+
+def _one_row(data: bytes, head: int) -> bool:
+    """Whether `data` is this version's schema message (`head` bytes) followed by exactly one
+    uncompressed record batch of one row and the end of the stream, as encode_summary writes it."""
+    view = memoryview(data)
+    try:
+        if view[head:head + 4] != _ARROW_STREAM or view[-8:] != _END:
+            return False
+        length = struct.unpack_from("<i", view, head + 4)[0]
+        meta = view[head + 8:head + 8 + length]
+        message = _Flat(meta, struct.unpack_from("<I", meta, 0)[0])
+        batch = message.table(2)
+        return (message.scalar(1, "<B") == _RECORD_BATCH and batch is not None and batch.scalar(0, "<q") == 1
+                and batch.table(3) is None and head + 8 + length + message.scalar(3, "<q") == len(data) - 8)
+    except (struct.error, IndexError):
+        return False
+
+
+def decode_summaries(blobs: Sequence[bytes]) -> tuple[Any, list[int], dict[int, str]]:
+    """Many uploaded summaries at once: the table of those that could be read (summary_schema(),
+    pyarrow.Table), which blob each of its rows came from, and why each other blob could not be.
+
+    Summaries written as encode_summary writes them are read together, their messages in one
+    stream (Arrow reads and checks thousands of rows in one call); any other (JSON, another
+    version's schema, a damaged or hostile file) goes through summary_batch alone."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    head = _schema_message()
+    together = [i for i, b in enumerate(blobs) if b.startswith(head) and _one_row(b, len(head))]
+    alone = sorted(set(range(len(blobs))) - set(together))
+    tables, rows, errors = [], [], {}
+    if together:
+        stream = b"".join([head, *(memoryview(blobs[i])[len(head):-8] for i in together), _END])
+        try:
+            table = pa.ipc.open_stream(stream).read_all()
+            table.validate(full=True)  # offsets out of bounds would be read later, past the buffer
+        except (pa.ArrowException, OSError):
+            alone, together = sorted(alone + together), []  # each alone tells which
+        else:
+            newer = pc.greater(table.column("version"), SUMMARY_VERSION)
+            if pc.any(newer).as_py():
+                alone, together = sorted(alone + together), []
+            else:
+                tables.append(table)
+                rows += together
+    for i in alone:
+        try:
+            tables.append(pa.Table.from_batches([summary_batch(blobs[i])]))
+            rows.append(i)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError) as exc:
+            errors[i] = str(exc)
+    return (pa.concat_tables(tables) if tables else summary_schema().empty_table()), rows, errors
+
+
+def summary_batch(data: bytes) -> Any:
+    """One uploaded summary (Arrow IPC, or JSON from an older sidecar) as a one-row pyarrow
+    RecordBatch in summary_schema(); ValueError for anything else, a newer version included."""
+    import pyarrow as pa
+
+    if not data.startswith(_ARROW_STREAM):
+        return summaries_table([decode_summary(data)]).to_batches()[0]
+    schema = summary_schema()
+    try:
+        messages = iter(pa.ipc.MessageReader.open_stream(pa.py_buffer(data)))
+        message = next(messages, None)
+        if message is None or message.type != "schema":
+            raise ValueError("no schema first")
+        got = pa.ipc.read_schema(message)
+        batches = []
+        for message in messages:
+            if message.type != "record batch" or _compressed(message.metadata.to_pybytes()):
+                raise ValueError(f"unexpected {message.type} message (compressed or dictionary batches are not written)")
+            batches.append(pa.ipc.read_record_batch(message, got))
+    except (pa.ArrowException, OSError, IndexError, struct.error) as exc:
+        raise ValueError(f"not an Arrow summary: {exc}") from exc
+    if sum(b.num_rows for b in batches) != 1:
+        raise ValueError(f"an Arrow summary holds one row, not {sum(b.num_rows for b in batches)}")
+    batch = next(b for b in batches if b.num_rows)
+    try:
+        batch.validate(full=True)  # offsets out of bounds would be read later, past the buffer
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"not an Arrow summary: {exc}") from exc
+    if not got.equals(schema):
+        batch = _conform(batch, schema)
+    _check_version(batch.column(0)[0].as_py() if batch.schema.names[0] == "version" else None)
+    return batch
+
+
+def _conform(batch: Any, schema: Any) -> Any:
+    """A summary of another version's schema in this one's: fields it lacks at their defaults,
+    fields this version does not know dropped; a field of another type is refused."""
+    import pyarrow as pa
+
+    defaults = {f.encode_name: f.default if f.default is not msgspec.NODEFAULT else f.default_factory()
+                for f in msgspec.structs.fields(RankSummary) if f.default is not msgspec.NODEFAULT or f.default_factory is not msgspec.NODEFAULT}
+    columns = []
+    for f in schema:
+        if f.name in batch.schema.names:
+            column = batch.column(f.name)
+            if not column.type.equals(f.type):
+                raise ValueError(f"field {f.name} is {column.type}, expected {f.type}")
+            columns.append(column)
+        elif f.name in ("version", "rank"):
+            raise ValueError(f"field {f.name} is missing")
+        else:
+            columns.append(pa.array([defaults.get(f.name)], type=f.type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _check_version(version: int | None) -> None:
+    if version is None or version > SUMMARY_VERSION:
+        raise ValueError(f"summary version {version} is newer than this stepscope understands ({SUMMARY_VERSION}); upgrade the analysis image")
+
+
 def decode_summary(data: bytes) -> RankSummary:
-    """Read a summary written by this or an older version; a newer version is refused clearly."""
+    """Read a summary written by this or an older version, as Arrow or JSON; a newer version is
+    refused clearly."""
+    if data.startswith(_ARROW_STREAM):
+        return table_summaries(summary_batch(data))[0]
     summary = msgspec.json.decode(data, type=RankSummary)
-    if summary.version > SUMMARY_VERSION:
-        raise ValueError(f"summary version {summary.version} is newer than this stepscope understands ({SUMMARY_VERSION}); upgrade the analysis image")
+    _check_version(summary.version)
     return summary

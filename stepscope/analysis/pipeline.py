@@ -1,6 +1,6 @@
 """`stepscope analyze DIR|URI|TRACE`: diagnose a captured session and write its report.
 
-Reads ranks/rank-<r>.summary.json (summarising ranks/rank-<r>.trace.json.gz where no summary was
+Reads ranks/rank-<r>.summary.arrow (or .summary.json from older sidecars; summarising ranks/rank-<r>.trace.json.gz where no summary was
 uploaded), ranks/rank-<r>.stacks.json and nodes/<pod>/gpu-metrics.csv.gz from a directory or an
 object-store URI, or a folder of raw Kineto traces (HTA's layout), or one trace file. One bad rank
 is a problem in the report, never the end of the analysis; nothing that was captured is changed.
@@ -17,14 +17,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from tqdm import tqdm
 
 from stepscope.analysis.diagnosis.diagnose import diagnose
-from stepscope.analysis.diagnosis.rank_tables import build_tables
+from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables, usable
 from stepscope.analysis.gathering.session_files import SessionFiles, SessionRanks, find_files, is_ascend_capture, local_path, open_session, read_ranks
 from stepscope.analysis.loading.gpu_samples import read_metrics
 from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
-from stepscope.analysis.model import Diagnosis, RankSummary
+from stepscope.analysis.model import Diagnosis, table_critical_path
 from stepscope.analysis.reporting.merged_trace import MergePlan, MergeRank, critical_path_events, expected_size, merge_order
 from stepscope.analysis.reporting.report import write_report
 from stepscope.analysis.settings import (
@@ -58,7 +60,7 @@ class AnalysisError(ValueError):
     ValueError, so that callers outside the analysis catch it as the bad input it is."""
 
 
-def _read_metrics(files: SessionFiles, problems: dict[int, list[str]], summaries: list[RankSummary]) -> dict[str, pd.DataFrame]:
+def _read_metrics(files: SessionFiles, problems: dict[int, list[str]], table: pa.Table) -> dict[str, pd.DataFrame]:
     if not files.metrics:
         return {}
     metrics: dict[str, pd.DataFrame] = {}
@@ -68,30 +70,33 @@ def _read_metrics(files: SessionFiles, problems: dict[int, list[str]], summaries
             with local_path(files.store, key) as path:
                 metrics[pod] = read_metrics(path)
         except (StoreError, ValueError, OSError, EOFError) as exc:
-            _pod_problem(pod, f"GPU metrics of pod {pod} unreadable ({key}): {exc}", len(files.metrics), problems, summaries)
+            _pod_problem(pod, f"GPU metrics of pod {pod} unreadable ({key}): {exc}", len(files.metrics), problems, table)
             continue
         for warning in metrics[pod].attrs.get("warnings", []):
-            _pod_problem(pod, f"GPU metrics of pod {pod} ({key}): {warning}", len(files.metrics), problems, summaries)
+            _pod_problem(pod, f"GPU metrics of pod {pod} ({key}): {warning}", len(files.metrics), problems, table)
     return metrics
 
 
-def _pod_problem(pod: str, text: str, pods: int, problems: dict[int, list[str]], summaries: list[RankSummary]) -> None:
+def _pod_problem(pod: str, text: str, pods: int, problems: dict[int, list[str]], table: pa.Table) -> None:
     """A problem of a pod's metrics file goes to the ranks that ran there; ranks summarised here
     from raw traces know no pod, and like hardware.findings they take a session's only file as theirs."""
-    owners = [s.rank for s in summaries if s.pod == pod] or ([s.rank for s in summaries] if pods == 1 else [])
+    ranks = table.column("rank").to_numpy()
+    owners = ranks[table.column("pod").to_numpy(zero_copy_only=False) == pod].tolist() or (ranks.tolist() if pods == 1 else [])
     for rank in owners:
         problems.setdefault(rank, []).append(text)
     log.warning("%s", text)
 
 
-def _merge_plan(files: SessionFiles, read: SessionRanks, diagnosis: Diagnosis, hardware: dict[str, pd.DataFrame],
+def _merge_plan(files: SessionFiles, read: SessionRanks, diagnosis: Diagnosis, tables: RankTables, hardware: dict[str, pd.DataFrame],
                 limit_bytes: int, local: contextlib.ExitStack) -> MergePlan:
     """The ranks the merged trace may hold, in order of importance, on one time base (the earliest
     rank's clock). Traces in a remote store are downloaded (into `local`) only while they may fit."""
-    known = {s.rank: s for s in read.summaries}
-    order = [(r, why) for r, why in merge_order(diagnosis, read.summaries, read.stacks) if r in read.traces]
-    bases = [known[r].traceBaseUs for r, _ in order if known[r].traceBaseUs > 0]
-    base_us = min(bases) if bases else 0.0
+    bases = tables.ranks.set_index("rank")["traceBaseUs"]
+    order = [(r, why) for r, why in merge_order(diagnosis, tables, read.stacks) if r in read.traces]
+    known = [float(bases[r]) for r, _ in order if bases[r] > 0]
+    base_us = min(known) if known else 0.0
+    rows = {r: i for i, r in enumerate(read.table.column("rank").to_pylist())}
+    paths = read.table.column("criticalPath")
     ranks, expected, left_out = [], 0, {}
     for rank, why in order:
         if is_ascend_capture(read.traces[rank]):
@@ -107,8 +112,8 @@ def _merge_plan(files: SessionFiles, read: SessionRanks, diagnosis: Diagnosis, h
         except OSError as exc:
             left_out[rank] = f"left out of the merged trace: {exc}"
             continue
-        shift = round(known[rank].traceBaseUs - base_us) if known[rank].traceBaseUs > 0 else 0
-        extra = critical_path_events(rank, known[rank].criticalPath, shift)
+        shift = round(float(bases[rank]) - base_us) if bases[rank] > 0 else 0
+        extra = critical_path_events(rank, table_critical_path(paths, rows[rank]), shift)
         ranks.append(MergeRank(rank, path, why=why, shift_us=shift, checked=rank in read.parsed, size_hint=size + len(extra), extra=extra))
         expected += size + len(extra)
     counters = []
@@ -138,27 +143,32 @@ def analyze_uri(uri: str, *, endpoint: str | None = None, region: str | None = N
     except StoreError as exc:
         raise AnalysisError(str(exc)) from exc
     if not files.ranks:
-        raise AnalysisError(f"nothing to analyse at {uri}: expected ranks/rank-<r>.summary.json or .trace.json.gz (a stepscope session) "
+        raise AnalysisError(f"nothing to analyse at {uri}: expected ranks/rank-<r>.summary.arrow or .trace.json.gz (a stepscope session) "
                             "or Kineto traces (*.json, *.json.gz)")
     bar = tqdm(total=len(files.ranks) + 2, desc="stepscope analyze", unit="rank", file=sys.stderr, disable=not progress, leave=False)
-    # One pool of worker processes summarises the raw traces, then rewrites the merged trace's ranks.
-    with contextlib.closing(bar), worker_pool(analysis_workers(len(files.ranks))) as pool, contextlib.ExitStack() as local:
+    # One pool of worker processes summarises the raw traces, then rewrites the merged trace's ranks;
+    # a session whose ranks uploaded only summaries needs none.
+    traces = sum(1 for f in files.ranks if f.trace)
+    with contextlib.closing(bar), worker_pool(analysis_workers(traces) if traces else 1) as pool, contextlib.ExitStack() as local:
         read = read_ranks(files, on_rank=lambda name: (bar.set_postfix_str(name, refresh=False), bar.update(1)), pool=pool, comm=comm)
-        summaries, stacks, problems = read.summaries, read.stacks, read.problems
-        if not summaries:
+        table, stacks, problems = read.table, read.stacks, read.problems
+        if not len(table):
             raise AnalysisError(f"nothing to analyse at {uri}: {', '.join(read.skipped)} are not traces (no traceEvents)")
-        on_ranks(sum(not s.error for s in summaries), len(summaries), read.skipped)
-        hardware = _read_metrics(files, problems, summaries)
+        ok = usable(table)
+        on_ranks(len(ok), len(table), read.skipped)
+        hardware = _read_metrics(files, problems, table)
         bar.set_postfix_str("diagnosing", refresh=False)
-        diagnosis, full = diagnose(summaries, stacks=stacks, hardware=hardware)
+        tables = build_tables(ok)
+        diagnosis, full = diagnose(table, stacks=stacks, hardware=hardware, tables=tables)
         bar.update(1)
         out_store = (open_store(output, endpoint=endpoint, region=region, credentials=credentials, ambient_credentials=ambient_credentials)
                      if output else store)
-        plan = _merge_plan(files, read, diagnosis, hardware, merged_limit_mb << 20, local)
+        plan = _merge_plan(files, read, diagnosis, tables, hardware, merged_limit_mb << 20, local)
         bar.total += len(plan.ranks)
         try:
-            write_report(out_store, in_session=output is None, source=uri, diagnosis=diagnosis, full=full, tables=build_tables([s for s in summaries if not s.error]),
-                         summaries=summaries, problems=problems, merge=plan, pool=pool,
+            write_report(out_store, in_session=output is None, source=uri, diagnosis=diagnosis, full=full, tables=tables,
+                         total_ranks=len(table), failed=table.filter(pc.not_equal(table.column("error"), "")).column("rank").to_pylist(),
+                         problems=problems, merge=plan, pool=pool,
                          on_step=lambda name: (bar.set_postfix_str(name, refresh=False), bar.update(1)))
         except StoreError as exc:
             raise AnalysisError(f"cannot write the report: {exc} (use --output DIR to write it elsewhere)") from exc

@@ -21,7 +21,7 @@ def rank_trace(rank: int) -> str:
 
 
 def rank_summary(rank: int) -> str:
-    return f"ranks/rank-{rank}.summary.json"
+    return f"ranks/rank-{rank}.summary.arrow"
 
 
 def rank_stacks(rank: int) -> str:
@@ -32,9 +32,10 @@ def node_metrics(pod: str) -> str:
     return f"nodes/{pod}/gpu-metrics.csv.gz"
 
 
-# The readers' side of the keys above: rank_summary, rank_trace (also uncompressed, as older
-# agents wrote it) and rank_stacks (group 1 the rank, group 2 the kind); node_metrics (group 1 the pod).
-RANK_FILE = re.compile(r"^ranks/rank-(\d+)\.(summary\.json|trace\.json(?:\.gz)?|stacks\.json)$")
+# The readers' side of the keys above: rank_summary (also in JSON, as older sidecars wrote it),
+# rank_trace (also uncompressed, as older agents wrote it) and rank_stacks (group 1 the rank,
+# group 2 the kind); node_metrics (group 1 the pod).
+RANK_FILE = re.compile(r"^ranks/rank-(\d+)\.(summary\.(?:arrow|json)|trace\.json(?:\.gz)?|stacks\.json)$")
 NODE_METRICS = re.compile(r"^nodes/([^/]+)/gpu-metrics\.csv\.gz$")
 
 

@@ -243,16 +243,20 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"no result after {args.timeout} s (last: {status['phase']}, {status.get('message')}); the session was cancelled", EXIT_TIMEOUT)
     print(f"{status['phase']}: {status.get('message', '')}")
     print(f"artifacts in {out_dir}: {_artifact_counts(status.get('artifacts') or [])}")
-    if args.analyze and any(a.endswith(".summary.json") for a in status.get("artifacts") or []):
+    if args.analyze and any(a.endswith(SUMMARY_SUFFIXES) for a in status.get("artifacts") or []):
         _analyze(out_dir, spec)
     if code is not None:
         return code
     return 0 if status["phase"] == SidecarPhase.SUCCEEDED else EXIT_FAILED
 
 
+# A rank's summary as this sidecar uploads it (Arrow) or as an older one did (JSON).
+SUMMARY_SUFFIXES = (".summary.arrow", ".summary.json")
+
+
 def _artifact_counts(keys: list[str]) -> str:
     """'2 rank summaries, 1 raw trace' rather than a list as long as the job is wide."""
-    kinds = (("rank summaries", ".summary.json"), ("raw traces", ".trace.json.gz"), ("stack dumps", ".stacks.json"),
+    kinds = (("rank summaries", SUMMARY_SUFFIXES), ("raw traces", ".trace.json.gz"), ("stack dumps", ".stacks.json"),
              ("GPU metrics files", ".csv.gz"))
     counts = [f"{sum(k.endswith(suffix) for k in keys)} {name}" for name, suffix in kinds if any(k.endswith(suffix) for k in keys)]
     return ", ".join(counts) or "none"

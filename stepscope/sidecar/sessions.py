@@ -506,14 +506,14 @@ class SessionManager:
         return Job(f"session {session.id}: {key}", run, lambda error: self._job_done(session, progress, key, error))
 
     def _summary(self, session: Session, progress: RankProgress, trace: Path | None) -> bytes:
-        from stepscope.analysis.model import SUMMARY_VERSION, RankSummary, encode
+        from stepscope.analysis.model import SUMMARY_VERSION, RankSummary, encode_summary
 
         if trace is None:
             # The diagnosis still hears of this rank and why it has no trace.
             summary = RankSummary(version=SUMMARY_VERSION, rank=progress.rank, worldSize=progress.world_size, localRank=progress.local_rank,
                                   pod=self.pod, node=self.node, error=progress.error or f"no trace ({progress.state})",
                                   warnings=list(progress.degraded))
-            return encode(summary)
+            return encode_summary(summary)
         summary = analysis.summarize(trace, rank=progress.rank, pod=self.pod, node=self.node, samples=session.metrics,
                                      comm_kernel_patterns=session.spec.analysis.commKernelPatterns)
         # What the capture budget dropped or cut reaches the diagnosis and the report.
@@ -524,7 +524,7 @@ class SessionManager:
             log.warning("session %s: rank %d's trace could not be summarised: %s", session.id, progress.rank, summary.error)
             with self._lock:
                 progress.summary_error = f"trace not summarised: {summary.error}"
-        return encode(summary)
+        return encode_summary(summary)
 
     def _job_done(self, session: Session, progress: RankProgress, key: str, error: str | None) -> None:
         with self._lock:

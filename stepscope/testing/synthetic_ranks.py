@@ -7,6 +7,9 @@ the shortest collectives and everyone's step time evens out to the slowest rank'
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import numpy as np
 
 from stepscope.analysis.model import SUMMARY_VERSION, CollectiveStat, FunctionStat, IdleBreakdown, KernelStat, KernelTypeShare, LaunchStats, MemoryOpStat, RankSummary, RuntimeStat, StepRow, TemporalBreakdown
@@ -21,11 +24,17 @@ def kernel_names(count: int) -> list[str]:
     return [f"volta_sgemm_128x64_nn_{i}" for i in range(gemms)] + [f"void at::native::elementwise_kernel<{i}>" for i in range(count - gemms)]
 
 
-def make_summaries(ranks: int = 8, *, steps: int = 4, seed: int = 0, slow_rank: int | None = None, kernel_factor: float = 1.0,
+def make_summaries(ranks: int = 8, **kwargs: Any) -> list[RankSummary]:
+    """Every rank's summary of the job iter_summaries describes."""
+    return list(iter_summaries(ranks, **kwargs))
+
+
+def iter_summaries(ranks: int = 8, *, steps: int = 4, seed: int = 0, slow_rank: int | None = None, kernel_factor: float = 1.0,
                    extra_step_us: float = 0.0, python_rank: int | None = None, python_us: float = 0.0,
                    memcpy_ratio: float = 0.002, collectives_per_step: int = 20, bandwidth_rank: int | None = None,
-                   kernels: int = 36, functions: int = 0) -> list[RankSummary]:
-    """`slow_rank` runs its kernels `kernel_factor` times longer and adds `extra_step_us` of host
+                   kernels: int = 36, functions: int = 0) -> Iterator[RankSummary]:
+    """The ranks' summaries one at a time (a job of thousands of ranks need not be held at once).
+    `slow_rank` runs its kernels `kernel_factor` times longer and adds `extra_step_us` of host
     time per step before the collectives; `python_rank` spends `python_us` per step in
     augment_batch_slowly (train.py:42); memory copies take `memcpy_ratio` of the captured time.
     `kernels` distinct kernel names run on every rank, plus `functions` small Python functions."""
@@ -48,7 +57,6 @@ def make_summaries(ranks: int = 8, *, steps: int = 4, seed: int = 0, slow_rank: 
     transfer = rng.uniform(300, 400, rounds)
     durations = arrival.max(axis=0)[None, :] + transfer[None, :] - arrival
     step_us = (arrival.max(axis=0) + transfer).reshape(steps, collectives_per_step).sum(axis=1)
-    out = []
     for r in range(ranks):
         kernel_mean = base_kernel_us * factor[r] * rng.uniform(0.98, 1.02, len(compute_kernels))
         comm = durations[r]
@@ -71,7 +79,7 @@ def make_summaries(ranks: int = 8, *, steps: int = 4, seed: int = 0, slow_rank: 
             functions.append(FunctionStat(name="/src/train.py(42): augment_batch_slowly", stack="train.py(88): train_step;train.py(42): augment_batch_slowly",
                                           count=steps, exclusiveUs=python_us / 10 * steps if python_us else 200.0 * steps, notOverlappedUs=0.0))
         bw = 40.0 * (0.3 if r == bandwidth_rank else 1.0) * rng.uniform(0.97, 1.03)
-        out.append(RankSummary(
+        yield RankSummary(
             version=SUMMARY_VERSION, rank=r, worldSize=ranks, localRank=r % 8, gpu=r % 8, backend="nccl", pod=f"train-{r // 8}", node=f"node-{r // 8}",
             source=f"rank-{r}.trace.json.gz", hasGpu=True, capturedUs=captured, gpuUtilizationPct=90.0, steps=step_rows,
             temporal=TemporalBreakdown(idleUs=captured * 0.05, computeUs=comp_sum, nonComputeUs=float(comm.sum()), idlePct=5.0, computePct=80.0, nonComputePct=15.0),
@@ -83,5 +91,4 @@ def make_summaries(ranks: int = 8, *, steps: int = 4, seed: int = 0, slow_rank: 
             runtime=[RuntimeStat(name="cudaLaunchKernel", count=int(counts.sum()) * steps, sumUs=float(counts.sum()) * steps * 4.0, bottleneckRatio=0.001)],
             collectives=[CollectiveStat(kind="AllReduce", count=rounds, sumUs=float(comm.sum()), medianUs=float(np.median(comm)), bytes=1 << 30,
                                         busBandwidthGBs=float(bw), durationsUs=[float(d) for d in comm])],
-            functions=functions))
-    return out
+            functions=functions)

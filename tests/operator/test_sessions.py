@@ -90,7 +90,7 @@ def test_session_captures_analyses_and_succeeds(operator: OperatorHarness, pods:
     prefix = store_prefix(created)
     assert status["artifacts"]["report"] == f"s3://{BUCKET}/{prefix}report/index.html"
     objects = s3_objects(s3_endpoint, prefix)
-    assert {"session.json", "ranks/rank-0.summary.json", "ranks/rank-1.summary.json", "report/index.html", "report/diagnosis.json"} <= set(objects)
+    assert {"session.json", "ranks/rank-0.summary.arrow", "ranks/rank-1.summary.arrow", "report/index.html", "report/diagnosis.json"} <= set(objects)
     record = json.loads(objects["session.json"])
     assert [t["phase"] for t in record["timeline"]] == ["Pending", "Capturing", "Analyzing", "Succeeded"]
     assert record["spec"]["capture"]["steps"] == 2 and "credentials" not in record

@@ -103,7 +103,8 @@ def test_capture_follows_the_session_and_writes_session_json(sidecar: Sidecar, r
     assert record["spec"]["hardwareMetrics"] == {"enabled": False, "intervalMicroseconds": 250}
     assert [t["phase"] for t in record["timeline"]] == ["Pending", "Capturing", "Uploading", "Succeeded"]
     assert sorted(record["artifacts"]) == [layout.rank_summary(0), layout.rank_summary(1)]
-    assert decode_summary((out_dir / layout.rank_summary(1)).read_bytes()).rank == 1
+    uploaded = (out_dir / layout.rank_summary(1)).read_bytes()
+    assert uploaded.startswith(b"\xff\xff\xff\xff") and decode_summary(uploaded).rank == 1  # an Arrow IPC stream
     assert not (out_dir / layout.rank_trace(0)).exists()
 
 

@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 from stepscope import storage
+from stepscope.analysis.gathering.session_files import find_files, read_ranks
+from stepscope.analysis.model import encode_summary, table_summaries
+from stepscope.contracts import layout
 from stepscope.storage import ObjectNotFound, RetryPolicy, StoreError, open_store
+from stepscope.testing.synthetic_ranks import make_summaries
 from tests.storage.conftest import CREDENTIALS
 from tests.storage.proxy import Proxy
 
@@ -99,6 +103,29 @@ def test_uploads_survive_injected_failures(moto_endpoint: str, bucket: str, s3, 
     assert source.exists(), "the local copy must survive the upload"
     s3.download_file(bucket, "retry/ranks/rank-1.trace.json.gz", str(tmp_path / "back.gz"))
     assert _sha256(tmp_path / "back.gz") == checksum
+
+
+def test_a_read_capped_in_size_is_refused_before_its_body_is_read(moto_endpoint: str, bucket: str, tmp_path: Path) -> None:
+    for store in (open_store(f"s3://{bucket}/cap", endpoint=moto_endpoint, credentials=CREDENTIALS), open_store(str(tmp_path))):
+        store.put_bytes("ranks/rank-0.summary.arrow", b"x" * (2 << 20))
+        assert len(store.get_bytes("ranks/rank-0.summary.arrow", max_bytes=2 << 20)) == 2 << 20
+        with pytest.raises(StoreError, match=r"rank-0.summary.arrow holds 2 MB, more than the 1 MiB such a file may"):
+            store.get_bytes("ranks/rank-0.summary.arrow", max_bytes=1 << 20)
+
+
+def test_the_analysis_reads_a_sessions_summaries_through_failures_of_the_store(moto_endpoint: str, bucket: str, s3) -> None:
+    """Summaries are read several at a time, each read retried on its own: 503s and dropped
+    connections along the way cost nothing."""
+    summaries = make_summaries(40, slow_rank=5, kernel_factor=1.3, seed=4, kernels=8)
+    for s in summaries:
+        s3.put_object(Bucket=bucket, Key=f"fleet/{layout.rank_summary(s.rank)}", Body=encode_summary(s))
+    with Proxy(moto_endpoint.removeprefix("http://"), failure="mixed") as proxy:
+        store = open_store(f"s3://{bucket}/fleet", endpoint=proxy.url, credentials=CREDENTIALS, retry=FAST_RETRY)
+        files = find_files(store)
+        proxy.fail_left = 8  # on the reads
+        read = read_ranks(files)
+    assert len(proxy.injected) == 8 and not read.problems
+    assert table_summaries(read.table) == summaries
 
 
 def test_failures_beyond_every_retry_raise_a_store_error(moto_endpoint: str, bucket: str) -> None:

@@ -8,7 +8,7 @@ import pandas as pd
 
 from stepscope.analysis.diagnosis.causes import BACKWARD, WAITING
 from stepscope.analysis.diagnosis.consistency import GPU_RUNTIME, HOST_AHEAD, HOST_BOUND, LAUNCH_BOUND
-from stepscope.analysis.diagnosis.outliers import falls_behind, peer_median, stands_out
+from stepscope.analysis.diagnosis.outliers import falls_behind, peer_median, stands_out, stands_out_in_groups
 from stepscope.analysis.diagnosis.rank_tables import MAIN_THREAD, RankTables
 from stepscope.analysis.diagnosis.slow_workers import KERNEL_SLOWER
 from stepscope.analysis.diagnosis.wording import function_text, ms, ranks_text, short
@@ -65,9 +65,7 @@ def slower_kernels(kernels: pd.DataFrame, median_step_us: float, already: set[in
     if kernels.empty:
         return []
     k = kernels[~kernels["rank"].isin(already)]
-    z_ok = np.zeros(len(k), dtype=bool)
-    for _, idx in k.groupby("name").indices.items():
-        z_ok[idx] = stands_out(k["meanUs"].to_numpy()[idx], min_ratio=KERNEL_SLOWER)
+    z_ok = stands_out_in_groups(k["meanUs"].to_numpy(), pd.factorize(k["name"])[0], min_ratio=KERNEL_SLOWER)
     flagged = k[z_ok & (k["excessUsPerStep"].to_numpy() >= 0.01 * median_step_us)]
     out = []
     for name, rows in flagged.groupby("name", sort=False):

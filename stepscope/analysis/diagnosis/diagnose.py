@@ -7,22 +7,23 @@ never stop the others from being diagnosed.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from stepscope.analysis.diagnosis.bottlenecks import all_checks
 from stepscope.analysis.diagnosis.causes import PROFILED_CALL_US, Cause
 from stepscope.analysis.diagnosis.consistency import CPU_ONLY, reconcile
 from stepscope.analysis.diagnosis.efficiency import efficiency_findings
 from stepscope.analysis.diagnosis.hangs import hang_findings
-from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables
+from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables, usable
 from stepscope.analysis.diagnosis.slow_workers import DOUBT, MIN_GAP_SHARE, SlowEvidence, WaitVerdict, find_slow_workers, kernel_ratios, wait_verdict
 from stepscope.analysis.diagnosis.straggler import Straggler, find_straggler, lost_time_shares, more_steps
 from stepscope.analysis.diagnosis.wording import function_text, ms, ranks_text, short
-from stepscope.analysis.model import Breakdown, Diagnosis, Finding, RankSummary, SlowWorker, StepTime
+from stepscope.analysis.model import Breakdown, Diagnosis, Finding, RankSummary, SlowWorker, StepTime, summaries_table, table_summaries
 from stepscope.analysis.statistics.summary import NO_GPU_EVENTS
 from stepscope.contracts.wire import STACK_SAMPLE_SECONDS, STACKS_DROPPED
 
@@ -34,22 +35,30 @@ MAX_CAUSE = 200
 _SEVERITY = {"critical": 0, "warning": 1, "info": 2}
 
 
-def _trace_findings(summaries: list[RankSummary]) -> list[Finding]:
+def _ranks_by_text(ranks: np.ndarray, texts: np.ndarray, keep: np.ndarray | None = None) -> dict[str, list[int]]:
+    """The ranks of each distinct text, texts in order of first appearance."""
+    if keep is not None:
+        ranks, texts = ranks[keep], texts[keep]
+    codes, uniques = pd.factorize(texts)
+    order = np.argsort(codes, kind="stable")
+    groups = np.split(ranks[order].astype(int), np.cumsum(np.bincount(codes, minlength=len(uniques)))[:-1])
+    return {str(t): g.tolist() for t, g in zip(uniques, groups)}
+
+
+def _trace_findings(table: pa.Table) -> list[Finding]:
     """Per-rank errors and warnings, one finding per distinct text (1,000 ranks with the same
     warning are one finding, not 1,000)."""
     out = []
-    errors: dict[str, list[int]] = defaultdict(list)
-    warnings: dict[str, list[int]] = defaultdict(list)
-    for s in summaries:
-        if s.error:
-            errors[s.error].append(s.rank)
-        for w in s.warnings:
-            warnings[w].append(s.rank)
-    for text, ranks in errors.items():
+    ranks = table.column("rank").to_numpy()
+    error = table.column("error").to_numpy(zero_copy_only=False)
+    warned = table.column("warnings")
+    errors, warnings = _ranks_by_text(ranks, error, error != ""), _ranks_by_text(
+        ranks[pc.list_parent_indices(warned).to_numpy()], pc.list_flatten(warned).to_numpy())
+    for text, rows in errors.items():
         # Critical, but after the slow workers and hangs: those say what to fix, this what is unseen.
-        out.append(Finding("critical", "trace", ranks, f"{ranks_text(ranks)} could not be analysed: {text}", 0.001 * len(ranks), {"error": text}))
-    for text, ranks in warnings.items():
-        out.append(Finding("info", "trace", ranks, f"{ranks_text(ranks)}: {text}", 0.0, {"claim": CPU_ONLY if text.startswith(NO_GPU_EVENTS) else None}))
+        out.append(Finding("critical", "trace", rows, f"{ranks_text(rows)} could not be analysed: {text}", 0.001 * len(rows), {"error": text}))
+    for text, rows in warnings.items():
+        out.append(Finding("info", "trace", rows, f"{ranks_text(rows)}: {text}", 0.0, {"claim": CPU_ONLY if text.startswith(NO_GPU_EVENTS) else None}))
     return out
 
 
@@ -218,14 +227,14 @@ def _python_reason(data: dict[str, Any]) -> str:
     return f"it spends {ms(mine)}/step in {function_text(data['function'])}{times}"
 
 
-def _hardware(summaries: list[RankSummary], hardware: dict[str, pd.DataFrame] | None) -> tuple[list[Finding], dict[int, str]]:
+def _hardware(table: pa.Table, hardware: dict[str, pd.DataFrame] | None) -> tuple[list[Finding], dict[int, str]]:
     if not hardware:
         return [], {}
     try:
         from stepscope.analysis.diagnosis import hardware as hw
     except ImportError as exc:
         return [Finding("info", "hardware", [], f"hardware metrics were captured but cannot be analysed here: {exc}", 0.0)], {}
-    return hw.findings(summaries, hardware)
+    return hw.findings(table_summaries(table), hardware)
 
 
 def _breakdown(tables: RankTables) -> Breakdown | None:
@@ -272,25 +281,30 @@ def _summary_line(found: list[Finding], tables: RankTables, ranks: int, failed: 
     return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 3] + "..."
 
 
-def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = None,
-             hardware: dict[str, pd.DataFrame] | None = None) -> tuple[Diagnosis, list[Finding]]:
-    """Diagnose a session from its rank summaries (plus hang stacks and NVML samples by pod).
+def diagnose(summaries: list[RankSummary] | pa.Table, *, stacks: dict[int, dict] | None = None,
+             hardware: dict[str, pd.DataFrame] | None = None, tables: RankTables | None = None) -> tuple[Diagnosis, list[Finding]]:
+    """Diagnose a session from its rank summaries (plus hang stacks and NVML samples by pod), as
+    objects or as one summaries_table (the form the analysis reads them in); `tables`: their
+    usable ranks' build_tables where the caller has them already.
 
     Returns the compact Diagnosis for the status and the full findings, worst first, each with its
     score (roughly the share of step time at stake) and data."""
-    ok = [s for s in summaries if not s.error]
-    tables = build_tables(ok)
+    table = summaries if isinstance(summaries, pa.Table) else summaries_table(summaries)
+    ok = usable(table)
+    tables = build_tables(ok) if tables is None else tables
     steps = tables.step_us.dropna()
     median_step_us = float(steps.median()) if len(steps) else 0.0
     verdict = wait_verdict(tables)
     # A job whose ranks wait for each other steps in lockstep: its step times are equal by
     # construction, and who waits for whom (straggler.py) replaces the step-time and vote tests.
-    evidence = find_slow_workers(tables, ok, votes=verdict is None, steps=verdict is None)
+    evidence = find_slow_workers(tables, votes=verdict is None, steps=verdict is None)
     waiting: list[Finding] = []
     waiting_workers: list[SlowWorker] = []
     confidence: float | None = None
     # The agent's capture budget says so in the summary's warnings (stepscope.contracts.wire.STACKS_DROPPED).
-    dropped = {r.rank for r in ok if any(w.startswith(STACKS_DROPPED) for w in r.warnings)}
+    warned = ok.column("warnings")
+    dropped_rows = pc.starts_with(pc.list_flatten(warned), STACKS_DROPPED).to_numpy()
+    dropped = {int(r) for r in ok.column("rank").to_numpy()[pc.list_parent_indices(warned).to_numpy()[dropped_rows]]}
     if verdict is not None:
         straggler = find_straggler(tables, verdict, frozenset(dropped))
         waiting, waiting_workers = _straggler_findings(straggler, tables, dropped)
@@ -305,25 +319,26 @@ def diagnose(summaries: list[RankSummary], *, stacks: dict[int, dict] | None = N
     # A slow worker's own unusual Python function is its explanation, so it joins that finding.
     python = {f.ranks[0]: _python_reason(f.data) for f in checks
               if f.category == "python" and len(f.ranks) == 1 and f.ranks[0] in evidence and "function" in f.data}
-    hw_found, explanations = _hardware(summaries, hardware)
+    hw_found, explanations = _hardware(table, hardware)
     skew = [_kernel_skew_finding(e, tables) for e in evidence.values() if not e.holds_back]
     evidence = {r: e for r, e in evidence.items() if e.holds_back}
     slow = [_slow_worker_finding(e, tables, median_step_us, python, explanations) for e in evidence.values()]
-    hangs = hang_findings(stacks or {}, sorted(s.rank for s in summaries))
-    found = _ordered(reconcile([*slow, *skew, *waiting, *hangs, *_trace_findings(summaries), *hw_found, *checks,
-                                 *efficiency_findings(ok)], tables))
-    info = {s.rank: s for s in ok}
+    all_ranks = table.column("rank").to_numpy()
+    hangs = hang_findings(stacks or {}, sorted(int(r) for r in all_ranks))
+    found = _ordered(reconcile([*slow, *skew, *waiting, *hangs, *_trace_findings(table), *hw_found, *checks,
+                                 *efficiency_findings(tables)], tables))
+    info = tables.ranks.set_index("rank")
     workers = [SlowWorker(rank=e.rank, stepTimeMs=round(float(tables.step_us.get(e.rank, np.nan)) / 1000.0, 3) if e.rank in steps.index else 0.0,
                           slowdown=round(e.slowdown(median_step_us), 3)) for e in evidence.values()]
     workers += waiting_workers
     for w in workers:
-        w.pod, w.node = info[w.rank].pod, info[w.rank].node
+        w.pod, w.node = str(info.at[w.rank, "pod"]), str(info.at[w.rank, "node"])
     slow_workers = sorted(workers, key=lambda w: (-w.lostMsPerStep, -w.slowdown))[:MAX_SLOW_WORKERS]
     if hangs and any(f.severity == "critical" for f in hangs):
         confidence = None
     step_time = StepTime(min=round(float(steps.min()) / 1000.0, 3), median=round(median_step_us / 1000.0, 3),
                          max=round(float(steps.max()) / 1000.0, 3)) if len(steps) else None
-    diagnosis = Diagnosis(summary=_summary_line(found, tables, len(summaries), len(summaries) - len(ok)), confidence=confidence,
+    diagnosis = Diagnosis(summary=_summary_line(found, tables, len(table), len(table) - len(ok)), confidence=confidence,
                           stepTimeMs=step_time, slowWorkers=slow_workers,
                           breakdown=_breakdown(tables), findings=[_compact_finding(f) for f in found[:MAX_FINDINGS]])
     return diagnosis, found

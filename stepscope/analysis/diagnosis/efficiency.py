@@ -2,12 +2,12 @@
 (statistics/efficiency.py): a GEMM at 10 % of peak costs more than any straggler on most jobs."""
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
+import pandas as pd
 
+from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.diagnosis.wording import ranks_text
-from stepscope.analysis.model import Finding, RankSummary
+from stepscope.analysis.model import Finding
 
 # An op (one name, shape and dtype) dominates when its kernels take this share of the rank's
 # compute-kernel time; it runs far below peak under this % of the roofline at its intensity.
@@ -17,23 +17,23 @@ FAR_BELOW_PCT = 30.0
 WARNING_SHARE = 0.25
 
 
-def _compute_us(s: RankSummary) -> float:
-    return sum(k.sumUs for k in s.kernels if k.type == "COMP")
-
-
-def efficiency_findings(summaries: list[RankSummary], limit: int = 3) -> list[Finding]:
+def efficiency_findings(tables: RankTables, limit: int = 3) -> list[Finding]:
     """One finding naming the dominant ops far below peak, over the ranks where they are."""
-    found: dict[tuple[str, str, str], list[tuple[int, float, float, str]]] = defaultdict(list)  # rank, share, % of peak, kernel
-    models = {}
-    for s in summaries:
-        compute = _compute_us(s)
-        if s.error or compute <= 0 or s.device is None:
-            continue
-        models[s.rank] = s.device.model
-        for op in s.opEfficiency:
-            share = op.gpuUs / compute
-            if op.pctOfPeak is not None and share >= DOMINANT_SHARE and op.pctOfPeak < FAR_BELOW_PCT:
-                found[op.name, op.shapes, op.dtype].append((s.rank, share, op.pctOfPeak, op.related))
+    k = tables.kernels
+    compute = k[k["type"] == "COMP"].groupby("rank")["sumUs"].sum() if not k.empty else pd.Series(dtype=float)
+    e = tables.efficiency
+    if e.empty:
+        return []
+    e = e[e["kind"] == "op"]
+    e = e.assign(compute=e["rank"].map(compute).fillna(0.0).to_numpy(),
+                 model=e["rank"].map(tables.ranks.set_index("rank")["device"]).fillna("").to_numpy())
+    e = e[(e["compute"] > 0) & (e["model"] != "") & e["pctOfPeak"].notna()]
+    e = e.assign(share=e["gpuUs"] / e["compute"].where(e["compute"] > 0, 1.0))
+    e = e[(e["share"] >= DOMINANT_SHARE) & (e["pctOfPeak"] < FAR_BELOW_PCT)]
+    models = dict(zip(e["rank"].astype(int), e["model"]))
+    found: dict[tuple[str, str, str], list[tuple[int, float, float, str]]] = {}  # rank, share, % of peak, kernel
+    for key, rows in e.groupby(["name", "shapes", "dtype"], sort=False):
+        found[key] = list(zip(rows["rank"].astype(int), rows["share"].astype(float), rows["pctOfPeak"].astype(float), rows["related"]))
     if not found:
         return []
     # The ops of most time at stake first: their share of compute time, less what they achieve.

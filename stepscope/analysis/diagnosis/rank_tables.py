@@ -2,14 +2,18 @@
 cross-rank check and report table works on."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-import msgspec
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from stepscope.analysis.model import CollectiveStat, FunctionStat, KernelStat, MemoryOpStat, OperatorStat, RankSummary, RuntimeStat, StepRow
+from stepscope.analysis.model import RankSummary, summaries_table
 
+T = TypeVar("T")
 _ADDRESS = r" at 0x[0-9a-fA-F]+"
 # stepscope's own agent (its heartbeat and watchdog threads, its step hook) and torch's profiler
 # (its step and record_function frames): never a finding; their time is reported apart.
@@ -19,54 +23,111 @@ MAIN_THREAD = "training thread"
 _THREAD_PLUMBING = r"threading\.py\(\d+\): (?:_bootstrap|_bootstrap_inner|run)$"
 
 
-def _items_frame(summaries: list[RankSummary], attr: str, struct: type[msgspec.Struct], skip: tuple[str, ...] = ()) -> pd.DataFrame:
-    items: list[msgspec.Struct] = []
-    ranks: list[int] = []
-    for s in summaries:
-        got = getattr(s, attr)
-        items.extend(got)
-        ranks.extend([s.rank] * len(got))
-    fields = [f for f in struct.__struct_fields__ if f not in skip]
-    data: dict[str, object] = {"rank": np.asarray(ranks, dtype=np.int64)}
-    for f in fields:
-        data[f] = [getattr(i, f) for i in items]
-    return pd.DataFrame(data)
+def _items_frame(table: pa.Table, attr: str, skip: tuple[str, ...] = ()) -> pd.DataFrame:
+    """One row per item of the list column `attr` over all ranks, with its rank: the lists
+    flattened at once, in rank order and each rank's own order."""
+    column = table.column(attr)
+    flat = pc.list_flatten(column)
+    items = pa.Table.from_batches([pa.RecordBatch.from_struct_array(c) for c in flat.chunks], schema=pa.schema(list(flat.type)))
+    items = items.drop_columns([f for f in skip if f in items.column_names])
+    rank = pc.take(table.column("rank"), pc.list_parent_indices(column))
+    # A block per column: no copy of millions of rows into one 2-D block per dtype; lists (each
+    # function's time per step) stay Arrow's, not a Python object per row.
+    return items.add_column(0, "rank", rank).to_pandas(split_blocks=True, types_mapper=_arrow_lists)
 
 
-def _common_steps(summaries: list[RankSummary]) -> set[int] | None:
+def _arrow_lists(kind: pa.DataType) -> pd.ArrowDtype | None:
+    return pd.ArrowDtype(kind) if pa.types.is_list(kind) else None
+
+
+def _common_steps(steps: pd.DataFrame) -> pd.Index | None:
     """The step numbers every rank with steps captured; None when they share none. Each rank's
     capture starts at its own step (when it read the request), so a rank's first or last step can
     run while a peer no longer profiles it: that step's time is the peer's trace export, not work."""
-    sets = [{r.step for r in s.steps} for s in summaries if s.steps]
-    common = set.intersection(*sets) if sets else set()
-    return common or None
+    if steps.empty:
+        return None
+    ranks = steps.groupby("step")["rank"].nunique()
+    common = ranks.index[ranks == steps["rank"].nunique()]
+    return common if len(common) else None
 
 
-def _ranks_frame(summaries: list[RankSummary]) -> pd.DataFrame:
-    common = _common_steps(summaries)
-    steps = [np.fromiter((r.durationUs for r in s.steps if common is None or r.step in common), dtype=float) for s in summaries]
+def _struct_column(table: pa.Table, column: str, field: str, default: float) -> np.ndarray:
+    """A field of a struct column (launch, idle, temporal), `default` where the rank has none."""
+    values = pc.struct_field(table.column(column), field)
+    return pc.fill_null(values, pa.scalar(default, values.type)).to_numpy()
+
+
+def _ranks_frame(table: pa.Table, steps: pd.DataFrame) -> pd.DataFrame:
+    ranks = table.column("rank").to_numpy()
+    common = _common_steps(steps)
+    kept = steps if common is None else steps[steps["step"].isin(common)]
+    step_us = kept.groupby("rank")["durationUs"].median().reindex(ranks)
+    counts = steps.groupby("rank").size().reindex(ranks, fill_value=0)
+    overlap = table.column("overlapPct")
     return pd.DataFrame({
-        "rank": np.asarray([s.rank for s in summaries], dtype=np.int64),
-        "pod": [s.pod for s in summaries],
-        "node": [s.node for s in summaries],
-        "hasGpu": np.asarray([s.hasGpu for s in summaries], dtype=bool),
-        "backend": [s.backend for s in summaries],
-        "capturedUs": np.asarray([s.capturedUs for s in summaries], dtype=float),
+        "rank": ranks.astype(np.int64),
+        "pod": table.column("pod").to_pandas(),
+        "node": table.column("node").to_pandas(),
+        "hasGpu": table.column("hasGpu").to_numpy(),
+        "backend": table.column("backend").to_pandas(),
+        "capturedUs": table.column("capturedUs").to_numpy(),
         # All captured steps: per-step figures divide each rank's totals by them.
-        "steps": np.asarray([len(s.steps) for s in summaries], dtype=np.int64),
-        "stepUs": np.asarray([float(np.median(d)) if d.size else np.nan for d in steps], dtype=float),
-        "overlapPct": np.asarray([np.nan if s.overlapPct is None else s.overlapPct for s in summaries], dtype=float),
-        "gpuUtilizationPct": np.asarray([s.gpuUtilizationPct for s in summaries], dtype=float),
-        "launches": np.asarray([s.launch.launches if s.launch else 0 for s in summaries], dtype=np.int64),
-        "shortKernels": np.asarray([s.launch.shortKernels if s.launch else 0 for s in summaries], dtype=np.int64),
-        "shortKernelThresholdUs": np.asarray([s.launch.shortKernelThresholdUs if s.launch else 0.0 for s in summaries], dtype=float),
-        "launchDelayMedianUs": np.asarray([s.launch.launchDelayMedianUs if s.launch else 0.0 for s in summaries], dtype=float),
-        "hostWaitUs": np.asarray([s.idle.hostWaitUs if s.idle else 0.0 for s in summaries], dtype=float),
-        "kernelWaitUs": np.asarray([s.idle.kernelWaitUs if s.idle else 0.0 for s in summaries], dtype=float),
-        "idleUs": np.asarray([s.temporal.idleUs if s.temporal else 0.0 for s in summaries], dtype=float),
-        "idlePct": np.asarray([s.temporal.idlePct if s.temporal else 0.0 for s in summaries], dtype=float),
-        "otherIdleUs": np.asarray([s.idle.otherUs if s.idle else 0.0 for s in summaries], dtype=float),
+        "steps": counts.to_numpy(dtype=np.int64),
+        "stepUs": step_us.to_numpy(dtype=float),
+        "overlapPct": pc.fill_null(overlap, np.nan).to_numpy(),
+        "gpuUtilizationPct": table.column("gpuUtilizationPct").to_numpy(),
+        "launches": _struct_column(table, "launch", "launches", 0),
+        "shortKernels": _struct_column(table, "launch", "shortKernels", 0),
+        "shortKernelThresholdUs": _struct_column(table, "launch", "shortKernelThresholdUs", 0.0),
+        "launchDelayMedianUs": _struct_column(table, "launch", "launchDelayMedianUs", 0.0),
+        "hostWaitUs": _struct_column(table, "idle", "hostWaitUs", 0.0),
+        "kernelWaitUs": _struct_column(table, "idle", "kernelWaitUs", 0.0),
+        "idleUs": _struct_column(table, "temporal", "idleUs", 0.0),
+        "idlePct": _struct_column(table, "temporal", "idlePct", 0.0),
+        "otherIdleUs": _struct_column(table, "idle", "otherUs", 0.0),
+        "device": pc.struct_field(table.column("device"), "model").to_pandas().fillna(""),
+        "traceBaseUs": table.column("traceBaseUs").to_numpy(),
     })
+
+
+def _durations(table: pa.Table) -> pd.DataFrame:
+    """Every collective call's duration in issue order: rank, kind, its place among the rank's calls
+    of that kind, durationUs."""
+    calls = table.column("collectives")
+    per_kind = pc.list_flatten(calls)
+    lists = pc.struct_field(per_kind, "durationsUs")
+    kind = pc.take(pc.struct_field(per_kind, "kind"), pc.list_parent_indices(lists))
+    owner = pc.take(pc.list_parent_indices(calls), pc.list_parent_indices(lists))
+    frame = pd.DataFrame({"rank": pc.take(table.column("rank"), owner).to_numpy(), "kind": kind.to_pandas(),
+                          "durationUs": pc.list_flatten(lists).to_numpy()})
+    frame["position"] = frame.groupby(["rank", "kind"]).cumcount()
+    return frame
+
+
+def _efficiency(table: pa.Table) -> pd.DataFrame:
+    """The ops' and kernels' efficiency rows of every rank (OpEfficiency), `kind` op or kernel."""
+    frames = [_items_frame(table, column).assign(kind=kind) for column, kind in (("opEfficiency", "op"), ("kernelEfficiency", "kernel"))]
+    return pd.concat(frames, ignore_index=True)
+
+
+def _critical_path(table: pa.Table) -> pd.DataFrame:
+    """Each rank's critical path (CriticalPathSummary): a row per bound with name "" (the path's
+    time by what bounds it), then its top contributors; rank, boundBy, name, us, pathUs."""
+    path = table.column("criticalPath")
+    rank, total = table.column("rank"), pc.struct_field(path, "totalUs")
+    by_bound = pc.struct_field(path, "byBound")
+    by_bound = by_bound.cast(pa.list_(pa.struct([by_bound.type.key_field, by_bound.type.item_field])))  # a map is no list to Arrow's kernels
+    frames = []
+    for items, bound, name, us in ((by_bound, "key", None, "value"), (pc.struct_field(path, "top"), "boundBy", "name", "us")):
+        flat, owner = pc.list_flatten(items), pc.list_parent_indices(items)
+        frames.append(pd.DataFrame({
+            "rank": pc.take(rank, owner).to_numpy(),
+            "boundBy": pc.struct_field(flat, bound).to_numpy(zero_copy_only=False),
+            "name": pc.struct_field(flat, name).to_numpy(zero_copy_only=False) if name else np.full(len(flat), "", dtype=object),
+            "us": pc.struct_field(flat, us).to_numpy(),
+            "pathUs": pc.take(total, owner).to_numpy(),
+        }))
+    return pd.concat(frames, ignore_index=True)
 
 
 @dataclass(frozen=True)
@@ -83,6 +144,18 @@ class RankTables:
     # Exclusive µs of stepscope's agent and torch's profiler on each rank's training thread, over
     # the capture: left out of `functions`, stated where it distorts a figure.
     ownUs: pd.Series
+    # Each collective call's duration (rank, kind, position, durationUs) and the efficiency rows.
+    durations: pd.DataFrame = field(default_factory=pd.DataFrame)
+    efficiency: pd.DataFrame = field(default_factory=pd.DataFrame)
+    criticalPath: pd.DataFrame = field(default_factory=pd.DataFrame)
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def memo(self, key: str, make: Callable[[], T]) -> T:
+        """make(), computed once for these tables (the diagnosis and the report ask for some
+        figures of millions of rows several times); what it returns must not be changed."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     @property
     def step_us(self) -> pd.Series:
@@ -125,14 +198,21 @@ def _same_function_across_ranks(functions: pd.DataFrame) -> pd.DataFrame:
     stack gets its thread: the training thread, or another one named by its target function."""
     if functions.empty:
         return functions.assign(thread=pd.Series(dtype=str), own=pd.Series(dtype=bool))
-    functions["name"] = functions["name"].str.replace(_ADDRESS, "", regex=True)
-    frames = functions["stack"].str.split(" > ")
+    # Thousands of ranks run the same few hundred stacks: each distinct text is worked on once.
+    codes, names = pd.factorize(functions["name"])
+    cleaned = pd.Series(names).str.replace(_ADDRESS, "", regex=True)
+    if (cleaned != pd.Series(names)).any():
+        functions["name"] = pd.array(cleaned.to_numpy(), dtype=functions["name"].dtype).take(codes)
+    codes, stacks = pd.factorize(functions["stack"])
+    frames = pd.Series(stacks).str.split(" > ")
     started = frames.str[0].str.contains(_THREAD_PLUMBING, regex=True)
     exploded = frames.explode()
     target = exploded[~exploded.str.contains(_THREAD_PLUMBING, regex=True)].groupby(level=0).first()
-    target = target.reindex(functions.index).fillna(frames.str[-1])
-    functions["thread"] = np.where(started, target.str.replace(_ADDRESS, "", regex=True), MAIN_THREAD)
-    functions["own"] = functions["stack"].str.contains(OWN_FRAMES, regex=True)
+    target = target.reindex(frames.index).fillna(frames.str[-1])
+    thread = np.where(started, target.str.replace(_ADDRESS, "", regex=True), MAIN_THREAD)
+    own = pd.Series(stacks).str.contains(OWN_FRAMES, regex=True).to_numpy(dtype=bool)
+    functions["thread"] = pd.array(thread, dtype=functions["stack"].dtype).take(codes)
+    functions["own"] = own[codes]
     return functions
 
 
@@ -152,16 +232,30 @@ def _with_stage(steps: pd.DataFrame) -> pd.DataFrame:
     return steps.assign(stageUs=stage.where(stage > 0, steps["durationUs"]))
 
 
-def build_tables(summaries: list[RankSummary]) -> RankTables:
-    functions = _same_function_across_ranks(_items_frame(summaries, "functions", FunctionStat))
+def usable(table: pa.Table) -> pa.Table:
+    """The ranks of a summaries_table whose summary carries no error (the table itself, not a
+    copy, where every rank's does)."""
+    failed = pc.not_equal(table.column("error"), "")
+    return table.filter(pc.invert(failed)) if pc.any(failed).as_py() else table
+
+
+def build_tables(summaries: list[RankSummary] | pa.Table) -> RankTables:
+    """The tables of the summaries given, as objects or as a summaries_table (every rank in one
+    Arrow table, as the analysis reads them)."""
+    table = summaries if isinstance(summaries, pa.Table) else summaries_table(summaries)
+    functions = _same_function_across_ranks(_items_frame(table, "functions"))
+    steps = _items_frame(table, "steps")
     return RankTables(
-        ranks=_ranks_frame(summaries),
-        steps=_with_stage(_items_frame(summaries, "steps", StepRow)),
-        kernels=_items_frame(summaries, "kernels", KernelStat),
+        ranks=_ranks_frame(table, steps),
+        steps=_with_stage(steps),
+        kernels=_items_frame(table, "kernels"),
         functions=functions[~functions["own"]].reset_index(drop=True),
-        memory=_items_frame(summaries, "memoryOps", MemoryOpStat),
-        runtime=_items_frame(summaries, "runtime", RuntimeStat),
-        collectives=_items_frame(summaries, "collectives", CollectiveStat, skip=("durationsUs",)),
-        operators=_items_frame(summaries, "operators", OperatorStat),
+        memory=_items_frame(table, "memoryOps"),
+        runtime=_items_frame(table, "runtime"),
+        collectives=_items_frame(table, "collectives", skip=("durationsUs",)),
+        operators=_items_frame(table, "operators"),
         ownUs=_own_time(functions),
+        durations=_durations(table),
+        efficiency=_efficiency(table),
+        criticalPath=_critical_path(table),
     )

@@ -22,7 +22,6 @@ import pandas as pd
 
 from stepscope.analysis.diagnosis.outliers import peer_median, stands_out, vote_share_threshold
 from stepscope.analysis.diagnosis.rank_tables import RankTables
-from stepscope.analysis.model import RankSummary
 
 # A rank must be this much slower than its peers before it is called slow: below, the
 # difference is within the jitter of a healthy job and no action would follow.
@@ -101,15 +100,30 @@ def kernel_ratios(tables: RankTables) -> tuple[pd.Series, pd.DataFrame]:
     ranks = tables.ranks["rank"].nunique()
     if k.empty or ranks < 2:
         return pd.Series(dtype=float), k.iloc[0:0]
-    k = k[["rank", "name", "type", "count", "sumUs", "meanUs"]].copy()
-    k = k[k.groupby("name")["rank"].transform("nunique") >= max(2, (ranks + 1) // 2)]
+    return tables.memo("kernel_ratios", lambda: _kernel_ratios(tables, ranks))
+
+
+def _kernel_ratios(tables: RankTables, ranks: int) -> tuple[pd.Series, pd.DataFrame]:
+    k = tables.kernels[["rank", "name", "type", "count", "sumUs", "meanUs"]]
+    # Each kernel name as a number once: every figure below groups millions of rows by it.
+    codes, names = pd.factorize(k["name"])
+    rank = k["rank"].to_numpy(dtype=np.int64) - int(k["rank"].min())
+    span = int(rank.max()) + 1
+    pairs = np.sort(codes.astype(np.int64) * span + rank)
+    distinct = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
+    on = np.bincount(distinct // span, minlength=len(names))  # ranks that run each kernel
+    keep = on[codes] >= max(2, (ranks + 1) // 2)
+    k = k if keep.all() else k[keep]  # copy-on-write: the columns added below are this frame's own
+    codes = codes[keep]
     if k.empty:
         return pd.Series(dtype=float), k
-    k["peerMeanUs"] = k.groupby("name")["meanUs"].transform("median")
-    k["peerSumUs"] = k.groupby("name")["sumUs"].transform("median")
+    by_name = pd.DataFrame({"meanUs": k["meanUs"].to_numpy(), "sumUs": k["sumUs"].to_numpy()}).groupby(codes)
+    k["peerMeanUs"] = by_name["meanUs"].transform("median").to_numpy()
+    k["peerSumUs"] = by_name["sumUs"].transform("median").to_numpy()
     k["ratio"] = np.where(k["peerMeanUs"] > 0, k["meanUs"] / k["peerMeanUs"].where(k["peerMeanUs"] > 0, 1.0), 1.0)
     k["excessUsPerStep"] = tables.per_step(k.assign(excess=k["sumUs"] - k["peerSumUs"]), "excess")
-    weighted = k[k["type"] != "COMM"] if (k["type"] != "COMM").any() else k
+    computing = (k["type"] != "COMM").to_numpy()
+    weighted = k[computing] if computing.any() else k
     logs = np.log(weighted["ratio"].clip(lower=1e-6)) * weighted["peerSumUs"]
     grouped = pd.DataFrame({"rank": weighted["rank"], "log": logs, "w": weighted["peerSumUs"]}).groupby("rank").sum()
     per_rank = np.exp(grouped["log"] / grouped["w"].where(grouped["w"] > 0, 1.0))
@@ -142,28 +156,27 @@ class Votes:
     kinds: list[str]
 
 
-def collective_votes(summaries: list[RankSummary]) -> Votes:
-    """Count, per rank, the matched collectives it arrived last at (shortest duration).
+def collective_votes(durations: pd.DataFrame) -> Votes:
+    """Count, per rank, the matched collectives it arrived last at (shortest duration), from
+    RankTables.durations.
 
     A round with a tie for the shortest duration, or where all durations are equal, says
     nothing about who was late and is left out."""
-    by_kind: dict[str, dict[int, list[float]]] = {}
-    for s in summaries:
-        for c in s.collectives:
-            if c.durationsUs:
-                by_kind.setdefault(c.kind, {}).setdefault(s.rank, []).extend(c.durationsUs)
     votes: dict[int, int] = {}
     waits: dict[int, float] = {}
     rounds = 0
     kinds: list[str] = []
-    for kind, per_rank in sorted(by_kind.items()):
-        if len(per_rank) < 2:
+    if durations.empty:
+        return Votes(votes=votes, rounds=rounds, waitUs=waits, kinds=kinds)
+    for kind, calls in durations.groupby("kind", sort=True):
+        ranks = np.unique(calls["rank"].to_numpy(dtype=np.int64))
+        if len(ranks) < 2:
             continue
-        ranks = np.asarray(sorted(per_rank), dtype=np.int64)
-        n = min(len(per_rank[r]) for r in ranks)
-        if n == 0:
-            continue
-        matrix = np.vstack([np.asarray(per_rank[r][:n], dtype=float) for r in ranks])
+        n = int(calls.groupby("rank").size().min())
+        # The first n calls of each rank, as a matrix of ranks (rows) by calls in issue order.
+        kept = calls[calls["position"] < n]
+        matrix = np.empty((len(ranks), n), dtype=float)
+        matrix[np.searchsorted(ranks, kept["rank"].to_numpy()), kept["position"].to_numpy()] = kept["durationUs"].to_numpy(dtype=float)
         lowest = matrix.min(axis=0)
         clear = ((matrix == lowest).sum(axis=0) == 1) & (matrix.max(axis=0) > lowest)
         if not clear.any():
@@ -178,7 +191,7 @@ def collective_votes(summaries: list[RankSummary]) -> Votes:
             votes[int(r)] = votes.get(int(r), 0) + int(c)
             waits[int(r)] = waits.get(int(r), 0.0) + float(w)
         rounds += int(clear.sum())
-        kinds.append(kind)
+        kinds.append(str(kind))
     return Votes(votes=votes, rounds=rounds, waitUs=waits, kinds=kinds)
 
 
@@ -259,7 +272,7 @@ def wait_verdict(tables: RankTables) -> WaitVerdict | None:
     return verdict
 
 
-def find_slow_workers(tables: RankTables, summaries: list[RankSummary], votes: bool = True, steps: bool = True) -> dict[int, SlowEvidence]:
+def find_slow_workers(tables: RankTables, votes: bool = True, steps: bool = True) -> dict[int, SlowEvidence]:
     """Slow ranks from kernel times and (with `steps`, `votes`) step times and collective voting; a
     job whose steps carry their collective time is judged by straggler.py instead of those two."""
     evidence: dict[int, SlowEvidence] = {}
@@ -270,7 +283,7 @@ def find_slow_workers(tables: RankTables, summaries: list[RankSummary], votes: b
         e.kernelRatio, e.slowKernels = ratio, kernels
     if not votes:
         return evidence
-    counted = collective_votes(summaries)
+    counted = collective_votes(tables.durations)
     per_rank_steps = int(tables.ranks["steps"].median()) if len(tables.ranks) else 1
     median_step = float(tables.step_us.median()) if tables.step_us.notna().any() else 0.0
     for rank, (share, wait) in vote_stragglers(counted, len(tables.ranks), per_rank_steps).items():

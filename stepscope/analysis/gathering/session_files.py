@@ -5,21 +5,24 @@ layout, and the agent's session folder with its rank-<r>.stacks.json).
 Reading never raises for one bad rank: each problem is kept with its rank for the report."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import re
 import tempfile
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, as_completed
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
 from stepscope.analysis.loading.trace import NOT_A_TRACE
-from stepscope.analysis.model import RANK_DIGITS, SUMMARY_VERSION, RankSummary, decode_summary
+from stepscope.analysis.model import RANK_DIGITS, SUMMARY_VERSION, RankSummary, decode_summaries, summaries_table, summary_schema, table_summaries
 from stepscope.analysis.statistics.gpu_scope import DEFAULT_COMM_KERNELS, CommKernels
 from stepscope.analysis.statistics.summary import rank_from_name
 from stepscope.contracts import layout
@@ -41,6 +44,13 @@ MAX_RANKS = 10 ** RANK_DIGITS
 # A rank's summary or stacks file is a few tens of KB (41 KB for the benchmark's 286 MB rank); one
 # far larger is no such file, and decoding it would hold several times its size.
 MAX_JSON_FILE_BYTES = 32 << 20
+# Summaries read from the store at once: each read waits mostly on the network, and thousands of
+# ranks read one after the other would take minutes.
+READ_CONCURRENCY = 16
+# Ranks whose summaries are decoded together, then copied out of the bytes they were read from.
+COMPACT_EVERY = 256
+
+T = TypeVar("T")
 
 
 class _Frame(msgspec.Struct):
@@ -98,7 +108,8 @@ def find_files(store: Store, only: str | None = None) -> SessionFiles:
         if m:
             files = ranks.setdefault(int(m[1]), RankFiles(int(m[1])))
             kind = m[2].split(".", 1)[0]
-            setattr(files, kind, key)
+            if not (kind == "summary" and files.summary == layout.rank_summary(int(m[1]))):  # the Arrow one, where both are
+                setattr(files, kind, key)
             continue
         m = layout.NODE_METRICS.match(key)
         if m:
@@ -139,14 +150,7 @@ def local_path(store: Store, key: str) -> Iterator[Path]:
 def read_small(store: Store, key: str) -> bytes:
     """The object's bytes, when it holds at most MAX_JSON_FILE_BYTES (its size is checked before
     it is read); else StoreError."""
-    with local_path(store, key) as path:
-        try:
-            size = path.stat().st_size
-            if size > MAX_JSON_FILE_BYTES:
-                raise StoreError(f"{key} holds {size / 1e6:,.0f} MB, more than the {MAX_JSON_FILE_BYTES >> 20} MiB such a file may")
-            return path.read_bytes()
-        except OSError as exc:
-            raise StoreError(f"cannot read {key}: {exc.strerror or exc}") from exc
+    return store.get_bytes(key, max_bytes=MAX_JSON_FILE_BYTES)
 
 
 def failed(rank: int, error: str, **known: Any) -> RankSummary:
@@ -164,18 +168,23 @@ def _read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int =
                   comm: CommKernels = DEFAULT_COMM_KERNELS) -> tuple[RankSummary, bool]:
     """read_summary, and whether its raw trace was parsed whole doing it."""
     rank = files.rank if files.rank is not None else fallback_rank
-    problem = ""
-    if files.summary:
-        try:
-            summary = decode_summary(read_small(store, files.summary))
-            if summary.rank < 0:
-                summary.warnings.append(f"{files.summary} says rank {summary.rank}; shown as rank {rank}")
-                summary.rank = rank
-            return summary, False
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError) as exc:
-            problem = f"{files.summary} is not a valid summary ({exc})"
-        except StoreError as exc:
-            problem = f"cannot read {files.summary}: {exc}"
+    chunk = _chunk(store, [(files, rank, _uploaded(store, files))], top, comm)
+    return table_summaries(chunk.table)[0], chunk.whole[0]
+
+
+def _uploaded(store: Store, files: RankFiles) -> bytes | str:
+    """The bytes of the rank's uploaded summary, or why they cannot be read ('' where none was)."""
+    if not files.summary:
+        return ""
+    try:
+        return read_small(store, files.summary)
+    except StoreError as exc:
+        return f"cannot read {files.summary}: {exc}"
+
+
+def _from_trace(store: Store, files: RankFiles, rank: int, top: int, comm: CommKernels, problem: str) -> tuple[RankSummary, bool]:
+    """A rank without a usable uploaded summary (`problem` says why; '' where none was uploaded):
+    summarised from its raw trace, else failed with why; and whether the trace was parsed whole."""
     if files.trace:
         from stepscope.analysis.statistics.summary import summarize_file
         try:
@@ -195,6 +204,45 @@ def _read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int =
     return failed(rank, "no trace or summary was uploaded for this rank"), False
 
 
+@dataclass
+class _Chunk:
+    """Summaries of a few hundred ranks as one table, and for each row its files and whether its
+    raw trace was parsed whole."""
+    table: pa.Table
+    files: list[RankFiles]
+    whole: list[bool]
+
+
+def _chunk(store: Store, group: list[tuple[RankFiles, int, bytes | str]], top: int, comm: CommKernels) -> _Chunk:
+    """The ranks of `group` (files, the rank to show where it knows none, its uploaded summary's
+    bytes or why there are none): the uploaded summaries decoded together, the others made from
+    raw traces or failed one by one."""
+    blobs = [k for k, (_, _, data) in enumerate(group) if isinstance(data, bytes)]
+    table, rows, errors = decode_summaries([data for _, _, data in group if isinstance(data, bytes)])
+    said = table.column("rank").to_pylist()
+    kept = [i for i, r in enumerate(said) if r >= 0]
+    alone: list[tuple[int, RankSummary, bool]] = []
+    for i in sorted(set(range(len(said))) - set(kept)):
+        files, rank, _ = group[blobs[rows[i]]]
+        summary = table_summaries(table.slice(i, 1))[0]
+        summary.warnings.append(f"{files.summary} says rank {summary.rank}; shown as rank {rank}")
+        summary.rank = rank
+        alone.append((blobs[rows[i]], summary, False))
+    problems = {blobs[i]: f"{group[blobs[i]][0].summary} is not a valid summary ({why})" for i, why in errors.items()}
+    problems |= {k: data for k, (_, _, data) in enumerate(group) if isinstance(data, str)}
+    for k, problem in problems.items():
+        files, rank, _ = group[k]
+        summary, whole = _outcome(functools.partial(_from_trace, store, files, rank, top, comm, problem), files, rank)
+        alone.append((k, summary, whole))
+    if len(kept) < len(said):
+        table = table.take(kept)
+    order = [blobs[rows[i]] for i in kept] + [k for k, _, _ in alone]
+    if alone:
+        table = pa.concat_tables([table, summaries_table([s for _, s, _ in alone])])
+    parsed = dict.fromkeys(order, False) | {k: w for k, _, w in alone}
+    return _Chunk(table.combine_chunks(), [group[k][0] for k in order], [parsed[k] for k in order])
+
+
 def read_stacks(store: Store, files: RankFiles) -> tuple[dict | None, str]:
     """The rank's stacks file, or None and why it could not be read."""
     if not files.stacks:
@@ -212,32 +260,61 @@ def read_stacks(store: Store, files: RankFiles) -> tuple[dict | None, str]:
     return data, ""
 
 
-def missing_ranks(summaries: list[RankSummary]) -> list[int]:
+def missing_ranks(ranks: list[int]) -> list[int]:
     """Gaps in the rank numbers found. Ranks above the highest one are not counted missing: a
     session may select some pods of a job, and HTA's sample sets keep 2 ranks of 128."""
-    known = {s.rank for s in summaries if 0 <= s.rank < MAX_RANKS}
+    known = {r for r in ranks if 0 <= r < MAX_RANKS}
     return sorted(set(range(min(known), max(known) + 1)) - known) if known else []
 
 
+def _in_order(read: Callable[[Any], T], items: list[Any], workers: int) -> Iterator[T]:
+    """read(item) of every item, in order, at most `workers` at once and at most twice as many
+    results held ahead of the caller (so what is read waits in memory only briefly)."""
+    if workers <= 1 or len(items) < 2:
+        yield from map(read, items)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="stepscope-read") as threads:
+        pending: collections.deque[Future[T]] = collections.deque()
+        for item in items:
+            pending.append(threads.submit(read, item))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
 def _summaries(files: SessionFiles, top: int, on_rank: Callable[[str], object], pool: Executor,
-               comm: CommKernels) -> list[tuple[RankSummary, bool]]:
-    """_read_summary of every rank, in files.ranks order. Large raw traces in a directory are
-    summarised in the pool's processes (the summariser is single-threaded and streams, so a
-    process holds a couple of hundred MB whatever the trace size)."""
+               comm: CommKernels) -> Iterator[_Chunk]:
+    """Every rank's summary (_read_summary), COMPACT_EVERY ranks to a chunk. Uploaded summaries are
+    read from the store READ_CONCURRENCY at a time (the store's own retries apply to each) and
+    decoded together as they come, so memory holds the columns and not every rank's file; large
+    raw traces in a directory are summarised in the pool's processes (the summariser is
+    single-threaded and streams, so a process holds a couple of hundred MB whatever the trace size)."""
     jobs = [(f, f.rank if f.rank is not None else i) for i, f in enumerate(files.ranks)]
     root = getattr(files.store, "root", None)
     raw = [Path(root) / f.trace for f, _ in jobs if f.trace and not f.summary] if root is not None else []
     if len(raw) < 2 or sum(p.stat().st_size for p in raw if p.exists()) < PARALLEL_BYTES:
-        out = []
-        for f, rank in jobs:
-            out.append(_outcome(functools.partial(_read_summary, files.store, f, rank, top, comm), f, rank))
-            on_rank(f.trace or f.summary or f.stacks or "")
-        return out
+        def fetch(job: tuple[RankFiles, int]) -> tuple[RankFiles, int, bytes | str]:
+            return job[0], job[1], _uploaded(files.store, job[0])
+
+        group: list[tuple[RankFiles, int, bytes | str]] = []
+        for got in _in_order(fetch, jobs, READ_CONCURRENCY):
+            on_rank(got[0].trace or got[0].summary or got[0].stacks or "")
+            group.append(got)
+            if len(group) >= COMPACT_EVERY:
+                yield _chunk(files.store, group, top, comm)
+                group = []
+        if group:
+            yield _chunk(files.store, group, top, comm)
+        return
     futures = {pool.submit(_read_summary, files.store, f, rank, top, comm): (f, rank) for f, rank in jobs}
     for done in as_completed(futures):
         f = futures[done][0]
         on_rank(f.trace or f.summary or f.stacks or "")
-    return [_outcome(future.result, *futures[future]) for future in futures]
+    read = [(futures[future][0], *_outcome(future.result, *futures[future])) for future in futures]
+    for i in range(0, len(read), COMPACT_EVERY):
+        part = read[i:i + COMPACT_EVERY]
+        yield _Chunk(summaries_table([s for _, s, _ in part]), [f for f, _, _ in part], [w for _, _, w in part])
 
 
 def _outcome(read: Callable[[], tuple[RankSummary, bool]], files: RankFiles, rank: int) -> tuple[RankSummary, bool]:
@@ -251,57 +328,92 @@ def _outcome(read: Callable[[], tuple[RankSummary, bool]], files: RankFiles, ran
 
 @dataclass
 class SessionRanks:
-    summaries: list[RankSummary]  # one per rank, sorted; a rank that could not be read has `error`
+    table: pa.Table  # one row per rank (summary_schema()), sorted; a rank that could not be read has `error`
     stacks: dict[int, dict]
     problems: dict[int, list[str]]
     traces: dict[int, str]  # rank -> raw trace key
     skipped: list[str] = field(default_factory=list)  # files of a trace folder that are no traces
     parsed: set[int] = field(default_factory=set)  # ranks whose raw trace this run read whole
 
+    @functools.cached_property
+    def summaries(self) -> list[RankSummary]:
+        """The rows as RankSummary objects, for the readers of a few ranks (the analysis reads `table`)."""
+        return table_summaries(self.table)
+
+
+@dataclass
+class _Read:
+    files: RankFiles
+    rank: int
+    error: str
+    whole: bool
+
 
 def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda name: None, top: int = 50,
                pool: Executor | None = None, comm: CommKernels = DEFAULT_COMM_KERNELS) -> SessionRanks:
     """Every rank's summary, stacks and problems; `on_rank` hears of each rank file set read.
-    Raw traces are summarised in `pool` (a pool of its own when None), `comm` their communication kernels."""
+    Raw traces are summarised in `pool` (a pool of its own when None), `comm` their communication kernels.
+    The summaries go into one table as they are read, a few hundred ranks at a time."""
     if pool is None:
         with worker_pool(analysis_workers(len(files.ranks))) as own:
             return read_ranks(files, on_rank, top, own, comm)
-    summaries: dict[int, RankSummary] = {}
+    read: list[_Read] = []
+    chunks = []
+    for chunk in _summaries(files, top, on_rank, pool, comm):
+        ranks, errors = chunk.table.column("rank").to_pylist(), chunk.table.column("error").to_pylist()
+        read += [_Read(f, r, e, w) for f, r, e, w in zip(chunk.files, ranks, errors, chunk.whole)]
+        chunks.append(chunk.table)
+    table = pa.concat_tables(chunks) if chunks else summary_schema().empty_table()
     stacks: dict[int, dict] = {}
     problems: dict[int, list[str]] = {}
     traces: dict[int, str] = {}
     parsed: set[int] = set()
     next_free = max([f.rank for f in files.ranks if f.rank is not None] + [-1]) + 1
-    read = list(zip(files.ranks, _summaries(files, top, on_rank, pool, comm)))
     # A file in a folder of traces that is no trace, with no rank in its name, is no rank at all.
-    skipped = [f.trace for f, (s, _) in read if f.rank is None and f.trace and not f.summary and NOT_A_TRACE in s.error]
-    read = [(f, sw) for f, sw in read if f.trace not in skipped or f.summary]
+    skipped = [r.files.trace for r in read if r.files.rank is None and r.files.trace and not r.files.summary and NOT_A_TRACE in r.error]
+    kept = [i for i, r in enumerate(read) if r.files.trace not in skipped or r.files.summary]
+    taken: dict[int, int] = {}  # rank -> its row in `table`
     # Ranks a trace says it is (distributedInfo) are claimed before a failed file takes its place
     # in file order, so no unreadable file renumbers a readable rank.
-    for rank_files, (summary, whole) in sorted(read, key=lambda fs: bool(fs[1][0].error)):
-        if summary.rank in summaries:
-            taken = summary.rank
-            if rank_files.rank is not None and rank_files.rank not in summaries:
-                summary.rank = rank_files.rank  # the file's name says which rank it is for
+    for i in sorted(kept, key=lambda i: bool(read[i].error)):
+        r = read[i]
+        rank = r.rank
+        if rank in taken:
+            if r.files.rank is not None and r.files.rank not in taken:
+                rank = r.files.rank  # the file's name says which rank it is for
             else:
-                summary.rank, next_free = next_free, next_free + 1
-            problems.setdefault(summary.rank, []).append(
-                f"{rank_files.summary or rank_files.trace} also says rank {taken}; shown as rank {summary.rank}")
-        summaries[summary.rank] = summary
-        if rank_files.trace:
-            traces[summary.rank] = rank_files.trace
-        if whole:
-            parsed.add(summary.rank)
-        data, why = read_stacks(files.store, rank_files)
+                rank, next_free = next_free, next_free + 1
+            problems.setdefault(rank, []).append(f"{r.files.summary or r.files.trace} also says rank {r.rank}; shown as rank {rank}")
+        taken[rank] = i
+        if r.files.trace:
+            traces[rank] = r.files.trace
+        if r.whole:
+            parsed.add(rank)
+        data, why = read_stacks(files.store, r.files)
         if data is not None:
-            stacks[summary.rank] = data
+            stacks[rank] = data
         if why:
-            problems.setdefault(summary.rank, []).append(why)
-    for rank in missing_ranks(list(summaries.values())):
-        summaries[rank] = failed(rank, "no trace or summary was uploaded for this rank")
-    for s in summaries.values():
-        if s.error:
-            problems.setdefault(s.rank, []).append(s.error)
-        if s.warnings:
-            problems.setdefault(s.rank, []).extend(s.warnings)
-    return SessionRanks([summaries[r] for r in sorted(summaries)], stacks, problems, traces, skipped, parsed)
+            problems.setdefault(rank, []).append(why)
+    missing = missing_ranks(list(taken))
+    if missing:
+        gaps = summaries_table([failed(rank, "no trace or summary was uploaded for this rank") for rank in missing])
+        taken.update({rank: len(table) + i for i, rank in enumerate(missing)})
+        table = pa.concat_tables([table, gaps])
+    order = sorted(taken)
+    rows = [taken[r] for r in order]
+    if rows != list(range(len(table))):
+        table = table.take(rows)
+    table = table.set_column(table.schema.get_field_index("rank"), "rank", pa.array(order, type=pa.int64()))
+    _add_problems(table, problems)
+    return SessionRanks(table, stacks, problems, traces, skipped, parsed)
+
+
+def _add_problems(table: pa.Table, problems: dict[int, list[str]]) -> None:
+    """Each rank's error and warnings go to its problems, for the report."""
+    warnings = table.column("warnings")
+    ranks, errors = table.column("rank").to_pylist(), table.column("error").to_pylist()
+    for i in pc.indices_nonzero(pc.or_(pc.not_equal(table.column("error"), ""), pc.greater(pc.list_value_length(warnings), 0))).to_pylist():
+        if errors[i]:
+            problems.setdefault(ranks[i], []).append(errors[i])
+        if texts := warnings[i].as_py():
+            problems.setdefault(ranks[i], []).extend(texts)

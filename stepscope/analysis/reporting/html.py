@@ -20,6 +20,14 @@ from stepscope.analysis.model import Diagnosis, Finding
 
 _TEMPLATES = Environment(loader=PackageLoader("stepscope.analysis.reporting", "templates"), autoescape=True, trim_blocks=True, lstrip_blocks=True)
 
+# Past this many ranks a chart shows how the ranks are distributed rather than a bar per rank,
+# and the ranks table the ranks that matter (the rest by the rank search).
+MAX_BARS = 256
+MAX_RANK_ROWS = 64
+HISTOGRAM_BINS = 60
+# What one rank's problems may add to the page's rank search (its text is in diagnosis.json whole).
+MAX_PROBLEM_CHARS = 300
+
 _SEGMENTS = (("computingUs", "compute", "var(--c1)"), ("commNotOverlappedUs", "communication not overlapped", "var(--c2)"),
              ("overlappedUs", "communication overlapped", "var(--c4)"), ("freeUs", "free (idle)", "var(--c5)"))
 
@@ -129,6 +137,50 @@ def _bar_chart(labels: list[str], values: np.ndarray, highlight: set[int], unit:
     return Block(chart=Chart(width, height, left, bottom, grid, bars, xlabels, line, unit))
 
 
+def _histogram(values: np.ndarray, ranks: np.ndarray, highlight: set[int], unit: str, reference: float | None = None,
+               ref_label: str = "median") -> Block:
+    """How the ranks spread over `values`: the number of ranks in each of HISTOGRAM_BINS equal
+    bins, a bin holding a highlighted rank in red, each bar's title naming its first ranks."""
+    finite = np.isfinite(values)
+    if not finite.any():
+        return Block(note="no data")
+    values, ranks = values[finite], ranks[finite]
+    lo, hi = float(values.min()), float(values.max())
+    edges = np.linspace(lo, hi if hi > lo else lo + 1.0, HISTOGRAM_BINS + 1)
+    which = np.clip(np.searchsorted(edges, values, side="right") - 1, 0, HISTOGRAM_BINS - 1)
+    counts = np.bincount(which, minlength=HISTOGRAM_BINS)
+    order = np.lexsort((ranks, which))
+    firsts = np.split(ranks[order], np.cumsum(counts)[:-1])
+    marked = {int(b) for b in which[np.isin(ranks, list(highlight))]}
+    width, height, left, bottom = 1100, 220, 56, 24
+    ticks = _ticks(float(counts.max()) * 1.05)
+    top = ticks[-1]
+    slot = (width - left - 10) / HISTOGRAM_BINS
+    bars = []
+    for i, (count, members) in enumerate(zip(counts, firsts)):
+        if not count:
+            continue
+        h = count / top * (height - 10)
+        names = ", ".join(str(r) for r in members[:5]) + (", ..." if count > 5 else "")
+        bars.append(Bar(left + i * slot + slot * 0.1, height - h, slot * 0.8, h, "var(--c2)" if i in marked else "var(--c1)",
+                        f"{_num(edges[i], 2)} - {_num(edges[i + 1], 2)} {unit}: {count:,} ranks ({names})"))
+    grid = [(height - tick / top * (height - 10), f"{tick:,.0f}") for tick in ticks]
+    xlabels = [(left + i * slot, _num(edges[i], 2)) for i in range(0, HISTOGRAM_BINS + 1, 10)]
+    where = f"; {ref_label} {_num(reference, 2)} {unit}" if reference is not None else ""
+    return Block(chart=Chart(width, height, left, bottom, grid, bars, xlabels, None, "ranks"),
+                 note=f"{len(values):,} ranks by {unit}, in {HISTOGRAM_BINS} bins from {_num(lo, 2)} to {_num(hi, 2)}{where}; "
+                      "a bin with a slow worker in red")
+
+
+def _per_rank_chart(ranks: np.ndarray, values: np.ndarray, highlight: set[int], unit: str, reference: float | None = None,
+                    ref_label: str = "median") -> Block:
+    """A bar per rank, or past MAX_BARS ranks their distribution; `highlight` holds rank numbers."""
+    if len(ranks) > MAX_BARS:
+        return _histogram(values, ranks, highlight, unit, reference, ref_label)
+    positions = {int(r): i for i, r in enumerate(ranks)}
+    return _bar_chart([f"rank {r}" for r in ranks], values, {positions[r] for r in highlight if r in positions}, unit, reference, ref_label)
+
+
 def _collective_share_chart(tables: RankTables, step_total_us: pd.Series) -> Block:
     """CPU-only traces: the share of each rank's steps spent in collectives (the rank with the
     lowest share is the one the others wait for)."""
@@ -136,19 +188,28 @@ def _collective_share_chart(tables: RankTables, step_total_us: pd.Series) -> Blo
     if c.empty:
         return Block(note="no GPU time and no collectives to break the steps down by")
     share = (100.0 * tables.collective_share()).reindex(step_total_us.index).fillna(0.0)
-    chart = _bar_chart([f"rank {r}" for r in share.index], share.to_numpy(), set(), "% in collectives")
+    chart = _per_rank_chart(share.index.to_numpy(), share.to_numpy(), set(), "% in collectives")
     return Block(chart=chart.chart, note=chart.note,
                  before="No GPU work in these traces: share of each rank's steps spent in collectives "
                         "(the rank that spends least there is the one the others wait for).")
 
 
-def _stacked_chart(tables: RankTables) -> Block:
+def _stacked_chart(tables: RankTables, slow: set[int]) -> Block:
     s = tables.steps
     if s.empty or s["durationUs"].sum() <= 0:
         return Block(note="no steps in the traces")
     per = s.groupby("rank")[[c for c, _, _ in _SEGMENTS] + ["durationUs", "stageUs"]].sum()
     if not per[[c for c, _, _ in _SEGMENTS]].to_numpy().any():
         return _collective_share_chart(tables, per["durationUs"])
+    note = ""
+    if len(per) > MAX_BARS:
+        # The rank at each percentile of the captured time, and the slow workers: the spread of
+        # thousands of ranks in a hundred bars.
+        ordered = per.sort_values("stageUs", kind="stable")
+        picked = ordered.index[np.unique(np.linspace(0, len(ordered) - 1, 101).round().astype(int))]
+        note = (f"{len(per):,} ranks: the rank at each percentile of captured step time (slowest right), "
+                "and the slow workers; every rank is in step_trace_time.csv")
+        per = per.loc[sorted(set(picked) | (slow & set(per.index)), key=lambda r: (float(per.at[r, "stageUs"]), r))]
     width, height, left, bottom = 1100, 200, 56, 24
     slot = (width - left - 10) / len(per)
     bar = max(1.0, slot * 0.8)
@@ -164,7 +225,7 @@ def _stacked_chart(tables: RankTables) -> Block:
             bars.append(Bar(x, y, bar, h, colour, f"rank {rank}: {label} {100 * row[column] / total:.1f}%"))
     every = max(1, int(np.ceil(len(per) / 40)))
     xlabels = [(left + i * slot + slot / 2, str(per.index[i])) for i in range(0, len(per), every)]
-    return Block(chart=Chart(width, height, left, bottom, grid, bars, xlabels, legend=[(label, c) for _, label, c in _SEGMENTS]))
+    return Block(chart=Chart(width, height, left, bottom, grid, bars, xlabels, legend=[(label, c) for _, label, c in _SEGMENTS]), note=note)
 
 
 def _findings(full: list[Finding], limit: int = 50) -> Block:
@@ -322,10 +383,16 @@ _BOUND_COLUMNS = (("cpu_bound", "CPU"), ("gpu_compute_bound", "GPU compute"), ("
                   ("gpu_kernel_launch_overhead", "launch delay"), ("gpu_kernel_kernel_overhead", "gaps between kernels"))
 
 
-def _critical_path(path: pd.DataFrame, contributors: int = 3) -> Block:
-    """Per rank: the critical path's length, its share by what bounds it, and what lies longest on it."""
+def _critical_path(path: pd.DataFrame, first: set[int], contributors: int = 3) -> Block:
+    """Per rank: the critical path's length, its share by what bounds it, and what lies longest on it;
+    past MAX_RANK_ROWS ranks, those of `first` (the slow workers) and the longest paths."""
     if path.empty:
         return Block(note="no critical path: the traces hold no CPU ops, or no kernel with its launching call (Ascend captures)")
+    lengths = path.groupby("Rank", sort=True)["Path(us)"].first()
+    total = len(lengths)
+    if total > MAX_RANK_ROWS:
+        order = [r for r in lengths.index if r in first] + lengths.sort_values(ascending=False, kind="stable").index.tolist()
+        path = path[path["Rank"].isin(list(dict.fromkeys(order))[:MAX_RANK_ROWS])]
     rows = []
     for rank, r in path.groupby("Rank", sort=True):
         shares = r[r["Name"] == ""].set_index("Bound By")["Path Share(%)"]
@@ -333,39 +400,76 @@ def _critical_path(path: pd.DataFrame, contributors: int = 3) -> Block:
         rows.append([Cell(str(rank), "n"), Cell(_num(float(r["Path(us)"].iloc[0]) / 1000, 2), "n"),
                      *[Cell(_num(float(shares.get(bound, 0.0)), 1), "n") for bound, _ in _BOUND_COLUMNS],
                      Cell("; ".join(f"{short(str(t['Name']), 60)} {t['Path Share(%)']:.1f}%" for _, t in top.iterrows()), "name")])
+    held = f"{len(rows)} of {total:,} ranks here (the slow workers and the longest paths); " if len(rows) < total else ""
     return Block(table=Table(["rank", "path ms", *[f"{label} %" for _, label in _BOUND_COLUMNS], "longest on the path"], rows),
                  note="The longest chain of dependent CPU ops, kernel launches, kernels and synchronisations over the profiled steps "
-                      "(the whole trace without steps; HTA's critical path); critical_path.csv has each rank's top contributors, "
+                      f"(the whole trace without steps; HTA's critical path); {held}critical_path.csv has each rank's top contributors, "
                       "the merged trace each rank's path as a track.")
 
 
-def _ranks(tables: RankTables, diagnosis: Diagnosis, problems: dict[int, list[str]]) -> Block:
+@dataclass(frozen=True)
+class RankSearch:
+    """Every rank's row of the ranks table, for the page's search (columns, pods and nodes by index)."""
+    data: dict
+    shown: int
+    total: int
+
+
+def _ranks(tables: RankTables, diagnosis: Diagnosis, problems: dict[int, list[str]]) -> tuple[Block, RankSearch | None]:
+    """The ranks table: every rank, or past MAX_RANK_ROWS the slow workers, the ranks with
+    problems and the slowest, with the search over all of them."""
     slow = {w.rank: w for w in diagnosis.slowWorkers}
     ratios, _ = kernel_ratios(tables)
-    r = tables.ranks
+    r = tables.ranks.assign(ratio=tables.ranks["rank"].map(ratios).to_numpy(dtype=float))
+    missing = sorted(set(problems) - set(r["rank"]))
+    search = None
+    if len(r) + len(missing) > MAX_RANK_ROWS:
+        search = _rank_search(r, {k: w.slowdown for k, w in slow.items()}, problems, missing)
+        first = list(slow) + sorted(problems)
+        first += r.sort_values("stepUs", ascending=False, kind="stable")["rank"].tolist()
+        keep = list(dict.fromkeys(int(x) for x in first))[:MAX_RANK_ROWS]
+        r = r[r["rank"].isin(keep)].set_index("rank").loc[[k for k in keep if k in set(r["rank"])]].reset_index()
+        missing = [k for k in keep if k in set(missing)]
     rows, classes = [], []
-    for _, row in r.iterrows():
-        rank = int(row["rank"])
-        rows.append([Cell(str(rank), "n"), Cell(str(row["pod"])), Cell(str(row["node"])), Cell(_num(row["stepUs"] / 1000, 2), "n"),
-                     Cell(_num(float(ratios.get(rank, np.nan)), 3), "n"), Cell(_num(slow[rank].slowdown, 2) if rank in slow else "", "n"),
+    for rank, pod, node, step_us, ratio in zip(r["rank"], r["pod"], r["node"], r["stepUs"], r["ratio"]):
+        rank = int(rank)
+        rows.append([Cell(str(rank), "n"), Cell(str(pod)), Cell(str(node)), Cell(_num(step_us / 1000, 2), "n"),
+                     Cell(_num(float(ratio), 3), "n"), Cell(_num(slow[rank].slowdown, 2) if rank in slow else "", "n"),
                      Cell("; ".join(problems.get(rank, [])))])
         classes.append("slow" if rank in slow else "")
-    for rank in sorted(set(problems) - set(r["rank"])):
+    for rank in missing:
         rows.append([Cell(str(rank), "n"), Cell(), Cell(), Cell("–", "n"), Cell("–", "n"), Cell("", "n"), Cell("; ".join(problems[rank]))])
         classes.append("")
-    return Block(table=Table(["rank", "pod", "node", "median step ms", "kernel time vs peers", "slowdown", "problems"], rows, classes))
+    note = (f"{len(rows)} of {search.total:,} ranks: the slow workers, ranks with problems and the slowest median step; "
+            "search for any rank or pod above, every rank is in diagnosis.json (perRank)") if search else ""
+    return Block(table=Table(["rank", "pod", "node", "median step ms", "kernel time vs peers", "slowdown", "problems"], rows, classes),
+                 note=note), search
+
+
+def _rank_search(r: pd.DataFrame, slowdown: dict[int, float], problems: dict[int, list[str]], missing: list[int]) -> RankSearch:
+    """The ranks table's columns for the page's search: pods and nodes as indices into their
+    distinct names (a pod holds several ranks), figures rounded, each rank's problems cut short."""
+    pods, pod_names = pd.factorize(r["pod"])
+    nodes, node_names = pd.factorize(r["node"])
+
+    def figures(values: pd.Series, digits: int) -> list[float | None]:
+        return [None if v != v else v for v in values.round(digits).tolist()]
+
+    text = {str(k): "; ".join(v)[:MAX_PROBLEM_CHARS] for k, v in problems.items()}
+    data = {"rank": r["rank"].astype(int).tolist() + missing, "pod": pods.tolist() + [-1] * len(missing),
+            "node": nodes.tolist() + [-1] * len(missing), "pods": [str(p) for p in pod_names], "nodes": [str(n) for n in node_names],
+            "stepMs": figures(r["stepUs"] / 1000.0, 2) + [None] * len(missing), "ratio": figures(r["ratio"], 3) + [None] * len(missing),
+            "slowdown": {str(k): round(v, 2) for k, v in slowdown.items()}, "problems": text}
+    return RankSearch(data, min(len(r) + len(missing), MAX_RANK_ROWS), len(r) + len(missing))
 
 
 def render_html(*, title: str, source: str, generated: str, diagnosis: Diagnosis, full: list[Finding], tables: RankTables,
                 csv: dict[str, pd.DataFrame], problems: dict[int, list[str]], total_ranks: int,
-                merged: str = "merged.trace.json.gz: the ranks' traces (open it in Perfetto).") -> str:
+                merged: str = "merged.trace.json.gz: the ranks' traces (open it in Perfetto).", held: str = "") -> str:
     step = diagnosis.stepTimeMs
     b = diagnosis.breakdown
     slow = {w.rank for w in diagnosis.slowWorkers}
     ranks = tables.ranks.sort_values("rank")
-    labels = [f"rank {r}" for r in ranks["rank"]]
-    positions = {r: i for i, r in enumerate(ranks["rank"])}
-    highlight = {positions[r] for r in slow if r in positions}
     ratios, _ = kernel_ratios(tables)
     cards = [("ranks analysed", f"{len(ranks)} / {total_ranks}"),
              ("step time (median)", f"{step.median:,.1f} ms" if step else "–"),
@@ -375,13 +479,14 @@ def render_html(*, title: str, source: str, generated: str, diagnosis: Diagnosis
         cards.append(("confidence", f"{diagnosis.confidence:.2f}"))
     if b:
         cards += [("compute", f"{b.computePct:.1f}%"), ("comm. not overlapped", f"{b.commNotOverlappedPct:.1f}%"), ("idle", f"{b.idlePct:.1f}%")]
-    kernel_chart = _bar_chart([f"rank {r}" for r in ratios.index], ratios.to_numpy(), {i for i, r in enumerate(ratios.index) if r in slow}, "x peers", 1.0, "peers") \
+    kernel_chart = _per_rank_chart(ratios.index.to_numpy(), ratios.to_numpy(), slow, "x peers", 1.0, "peers") \
         if len(ratios) else Block(note="needs GPU kernels on two or more ranks")
+    rank_table, search = _ranks(tables, diagnosis, problems)
     return _TEMPLATES.get_template("report.html").render(
         title=title, source=source, generated=generated, top=full[0].severity if full else "info", summary=diagnosis.summary, cards=cards,
         findings=_findings(full), hangs=_hangs(full), slow_workers=_slow_workers(full),
-        step_chart=_bar_chart(labels, ranks["stepUs"].to_numpy() / 1000.0, highlight, "ms", step.median if step else None),
-        kernel_chart=kernel_chart, breakdown_chart=_stacked_chart(tables), kernels=_kernels(csv["op_statistic.csv"]), functions=_functions(tables),
-        communication=_communication(csv["communication.csv"]), ranks=_ranks(tables, diagnosis, problems), merged=merged,
+        step_chart=_per_rank_chart(ranks["rank"].to_numpy(), ranks["stepUs"].to_numpy() / 1000.0, slow, "ms", step.median if step else None),
+        kernel_chart=kernel_chart, breakdown_chart=_stacked_chart(tables, slow), kernels=_kernels(csv["op_statistic.csv"]), functions=_functions(tables),
+        communication=_communication(csv["communication.csv"]), ranks=rank_table, search=search, merged=merged, held=held,
         efficiency=_roofline(csv["kernel_efficiency.csv"]) if "kernel_efficiency.csv" in csv else Block(note="no kernel efficiency table"),
-        critical_path=_critical_path(csv["critical_path.csv"]) if "critical_path.csv" in csv else Block(note="no critical path table"))
+        critical_path=_critical_path(csv["critical_path.csv"], slow) if "critical_path.csv" in csv else Block(note="no critical path table"))

@@ -27,11 +27,13 @@ from typing import BinaryIO
 
 import msgspec
 import numpy as np
+import pandas as pd
 from isal import isal_zlib
 
+from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.loading.parallel import pool_workers
 from stepscope.analysis.loading.trace import Decoders, decode_pieces, open_trace
-from stepscope.analysis.model import RANK_DIGITS, CriticalPathSummary, Diagnosis, RankSummary
+from stepscope.analysis.model import RANK_DIGITS, CriticalPathSummary, Diagnosis
 
 # A rank's pids and flow ids get "1" and the rank in five digits put in front (pid 783658 of rank
 # 3 -> 100003783658, pid 0 -> 1000030): unique across up to 100,000 ranks, integers as Perfetto
@@ -603,14 +605,14 @@ def critical_path_events(rank: int, path: CriticalPathSummary | None, shift_us: 
     return msgspec.json.encode(events)[1:-1]
 
 
-def merge_order(diagnosis: Diagnosis, summaries: Sequence[RankSummary], stacks: Iterable[int]) -> list[tuple[int, str]]:
+def merge_order(diagnosis: Diagnosis, tables: RankTables, stacks: Iterable[int]) -> list[tuple[int, str]]:
     """(rank, why) of every analysed rank, those that explain the diagnosis first: the slow ones,
     the hung ones, a healthy reference to compare them with, rank 0; then the others in order."""
-    usable = {s.rank: s for s in summaries if not s.error}
+    usable = {int(r) for r in tables.ranks["rank"]}
     hung = [r for f in diagnosis.findings if f.category == "hang" for r in f.ranks] or sorted(stacks)
     first = [(w.rank, f"slow worker ({w.slowdown:.2f}x the median step time)") for w in diagnosis.slowWorkers]
     first += [(r, "hung or stuck (see the hang findings)") for r in hung]
-    reference = _reference_rank([usable[r] for r in usable if r not in {r for r, _ in first}])
+    reference = _reference_rank(tables.steps, usable - {r for r, _ in first})
     if reference is not None:
         first.append((reference, "healthy reference: the step time closest to the median"))
     first.append((0, "rank 0"))
@@ -623,12 +625,12 @@ def merge_order(diagnosis: Diagnosis, summaries: Sequence[RankSummary], stacks: 
     ]
 
 
-def _reference_rank(summaries: list[RankSummary]) -> int | None:
-    medians = {s.rank: float(np.median([step.durationUs for step in s.steps])) for s in summaries if s.steps}
-    if not medians:
+def _reference_rank(steps: pd.DataFrame, ranks: set[int]) -> int | None:
+    medians = steps[steps["rank"].isin(ranks)].groupby("rank")["durationUs"].median() if not steps.empty else pd.Series(dtype=float)
+    if medians.empty:
         return None
-    middle = float(np.median(list(medians.values())))
-    return min(medians, key=lambda r: (abs(medians[r] - middle), r))
+    distance = np.abs(medians.to_numpy() - float(np.median(medians.to_numpy())))
+    return int(medians.index[np.lexsort((medians.index.to_numpy(), distance))[0]])
 
 
 def expected_size(path: Path) -> int:

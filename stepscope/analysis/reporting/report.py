@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.diagnosis.rank_tables import RankTables
-from stepscope.analysis.model import Diagnosis, Finding, RankSummary
+from stepscope.analysis.model import Diagnosis, Finding
 from stepscope.analysis.reporting.html import render_html
 from stepscope.analysis.reporting.merged_trace import MergePlan, describe, sentence, write_merged_trace
-from stepscope.analysis.reporting.tables import critical_path, kernel_efficiency, report_tables
+from stepscope.analysis.reporting.tables import detail_ranks, report_tables
 from stepscope.contracts import layout
 from stepscope.storage import Store
 
@@ -32,13 +32,13 @@ def _builtin(value: Any) -> Any:
 
 
 def diagnosis_document(*, source: str, generated: str, diagnosis: Diagnosis, full: list[Finding], tables: RankTables,
-                       summaries: list[RankSummary], problems: dict[int, list[str]], merged: dict[str, Any]) -> bytes:
+                       total_ranks: int, failed: list[int], problems: dict[int, list[str]], merged: dict[str, Any]) -> bytes:
     ranks = tables.ranks
     per_rank = [{"rank": int(r), "pod": p, "node": n, "stepTimeMs": None if np.isnan(s) else round(float(s) / 1000.0, 3), "steps": int(c)}
                 for r, p, n, s, c in zip(ranks["rank"], ranks["pod"], ranks["node"], ranks["stepUs"], ranks["steps"])]
     document = {
         "version": REPORT_VERSION, "source": source, "generatedAt": generated,
-        "ranks": {"total": len(summaries), "analysed": len(ranks), "failed": sorted(s.rank for s in summaries if s.error)},
+        "ranks": {"total": total_ranks, "analysed": len(ranks), "failed": sorted(failed)},
         "diagnosis": msgspec.to_builtins(diagnosis), "findings": [msgspec.structs.asdict(f) for f in full], "problems": {str(r): p for r, p in sorted(problems.items())},
         "mergedTrace": merged, "perRank": per_rank,
     }
@@ -55,7 +55,7 @@ def report_key(name: str, in_session: bool) -> str:
 
 
 def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diagnosis, full: list[Finding], tables: RankTables,
-                 summaries: list[RankSummary], problems: dict[int, list[str]], merge: MergePlan, pool: Executor,
+                 total_ranks: int, failed: list[int], problems: dict[int, list[str]], merge: MergePlan, pool: Executor,
                  on_step: Callable[[str], object] = lambda name: None) -> dict[str, str]:
     """Write every report file; returns name -> URI. A rank left out of the merged trace (no room,
     or its raw trace cannot be read) gets a problem entry; the merged trace is written first, so
@@ -78,15 +78,19 @@ def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diag
         written[merged_name] = store.uri_for(key)
     for rank, why in merged.left_out.items():
         problems.setdefault(rank, []).append(why)
-    csv = report_tables(tables) | {"kernel_efficiency.csv": kernel_efficiency(summaries), "critical_path.csv": critical_path(summaries)}
+    first = [w.rank for w in diagnosis.slowWorkers] + [r for f in full if f.category in ("hang", "slow-worker") for r in f.ranks] + [0]
+    detail = detail_ranks(tables, first)
+    csv = report_tables(tables, detail)
+    held = (f"kernel_details.csv and kernel_efficiency.csv hold {len(detail)} of {len(tables.ranks):,} ranks (the slow workers and the "
+            "longest median steps); every rank's figures are in its summary (ranks/rank-<r>.summary.arrow)") if detail else ""
     for name, frame in csv.items():
         put(name, _csv(frame))
     on_step("tables")
     put(layout.REPORT_DIAGNOSIS.removeprefix("report/"),
-        diagnosis_document(source=source, generated=generated, diagnosis=diagnosis, full=full, tables=tables, summaries=summaries,
-                           problems=problems, merged=describe(merge, merged, written[merged_name])))
+        diagnosis_document(source=source, generated=generated, diagnosis=diagnosis, full=full, tables=tables, total_ranks=total_ranks,
+                           failed=failed, problems=problems, merged=describe(merge, merged, written[merged_name])))
     put(layout.REPORT_HTML.removeprefix("report/"),
         render_html(title="stepscope report", source=source, generated=generated, diagnosis=diagnosis, full=full, tables=tables,
-                    csv=csv, problems=problems, total_ranks=len(summaries), merged=sentence(merge, merged)).encode())
+                    csv=csv, problems=problems, total_ranks=total_ranks, merged=sentence(merge, merged), held=held).encode())
     on_step("report")
     return written

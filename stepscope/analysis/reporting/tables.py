@@ -7,7 +7,10 @@ import pandas as pd
 from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.diagnosis.slow_workers import kernel_ratios
 from stepscope.analysis.diagnosis.wording import short
-from stepscope.analysis.model import RankSummary
+
+# Past this many ranks, the per-rank kernel tables hold this many ranks (the full figures of every
+# rank are in its summary, ranks/rank-<r>.summary.arrow).
+DETAIL_RANKS = 64
 
 
 def step_trace_time(tables: RankTables) -> pd.DataFrame:
@@ -73,36 +76,53 @@ EFFICIENCY_COLUMNS = ["Rank", "Kind", "Name", "Short Name", "Family", "Input Dim
                       "FLOP/Byte", "TFLOP/s", "TB/s", "Peak TFLOP/s", "Peak TB/s", "% of Roofline", "Device", "Related"]
 
 
-def kernel_efficiency(summaries: list[RankSummary]) -> pd.DataFrame:
+def kernel_efficiency(tables: RankTables) -> pd.DataFrame:
     """Each rank's ops (Kind op) and kernels (Kind kernel) with FLOPs and bytes from shapes,
     achieved rates and their place under the device's roofline (statistics/efficiency.py)."""
-    rows = [(s.rank, kind, e.name, e.family, e.shapes, e.dtype, e.count, e.gpuUs, e.flops, e.bytes, e.tflops, e.tbs, e.peakTflops,
-             e.peakTbs, e.pctOfPeak, s.device.model if s.device else "", e.related)
-            for s in summaries if not s.error for kind, items in (("op", s.opEfficiency), ("kernel", s.kernelEfficiency)) for e in items]
-    t = pd.DataFrame(rows, columns=["Rank", "Kind", "Name", "Family", "Input Dims", "Dtype", "Count", "GPU Time(us)", "FLOPs", "Bytes",
-                                    "TFLOP/s", "TB/s", "Peak TFLOP/s", "Peak TB/s", "% of Roofline", "Device", "Related"])
+    e = tables.efficiency
+    names = {"rank": "Rank", "kind": "Kind", "name": "Name", "family": "Family", "shapes": "Input Dims", "dtype": "Dtype", "count": "Count",
+             "gpuUs": "GPU Time(us)", "flops": "FLOPs", "bytes": "Bytes", "tflops": "TFLOP/s", "tbs": "TB/s", "peakTflops": "Peak TFLOP/s",
+             "peakTbs": "Peak TB/s", "pctOfPeak": "% of Roofline", "related": "Related"}
+    if e.empty:
+        t = pd.DataFrame(columns=[*names.values(), "Device"])
+    else:
+        t = e[list(names)].rename(columns=names)
+        t["Device"] = e["rank"].map(tables.ranks.set_index("rank")["device"]).to_numpy()
     t["Short Name"] = _short_names(t["Name"]) if len(t) else pd.Series(dtype=str)
     t["FLOP/Byte"] = t["FLOPs"] / t["Bytes"].where(t["Bytes"] > 0)
     return t[EFFICIENCY_COLUMNS].sort_values(["Rank", "Kind", "GPU Time(us)"], ascending=[True, False, False], kind="stable")
 
 
-def report_tables(tables: RankTables) -> dict[str, pd.DataFrame]:
-    """File name (under report/) -> table."""
-    return {"step_trace_time.csv": step_trace_time(tables), "kernel_details.csv": kernel_details(tables),
-            "op_statistic.csv": op_statistic(tables), "communication.csv": communication(tables)}
+def detail_ranks(tables: RankTables, first: list[int], limit: int = DETAIL_RANKS) -> list[int] | None:
+    """The ranks whose every kernel and op the detail tables hold: all of them up to `limit`,
+    else `first` (the ranks that explain the diagnosis) and the longest median steps up to it;
+    None for all."""
+    ranks = tables.ranks
+    if len(ranks) <= limit:
+        return None
+    slowest = ranks.sort_values("stepUs", ascending=False, kind="stable")["rank"].astype(int).tolist()
+    return list(dict.fromkeys([r for r in first if r in set(ranks["rank"])] + slowest))[:limit]
+
+
+def report_tables(tables: RankTables, detail: list[int] | None = None) -> dict[str, pd.DataFrame]:
+    """File name (under report/) -> table; kernel_details and kernel_efficiency of the `detail`
+    ranks only where given (one row per rank and kernel is millions of rows at fleet scale)."""
+    kernels, efficiency = kernel_details(tables), kernel_efficiency(tables)
+    if detail is not None:
+        kernels, efficiency = kernels[kernels["Rank"].isin(detail)], efficiency[efficiency["Rank"].isin(detail)]
+    return {"step_trace_time.csv": step_trace_time(tables), "kernel_details.csv": kernels,
+            "op_statistic.csv": op_statistic(tables), "communication.csv": communication(tables),
+            "kernel_efficiency.csv": efficiency, "critical_path.csv": critical_path(tables)}
 
 
 CRITICAL_PATH_COLUMNS = ["Rank", "Bound By", "Name", "Short Name", "Time(us)", "Path Share(%)", "Path(us)"]
 
 
-def critical_path(summaries: list[RankSummary]) -> pd.DataFrame:
-    """Each rank's critical path (metrics/critical_path.py): a row per bound with Name "" (the
+def critical_path(tables: RankTables) -> pd.DataFrame:
+    """Each rank's critical path (statistics/critical_path.py): a row per bound with Name "" (the
     path's time by what bounds it), then its top contributors."""
-    rows = [(s.rank, bound, "", us, s.criticalPath.totalUs) for s in summaries if s.criticalPath and not s.error
-            for bound, us in s.criticalPath.byBound.items()]
-    rows += [(s.rank, p.boundBy, p.name, p.us, s.criticalPath.totalUs) for s in summaries if s.criticalPath and not s.error
-             for p in s.criticalPath.top]
-    t = pd.DataFrame(rows, columns=["Rank", "Bound By", "Name", "Time(us)", "Path(us)"])
+    names = {"rank": "Rank", "boundBy": "Bound By", "name": "Name", "us": "Time(us)", "pathUs": "Path(us)"}
+    t = tables.criticalPath.rename(columns=names) if not tables.criticalPath.empty else pd.DataFrame(columns=list(names.values()))
     t["Short Name"] = _short_names(t["Name"]) if len(t) else pd.Series(dtype=str)
     t["Path Share(%)"] = (100 * t["Time(us)"] / t["Path(us)"].where(t["Path(us)"] > 0)).round(2)
     return t[CRITICAL_PATH_COLUMNS]

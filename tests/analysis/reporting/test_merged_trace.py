@@ -16,7 +16,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from stepscope.analysis.diagnosis.rank_tables import build_tables
 from stepscope.analysis.loading.parallel import pool_workers, worker_pool
+from stepscope.analysis.model import RankSummary, StepRow
 from stepscope.analysis.pipeline import analyze_uri
 from stepscope.analysis.reporting.merged_trace import (
     MergedTrace,
@@ -277,12 +279,12 @@ def test_analyze_keeps_the_merged_trace_within_its_limit(session_with_metrics: P
 
 def test_the_ranks_that_explain_the_diagnosis_come_first() -> None:
     """Slow workers, then hung ranks, then the rank whose step is closest to the median, then rank 0."""
-    rank = lambda r, ms: SimpleNamespace(rank=r, error="", steps=[SimpleNamespace(durationUs=ms * 1000)] * 3)  # noqa: E731 (a one-line helper local to the test)
+    rank = lambda r, ms: RankSummary(version=1, rank=r, steps=[StepRow(step=i, startUs=0.0, durationUs=ms * 1000.0) for i in range(3)])  # noqa: E731 (a one-line helper local to the test)
     summaries = [rank(0, 104), rank(1, 103), rank(2, 180), rank(3, 90), rank(4, 103), rank(5, 100), rank(6, 95)]
     diagnosis = SimpleNamespace(
         slowWorkers=[SimpleNamespace(rank=2, slowdown=1.8)], findings=[SimpleNamespace(category="hang", ranks=[4])]
     )
-    order = merge_order(diagnosis, summaries, stacks=[])  # type: ignore[arg-type]
+    order = merge_order(diagnosis, build_tables(summaries), stacks=[])  # type: ignore[arg-type]
     assert [r for r, _ in order] == [2, 4, 5, 0, 1, 3, 6]
     assert (
         order[0][1].startswith("slow worker (1.80x")

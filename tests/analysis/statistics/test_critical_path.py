@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stepscope.analysis.diagnosis.rank_tables import build_tables
 from stepscope.analysis.loading.trace import load_trace
 from stepscope.analysis.pipeline import EXIT_OK
 from stepscope.analysis.reporting.html import _critical_path
@@ -113,9 +114,9 @@ def test_alexnet_summary_and_report_table():
     assert cp.top[0].name == "cudaDeviceGetStreamPriorityRange" and cp.top[0].boundBy == "cpu_bound"
     assert sum(p.us for p in cp.top) <= cp.totalUs
     assert len(cp.spans) == 200 and all(d > 0 for _, d, _, _ in cp.spans)
-    table = critical_path_table([summary])
+    table = critical_path_table(build_tables([summary]))
     assert table.loc[table["Name"] == "", "Time(us)"].sum() == cp.totalUs
-    html = _critical_path(table).table
+    html = _critical_path(table, set()).table
     assert html is not None and html.rows[0][1].text == "43,355.65" and html.rows[0][2].text == "99.8"
 
 

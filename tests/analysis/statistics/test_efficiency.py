@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from stepscope.analysis.diagnosis.efficiency import efficiency_findings
+from stepscope.analysis.diagnosis.rank_tables import build_tables
 from stepscope.analysis.loading.trace import load_trace
 from stepscope.analysis.pipeline import analyze_uri
 from stepscope.analysis.statistics.devices import device_peak
@@ -124,13 +125,13 @@ def test_achieved_rate_and_roofline_share_per_op_and_kernel(tmp_path: Path):
 
 def test_dominant_ops_far_below_peak_are_a_finding_and_fast_ones_are_not(tmp_path: Path):
     slow = summarize(load_trace(_gemm_trace(tmp_path / "rank-0.json")), rank=0)
-    (finding,) = efficiency_findings([slow])
+    (finding,) = efficiency_findings(build_tables([slow]))
     assert finding.category == "kernel" and finding.ranks == [0] and finding.severity == "warning"
     assert "aten::mm [4096,4096] [4096,4096] BFloat16 at 14%" in finding.message and "H100 SXM" in finding.message
     fast = summarize(load_trace(_gemm_trace(tmp_path / "rank-1.json", kernel_us=200.0)), rank=1)  # 687 TFLOP/s: 69 %
-    assert efficiency_findings([fast]) == []
+    assert efficiency_findings(build_tables([fast])) == []
     unknown = summarize(load_trace(_gemm_trace(tmp_path / "rank-2.json", device="Quadro GP100")), rank=2)
-    assert unknown.device is None and efficiency_findings([unknown]) == []  # no peak, no verdict
+    assert unknown.device is None and efficiency_findings(build_tables([unknown])) == []  # no peak, no verdict
 
 
 def test_report_has_the_roofline_and_the_efficiency_table(tmp_path: Path):
