@@ -12,6 +12,7 @@ same run.
 
     .venv/bin/python benchmarks/analysis_job_scale.py [--ranks 10240] [--reference 1024]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,10 +56,20 @@ BUILD_AT_ONCE = 512  # ranks made and uploaded at a time, so the generator's mem
 
 def _session(api: kubernetes.client.ApiClient, name: str, endpoint: str) -> str:
     """Create the ProfileSession; returns its store folder."""
-    spec = {"selector": {"matchLabels": {"job": name}}, "capture": {"steps": 4},
-            "storage": {"uri": f"s3://{BUCKET}/sessions", "endpoint": endpoint, "region": "us-east-1", "credentialsSecret": "s3-credentials"}}
+    spec = {
+        "selector": {"matchLabels": {"job": name}},
+        "capture": {"steps": 4},
+        "storage": {
+            "uri": f"s3://{BUCKET}/sessions",
+            "endpoint": endpoint,
+            "region": "us-east-1",
+            "credentialsSecret": "s3-credentials",
+        },
+    }
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileSession", "metadata": {"name": name}, "spec": spec}
-    made = kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+    made = kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, NAMESPACE, PLURAL, body
+    )
     return destination(SessionSpec.from_dict(spec), NAMESPACE, name, made["metadata"]["uid"])
 
 
@@ -99,14 +110,29 @@ def _measure(name: str, ranks: int, api: kubernetes.client.ApiClient, s3, endpoi
     uploaded = _upload(s3, dest, ranks)
     wall, cpu, peak, code = _job(name, kubeconfig)
     prefix = dest.removeprefix(f"s3://{BUCKET}/")
-    session = kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+    session = kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+        GROUP, VERSION, NAMESPACE, PLURAL, name
+    )
     # The Job leaves its result and report in the store; the status is what the operator makes of them.
     report = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{prefix}/{layout.REPORT_DIAGNOSIS}")["Body"].read())
-    status = {**(session.get("status") or {}), **diagnosed_status(session.get("status") or {}, report["diagnosis"], dest, 1)}
+    status = {
+        **(session.get("status") or {}),
+        **diagnosed_status(session.get("status") or {}, report["diagnosis"], dest, 1),
+    }
     page = s3.head_object(Bucket=BUCKET, Key=f"{prefix}/{layout.REPORT_HTML}")["ContentLength"]
     diagnosis = status.get("diagnosis") or {}
-    return {"ranks": ranks, "upload_s": uploaded, "job_s": wall, "cpu_s": cpu, "peak_mb": peak, "exit": code, "status_bytes": len(json.dumps(status).encode()),
-            "page_bytes": page, "slow": [w["rank"] for w in diagnosis.get("slowWorkers") or []], "summary": diagnosis.get("summary", "")}
+    return {
+        "ranks": ranks,
+        "upload_s": uploaded,
+        "job_s": wall,
+        "cpu_s": cpu,
+        "peak_mb": peak,
+        "exit": code,
+        "status_bytes": len(json.dumps(status).encode()),
+        "page_bytes": page,
+        "slow": [w["rank"] for w in diagnosis.get("slowWorkers") or []],
+        "summary": diagnosis.get("summary", ""),
+    }
 
 
 def main() -> int:
@@ -119,26 +145,39 @@ def main() -> int:
     moto.start()
     host, port = moto.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    s3 = boto3.session.Session().client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                                        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                                        config=Config(max_pool_connections=16))
+    s3 = boto3.session.Session().client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        config=Config(max_pool_connections=16),
+    )
     s3.create_bucket(Bucket=BUCKET)
     try:
         with KubeTestServer() as server, tempfile.TemporaryDirectory(prefix="stepscope-bench-") as tmp:
             kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig")
             api = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
-            kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(yaml.safe_load(CRD_PATH.read_text()))
+            kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(
+                yaml.safe_load(CRD_PATH.read_text())
+            )
             results = [_measure(f"fleet-{n}", n, api, s3, endpoint, kubeconfig) for n in (args.reference, args.ranks)]
     finally:
         moto.stop()
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end; generator peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")
+    print(
+        f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end; generator peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB"
+    )
     for r in results:
-        print(f"{r['ranks']:>6,} ranks: Job start to its result written {r['job_s']:6.1f} s ({r['cpu_s']:.1f} s of CPU), peak {r['peak_mb']:6,.0f} MB, "
-              f"status {r['status_bytes']:,} B, "
-              f"report page {r['page_bytes'] / 1024:,.0f} KiB (uploads took {r['upload_s']:.0f} s); slow workers {r['slow']}")
+        print(
+            f"{r['ranks']:>6,} ranks: Job start to its result written {r['job_s']:6.1f} s ({r['cpu_s']:.1f} s of CPU), peak {r['peak_mb']:6,.0f} MB, "
+            f"status {r['status_bytes']:,} B, "
+            f"report page {r['page_bytes'] / 1024:,.0f} KiB (uploads took {r['upload_s']:.0f} s); slow workers {r['slow']}"
+        )
     ref, big = results
-    print(f"ratio {big['ranks'] // ref['ranks']}x the ranks: time {big['job_s'] / ref['job_s']:.2f}x, CPU {big['cpu_s'] / ref['cpu_s']:.2f}x, peak memory {big['peak_mb'] / ref['peak_mb']:.2f}x; "
-          f"goal {GOAL_S:.0f} s -> {big['job_s'] / GOAL_S:.2f}x, status {big['status_bytes'] / STATUS_BUDGET:.2f}x of 32 KiB")
+    print(
+        f"ratio {big['ranks'] // ref['ranks']}x the ranks: time {big['job_s'] / ref['job_s']:.2f}x, CPU {big['cpu_s'] / ref['cpu_s']:.2f}x, peak memory {big['peak_mb'] / ref['peak_mb']:.2f}x; "
+        f"goal {GOAL_S:.0f} s -> {big['job_s'] / GOAL_S:.2f}x, status {big['status_bytes'] / STATUS_BUDGET:.2f}x of 32 KiB"
+    )
     print(f"summary: {big['summary']}")
     ok = all(r["exit"] == 0 and r["slow"] == [5] and r["status_bytes"] < STATUS_BUDGET for r in results)
     return 0 if ok else 1

@@ -10,6 +10,7 @@ memory (ru_maxrss) is that of reading and diagnosing alone. References measured 
 
     .venv/bin/python benchmarks/diagnose_scale.py [--ranks 1024] [--repeat 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,9 @@ def _child(folder: Path, repeat: int) -> int:
         best = min(best, (total, read, time.process_time() - cpu))
     assert diagnosis is not None
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"{best[0]:.3f} {best[1]:.3f} {peak_mb:.0f} {','.join(str(w.rank) for w in diagnosis.slowWorkers)} {best[2]:.3f}")
+    print(
+        f"{best[0]:.3f} {best[1]:.3f} {peak_mb:.0f} {','.join(str(w.rank) for w in diagnosis.slowWorkers)} {best[2]:.3f}"
+    )
     print(diagnosis.summary)
     return 0
 
@@ -69,9 +72,14 @@ def main() -> int:
     from stepscope.testing.synthetic_ranks import make_summaries
 
     start = time.perf_counter()
-    summaries = make_summaries(args.ranks, slow_rank=5, kernel_factor=1.3, seed=7, kernels=args.kernels, functions=args.functions)
+    summaries = make_summaries(
+        args.ranks, slow_rank=5, kernel_factor=1.3, seed=7, kernels=args.kernels, functions=args.functions
+    )
     built = time.perf_counter() - start
-    rows = sum(len(s.kernels) + len(s.functions) + len(s.steps) + sum(len(c.durationsUs) for c in s.collectives) for s in summaries)
+    rows = sum(
+        len(s.kernels) + len(s.functions) + len(s.steps) + sum(len(c.durationsUs) for c in s.collectives)
+        for s in summaries
+    )
     start = time.perf_counter()
     arrow = [encode_summary(s) for s in summaries]
     encoded = time.perf_counter() - start
@@ -89,18 +97,30 @@ def main() -> int:
             (Path(tmp) / layout.rank_summary(rank)).write_bytes(b)
         arrow_kib = statistics.mean(len(b) for b in arrow) / 1024
         del arrow
-        out = subprocess.run([sys.executable, __file__, "--child", tmp, "--repeat", str(args.repeat)],
-                             capture_output=True, text=True, check=True).stdout.splitlines()
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", tmp, "--repeat", str(args.repeat)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
     total, read, peak, slow, cpu = out[0].split()
     total_s, read_s = float(total), float(read)
-    print(f"ranks: {args.ranks:,}  ({rows:,} kernel/function/step/collective rows; built in {built:.1f} s, encoded as Arrow in {encoded:.1f} s "
-          f"at the edge; {arrow_kib:.1f} KiB per Arrow summary, {json_kib:.1f} KiB as JSON)")
-    print(f"read + diagnose:      {total_s:8.3f} s   (best of {args.repeat}; {float(cpu):.3f} s of CPU; reading the Arrow summaries into one table "
-          f"{read_s:.3f} s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+    print(
+        f"ranks: {args.ranks:,}  ({rows:,} kernel/function/step/collective rows; built in {built:.1f} s, encoded as Arrow in {encoded:.1f} s "
+        f"at the edge; {arrow_kib:.1f} KiB per Arrow summary, {json_kib:.1f} KiB as JSON)"
+    )
+    print(
+        f"read + diagnose:      {total_s:8.3f} s   (best of {args.repeat}; {float(cpu):.3f} s of CPU; reading the Arrow summaries into one table "
+        f"{read_s:.3f} s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+    )
     print(f"peak memory:          {float(peak):8.0f} MB  (ru_maxrss of the reading and diagnosing process)")
-    print(f"reference, JSON decode alone: {json_decode:8.3f} s   -> read + diagnose / JSON decode = {total_s / json_decode:.2f}x")
+    print(
+        f"reference, JSON decode alone: {json_decode:8.3f} s   -> read + diagnose / JSON decode = {total_s / json_decode:.2f}x"
+    )
     goal = GOAL_S.get(args.ranks, GOAL_S[10240] * args.ranks / 10240)
-    print(f"goal: {goal:.3f} s, {GOAL_PEAK_MB} MB   -> time / goal = {total_s / goal:.2f}x, peak / goal = {float(peak) / GOAL_PEAK_MB:.2f}x")
+    print(
+        f"goal: {goal:.3f} s, {GOAL_PEAK_MB} MB   -> time / goal = {total_s / goal:.2f}x, peak / goal = {float(peak) / GOAL_PEAK_MB:.2f}x"
+    )
     print(f"slow workers: [{slow}]; summary: {out[1]}")
     return 0 if slow == "5" else 1
 

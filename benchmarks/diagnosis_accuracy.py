@@ -24,6 +24,7 @@ of a set already scored and developed on since run with the others.
         [--healthy-repeats 5] [--steps N] [--keep DIR] [--held-out [SET]]
     .venv/bin/python benchmarks/diagnosis_accuracy.py --rescore DIR   # analyse a kept run's captures again
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,7 +67,9 @@ def _expected(s: Scenario, ranks: int) -> str:
     slow = s.slow_ranks(ranks)
     if not slow:
         return "no slow rank"
-    return "; ".join(f"rank {r}: {' | '.join(c)}" for r, c in slow.items()) + (f" ({' + '.join(s.requires)})" if s.requires else "")
+    return "; ".join(f"rank {r}: {' | '.join(c)}" for r, c in slow.items()) + (
+        f" ({' + '.join(s.requires)})" if s.requires else ""
+    )
 
 
 def _judge_several(s: Scenario, ranks: int, diagnosis: dict) -> str:
@@ -75,7 +78,9 @@ def _judge_several(s: Scenario, ranks: int, diagnosis: dict) -> str:
     workers = {w["rank"]: w.get("cause", "") for w in diagnosis.get("slowWorkers", [])}
     if not workers and "cannot tell" in diagnosis.get("summary", ""):
         return "unsure"
-    right = sorted(workers) == sorted(expected) and all(any(c in workers[r] for c in causes) for r, causes in expected.items())
+    right = sorted(workers) == sorted(expected) and all(
+        any(c in workers[r] for c in causes) for r, causes in expected.items()
+    )
     return "right" if right else "wrong"
 
 
@@ -93,7 +98,11 @@ def judge(s: Scenario, ranks: int, diagnosis: dict) -> str:
         return _judge_several(s, ranks, diagnosis)
     if unsure and not slow:
         return "unsure"
-    named = summary.startswith(f"rank {rank} ") and any(c in summary for c in s.causes) and all(w in summary for w in s.requires)
+    named = (
+        summary.startswith(f"rank {rank} ")
+        and any(c in summary for c in s.causes)
+        and all(w in summary for w in s.requires)
+    )
     # The right rank, and plainly no cause (its stacks were not captured), with what to capture instead.
     if unsure and slow == [rank] and summary.startswith(f"rank {rank} ") and not named:
         return "unsure"
@@ -120,17 +129,35 @@ def run_scenario(s: Scenario, ranks: int, work: Path, captures: int, steps: int 
             store = out / f"session-{i}"
             started = time.perf_counter()
             with contextlib.redirect_stdout(io.StringIO()):
-                local.capture(store, steps=steps, wait=1 if hung else 3, analyze=False, hang_timeout=5 if hung else 60,
-                              hardware_metrics=False)
+                local.capture(
+                    store,
+                    steps=steps,
+                    wait=1 if hung else 3,
+                    analyze=False,
+                    hang_timeout=5 if hung else 60,
+                    hardware_metrics=False,
+                )
             capture_s = time.perf_counter() - started
             try:
                 document, analysis_s = _analyse(store)
             except Exception as exc:  # noqa: BLE001 - a failed analysis is a wrong answer, reported, not the end of the run
-                results.append(Result(s.name, ranks, _expected(s, ranks), f"analysis failed: {exc}", "-", "wrong", capture_s, 0.0))
+                results.append(
+                    Result(s.name, ranks, _expected(s, ranks), f"analysis failed: {exc}", "-", "wrong", capture_s, 0.0)
+                )
                 continue
             d = document["diagnosis"]
-            results.append(Result(s.name, ranks, _expected(s, ranks), d.get("summary", ""), str(d.get("confidence", "-")),
-                                  judge(s, ranks, d), capture_s, analysis_s))
+            results.append(
+                Result(
+                    s.name,
+                    ranks,
+                    _expected(s, ranks),
+                    d.get("summary", ""),
+                    str(d.get("confidence", "-")),
+                    judge(s, ranks, d),
+                    capture_s,
+                    analysis_s,
+                )
+            )
     return results
 
 
@@ -145,14 +172,33 @@ def rescore(work: Path) -> list[Result]:
         for store in sorted(run.glob("session-*")):
             document, analysis_s = _analyse(store)
             d = document["diagnosis"]
-            results.append(Result(name, int(ranks), _expected(s, int(ranks)), d.get("summary", ""), str(d.get("confidence", "-")),
-                                  judge(s, int(ranks), d), 0.0, analysis_s))
+            results.append(
+                Result(
+                    name,
+                    int(ranks),
+                    _expected(s, int(ranks)),
+                    d.get("summary", ""),
+                    str(d.get("confidence", "-")),
+                    judge(s, int(ranks), d),
+                    0.0,
+                    analysis_s,
+                )
+            )
     return results
 
 
 def _print(r: Result) -> None:
-    held = f" (held aside, set {SCENARIOS[r.scenario].held_aside})" if SCENARIOS[r.scenario].held_aside else " (held out)" if r.scenario in HELD_OUT else ""
-    print(f"{r.scenario}{held} @ {r.ranks} ranks: {r.verdict.upper()}  capture {r.capture_s:.1f} s, analysis {r.analysis_s:.1f} s", flush=True)
+    held = (
+        f" (held aside, set {SCENARIOS[r.scenario].held_aside})"
+        if SCENARIOS[r.scenario].held_aside
+        else " (held out)"
+        if r.scenario in HELD_OUT
+        else ""
+    )
+    print(
+        f"{r.scenario}{held} @ {r.ranks} ranks: {r.verdict.upper()}  capture {r.capture_s:.1f} s, analysis {r.analysis_s:.1f} s",
+        flush=True,
+    )
     print(f"    expected: {r.expected}", flush=True)
     print(f"    headline: {r.headline}  [confidence {r.confidence}]", flush=True)
 
@@ -167,16 +213,43 @@ def _totals(results: list[Result], label: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="2,4,8", help="comma-separated rank counts (default %(default)s)")
-    parser.add_argument("--scenarios", default=None, help="comma-separated scenario names (default: all but the held-aside ones)")
-    parser.add_argument("--held-out", nargs="?", const=HELD_ASIDE[-1], default="", choices=HELD_ASIDE, metavar="SET",
-                        help="run the held-aside set SET (default %(const)s; only it, unless --scenarios names more)")
-    parser.add_argument("--healthy-repeats", type=int, default=5, help="captures of the healthy job per rank count (default %(default)s)")
-    parser.add_argument("--steps", type=int, default=None, help="steps per capture (default: stepscope capture's, the CRD's default)")
-    parser.add_argument("--keep", type=Path, default=None, metavar="DIR", help="keep the runs (logs, traces, reports) in DIR")
-    parser.add_argument("--rescore", type=Path, default=None, metavar="DIR", help="capture nothing: analyse the captures kept in DIR again")
+    parser.add_argument(
+        "--scenarios", default=None, help="comma-separated scenario names (default: all but the held-aside ones)"
+    )
+    parser.add_argument(
+        "--held-out",
+        nargs="?",
+        const=HELD_ASIDE[-1],
+        default="",
+        choices=HELD_ASIDE,
+        metavar="SET",
+        help="run the held-aside set SET (default %(const)s; only it, unless --scenarios names more)",
+    )
+    parser.add_argument(
+        "--healthy-repeats",
+        type=int,
+        default=5,
+        help="captures of the healthy job per rank count (default %(default)s)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps per capture (default: stepscope capture's, the CRD's default)"
+    )
+    parser.add_argument(
+        "--keep", type=Path, default=None, metavar="DIR", help="keep the runs (logs, traces, reports) in DIR"
+    )
+    parser.add_argument(
+        "--rescore",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="capture nothing: analyse the captures kept in DIR again",
+    )
     args = parser.parse_args()
-    default = ([n for n, s in SCENARIOS.items() if s.held_aside == args.held_out] if args.held_out
-               else [n for n, s in SCENARIOS.items() if s.held_aside not in HELD_ASIDE])
+    default = (
+        [n for n, s in SCENARIOS.items() if s.held_aside == args.held_out]
+        if args.held_out
+        else [n for n, s in SCENARIOS.items() if s.held_aside not in HELD_ASIDE]
+    )
     names = [n for n in args.scenarios.split(",") if n] if args.scenarios else default
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
@@ -210,17 +283,35 @@ def main() -> int:
     print()
     aside = [r for r in faulty if SCENARIOS[r.scenario].held_aside in HELD_ASIDE]
     developed = [r for r in faulty if r not in aside]
-    print(_totals([r for r in developed if r.scenario not in HELD_OUT and not SCENARIOS[r.scenario].held_aside], "developed-on scenarios"))
+    print(
+        _totals(
+            [r for r in developed if r.scenario not in HELD_OUT and not SCENARIOS[r.scenario].held_aside],
+            "developed-on scenarios",
+        )
+    )
     print(_totals([r for r in faulty if r.scenario in HELD_OUT], "held-out scenarios"))
-    print(_totals([r for r in developed if SCENARIOS[r.scenario].held_aside], "held-aside sets b, c, d (developed on since scored)"))
+    print(
+        _totals(
+            [r for r in developed if SCENARIOS[r.scenario].held_aside],
+            "held-aside sets b, c, d (developed on since scored)",
+        )
+    )
     print(_totals(aside, f"held-aside set(s) {', '.join(HELD_ASIDE)} (not developed on)"))
-    print(_totals([r for r in developed if r.scenario not in HELD_OUT and r.scenario in FLEET], "of them, the fleet kinds"))
-    print(f"healthy repeats: {sum(r.verdict == 'wrong' for r in healthy)} false positive(s), "
-          f"{sum(r.verdict == 'unsure' for r in healthy)} 'cannot tell' in {len(healthy)}")
+    print(
+        _totals(
+            [r for r in developed if r.scenario not in HELD_OUT and r.scenario in FLEET], "of them, the fleet kinds"
+        )
+    )
+    print(
+        f"healthy repeats: {sum(r.verdict == 'wrong' for r in healthy)} false positive(s), "
+        f"{sum(r.verdict == 'unsure' for r in healthy)} 'cannot tell' in {len(healthy)}"
+    )
     if results:
         caps = sorted(r.capture_s for r in results)
         ana = sorted(r.analysis_s for r in results)
-        capture = "not timed (rescored)" if args.rescore else f"median {caps[len(caps) // 2]:.1f} s (max {caps[-1]:.1f})"
+        capture = (
+            "not timed (rescored)" if args.rescore else f"median {caps[len(caps) // 2]:.1f} s (max {caps[-1]:.1f})"
+        )
         print(f"time per capture: {capture}; per analysis: median {ana[len(ana) // 2]:.1f} s (max {ana[-1]:.1f})")
     return 0 if all(r.verdict != "wrong" for r in results) else 1
 

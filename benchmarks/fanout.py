@@ -14,6 +14,7 @@ The reference in the same run is the same session with one request open at a tim
 
     .venv/bin/python benchmarks/fanout.py [--pods 10240] [--reference-pods 1024]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,14 @@ def simulated_sidecars(port: int, ready: Event) -> None:
         requests["telemetry"] += 1
         if (denied := refused(request, b"")) is not None:
             return denied
-        return web.json_response({"pod": request.host, "node": "node", "time": time.time(),
-                                  "ranks": [{"rank": 0, "localRank": 0, "worldSize": 1, "pid": 1, "alive": True, "steps": 41}]})
+        return web.json_response(
+            {
+                "pod": request.host,
+                "node": "node",
+                "time": time.time(),
+                "ranks": [{"rank": 0, "localRank": 0, "worldSize": 1, "pid": 1, "alive": True, "steps": 41}],
+            }
+        )
 
     async def session(request: web.Request) -> web.Response:
         body = await request.read()
@@ -85,16 +92,35 @@ def simulated_sidecars(port: int, ready: Event) -> None:
         if (pod, sid) not in accepted:
             return web.json_response({"error": "unknown session"}, status=404)
         done = time.time() - accepted[(pod, sid)] > CAPTURE_S
-        workers = {"total": 1, "triggered": 1, "capturing": 0 if done else 1, "captured": int(done), "uploaded": int(done), "failed": 0}
-        return web.json_response({"session": sid, "phase": "Succeeded" if done else "Capturing", "workers": workers,
-                                  "ranks": [{"rank": 0, "state": "done" if done else "capturing"}]})
+        workers = {
+            "total": 1,
+            "triggered": 1,
+            "capturing": 0 if done else 1,
+            "captured": int(done),
+            "uploaded": int(done),
+            "failed": 0,
+        }
+        return web.json_response(
+            {
+                "session": sid,
+                "phase": "Succeeded" if done else "Capturing",
+                "workers": workers,
+                "ranks": [{"rank": 0, "state": "done" if done else "capturing"}],
+            }
+        )
 
     async def stats(request: web.Request) -> web.Response:
         return web.json_response({"accepted": [t for t in accepted.values()], "puts": puts, "requests": requests})
 
     app = web.Application()
-    app.add_routes([web.get("/v1/telemetry", telemetry), web.put("/v1/sessions/{id}", session), web.get("/v1/sessions/{id}", session),
-                    web.get("/_stats", stats)])
+    app.add_routes(
+        [
+            web.get("/v1/telemetry", telemetry),
+            web.put("/v1/sessions/{id}", session),
+            web.get("/v1/sessions/{id}", session),
+            web.get("/_stats", stats),
+        ]
+    )
     ready.set()
     web.run_app(app, host="0.0.0.0", port=port, print=None, access_log=None, handle_signals=True, backlog=4096)
 
@@ -117,9 +143,23 @@ def create_pods(api_client: Any, n: int, port: int) -> None:
 
     def one(i: int) -> None:
         name = f"train-{i}"
-        core.create_namespaced_pod("default", {"metadata": {"name": name, "labels": {"job": "big"}}, "spec": {
-            "initContainers": [{"name": "stepscope-sidecar", "image": "s", "restartPolicy": "Always", "ports": [{"name": "stepscope", "containerPort": port}]}],
-            "containers": [{"name": "train", "image": "t"}]}})
+        core.create_namespaced_pod(
+            "default",
+            {
+                "metadata": {"name": name, "labels": {"job": "big"}},
+                "spec": {
+                    "initContainers": [
+                        {
+                            "name": "stepscope-sidecar",
+                            "image": "s",
+                            "restartPolicy": "Always",
+                            "ports": [{"name": "stepscope", "containerPort": port}],
+                        }
+                    ],
+                    "containers": [{"name": "train", "image": "t"}],
+                },
+            },
+        )
         core.patch_namespaced_pod_status(name, "default", {"status": {"phase": "Running", "podIP": pod_ip(i)}})
 
     with ThreadPoolExecutor(16) as pool:
@@ -163,13 +203,38 @@ def run_session(api_client: Any, name: str, concurrency: int, port: int, s3_endp
     try:
         with KopfRunner(["run", "--standalone", "--all-namespaces"], registry=registry.build(), timeout=600):
             time.sleep(1.0)  # let kopf list the (empty) resource before the clock starts
-            spec = {"selector": {"matchLabels": {"job": "big"}}, "capture": {"steps": 2}, "hangTimeoutSeconds": 60,
-                    "storage": {"uri": f"s3://{BUCKET}/sessions", "endpoint": s3_endpoint, "region": "us-east-1", "credentialsSecret": "s3"},
-                    "analysis": {"enabled": False}, "timeoutSeconds": 900}
+            spec = {
+                "selector": {"matchLabels": {"job": "big"}},
+                "capture": {"steps": 2},
+                "hangTimeoutSeconds": 60,
+                "storage": {
+                    "uri": f"s3://{BUCKET}/sessions",
+                    "endpoint": s3_endpoint,
+                    "region": "us-east-1",
+                    "credentialsSecret": "s3",
+                },
+                "analysis": {"enabled": False},
+                "timeoutSeconds": 900,
+            }
             t0, cpu0 = time.time(), time.process_time()
-            api.create_namespaced_custom_object("stepscope.io", "v1alpha1", "default", "profilesessions",
-                                                {"apiVersion": "stepscope.io/v1alpha1", "kind": "ProfileSession", "metadata": {"name": name}, "spec": spec})
-            while (status := api.get_namespaced_custom_object("stepscope.io", "v1alpha1", "default", "profilesessions", name).get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            api.create_namespaced_custom_object(
+                "stepscope.io",
+                "v1alpha1",
+                "default",
+                "profilesessions",
+                {
+                    "apiVersion": "stepscope.io/v1alpha1",
+                    "kind": "ProfileSession",
+                    "metadata": {"name": name},
+                    "spec": spec,
+                },
+            )
+            while (
+                status := api.get_namespaced_custom_object(
+                    "stepscope.io", "v1alpha1", "default", "profilesessions", name
+                ).get("status")
+                or {}
+            ).get("phase") not in ("Succeeded", "Failed"):
                 time.sleep(0.5)
             t_end = time.time()
     finally:
@@ -180,22 +245,36 @@ def run_session(api_client: Any, name: str, concurrency: int, port: int, s3_endp
     trigger_cpu = trigger_cpus[0] - cpu0 if trigger_cpus else float("nan")
     uid = api_uid(api_client, name)
     puts = [count for key, count in stats["puts"].items() if key.endswith(uid)]
-    return {"phase": status["phase"], "message": status.get("message", ""), "triggered": len(mine), "all_triggered_s": max(mine) - t0,
-            "session_s": t_end - t0, "rounds": rounds, "round_cpu": round_cpu, "trigger_cpu": trigger_cpu,
-            "status_writes": metrics.value("stepscope_status_writes_total") - writes_before,
-            "max_puts_per_pod": max(puts), "min_gap_s": min(b - a for a, b in zip(write_times, write_times[1:])),
-            "status_bytes": len(json.dumps(status).encode())}
+    return {
+        "phase": status["phase"],
+        "message": status.get("message", ""),
+        "triggered": len(mine),
+        "all_triggered_s": max(mine) - t0,
+        "session_s": t_end - t0,
+        "rounds": rounds,
+        "round_cpu": round_cpu,
+        "trigger_cpu": trigger_cpu,
+        "status_writes": metrics.value("stepscope_status_writes_total") - writes_before,
+        "max_puts_per_pod": max(puts),
+        "min_gap_s": min(b - a for a, b in zip(write_times, write_times[1:])),
+        "status_bytes": len(json.dumps(status).encode()),
+    }
 
 
 def api_uid(api_client: Any, name: str) -> str:
     import kubernetes
-    return kubernetes.client.CustomObjectsApi(api_client).get_namespaced_custom_object("stepscope.io", "v1alpha1", "default", "profilesessions", name)["metadata"]["uid"]
+
+    return kubernetes.client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+        "stepscope.io", "v1alpha1", "default", "profilesessions", name
+    )["metadata"]["uid"]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pods", type=int, default=10240)
-    parser.add_argument("--concurrency", type=int, default=64, help="the operator's STEPSCOPE_FANOUT_CONCURRENCY (the chart's default)")
+    parser.add_argument(
+        "--concurrency", type=int, default=64, help="the operator's STEPSCOPE_FANOUT_CONCURRENCY (the chart's default)"
+    )
     args = parser.parse_args()
 
     import logging
@@ -206,7 +285,9 @@ def main() -> int:
     from stepscope.local.launch import free_port
     from stepscope.testing.s3 import moto_s3
 
-    os.environ.update({"STEPSCOPE_HMAC_KEY": KEY.decode(), "STEPSCOPE_POLL_INTERVAL_S": "1.0", "STEPSCOPE_SELECTION_GRACE_S": "5"})
+    os.environ.update(
+        {"STEPSCOPE_HMAC_KEY": KEY.decode(), "STEPSCOPE_POLL_INTERVAL_S": "1.0", "STEPSCOPE_SELECTION_GRACE_S": "5"}
+    )
     port = free_port()
     ready = multiprocessing.get_context("spawn").Event()
     sidecars = multiprocessing.get_context("spawn").Process(target=simulated_sidecars, args=(port, ready), daemon=True)
@@ -222,29 +303,48 @@ def main() -> int:
         up.wait(60)
         os.environ["KUBECONFIG"] = str(kubeconfig)
         api_client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
-        kubernetes.client.ApiextensionsV1Api(api_client).create_custom_resource_definition(yaml.safe_load((REPO / "crds" / "profilesession.yaml").read_text()))
-        kubernetes.client.CoreV1Api(api_client).create_namespaced_secret("default", {"metadata": {"name": "s3"}, "stringData": CREDENTIALS})
+        kubernetes.client.ApiextensionsV1Api(api_client).create_custom_resource_definition(
+            yaml.safe_load((REPO / "crds" / "profilesession.yaml").read_text())
+        )
+        kubernetes.client.CoreV1Api(api_client).create_namespaced_secret(
+            "default", {"metadata": {"name": "s3"}, "stringData": CREDENTIALS}
+        )
         t = time.time()
         create_pods(api_client, args.pods, port)
-        print(f"setup: {args.pods} Running pods created in {time.time() - t:.1f} s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-        results = [("reference (1 at a time)", run_session(api_client, "sequential", 1, port, endpoint)),
-                   (f"operator ({args.concurrency} at a time)", run_session(api_client, "pooled", args.concurrency, port, endpoint))]
+        print(
+            f"setup: {args.pods} Running pods created in {time.time() - t:.1f} s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+        )
+        results = [
+            ("reference (1 at a time)", run_session(api_client, "sequential", 1, port, endpoint)),
+            (
+                f"operator ({args.concurrency} at a time)",
+                run_session(api_client, "pooled", args.concurrency, port, endpoint),
+            ),
+        ]
         stop.set()
         server.join(30)
     sidecars.terminate()
-    print(f"load average at the end (1, 5, 15 min): {', '.join(f'{v:.1f}' for v in os.getloadavg())} on {os.cpu_count()} cores")
+    print(
+        f"load average at the end (1, 5, 15 min): {', '.join(f'{v:.1f}' for v in os.getloadavg())} on {os.cpu_count()} cores"
+    )
     for label, r in results:
         rounds = r["rounds"]
-        print(f"{label:24s} {r['phase']}: {r['triggered']} sidecars triggered, all within {r['all_triggered_s']:.2f} s of creation "
-              f"(operator CPU {r['trigger_cpu']:.2f} s); {len(rounds)} poll rounds, longest {max(rounds):.2f} s, median "
-              f"{sorted(rounds)[len(rounds) // 2]:.2f} s (operator CPU a round: {', '.join(f'{c:.2f}' for c in r['round_cpu'])} s); "
-              f"session {r['session_s']:.1f} s, {r['status_writes']:.0f} status writes, at least {r['min_gap_s']:.2f} s apart; "
-              f"max PUTs per pod {r['max_puts_per_pod']}; final status {r['status_bytes']} bytes ({r['status_bytes'] / 32768:.2f} of the 32 KiB budget)")
+        print(
+            f"{label:24s} {r['phase']}: {r['triggered']} sidecars triggered, all within {r['all_triggered_s']:.2f} s of creation "
+            f"(operator CPU {r['trigger_cpu']:.2f} s); {len(rounds)} poll rounds, longest {max(rounds):.2f} s, median "
+            f"{sorted(rounds)[len(rounds) // 2]:.2f} s (operator CPU a round: {', '.join(f'{c:.2f}' for c in r['round_cpu'])} s); "
+            f"session {r['session_s']:.1f} s, {r['status_writes']:.0f} status writes, at least {r['min_gap_s']:.2f} s apart; "
+            f"max PUTs per pod {r['max_puts_per_pod']}; final status {r['status_bytes']} bytes ({r['status_bytes'] / 32768:.2f} of the 32 KiB budget)"
+        )
     (_, reference), (_, measured) = results
-    print(f"trigger vs sequential: {reference['all_triggered_s'] / measured['all_triggered_s']:.1f}x faster; "
-          f"goal <= 10 s: {measured['all_triggered_s']:.2f} s ({measured['all_triggered_s'] / 10.0:.2f} of the goal)")
-    print(f"longest poll round vs sequential: {max(reference['rounds']) / max(measured['rounds']):.1f}x faster; "
-          f"goal <= 5 s: {max(measured['rounds']):.2f} s ({max(measured['rounds']) / 5.0:.2f} of the goal)")
+    print(
+        f"trigger vs sequential: {reference['all_triggered_s'] / measured['all_triggered_s']:.1f}x faster; "
+        f"goal <= 10 s: {measured['all_triggered_s']:.2f} s ({measured['all_triggered_s'] / 10.0:.2f} of the goal)"
+    )
+    print(
+        f"longest poll round vs sequential: {max(reference['rounds']) / max(measured['rounds']):.1f}x faster; "
+        f"goal <= 5 s: {max(measured['rounds']):.2f} s ({max(measured['rounds']) / 5.0:.2f} of the goal)"
+    )
     return 0
 
 

@@ -19,6 +19,7 @@ which the operator makes every second while a session captures.
 
     .venv/bin/python benchmarks/watch_cost.py [--steps 2000] [--rounds 40] [--repeats 3] [--part agent|operator|both]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,7 +75,9 @@ def child(steps: int, rounds: int) -> None:
             raise SystemExit("the agent never mapped its ring file")
     ring, off = agent.ring, _Off()
     timed(optimizer.step, 1000)
-    results: dict[str, list[float]] = {k: [] for k in ("step_on", "step_off", "boundary_on", "boundary_off", "no_hook", "record")}
+    results: dict[str, list[float]] = {
+        k: [] for k in ("step_on", "step_off", "boundary_on", "boundary_off", "no_hook", "record")
+    }
     shuffle = random.Random(0).shuffle
     for _ in range(rounds):
         halves = [True, False]
@@ -116,26 +119,65 @@ def simulated_telemetry(port: int, ranks_per_pod: int, slow_since: Any, ready: A
 
     async def telemetry(request: web.Request) -> web.Response:
         try:
-            verifier.verify(request.method, request.path, b"", request.headers, targets={target(request.host.rsplit(":", 1)[0], int(request.host.rsplit(":", 1)[1]))})
+            verifier.verify(
+                request.method,
+                request.path,
+                b"",
+                request.headers,
+                targets={target(request.host.rsplit(":", 1)[0], int(request.host.rsplit(":", 1)[1]))},
+            )
         except SignatureError as exc:
             return web.json_response({"error": str(exc)}, status=401)
         now, slow = time.time(), slow_since.value
         n = steps_at(now, slow)
         first_slow = steps_at(slow, slow) if slow else n + 1
         recent = [[k, STEP_S * (2 if k > first_slow else 1)] for k in range(max(2, n - 63), n + 1)]
-        pod = int(request.host.rsplit(":", 1)[0].split(".")[2]) * 250 + int(request.host.rsplit(":", 1)[0].split(".")[3]) - 1
-        ranks = [{"rank": pod * ranks_per_pod + r, "localRank": r, "alive": True, "steps": n, "lastStepSeconds": recent[-1][1] if recent else None,
-                  "secondsSinceStep": 0.05, "recent": recent} for r in range(ranks_per_pod)]
+        pod = (
+            int(request.host.rsplit(":", 1)[0].split(".")[2]) * 250
+            + int(request.host.rsplit(":", 1)[0].split(".")[3])
+            - 1
+        )
+        ranks = [
+            {
+                "rank": pod * ranks_per_pod + r,
+                "localRank": r,
+                "alive": True,
+                "steps": n,
+                "lastStepSeconds": recent[-1][1] if recent else None,
+                "secondsSinceStep": 0.05,
+                "recent": recent,
+            }
+            for r in range(ranks_per_pod)
+        ]
         return web.json_response({"pod": f"train-{pod}", "time": now, "ranks": ranks})
 
     async def session(request: web.Request) -> web.Response:
         try:
-            verifier.verify(request.method, request.path, b"", request.headers, targets={target(request.host.rsplit(":", 1)[0], int(request.host.rsplit(":", 1)[1]))})
+            verifier.verify(
+                request.method,
+                request.path,
+                b"",
+                request.headers,
+                targets={target(request.host.rsplit(":", 1)[0], int(request.host.rsplit(":", 1)[1]))},
+            )
         except SignatureError as exc:
             return web.json_response({"error": str(exc)}, status=401)
-        workers = {"total": ranks_per_pod, "triggered": ranks_per_pod, "capturing": ranks_per_pod, "captured": 0, "uploaded": 0, "failed": 0}
-        return web.json_response({"session": request.match_info["id"], "phase": "Capturing", "workers": workers,
-                                  "ranks": [{"rank": r, "state": "capturing"} for r in range(ranks_per_pod)]})
+        workers = {
+            "total": ranks_per_pod,
+            "triggered": ranks_per_pod,
+            "capturing": ranks_per_pod,
+            "captured": 0,
+            "uploaded": 0,
+            "failed": 0,
+        }
+        return web.json_response(
+            {
+                "session": request.match_info["id"],
+                "phase": "Capturing",
+                "workers": workers,
+                "ranks": [{"rank": r, "state": "capturing"} for r in range(ranks_per_pod)],
+            }
+        )
 
     app = web.Application()
     app.add_routes([web.get("/v1/telemetry", telemetry), web.get("/v1/sessions/{id}", session)])
@@ -166,19 +208,31 @@ def operator_cost(pods: int, ranks_per_pod: int, interval_s: float, polls: int) 
         time.sleep(1.0)
         targets = [Target(pod=f"train-{i}", ip=pod_ip(i), port=port) for i in range(pods)]
         key = namespace_key(KEY, "default")
-        policy = triggers.Policy("bench", detection.Conditions(sustained_s=3 * interval_s, baseline_window_s=60, min_baseline_polls=5), cooldown_s=0)
+        policy = triggers.Policy(
+            "bench",
+            detection.Conditions(sustained_s=3 * interval_s, baseline_window_s=60, min_baseline_polls=5),
+            cooldown_s=0,
+        )
 
         def timed_poll(poll: Any) -> tuple[float, float, list[fanout.Outcome]]:
             cpu, wall = time.process_time(), time.perf_counter()
             outcomes = poll()
             return time.process_time() - cpu, time.perf_counter() - wall, outcomes
 
-        reference = [timed_poll(lambda: asyncio.run(fanout.poll(targets, "bench-session", key, limit=limit,
-                                                                timeout=settings.sidecar_timeout_s))) for _ in range(polls)]
+        reference = [
+            timed_poll(
+                lambda: asyncio.run(
+                    fanout.poll(targets, "bench-session", key, limit=limit, timeout=settings.sidecar_timeout_s)
+                )
+            )
+            for _ in range(polls)
+        ]
         state, cpu, wall, failed, slowed, fired = triggers.State(), [], [], 0, 0.0, None
         for _ in range(200):
             began = time.time()
-            c, w, outcomes = timed_poll(lambda: asyncio.run(fanout.telemetry(targets, key, limit=limit, timeout=settings.sidecar_timeout_s)))
+            c, w, outcomes = timed_poll(
+                lambda: asyncio.run(fanout.telemetry(targets, key, limit=limit, timeout=settings.sidecar_timeout_s))
+            )
             c0 = time.process_time()
             observation = triggers.Observation(began, detection.observe(began, [o.answer for o in outcomes if o.ok]))
             state, actions = triggers.step(state, observation, policy)
@@ -195,15 +249,25 @@ def operator_cost(pods: int, ranks_per_pod: int, interval_s: float, polls: int) 
         server.terminate()
     median = statistics.median
     ref_cpu, ref_wall = median(r[0] for r in reference), median(r[1] for r in reference)
-    print(f"operator polling {pods} simulated pods x {ranks_per_pod} ranks (at most {settings.fanout_concurrency} requests at once), "
-          f"{len(cpu)} telemetry polls every {interval_s:g} s, {failed} failed requests:")
+    print(
+        f"operator polling {pods} simulated pods x {ranks_per_pod} ranks (at most {settings.fanout_concurrency} requests at once), "
+        f"{len(cpu)} telemetry polls every {interval_s:g} s, {failed} failed requests:"
+    )
     print(f"  reference: a capturing session's status poll  CPU {ref_cpu:.3f} s a poll, wall {ref_wall:.3f} s")
-    print(f"  ProfileTrigger poll (fan-out + observe + step) CPU {median(cpu):.3f} s a poll ({median(cpu) / ref_cpu:.2f}x the reference), "
-          f"wall {median(wall):.3f} s")
-    print(f"  at the default 10 s interval: {median(cpu) / 10:.1%} of one core, {pods / 10:.0f} requests/s "
-          f"(a capturing session: {ref_cpu:.1%} of a core at 1 poll/s, {pods} requests/s)")
-    print(f"  detection delay of a 2x slowdown (sustained {policy.conditions.sustained_s:g} s, polls every {interval_s:g} s): "
-          + (f"{fired:.1f} s" if fired is not None else "did not fire"))
+    print(
+        f"  ProfileTrigger poll (fan-out + observe + step) CPU {median(cpu):.3f} s a poll ({median(cpu) / ref_cpu:.2f}x the reference), "
+        f"wall {median(wall):.3f} s"
+    )
+    print(
+        f"  at the default 10 s interval: {median(cpu) / 10:.1%} of one core, {pods / 10:.0f} requests/s "
+        f"(a capturing session: {ref_cpu:.1%} of a core at 1 poll/s, {pods} requests/s)"
+    )
+    print(
+        f"  detection delay of a 2x slowdown (sustained {policy.conditions.sustained_s:g} s, polls every {interval_s:g} s): "
+        + (f"{fired:.1f} s" if fired is not None else "did not fire")
+    )
+
+
 def wait_share_cost(agent: Any) -> dict[str, float]:
     """Microseconds of one read of DDP's all-reduce timing (median of 200) and of the interval test
     every step boundary makes (what the boundary adds while no read is due)."""
@@ -217,8 +281,11 @@ def wait_share_cost(agent: Any) -> dict[str, float]:
         model(torch.randn(4, 64)).sum().backward()
     assert model in agent._ddp_models and agent._read_collective_wait(), "the agent does not see DDP's timing"
     reads = [timed(agent._read_collective_wait, 1) for _ in range(200)]
-    test = timeit.timeit("now - agent._wait_read_mono >= COLLECTIVE_WAIT_READ_SECONDS",
-                         globals={"now": time.monotonic(), "agent": agent, "COLLECTIVE_WAIT_READ_SECONDS": 2.0}, number=100_000)
+    test = timeit.timeit(
+        "now - agent._wait_read_mono >= COLLECTIVE_WAIT_READ_SECONDS",
+        globals={"now": time.monotonic(), "agent": agent, "COLLECTIVE_WAIT_READ_SECONDS": 2.0},
+        number=100_000,
+    )
     dist.destroy_process_group()
     return {"ddp_read": statistics.median(reads), "interval_test": test / 100_000 * 1e6}
 
@@ -232,7 +299,9 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=1000, help="operator part: simulated pods")
     parser.add_argument("--ranks-per-pod", type=int, default=8)
     parser.add_argument("--interval", type=float, default=2.0, help="operator part: seconds between polls in this run")
-    parser.add_argument("--polls", type=int, default=8, help="operator part: reference polls, and healthy polls before the slowdown")
+    parser.add_argument(
+        "--polls", type=int, default=8, help="operator part: reference polls, and healthy polls before the slowdown"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -246,32 +315,52 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="stepscope-watch-") as tmp:
         directory = Path(tmp)
         install_bootstrap(directory)
-        env = {**env_without_agent(), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        env = {
+            **env_without_agent(),
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "OMP_NUM_THREADS": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+        }
         env.update(training_env(directory, env))
         for _ in range(args.repeats):
-            out = subprocess.run([sys.executable, __file__, "--child", "--steps", str(args.steps), "--rounds", str(args.rounds)],
-                                 env=env, capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", "--steps", str(args.steps), "--rounds", str(args.rounds)],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     median = statistics.median
 
     def figure(key: str) -> str:
         return f"{median(r[key]['median'] for r in rows):6.2f} us [{min(r[key]['min'] for r in rows):.2f}]"
 
-    print(f"step telemetry, {args.steps} steps x {args.rounds} rounds x {args.repeats} interpreters "
-          f"(median, least-disturbed round in brackets):")
+    print(
+        f"step telemetry, {args.steps} steps x {args.rounds} rounds x {args.repeats} interpreters "
+        f"(median, least-disturbed round in brackets):"
+    )
     print(f"  optimizer step, agent without its hook (reference) {figure('no_hook')}")
     print(f"  optimizer step, agent, telemetry off               {figure('step_off')}")
-    print(f"  optimizer step, agent, telemetry on                {figure('step_on')}   "
-          f"telemetry +{median(r['step_diff'] for r in rows):.2f} us a step (paired rounds)")
+    print(
+        f"  optimizer step, agent, telemetry on                {figure('step_on')}   "
+        f"telemetry +{median(r['step_diff'] for r in rows):.2f} us a step (paired rounds)"
+    )
     print(f"  agent boundary alone, telemetry off                {figure('boundary_off')}")
-    print(f"  agent boundary alone, telemetry on                 {figure('boundary_on')}   "
-          f"telemetry +{median(r['boundary_diff'] for r in rows):.2f} us a step (paired rounds)")
+    print(
+        f"  agent boundary alone, telemetry on                 {figure('boundary_on')}   "
+        f"telemetry +{median(r['boundary_diff'] for r in rows):.2f} us a step (paired rounds)"
+    )
     print(f"  ring record alone (two struct writes into the mapped file) {figure('record')}")
     read = median(r["ddp_read"] for r in rows)
-    print(f"wait share: one read of DDP's all-reduce timing {read:.1f} us, every 2 s ({read / 2:.1f} us a second, "
-          f"{read / 2 * 0.001:.3f} us a 1-ms step); the interval test every boundary makes "
-          f"{median(r['interval_test'] for r in rows):.3f} us")
+    print(
+        f"wait share: one read of DDP's all-reduce timing {read:.1f} us, every 2 s ({read / 2:.1f} us a second, "
+        f"{read / 2 * 0.001:.3f} us a 1-ms step); the interval test every boundary makes "
+        f"{median(r['interval_test'] for r in rows):.3f} us"
+    )
     return 0
 
 

@@ -3,6 +3,7 @@
 Training code needs nothing from this package; `step()` exists for loops without an optimizer,
 where the agent cannot count steps by itself.
 """
+
 from __future__ import annotations
 
 import sys

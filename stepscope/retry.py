@@ -2,6 +2,7 @@
 sidecars): a bounded number of attempts with jittered, doubling delays, and only for failures the
 caller classifies as transient; a permanent one (access denied, a missing bucket, a refused
 request) is raised at once with its reason."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,15 @@ class RetryPolicy:
         return min(self.base_delay_s * 2 ** (attempt - 1), self.max_delay_s) * (0.5 + random.random() / 2)
 
 
-def call(operation: Callable[[], T], policy: RetryPolicy, *, transient: Callable[[Exception], bool], what: str,
-         sleep: Callable[[float], object] = time.sleep, log_level: int = logging.WARNING) -> T:
+def call(
+    operation: Callable[[], T],
+    policy: RetryPolicy,
+    *,
+    transient: Callable[[Exception], bool],
+    what: str,
+    sleep: Callable[[float], object] = time.sleep,
+    log_level: int = logging.WARNING,
+) -> T:
     """`operation()`, retried per `policy` while it raises what `transient` accepts; the last error
     (or the first permanent one) is raised. Each retry is logged at `log_level`."""
     for attempt in range(1, max(1, policy.attempts) + 1):
@@ -39,13 +47,27 @@ def call(operation: Callable[[], T], policy: RetryPolicy, *, transient: Callable
             if not transient(exc) or attempt >= policy.attempts:
                 raise
             delay = policy.delay(attempt)
-            log.log(log_level, "%s failed (attempt %d/%d, retrying in %.2f s): %s", what, attempt, policy.attempts, delay, exc)
+            log.log(
+                log_level,
+                "%s failed (attempt %d/%d, retrying in %.2f s): %s",
+                what,
+                attempt,
+                policy.attempts,
+                delay,
+                exc,
+            )
             sleep(delay)
     raise AssertionError("unreachable")
 
 
-async def call_async(operation: Callable[[], Awaitable[T]], policy: RetryPolicy, *, transient: Callable[[Exception], bool], what: str,
-                     log_level: int = logging.WARNING) -> T:
+async def call_async(
+    operation: Callable[[], Awaitable[T]],
+    policy: RetryPolicy,
+    *,
+    transient: Callable[[Exception], bool],
+    what: str,
+    log_level: int = logging.WARNING,
+) -> T:
     """`call` for a coroutine: the waits between attempts are asyncio.sleep."""
     for attempt in range(1, max(1, policy.attempts) + 1):
         try:
@@ -54,6 +76,14 @@ async def call_async(operation: Callable[[], Awaitable[T]], policy: RetryPolicy,
             if not transient(exc) or attempt >= policy.attempts:
                 raise
             delay = policy.delay(attempt)
-            log.log(log_level, "%s failed (attempt %d/%d, retrying in %.2f s): %s", what, attempt, policy.attempts, delay, exc)
+            log.log(
+                log_level,
+                "%s failed (attempt %d/%d, retrying in %.2f s): %s",
+                what,
+                attempt,
+                policy.attempts,
+                delay,
+                exc,
+            )
             await asyncio.sleep(delay)
     raise AssertionError("unreachable")

@@ -1,6 +1,7 @@
 """What the core reads from the environment, each variable named here once: the key that signs
 operator-to-sidecar requests, and an object store's credentials (a mounted Secret's folder, or the
 keys the environment carries). The parts read theirs in their own settings modules."""
+
 from __future__ import annotations
 
 import os
@@ -41,4 +42,8 @@ def store_keys(scheme: str) -> dict[str, str | None] | None:
     key_id, secret, token = STORE_KEY_ENV[scheme]
     if not os.environ.get(key_id):
         return None
-    return {"accessKeyId": os.environ[key_id], "secretAccessKey": os.environ.get(secret), "sessionToken": os.environ.get(token)}
+    return {
+        "accessKeyId": os.environ[key_id],
+        "secretAccessKey": os.environ.get(secret),
+        "sessionToken": os.environ.get(token),
+    }

@@ -9,6 +9,7 @@ the store credentials in their body.
 
 `request_async` is the same request on the caller's event loop (the operator's fan-out to
 thousands of sidecars): one connection per request, no thread, the same caps and deadline."""
+
 from __future__ import annotations
 
 import asyncio
@@ -122,8 +123,13 @@ class SidecarClient:
         body) on the running event loop, within `timeout` in all."""
         req = self._prepare(method, path, data, True)
         body = req.data or b""
-        head = [f"{method} {req.path} HTTP/1.1", f"Host: {target(req.host, req.port)}", "Connection: close", f"Content-Length: {len(body)}",
-                *(f"{k}: {v}" for k, v in req.headers.items())]
+        head = [
+            f"{method} {req.path} HTTP/1.1",
+            f"Host: {target(req.host, req.port)}",
+            "Connection: close",
+            f"Content-Length: {len(body)}",
+            *(f"{k}: {v}" for k, v in req.headers.items()),
+        ]
         writer = None
         try:
             async with asyncio.timeout(self.timeout):
@@ -132,12 +138,22 @@ class SidecarClient:
                 status, reason, length = _parse_head(await reader.readuntil(b"\r\n\r\n"))
                 if length is not None and length > MAX_REPLY:
                     raise http.client.HTTPException(f"the answer is over {MAX_REPLY} bytes")
-                raw = await reader.readexactly(length) if length is not None else await _read_to_end(reader, MAX_REPLY + 1)
+                raw = (
+                    await reader.readexactly(length)
+                    if length is not None
+                    else await _read_to_end(reader, MAX_REPLY + 1)
+                )
                 if len(raw) > MAX_REPLY:
                     raise http.client.HTTPException(f"the answer is over {MAX_REPLY} bytes")
         except TimeoutError as exc:
             raise self._unreachable(exc, True) from None
-        except (OSError, http.client.HTTPException, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+        except (
+            OSError,
+            http.client.HTTPException,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ValueError,
+        ) as exc:
             raise self._unreachable(exc, False) from None
         finally:
             if writer is not None:

@@ -5,6 +5,7 @@ Keys are relative to the store's URI. Credentials come from the caller (read fro
 Secret mounted as files, or the environment; they are held by the client only and never appear
 in reprs, messages or logs.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,7 +33,19 @@ MULTIPART_THRESHOLD = 32 * 1024 * 1024
 MULTIPART_CHUNK = 16 * 1024 * 1024
 MAX_CONCURRENCY = 4
 LIST_PAGE_SIZE = 1000  # S3's own maximum per ListObjectsV2 call
-TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling", "ThrottlingException", "RequestTimeTooSkewed", "503", "500", "502", "504"}
+TRANSIENT_CODES = {
+    "InternalError",
+    "ServiceUnavailable",
+    "SlowDown",
+    "RequestTimeout",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeTooSkewed",
+    "503",
+    "500",
+    "502",
+    "504",
+}
 ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "403"}
 
 
@@ -64,7 +77,9 @@ class Store(Protocol):
 def _check_size(uri: str, size: int, max_bytes: int) -> None:
     """Refuse an object larger than a reader may hold, before its body is read."""
     if size > max_bytes:
-        raise StoreError(f"{uri} holds {size / 1e6:,.0f} MB, more than the {max_bytes / (1 << 20):,.0f} MiB such a file may")
+        raise StoreError(
+            f"{uri} holds {size / 1e6:,.0f} MB, more than the {max_bytes / (1 << 20):,.0f} MiB such a file may"
+        )
 
 
 def _clean_key(key: str) -> str:
@@ -95,6 +110,7 @@ class FileStore:
         source = Path(path)
         if not source.is_file():
             raise StoreError(f"cannot store {source}: no such file")
+
         def copy(out: Any) -> None:
             with source.open("rb") as src:
                 shutil.copyfileobj(src, out, 1024 * 1024)
@@ -136,9 +152,14 @@ class FileStore:
         # A link to a file outside the folder is no object of it: a session's files never point out.
         # Each folder is resolved once (a session's thousands of ranks share one), a file only if a link.
         inside = functools.cache(lambda folder: folder.resolve().is_relative_to(self.root))
-        keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*")
-                if p.is_file() and not p.name.endswith(PARTIAL_SUFFIX) and inside(p.parent)
-                and (not p.is_symlink() or p.resolve().is_relative_to(self.root)))
+        keys = (
+            p.relative_to(self.root).as_posix()
+            for p in self.root.rglob("*")
+            if p.is_file()
+            and not p.name.endswith(PARTIAL_SUFFIX)
+            and inside(p.parent)
+            and (not p.is_symlink() or p.resolve().is_relative_to(self.root))
+        )
         return sorted(k for k in keys if k.startswith(prefix))
 
     def exists(self, key: str) -> bool:
@@ -154,9 +175,15 @@ def _credentials(scheme: str, given: dict[str, Any] | None, ambient: bool = True
     alone: a cluster session's storage is reached with its credentialsSecret, never with the
     identity of the process or node that happens to run it."""
     if given and given.get("accessKeyId"):
-        return {"accessKeyId": given["accessKeyId"], "secretAccessKey": given.get("secretAccessKey"), "sessionToken": given.get("sessionToken")}
+        return {
+            "accessKeyId": given["accessKeyId"],
+            "secretAccessKey": given.get("secretAccessKey"),
+            "sessionToken": given.get("sessionToken"),
+        }
     if not ambient:
-        raise StoreError(f"no credentials for {scheme}:// from spec.storage.credentialsSecret; a session on the cluster uses no other")
+        raise StoreError(
+            f"no credentials for {scheme}:// from spec.storage.credentialsSecret; a session on the cluster uses no other"
+        )
     folder = credentials_dir()
     if folder:
         files = {name: Path(folder, name) for name in ("accessKeyId", "secretAccessKey", "sessionToken")}
@@ -167,16 +194,28 @@ def _credentials(scheme: str, given: dict[str, Any] | None, ambient: bool = True
     if keys is not None:
         return keys
     if scheme == "oss":
-        raise StoreError(f"no credentials for oss://: set OSS_ACCESS_KEY_ID/OSS_ACCESS_KEY_SECRET, {CREDENTIALS_DIR_ENV}, or spec.storage.credentialsSecret")
+        raise StoreError(
+            f"no credentials for oss://: set OSS_ACCESS_KEY_ID/OSS_ACCESS_KEY_SECRET, {CREDENTIALS_DIR_ENV}, or spec.storage.credentialsSecret"
+        )
     return None
 
 
 class S3Store:
     """A bucket and prefix on S3 or an S3-compatible service (OSS, MinIO)."""
 
-    def __init__(self, scheme: str, bucket: str, prefix: str, *, endpoint: str | None, region: str | None,
-                 credentials: dict[str, Any] | None, retry: RetryPolicy, proxies: dict[str, str] | None = None,
-                 ambient_credentials: bool = True) -> None:
+    def __init__(
+        self,
+        scheme: str,
+        bucket: str,
+        prefix: str,
+        *,
+        endpoint: str | None,
+        region: str | None,
+        credentials: dict[str, Any] | None,
+        retry: RetryPolicy,
+        proxies: dict[str, str] | None = None,
+        ambient_credentials: bool = True,
+    ) -> None:
         import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
@@ -194,7 +233,8 @@ class S3Store:
             # retries would multiply its attempts and retry what _classify knows is permanent.
             retries={"mode": "standard", "total_max_attempts": 1},
             s3={"addressing_style": style},
-            connect_timeout=10, read_timeout=60,
+            connect_timeout=10,
+            read_timeout=60,
             # The analysis reads thousands of summaries 16 at a time (gathering.session_files).
             max_pool_connections=32,
             proxies=proxies,
@@ -205,10 +245,18 @@ class S3Store:
         creds = _credentials(scheme, credentials, ambient_credentials)
         kwargs: dict[str, Any] = {"endpoint_url": endpoint, "config": config}
         if creds:
-            kwargs.update(aws_access_key_id=creds["accessKeyId"], aws_secret_access_key=creds["secretAccessKey"], aws_session_token=creds["sessionToken"])
+            kwargs.update(
+                aws_access_key_id=creds["accessKeyId"],
+                aws_secret_access_key=creds["secretAccessKey"],
+                aws_session_token=creds["sessionToken"],
+            )
         # A private session: boto3's default one is not thread-safe to create clients from.
         self._client = boto3.session.Session().client("s3", **kwargs)
-        self._transfer = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_CHUNK, max_concurrency=MAX_CONCURRENCY)
+        self._transfer = TransferConfig(
+            multipart_threshold=MULTIPART_THRESHOLD,
+            multipart_chunksize=MULTIPART_CHUNK,
+            max_concurrency=MAX_CONCURRENCY,
+        )
 
     def __repr__(self) -> str:
         return f"S3Store({self.uri!r}, endpoint={self.endpoint!r})"
@@ -220,11 +268,16 @@ class S3Store:
         source = Path(path)
         if not source.is_file():
             raise StoreError(f"cannot store {source}: no such file")
-        self._call(f"upload {source} to {self.uri_for(key)}",
-                   lambda: self._client.upload_file(str(source), self.bucket, self._key(key), Config=self._transfer))
+        self._call(
+            f"upload {source} to {self.uri_for(key)}",
+            lambda: self._client.upload_file(str(source), self.bucket, self._key(key), Config=self._transfer),
+        )
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        self._call(f"write {self.uri_for(key)}", lambda: self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data))
+        self._call(
+            f"write {self.uri_for(key)}",
+            lambda: self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data),
+        )
 
     def get_bytes(self, key: str, max_bytes: int | None = None) -> bytes:
         def read() -> bytes:
@@ -238,23 +291,31 @@ class S3Store:
 
     def download(self, key: str, path: Path | str) -> Path:
         target = Path(path)
-        self._call(f"download {self.uri_for(key)}",
-                   lambda: write_atomically(target, lambda out: self._client.download_fileobj(self.bucket, self._key(key), out, Config=self._transfer)))
+        self._call(
+            f"download {self.uri_for(key)}",
+            lambda: write_atomically(
+                target,
+                lambda out: self._client.download_fileobj(self.bucket, self._key(key), out, Config=self._transfer),
+            ),
+        )
         return target
 
     def list(self, prefix: str = "") -> list[str]:
         base = _join(self.prefix, "") if self.prefix else ""
 
         def collect() -> list[str]:
-            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix,
-                                                                            PaginationConfig={"PageSize": LIST_PAGE_SIZE})
-            return [obj["Key"][len(base):] for page in pages for obj in page.get("Contents", [])]
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base + prefix, PaginationConfig={"PageSize": LIST_PAGE_SIZE}
+            )
+            return [obj["Key"][len(base) :] for page in pages for obj in page.get("Contents", [])]
 
         return sorted(self._call(f"list {self.uri_for(prefix) if prefix else self.uri}", collect))
 
     def exists(self, key: str) -> bool:
         try:
-            self._call(f"check {self.uri_for(key)}", lambda: self._client.head_object(Bucket=self.bucket, Key=self._key(key)))
+            self._call(
+                f"check {self.uri_for(key)}", lambda: self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+            )
         except ObjectNotFound:
             return False
         return True
@@ -269,11 +330,15 @@ class S3Store:
             except Exception as exc:  # noqa: BLE001 - classified right here
                 raise _classify(exc, what, self) from None
 
-        return retry.call(classified, self._retry, transient=lambda e: isinstance(e, StoreError) and e.transient, what=what)
+        return retry.call(
+            classified, self._retry, transient=lambda e: isinstance(e, StoreError) and e.transient, what=what
+        )
 
 
 def _missing_bucket(what: str, store: S3Store) -> StoreError:
-    return StoreError(f"cannot {what}: bucket {store.bucket!r} does not exist" + (f" at {store.endpoint}" if store.endpoint else ""))
+    return StoreError(
+        f"cannot {what}: bucket {store.bucket!r} does not exist" + (f" at {store.endpoint}" if store.endpoint else "")
+    )
 
 
 def _classify(exc: Exception, what: str, store: S3Store) -> StoreError:
@@ -284,7 +349,9 @@ def _classify(exc: Exception, what: str, store: S3Store) -> StoreError:
     if isinstance(exc, StoreError):
         return exc
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
-        return StoreError(f"cannot {what}: no credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, {CREDENTIALS_DIR_ENV}, or spec.storage.credentialsSecret)")
+        return StoreError(
+            f"cannot {what}: no credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, {CREDENTIALS_DIR_ENV}, or spec.storage.credentialsSecret)"
+        )
     if isinstance(exc, ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
@@ -296,7 +363,9 @@ def _classify(exc: Exception, what: str, store: S3Store) -> StoreError:
             return StoreError(f"cannot {what}: access denied ({code}); check the credentials and the bucket policy")
         if code in TRANSIENT_CODES or status >= 500:
             return StoreError(f"cannot {what}: the service answered {code or status}", transient=True)
-        return StoreError(f"cannot {what}: {code or status}: {exc.response.get('Error', {}).get('Message', '')}".rstrip(": "))
+        return StoreError(
+            f"cannot {what}: {code or status}: {exc.response.get('Error', {}).get('Message', '')}".rstrip(": ")
+        )
     if isinstance(exc, S3UploadFailedError):
         text = str(exc)
         if "NoSuchBucket" in text:
@@ -309,8 +378,16 @@ def _classify(exc: Exception, what: str, store: S3Store) -> StoreError:
     return StoreError(f"cannot {what}: {type(exc).__name__}: {exc}")
 
 
-def open_store(uri: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None,
-               retry: RetryPolicy | None = None, proxies: dict[str, str] | None = None, ambient_credentials: bool = True) -> FileStore | S3Store:
+def open_store(
+    uri: str,
+    *,
+    endpoint: str | None = None,
+    region: str | None = None,
+    credentials: dict | None = None,
+    retry: RetryPolicy | None = None,
+    proxies: dict[str, str] | None = None,
+    ambient_credentials: bool = True,
+) -> FileStore | S3Store:
     """The store at `uri` (file:///dir, a plain directory path, s3://bucket/prefix or oss://bucket/prefix).
 
     oss:// needs `region` (endpoint https://oss-<region>.aliyuncs.com) or an explicit `endpoint`.
@@ -342,5 +419,14 @@ def open_store(uri: str, *, endpoint: str | None = None, region: str | None = No
     if scheme == "oss" and region:
         # OSS signs with the bare region id (cn-hangzhou), whichever form the user wrote.
         region = region.removeprefix("oss-")
-    return S3Store(scheme, parsed.netloc, parsed.path, endpoint=endpoint, region=region, credentials=credentials, retry=retry or RetryPolicy(),
-                   proxies=proxies, ambient_credentials=ambient_credentials)
+    return S3Store(
+        scheme,
+        parsed.netloc,
+        parsed.path,
+        endpoint=endpoint,
+        region=region,
+        credentials=credentials,
+        retry=retry or RetryPolicy(),
+        proxies=proxies,
+        ambient_credentials=ambient_credentials,
+    )

@@ -1,4 +1,5 @@
 """Fixtures shared by every part's tests."""
+
 from __future__ import annotations
 
 import os

@@ -53,6 +53,7 @@ group, a forked child registers and answers only from its first step, which also
 watchdog. It never raises into the training loop: a failure is logged ("stepscope.agent") and
 written to the session's state file.
 """
+
 from __future__ import annotations
 
 from .process import current, start, step

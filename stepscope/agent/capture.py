@@ -1,6 +1,7 @@
 """The capture on one rank: the decisions (decisions.py) applied to torch.profiler, with the
 capture budget (a probe step that counts Python calls, a memory bound), the trace's export off the
 training thread, and the session's final state."""
+
 from __future__ import annotations
 
 import json
@@ -76,8 +77,10 @@ class Capture(Rank):
                 if over_memory:
                     self._cut_for_memory(s, tick.grown_mb)
                 if stepless:
-                    s.notes.append(f"no step boundary came after step {self.step_count - 1}: the watchdog thread stopped the profiler, "
-                                   f"so ProfilerStep#{self.step_count} holds the part of step {self.step_count} recorded until then")
+                    s.notes.append(
+                        f"no step boundary came after step {self.step_count - 1}: the watchdog thread stopped the profiler, "
+                        f"so ProfilerStep#{self.step_count} holds the part of step {self.step_count} recorded until then"
+                    )
                 self._stop_profiler(s, final)
 
     def _probing(self, s: Session) -> bool:
@@ -94,7 +97,9 @@ class Capture(Rank):
             s.probe = CallCounter()
             sys.setprofile(s.probe)
             if self.step_count >= s.start_at:
-                s.notes.append("the capture started one step late: that step counted the Python calls for the capture budget")
+                s.notes.append(
+                    "the capture started one step late: that step counted the Python calls for the capture budget"
+                )
             return True
         sys.setprofile(None)
         s.probed = True
@@ -110,9 +115,15 @@ class Capture(Rank):
             # A few hundred samples of every thread's stack still name where the time goes
             # (a stepless program's probe ran on the watchdog thread, which is not worth sampling).
             s.sampler = None if s.on_watchdog else StackSampler(threading.get_ident(), s.capture.limits.maxStackEvents)
-            instead = "" if s.sampler is None else f", every thread's stack is sampled every {wire.STACK_SAMPLE_SECONDS * 1000:g} ms instead"
-            s.degraded.append(f"{wire.STACKS_DROPPED}: {over} = {projected:,} exceeds capture.limits.maxStackEvents={s.capture.limits.maxStackEvents:,}{instead}; "
-                              "set capture.withStack=false or raise capture.limits.maxStackEvents")
+            instead = (
+                ""
+                if s.sampler is None
+                else f", every thread's stack is sampled every {wire.STACK_SAMPLE_SECONDS * 1000:g} ms instead"
+            )
+            s.degraded.append(
+                f"{wire.STACKS_DROPPED}: {over} = {projected:,} exceeds capture.limits.maxStackEvents={s.capture.limits.maxStackEvents:,}{instead}; "
+                "set capture.withStack=false or raise capture.limits.maxStackEvents"
+            )
             log.warning("stepscope agent: session %s: %s", s.id, s.degraded[-1])
         return False
 
@@ -120,11 +131,16 @@ class Capture(Rank):
         """The budget's second stage: the capture is cut short once the process grew by more than
         maxMemoryMB since the profiler started (the profiler's buffers, mostly); say so."""
         captured = self.step_count - (s.start_step or 0)
-        cut = (f"{captured} of {s.steps} steps" if s.steps is not None
-               else f"{time.monotonic() - s.started_mono:.1f} of {s.duration:g} s ({captured} steps)")
-        s.degraded.append(f"capture cut after {cut}: the process grew {grown:,.0f} MB while profiling, "
-                          f"over capture.limits.maxMemoryMB={s.max_memory_mb:g}; capture fewer steps, set capture.withStack=false "
-                          "or raise capture.limits.maxMemoryMB")
+        cut = (
+            f"{captured} of {s.steps} steps"
+            if s.steps is not None
+            else f"{time.monotonic() - s.started_mono:.1f} of {s.duration:g} s ({captured} steps)"
+        )
+        s.degraded.append(
+            f"capture cut after {cut}: the process grew {grown:,.0f} MB while profiling, "
+            f"over capture.limits.maxMemoryMB={s.max_memory_mb:g}; capture fewer steps, set capture.withStack=false "
+            "or raise capture.limits.maxMemoryMB"
+        )
         log.warning("stepscope agent: session %s: %s", s.id, s.degraded[-1])
 
     def _cancel_unstarted(self, s: Session) -> bool:
@@ -158,8 +174,15 @@ class Capture(Rank):
             # A schedule that always records: without a schedule torch.profiler writes no
             # ProfilerStep#N annotations. Starting at step_num = steps done so far makes N the
             # step's zero-based index, the numbers of the state file's startStep/endStep.
-            prof = profile(activities=activities, schedule=lambda _: ProfilerAction.RECORD, with_stack=s.with_stack,
-                           record_shapes=s.capture.recordShapes, profile_memory=s.capture.profileMemory, with_flops=s.capture.withFlops, **extra)
+            prof = profile(
+                activities=activities,
+                schedule=lambda _: ProfilerAction.RECORD,
+                with_stack=s.with_stack,
+                record_shapes=s.capture.recordShapes,
+                profile_memory=s.capture.profileMemory,
+                with_flops=s.capture.withFlops,
+                **extra,
+            )
             prof.step_num = self.step_count
             prof.start()
         except Exception as e:  # noqa: BLE001 - a profiler that cannot start fails the session, never the training
@@ -186,7 +209,12 @@ class Capture(Rank):
         # `writing` before the stop: torch processes every recorded event in it, holding the GIL,
         # so no heartbeat comes until it returns and the sidecar must know the rank is exporting.
         s.state = wire.WRITING
-        self._write_state(s, message=f"writing the trace of steps {s.start_step}..{s.end_step - 1}" if s.steps is not None else "writing the trace")
+        self._write_state(
+            s,
+            message=f"writing the trace of steps {s.start_step}..{s.end_step - 1}"
+            if s.steps is not None
+            else "writing the trace",
+        )
         try:
             prof.stop()
         except Exception as e:  # noqa: BLE001 - a profiler that cannot stop fails the session, never the training
@@ -266,4 +294,3 @@ class Capture(Rank):
         self._write_state(s, message=message)
         if self._session is s:
             self._session = None
-

@@ -1,5 +1,6 @@
 """One capture request on this rank, read from request.json with the spec's defaults for what a
 hand-written request leaves out, and its progress from trigger to a final state."""
+
 from __future__ import annotations
 
 import time
@@ -83,7 +84,23 @@ class Session:
         return float(self.capture.limits.maxMemoryMB)
 
     def view(self) -> CaptureView:
-        return CaptureView(self.state, self.prof is not None, self.on_watchdog, self.all_threads, self.cancel, self.hung, self.hung_step,
-                           self.start_at, self.start_step, self.steps, self.duration, self.started_mono, self.triggered_mono,
-                           self.with_stack, self.probed, self.probe is not None, self.max_memory_mb, self.hang_timeout)
-
+        return CaptureView(
+            self.state,
+            self.prof is not None,
+            self.on_watchdog,
+            self.all_threads,
+            self.cancel,
+            self.hung,
+            self.hung_step,
+            self.start_at,
+            self.start_step,
+            self.steps,
+            self.duration,
+            self.started_mono,
+            self.triggered_mono,
+            self.with_stack,
+            self.probed,
+            self.probe is not None,
+            self.max_memory_mb,
+            self.hang_timeout,
+        )

@@ -5,6 +5,7 @@ summaries at the edge and reads them in the Job. msgspec Structs keep encoding a
 thousands of summaries fast. Times are microseconds unless a name says otherwise; percentages are
 0..100. Field names are camelCase because they are written as JSON and shown to users.
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,6 +27,7 @@ class Struct(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):
 
 class StepRow(Struct):
     """One profiler step: HTA's temporal breakdown and the Ascend step table."""
+
     step: int
     startUs: float
     durationUs: float
@@ -64,6 +66,7 @@ class StreamIdle(Struct):
 
 class IdleBreakdown(Struct):
     """HTA's idle-time categories (consecutive-kernel threshold semantics)."""
+
     hostWaitUs: float
     kernelWaitUs: float
     otherUs: float
@@ -78,6 +81,7 @@ class KernelTypeShare(Struct):
 
 class KernelStat(Struct):
     """One kernel name: PerfTracker's major-kernel row and HTA's top-kernel row."""
+
     name: str
     type: str
     count: int
@@ -125,6 +129,7 @@ class RuntimeStat(Struct):
 
 class LaunchStats(Struct):
     """HTA's CUDA launch statistics."""
+
     launches: int
     launchDelayMedianUs: float = 0.0
     launchDelayP95Us: float = 0.0
@@ -138,6 +143,7 @@ class LaunchStats(Struct):
 
 class FunctionStat(Struct):
     """A Python function (grouped by call stack) with its exclusive time not overlapped with GPU work."""
+
     name: str
     stack: str
     count: int
@@ -151,6 +157,7 @@ class FunctionStat(Struct):
 
 class DeviceSpec(Struct):
     """The rank's GPU (deviceProperties' name) and its datasheet peaks (statistics/devices.py)."""
+
     name: str
     model: str  # the row of the device table it matched
     tflops: dict[str, float] = {}  # dense TFLOP/s by dtype class: fp32, tf32, bf16, fp16, fp8
@@ -159,6 +166,7 @@ class DeviceSpec(Struct):
 
 class PathShare(Struct):
     """An op, kernel or gap on a rank's critical path and its time on it."""
+
     name: str
     boundBy: str  # HTA's bound_by: cpu_bound, gpu_compute_bound, gpu_kernel_kernel_overhead, ...
     us: float
@@ -167,6 +175,7 @@ class PathShare(Struct):
 class CriticalPathSummary(Struct):
     """The longest chain of dependent CPU ops, launches, kernels and syncs over the rank's profiled
     steps (HTA's critical_path_analysis, metrics/critical_path.py)."""
+
     totalUs: float
     startUs: float
     endUs: float
@@ -181,6 +190,7 @@ class CriticalPathSummary(Struct):
 class OpEfficiency(Struct):
     """FLOPs and bytes of an op, from its recorded shapes, over the time of the kernels it launched
     (statistics/efficiency.py); for a kernel, its share of its ops' FLOPs and bytes."""
+
     name: str  # op (aten::addmm) or kernel
     family: str  # gemm | conv | attention | elementwise | reduction | normalization
     count: int
@@ -202,6 +212,7 @@ class OpEfficiency(Struct):
 class OperatorStat(Struct):
     """An operator with the same input shapes (innermost operators only, on the thread that runs
     most of them: the time each takes itself), for the cross-rank comparison of operator time."""
+
     name: str
     shapes: str  # the profiler's "Input Dims" as JSON text ('' where shapes were not recorded)
     count: int
@@ -265,6 +276,7 @@ class SlowWorker(Struct):
 class Finding(Struct):
     """One thing the diagnosis found. report/diagnosis.json holds every finding whole; the status
     holds the first few without `score` and `data` (their defaults, which are not encoded)."""
+
     severity: str  # critical | warning | info
     category: str  # slow-worker | kernel | python | communication | memory | launch | hang | hardware | trace
     ranks: list[int]
@@ -298,6 +310,7 @@ class StepTime(Struct):
 
 class Diagnosis(Struct):
     """What goes into the session's status (compact: the whole status stays under 32 KiB)."""
+
     summary: str
     stepTimeMs: StepTime | None = None
     slowWorkers: list[SlowWorker] = []
@@ -335,7 +348,12 @@ def _arrow_type(info: Any) -> Any:
         return pa.list_(_arrow_type(info.item_type))
     if isinstance(info, mi.DictType):
         return pa.map_(_arrow_type(info.key_type), _arrow_type(info.value_type))
-    simple: dict[type, Any] = {mi.IntType: pa.int64(), mi.FloatType: pa.float64(), mi.StrType: pa.string(), mi.BoolType: pa.bool_()}
+    simple: dict[type, Any] = {
+        mi.IntType: pa.int64(),
+        mi.FloatType: pa.float64(),
+        mi.StrType: pa.string(),
+        mi.BoolType: pa.bool_(),
+    }
     return simple[type(info)]
 
 
@@ -391,12 +409,19 @@ def _tuples(value: Any, info: Any, make: Any) -> Any:
         return [_tuples(v, info.item_type, make) for v in value]
     if isinstance(info, mi.DictType):
         return {k: _tuples(v, info.value_type, make) for k, v in value.items()}
-    return {**value, **{f.encode_name: _tuples(value[f.encode_name], f.type, make) for f in info.fields if f.encode_name in value}}
+    return {
+        **value,
+        **{f.encode_name: _tuples(value[f.encode_name], f.type, make) for f in info.fields if f.encode_name in value},
+    }
 
 
 def _row_tuples(row: dict, make: Any) -> dict:
     fields = _tuple_fields()
-    return {**row, **{f.encode_name: _tuples(row[f.encode_name], f.type, make) for f in fields if f.encode_name in row}} if fields else row
+    return (
+        {**row, **{f.encode_name: _tuples(row[f.encode_name], f.type, make) for f in fields if f.encode_name in row}}
+        if fields
+        else row
+    )
 
 
 def _with_defaults(array: Any, info: Any) -> Any:
@@ -409,7 +434,9 @@ def _with_defaults(array: Any, info: Any) -> Any:
     if isinstance(info, mi.UnionType):
         return _with_defaults(array, next(t for t in info.types if not isinstance(t, mi.NoneType)))
     if isinstance(info, mi.ListType):
-        return pa.ListArray.from_arrays(array.offsets, _with_defaults(array.values, info.item_type), mask=array.is_null())
+        return pa.ListArray.from_arrays(
+            array.offsets, _with_defaults(array.values, info.item_type), mask=array.is_null()
+        )
     if not isinstance(info, mi.StructType):
         return array
     children = []
@@ -504,14 +531,19 @@ def _one_row(data: bytes, head: int) -> bool:
     uncompressed record batch of one row and the end of the stream, as encode_summary writes it."""
     view = memoryview(data)
     try:
-        if view[head:head + 4] != _ARROW_STREAM or view[-8:] != _END:
+        if view[head : head + 4] != _ARROW_STREAM or view[-8:] != _END:
             return False
         length = struct.unpack_from("<i", view, head + 4)[0]
-        meta = view[head + 8:head + 8 + length]
+        meta = view[head + 8 : head + 8 + length]
         message = _Flat(meta, struct.unpack_from("<I", meta, 0)[0])
         batch = message.table(2)
-        return (message.scalar(1, "<B") == _RECORD_BATCH and batch is not None and batch.scalar(0, "<q") == 1
-                and batch.table(3) is None and head + 8 + length + message.scalar(3, "<q") == len(data) - 8)
+        return (
+            message.scalar(1, "<B") == _RECORD_BATCH
+            and batch is not None
+            and batch.scalar(0, "<q") == 1
+            and batch.table(3) is None
+            and head + 8 + length + message.scalar(3, "<q") == len(data) - 8
+        )
     except (struct.error, IndexError):
         return False
 
@@ -531,7 +563,7 @@ def decode_summaries(blobs: Sequence[bytes]) -> tuple[Any, list[int], dict[int, 
     alone = sorted(set(range(len(blobs))) - set(together))
     tables, rows, errors = [], [], {}
     if together:
-        stream = b"".join([head, *(memoryview(blobs[i])[len(head):-8] for i in together), _END])
+        stream = b"".join([head, *(memoryview(blobs[i])[len(head) : -8] for i in together), _END])
         try:
             table = pa.ipc.open_stream(stream).read_all()
             table.validate(full=True)  # offsets out of bounds would be read later, past the buffer
@@ -570,7 +602,9 @@ def summary_batch(data: bytes) -> Any:
         batches = []
         for message in messages:
             if message.type != "record batch" or _compressed(message.metadata.to_pybytes()):
-                raise ValueError(f"unexpected {message.type} message (compressed or dictionary batches are not written)")
+                raise ValueError(
+                    f"unexpected {message.type} message (compressed or dictionary batches are not written)"
+                )
             batches.append(pa.ipc.read_record_batch(message, got))
     except (pa.ArrowException, OSError, IndexError, struct.error) as exc:
         raise ValueError(f"not an Arrow summary: {exc}") from exc
@@ -592,8 +626,11 @@ def _conform(batch: Any, schema: Any) -> Any:
     fields this version does not know dropped; a field of another type is refused."""
     import pyarrow as pa
 
-    defaults = {f.encode_name: f.default if f.default is not msgspec.NODEFAULT else f.default_factory()
-                for f in msgspec.structs.fields(RankSummary) if f.default is not msgspec.NODEFAULT or f.default_factory is not msgspec.NODEFAULT}
+    defaults = {
+        f.encode_name: f.default if f.default is not msgspec.NODEFAULT else f.default_factory()
+        for f in msgspec.structs.fields(RankSummary)
+        if f.default is not msgspec.NODEFAULT or f.default_factory is not msgspec.NODEFAULT
+    }
     columns = []
     for f in schema:
         if f.name in batch.schema.names:
@@ -610,7 +647,9 @@ def _conform(batch: Any, schema: Any) -> Any:
 
 def _check_version(version: int | None) -> None:
     if version is None or version > SUMMARY_VERSION:
-        raise ValueError(f"summary version {version} is newer than this stepscope understands ({SUMMARY_VERSION}); upgrade the analysis image")
+        raise ValueError(
+            f"summary version {version} is newer than this stepscope understands ({SUMMARY_VERSION}); upgrade the analysis image"
+        )
 
 
 def decode_summary(data: bytes) -> RankSummary:

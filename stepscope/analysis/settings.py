@@ -1,6 +1,7 @@
 """The analysis's caps, read from the environment: the analysis Job's env, or what `stepscope
 analyze` sets from its options so that its worker processes inherit them. The one module of the
 analysis that reads the environment; it imports nothing of the analysis, so every stage may use it."""
+
 from __future__ import annotations
 
 import os
@@ -33,7 +34,9 @@ def _positive(name: str, default: int) -> int:
 def trace_caps() -> tuple[int, int]:
     """(uncompressed bytes, rows kept) read of one rank's trace. Raises ValueError for a value that
     is not a positive integer."""
-    return _positive(MAX_TRACE_MB_ENV, DEFAULT_MAX_TRACE_MB) << 20, _positive(MAX_TRACE_EVENTS_ENV, DEFAULT_MAX_TRACE_EVENTS)
+    return _positive(MAX_TRACE_MB_ENV, DEFAULT_MAX_TRACE_MB) << 20, _positive(
+        MAX_TRACE_EVENTS_ENV, DEFAULT_MAX_TRACE_EVENTS
+    )
 
 
 def metrics_cap_bytes() -> int:

@@ -1,5 +1,6 @@
 """Object-store keys of one session (docs/design.md, "Object-store layout"); every part builds
 its keys here so that writers and readers cannot drift apart."""
+
 from __future__ import annotations
 
 import re
@@ -42,7 +43,12 @@ NODE_METRICS = re.compile(r"^nodes/([^/]+)/gpu-metrics\.csv\.gz$")
 REPORT_DIAGNOSIS = "report/diagnosis.json"
 REPORT_HTML = "report/index.html"
 REPORT_MERGED_TRACE = "report/merged.trace.json.gz"
-REPORT_TABLES = ("report/step_trace_time.csv", "report/kernel_details.csv", "report/op_statistic.csv", "report/communication.csv")
+REPORT_TABLES = (
+    "report/step_trace_time.csv",
+    "report/kernel_details.csv",
+    "report/op_statistic.csv",
+    "report/communication.csv",
+)
 # What the analysis Job leaves for the operator, which alone writes the session's status: the
 # result (below), and on success REPORT_DIAGNOSIS, which the operator compacts into status.diagnosis.
 REPORT_RESULT = "report/result.json"

@@ -474,7 +474,8 @@ class SessionStatus(Record):
     )
     analysisJob: str | None = string("Name of the analysis Job.", max_length=253)
     analysisShardJob: str | None = string(
-        "Name of the Indexed Job that summarised the raw traces of ranks without a summary, before the analysis Job.", max_length=253
+        "Name of the Indexed Job that summarised the raw traces of ranks without a summary, before the analysis Job.",
+        max_length=253,
     )
     conditions: tuple[Condition, ...] | None = array(
         "Triggered, Captured, Analyzed and Ready, with reason and message; Ready=False says why a session failed.",

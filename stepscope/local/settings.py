@@ -1,5 +1,6 @@
 """What `stepscope capture` and `stepscope watch` read from the environment: the one module of
 stepscope/local that reads it."""
+
 from __future__ import annotations
 
 import os

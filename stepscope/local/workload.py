@@ -41,6 +41,7 @@ pid, as a restarted container's processes do.
 
     python stepscope/local/workload.py --steps 50 --slow-rank 1 --fault sleep --slow-ms 20
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,36 +61,75 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
-FAULTS = ("cpu", "helpers", "sleep", "compute", "data", "hook", "gc", "log", "host", "batch", "thread", "periodic", "calls")
+FAULTS = (
+    "cpu",
+    "helpers",
+    "sleep",
+    "compute",
+    "data",
+    "hook",
+    "gc",
+    "log",
+    "host",
+    "batch",
+    "thread",
+    "periodic",
+    "calls",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=0, help="training steps to run; 0 runs until killed")
-    p.add_argument("--step-sleep-ms", type=float, default=0.0, help="sleep this long in every step (simulates data loading)")
+    p.add_argument(
+        "--step-sleep-ms", type=float, default=0.0, help="sleep this long in every step (simulates data loading)"
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--slow-rank", type=int, default=None, help="the rank --fault slows down")
     p.add_argument("--fault", choices=FAULTS, default="cpu", help="how --slow-rank is slowed (default %(default)s)")
     p.add_argument("--slow-ms", type=float, default=0.0, help="milliseconds a step the fault costs --slow-rank")
-    p.add_argument("--slow-from-step", type=int, default=0,
-                   help="the cpu, helpers, sleep and gc faults start at this zero-based step (a slowdown mid-run)")
-    p.add_argument("--compute-factor", type=int, default=4, help="--fault compute: how many times --slow-rank repeats its batch")
-    p.add_argument("--python-calls", type=int, default=0, help="call a small Python helper this many times in every step")
-    p.add_argument("--also", action="append", default=[], metavar="RANK:FAULT:MS",
-                   help="one more slow rank with its own fault and milliseconds (repeatable)")
+    p.add_argument(
+        "--slow-from-step",
+        type=int,
+        default=0,
+        help="the cpu, helpers, sleep and gc faults start at this zero-based step (a slowdown mid-run)",
+    )
+    p.add_argument(
+        "--compute-factor", type=int, default=4, help="--fault compute: how many times --slow-rank repeats its batch"
+    )
+    p.add_argument(
+        "--python-calls", type=int, default=0, help="call a small Python helper this many times in every step"
+    )
+    p.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="RANK:FAULT:MS",
+        help="one more slow rank with its own fault and milliseconds (repeatable)",
+    )
     p.add_argument("--batch-factor", type=float, default=1.5, help="--fault batch: the rank's batch over its peers'")
     p.add_argument("--every-steps", type=int, default=4, help="--fault periodic: the period in steps")
     p.add_argument("--period-ms", type=float, default=100.0, help="--fault thread: the background thread's period")
-    p.add_argument("--fault-function", default="", help="the function the thread, periodic and calls faults run (see above)")
+    p.add_argument(
+        "--fault-function", default="", help="the function the thread, periodic and calls faults run (see above)"
+    )
     p.add_argument("--hang-rank", type=int, default=None, help="this rank blocks forever at --hang-at-step")
     p.add_argument("--hang-at-step", type=int, default=None, help="zero-based step index where --hang-rank blocks")
-    p.add_argument("--hang-seconds", type=float, default=0.0, help="block this long instead of forever (a hang that recovers)")
-    p.add_argument("--no-optimizer", action="store_true", help="update weights by hand and mark steps with stepscope.step()")
+    p.add_argument(
+        "--hang-seconds", type=float, default=0.0, help="block this long instead of forever (a hang that recovers)"
+    )
+    p.add_argument(
+        "--no-optimizer", action="store_true", help="update weights by hand and mark steps with stepscope.step()"
+    )
     p.add_argument("--collective-timeout-s", type=float, default=1800.0, help="gloo timeout for collectives")
-    p.add_argument("--restart-at-step", type=int, default=None,
-                   help="after this many steps every rank replaces itself with a fresh run of the workload, keeping its pid "
-                        "(as a restarted container's process gets the pid of the one before)")
+    p.add_argument(
+        "--restart-at-step",
+        type=int,
+        default=None,
+        help="after this many steps every rank replaces itself with a fresh run of the workload, keeping its pid "
+        "(as a restarted container's process gets the pid of the one before)",
+    )
     return p.parse_args(argv)
 
 
@@ -393,13 +433,30 @@ def strip_markup(milliseconds: float) -> int:
     return acc
 
 
-THREAD_FUNCTIONS = {f.__name__: f for f in (publish_metrics, flush_log_records, compress_telemetry, sync_feature_flags,
-                                           export_dashboard)}
-PERIODIC_FUNCTIONS = {f.__name__: f for f in (save_checkpoint, run_evaluation, refresh_embeddings, validate_model, rebuild_vocab,
-                                             snapshot_optimizer, compact_cache, score_holdout)}
-CALLS_FUNCTIONS = {f.__name__: f for f in (tokenize_records, parse_annotations, normalize_text, canonicalize_tokens, strip_markup)}
+THREAD_FUNCTIONS = {
+    f.__name__: f
+    for f in (publish_metrics, flush_log_records, compress_telemetry, sync_feature_flags, export_dashboard)
+}
+PERIODIC_FUNCTIONS = {
+    f.__name__: f
+    for f in (
+        save_checkpoint,
+        run_evaluation,
+        refresh_embeddings,
+        validate_model,
+        rebuild_vocab,
+        snapshot_optimizer,
+        compact_cache,
+        score_holdout,
+    )
+}
+CALLS_FUNCTIONS = {
+    f.__name__: f for f in (tokenize_records, parse_annotations, normalize_text, canonicalize_tokens, strip_markup)
+}
 CPU_FUNCTIONS = {f.__name__: f for f in (augment_batch_slowly, prepare_features, mix_samples, jitter_crops)}
-SLEEP_FUNCTIONS = {f.__name__: f for f in (fetch_remote_features, load_side_inputs, await_feature_store, wait_for_lease)}
+SLEEP_FUNCTIONS = {
+    f.__name__: f for f in (fetch_remote_features, load_side_inputs, await_feature_store, wait_for_lease)
+}
 
 
 def fault_function(table: dict[str, Callable], names: str) -> Callable:
@@ -489,7 +546,7 @@ def restart_in_place(argv: list[str]) -> None:
     dist.destroy_process_group()
     at = argv.index("--restart-at-step")
     print(f"rank {rank} restarts in place (pid {os.getpid()})", flush=True)
-    os.execv(sys.executable, [sys.executable, *argv[:at], *argv[at + 2:]])
+    os.execv(sys.executable, [sys.executable, *argv[:at], *argv[at + 2 :]])
 
 
 def average_loss_across_ranks(loss: torch.Tensor) -> float:

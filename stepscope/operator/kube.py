@@ -2,6 +2,7 @@
 
 In a pod the service account is used; elsewhere the kubeconfig ($KUBECONFIG or ~/.kube/config),
 which is also how the tests point everything at their API server."""
+
 from __future__ import annotations
 
 import functools
@@ -38,10 +39,16 @@ def connection_info() -> kopf.ConnectionInfo:
     header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization")
     scheme, _, token = (header or "").rpartition(" ")
     return kopf.ConnectionInfo(
-        server=config.host, ca_path=config.ssl_ca_cert, insecure=not config.verify_ssl,
-        username=config.username or None, password=config.password or None,
-        scheme=scheme or None, token=token or None,
-        certificate_path=config.cert_file, private_key_path=config.key_file)
+        server=config.host,
+        ca_path=config.ssl_ca_cert,
+        insecure=not config.verify_ssl,
+        username=config.username or None,
+        password=config.password or None,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=config.cert_file,
+        private_key_path=config.key_file,
+    )
 
 
 def reset() -> None:
@@ -100,6 +107,7 @@ class _PodMeta(msgspec.Struct, rename="camel"):
 class Pod(msgspec.Struct):
     """The fields of a pod that choosing and reaching its sidecar reads (stepscope.operator.selection),
     under the kubernetes client's attribute names."""
+
     metadata: _PodMeta = msgspec.field(default_factory=_PodMeta)
     spec: _PodSpec = msgspec.field(default_factory=_PodSpec)
     status: _PodStatus | None = None

@@ -1,6 +1,7 @@
 """Operator settings, read once from the environment so that the Helm chart, the tests and the
 benchmark tune the same knobs without code changes: the one module of the operator that reads the
 environment."""
+
 from __future__ import annotations
 
 import os
@@ -8,7 +9,12 @@ from dataclasses import dataclass, field
 
 from stepscope.contracts import session as session_contract
 
-GROUP, VERSION, PLURAL, KIND = session_contract.GROUP, session_contract.VERSION, session_contract.PLURAL, session_contract.KIND
+GROUP, VERSION, PLURAL, KIND = (
+    session_contract.GROUP,
+    session_contract.VERSION,
+    session_contract.PLURAL,
+    session_contract.KIND,
+)
 # The image's USER (Dockerfile), which the sidecar and the analysis Job run as; named here so that
 # runAsNonRoot can be checked before the image is pulled.
 IMAGE_UID = 10001
@@ -56,11 +62,15 @@ class OperatorSettings:
     # The Alertmanager webhook endpoint (stepscope.operator.triggers.alerts); 0 serves none.
     alerts_port: int = field(default_factory=lambda: _int("STEPSCOPE_ALERTS_PORT", 0))
     image: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_IMAGE", "ghcr.io/stepscope/stepscope:0.1.0"))
-    image_pull_policy: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_IMAGE_PULL_POLICY", "IfNotPresent"))
+    image_pull_policy: str = field(
+        default_factory=lambda: os.environ.get("STEPSCOPE_IMAGE_PULL_POLICY", "IfNotPresent")
+    )
     hmac_secret: str = field(default_factory=lambda: os.environ.get(SECRET_ENV, "stepscope-hmac"))
     hmac_secret_key: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_HMAC_SECRET_KEY", "key"))
     # The analysis Jobs' ServiceAccount, which the chart creates in every namespace it serves.
-    analysis_account: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_ANALYSIS_SERVICE_ACCOUNT", "stepscope-analysis"))
+    analysis_account: str = field(
+        default_factory=lambda: os.environ.get("STEPSCOPE_ANALYSIS_SERVICE_ACCOUNT", "stepscope-analysis")
+    )
     # How long the Job controller may fail to create the analysis pod (Pod Security, quota, a
     # ServiceAccount not there yet) before the session fails with its reason: long enough for what
     # passes by itself, far below spec.timeoutSeconds.
@@ -88,10 +98,19 @@ class OperatorSettings:
 @dataclass(frozen=True)
 class WebhookSettings:
     """Where the API server reaches the injection webhook: the chart's Service, or a URL (a local operator)."""
-    config: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_WEBHOOK_CONFIG", "stepscope-injector.stepscope.io"))
-    tls_secret: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_WEBHOOK_TLS_SECRET", "stepscope-webhook-tls"))
+
+    config: str = field(
+        default_factory=lambda: os.environ.get("STEPSCOPE_WEBHOOK_CONFIG", "stepscope-injector.stepscope.io")
+    )
+    tls_secret: str = field(
+        default_factory=lambda: os.environ.get("STEPSCOPE_WEBHOOK_TLS_SECRET", "stepscope-webhook-tls")
+    )
     service: str | None = field(default_factory=lambda: os.environ.get("STEPSCOPE_WEBHOOK_SERVICE") or None)
-    namespace: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_WEBHOOK_NAMESPACE") or os.environ.get("POD_NAMESPACE", "stepscope"))
+    namespace: str = field(
+        default_factory=lambda: (
+            os.environ.get("STEPSCOPE_WEBHOOK_NAMESPACE") or os.environ.get("POD_NAMESPACE", "stepscope")
+        )
+    )
     url: str | None = field(default_factory=lambda: os.environ.get("STEPSCOPE_WEBHOOK_URL") or None)
     addr: str = field(default_factory=lambda: os.environ.get("STEPSCOPE_WEBHOOK_ADDR", "0.0.0.0"))
     port: int = field(default_factory=lambda: _int("STEPSCOPE_WEBHOOK_PORT", 9443))

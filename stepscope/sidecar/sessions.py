@@ -11,6 +11,7 @@ timed out or could not be uploaded) or Cancelled. A rank that hung is not final:
 Failed with its stacks, and the follower keeps reading its state file, so that a trace it writes
 once its steps resume is still uploaded.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,7 +31,17 @@ from stepscope.contracts.sidecar_api import CANCEL, CAPTURE, SessionRequest
 from stepscope.contracts.states import RankState, SidecarPhase
 from stepscope.retry import RetryPolicy
 from stepscope.sidecar import session_phases, shared_dir
-from stepscope.sidecar.session_phases import FINISHED_PHASES, Limits, QueueMetrics, QueueRank, RankView, SessionView, StartRecorder, TimeOut, Verdict
+from stepscope.sidecar.session_phases import (
+    FINISHED_PHASES,
+    Limits,
+    QueueMetrics,
+    QueueRank,
+    RankView,
+    SessionView,
+    StartRecorder,
+    TimeOut,
+    Verdict,
+)
 from stepscope.sidecar.telemetry import live_step_counts
 from stepscope.sidecar.uploads import Job, Uploader
 from stepscope.storage import Store, StoreError, open_store
@@ -105,13 +116,32 @@ class RankProgress:
         return "; ".join(e for e in (self.error, self.summary_error, *self.upload_errors) if e) or None
 
     def view(self) -> RankView:
-        return RankView(self.rank, self.state, self.pid, self.step, self.last_sign_of_life, self.queued_state, self.jobs_left,
-                        self.failed, self.errors(), tuple(self.degraded))
+        return RankView(
+            self.rank,
+            self.state,
+            self.pid,
+            self.step,
+            self.last_sign_of_life,
+            self.queued_state,
+            self.jobs_left,
+            self.failed,
+            self.errors(),
+            tuple(self.degraded),
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "localRank": self.local_rank, "pid": self.pid, "state": self.state, "step": self.step,
-                "startStep": self.start_step, "endStep": self.end_step, "uploaded": self.uploaded, "error": self.errors(),
-                "degraded": list(self.degraded)}
+        return {
+            "rank": self.rank,
+            "localRank": self.local_rank,
+            "pid": self.pid,
+            "state": self.state,
+            "step": self.step,
+            "startStep": self.start_step,
+            "endStep": self.end_step,
+            "uploaded": self.uploaded,
+            "error": self.errors(),
+            "degraded": list(self.degraded),
+        }
 
 
 @dataclass
@@ -139,9 +169,22 @@ class Session:
         return self.phase in FINISHED_PHASES
 
     def view(self, agents_dir: Path, metrics_wanted: bool = False) -> SessionView:
-        return SessionView(self.phase, self.destination, str(agents_dir), self.spec.timeoutSeconds, self.spec.capture.waitSteps, self.accepted_at,
-                           tuple(r.view() for _, r in sorted(self.ranks.items())), self.cancel_requested, self.timed_out, metrics_wanted,
-                           self.recorder is not None, self.metrics_queued, self.metrics_pending, self.metrics_withheld)
+        return SessionView(
+            self.phase,
+            self.destination,
+            str(agents_dir),
+            self.spec.timeoutSeconds,
+            self.spec.capture.waitSteps,
+            self.accepted_at,
+            tuple(r.view() for _, r in sorted(self.ranks.items())),
+            self.cancel_requested,
+            self.timed_out,
+            metrics_wanted,
+            self.recorder is not None,
+            self.metrics_queued,
+            self.metrics_pending,
+            self.metrics_withheld,
+        )
 
     def rank_gpus(self) -> dict[str, int]:
         """GPU UUID -> the CUDA index its rank computes on, for the GPU metrics. Only these GPUs'
@@ -161,19 +204,38 @@ class Session:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"session": self.id, "phase": self.phase, "workers": self.workers(),
-                "ranks": [r.to_dict() for _, r in sorted(self.ranks.items())],
-                "artifacts": sorted(self.artifacts), "message": self.message, "destination": self.destination,
-                "timeline": list(self.timeline)}
+        return {
+            "session": self.id,
+            "phase": self.phase,
+            "workers": self.workers(),
+            "ranks": [r.to_dict() for _, r in sorted(self.ranks.items())],
+            "artifacts": sorted(self.artifacts),
+            "message": self.message,
+            "destination": self.destination,
+            "timeline": list(self.timeline),
+        }
 
 
 class SessionManager:
     """Thread-safe: HTTP handler threads, the follower thread and the upload worker all call in."""
 
-    def __init__(self, stepscope_dir: Path, *, pod: str, node: str, uploader: Uploader, retry: RetryPolicy | None = None, nvml_backend: Any = None,
-                 poll_interval_s: float = 0.5, keep_local: bool = False, stale_after_s: float = STALE_AFTER_S,
-                 export_grace_s: float = EXPORT_GRACE_S, leftover_ttl_s: float = LEFTOVER_TTL_S,
-                 max_local_mb: float = MAX_LOCAL_MB, own_every_gpu: bool = False) -> None:
+    def __init__(
+        self,
+        stepscope_dir: Path,
+        *,
+        pod: str,
+        node: str,
+        uploader: Uploader,
+        retry: RetryPolicy | None = None,
+        nvml_backend: Any = None,
+        poll_interval_s: float = 0.5,
+        keep_local: bool = False,
+        stale_after_s: float = STALE_AFTER_S,
+        export_grace_s: float = EXPORT_GRACE_S,
+        leftover_ttl_s: float = LEFTOVER_TTL_S,
+        max_local_mb: float = MAX_LOCAL_MB,
+        own_every_gpu: bool = False,
+    ) -> None:
         self.dir = stepscope_dir
         self._own_every_gpu = own_every_gpu
         self.pod, self.node = pod, node
@@ -228,12 +290,20 @@ class SessionManager:
                 return 200, known.to_dict()
             other = self.active()
             if other is not None:
-                return 409, {"error": f"session {other.id} is still {other.phase} on this sidecar; delete it or wait for it to finish"}
+                return 409, {
+                    "error": f"session {other.id} is still {other.phase} on this sidecar; delete it or wait for it to finish"
+                }
             spec, destination, start_step = request.spec, request.destination, request.startStep
             try:
                 # The operator's credentials from the session's Secret, never the pod's or node's cloud identity.
-                store = open_store(destination, endpoint=spec.storage.endpoint, region=spec.storage.region,
-                                   credentials=request.credentials.to_dict() if request.credentials else None, retry=self._retry, ambient_credentials=False)
+                store = open_store(
+                    destination,
+                    endpoint=spec.storage.endpoint,
+                    region=spec.storage.region,
+                    credentials=request.credentials.to_dict() if request.credentials else None,
+                    retry=self._retry,
+                    ambient_credentials=False,
+                )
             except StoreError as exc:
                 return 400, {"error": str(exc)}
             # The session folder is the agents' to create: they may run as another user than the sidecar.
@@ -241,7 +311,9 @@ class SessionManager:
             if start_step is None:
                 # Every local rank starts at the same absolute step (they step in lockstep), not
                 # waitSteps after whichever step each happens to read the request at.
-                start_step = wire.aligned_start_step(live_step_counts(self.dir, stale_after_s=self._stale_after_s), spec.capture.waitSteps)
+                start_step = wire.aligned_start_step(
+                    live_step_counts(self.dir, stale_after_s=self._stale_after_s), spec.capture.waitSteps
+                )
             shared_dir.write_request(self.dir, session_id, CAPTURE, spec, start_step)
             self._transition(session, SidecarPhase.PENDING)
             self._sessions[session_id] = session
@@ -287,8 +359,11 @@ class SessionManager:
         now = time.time() if now is None else now
         found = shared_dir.leftovers(self.dir)
         with self._lock:
-            busy = {sid for sid, s in self._sessions.items()
-                    if not s.finished or any(r.jobs_left or r.agent_state in wire.ACTIVE_STATES for r in s.ranks.values())}
+            busy = {
+                sid
+                for sid, s in self._sessions.items()
+                if not s.finished or any(r.jobs_left or r.agent_state in wire.ACTIVE_STATES for r in s.ranks.values())
+            }
         total = sum(f.size for f in found)
         removed = []
         for leftover in found:
@@ -301,12 +376,21 @@ class SessionManager:
                 shutil.rmtree(path, ignore_errors=True)
             total -= leftover.size
             removed.append(leftover.session)
-            log.warning("removed the %.1f MB left in %s by session %s (%s)", leftover.size / 2**20, self.dir, leftover.session,
-                        "older than the leftover TTL" if expired else "the shared directory was over its disk bound")
+            log.warning(
+                "removed the %.1f MB left in %s by session %s (%s)",
+                leftover.size / 2**20,
+                self.dir,
+                leftover.session,
+                "older than the leftover TTL" if expired else "the shared directory was over its disk bound",
+            )
         self.local_bytes = total
         if total > self._max_local_bytes:
-            log.warning("sessions' files take %.0f MB in %s, over the bound of %.0f MB, and are all still needed",
-                        total / 2**20, self.dir, self._max_local_bytes / 2**20)
+            log.warning(
+                "sessions' files take %.0f MB in %s, over the bound of %.0f MB, and are all still needed",
+                total / 2**20,
+                self.dir,
+                self._max_local_bytes / 2**20,
+            )
         return removed
 
     def poll(self) -> None:
@@ -314,7 +398,11 @@ class SessionManager:
         whose agents may still write a trace (a hung rank that resumes, a rank declared gone while
         it was exporting)."""
         with self._lock:
-            lingering = [s for s in self._sessions.values() if s.finished and any(r.agent_state in wire.ACTIVE_STATES for r in s.ranks.values())]
+            lingering = [
+                s
+                for s in self._sessions.values()
+                if s.finished and any(r.agent_state in wire.ACTIVE_STATES for r in s.ranks.values())
+            ]
         for late in lingering:
             self._follow_late(late)
         session = self.active()
@@ -325,13 +413,17 @@ class SessionManager:
         states = shared_dir.rank_states(self.dir, session.id)
         with self._lock:
             for rank in set(agents) | set(states):
-                if rank not in session.ranks and (session.phase in (SidecarPhase.PENDING, SidecarPhase.CAPTURING) or rank in states):
+                if rank not in session.ranks and (
+                    session.phase in (SidecarPhase.PENDING, SidecarPhase.CAPTURING) or rank in states
+                ):
                     session.ranks[rank] = RankProgress(rank, last_sign_of_life=now)
             for rank, progress in session.ranks.items():
                 if not progress.terminal:
                     self._apply(progress, states.get(rank), agents.get(rank), session.cancel_requested)
             metrics_wanted = self._backend is not None and session.spec.hardwareMetrics.enabled
-            _, actions = session_phases.advance(session.view(self.dir / wire.AGENTS_FOLDER, metrics_wanted), now, self._limits)
+            _, actions = session_phases.advance(
+                session.view(self.dir / wire.AGENTS_FOLDER, metrics_wanted), now, self._limits
+            )
             for action in actions:
                 if isinstance(action, Verdict):
                     progress = session.ranks[action.rank]
@@ -362,16 +454,29 @@ class SessionManager:
                     verdict, error = progress.state, progress.error
                     self._apply(progress, state, agents.get(rank), False)
                     if progress.state == wire.DONE:
-                        session.message += f"; rank {rank} finished its capture after {verdict}: its trace is uploaded as well"
+                        session.message += (
+                            f"; rank {rank} finished its capture after {verdict}: its trace is uploaded as well"
+                        )
                         progress.error = error  # why the session ended without it (it names the state)
                     self._queue_rank(session, progress)
-                elif rank not in agents and now - max(progress.last_sign_of_life, _as_number(state.get("updatedAt"), 0.0, float)) > self._export_grace_s:
+                elif (
+                    rank not in agents
+                    and now - max(progress.last_sign_of_life, _as_number(state.get("updatedAt"), 0.0, float))
+                    > self._export_grace_s
+                ):
                     progress.agent_state = wire.FAILED  # its process is gone: nothing more will come
 
     @staticmethod
-    def _apply(progress: RankProgress, state: dict[str, Any] | None, agent: shared_dir.Agent | None, cancelling: bool) -> None:
+    def _apply(
+        progress: RankProgress, state: dict[str, Any] | None, agent: shared_dir.Agent | None, cancelling: bool
+    ) -> None:
         if agent is not None:
-            progress.local_rank, progress.world_size, progress.pid, progress.step = agent.local_rank, agent.world_size, agent.pid, agent.step
+            progress.local_rank, progress.world_size, progress.pid, progress.step = (
+                agent.local_rank,
+                agent.world_size,
+                agent.pid,
+                agent.step,
+            )
             progress.last_sign_of_life = max(progress.last_sign_of_life, agent.heartbeat)
         if state is not None:
             progress.last_sign_of_life = max(progress.last_sign_of_life, _as_number(state.get("updatedAt"), 0.0, float))
@@ -403,7 +508,11 @@ class SessionManager:
 
         session.recorder = MetricsRecorder(self._backend, session.spec.hardwareMetrics.intervalMicroseconds)
         session.recorder.start()
-        log.info("session %s: recording GPU metrics every %d us", session.id, session.spec.hardwareMetrics.intervalMicroseconds)
+        log.info(
+            "session %s: recording GPU metrics every %d us",
+            session.id,
+            session.spec.hardwareMetrics.intervalMicroseconds,
+        )
 
     def _queue_rank(self, session: Session, progress: RankProgress) -> None:
         progress.queued_state = progress.state
@@ -450,7 +559,9 @@ class SessionManager:
                     session.recorder.stop(local, gpus=self._metrics_gpus(session))
                 session.metrics = analysis.read_metrics(local)
             if session.metrics.empty:
-                session.metrics_withheld = NO_RANK_GPU if not session.rank_gpus() else "NVML shows none of the ranks' GPUs"
+                session.metrics_withheld = (
+                    NO_RANK_GPU if not session.rank_gpus() else "NVML shows none of the ranks' GPUs"
+                )
                 session.metrics = None  # no samples to join to the summaries
                 return
             session.store.put_file(key, local)
@@ -491,8 +602,11 @@ class SessionManager:
         return jobs
 
     def _file_job(self, session: Session, progress: RankProgress, path: Path, key: str) -> Job:
-        return Job(f"session {session.id}: {key}", lambda: session.store.put_file(key, path),
-                   lambda error: self._job_done(session, progress, key, error))
+        return Job(
+            f"session {session.id}: {key}",
+            lambda: session.store.put_file(key, path),
+            lambda error: self._job_done(session, progress, key, error),
+        )
 
     def _summary_job(self, session: Session, progress: RankProgress, trace: Path | None) -> Job:
         key = layout.rank_summary(progress.rank)
@@ -510,18 +624,33 @@ class SessionManager:
 
         if trace is None:
             # The diagnosis still hears of this rank and why it has no trace.
-            summary = RankSummary(version=SUMMARY_VERSION, rank=progress.rank, worldSize=progress.world_size, localRank=progress.local_rank,
-                                  pod=self.pod, node=self.node, error=progress.error or f"no trace ({progress.state})",
-                                  warnings=list(progress.degraded))
+            summary = RankSummary(
+                version=SUMMARY_VERSION,
+                rank=progress.rank,
+                worldSize=progress.world_size,
+                localRank=progress.local_rank,
+                pod=self.pod,
+                node=self.node,
+                error=progress.error or f"no trace ({progress.state})",
+                warnings=list(progress.degraded),
+            )
             return encode_summary(summary)
-        summary = analysis.summarize(trace, rank=progress.rank, pod=self.pod, node=self.node, samples=session.metrics,
-                                     comm_kernel_patterns=session.spec.analysis.commKernelPatterns)
+        summary = analysis.summarize(
+            trace,
+            rank=progress.rank,
+            pod=self.pod,
+            node=self.node,
+            samples=session.metrics,
+            comm_kernel_patterns=session.spec.analysis.commKernelPatterns,
+        )
         # What the capture budget dropped or cut reaches the diagnosis and the report.
         summary.warnings = [*progress.degraded, *summary.warnings]
         if summary.error:
             # The rank counts as failed: its capture is of no use to the diagnosis. The trace and
             # the summary (which carries the reason) are still uploaded.
-            log.warning("session %s: rank %d's trace could not be summarised: %s", session.id, progress.rank, summary.error)
+            log.warning(
+                "session %s: rank %d's trace could not be summarised: %s", session.id, progress.rank, summary.error
+            )
             with self._lock:
                 progress.summary_error = f"trace not summarised: {summary.error}"
         return encode_summary(summary)

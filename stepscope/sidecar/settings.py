@@ -1,5 +1,6 @@
 """What the sidecar reads from the environment (the injected container's env, set by the webhook):
 the one module of the sidecar that reads it."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """A session of hundreds of ranks: its summaries read from the store a bounded number at a time into
 one table, diagnosed over all ranks at once as it was rank by rank, and a report page that shows
 distributions, the ranks that matter and a search instead of a bar and a row per rank."""
+
 from __future__ import annotations
 
 import json
@@ -90,9 +91,19 @@ def test_the_report_of_hundreds_of_ranks_shows_distributions_the_ranks_that_matt
     ranks = 600
     summaries = make_summaries(ranks, slow_rank=5, kernel_factor=1.3, seed=2, kernels=12, functions=2)
     # Every rank with a critical path, rank 0's the shortest: the section shows the slow worker and the longest.
-    summaries = [msgspec.structs.replace(s, criticalPath=CriticalPathSummary(
-        totalUs=1000.0 + s.rank, startUs=0.0, endUs=1000.0 + s.rank, byBound={"cpu_bound": 1000.0 + s.rank},
-        top=[PathShare("aten::addmm", "cpu_bound", 500.0)])) for s in summaries]
+    summaries = [
+        msgspec.structs.replace(
+            s,
+            criticalPath=CriticalPathSummary(
+                totalUs=1000.0 + s.rank,
+                startUs=0.0,
+                endUs=1000.0 + s.rank,
+                byBound={"cpu_bound": 1000.0 + s.rank},
+                top=[PathShare("aten::addmm", "cpu_bound", 500.0)],
+            ),
+        )
+        for s in summaries
+    ]
     (tmp_path / "ranks").mkdir()
     for s in summaries:  # JSON, as older sidecars uploaded them: the report does not depend on the format
         (tmp_path / "ranks" / f"rank-{s.rank}.summary.json").write_bytes(encode(s))
@@ -107,12 +118,18 @@ def test_the_report_of_hundreds_of_ranks_shows_distributions_the_ranks_that_matt
     rows = table.split("</table>")[-2].count("<tr")  # the ranks table, after the search's
     assert rows <= MAX_RANK_ROWS + 1 and '<tr class="slow"><td class="n">5</td>' in table
     data = json.loads(re.search(r'<script type="application/json" id="rank-data">(.*?)</script>', page, re.S)[1])
-    assert data["rank"] == list(range(ranks)) and data["pods"][data["pod"][599]] == "train-74" and data["slowdown"] == {"5": round(diagnosis.slowWorkers[0].slowdown, 2)}
+    assert (
+        data["rank"] == list(range(ranks))
+        and data["pods"][data["pod"][599]] == "train-74"
+        and data["slowdown"] == {"5": round(diagnosis.slowWorkers[0].slowdown, 2)}
+    )
     section = page.split("<h2>Critical path</h2>")[1].split("</section>")[0]
     shown = [int(r) for r in re.findall(r'<tr><td class="n">(\d+)</td>', section)]
     assert len(shown) == MAX_RANK_ROWS and 5 in shown and 599 in shown and 0 not in shown
     assert f"{MAX_RANK_ROWS} of {ranks:,} ranks here" in section
-    assert len(pd.read_csv(tmp_path / "report" / "critical_path.csv")) == 2 * ranks  # every rank's bound and contributor
+    assert (
+        len(pd.read_csv(tmp_path / "report" / "critical_path.csv")) == 2 * ranks
+    )  # every rank's bound and contributor
     assert len(page) < 400_000
     detail = (tmp_path / "report" / "kernel_details.csv").read_text().splitlines()[1:]
     held = {int(line.split(",")[0]) for line in detail}

@@ -1,5 +1,6 @@
 """The rank summary as it is uploaded: an Arrow IPC stream of one row, decoded many at a time into
 one table; older JSON summaries still read; a damaged or hostile file costs its own rank only."""
+
 from __future__ import annotations
 
 import msgspec
@@ -32,7 +33,9 @@ def _varied() -> list[RankSummary]:
     out = make_summaries(4, slow_rank=1, kernel_factor=1.3, seed=3, functions=3)
     out[0].temporal, out[1].launch, out[2].overlapPct = None, None, None
     out[2].steps[0].collectiveUs = 12.5
-    out[3].device = DeviceSpec(name="NVIDIA H100 80GB HBM3", model="H100 SXM", tflops={"bf16": 989.0, "fp32": 67.0}, tbs=3.35)
+    out[3].device = DeviceSpec(
+        name="NVIDIA H100 80GB HBM3", model="H100 SXM", tflops={"bf16": 989.0, "fp32": 67.0}, tbs=3.35
+    )
     out[3].hardware = {"smClockMHz": [1980.0, 1410.0]}
     out[3].warnings = ["a warning", "another"]
     return out
@@ -60,12 +63,22 @@ def test_many_summaries_decode_together_and_json_ones_from_older_sidecars_too() 
 
 
 def _with_path(summary: RankSummary, total_us: float) -> RankSummary:
-    path = CriticalPathSummary(totalUs=total_us, startUs=10.0, endUs=10.0 + total_us,
-                               byBound={"cpu_bound": 0.25 * total_us, "gpu_compute_bound": 0.75 * total_us},
-                               top=[PathShare("ampere_sgemm_128x64_tn", "gpu_compute_bound", 0.5 * total_us),
-                                    PathShare("aten::addmm", "cpu_bound", 0.125 * total_us)],
-                               spans=[(10.0, 0.5 * total_us, 0, "gpu_compute_bound"), (20.5, 3.0, 1, "cpu_bound"), (30.0, 1.5, 7, "cpu_bound")],
-                               spanNames=["ampere_sgemm_128x64_tn", "aten::addmm"])
+    path = CriticalPathSummary(
+        totalUs=total_us,
+        startUs=10.0,
+        endUs=10.0 + total_us,
+        byBound={"cpu_bound": 0.25 * total_us, "gpu_compute_bound": 0.75 * total_us},
+        top=[
+            PathShare("ampere_sgemm_128x64_tn", "gpu_compute_bound", 0.5 * total_us),
+            PathShare("aten::addmm", "cpu_bound", 0.125 * total_us),
+        ],
+        spans=[
+            (10.0, 0.5 * total_us, 0, "gpu_compute_bound"),
+            (20.5, 3.0, 1, "cpu_bound"),
+            (30.0, 1.5, 7, "cpu_bound"),
+        ],
+        spanNames=["ampere_sgemm_128x64_tn", "aten::addmm"],
+    )
     return msgspec.structs.replace(summary, criticalPath=path)
 
 
@@ -106,13 +119,15 @@ def test_a_damaged_or_hostile_summary_is_its_own_ranks_error_and_the_others_read
     two_rows = pa.BufferOutputStream()
     with pa.ipc.new_stream(two_rows, summary_schema()) as writer:
         writer.write_table(summaries_table(summaries[:2]))
-    blobs = [encode_summary(summaries[0]),
-             _compressed(summaries[1]),  # its buffers would state their own decompressed size
-             _bad_offsets(encode_summary(summaries[2])),
-             encode_summary(summaries[3])[:-300],  # cut short
-             encode_summary(newer),
-             two_rows.getvalue().to_pybytes(),
-             b"\xff\xff\xff\xff" + b"\x00" * 64]
+    blobs = [
+        encode_summary(summaries[0]),
+        _compressed(summaries[1]),  # its buffers would state their own decompressed size
+        _bad_offsets(encode_summary(summaries[2])),
+        encode_summary(summaries[3])[:-300],  # cut short
+        encode_summary(newer),
+        two_rows.getvalue().to_pybytes(),
+        b"\xff\xff\xff\xff" + b"\x00" * 64,
+    ]
     table, rows, errors = decode_summaries(blobs)
     assert rows == [0] and table_summaries(table) == [summaries[0]]
     assert set(errors) == {1, 2, 3, 4, 5, 6}
@@ -126,7 +141,9 @@ def test_a_damaged_or_hostile_summary_is_its_own_ranks_error_and_the_others_read
 def test_a_summary_of_an_older_schema_reads_with_the_fields_it_lacks_at_their_defaults() -> None:
     summary = _with_path(make_summaries(2, seed=1)[1], 500.0)
     full = summaries_table([summary])
-    older = full.drop_columns(["operators", "kernelEfficiency", "gpu", "criticalPath"])  # as a version before those fields wrote it
+    older = full.drop_columns(
+        ["operators", "kernelEfficiency", "gpu", "criticalPath"]
+    )  # as a version before those fields wrote it
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, older.schema) as writer:
         writer.write_table(older)

@@ -1,6 +1,7 @@
 """The Helm chart, rendered by a real helm (helm/install_helm.py puts one in .venv/bin; `make
 install` runs it). Without helm these tests skip and say so; tests/operator/test_manifests.py
 keeps the renderer-free checks of the templates."""
+
 from __future__ import annotations
 
 import re
@@ -58,8 +59,22 @@ def render_templates(*templates: str, namespace: str = RELEASE_NAMESPACE, **over
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as values:
         yaml.safe_dump(overrides, values)
         values.flush()
-        done = subprocess.run([found, "template", "stepscope", str(CHART), "--namespace", namespace, "--kube-version", "1.33",
-                               "-f", values.name], capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                found,
+                "template",
+                "stepscope",
+                str(CHART),
+                "--namespace",
+                namespace,
+                "--kube-version",
+                "1.33",
+                "-f",
+                values.name,
+            ],
+            capture_output=True,
+            text=True,
+        )
     if done.returncode:
         raise Failed(done.stderr.strip())
     # --show-only would refuse a template that renders nothing (peering.yaml with one replica).

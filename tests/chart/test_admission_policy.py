@@ -2,6 +2,7 @@
 helm and evaluated by the test double of stepscope/testing/kube/admission_policy.py (cel-python; what it does
 not do is in its docstring): what the operator's identity writes is what the operator builds,
 and the writes an attacker holding that identity would make are refused."""
+
 from __future__ import annotations
 
 import copy
@@ -27,20 +28,42 @@ MWC = {"group": "admissionregistration.k8s.io", "version": "v1", "resource": "mu
 
 @cache
 def _chart() -> tuple[dict[str, Any], ...]:
-    return tuple(render("admission-policy.yaml", "deployment.yaml", "webhook.yaml", operator={"namespaces": ["team-a"]}))
+    return tuple(
+        render("admission-policy.yaml", "deployment.yaml", "webhook.yaml", operator={"namespaces": ["team-a"]})
+    )
 
 
 def _policy(suffix: str) -> dict[str, Any]:
-    (policy,) = [d for d in _chart() if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == f"stepscope-{suffix}.stepscope.io"]
-    (binding,) = [d for d in _chart() if d["kind"] == "ValidatingAdmissionPolicyBinding" and d["spec"]["policyName"] == policy["metadata"]["name"]]
+    (policy,) = [
+        d
+        for d in _chart()
+        if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == f"stepscope-{suffix}.stepscope.io"
+    ]
+    (binding,) = [
+        d
+        for d in _chart()
+        if d["kind"] == "ValidatingAdmissionPolicyBinding" and d["spec"]["policyName"] == policy["metadata"]["name"]
+    ]
     assert binding["spec"]["validationActions"] == ["Deny"] and "matchResources" not in binding["spec"]
     return policy
 
 
-def _request(resource: dict[str, str], obj: dict[str, Any] | None, old: dict[str, Any] | None = None, operation: str = "CREATE",
-             user: str = OPERATOR) -> dict[str, Any]:
-    return {"operation": operation, "userInfo": {"username": user}, "resource": resource, "namespace": "team-a",
-            "name": ((obj or old or {}).get("metadata") or {}).get("name", ""), "object": obj, "oldObject": old}
+def _request(
+    resource: dict[str, str],
+    obj: dict[str, Any] | None,
+    old: dict[str, Any] | None = None,
+    operation: str = "CREATE",
+    user: str = OPERATOR,
+) -> dict[str, Any]:
+    return {
+        "operation": operation,
+        "userInfo": {"username": user},
+        "resource": resource,
+        "namespace": "team-a",
+        "name": ((obj or old or {}).get("metadata") or {}).get("name", ""),
+        "object": obj,
+        "oldObject": old,
+    }
 
 
 def _operator_settings() -> OperatorSettings:
@@ -52,7 +75,14 @@ def _operator_settings() -> OperatorSettings:
 
 def _job() -> dict[str, Any]:
     """The analysis Job exactly as the operator builds it."""
-    return jobs.job("team-a", "s1", "0123456789abcdef", _operator_settings(), "store", {"accessKeyId": "AK", "secretAccessKey": "SK"})
+    return jobs.job(
+        "team-a",
+        "s1",
+        "0123456789abcdef",
+        _operator_settings(),
+        "store",
+        {"accessKeyId": "AK", "secretAccessKey": "SK"},
+    )
 
 
 def _pod(job: dict[str, Any]) -> dict[str, Any]:
@@ -68,13 +98,17 @@ ATTACKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "another ServiceAccount": lambda j: _pod(j).update(serviceAccountName="default"),
     "no ServiceAccount (the namespace's default)": lambda j: _pod(j).pop("serviceAccountName"),
     "another image": lambda j: _pod(j)["containers"][0].update(image="evil.example/shell:latest"),
-    "an init container of another image": lambda j: _pod(j).update(initContainers=[{"name": "x", "image": "busybox", "securityContext": {"allowPrivilegeEscalation": False}}]),
+    "an init container of another image": lambda j: _pod(j).update(
+        initContainers=[{"name": "x", "image": "busybox", "securityContext": {"allowPrivilegeEscalation": False}}]
+    ),
     "privileged": lambda j: _pod(j)["containers"][0]["securityContext"].update(privileged=True),
     "hostPath /": _root_fs,
     "hostPID": lambda j: _pod(j).update(hostPID=True),
     "hostNetwork": lambda j: _pod(j).update(hostNetwork=True),
     "hostIPC": lambda j: _pod(j).update(hostIPC=True),
-    "an added capability": lambda j: _pod(j)["containers"][0]["securityContext"].update(capabilities={"add": ["SYS_ADMIN"]}),
+    "an added capability": lambda j: _pod(j)["containers"][0]["securityContext"].update(
+        capabilities={"add": ["SYS_ADMIN"]}
+    ),
     "privilege escalation": lambda j: _pod(j)["containers"][0]["securityContext"].update(allowPrivilegeEscalation=True),
     "no container securityContext": lambda j: _pod(j)["containers"][0].pop("securityContext"),
     "runAsNonRoot false": lambda j: _pod(j)["containers"][0]["securityContext"].update(runAsNonRoot=False),
@@ -100,17 +134,31 @@ def test_other_users_jobs_are_not_the_policys_business() -> None:
     assert refusals(_policy("analysis-jobs"), _request(JOBS, job, user="system:serviceaccount:team-a:ci")) is None
 
 
-@pytest.mark.parametrize(("secret", "refused"), [
-    ({"metadata": {"name": "stepscope-hmac"}, "type": "Opaque", "data": {"key": "a2V5"}}, False),
-    ({"metadata": {"name": "stepscope-hmac"}, "data": {"key": "a2V5"}}, False),
-    ({"metadata": {"name": "stepscope-webhook-tls"}, "type": "kubernetes.io/tls", "data": {}}, False),
-    # The token controller fills a token of the named ServiceAccount into such a Secret.
-    ({"metadata": {"name": "steal", "annotations": {"kubernetes.io/service-account.name": "default"}},
-      "type": "kubernetes.io/service-account-token"}, True),
-    ({"metadata": {"name": "steal"}, "type": "kubernetes.io/service-account-token"}, True),
-    ({"metadata": {"name": "steal", "annotations": {"kubernetes.io/service-account.name": "default"}}, "type": "Opaque"}, True),
-    ({"metadata": {"name": "pull"}, "type": "kubernetes.io/dockerconfigjson", "data": {}}, True),
-])
+@pytest.mark.parametrize(
+    ("secret", "refused"),
+    [
+        ({"metadata": {"name": "stepscope-hmac"}, "type": "Opaque", "data": {"key": "a2V5"}}, False),
+        ({"metadata": {"name": "stepscope-hmac"}, "data": {"key": "a2V5"}}, False),
+        ({"metadata": {"name": "stepscope-webhook-tls"}, "type": "kubernetes.io/tls", "data": {}}, False),
+        # The token controller fills a token of the named ServiceAccount into such a Secret.
+        (
+            {
+                "metadata": {"name": "steal", "annotations": {"kubernetes.io/service-account.name": "default"}},
+                "type": "kubernetes.io/service-account-token",
+            },
+            True,
+        ),
+        ({"metadata": {"name": "steal"}, "type": "kubernetes.io/service-account-token"}, True),
+        (
+            {
+                "metadata": {"name": "steal", "annotations": {"kubernetes.io/service-account.name": "default"}},
+                "type": "Opaque",
+            },
+            True,
+        ),
+        ({"metadata": {"name": "pull"}, "type": "kubernetes.io/dockerconfigjson", "data": {}}, True),
+    ],
+)
 def test_the_operator_writes_no_token_secret(secret: dict[str, Any], refused: bool) -> None:
     assert bool(refusals(_policy("secrets"), _request(SECRETS, secret))) == refused
 
@@ -122,8 +170,15 @@ def _configuration() -> dict[str, Any]:
 
 def _ca_patched(config: dict[str, Any]) -> dict[str, Any]:
     """The configuration after the operator's own caBundle upkeep (webhook.Endpoint's JSON patch)."""
-    endpoint = Endpoint(config=config["metadata"]["name"], tls_secret="stepscope-webhook-tls", service="stepscope-webhook",
-                        namespace=RELEASE_NAMESPACE, url=None, addr="0.0.0.0", port=9443)
+    endpoint = Endpoint(
+        config=config["metadata"]["name"],
+        tls_secret="stepscope-webhook-tls",
+        service="stepscope-webhook",
+        namespace=RELEASE_NAMESPACE,
+        url=None,
+        addr="0.0.0.0",
+        port=9443,
+    )
     ops = endpoint.client_config_ops(config, "Q0E=")
     assert ops
     return jsonpatch.apply_patch(config, ops)
@@ -139,14 +194,19 @@ WEBHOOK_ATTACKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "objectSelector dropped": lambda c: _hook(c).pop("objectSelector"),
     "namespaceSelector widened": lambda c: _hook(c).update(namespaceSelector={}),
     "matchConditions dropped": lambda c: _hook(c).pop("matchConditions"),
-    "rules widened": lambda c: _hook(c).update(rules=[{"apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"], "operations": ["*"]}]),
+    "rules widened": lambda c: _hook(c).update(
+        rules=[{"apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"], "operations": ["*"]}]
+    ),
     "failurePolicy Fail (the operator blocks pods)": lambda c: _hook(c).update(failurePolicy="Fail"),
     "timeout raised": lambda c: _hook(c).update(timeoutSeconds=30),
-    "sent elsewhere by URL": lambda c: _hook(c)["clientConfig"].update(url="https://evil.example/") or _hook(c)["clientConfig"].pop("service"),
+    "sent elsewhere by URL": lambda c: (
+        _hook(c)["clientConfig"].update(url="https://evil.example/") or _hook(c)["clientConfig"].pop("service")
+    ),
     "another Service": lambda c: _hook(c)["clientConfig"]["service"].update(name="evil", namespace="team-a"),
     "a second webhook": lambda c: c["webhooks"].append({**copy.deepcopy(_hook(c)), "name": "more.stepscope.io"}),
-    "an owner that is gone (the garbage collector deletes it)": lambda c: c["metadata"].update(ownerReferences=[
-        {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "0"}]),
+    "an owner that is gone (the garbage collector deletes it)": lambda c: c["metadata"].update(
+        ownerReferences=[{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "0"}]
+    ),
     "a finalizer": lambda c: c["metadata"].update(finalizers=["stepscope.io/stuck"]),
 }
 
@@ -174,8 +234,16 @@ def test_the_operator_never_creates_or_deletes_a_webhook_configuration(operation
 def test_the_shard_job_the_operator_builds_passes() -> None:
     """The Indexed Job that summarises raw traces is the analysis Job's pod with other Job fields:
     the policy, which pins the pod, admits it as it is."""
-    shards = jobs.shard_job("team-a", "s1", "0123456789abcdef", _operator_settings(), "store", {"accessKeyId": "AK", "secretAccessKey": "SK"},
-                            completions=12, parallelism=4)
+    shards = jobs.shard_job(
+        "team-a",
+        "s1",
+        "0123456789abcdef",
+        _operator_settings(),
+        "store",
+        {"accessKeyId": "AK", "secretAccessKey": "SK"},
+        completions=12,
+        parallelism=4,
+    )
     assert shards["spec"]["completionMode"] == "Indexed"
     assert refusals(_policy("analysis-jobs"), _request(JOBS, shards)) == []
     ATTACKS["privileged"](shards)

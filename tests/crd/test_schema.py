@@ -1,5 +1,6 @@
 """The ProfileSession CRD document itself: a valid apiextensions/v1 object, a structural schema,
 rules that compile, the printer columns and defaults that agree with stepscope.contracts.session."""
+
 from __future__ import annotations
 
 import copy
@@ -68,9 +69,13 @@ def test_server_refuses_a_non_structural_crd(kube, crd):
 
 def test_printer_columns(crd):
     columns = {c["name"]: c["jsonPath"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
-    assert columns == {"Phase": ".status.phase", "Workers": ".status.workersReady",
-                       "Slowest Rank": ".status.diagnosis.slowWorkers[0].rank",
-                       "Summary": ".status.diagnosis.summary", "Age": ".metadata.creationTimestamp"}
+    assert columns == {
+        "Phase": ".status.phase",
+        "Workers": ".status.workersReady",
+        "Slowest Rank": ".status.diagnosis.slowWorkers[0].rank",
+        "Summary": ".status.diagnosis.summary",
+        "Age": ".metadata.creationTimestamp",
+    }
     status = _schema(crd)["properties"]["status"]["properties"]
     assert status["workersReady"]["type"] == "string"
     assert status["diagnosis"]["properties"]["slowWorkers"]["items"]["properties"]["rank"]["type"] == "integer"
@@ -82,9 +87,15 @@ def _without_nones(value):
     return value
 
 
-@pytest.mark.parametrize("capture, steps", [({}, DEFAULT_CAPTURE_STEPS), ({"steps": 7}, 7), ({"durationSeconds": 30}, None)])
+@pytest.mark.parametrize(
+    "capture, steps", [({}, DEFAULT_CAPTURE_STEPS), ({"steps": 7}, 7), ({"durationSeconds": 30}, None)]
+)
 def test_schema_defaults_agree_with_the_session_model(crd, capture, steps):
-    minimal = {"selector": {"matchLabels": {"app": "trainer"}}, "storage": {"uri": "s3://bucket/prefix"}, "capture": capture}
+    minimal = {
+        "selector": {"matchLabels": {"app": "trainer"}},
+        "storage": {"uri": "s3://bucket/prefix"},
+        "capture": capture,
+    }
     stored = apply_defaults(prune({"spec": minimal}, _schema(crd), root=True), _schema(crd))["spec"]
     model = SessionSpec.from_dict(stored)
     assert model.capture.steps == steps
@@ -137,20 +148,34 @@ def test_capture_budget_bounds_are_the_session_models_and_kubectl_explain_says_w
 
     limits = _schema(crd)["properties"]["spec"]["properties"]["capture"]["properties"]["limits"]["properties"]
     assert (limits["maxStackEvents"]["maximum"], limits["maxMemoryMB"]["maximum"]) == (MAX_STACK_EVENTS, MAX_MEMORY_MB)
-    assert "at most 1,000,000" in limits["maxStackEvents"]["description"] and "3 GB" in limits["maxStackEvents"]["description"]
+    assert (
+        "at most 1,000,000" in limits["maxStackEvents"]["description"]
+        and "3 GB" in limits["maxStackEvents"]["description"]
+    )
     assert "at most 16384" in limits["maxMemoryMB"]["description"]
     storage = {"uri": "s3://bucket/prefix", "credentialsSecret": "s"}
-    SessionSpec.from_dict({"storage": storage, "capture": {"limits": {"maxStackEvents": MAX_STACK_EVENTS, "maxMemoryMB": MAX_MEMORY_MB}}})
-    for limits_given in ({"maxStackEvents": MAX_STACK_EVENTS + 1}, {"maxMemoryMB": MAX_MEMORY_MB + 1}, {"maxStackEvents": 10 ** 8},
-                         {"maxMemoryMB": 1 << 20}):
-        with pytest.raises(SpecError, match=r"spec\.capture\.limits\.(maxStackEvents must be within 0\.\.1,000,000|maxMemoryMB must be within 1\.\.16,384)"):
+    SessionSpec.from_dict(
+        {"storage": storage, "capture": {"limits": {"maxStackEvents": MAX_STACK_EVENTS, "maxMemoryMB": MAX_MEMORY_MB}}}
+    )
+    for limits_given in (
+        {"maxStackEvents": MAX_STACK_EVENTS + 1},
+        {"maxMemoryMB": MAX_MEMORY_MB + 1},
+        {"maxStackEvents": 10**8},
+        {"maxMemoryMB": 1 << 20},
+    ):
+        with pytest.raises(
+            SpecError,
+            match=r"spec\.capture\.limits\.(maxStackEvents must be within 0\.\.1,000,000|maxMemoryMB must be within 1\.\.16,384)",
+        ):
             SessionSpec.from_dict({"storage": storage, "capture": {"limits": limits_given}})
 
 
 def test_the_cluster_refuses_file_stores_and_ambient_credentials_the_cli_keeps_them():
     from stepscope.contracts.session import SpecError
 
-    local = SessionSpec.from_dict({"storage": {"uri": "file:///tmp/sessions"}})  # `stepscope capture` on the user's machine
+    local = SessionSpec.from_dict(
+        {"storage": {"uri": "file:///tmp/sessions"}}
+    )  # `stepscope capture` on the user's machine
     with pytest.raises(SpecError, match="file:// is for the local CLI only"):
         local.validate_for_cluster()
     with pytest.raises(SpecError, match="spec.storage.credentialsSecret is required on the cluster"):
@@ -162,7 +187,11 @@ def test_the_analysis_parallelism_bounds_are_the_session_models(crd):
     """spec.analysis.parallelism: the CRD refuses what the model refuses (the chart caps it lower)."""
     node = _schema(crd)["properties"]["spec"]["properties"]["analysis"]["properties"]["parallelism"]
     base = {"selector": {"matchLabels": {"a": "b"}}, "storage": {"uri": "s3://b/p"}, "capture": {"steps": 2}}
-    assert (node["minimum"], node["maximum"], node["default"]) == (1, MAX_ANALYSIS_PARALLELISM, SessionSpec.from_dict(base).analysis.parallelism)
+    assert (node["minimum"], node["maximum"], node["default"]) == (
+        1,
+        MAX_ANALYSIS_PARALLELISM,
+        SessionSpec.from_dict(base).analysis.parallelism,
+    )
     for bad in (0, MAX_ANALYSIS_PARALLELISM + 1):
         with pytest.raises(SpecError, match="spec.analysis.parallelism"):
             SessionSpec.from_dict({**base, "analysis": {"parallelism": bad}})

@@ -14,6 +14,7 @@ What the suite sets up there, for one run (names carry a random run id) and remo
   (tests/operator's fixtures); storage is moto's S3 server over HTTP on this machine, reached with
   the credentials of a Secret in the session namespace (a cluster session has no other).
 """
+
 from __future__ import annotations
 
 import os
@@ -63,17 +64,29 @@ class Cluster:
     def token_kubeconfig(self, namespace: str, account: str) -> Path:
         """A kubeconfig for the ServiceAccount (TokenRequest API), same server and CA as the admin's."""
         core = kubernetes.client.CoreV1Api(self.api_client)
-        token = core.create_namespaced_service_account_token(account, namespace, {"spec": {"expirationSeconds": 3600}}).status.token
+        token = core.create_namespaced_service_account_token(
+            account, namespace, {"spec": {"expirationSeconds": 3600}}
+        ).status.token
         config = yaml.safe_load(self.kubeconfig.read_text())
         context = next(c["context"] for c in config["contexts"] if c["name"] == config["current-context"])
         cluster = dict(next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"]))
         if cluster.get("certificate-authority"):  # relative to the kubeconfig it was written in
-            cluster["certificate-authority"] = str((self.kubeconfig.parent / cluster["certificate-authority"]).resolve())
+            cluster["certificate-authority"] = str(
+                (self.kubeconfig.parent / cluster["certificate-authority"]).resolve()
+            )
         path = self.workdir / f"kubeconfig-{namespace}-{account}"
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-            "clusters": [{"name": "c", "cluster": cluster}], "users": [{"name": "sa", "user": {"token": token}}],
-            "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa", "namespace": namespace}}]}))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "sa",
+                    "clusters": [{"name": "c", "cluster": cluster}],
+                    "users": [{"name": "sa", "user": {"token": token}}],
+                    "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa", "namespace": namespace}}],
+                }
+            )
+        )
         return path
 
 
@@ -101,7 +114,11 @@ def _install_crd(api_client: kubernetes.client.ApiClient) -> None:
         body["metadata"]["resourceVersion"] = existing.metadata.resource_version
         api.replace_custom_resource_definition(body["metadata"]["name"], body)
     wait = kubernetes.watch.Watch()
-    for event in wait.stream(api.list_custom_resource_definition, field_selector=f"metadata.name={body['metadata']['name']}", timeout_seconds=30):
+    for event in wait.stream(
+        api.list_custom_resource_definition,
+        field_selector=f"metadata.name={body['metadata']['name']}",
+        timeout_seconds=30,
+    ):
         conditions = event["object"].status.conditions or []
         if any(c.type == "Established" and c.status == "True" for c in conditions):
             wait.stop()
@@ -124,9 +141,27 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, helm: str, s3_endpoint: st
         core.create_namespace({"metadata": {"name": ns, "labels": {"stepscope-e2e": run_id}}})
         ensure_default_service_account(core, ns)
     core.create_namespaced_secret(namespace, {"metadata": {"name": STORE_SECRET}, "stringData": dict(CREDENTIALS)})
-    docs = render(helm, f"operator.namespaces={{{namespace}}}", f"fullnameOverride={fullname}", "webhook.enabled=false", namespace=release)
-    identity = [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-                                                 "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+    docs = render(
+        helm,
+        f"operator.namespaces={{{namespace}}}",
+        f"fullnameOverride={fullname}",
+        "webhook.enabled=false",
+        namespace=release,
+    )
+    identity = [
+        d
+        for d in docs
+        if d["kind"]
+        in (
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        )
+    ]
     admission = kubernetes.client.AdmissionregistrationV1Api(api_client)
     try:
         apply_rbac(api_client, identity)
@@ -155,13 +190,22 @@ def operator(cluster: Cluster) -> Iterator[None]:
     """The operator as the chart runs it (kopf, standalone, one namespace), as its ServiceAccount,
     its analysis Jobs as the chart's analysis ServiceAccount (the admission policy refuses others)."""
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("KUBECONFIG", str(cluster.token_kubeconfig(cluster.release_namespace, f"{cluster.fullname}-operator")))
-        for name, value in (("STEPSCOPE_HMAC_KEY", OPERATOR_KEY.decode()), ("STEPSCOPE_SELECTION_GRACE_S", "3"), ("STEPSCOPE_POLL_INTERVAL_S", "0.5"),
-                            ("STEPSCOPE_TRIGGER_ATTEMPTS", "2"), ("STEPSCOPE_SIDECAR_TIMEOUT_S", "3"),
-                            ("STEPSCOPE_ANALYSIS_SERVICE_ACCOUNT", cluster.analysis_account)):
+        env.setenv(
+            "KUBECONFIG", str(cluster.token_kubeconfig(cluster.release_namespace, f"{cluster.fullname}-operator"))
+        )
+        for name, value in (
+            ("STEPSCOPE_HMAC_KEY", OPERATOR_KEY.decode()),
+            ("STEPSCOPE_SELECTION_GRACE_S", "3"),
+            ("STEPSCOPE_POLL_INTERVAL_S", "0.5"),
+            ("STEPSCOPE_TRIGGER_ATTEMPTS", "2"),
+            ("STEPSCOPE_SIDECAR_TIMEOUT_S", "3"),
+            ("STEPSCOPE_ANALYSIS_SERVICE_ACCOUNT", cluster.analysis_account),
+        ):
             env.setenv(name, value)
         operator_kube.reset()
-        with KopfRunner(["run", "--standalone", f"--namespace={cluster.namespace}"], registry=registry.build(), timeout=120) as runner:
+        with KopfRunner(
+            ["run", "--standalone", f"--namespace={cluster.namespace}"], registry=registry.build(), timeout=120
+        ) as runner:
             yield
         operator_kube.reset()
     assert runner.exit_code == 0, runner.output
@@ -169,8 +213,16 @@ def operator(cluster: Cluster) -> Iterator[None]:
 
 def _sidecar(cluster: Cluster, folder: Path, pod: str) -> Sidecar:
     """A sidecar as the webhook injects it: with the key of the sessions' namespace (the operator signs with it)."""
-    return Sidecar(folder, namespace_key(OPERATOR_KEY, cluster.namespace), host="127.0.0.1", port=0, pod=pod, poll_interval_s=0.2,
-                   upload_attempts=2, upload_base_delay_s=0.2).start()
+    return Sidecar(
+        folder,
+        namespace_key(OPERATOR_KEY, cluster.namespace),
+        host="127.0.0.1",
+        port=0,
+        pod=pod,
+        poll_interval_s=0.2,
+        upload_attempts=2,
+        upload_base_delay_s=0.2,
+    ).start()
 
 
 @pytest.fixture(scope="module")
@@ -191,16 +243,45 @@ def idle(cluster: Cluster, tmp_path: Path) -> Iterator[Sidecar]:
 def running_pod(cluster: Cluster, name: str, labels: dict[str, str], port: int) -> None:
     """A training pod as a kubelet would report it: Running, podIP 127.0.0.1, its sidecar's port."""
     core = kubernetes.client.CoreV1Api(cluster.api_client)
-    core.create_namespaced_pod(cluster.namespace, {"metadata": {"name": name, "labels": labels}, "spec": {
-        "initContainers": [{"name": "stepscope-sidecar", "image": "stepscope", "restartPolicy": "Always",
-                            "ports": [{"name": "stepscope", "containerPort": port}]}],
-        "containers": [{"name": "train", "image": "pytorch"}]}})
-    core.patch_namespaced_pod_status(name, cluster.namespace, {"status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}})
+    core.create_namespaced_pod(
+        cluster.namespace,
+        {
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "initContainers": [
+                    {
+                        "name": "stepscope-sidecar",
+                        "image": "stepscope",
+                        "restartPolicy": "Always",
+                        "ports": [{"name": "stepscope", "containerPort": port}],
+                    }
+                ],
+                "containers": [{"name": "train", "image": "pytorch"}],
+            },
+        },
+    )
+    core.patch_namespaced_pod_status(
+        name, cluster.namespace, {"status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}}
+    )
 
 
 def session_body(cluster: Cluster, name: str, selector: dict[str, str], **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "stepscope.io/v1alpha1", "kind": "ProfileSession", "metadata": {"name": name},
-            "spec": {"selector": {"matchLabels": selector}, "capture": {"waitSteps": 3, "steps": 2, "activities": ["CPU"]},
-                     "hardwareMetrics": {"enabled": False}, "timeoutSeconds": 120,
-                     "storage": {"uri": f"s3://{BUCKET}/e2e", "endpoint": cluster.s3_endpoint, "region": "us-east-1", "credentialsSecret": STORE_SECRET},
-                     "hangTimeoutSeconds": 60, **spec}}
+    return {
+        "apiVersion": "stepscope.io/v1alpha1",
+        "kind": "ProfileSession",
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": selector},
+            "capture": {"waitSteps": 3, "steps": 2, "activities": ["CPU"]},
+            "hardwareMetrics": {"enabled": False},
+            "timeoutSeconds": 120,
+            "storage": {
+                "uri": f"s3://{BUCKET}/e2e",
+                "endpoint": cluster.s3_endpoint,
+                "region": "us-east-1",
+                "credentialsSecret": STORE_SECRET,
+            },
+            "hangTimeoutSeconds": 60,
+            **spec,
+        },
+    }

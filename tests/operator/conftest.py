@@ -1,6 +1,7 @@
 """Fixtures for the operator's tests: the test API server with the CRD, the real operator (kopf)
 in a thread, real sidecars on 127.0.0.1 ports, a real 2-rank gloo training, and moto's S3 server
 over HTTP as the object store."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -36,7 +37,16 @@ def training(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def sidecar_a(training: Path) -> Iterator[Sidecar]:
-    sidecar = Sidecar(training, KEY, host="127.0.0.1", port=0, pod="train-a", poll_interval_s=0.2, upload_attempts=2, upload_base_delay_s=0.2).start()
+    sidecar = Sidecar(
+        training,
+        KEY,
+        host="127.0.0.1",
+        port=0,
+        pod="train-a",
+        poll_interval_s=0.2,
+        upload_attempts=2,
+        upload_base_delay_s=0.2,
+    ).start()
     yield sidecar
     sidecar.shutdown(grace_s=2)
 
@@ -61,8 +71,9 @@ def cluster(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> Kube:
     monkeypatch.setenv("STEPSCOPE_TRIGGER_ATTEMPTS", "2")
     monkeypatch.setenv("STEPSCOPE_SIDECAR_TIMEOUT_S", "2")
     operator_kube.reset()
-    kubernetes.client.CoreV1Api(kube.api_client).create_namespaced_secret("default", {
-        "metadata": {"name": "s3-credentials"}, "stringData": dict(CREDENTIALS)})
+    kubernetes.client.CoreV1Api(kube.api_client).create_namespaced_secret(
+        "default", {"metadata": {"name": "s3-credentials"}, "stringData": dict(CREDENTIALS)}
+    )
     return kube
 
 

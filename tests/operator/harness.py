@@ -1,5 +1,6 @@
 """Driving the real operator in tests: start/stop kopf, pods the test marks Running (no kubelet
 here), ProfileSessions and waiting on their status, and running the analysis Job's command."""
+
 from __future__ import annotations
 
 import base64
@@ -57,7 +58,11 @@ class OperatorHarness:
         return self.get(name).get("status") or {}
 
     def wait_phase(self, name: str, phases: tuple[str, ...], timeout: float = 30) -> dict[str, Any]:
-        return wait_for(lambda: (s := self.status(name)).get("phase") in phases and s, timeout, f"{name} to reach {phases} (now {self.status(name)})")
+        return wait_for(
+            lambda: (s := self.status(name)).get("phase") in phases and s,
+            timeout,
+            f"{name} to reach {phases} (now {self.status(name)})",
+        )
 
     def delete(self, name: str) -> None:
         self.custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
@@ -82,7 +87,10 @@ class OperatorHarness:
         for item in container["env"] or []:
             ref = item["value_from"]["secret_key_ref"]
             secret = core.read_namespaced_secret(ref["name"], NAMESPACE)
-            data = {**{k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}, **(secret.string_data or {})}
+            data = {
+                **{k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()},
+                **(secret.string_data or {}),
+            }
             env[item["name"]] = data[ref["key"]]
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
@@ -95,8 +103,12 @@ class OperatorHarness:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        condition = {"type": "Complete" if code == 0 else "Failed", "status": "True", "reason": "" if code == 0 else "BackoffLimitExceeded",
-                     "message": "" if code == 0 else "Job has reached the specified backoff limit"}
+        condition = {
+            "type": "Complete" if code == 0 else "Failed",
+            "status": "True",
+            "reason": "" if code == 0 else "BackoffLimitExceeded",
+            "message": "" if code == 0 else "Job has reached the specified backoff limit",
+        }
         status = {"succeeded": 1} if code == 0 else {"failed": 1}
         self.batch.patch_namespaced_job_status(job_name, NAMESPACE, {"status": {**status, "conditions": [condition]}})
         return code, job
@@ -108,12 +120,20 @@ class Pods:
     def __init__(self, core: kubernetes.client.CoreV1Api) -> None:
         self.core = core
 
-    def create(self, name: str, labels: dict[str, str], port: int | None, ip: str = "127.0.0.1", running: bool = True) -> None:
+    def create(
+        self, name: str, labels: dict[str, str], port: int | None, ip: str = "127.0.0.1", running: bool = True
+    ) -> None:
         sidecar = {"name": "stepscope-sidecar", "image": "stepscope", "restartPolicy": "Always"}
         if port is not None:
             sidecar["ports"] = [{"name": SIDECAR_PORT_NAME, "containerPort": port}]
-        body = {"metadata": {"name": name, "labels": labels},
-                "spec": {"initContainers": [sidecar], "containers": [{"name": "train", "image": "pytorch"}], "nodeName": "node-1"}}
+        body = {
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "initContainers": [sidecar],
+                "containers": [{"name": "train", "image": "pytorch"}],
+                "nodeName": "node-1",
+            },
+        }
         self.core.create_namespaced_pod(NAMESPACE, body)
         if running:
             self.core.patch_namespaced_pod_status(name, NAMESPACE, {"status": {"phase": "Running", "podIP": ip}})
@@ -147,7 +167,12 @@ def session_spec(selector: dict[str, str], s3_endpoint: str, **overrides: Any) -
         "selector": {"matchLabels": selector},
         "capture": {"waitSteps": 3, "steps": 2, "activities": ["CPU"]},
         "hardwareMetrics": {"enabled": False},
-        "storage": {"uri": f"s3://{BUCKET}/sessions", "endpoint": s3_endpoint, "region": "us-east-1", "credentialsSecret": "s3-credentials"},
+        "storage": {
+            "uri": f"s3://{BUCKET}/sessions",
+            "endpoint": s3_endpoint,
+            "region": "us-east-1",
+            "credentialsSecret": "s3-credentials",
+        },
         "timeoutSeconds": 60,
         "hangTimeoutSeconds": 30,
     }

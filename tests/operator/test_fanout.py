@@ -1,5 +1,6 @@
 """Fan-out over real HTTP: signed PUTs, retries of what may pass on a second try, no retry of a
 final answer, and the bound on requests open at once."""
+
 from __future__ import annotations
 
 import asyncio
@@ -73,12 +74,16 @@ def server() -> Iterator[Flaky]:
 
 
 def _request(session: str) -> SessionRequest:
-    return SessionRequest(session=session, destination="s3://bucket/p", spec=SessionSpec.from_dict({"storage": {"uri": "s3://bucket/p"}}))
+    return SessionRequest(
+        session=session, destination="s3://bucket/p", spec=SessionSpec.from_dict({"storage": {"uri": "s3://bucket/p"}})
+    )
 
 
 def test_trigger_retries_a_transient_failure_within_the_bound(server: Flaky) -> None:
     targets = [Target(f"p{i}", "127.0.0.1", server.server_address[1]) for i in range(12)]
-    outcomes = asyncio.run(fanout.trigger(targets, _request("s1"), KEY, limit=limit(), timeout=5, attempts=3, backoff_s=0.01))
+    outcomes = asyncio.run(
+        fanout.trigger(targets, _request("s1"), KEY, limit=limit(), timeout=5, attempts=3, backoff_s=0.01)
+    )
     assert all(o.ok for o in outcomes) and [o.target.pod for o in outcomes] == [f"p{i}" for i in range(12)]
     assert server.puts == {"/v1/sessions/s1": 13}  # the first attempt got 503, every other one 201
     assert server.peak <= 4
@@ -86,7 +91,9 @@ def test_trigger_retries_a_transient_failure_within_the_bound(server: Flaky) -> 
 
 def test_trigger_does_not_retry_a_final_answer(server: Flaky) -> None:
     target = Target("p", "127.0.0.1", server.server_address[1])
-    (outcome,) = asyncio.run(fanout.trigger([target], _request("busy"), KEY, limit=limit(), timeout=5, attempts=3, backoff_s=0.01))
+    (outcome,) = asyncio.run(
+        fanout.trigger([target], _request("busy"), KEY, limit=limit(), timeout=5, attempts=3, backoff_s=0.01)
+    )
     assert (outcome.ok, outcome.status, outcome.error) == (False, 409, "busy")
     assert server.puts == {"/v1/sessions/busy": 1}
 
@@ -99,14 +106,21 @@ def test_unreachable_sidecar_is_an_outcome_not_an_exception(server: Flaky) -> No
 def test_the_start_step_is_wait_steps_after_the_furthest_live_rank_of_any_pod(server: Flaky) -> None:
     """The session body's startStep, from GET /v1/telemetry answers (docs/wire.md); a dead rank's
     count is left out, and without any live rank (an old sidecar answers 501 here) there is none."""
-    def pod(name: str, ranks: list[dict]) -> fanout.Outcome:
-        return fanout.Outcome(Target(name, "127.0.0.1", 1), True, {"pod": name, "node": "n", "time": 0.0, "ranks": ranks})
 
-    answers = [pod("a", [{"rank": 0, "alive": True, "steps": 41}, {"rank": 1, "alive": True, "steps": 40}]),
-               pod("b", [{"rank": 2, "alive": True, "steps": 42}, {"rank": 3, "alive": False, "steps": 90}]),
-               fanout.Outcome(Target("c", "127.0.0.1", 1), False, {}, "unreachable", 0)]
+    def pod(name: str, ranks: list[dict]) -> fanout.Outcome:
+        return fanout.Outcome(
+            Target(name, "127.0.0.1", 1), True, {"pod": name, "node": "n", "time": 0.0, "ranks": ranks}
+        )
+
+    answers = [
+        pod("a", [{"rank": 0, "alive": True, "steps": 41}, {"rank": 1, "alive": True, "steps": 40}]),
+        pod("b", [{"rank": 2, "alive": True, "steps": 42}, {"rank": 3, "alive": False, "steps": 90}]),
+        fanout.Outcome(Target("c", "127.0.0.1", 1), False, {}, "unreachable", 0),
+    ]
     assert aligned_start_step(fanout.live_step_counts(answers), 5) == 47
     assert aligned_start_step(fanout.live_step_counts(answers[1:]), 0) == 42
-    old = asyncio.run(fanout.telemetry([Target("old", "127.0.0.1", server.server_address[1])], KEY, limit=limit(), timeout=5))
+    old = asyncio.run(
+        fanout.telemetry([Target("old", "127.0.0.1", server.server_address[1])], KEY, limit=limit(), timeout=5)
+    )
     assert not old[0].ok and aligned_start_step(fanout.live_step_counts(old), 5) is None
     assert aligned_start_step(fanout.live_step_counts([pod("idle", [])]), 5) is None

@@ -2,6 +2,7 @@
 Alertmanager endpoint an endless body, hold its connections or flood it, and answer the
 operator's requests from a selected pod's port with an endless or dripping reply. Each is cut off
 with bounded memory and time, and the operator keeps answering the others."""
+
 from __future__ import annotations
 
 import asyncio
@@ -67,7 +68,9 @@ def push(conn: socket.socket, total: int) -> int:
 
 
 @pytest.mark.parametrize("length", ["-1", "abc", "1 2"])
-def test_a_bad_content_length_without_a_token_is_refused_before_any_body_is_read(alerts: BoundedHTTPServer, length: str) -> None:
+def test_a_bad_content_length_without_a_token_is_refused_before_any_body_is_read(
+    alerts: BoundedHTTPServer, length: str
+) -> None:
     """Content-Length: -1 used to be read to the end of the stream: 300 MiB took the operator to
     670 MB. Now the answer comes after the headers, and the connection is gone after a few MiB."""
     port = alerts.server_address[1]
@@ -87,7 +90,9 @@ def test_a_large_body_without_a_token_is_refused_unread(alerts: BoundedHTTPServe
         assert answer_of(conn, 3).startswith(b"HTTP/1.0 401"), "the token is checked before the body"
         assert push(conn, 300 << 20) < 32 << 20
     token = triggers_alerts.alert_token(KEY)
-    with post(port, f"POST {PATH} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: {300 << 20}\r\n\r\n") as conn:
+    with post(
+        port, f"POST {PATH} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: {300 << 20}\r\n\r\n"
+    ) as conn:
         assert answer_of(conn, 3).startswith(b"HTTP/1.0 413")
 
 
@@ -110,8 +115,11 @@ def test_connections_past_the_cap_are_refused_while_others_are_answered(alerts: 
         assert len(refused) == 2 * triggers_alerts.MAX_PER_PEER, [a[:20] for a in answers]
         token = triggers_alerts.alert_token(KEY)
         began = time.monotonic()
-        with post(port, f"POST {PATH} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: {len(RESOLVED)}\r\n\r\n"
-                  + RESOLVED.decode()) as conn:
+        with post(
+            port,
+            f"POST {PATH} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: {len(RESOLVED)}\r\n\r\n"
+            + RESOLVED.decode(),
+        ) as conn:
             assert answer_of(conn, 3).startswith(b"HTTP/1.0 200")
         assert time.monotonic() - began < 1
     finally:
@@ -204,6 +212,7 @@ def test_a_reply_dripping_a_byte_a_second_ends_at_the_total_deadline(hostile: Ho
 def test_slow_pods_hold_the_sidecar_limit_not_the_default_executor(hostile: HostilePod) -> None:
     """kopf and every session's status writes run on asyncio's default executor: a poll of
     dripping pods must leave it free, and end at the deadline."""
+
     async def scenario() -> tuple[list[fanout.Outcome], float]:
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(1))
@@ -234,7 +243,11 @@ class Admission:
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
 
         async def allow(review: dict, **_: object) -> dict:
-            return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {"uid": review["request"]["uid"], "allowed": True}}
+            return {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "response": {"uid": review["request"]["uid"], "allowed": True},
+            }
 
         self.serving = self.server(allow)
         config = asyncio.run_coroutine_threadsafe(self.serving.__anext__(), self.loop).result(10)
@@ -248,8 +261,10 @@ class Admission:
     def review(self, size: int, source: str = "127.0.0.1") -> bytes:
         body = b'{"request": {"uid": "u-1", "object": {"pad": "' + b"x" * size + b'"}}}'
         with self.connect(source) as conn:
-            conn.sendall(b"POST /inject-sidecar HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            conn.sendall(
+                b"POST /inject-sidecar HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
             return answer_of(conn, 5)
 
     def close(self) -> None:

@@ -6,6 +6,7 @@ the session's diagnosis names that rank (its Python stacks for the hang).
 Short windows (a 12 s baseline, a 3 s sustain, 1 s polls) keep it near a minute; the defaults are
 minutes. `test_a_healthy_job_fires_nothing` runs 4 minutes: it is marked slow and runs only with
 STEPSCOPE_LONG_TESTS=1."""
+
 from __future__ import annotations
 
 import os
@@ -42,7 +43,16 @@ def watched(cluster: Kube, monkeypatch: pytest.MonkeyPatch) -> Kube:
 
 def start(folder: Path, *fault: str) -> tuple[LocalJob, Sidecar]:
     job = launch_ranks(2, folder, [*BASE, *fault], log_dir=folder / "logs")
-    sidecar = Sidecar(folder, KEY, host="127.0.0.1", port=0, pod="train-w", poll_interval_s=0.2, upload_attempts=2, upload_base_delay_s=0.2).start()
+    sidecar = Sidecar(
+        folder,
+        KEY,
+        host="127.0.0.1",
+        port=0,
+        pod="train-w",
+        poll_interval_s=0.2,
+        upload_attempts=2,
+        upload_base_delay_s=0.2,
+    ).start()
     return job, sidecar
 
 
@@ -58,22 +68,41 @@ def stop() -> Iterator[list[Any]]:
 def create_trigger(operator: OperatorHarness, s3_endpoint: str, **conditions: Any) -> None:
     template = session_spec(SELECTOR, s3_endpoint, hangTimeoutSeconds=3, timeoutSeconds=50)
     del template["selector"]
-    spec = {"selector": {"matchLabels": SELECTOR}, "conditions": conditions, "sessionTemplate": template, "cooldownSeconds": 600}
-    operator.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, TRIGGER_PLURAL, {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileTrigger", "metadata": {"name": "watch"}, "spec": spec})
+    spec = {
+        "selector": {"matchLabels": SELECTOR},
+        "conditions": conditions,
+        "sessionTemplate": template,
+        "cooldownSeconds": 600,
+    }
+    operator.custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        NAMESPACE,
+        TRIGGER_PLURAL,
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ProfileTrigger", "metadata": {"name": "watch"}, "spec": spec},
+    )
 
 
 def trigger_status(operator: OperatorHarness) -> dict[str, Any]:
-    return operator.custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, TRIGGER_PLURAL, "watch").get("status") or {}
+    return (
+        operator.custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, TRIGGER_PLURAL, "watch").get("status")
+        or {}
+    )
 
 
 def fired(operator: OperatorHarness) -> dict[str, Any]:
     """The trigger's status once it says it fired: the daemon writes it after creating the session."""
-    return wait_for(lambda: (s := trigger_status(operator)).get("lastFired") and s, 10, f"lastFired in the trigger status ({trigger_status(operator)})")
+    return wait_for(
+        lambda: (s := trigger_status(operator)).get("lastFired") and s,
+        10,
+        f"lastFired in the trigger status ({trigger_status(operator)})",
+    )
 
 
 def sessions(operator: OperatorHarness) -> list[dict[str, Any]]:
-    return operator.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, label_selector=f"{TRIGGER_LABEL}=watch")["items"]
+    return operator.custom.list_namespaced_custom_object(
+        GROUP, VERSION, NAMESPACE, PLURAL, label_selector=f"{TRIGGER_LABEL}=watch"
+    )["items"]
 
 
 def rank_steps(sidecar: Sidecar, rank: int) -> int:
@@ -82,7 +111,9 @@ def rank_steps(sidecar: Sidecar, rank: int) -> int:
 
 
 def the_session_created_after(operator: OperatorHarness, since: float) -> dict[str, Any]:
-    [session] = wait_for(lambda: sessions(operator), 60, f"a ProfileSession (trigger status {trigger_status(operator)})")
+    [session] = wait_for(
+        lambda: sessions(operator), 60, f"a ProfileSession (trigger status {trigger_status(operator)})"
+    )
     assert time.time() - since < 60
     return session
 
@@ -95,14 +126,34 @@ def analysed(operator: OperatorHarness, name: str) -> dict[str, Any]:
     return operator.wait_phase(name, ("Succeeded", "Failed"))
 
 
-def test_a_rank_slowed_mid_run_is_captured_and_named(watched: Kube, operator: OperatorHarness, pods: Pods, s3_endpoint: str,
-                                                     tmp_path: Path, stop: list[Any]) -> None:
-    job, sidecar = start(tmp_path / "pod", "--slow-rank", "1", "--fault", "sleep", "--slow-ms", "120", "--slow-from-step", str(SLOW_FROM_STEP))
+def test_a_rank_slowed_mid_run_is_captured_and_named(
+    watched: Kube, operator: OperatorHarness, pods: Pods, s3_endpoint: str, tmp_path: Path, stop: list[Any]
+) -> None:
+    job, sidecar = start(
+        tmp_path / "pod",
+        "--slow-rank",
+        "1",
+        "--fault",
+        "sleep",
+        "--slow-ms",
+        "120",
+        "--slow-from-step",
+        str(SLOW_FROM_STEP),
+    )
     stop.append((job, sidecar))
     pods.create("train-w", SELECTOR, port=port_of(sidecar))
-    create_trigger(operator, s3_endpoint, stepTime={"baselineMinutes": 0.2, "sustainedSeconds": 3},
-                   rankDivergence={"enabled": False}, hang={"noStepSeconds": 30})
-    wait_for(lambda: (s := trigger_status(operator)).get("state") == "Watching" and s, 40, f"a baseline (trigger status {trigger_status(operator)})")
+    create_trigger(
+        operator,
+        s3_endpoint,
+        stepTime={"baselineMinutes": 0.2, "sustainedSeconds": 3},
+        rankDivergence={"enabled": False},
+        hang={"noStepSeconds": 30},
+    )
+    wait_for(
+        lambda: (s := trigger_status(operator)).get("state") == "Watching" and s,
+        40,
+        f"a baseline (trigger status {trigger_status(operator)})",
+    )
     assert sessions(operator) == [], "fired before the slowdown"
     wait_for(lambda: rank_steps(sidecar, 1) >= SLOW_FROM_STEP, 40, "the slowdown")
     slowed = time.time()
@@ -111,7 +162,11 @@ def test_a_rank_slowed_mid_run_is_captured_and_named(watched: Kube, operator: Op
     name = session["metadata"]["name"]
     assert name.startswith("watch-") and session["metadata"]["ownerReferences"][0]["kind"] == "ProfileTrigger"
     status = fired(operator)
-    assert status["lastFired"]["session"] == name and status["lastFired"]["condition"] == "Slowdown" and status["sessionsCreated"] == 1
+    assert (
+        status["lastFired"]["session"] == name
+        and status["lastFired"]["condition"] == "Slowdown"
+        and status["sessionsCreated"] == 1
+    )
     assert status["current"]["stepTimeRatio"] > 1.5 and status["baseline"]["stepTimeSeconds"] > 0
 
     diagnosis = analysed(operator, name)["diagnosis"]
@@ -120,12 +175,15 @@ def test_a_rank_slowed_mid_run_is_captured_and_named(watched: Kube, operator: Op
     assert any(e.reason == "SessionCreated" and name in e.message for e in events)
 
 
-def test_a_hang_is_captured_with_the_hung_ranks_stacks(watched: Kube, operator: OperatorHarness, pods: Pods, s3_endpoint: str,
-                                                       tmp_path: Path, stop: list[Any]) -> None:
+def test_a_hang_is_captured_with_the_hung_ranks_stacks(
+    watched: Kube, operator: OperatorHarness, pods: Pods, s3_endpoint: str, tmp_path: Path, stop: list[Any]
+) -> None:
     job, sidecar = start(tmp_path / "pod", "--hang-rank", "1", "--hang-at-step", "150")
     stop.append((job, sidecar))
     pods.create("train-w", SELECTOR, port=port_of(sidecar))
-    create_trigger(operator, s3_endpoint, stepTime={"enabled": False}, rankDivergence={"enabled": False}, hang={"noStepSeconds": 4})
+    create_trigger(
+        operator, s3_endpoint, stepTime={"enabled": False}, rankDivergence={"enabled": False}, hang={"noStepSeconds": 4}
+    )
     wait_for(lambda: rank_steps(sidecar, 1) >= 150, 40, "the hang")
     hung = time.time()
 
@@ -136,8 +194,13 @@ def test_a_hang_is_captured_with_the_hung_ranks_stacks(watched: Kube, operator: 
     status = analysed(operator, name)
     assert any(w.get("rank") == 1 and "hung" in w["reason"] for w in status["failedWorkers"]), status
     assert status["phase"] == "Succeeded" and "block_forever" in status["diagnosis"]["summary"], status
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1", aws_access_key_id=CREDENTIALS["accessKeyId"],
-                      aws_secret_access_key=CREDENTIALS["secretAccessKey"])
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=CREDENTIALS["accessKeyId"],
+        aws_secret_access_key=CREDENTIALS["secretAccessKey"],
+    )
     prefix = status["artifacts"]["prefix"].removeprefix(f"s3://{BUCKET}/")
 
     def where(rank: int) -> str:
@@ -147,15 +210,24 @@ def test_a_hang_is_captured_with_the_hung_ranks_stacks(watched: Kube, operator: 
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("STEPSCOPE_LONG_TESTS"), reason="4 minutes: set STEPSCOPE_LONG_TESTS=1 to run it")
-def test_a_healthy_job_fires_nothing(watched: Kube, operator: OperatorHarness, pods: Pods, s3_endpoint: str, tmp_path: Path, stop: list[Any]) -> None:
+@pytest.mark.skipif(
+    not os.environ.get("STEPSCOPE_LONG_TESTS"), reason="4 minutes: set STEPSCOPE_LONG_TESTS=1 to run it"
+)
+def test_a_healthy_job_fires_nothing(
+    watched: Kube, operator: OperatorHarness, pods: Pods, s3_endpoint: str, tmp_path: Path, stop: list[Any]
+) -> None:
     """Several minutes of a healthy job (its step time jitters with the machine's load) with the
     tight test windows: no session."""
     job, sidecar = start(tmp_path / "pod")
     stop.append((job, sidecar))
     pods.create("train-w", SELECTOR, port=port_of(sidecar))
-    create_trigger(operator, s3_endpoint, stepTime={"baselineMinutes": 1, "sustainedSeconds": 10}, rankDivergence={"sustainedSeconds": 10},
-                   hang={"noStepSeconds": 10})
+    create_trigger(
+        operator,
+        s3_endpoint,
+        stepTime={"baselineMinutes": 1, "sustainedSeconds": 10},
+        rankDivergence={"sustainedSeconds": 10},
+        hang={"noStepSeconds": 10},
+    )
     deadline = time.time() + 240
     while time.time() < deadline:
         assert sessions(operator) == [], trigger_status(operator)

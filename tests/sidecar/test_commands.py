@@ -1,5 +1,6 @@
 """`stepscope sidecar` and `stepscope capture` as a user runs them: separate processes talking
 over HTTP, with signals and exit codes."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,14 +27,33 @@ REPO = Path(__file__).resolve().parents[2]
 
 def stepscope(*args: str, key: bytes = KEY, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "STEPSCOPE_HMAC_KEY": key.decode(), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "stepscope.cli", *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "stepscope.cli", *args],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,
+    )
 
 
 @pytest.fixture()
 def sidecar_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str, Path]]:
     shared = tmp_path / "shared"
-    process = stepscope("sidecar", "--dir", str(shared), "--host", "127.0.0.1", "--port", "0", "--pod", "pod-p", "--poll-interval", "0.1")
+    process = stepscope(
+        "sidecar",
+        "--dir",
+        str(shared),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--pod",
+        "pod-p",
+        "--poll-interval",
+        "0.1",
+    )
     line = process.stdout.readline()
     if "listening on" not in line:
         process.kill()
@@ -47,7 +67,9 @@ def sidecar_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str, Pat
 
 def test_sidecar_installs_the_bootstrap_serves_and_stops_on_sigterm(sidecar_process) -> None:
     process, url, shared = sidecar_process
-    assert (shared / "bootstrap" / "sitecustomize.py").is_file() and (shared / "bootstrap" / "stepscope_agent" / "__init__.py").is_file()
+    assert (shared / "bootstrap" / "sitecustomize.py").is_file() and (
+        shared / "bootstrap" / "stepscope_agent" / "__init__.py"
+    ).is_file()
     client = SidecarClient(url, KEY)
     assert client.healthz()
     with pytest.raises(SidecarError) as raised:
@@ -60,8 +82,23 @@ def test_sidecar_installs_the_bootstrap_serves_and_stops_on_sigterm(sidecar_proc
 
 def test_sidecar_without_a_key_says_so(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "STEPSCOPE_HMAC_KEY"}
-    result = subprocess.run([sys.executable, "-m", "stepscope.cli", "sidecar", "--dir", str(tmp_path), "--key-file", str(tmp_path / "nokey")],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stepscope.cli",
+            "sidecar",
+            "--dir",
+            str(tmp_path),
+            "--key-file",
+            str(tmp_path / "nokey"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "no HMAC key" in result.stderr
 
 
@@ -80,11 +117,26 @@ def test_capture_refuses_a_metrics_interval_below_100_us(tmp_path: Path) -> None
     assert refused.returncode == 2 and "--metrics-interval-us: 50 is below 100" in err and not (tmp_path / "a").exists()
 
 
-def test_capture_follows_the_session_and_writes_session_json(sidecar: Sidecar, ranks: SimulatedRanks, tmp_path: Path,
-                                                             shared_traces: Path) -> None:
+def test_capture_follows_the_session_and_writes_session_json(
+    sidecar: Sidecar, ranks: SimulatedRanks, tmp_path: Path, shared_traces: Path
+) -> None:
     out_dir = tmp_path / "capture"
-    process = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(out_dir), "--wait", "1", "--steps", "2",
-                        "--save-raw-trace", "none", "--no-hardware-metrics", "--metrics-interval-us", "250")
+    process = stepscope(
+        "capture",
+        "--sidecar",
+        sidecar.url,
+        "--output-dir",
+        str(out_dir),
+        "--wait",
+        "1",
+        "--steps",
+        "2",
+        "--save-raw-trace",
+        "none",
+        "--no-hardware-metrics",
+        "--metrics-interval-us",
+        "250",
+    )
     client = SidecarClient(sidecar.url, KEY)
     session = eventually(sidecar.manager.active, timeout=30, what="a session").id
     for rank in (0, 1):
@@ -111,9 +163,13 @@ def test_capture_follows_the_session_and_writes_session_json(sidecar: Sidecar, r
 def test_ctrl_c_cancels_the_session(sidecar: Sidecar, ranks: SimulatedRanks, tmp_path: Path) -> None:
     process = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(tmp_path / "c"))
     session = eventually(sidecar.manager.active, timeout=30, what="a session").id
-    assert process.stdout.readline().startswith(f"session {session}: capturing")  # what the user sees before pressing Ctrl-C
+    assert process.stdout.readline().startswith(
+        f"session {session}: capturing"
+    )  # what the user sees before pressing Ctrl-C
     process.send_signal(signal.SIGINT)
-    eventually(lambda: json.loads((sidecar.dir / "request.json").read_text())["action"] == "cancel", 20, "a cancel request")
+    eventually(
+        lambda: json.loads((sidecar.dir / "request.json").read_text())["action"] == "cancel", 20, "a cancel request"
+    )
     for rank in (0, 1):
         ranks.state(session, rank, "cancelled")
     out, err = process.communicate(timeout=60)
@@ -147,8 +203,9 @@ def test_ctrl_c_during_a_poll_still_cancels_and_waits_for_the_end(capsys: pytest
     assert "cancelling: the ranks stop at their next step" in capsys.readouterr().out
 
 
-def test_ctrl_c_delivered_while_the_session_is_announced_cancels_and_waits(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_ctrl_c_delivered_while_the_session_is_announced_cancels_and_waits(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """On a busy machine the SIGINT of a user who pressed Ctrl-C on reading "capturing" can surface
     as the announcement's print returns; before, that left without waiting (the flaky end-to-end test above)."""
     client = _PollCutByCtrlC()
@@ -164,37 +221,62 @@ def test_ctrl_c_delivered_while_the_session_is_announced_cancels_and_waits(monke
 
     monkeypatch.setattr(capture, "print", print_cut_by_ctrl_c, raising=False)
     monkeypatch.setenv("STEPSCOPE_HMAC_KEY", "00" * 32)
-    args = capture.add_arguments(parser := argparse.ArgumentParser()) or parser.parse_args(["--output-dir", str(tmp_path / "c")])
+    args = capture.add_arguments(parser := argparse.ArgumentParser()) or parser.parse_args(
+        ["--output-dir", str(tmp_path / "c")]
+    )
     assert capture.run(args) == capture.EXIT_INTERRUPTED
     out = capsys.readouterr().out
     assert client.deleted and "cancelling" in out and "Cancelled" in out
 
 
 def test_capture_refuses_a_bad_window_before_contacting_anyone(tmp_path: Path) -> None:
-    result = stepscope("capture", "--sidecar", "http://127.0.0.1:9", "--steps", "99", "--output-dir", str(tmp_path / "o"))
+    result = stepscope(
+        "capture", "--sidecar", "http://127.0.0.1:9", "--steps", "99", "--output-dir", str(tmp_path / "o")
+    )
     out, err = result.communicate(timeout=60)
     assert result.returncode == 2 and "1..50" in err
     assert not (tmp_path / "o").exists()
 
 
 def test_capture_without_training_processes_times_out_with_a_reason(sidecar: Sidecar, tmp_path: Path) -> None:
-    process = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(tmp_path / "t"), "--duration", "1", "--timeout", "1")
+    process = stepscope(
+        "capture", "--sidecar", sidecar.url, "--output-dir", str(tmp_path / "t"), "--duration", "1", "--timeout", "1"
+    )
     out, err = process.communicate(timeout=60)
     assert process.returncode == 1, err
     assert "ranks 0: capturing 0" in out and "waiting for training processes to register" in out
     assert "timed out after 1 s" in out and "no training process registered" in out
     record = json.loads((tmp_path / "t" / layout.session_json()).read_text())
-    assert record["phase"] == "Failed" and record["spec"]["capture"]["durationSeconds"] == 1 and "steps" not in record["spec"]["capture"]
+    assert (
+        record["phase"] == "Failed"
+        and record["spec"]["capture"]["durationSeconds"] == 1
+        and "steps" not in record["spec"]["capture"]
+    )
 
 
 def test_capture_takes_the_jobs_own_comm_kernels_into_the_spec(sidecar: Sidecar, tmp_path: Path) -> None:
     """--comm-kernel is spec.analysis.commKernelPatterns: it travels with the session (and its
     summaries), and a pattern that is no regular expression is a one-line error naming the option."""
-    process = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(tmp_path / "t"), "--duration", "1", "--timeout", "1",
-                        "--comm-kernel", "halo_swap", "--comm-kernel", "^my_exchange")
+    process = stepscope(
+        "capture",
+        "--sidecar",
+        sidecar.url,
+        "--output-dir",
+        str(tmp_path / "t"),
+        "--duration",
+        "1",
+        "--timeout",
+        "1",
+        "--comm-kernel",
+        "halo_swap",
+        "--comm-kernel",
+        "^my_exchange",
+    )
     process.communicate(timeout=60)
     record = json.loads((tmp_path / "t" / layout.session_json()).read_text())
     assert record["spec"]["analysis"]["commKernelPatterns"] == ["halo_swap", "^my_exchange"]
     process = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(tmp_path / "u"), "--comm-kernel", "(")
     out, err = process.communicate(timeout=60)
-    assert process.returncode == 2 and err.strip().startswith("stepscope capture: --comm-kernel[0] is not a regular expression"), err
+    assert process.returncode == 2 and err.strip().startswith(
+        "stepscope capture: --comm-kernel[0] is not a regular expression"
+    ), err

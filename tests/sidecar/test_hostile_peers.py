@@ -1,6 +1,7 @@
 """What anyone on the pod network can do to a sidecar, over real sockets on loopback addresses:
 replay a captured request to another sidecar, sign for ever, hold connections, drip bytes, flood
 it from one address. Each is refused with bounded memory, threads and time."""
+
 from __future__ import annotations
 
 import hashlib
@@ -45,7 +46,9 @@ def record_one_request(host: str, port: int, answer: bytes) -> tuple[threading.T
             while len(body) < length:
                 body += conn.recv(65536)
             seen.append(head + b"\r\n\r\n" + body)
-            conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(answer), answer))
+            conn.sendall(
+                b"HTTP/1.1 201 Created\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(answer), answer)
+            )
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -90,8 +93,16 @@ def test_a_timestamp_that_is_not_whole_seconds_is_refused_even_when_signed(sidec
     host, port = sidecar.server.server_address[:2]
     path, nonce = "/v1/telemetry", "0" * 32
     message = "\n".join(("GET", f"{host}:{port}", path, timestamp, nonce, hashlib.sha256(b"").hexdigest())).encode()
-    headers = {HEADER_TIMESTAMP: timestamp, HEADER_NONCE: nonce, HEADER_SIGNATURE: hmac.new(KEY, message, hashlib.sha256).hexdigest()}
-    request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    headers = {
+        HEADER_TIMESTAMP: timestamp,
+        HEADER_NONCE: nonce,
+        HEADER_SIGNATURE: hmac.new(KEY, message, hashlib.sha256).hexdigest(),
+    }
+    request = (
+        f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        + "\r\n"
+    )
     answer = send_raw(host, port, request.encode())
     assert answer.startswith(b"HTTP/1.1 401") and b"whole Unix seconds" in answer, answer[:300]
 
@@ -127,8 +138,26 @@ def _status(pid: int) -> dict[str, int]:
 @pytest.fixture
 def sidecar_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     env = {**os.environ, "STEPSCOPE_HMAC_KEY": KEY.decode()}
-    process = subprocess.Popen([sys.executable, "-m", "stepscope.cli", "sidecar", "--dir", str(tmp_path / "run"), "--host", "127.0.0.1",
-                                "--port", "0", "--pod", "pod-a"], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stepscope.cli",
+            "sidecar",
+            "--dir",
+            str(tmp_path / "run"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--pod",
+            "pod-a",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     assert process.stdout is not None
     line = process.stdout.readline()
     match = re.search(r"listening on (http://\S+)", line)
@@ -139,7 +168,8 @@ def sidecar_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str
 
 
 def test_six_hundred_held_connections_from_one_pod_cost_the_sidecar_little_and_shut_out_no_one(
-        sidecar_process: tuple[subprocess.Popen[str], str]) -> None:
+    sidecar_process: tuple[subprocess.Popen[str], str],
+) -> None:
     """600 connections from one address (127.0.0.2), each sending a fresh timestamp, a wrong
     signature and then part of a body of the largest size taken: the sidecar holds MAX_PER_PEER of
     them, refuses the rest at once (503, closed), and answers a signed request from another address all the while."""
@@ -148,8 +178,10 @@ def test_six_hundred_held_connections_from_one_pod_cost_the_sidecar_little_and_s
     client = SidecarClient(url, KEY, timeout=5)
     assert client.get_telemetry()["pod"] == "pod-a"
     before = _status(process.pid)
-    head = (f"PUT /v1/sessions/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {MAX_BODY}\r\n"
-            f"{HEADER_TIMESTAMP}: {int(time.time())}\r\n{HEADER_NONCE}: {'1' * 32}\r\n{HEADER_SIGNATURE}: {'0' * 64}\r\n\r\n").encode()
+    head = (
+        f"PUT /v1/sessions/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {MAX_BODY}\r\n"
+        f"{HEADER_TIMESTAMP}: {int(time.time())}\r\n{HEADER_NONCE}: {'1' * 32}\r\n{HEADER_SIGNATURE}: {'0' * 64}\r\n\r\n"
+    ).encode()
     held: list[socket.socket] = []
     refused = 0
     try:
@@ -202,5 +234,8 @@ def test_refusals_are_logged_at_most_once_per_interval(sidecar: Sidecar, caplog:
         for t in (0, 1, 2, 9.9, 10, 10.5, 25):
             clock[0] = t
             refusals.warning("refused %s", "x")
-    assert [r.getMessage() for r in caplog.records] == ["refused x", "refused x (3 more since the last such line)",
-                                                        "refused x (1 more since the last such line)"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "refused x",
+        "refused x (3 more since the last such line)",
+        "refused x (1 more since the last such line)",
+    ]

@@ -1,4 +1,5 @@
 """moto's standalone S3 server over real HTTP, shared by the storage tests of one module."""
+
 from __future__ import annotations
 
 import re
@@ -22,8 +23,9 @@ def moto_endpoint() -> Iterator[str]:
 
 @pytest.fixture()
 def s3(moto_endpoint: str):
-    return boto3.session.Session().client("s3", endpoint_url=moto_endpoint, region_name="us-east-1",
-                                          aws_access_key_id="x", aws_secret_access_key="y")
+    return boto3.session.Session().client(
+        "s3", endpoint_url=moto_endpoint, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y"
+    )
 
 
 @pytest.fixture()

@@ -1,5 +1,6 @@
 """stepscope.storage against moto's S3 server over HTTP: round trips, multipart uploads of large
 files, retries through injected failures, errors a user can act on, and secrets kept out of reprs."""
+
 from __future__ import annotations
 
 import hashlib
@@ -72,7 +73,9 @@ def test_list_pages_through_many_keys(moto_endpoint: str, bucket: str, s3, monke
     assert sum(method == "GET" for method, _, _ in proxy.seen) == 3
 
 
-def test_large_file_goes_multipart_and_comes_back_identical(moto_endpoint: str, bucket: str, s3, tmp_path: Path) -> None:
+def test_large_file_goes_multipart_and_comes_back_identical(
+    moto_endpoint: str, bucket: str, s3, tmp_path: Path
+) -> None:
     size = 65 * 1024 * 1024 + 12345
     source = tmp_path / "big.trace.json.gz"
     checksum = _write_large(source, size)
@@ -105,15 +108,22 @@ def test_uploads_survive_injected_failures(moto_endpoint: str, bucket: str, s3, 
     assert _sha256(tmp_path / "back.gz") == checksum
 
 
-def test_a_read_capped_in_size_is_refused_before_its_body_is_read(moto_endpoint: str, bucket: str, tmp_path: Path) -> None:
-    for store in (open_store(f"s3://{bucket}/cap", endpoint=moto_endpoint, credentials=CREDENTIALS), open_store(str(tmp_path))):
+def test_a_read_capped_in_size_is_refused_before_its_body_is_read(
+    moto_endpoint: str, bucket: str, tmp_path: Path
+) -> None:
+    for store in (
+        open_store(f"s3://{bucket}/cap", endpoint=moto_endpoint, credentials=CREDENTIALS),
+        open_store(str(tmp_path)),
+    ):
         store.put_bytes("ranks/rank-0.summary.arrow", b"x" * (2 << 20))
         assert len(store.get_bytes("ranks/rank-0.summary.arrow", max_bytes=2 << 20)) == 2 << 20
         with pytest.raises(StoreError, match=r"rank-0.summary.arrow holds 2 MB, more than the 1 MiB such a file may"):
             store.get_bytes("ranks/rank-0.summary.arrow", max_bytes=1 << 20)
 
 
-def test_the_analysis_reads_a_sessions_summaries_through_failures_of_the_store(moto_endpoint: str, bucket: str, s3) -> None:
+def test_the_analysis_reads_a_sessions_summaries_through_failures_of_the_store(
+    moto_endpoint: str, bucket: str, s3
+) -> None:
     """Summaries are read several at a time, each read retried on its own: 503s and dropped
     connections along the way cost nothing."""
     summaries = make_summaries(40, slow_rank=5, kernel_factor=1.3, seed=4, kernels=8)
@@ -152,7 +162,9 @@ def test_missing_bucket_and_bad_uris_are_named(moto_endpoint: str) -> None:
         store.put_bytes("../escape", b"x")
 
 
-def test_credentials_never_appear_in_repr_errors_or_logs(moto_endpoint: str, bucket: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_credentials_never_appear_in_repr_errors_or_logs(
+    moto_endpoint: str, bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG)
     with Proxy(moto_endpoint.removeprefix("http://"), fail_first=100, failure="503") as proxy:
         store = open_store(f"s3://{bucket}/p", endpoint=proxy.url, credentials=CREDENTIALS, retry=FAST_RETRY)
@@ -163,7 +175,9 @@ def test_credentials_never_appear_in_repr_errors_or_logs(moto_endpoint: str, buc
     assert secret not in caplog.text
 
 
-def test_credentials_from_a_mounted_secret_folder(moto_endpoint: str, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_credentials_from_a_mounted_secret_folder(
+    moto_endpoint: str, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "accessKeyId").write_text("AKIDFROMFILE\n")
     (tmp_path / "secretAccessKey").write_text("from-file\n")
     monkeypatch.setenv("STEPSCOPE_CREDENTIALS_DIR", str(tmp_path))
@@ -176,7 +190,9 @@ def test_credentials_from_a_mounted_secret_folder(moto_endpoint: str, bucket: st
         open_store(f"s3://{bucket}/p", endpoint=moto_endpoint)
 
 
-def test_bad_credentials_are_named_and_not_retried(moto_endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_credentials_are_named_and_not_retried(
+    moto_endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from moto import settings
 
     # moto checks signatures against its IAM users only once this count of unauthenticated calls is reached.
@@ -188,8 +204,9 @@ def test_bad_credentials_are_named_and_not_retried(moto_endpoint: str, bucket: s
     assert len(proxy.seen) == 1
 
 
-def test_without_ambient_credentials_only_the_given_ones_are_used(moto_endpoint: str, bucket: str, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_ambient_credentials_only_the_given_ones_are_used(
+    moto_endpoint: str, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A cluster part (operator, sidecar, analysis Job) runs with an identity of its own (env keys,
     a mounted folder, IRSA or the node role through boto3's chain): none of it reaches the store of
     a session, only the session's own credentials do."""
@@ -202,14 +219,19 @@ def test_without_ambient_credentials_only_the_given_ones_are_used(moto_endpoint:
         for scheme in ("s3", "oss"):
             with pytest.raises(StoreError, match=f"no credentials for {scheme}:// from spec.storage.credentialsSecret"):
                 open_store(f"{scheme}://{bucket}/p", endpoint=proxy.url, ambient_credentials=False)
-        open_store(f"s3://{bucket}/p", endpoint=proxy.url, credentials=CREDENTIALS, ambient_credentials=False).put_bytes("k", b"x")
-        open_store(f"s3://{bucket}/p", endpoint=proxy.url).put_bytes("k", b"x")  # the local CLI: the user's own identity
+        open_store(
+            f"s3://{bucket}/p", endpoint=proxy.url, credentials=CREDENTIALS, ambient_credentials=False
+        ).put_bytes("k", b"x")
+        open_store(f"s3://{bucket}/p", endpoint=proxy.url).put_bytes(
+            "k", b"x"
+        )  # the local CLI: the user's own identity
     keys = [h["authorization"].split("Credential=")[1].split("/")[0] for h in proxy.headers]
     assert keys == [CREDENTIALS["accessKeyId"], "AKIDAMBIENTFOLDER"]
 
 
 def test_the_analysis_of_a_cluster_session_reads_its_store_with_the_sessions_credentials_only(
-        moto_endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    moto_endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What the analysis Job runs (ambient_credentials=False): its pod's own identity reads nothing."""
     from stepscope import analysis
 

@@ -1,6 +1,7 @@
 """Per-category checks over the rank tables: memory operations and runtime calls (PerfTracker's
 1 % rule), kernels slower than on their peers, unusual Python functions, communication, launch
 overhead and CPU-only traces. Each returns model.Finding values."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,11 +51,23 @@ def one_percent_rule(frame: pd.DataFrame, key: str, category: str, what: str) ->
         worst = float(rows["bottleneckRatio"].max())
         med = float(rows["bottleneckRatio"].median())
         ranks = rows["rank"].tolist()
-        out.append(Finding("warning", category, ranks,
-                           f"{what} {name} take {100 * med:.1f}% of the captured time without overlapping GPU compute on {ranks_text(ranks)} "
-                           f"(up to {100 * worst:.1f}%): overlap them with compute or remove them",
-                           med, {"kind": name, "bottleneckRatio": {str(r): round(float(v), 5) for r, v in zip(rows["rank"], rows["bottleneckRatio"])},
-                                 "claim": GPU_RUNTIME if category == "launch" else None}))
+        out.append(
+            Finding(
+                "warning",
+                category,
+                ranks,
+                f"{what} {name} take {100 * med:.1f}% of the captured time without overlapping GPU compute on {ranks_text(ranks)} "
+                f"(up to {100 * worst:.1f}%): overlap them with compute or remove them",
+                med,
+                {
+                    "kind": name,
+                    "bottleneckRatio": {
+                        str(r): round(float(v), 5) for r, v in zip(rows["rank"], rows["bottleneckRatio"])
+                    },
+                    "claim": GPU_RUNTIME if category == "launch" else None,
+                },
+            )
+        )
     return out
 
 
@@ -72,10 +85,16 @@ def slower_kernels(kernels: pd.DataFrame, median_step_us: float, already: set[in
         ranks = rows["rank"].tolist()
         ratio = float(rows["ratio"].median())
         excess = float(rows["excessUsPerStep"].max())
-        out.append(Finding("warning", "kernel", ranks,
-                           f"kernel {short(str(name))} runs {ratio:.2f}x longer on {ranks_text(ranks)} than on the other ranks (+{ms(excess)}/step)",
-                           excess / median_step_us if median_step_us else 0.0,
-                           {"kernel": name, "ratio": {str(r): round(float(v), 3) for r, v in zip(rows["rank"], rows["ratio"])}}))
+        out.append(
+            Finding(
+                "warning",
+                "kernel",
+                ranks,
+                f"kernel {short(str(name))} runs {ratio:.2f}x longer on {ranks_text(ranks)} than on the other ranks (+{ms(excess)}/step)",
+                excess / median_step_us if median_step_us else 0.0,
+                {"kernel": name, "ratio": {str(r): round(float(v), 3) for r, v in zip(rows["rank"], rows["ratio"])}},
+            )
+        )
     return out
 
 
@@ -87,14 +106,29 @@ def top_kernels(tables: RankTables, limit: int = 3) -> list[Finding]:
     total = k.groupby("name")["sumUs"].sum().sort_values(ascending=False)
     share = total / total.sum()
     # Template instances of one kernel read the same once shortened: they count as one family here.
-    families = share.groupby(share.index.map(lambda n: short(str(n), 50)), sort=False).sum().sort_values(ascending=False)
+    families = (
+        share.groupby(share.index.map(lambda n: short(str(n), 50)), sort=False).sum().sort_values(ascending=False)
+    )
     text = ", ".join(f"{n} {100 * v:.0f}%" for n, v in families.head(limit).items())
-    return [Finding("info", "kernel", tables.ranks["rank"].tolist(), f"most GPU time goes to {text}", 0.0,
-                    {"kernels": [{"name": n, "share": round(float(v), 4)} for n, v in share.head(20).items()]})]
+    return [
+        Finding(
+            "info",
+            "kernel",
+            tables.ranks["rank"].tolist(),
+            f"most GPU time goes to {text}",
+            0.0,
+            {"kernels": [{"name": n, "share": round(float(v), 4)} for n, v in share.head(20).items()]},
+        )
+    ]
 
 
-def python_outliers(tables: RankTables, median_step_us: float, slow_ranks: set[int], judged: bool = False,
-                    sampled: frozenset[int] = frozenset()) -> list[Finding]:
+def python_outliers(
+    tables: RankTables,
+    median_step_us: float,
+    slow_ranks: set[int],
+    judged: bool = False,
+    sampled: frozenset[int] = frozenset(),
+) -> list[Finding]:
     """Python functions whose exclusive time on one rank is far above their peers'. Ranks whose
     stacks were sampled (`sampled`) are compared with each other only, never with traced ones as
     if both were exact: a sample's frame holds the time of the C functions under it. On a rank that
@@ -121,9 +155,12 @@ def python_outliers(tables: RankTables, median_step_us: float, slow_ranks: set[i
     return out
 
 
-def _python_outliers(f: pd.DataFrame, ranks: np.ndarray, median_step_us: float, min_excess: float, slow_ranks: set[int],
-                     judged: bool) -> list[Finding]:
-    table = f.pivot_table(index="rank", columns="name", values="usPerStep", aggfunc="sum", fill_value=0.0).reindex(ranks, fill_value=0.0)
+def _python_outliers(
+    f: pd.DataFrame, ranks: np.ndarray, median_step_us: float, min_excess: float, slow_ranks: set[int], judged: bool
+) -> list[Finding]:
+    table = f.pivot_table(index="rank", columns="name", values="usPerStep", aggfunc="sum", fill_value=0.0).reindex(
+        ranks, fill_value=0.0
+    )
     values = table.to_numpy()
     peers = peer_median(values)
     mask = stands_out(values, min_ratio=FUNCTION_RATIO, min_excess=min_excess)
@@ -133,10 +170,16 @@ def _python_outliers(f: pd.DataFrame, ranks: np.ndarray, median_step_us: float, 
         times = f"{mine / theirs:.0f}x its peers" if theirs > 0 else "its peers do not spend measurable time there"
         victim = bool(slow_ranks) and rank not in slow_ranks
         waiting = f": probably waiting there for {ranks_text(sorted(slow_ranks))}" if victim else ""
-        out.append(Finding("info" if victim or judged else "warning", "python", [rank],
-                           f"rank {rank} spends {ms(mine)}/step in {function_text(name)}, {times} ({ms(theirs)}/step){waiting}",
-                           (mine - theirs) / median_step_us if median_step_us else 0.0,
-                           {"function": name, "usPerStep": round(mine, 1), "peersUsPerStep": round(theirs, 1)}))
+        out.append(
+            Finding(
+                "info" if victim or judged else "warning",
+                "python",
+                [rank],
+                f"rank {rank} spends {ms(mine)}/step in {function_text(name)}, {times} ({ms(theirs)}/step){waiting}",
+                (mine - theirs) / median_step_us if median_step_us else 0.0,
+                {"function": name, "usPerStep": round(mine, 1), "peersUsPerStep": round(theirs, 1)},
+            )
+        )
     return out
 
 
@@ -149,11 +192,20 @@ def communication(tables: RankTables, median_step_us: float) -> list[Finding]:
         high = share[share >= NOT_OVERLAPPED_SHARE]
         if len(high):
             overlap = tables.ranks.set_index("rank")["overlapPct"].reindex(high.index)
-            overlap_text = f"; only {overlap.median():.0f}% of communication overlaps compute" if overlap.notna().any() else ""
-            out.append(Finding("warning", "communication", high.index.tolist(),
-                               f"communication not overlapped with compute takes {100 * high.median():.0f}% of step time on {ranks_text(high.index.tolist())}"
-                               f"{overlap_text}: overlap it (bucketed gradients, async collectives) or reduce it", float(high.median()),
-                               {"notOverlappedShare": {str(r): round(float(v), 4) for r, v in high.items()}}))
+            overlap_text = (
+                f"; only {overlap.median():.0f}% of communication overlaps compute" if overlap.notna().any() else ""
+            )
+            out.append(
+                Finding(
+                    "warning",
+                    "communication",
+                    high.index.tolist(),
+                    f"communication not overlapped with compute takes {100 * high.median():.0f}% of step time on {ranks_text(high.index.tolist())}"
+                    f"{overlap_text}: overlap it (bucketed gradients, async collectives) or reduce it",
+                    float(high.median()),
+                    {"notOverlappedShare": {str(r): round(float(v), 4) for r, v in high.items()}},
+                )
+            )
     c = tables.collectives
     if not c.empty:
         c = c[c["busBandwidthGBs"] > 0]
@@ -162,10 +214,17 @@ def communication(tables: RankTables, median_step_us: float) -> list[Finding]:
             behind = bw[falls_behind(bw.to_numpy(), max_ratio=BANDWIDTH_BEHIND)]
             if len(behind) and len(behind) < len(bw):
                 peers = float(bw.drop(behind.index).median())
-                out.append(Finding("warning", "communication", behind.index.tolist(),
-                                   f"{kind} bus bandwidth on {ranks_text(behind.index.tolist())} is {behind.median():.1f} GB/s, "
-                                   f"{behind.median() / peers:.1f}x the other ranks' {peers:.1f} GB/s: check its network link",
-                                   1.0 - float(behind.median()) / peers, {"kind": kind, "busBandwidthGBs": {str(r): round(float(v), 2) for r, v in bw.items()}}))
+                out.append(
+                    Finding(
+                        "warning",
+                        "communication",
+                        behind.index.tolist(),
+                        f"{kind} bus bandwidth on {ranks_text(behind.index.tolist())} is {behind.median():.1f} GB/s, "
+                        f"{behind.median() / peers:.1f}x the other ranks' {peers:.1f} GB/s: check its network link",
+                        1.0 - float(behind.median()) / peers,
+                        {"kind": kind, "busBandwidthGBs": {str(r): round(float(v), 2) for r, v in bw.items()}},
+                    )
+                )
     return out
 
 
@@ -178,26 +237,54 @@ def launch_overhead(tables: RankTables) -> list[Finding]:
     short_share = r["shortKernels"] / r["launches"]
     many = r[(short_share >= SHORT_KERNEL_SHARE) & (r["shortKernels"] / steps >= SHORT_KERNELS_PER_STEP)]
     if len(many):
-        out.append(Finding("warning", "launch", many["rank"].tolist(),
-                           f"{100 * float(short_share[many.index].median()):.0f}% of kernels are shorter than {many['shortKernelThresholdUs'].median():.0f} us "
-                           f"({float((many['launches'] / steps[many.index]).median()):.0f} launches/step) on {ranks_text(many['rank'].tolist())}: "
-                           "launch overhead dominates; fuse kernels (torch.compile) or use CUDA graphs", float(short_share[many.index].median()) / 4,
-                           {"shortShare": {str(a): round(float(b), 3) for a, b in zip(many["rank"], short_share[many.index])}, "claim": LAUNCH_BOUND}))
+        out.append(
+            Finding(
+                "warning",
+                "launch",
+                many["rank"].tolist(),
+                f"{100 * float(short_share[many.index].median()):.0f}% of kernels are shorter than {many['shortKernelThresholdUs'].median():.0f} us "
+                f"({float((many['launches'] / steps[many.index]).median()):.0f} launches/step) on {ranks_text(many['rank'].tolist())}: "
+                "launch overhead dominates; fuse kernels (torch.compile) or use CUDA graphs",
+                float(short_share[many.index].median()) / 4,
+                {
+                    "shortShare": {str(a): round(float(b), 3) for a, b in zip(many["rank"], short_share[many.index])},
+                    "claim": LAUNCH_BOUND,
+                },
+            )
+        )
     delayed = r[r["launchDelayMedianUs"] >= LAUNCH_DELAY_US]
     if len(delayed):
-        out.append(Finding("info", "launch", delayed["rank"].tolist(),
-                           f"kernels start {delayed['launchDelayMedianUs'].median():.0f} us after their launch (median) on {ranks_text(delayed['rank'].tolist())}: "
-                           "the GPU queue is full; the host is ahead, so launch overhead is not the limit", 0.0, {"claim": HOST_AHEAD}))
+        out.append(
+            Finding(
+                "info",
+                "launch",
+                delayed["rank"].tolist(),
+                f"kernels start {delayed['launchDelayMedianUs'].median():.0f} us after their launch (median) on {ranks_text(delayed['rank'].tolist())}: "
+                "the GPU queue is full; the host is ahead, so launch overhead is not the limit",
+                0.0,
+                {"claim": HOST_AHEAD},
+            )
+        )
     # HTA's idle categories are summed over streams, so they say how the idle time splits, not how much.
     idle_total = (r["hostWaitUs"] + r["kernelWaitUs"] + r["otherIdleUs"]).where(lambda v: v > 0, 1.0)
     host_share = r["hostWaitUs"] / idle_total
     starved = r[(r["idlePct"] >= IDLE_PCT) & (host_share >= HOST_WAIT_SHARE)]
     if len(starved):
         idle, host = float(starved["idlePct"].median()), float(host_share[starved.index].median())
-        out.append(Finding("warning", "launch", starved["rank"].tolist(),
-                           f"the GPU is idle {idle:.0f}% of the time on {ranks_text(starved['rank'].tolist())}, {100 * host:.0f}% of that waiting for the host: "
-                           "the CPU side (data loading, Python, launches, synchronisation) does not keep the GPU fed", idle / 100 * host,
-                           {"idlePct": {str(a): round(float(b), 2) for a, b in zip(starved["rank"], starved["idlePct"])}, "claim": HOST_BOUND}))
+        out.append(
+            Finding(
+                "warning",
+                "launch",
+                starved["rank"].tolist(),
+                f"the GPU is idle {idle:.0f}% of the time on {ranks_text(starved['rank'].tolist())}, {100 * host:.0f}% of that waiting for the host: "
+                "the CPU side (data loading, Python, launches, synchronisation) does not keep the GPU fed",
+                idle / 100 * host,
+                {
+                    "idlePct": {str(a): round(float(b), 2) for a, b in zip(starved["rank"], starved["idlePct"])},
+                    "claim": HOST_BOUND,
+                },
+            )
+        )
     return out
 
 
@@ -213,24 +300,43 @@ def cpu_only(tables: RankTables, median_step_us: float, slow_ranks: set[int]) ->
     if len(per):
         kinds = ", ".join(tables.collectives.groupby("kind")["sumUs"].sum().sort_values(ascending=False).index[:3])
         if per.median() >= CPU_COLLECTIVE_SHARE:
-            out.append(Finding("info", "communication", per.index.tolist(),
-                               f"ranks spend {100 * per.median():.0f}% of each step in {r['backend'].iloc[0] or 'CPU'} collectives ({kinds}) "
-                               f"(least: rank {int(per.idxmin())} {100 * per.min():.0f}%, most: rank {int(per.idxmax())} {100 * per.max():.0f}%): "
-                               "most of it is waiting for the slowest rank", float(per.median()) / 2,
-                               {"collectiveShare": {str(rank): round(float(v), 4) for rank, v in per.items()}}))
+            out.append(
+                Finding(
+                    "info",
+                    "communication",
+                    per.index.tolist(),
+                    f"ranks spend {100 * per.median():.0f}% of each step in {r['backend'].iloc[0] or 'CPU'} collectives ({kinds}) "
+                    f"(least: rank {int(per.idxmin())} {100 * per.min():.0f}%, most: rank {int(per.idxmax())} {100 * per.max():.0f}%): "
+                    "most of it is waiting for the slowest rank",
+                    float(per.median()) / 2,
+                    {"collectiveShare": {str(rank): round(float(v), 4) for rank, v in per.items()}},
+                )
+            )
     f = tables.functions
     f = f[(f["thread"] == MAIN_THREAD) & ~f["name"].str.contains(WAITING)] if not f.empty else f
     if not f.empty and not slow_ranks:
         per_fn = tables.per_step(f, "exclusiveUs").groupby(f["name"]).median().sort_values(ascending=False)
         name, us = str(per_fn.index[0]), float(per_fn.iloc[0])
-        out.append(Finding("info", "python", r["rank"].tolist(),
-                           f"the Python hot spot is {function_text(name)}: {ms(us)}/step ({100 * us / median_step_us:.0f}% of the step, median over ranks)",
-                           0.0, {"functions": [{"name": n, "usPerStep": round(float(v), 1)} for n, v in per_fn.head(10).items()]}))
+        out.append(
+            Finding(
+                "info",
+                "python",
+                r["rank"].tolist(),
+                f"the Python hot spot is {function_text(name)}: {ms(us)}/step ({100 * us / median_step_us:.0f}% of the step, median over ranks)",
+                0.0,
+                {"functions": [{"name": n, "usPerStep": round(float(v), 1)} for n, v in per_fn.head(10).items()]},
+            )
+        )
     return out
 
 
-def all_checks(tables: RankTables, kernels: pd.DataFrame, slow_ranks: set[int], judged: bool = False,
-               sampled: frozenset[int] = frozenset()) -> list[Finding]:
+def all_checks(
+    tables: RankTables,
+    kernels: pd.DataFrame,
+    slow_ranks: set[int],
+    judged: bool = False,
+    sampled: frozenset[int] = frozenset(),
+) -> list[Finding]:
     median_step_us = _median_step_us(tables)
     return [
         *one_percent_rule(tables.memory, "kind", "memory", "memory operations"),

@@ -1,5 +1,6 @@
 """Ops that dominate the GPU's compute time yet run far below the device's roofline
 (statistics/efficiency.py): a GEMM at 10 % of peak costs more than any straggler on most jobs."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,15 +26,19 @@ def efficiency_findings(tables: RankTables, limit: int = 3) -> list[Finding]:
     if e.empty:
         return []
     e = e[e["kind"] == "op"]
-    e = e.assign(compute=e["rank"].map(compute).fillna(0.0).to_numpy(),
-                 model=e["rank"].map(tables.ranks.set_index("rank")["device"]).fillna("").to_numpy())
+    e = e.assign(
+        compute=e["rank"].map(compute).fillna(0.0).to_numpy(),
+        model=e["rank"].map(tables.ranks.set_index("rank")["device"]).fillna("").to_numpy(),
+    )
     e = e[(e["compute"] > 0) & (e["model"] != "") & e["pctOfPeak"].notna()]
     e = e.assign(share=e["gpuUs"] / e["compute"].where(e["compute"] > 0, 1.0))
     e = e[(e["share"] >= DOMINANT_SHARE) & (e["pctOfPeak"] < FAR_BELOW_PCT)]
     models = dict(zip(e["rank"].astype(int), e["model"]))
     found: dict[tuple[str, str, str], list[tuple[int, float, float, str]]] = {}  # rank, share, % of peak, kernel
     for key, rows in e.groupby(["name", "shapes", "dtype"], sort=False):
-        found[key] = list(zip(rows["rank"].astype(int), rows["share"].astype(float), rows["pctOfPeak"].astype(float), rows["related"]))
+        found[key] = list(
+            zip(rows["rank"].astype(int), rows["share"].astype(float), rows["pctOfPeak"].astype(float), rows["related"])
+        )
     if not found:
         return []
     # The ops of most time at stake first: their share of compute time, less what they achieve.
@@ -44,12 +49,32 @@ def efficiency_findings(tables: RankTables, limit: int = 3) -> list[Finding]:
         pct = float(np.median([p for _, _, p, _ in rows]))
         stake += share
         parts.append(f"{name} {shapes} {dtype.removeprefix('c10::')} at {pct:.0f}% ({100 * share:.0f}% of compute)")
-        ops.append({"op": name, "shapes": shapes, "dtype": dtype, "pctOfPeak": round(pct, 2), "computeShare": round(share, 4),
-                    "kernel": rows[0][3], "ranks": sorted({r for r, _, _, _ in rows})})
+        ops.append(
+            {
+                "op": name,
+                "shapes": shapes,
+                "dtype": dtype,
+                "pctOfPeak": round(pct, 2),
+                "computeShare": round(share, 4),
+                "kernel": rows[0][3],
+                "ranks": sorted({r for r, _, _, _ in rows}),
+            }
+        )
     ranks = sorted({r for rows in found.values() for r, _, _, _ in rows})
     model = ", ".join(sorted({models[r] for r in ranks}))
-    message = (f"ops far below the {model}'s roofline on {ranks_text(ranks)}: " + "; ".join(parts) +
-               " (check dtype, shapes too small or unaligned, unfused elementwise ops)")
+    message = (
+        f"ops far below the {model}'s roofline on {ranks_text(ranks)}: "
+        + "; ".join(parts)
+        + " (check dtype, shapes too small or unaligned, unfused elementwise ops)"
+    )
     severity = "warning" if stake >= WARNING_SHARE else "info"
-    return [Finding(severity, "kernel", ranks, message, stake * (1 - FAR_BELOW_PCT / 100) if severity == "warning" else 0.0,
-                    {"ops": ops, "device": model})]
+    return [
+        Finding(
+            severity,
+            "kernel",
+            ranks,
+            message,
+            stake * (1 - FAR_BELOW_PCT / 100) if severity == "warning" else 0.0,
+            {"ops": ops, "device": model},
+        )
+    ]

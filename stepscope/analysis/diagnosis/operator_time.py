@@ -3,6 +3,7 @@ its peers' is slowed either by its device or host (the same shapes take longer) 
 (larger shapes: uneven shards or batches). Both are causes in their own right, from each step's
 operator time (OperatorStat.stepsUs, the operators' own time on the training thread).
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,10 @@ class OperatorCause:
         times = f"{self.ratio:.1f}x its peers'" if self.peersUsPerStep > 0 else "where its peers take none"
         head = f"its operators compute {ms(self.excessUsPerStep)}/step more than its peers' ({ms(self.usPerStep)} vs {ms(self.peersUsPerStep)}, {times})"
         if not self.shapesKnown:
-            return (f"{head}, most in {self.operator}; their input shapes were not recorded (capture.recordShapes), so a slow device "
-                    "or host cannot be told from larger inputs")
+            return (
+                f"{head}, most in {self.operator}; their input shapes were not recorded (capture.recordShapes), so a slow device "
+                "or host cannot be told from larger inputs"
+            )
         if self.sameShapes:
             return f"{head} with the same shapes, most in {self.operator} {self.shapes}: a slow device or host"
         if not self.larger:
@@ -63,7 +66,11 @@ def _elements(shapes: str) -> int:
         dims = json.loads(shapes) if shapes else []
     except ValueError:
         return 0
-    tensors = [d for d in dims if isinstance(d, list) and d and all(isinstance(n, int) for n in d)] if isinstance(dims, list) else []
+    tensors = (
+        [d for d in dims if isinstance(d, list) and d and all(isinstance(n, int) for n in d)]
+        if isinstance(dims, list)
+        else []
+    )
     return sum(math.prod(d) for d in tensors)
 
 
@@ -115,6 +122,15 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
     # slower: the operators tell nothing of it (a peer with the larger inputs may be the one).
     if (known and not same and inputs < 0) or (not larger and ratio < OPERATOR_RATIO):
         return None
-    return OperatorCause(excessUsPerStep=typical, usPerStep=float(np.median(mine)), peersUsPerStep=float(np.median(peers)),
-                         stepsUs=tuple(float(e) for e in excess), sameShapes=same, shapesKnown=known, operator=operator,
-                         shapes=shapes, peersShapes=peers_shapes, larger=larger)
+    return OperatorCause(
+        excessUsPerStep=typical,
+        usPerStep=float(np.median(mine)),
+        peersUsPerStep=float(np.median(peers)),
+        stepsUs=tuple(float(e) for e in excess),
+        sameShapes=same,
+        shapesKnown=known,
+        operator=operator,
+        shapes=shapes,
+        peersShapes=peers_shapes,
+        larger=larger,
+    )

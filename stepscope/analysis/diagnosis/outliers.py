@@ -3,6 +3,7 @@
 A mean and standard deviation are dragged by the very straggler they should find; the median and
 the median absolute deviation are not, as long as fewer than half of the ranks are slow.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,7 +35,9 @@ def peer_median(values: np.ndarray) -> np.ndarray:
     return 0.5 * (remaining(m // 2 - 1) + remaining(m // 2))
 
 
-def stands_out(values: np.ndarray, *, min_ratio: float, min_excess: float | np.ndarray = 0.0, floor_fraction: float = 0.01) -> np.ndarray:
+def stands_out(
+    values: np.ndarray, *, min_ratio: float, min_excess: float | np.ndarray = 0.0, floor_fraction: float = 0.01
+) -> np.ndarray:
     """Mask of entries far above their peers (along axis 0): at least `min_ratio` times and
     `min_excess` above the peers' median and, with four or more ranks, a robust z above the
     threshold too (a ratio alone cannot tell a straggler from a wide healthy spread)."""
@@ -60,9 +63,13 @@ def stands_out_in_groups(values: np.ndarray, groups: np.ndarray, *, min_ratio: f
     out = np.zeros(len(values), dtype=bool)
     groups = np.asarray(groups)
     # A stable sort of 16-bit numbers is a radix sort: millions of entries at memory speed.
-    order = np.argsort(groups.astype(np.int16) if len(groups) and groups.max() < 2 ** 15 else groups, kind="stable")
+    order = np.argsort(groups.astype(np.int16) if len(groups) and groups.max() < 2**15 else groups, kind="stable")
     ordered = groups[order]
-    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1]))) if len(ordered) else np.zeros(0, dtype=np.int64)
+    starts = (
+        np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+        if len(ordered)
+        else np.zeros(0, dtype=np.int64)
+    )
     sizes = np.diff(np.append(starts, len(ordered)))
     for size in np.unique(sizes):
         entries = order[starts[sizes == size][None, :] + np.arange(size)[:, None]]  # size x groups

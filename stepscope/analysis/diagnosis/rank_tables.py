@@ -1,5 +1,6 @@
 """Rank summaries turned into columnar tables (one row per rank and item), the form every
 cross-rank check and report table works on."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -28,7 +29,9 @@ def _items_frame(table: pa.Table, attr: str, skip: tuple[str, ...] = ()) -> pd.D
     flattened at once, in rank order and each rank's own order."""
     column = table.column(attr)
     flat = pc.list_flatten(column)
-    items = pa.Table.from_batches([pa.RecordBatch.from_struct_array(c) for c in flat.chunks], schema=pa.schema(list(flat.type)))
+    items = pa.Table.from_batches(
+        [pa.RecordBatch.from_struct_array(c) for c in flat.chunks], schema=pa.schema(list(flat.type))
+    )
     items = items.drop_columns([f for f in skip if f in items.column_names])
     rank = pc.take(table.column("rank"), pc.list_parent_indices(column))
     # A block per column: no copy of millions of rows into one 2-D block per dtype; lists (each
@@ -64,30 +67,32 @@ def _ranks_frame(table: pa.Table, steps: pd.DataFrame) -> pd.DataFrame:
     step_us = kept.groupby("rank")["durationUs"].median().reindex(ranks)
     counts = steps.groupby("rank").size().reindex(ranks, fill_value=0)
     overlap = table.column("overlapPct")
-    return pd.DataFrame({
-        "rank": ranks.astype(np.int64),
-        "pod": table.column("pod").to_pandas(),
-        "node": table.column("node").to_pandas(),
-        "hasGpu": table.column("hasGpu").to_numpy(),
-        "backend": table.column("backend").to_pandas(),
-        "capturedUs": table.column("capturedUs").to_numpy(),
-        # All captured steps: per-step figures divide each rank's totals by them.
-        "steps": counts.to_numpy(dtype=np.int64),
-        "stepUs": step_us.to_numpy(dtype=float),
-        "overlapPct": pc.fill_null(overlap, np.nan).to_numpy(),
-        "gpuUtilizationPct": table.column("gpuUtilizationPct").to_numpy(),
-        "launches": _struct_column(table, "launch", "launches", 0),
-        "shortKernels": _struct_column(table, "launch", "shortKernels", 0),
-        "shortKernelThresholdUs": _struct_column(table, "launch", "shortKernelThresholdUs", 0.0),
-        "launchDelayMedianUs": _struct_column(table, "launch", "launchDelayMedianUs", 0.0),
-        "hostWaitUs": _struct_column(table, "idle", "hostWaitUs", 0.0),
-        "kernelWaitUs": _struct_column(table, "idle", "kernelWaitUs", 0.0),
-        "idleUs": _struct_column(table, "temporal", "idleUs", 0.0),
-        "idlePct": _struct_column(table, "temporal", "idlePct", 0.0),
-        "otherIdleUs": _struct_column(table, "idle", "otherUs", 0.0),
-        "device": pc.struct_field(table.column("device"), "model").to_pandas().fillna(""),
-        "traceBaseUs": table.column("traceBaseUs").to_numpy(),
-    })
+    return pd.DataFrame(
+        {
+            "rank": ranks.astype(np.int64),
+            "pod": table.column("pod").to_pandas(),
+            "node": table.column("node").to_pandas(),
+            "hasGpu": table.column("hasGpu").to_numpy(),
+            "backend": table.column("backend").to_pandas(),
+            "capturedUs": table.column("capturedUs").to_numpy(),
+            # All captured steps: per-step figures divide each rank's totals by them.
+            "steps": counts.to_numpy(dtype=np.int64),
+            "stepUs": step_us.to_numpy(dtype=float),
+            "overlapPct": pc.fill_null(overlap, np.nan).to_numpy(),
+            "gpuUtilizationPct": table.column("gpuUtilizationPct").to_numpy(),
+            "launches": _struct_column(table, "launch", "launches", 0),
+            "shortKernels": _struct_column(table, "launch", "shortKernels", 0),
+            "shortKernelThresholdUs": _struct_column(table, "launch", "shortKernelThresholdUs", 0.0),
+            "launchDelayMedianUs": _struct_column(table, "launch", "launchDelayMedianUs", 0.0),
+            "hostWaitUs": _struct_column(table, "idle", "hostWaitUs", 0.0),
+            "kernelWaitUs": _struct_column(table, "idle", "kernelWaitUs", 0.0),
+            "idleUs": _struct_column(table, "temporal", "idleUs", 0.0),
+            "idlePct": _struct_column(table, "temporal", "idlePct", 0.0),
+            "otherIdleUs": _struct_column(table, "idle", "otherUs", 0.0),
+            "device": pc.struct_field(table.column("device"), "model").to_pandas().fillna(""),
+            "traceBaseUs": table.column("traceBaseUs").to_numpy(),
+        }
+    )
 
 
 def _durations(table: pa.Table) -> pd.DataFrame:
@@ -98,15 +103,23 @@ def _durations(table: pa.Table) -> pd.DataFrame:
     lists = pc.struct_field(per_kind, "durationsUs")
     kind = pc.take(pc.struct_field(per_kind, "kind"), pc.list_parent_indices(lists))
     owner = pc.take(pc.list_parent_indices(calls), pc.list_parent_indices(lists))
-    frame = pd.DataFrame({"rank": pc.take(table.column("rank"), owner).to_numpy(), "kind": kind.to_pandas(),
-                          "durationUs": pc.list_flatten(lists).to_numpy()})
+    frame = pd.DataFrame(
+        {
+            "rank": pc.take(table.column("rank"), owner).to_numpy(),
+            "kind": kind.to_pandas(),
+            "durationUs": pc.list_flatten(lists).to_numpy(),
+        }
+    )
     frame["position"] = frame.groupby(["rank", "kind"]).cumcount()
     return frame
 
 
 def _efficiency(table: pa.Table) -> pd.DataFrame:
     """The ops' and kernels' efficiency rows of every rank (OpEfficiency), `kind` op or kernel."""
-    frames = [_items_frame(table, column).assign(kind=kind) for column, kind in (("opEfficiency", "op"), ("kernelEfficiency", "kernel"))]
+    frames = [
+        _items_frame(table, column).assign(kind=kind)
+        for column, kind in (("opEfficiency", "op"), ("kernelEfficiency", "kernel"))
+    ]
     return pd.concat(frames, ignore_index=True)
 
 
@@ -116,23 +129,35 @@ def _critical_path(table: pa.Table) -> pd.DataFrame:
     path = table.column("criticalPath")
     rank, total = table.column("rank"), pc.struct_field(path, "totalUs")
     by_bound = pc.struct_field(path, "byBound")
-    by_bound = by_bound.cast(pa.list_(pa.struct([by_bound.type.key_field, by_bound.type.item_field])))  # a map is no list to Arrow's kernels
+    by_bound = by_bound.cast(
+        pa.list_(pa.struct([by_bound.type.key_field, by_bound.type.item_field]))
+    )  # a map is no list to Arrow's kernels
     frames = []
-    for items, bound, name, us in ((by_bound, "key", None, "value"), (pc.struct_field(path, "top"), "boundBy", "name", "us")):
+    for items, bound, name, us in (
+        (by_bound, "key", None, "value"),
+        (pc.struct_field(path, "top"), "boundBy", "name", "us"),
+    ):
         flat, owner = pc.list_flatten(items), pc.list_parent_indices(items)
-        frames.append(pd.DataFrame({
-            "rank": pc.take(rank, owner).to_numpy(),
-            "boundBy": pc.struct_field(flat, bound).to_numpy(zero_copy_only=False),
-            "name": pc.struct_field(flat, name).to_numpy(zero_copy_only=False) if name else np.full(len(flat), "", dtype=object),
-            "us": pc.struct_field(flat, us).to_numpy(),
-            "pathUs": pc.take(total, owner).to_numpy(),
-        }))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "rank": pc.take(rank, owner).to_numpy(),
+                    "boundBy": pc.struct_field(flat, bound).to_numpy(zero_copy_only=False),
+                    "name": pc.struct_field(flat, name).to_numpy(zero_copy_only=False)
+                    if name
+                    else np.full(len(flat), "", dtype=object),
+                    "us": pc.struct_field(flat, us).to_numpy(),
+                    "pathUs": pc.take(total, owner).to_numpy(),
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True)
 
 
 @dataclass(frozen=True)
 class RankTables:
     """All summaries of a session as tables; `ranks` has one row per summarised rank."""
+
     ranks: pd.DataFrame
     steps: pd.DataFrame
     kernels: pd.DataFrame
@@ -173,12 +198,19 @@ class RankTables:
         steps are left out."""
         numbers = self.steps.groupby("rank")["step"].apply(list)
         ranks = sorted(int(r) for r in self.ranks["rank"])
-        per = pd.DataFrame({"rank": items["rank"].to_numpy(), "step": [numbers.get(r, []) for r in items["rank"]],
-                            "us": items["stepsUs"].to_numpy()})
+        per = pd.DataFrame(
+            {
+                "rank": items["rank"].to_numpy(),
+                "step": [numbers.get(r, []) for r in items["rank"]],
+                "us": items["stepsUs"].to_numpy(),
+            }
+        )
         per = per[per["step"].map(len) == per["us"].map(len)].explode(["step", "us"]).dropna()
         if per.empty:
             return pd.DataFrame(0.0, index=steps, columns=ranks)
-        table = per.astype({"step": np.int64, "us": float}).pivot_table(index="step", columns="rank", values="us", aggfunc="sum")
+        table = per.astype({"step": np.int64, "us": float}).pivot_table(
+            index="step", columns="rank", values="us", aggfunc="sum"
+        )
         return table.reindex(index=steps, columns=ranks).fillna(0.0)
 
     def collective_share(self) -> pd.Series:

@@ -13,6 +13,7 @@
   evidence of a short capture; it is weighed (`confidence`) by how many steps agree, how large the
   gap is against the step, and how much of it a cause on that rank (causes.py) accounts for.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ DOUBT = 0.4
 @dataclass
 class SlowEvidence:
     """What marks one rank as slow; every figure is optional, each check fills its own."""
+
     rank: int
     stepRatio: float | None = None
     kernelRatio: float | None = None
@@ -141,10 +143,13 @@ def kernel_outliers(tables: RankTables) -> dict[int, tuple[float, list[dict]]]:
     out: dict[int, tuple[float, list[dict]]] = {}
     for rank, ratio in per_rank[mask].items():
         mine = k[(k["rank"] == rank) & (k["ratio"] >= KERNEL_SLOWER)].nlargest(5, "excessUsPerStep")
-        out[int(rank)] = (float(ratio), [
-            {"name": n, "type": t, "ratio": round(float(r), 3), "excessUsPerStep": round(float(e), 1)}
-            for n, t, r, e in zip(mine["name"], mine["type"], mine["ratio"], mine["excessUsPerStep"])
-        ])
+        out[int(rank)] = (
+            float(ratio),
+            [
+                {"name": n, "type": t, "ratio": round(float(r), 3), "excessUsPerStep": round(float(e), 1)}
+                for n, t, r, e in zip(mine["name"], mine["type"], mine["ratio"], mine["excessUsPerStep"])
+            ],
+        )
     return out
 
 
@@ -176,7 +181,9 @@ def collective_votes(durations: pd.DataFrame) -> Votes:
         # The first n calls of each rank, as a matrix of ranks (rows) by calls in issue order.
         kept = calls[calls["position"] < n]
         matrix = np.empty((len(ranks), n), dtype=float)
-        matrix[np.searchsorted(ranks, kept["rank"].to_numpy()), kept["position"].to_numpy()] = kept["durationUs"].to_numpy(dtype=float)
+        matrix[np.searchsorted(ranks, kept["rank"].to_numpy()), kept["position"].to_numpy()] = kept[
+            "durationUs"
+        ].to_numpy(dtype=float)
         lowest = matrix.min(axis=0)
         clear = ((matrix == lowest).sum(axis=0) == 1) & (matrix.max(axis=0) > lowest)
         if not clear.any():
@@ -205,13 +212,17 @@ def vote_stragglers(votes: Votes, ranks: int, steps: int) -> dict[int, tuple[flo
         return {}
     need = vote_share_threshold(ranks, votes.rounds)
     total_wait = sum(votes.waitUs.values()) or 1.0
-    return {r: (v / votes.rounds, votes.waitUs.get(r, 0.0) / max(steps, 1)) for r, v in votes.votes.items()
-            if v / votes.rounds >= need or votes.waitUs.get(r, 0.0) / total_wait >= WAIT_SHARE}
+    return {
+        r: (v / votes.rounds, votes.waitUs.get(r, 0.0) / max(steps, 1))
+        for r, v in votes.votes.items()
+        if v / votes.rounds >= need or votes.waitUs.get(r, 0.0) / total_wait >= WAIT_SHARE
+    }
 
 
 @dataclass
 class WaitVerdict:
     """Who the others wait for, from each step's time in collectives (CPU traces)."""
+
     rank: int | None  # the rank they wait for; None when none stands out
     gapUsPerStep: float  # the others' median wait per step minus its own
     stepUs: float  # median step over the steps every rank captured
@@ -255,8 +266,14 @@ def wait_verdict(tables: RankTables) -> WaitVerdict | None:
     if s.empty or "collectiveUs" not in s or len(tables.ranks) < 2 or s["collectiveUs"].isna().all():
         return None
     ranks = np.asarray(sorted(tables.ranks["rank"]), dtype=np.int64)
-    waits = s.pivot_table(index="step", columns="rank", values="collectiveUs", aggfunc="sum").reindex(columns=ranks).dropna()
-    durations = s.pivot_table(index="step", columns="rank", values="durationUs", aggfunc="sum").reindex(index=waits.index, columns=ranks)
+    waits = (
+        s.pivot_table(index="step", columns="rank", values="collectiveUs", aggfunc="sum")
+        .reindex(columns=ranks)
+        .dropna()
+    )
+    durations = s.pivot_table(index="step", columns="rank", values="durationUs", aggfunc="sum").reindex(
+        index=waits.index, columns=ranks
+    )
     # Ranks that never meet in a collective do not wait for each other: no lockstep to judge.
     if waits.empty or float(waits.to_numpy().max()) <= 0:
         return None
@@ -265,8 +282,16 @@ def wait_verdict(tables: RankTables) -> WaitVerdict | None:
     mean = waits.mean(axis=0).to_numpy(dtype=float)
     low, gap, _ = _late_rank(mean)
     agreeing = sum(1 for r, g, alone in per_step if r == low and alone and g >= MIN_GAP_SHARE * step_us)
-    verdict = WaitVerdict(rank=int(ranks[low]), gapUsPerStep=gap, stepUs=step_us, steps=len(waits), agreeing=agreeing,
-                          waitUs={int(r): float(w) for r, w in zip(ranks, mean)}, commonSteps=waits.index, perStepUs=waits)
+    verdict = WaitVerdict(
+        rank=int(ranks[low]),
+        gapUsPerStep=gap,
+        stepUs=step_us,
+        steps=len(waits),
+        agreeing=agreeing,
+        waitUs={int(r): float(w) for r, w in zip(ranks, mean)},
+        commonSteps=waits.index,
+        perStepUs=waits,
+    )
     if gap < MIN_GAP_SHARE * step_us:
         verdict.rank = None
     return verdict

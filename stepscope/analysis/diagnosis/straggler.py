@@ -11,6 +11,7 @@ They are weighed into a confidence (0..1). The rank is named when the evidence a
 confidence reaches slow_workers.CONFIDENT; when the evidence is there but does not agree or is too
 thin, the diagnosis says it cannot tell and what to capture instead; no evidence, no slow rank.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +21,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.diagnosis.causes import BACKWARD, OWN_SHARE, Cause, find_cause, frame_per_step, frames, thread_cause, thread_per_step
+from stepscope.analysis.diagnosis.causes import (
+    BACKWARD,
+    OWN_SHARE,
+    Cause,
+    find_cause,
+    frame_per_step,
+    frames,
+    thread_cause,
+    thread_per_step,
+)
 from stepscope.analysis.diagnosis.operator_time import OPERATOR_RATIO, OperatorCause, operator_cause
 from stepscope.analysis.diagnosis.patterns import QUIET, intermittent
 from stepscope.analysis.diagnosis.rank_tables import RankTables
@@ -67,7 +77,9 @@ class Straggler:
     others: list[Straggler] = field(default_factory=list)
 
 
-def _steady(tables: RankTables, exploded: pd.DataFrame, rank: int, cause: Cause, steps: pd.Index, step_us: float) -> int | None:
+def _steady(
+    tables: RankTables, exploded: pd.DataFrame, rank: int, cause: Cause, steps: pd.Index, step_us: float
+) -> int | None:
     """Steps (of `steps`) in which `cause` puts `rank` above its peers; None without per-step times."""
     table = frame_per_step(tables, exploded, cause.frame, steps)
     if table is None:
@@ -98,11 +110,22 @@ def _user_frame(cause: Cause) -> bool:
 
 
 def _operators(ops: OperatorCause) -> Cause:
-    return Cause(frame=ops.operator, inner="", phase="operators", excessUsPerStep=ops.excessUsPerStep, usPerStep=ops.usPerStep,
-                 peersUsPerStep=ops.peersUsPerStep, callsPerStep=0.0, kind="operators", detail=ops.text())
+    return Cause(
+        frame=ops.operator,
+        inner="",
+        phase="operators",
+        excessUsPerStep=ops.excessUsPerStep,
+        usPerStep=ops.usPerStep,
+        peersUsPerStep=ops.peersUsPerStep,
+        callsPerStep=0.0,
+        kind="operators",
+        detail=ops.text(),
+    )
 
 
-def _best_cause(tables: RankTables, exploded: pd.DataFrame, rank: int, steps: pd.Index, sampled: frozenset[int]) -> Cause | None:
+def _best_cause(
+    tables: RankTables, exploded: pd.DataFrame, rank: int, steps: pd.Index, sampled: frozenset[int]
+) -> Cause | None:
     """The rank's cause of the three kinds: a function on its training thread, its operators (longer
     than its peers', with the same or larger shapes), or a background thread running Python. A
     function of the program's own that runs operators its peers do not run stays the cause; torch's
@@ -112,10 +135,20 @@ def _best_cause(tables: RankTables, exploded: pd.DataFrame, rank: int, steps: pd
     the training thread gives way to a background thread that holds the GIL longer than it takes."""
     cause = find_cause(tables, rank, exploded, sampled)
     ops = operator_cause(tables, rank, steps)
-    same = ops is not None and ops.sameShapes and ops.shapesKnown and cause is not None and ops.excessUsPerStep >= 0.5 * cause.excessUsPerStep
+    same = (
+        ops is not None
+        and ops.sameShapes
+        and ops.shapesKnown
+        and cause is not None
+        and ops.excessUsPerStep >= 0.5 * cause.excessUsPerStep
+    )
     # Larger inputs also stretch the program's own per-sample functions (its Dataset's __getitem__),
     # by less than they stretch the operators.
-    if ops is not None and (cause is None or same or ((not _user_frame(cause) or ops.larger) and ops.excessUsPerStep >= cause.excessUsPerStep)):
+    if ops is not None and (
+        cause is None
+        or same
+        or ((not _user_frame(cause) or ops.larger) and ops.excessUsPerStep >= cause.excessUsPerStep)
+    ):
         cause = _operators(ops)
     thread = thread_cause(tables, rank)
     if thread is not None and (cause is None or thread.excessUsPerStep >= cause.excessUsPerStep):
@@ -154,10 +187,17 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cau
     peers = v.perStepUs.drop(columns=[v.rank])
     waited = int(np.sum(peers.median(axis=1).to_numpy(dtype=float) > v.perStepUs[v.rank].to_numpy(dtype=float)))
     ops = operator_cause(tables, v.rank, steps)
-    if (2 * waited < v.steps or ops is None or not (ops.sameShapes and ops.shapesKnown) or ops.ratio < OPERATOR_RATIO
-            or 2 * _steady_operators(tables, v.rank, steps) < len(steps)):
+    if (
+        2 * waited < v.steps
+        or ops is None
+        or not (ops.sameShapes and ops.shapesKnown)
+        or ops.ratio < OPERATOR_RATIO
+        or 2 * _steady_operators(tables, v.rank, steps) < len(steps)
+    ):
         return None
-    durations = tables.steps.pivot_table(index="step", columns="rank", values="durationUs", aggfunc="sum").reindex(index=steps, columns=peers.columns)
+    durations = tables.steps.pivot_table(index="step", columns="rank", values="durationUs", aggfunc="sum").reindex(
+        index=steps, columns=peers.columns
+    )
     own_us = float(np.median((durations - peers).median(axis=1)))
     if own_us <= 0 or ops.excessUsPerStep < ops.peersUsPerStep / own_us * v.gapUsPerStep:
         return None
@@ -174,8 +214,9 @@ def _steady_operators(tables: RankTables, rank: int, steps: pd.Index) -> int:
     return int(np.sum(excess > 0))
 
 
-def _steady_or_pattern(tables: RankTables, exploded: pd.DataFrame, rank: int, cause: Cause, steps: pd.Index,
-                       step_us: float) -> tuple[int | None, Cause]:
+def _steady_or_pattern(
+    tables: RankTables, exploded: pd.DataFrame, rank: int, cause: Cause, steps: pd.Index, step_us: float
+) -> tuple[int | None, Cause]:
     """Steps that show a function cause, and the cause with its pattern where it shows in some
     steps only but in a pattern (every Nth step): such a cause holds in every step, as its pattern
     says, and is told with the time of the steps it hits against the others'."""
@@ -193,15 +234,24 @@ def _steady_or_pattern(tables: RankTables, exploded: pd.DataFrame, rank: int, ca
     found = intermittent(excess, steps.to_numpy(), MIN_GAP_SHARE * step_us)
     if found is None:
         return steady, cause
-    durations = tables.steps.pivot_table(index="step", columns="rank", values="durationUs", aggfunc="sum").reindex(steps).median(axis=1)
+    durations = (
+        tables.steps.pivot_table(index="step", columns="rank", values="durationUs", aggfunc="sum")
+        .reindex(steps)
+        .median(axis=1)
+    )
     hit, rest = float(durations[found.hits].mean()), float(durations[~found.hits].mean())
-    detail = (f"{found.text()} it spends {ms(float(excess[found.hits].mean()))} more than its peers in {cause.text()} "
-              f"({ms(cause.excessUsPerStep)}/step on average); those steps take {ms(hit)}, the others {ms(rest)}")
-    return (len(steps) if found.period is not None else int(found.hits.sum())), dataclasses.replace(cause, pattern=found.text(), detail=detail)
+    detail = (
+        f"{found.text()} it spends {ms(float(excess[found.hits].mean()))} more than its peers in {cause.text()} "
+        f"({ms(cause.excessUsPerStep)}/step on average); those steps take {ms(hit)}, the others {ms(rest)}"
+    )
+    return (len(steps) if found.period is not None else int(found.hits.sum())), dataclasses.replace(
+        cause, pattern=found.text(), detail=detail
+    )
 
 
-def _candidates(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, steps: pd.Index,
-                sampled: frozenset[int] = frozenset()) -> list[tuple[int, Cause, int, bool]]:
+def _candidates(
+    tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, steps: pd.Index, sampled: frozenset[int] = frozenset()
+) -> list[tuple[int, Cause, int, bool]]:
     """Ranks with a cause worth a slow worker that holds in every step (or in its pattern): (rank,
     cause, steady steps, contested). Contested: the rank waits more than its peers, which says it
     is not the one they wait for - unless a few noisy collectives (a rank descheduled in one of
@@ -240,7 +290,9 @@ def confidence(share: float, steady: int, steps: int, explained: float, agrees: 
     return round(base * (0.5 + 0.5 * min(1.0, steady / enough)), 2)
 
 
-def _others(tables: RankTables, v: WaitVerdict, candidates: list[tuple[int, Cause, int, bool]], comparable: bool) -> list[Straggler]:
+def _others(
+    tables: RankTables, v: WaitVerdict, candidates: list[tuple[int, Cause, int, bool]], comparable: bool
+) -> list[Straggler]:
     """Candidates beyond the first that hold the others back too: each with its own cause in every
     step, and (where the ranks' collectives can be compared) the ranks without a cause waiting for
     it, within their noise, at least half of what its cause costs. A rank the first one holds back
@@ -260,8 +312,20 @@ def _others(tables: RankTables, v: WaitVerdict, candidates: list[tuple[int, Caus
                 continue
         conf = confidence(cause.excessUsPerStep / v.stepUs if v.stepUs else 0.0, steady, v.steps, 1.0, True)
         if conf >= CONFIDENT:
-            out.append(Straggler(rank=rank, named=True, cause=cause, confidence=conf, gapUsPerStep=0.0, costUsPerStep=cause.excessUsPerStep,
-                                 stepUs=v.stepUs, steps=v.steps, steadySteps=steady, waitNames=v.rank))
+            out.append(
+                Straggler(
+                    rank=rank,
+                    named=True,
+                    cause=cause,
+                    confidence=conf,
+                    gapUsPerStep=0.0,
+                    costUsPerStep=cause.excessUsPerStep,
+                    stepUs=v.stepUs,
+                    steps=v.steps,
+                    steadySteps=steady,
+                    waitNames=v.rank,
+                )
+            )
     return out
 
 
@@ -289,8 +353,18 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
     comparable = not sampled or set(v.waitUs) <= set(sampled) or not set(v.waitUs) & set(sampled)
     candidates = _candidates(tables, exploded, v, steps, sampled)
     if not candidates and v.rank is None:
-        return Straggler(rank=None, named=False, cause=None, confidence=0.0, gapUsPerStep=0.0, costUsPerStep=0.0, stepUs=v.stepUs,
-                         steps=v.steps, steadySteps=0, waitNames=None)
+        return Straggler(
+            rank=None,
+            named=False,
+            cause=None,
+            confidence=0.0,
+            gapUsPerStep=0.0,
+            costUsPerStep=0.0,
+            stepUs=v.stepUs,
+            steps=v.steps,
+            steadySteps=0,
+            waitNames=None,
+        )
     waiting = confidence(v.share, v.agreeing, v.steps, 0.0, True) if v.rank is not None else 0.0
     if candidates and (not candidates[0][3] or waiting < CONFIDENT):
         rank, cause, steady, contested = candidates[0]
@@ -298,9 +372,13 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         # A second rank with a cause as large, and no slow worker of its own, leaves it open which
         # one the others wait for.
         # (Extra time in backward beside a cause elsewhere is DDP's wait there for that rank.)
-        rival = (len(candidates) > 1 and candidates[1][1].excessUsPerStep >= 0.5 * cause.excessUsPerStep and v.rank != rank
-                 and candidates[1][0] not in {o.rank for o in others}
-                 and (candidates[1][1].phase != "backward" or cause.phase == "backward"))
+        rival = (
+            len(candidates) > 1
+            and candidates[1][1].excessUsPerStep >= 0.5 * cause.excessUsPerStep
+            and v.rank != rank
+            and candidates[1][0] not in {o.rank for o in others}
+            and (candidates[1][1].phase != "backward" or cause.phase == "backward")
+        )
         gap = float(np.median([w for r, w in v.waitUs.items() if r != rank]) - v.waitUs[rank])
         cost = max(gap, cause.excessUsPerStep)
         # The collectives agree when they name this rank (its peers wait for it in every step, if
@@ -319,16 +397,36 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         # A thread of its own in every step needs no more from the collectives than that its peers
         # wait for it at all.
         own_thread = mean > 0 and not elsewhere and _thread_in_every_step(tables, rank, cause, steps)
-        agrees = not rival and not contested and (v.rank == rank or (not elsewhere and waited_for) or own_thread or not comparable)
-        conf = confidence(cost / v.stepUs if v.stepUs else 0.0, steady, v.steps, min(1.0, cause.excessUsPerStep / cost) if cost else 0.0, agrees)
+        agrees = (
+            not rival
+            and not contested
+            and (v.rank == rank or (not elsewhere and waited_for) or own_thread or not comparable)
+        )
+        conf = confidence(
+            cost / v.stepUs if v.stepUs else 0.0,
+            steady,
+            v.steps,
+            min(1.0, cause.excessUsPerStep / cost) if cost else 0.0,
+            agrees,
+        )
         # A cause that holds in every step is never "no problem": at worst the diagnosis cannot tell.
         conf = max(conf, DOUBT)
         if contested:
             conf = min(conf, round(CONFIDENT - 0.01, 2))
         named = conf >= CONFIDENT and agrees
-        return Straggler(rank=rank, named=named, cause=cause, confidence=conf, gapUsPerStep=max(gap, 0.0),
-                         costUsPerStep=cost, stepUs=v.stepUs, steps=v.steps, steadySteps=steady, waitNames=v.rank,
-                         others=[o for o in others if o.costUsPerStep <= cost] if named else [])
+        return Straggler(
+            rank=rank,
+            named=named,
+            cause=cause,
+            confidence=conf,
+            gapUsPerStep=max(gap, 0.0),
+            costUsPerStep=cost,
+            stepUs=v.stepUs,
+            steps=v.steps,
+            steadySteps=steady,
+            waitNames=v.rank,
+            others=[o for o in others if o.costUsPerStep <= cost] if named else [],
+        )
     # Waiting alone: no steady frame of that rank explains it (operators the profiler does not
     # attribute to Python, another thread) - or a hiccup. Only a large, steady gap names it.
     assert v.rank is not None  # no candidates and no rank returned above
@@ -351,17 +449,33 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
     # below naming (a large gap is still worth "cannot tell", not "no problem").
     if found is None and v.steps < FULL_STEPS:
         conf = min(conf, round(CONFIDENT - 0.01, 2))
-    elif found is not None and 2 * v.agreeing >= v.steps and 2 * (_steady_or_pattern(tables, exploded, v.rank, found, steps, v.stepUs)[0] or 0) >= v.steps:
+    elif (
+        found is not None
+        and 2 * v.agreeing >= v.steps
+        and 2 * (_steady_or_pattern(tables, exploded, v.rank, found, steps, v.stepUs)[0] or 0) >= v.steps
+    ):
         # Two kinds of evidence point at it, each in at least half of the steps: it may not be
         # named, but the job is not healthy either ("no problem" read 0.77 sure of a 4-step capture
         # whose peers waited 15 ms of a 91 ms step for the slow-compute rank, 2 steps of 4 clearly).
         conf = max(conf, DOUBT)
-    return Straggler(rank=v.rank, named=conf >= CONFIDENT, cause=found, confidence=conf, gapUsPerStep=v.gapUsPerStep,
-                     costUsPerStep=v.gapUsPerStep, stepUs=v.stepUs, steps=v.steps, steadySteps=1 if once else agreeing, waitNames=v.rank,
-                     askSteps=once[1] if once else 0)
+    return Straggler(
+        rank=v.rank,
+        named=conf >= CONFIDENT,
+        cause=found,
+        confidence=conf,
+        gapUsPerStep=v.gapUsPerStep,
+        costUsPerStep=v.gapUsPerStep,
+        stepUs=v.stepUs,
+        steps=v.steps,
+        steadySteps=1 if once else agreeing,
+        waitNames=v.rank,
+        askSteps=once[1] if once else 0,
+    )
 
 
-def _once(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, cause: Cause, steps: pd.Index) -> tuple[Cause, int] | None:
+def _once(
+    tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, cause: Cause, steps: pd.Index
+) -> tuple[Cause, int] | None:
     """A function of the waited-for rank that costs it FULL_GAP of a step or more beyond its peers
     in one captured step, next to nothing in the others (QUIET), while its peers wait for it in that
     step at least half of that: the cause, told with that step, and the steps to capture to see it
@@ -377,8 +491,10 @@ def _once(tables: RankTables, exploded: pd.DataFrame, v: WaitVerdict, cause: Cau
     if peak < FULL_GAP * v.stepUs or (np.delete(excess, at) >= QUIET * peak).any() or waited < 0.5 * peak:
         return None
     apart = max(at + 1, len(steps) - at)
-    detail = (f"in 1 of {len(steps)} steps (step {steps[at]}) it spends {ms(peak)} more than its peers in {cause.text()}, and they wait "
-              f"{ms(waited)} for it there; one step is no pattern")
+    detail = (
+        f"in 1 of {len(steps)} steps (step {steps[at]}) it spends {ms(peak)} more than its peers in {cause.text()}, and they wait "
+        f"{ms(waited)} for it there; one step is no pattern"
+    )
     return dataclasses.replace(cause, pattern=f"in 1 of {len(steps)} steps", detail=detail), 3 * apart
 
 

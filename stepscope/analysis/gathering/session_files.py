@@ -3,6 +3,7 @@ and per-pod NVML samples. Two layouts are understood: stepscope's (ranks/rank-<r
 and a flat folder of raw Kineto traces, one per rank, the rank in the file name or inside (HTA's
 layout, and the agent's session folder with its rank-<r>.stacks.json).
 Reading never raises for one bad rank: each problem is kept with its rank for the report."""
+
 from __future__ import annotations
 
 import collections
@@ -22,7 +23,15 @@ import pyarrow.compute as pc
 
 from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
 from stepscope.analysis.loading.trace import NOT_A_TRACE
-from stepscope.analysis.model import RANK_DIGITS, SUMMARY_VERSION, RankSummary, decode_summaries, summaries_table, summary_schema, table_summaries
+from stepscope.analysis.model import (
+    RANK_DIGITS,
+    SUMMARY_VERSION,
+    RankSummary,
+    decode_summaries,
+    summaries_table,
+    summary_schema,
+    table_summaries,
+)
 from stepscope.analysis.statistics.gpu_scope import DEFAULT_COMM_KERNELS, CommKernels
 from stepscope.analysis.statistics.summary import rank_from_name
 from stepscope.contracts import layout
@@ -40,7 +49,7 @@ PARALLEL_BYTES = 64 << 20
 # Gaps below this are ranks that sent nothing; a number above it (a corrupt rank field or file
 # name) is not taken to mean that every rank up to it is missing. The merged trace numbers pids
 # for as many ranks.
-MAX_RANKS = 10 ** RANK_DIGITS
+MAX_RANKS = 10**RANK_DIGITS
 # A rank's summary or stacks file is a few tens of KB (41 KB for the benchmark's 286 MB rank); one
 # far larger is no such file, and decoding it would hold several times its size.
 MAX_JSON_FILE_BYTES = 32 << 20
@@ -66,6 +75,7 @@ class _Thread(msgspec.Struct):
 
 class _StacksShape(msgspec.Struct):
     """The parts of a stacks file (wire.md) the hang findings read, to check a file before use."""
+
     step: int | None = None
     secondsSinceStep: float | None = None
     threads: list[_Thread] | None = None
@@ -87,15 +97,23 @@ class SessionFiles:
     layout: str = "stepscope"  # or "flat": a folder of traces (HTA's layout, the agent's folder)
 
 
-def open_session(source: str, *, endpoint: str | None = None, region: str | None = None, credentials: dict | None = None,
-                 ambient_credentials: bool = True) -> tuple[Store, str | None]:
+def open_session(
+    source: str,
+    *,
+    endpoint: str | None = None,
+    region: str | None = None,
+    credentials: dict | None = None,
+    ambient_credentials: bool = True,
+) -> tuple[Store, str | None]:
     """The store holding a session, and the one file to analyse when `source` is a single trace."""
     path = Path(source.removeprefix("file://")) if "://" not in source or source.startswith("file://") else None
     if path is not None and not path.exists():
         raise StoreError(f"{source} does not exist")
     if "://" not in source and path is not None and path.is_file():
         return open_store(str(path.resolve().parent)), path.name
-    return open_store(source, endpoint=endpoint, region=region, credentials=credentials, ambient_credentials=ambient_credentials), None
+    return open_store(
+        source, endpoint=endpoint, region=region, credentials=credentials, ambient_credentials=ambient_credentials
+    ), None
 
 
 def find_files(store: Store, only: str | None = None) -> SessionFiles:
@@ -108,7 +126,9 @@ def find_files(store: Store, only: str | None = None) -> SessionFiles:
         if m:
             files = ranks.setdefault(int(m[1]), RankFiles(int(m[1])))
             kind = m[2].split(".", 1)[0]
-            if not (kind == "summary" and files.summary == layout.rank_summary(int(m[1]))):  # the Arrow one, where both are
+            if not (
+                kind == "summary" and files.summary == layout.rank_summary(int(m[1]))
+            ):  # the Arrow one, where both are
                 setattr(files, kind, key)
             continue
         m = layout.NODE_METRICS.match(key)
@@ -157,15 +177,17 @@ def failed(rank: int, error: str, **known: Any) -> RankSummary:
     return RankSummary(version=SUMMARY_VERSION, rank=rank, error=error, **known)
 
 
-def read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int = 50,
-                 comm: CommKernels = DEFAULT_COMM_KERNELS) -> RankSummary:
+def read_summary(
+    store: Store, files: RankFiles, fallback_rank: int, top: int = 50, comm: CommKernels = DEFAULT_COMM_KERNELS
+) -> RankSummary:
     """The rank's summary: the uploaded one, else one made now from its raw trace (keeping the
     `top` kernels of each type and Python functions, `comm` its communication kernels), else an error."""
     return _read_summary(store, files, fallback_rank, top, comm)[0]
 
 
-def _read_summary(store: Store, files: RankFiles, fallback_rank: int, top: int = 50,
-                  comm: CommKernels = DEFAULT_COMM_KERNELS) -> tuple[RankSummary, bool]:
+def _read_summary(
+    store: Store, files: RankFiles, fallback_rank: int, top: int = 50, comm: CommKernels = DEFAULT_COMM_KERNELS
+) -> tuple[RankSummary, bool]:
     """read_summary, and whether its raw trace was parsed whole doing it."""
     rank = files.rank if files.rank is not None else fallback_rank
     chunk = _chunk(store, [(files, rank, _uploaded(store, files))], top, comm)
@@ -182,11 +204,14 @@ def _uploaded(store: Store, files: RankFiles) -> bytes | str:
         return f"cannot read {files.summary}: {exc}"
 
 
-def _from_trace(store: Store, files: RankFiles, rank: int, top: int, comm: CommKernels, problem: str) -> tuple[RankSummary, bool]:
+def _from_trace(
+    store: Store, files: RankFiles, rank: int, top: int, comm: CommKernels, problem: str
+) -> tuple[RankSummary, bool]:
     """A rank without a usable uploaded summary (`problem` says why; '' where none was uploaded):
     summarised from its raw trace, else failed with why; and whether the trace was parsed whole."""
     if files.trace:
         from stepscope.analysis.statistics.summary import summarize_file
+
         try:
             with local_path(store, files.trace) as path:
                 summary = summarize_file(path, rank=files.rank, top=top, comm=comm)
@@ -208,6 +233,7 @@ def _from_trace(store: Store, files: RankFiles, rank: int, top: int, comm: CommK
 class _Chunk:
     """Summaries of a few hundred ranks as one table, and for each row its files and whether its
     raw trace was parsed whole."""
+
     table: pa.Table
     files: list[RankFiles]
     whole: list[bool]
@@ -283,8 +309,9 @@ def _in_order(read: Callable[[Any], T], items: list[Any], workers: int) -> Itera
             yield pending.popleft().result()
 
 
-def _summaries(files: SessionFiles, top: int, on_rank: Callable[[str], object], pool: Executor,
-               comm: CommKernels) -> Iterator[_Chunk]:
+def _summaries(
+    files: SessionFiles, top: int, on_rank: Callable[[str], object], pool: Executor, comm: CommKernels
+) -> Iterator[_Chunk]:
     """Every rank's summary (_read_summary), COMPACT_EVERY ranks to a chunk. Uploaded summaries are
     read from the store READ_CONCURRENCY at a time (the store's own retries apply to each) and
     decoded together as they come, so memory holds the columns and not every rank's file; large
@@ -294,6 +321,7 @@ def _summaries(files: SessionFiles, top: int, on_rank: Callable[[str], object], 
     root = getattr(files.store, "root", None)
     raw = [Path(root) / f.trace for f, _ in jobs if f.trace and not f.summary] if root is not None else []
     if len(raw) < 2 or sum(p.stat().st_size for p in raw if p.exists()) < PARALLEL_BYTES:
+
         def fetch(job: tuple[RankFiles, int]) -> tuple[RankFiles, int, bytes | str]:
             return job[0], job[1], _uploaded(files.store, job[0])
 
@@ -313,7 +341,7 @@ def _summaries(files: SessionFiles, top: int, on_rank: Callable[[str], object], 
         on_rank(f.trace or f.summary or f.stacks or "")
     read = [(futures[future][0], *_outcome(future.result, *futures[future])) for future in futures]
     for i in range(0, len(read), COMPACT_EVERY):
-        part = read[i:i + COMPACT_EVERY]
+        part = read[i : i + COMPACT_EVERY]
         yield _Chunk(summaries_table([s for _, s, _ in part]), [f for f, _, _ in part], [w for _, _, w in part])
 
 
@@ -323,7 +351,9 @@ def _outcome(read: Callable[[], tuple[RankSummary, bool]], files: RankFiles, ran
     try:
         return read()
     except Exception as exc:  # noqa: BLE001 - one bad rank never stops the others
-        return failed(rank, f"{files.trace or files.summary or files.stacks}: reading failed: {type(exc).__name__}: {exc}"), False
+        return failed(
+            rank, f"{files.trace or files.summary or files.stacks}: reading failed: {type(exc).__name__}: {exc}"
+        ), False
 
 
 @dataclass
@@ -349,8 +379,13 @@ class _Read:
     whole: bool
 
 
-def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda name: None, top: int = 50,
-               pool: Executor | None = None, comm: CommKernels = DEFAULT_COMM_KERNELS) -> SessionRanks:
+def read_ranks(
+    files: SessionFiles,
+    on_rank: Callable[[str], object] = lambda name: None,
+    top: int = 50,
+    pool: Executor | None = None,
+    comm: CommKernels = DEFAULT_COMM_KERNELS,
+) -> SessionRanks:
     """Every rank's summary, stacks and problems; `on_rank` hears of each rank file set read.
     Raw traces are summarised in `pool` (a pool of its own when None), `comm` their communication kernels.
     The summaries go into one table as they are read, a few hundred ranks at a time."""
@@ -370,7 +405,11 @@ def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda na
     parsed: set[int] = set()
     next_free = max([f.rank for f in files.ranks if f.rank is not None] + [-1]) + 1
     # A file in a folder of traces that is no trace, with no rank in its name, is no rank at all.
-    skipped = [r.files.trace for r in read if r.files.rank is None and r.files.trace and not r.files.summary and NOT_A_TRACE in r.error]
+    skipped = [
+        r.files.trace
+        for r in read
+        if r.files.rank is None and r.files.trace and not r.files.summary and NOT_A_TRACE in r.error
+    ]
     kept = [i for i, r in enumerate(read) if r.files.trace not in skipped or r.files.summary]
     taken: dict[int, int] = {}  # rank -> its row in `table`
     # Ranks a trace says it is (distributedInfo) are claimed before a failed file takes its place
@@ -383,7 +422,9 @@ def read_ranks(files: SessionFiles, on_rank: Callable[[str], object] = lambda na
                 rank = r.files.rank  # the file's name says which rank it is for
             else:
                 rank, next_free = next_free, next_free + 1
-            problems.setdefault(rank, []).append(f"{r.files.summary or r.files.trace} also says rank {r.rank}; shown as rank {rank}")
+            problems.setdefault(rank, []).append(
+                f"{r.files.summary or r.files.trace} also says rank {r.rank}; shown as rank {rank}"
+            )
         taken[rank] = i
         if r.files.trace:
             traces[rank] = r.files.trace
@@ -412,7 +453,9 @@ def _add_problems(table: pa.Table, problems: dict[int, list[str]]) -> None:
     """Each rank's error and warnings go to its problems, for the report."""
     warnings = table.column("warnings")
     ranks, errors = table.column("rank").to_pylist(), table.column("error").to_pylist()
-    for i in pc.indices_nonzero(pc.or_(pc.not_equal(table.column("error"), ""), pc.greater(pc.list_value_length(warnings), 0))).to_pylist():
+    for i in pc.indices_nonzero(
+        pc.or_(pc.not_equal(table.column("error"), ""), pc.greater(pc.list_value_length(warnings), 0))
+    ).to_pylist():
         if errors[i]:
             problems.setdefault(ranks[i], []).append(errors[i])
         if texts := warnings[i].as_py():

@@ -5,6 +5,7 @@ sidecar would have put it (layout.rank_summary), so the reduce reads it as an up
 
 The deal depends on the ranks that have a trace, which no shard changes, so a retried shard gets
 the same ranks and skips what an earlier try of it already wrote."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -20,6 +20,7 @@ call (the capture's host->device links are not read): a kernel belongs to the st
 starts. The trace's caps apply: trace_view.json is streamed up to the JSON bytes and events of
 `Limits`, kernel_details.csv read up to the same bytes and rows.
 """
+
 from __future__ import annotations
 
 import io
@@ -135,8 +136,12 @@ def _host_events(path: Path, limits: Limits) -> tuple[list[_Event], str]:
     cut = ""
     try:
         with path.open("rb") as stream:
-            decode_pieces(stream, host, Decoders(decoder, decoder, msgspec.json.Decoder(_Tail), collectives=False),
-                          max_bytes=limits.max_bytes)
+            decode_pieces(
+                stream,
+                host,
+                Decoders(decoder, decoder, msgspec.json.Decoder(_Tail), collectives=False),
+                max_bytes=limits.max_bytes,
+            )
     except TraceCut as e:
         cut = f"{TRACE_VIEW} was {e}: only its beginning is analysed"
     except FileNotFoundError:
@@ -156,15 +161,27 @@ def _kernel_rows(path: Path, limits: Limits) -> tuple[pd.DataFrame, str]:
         with path.open("rb") as f:
             data = f.read(limits.max_bytes)
     except FileNotFoundError:
-        raise TraceError(f"{path}: no such file (the capture was not parsed, or not at a level that lists kernels)") from None
+        raise TraceError(
+            f"{path}: no such file (the capture was not parsed, or not at a level that lists kernels)"
+        ) from None
     except OSError as e:
         raise TraceError(f"{path}: {e}") from None
-    cut = f"{KERNEL_DETAILS} was cut after {limits.max_bytes >> 20:,} MiB: only its beginning is analysed" if size > limits.max_bytes else ""
+    cut = (
+        f"{KERNEL_DETAILS} was cut after {limits.max_bytes >> 20:,} MiB: only its beginning is analysed"
+        if size > limits.max_bytes
+        else ""
+    )
     if cut:
         data = data[: data.rfind(b"\n") + 1]
     try:
-        rows = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, nrows=limits.max_events + 1,
-                           usecols=lambda c: c in _KERNEL_COLUMNS, encoding_errors="replace")
+        rows = pd.read_csv(
+            io.BytesIO(data),
+            dtype=str,
+            keep_default_na=False,
+            nrows=limits.max_events + 1,
+            usecols=lambda c: c in _KERNEL_COLUMNS,
+            encoding_errors="replace",
+        )
     except (ValueError, pd.errors.ParserError) as e:
         raise TraceError(f"{path}: not a readable CSV ({e})") from None
     if len(rows) > limits.max_events:
@@ -190,7 +207,9 @@ def load_capture(folder: str | Path, limits: Limits | None = None) -> Trace:
     base = min(k_base if n_k else h_base, h_base if n_h else k_base)
     k_start, h_start = k_start + (k_base - base), h_start + (h_base - base)
     k_dur = pd.to_numeric(kernels["Duration(us)"], errors="coerce").to_numpy(dtype=np.float64)
-    h_dur = pd.to_numeric(pd.Series(list(map(attrgetter("dur"), host)), dtype=object), errors="coerce").to_numpy(dtype=np.float64)
+    h_dur = pd.to_numeric(pd.Series(list(map(attrgetter("dur"), host)), dtype=object), errors="coerce").to_numpy(
+        dtype=np.float64
+    )
     comm = (kernels["Accelerator Core"].str.strip() == _COMM_CORE).to_numpy()
     stream = pd.to_numeric(kernels["Stream ID"], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
     # Without a Stream ID (profiler level 0) the compute kernels share stream 0, the collectives stream 1.
@@ -199,17 +218,25 @@ def load_capture(folder: str | Path, limits: Limits | None = None) -> Trace:
     device = int(device_ids.iloc[0]) if len(device_ids) and 0 <= device_ids.iloc[0] < 64 else 0
     names: dict[str, int] = {}
     cats: dict[str, int] = {}
-    cat = np.concatenate([_codes(cats, repeat("kernel", n_k), n_k), _codes(cats, map(str, map(attrgetter("cat"), host)), n_h)])
+    cat = np.concatenate(
+        [_codes(cats, repeat("kernel", n_k), n_k), _codes(cats, map(str, map(attrgetter("cat"), host)), n_h)]
+    )
     name = np.concatenate([_codes(names, kernels["Name"], n_k), _codes(names, map(attrgetter("name"), host), n_h)])
     ts = np.concatenate([k_start, h_start])
     dur = np.concatenate([k_dur, h_dur])
     host_tid = pd.to_numeric(pd.Series(list(map(attrgetter("tid"), host)), dtype=object), errors="coerce")
     tid = np.concatenate([stream, host_tid.fillna(-1).to_numpy(dtype=np.int64)])
-    columns = {"cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid,
-               "pid": np.concatenate([np.full(n_k, device, np.int64), np.full(n_h, -1, np.int64)]),
-               "stream": np.concatenate([stream, np.full(n_h, -1, np.int64)]),
-               # Each kernel its own correlation: no launching call is linked (module docstring).
-               "correlation": np.concatenate([np.arange(n_k, dtype=np.int64), np.full(n_h, -1, np.int64)])}
+    columns = {
+        "cat": cat,
+        "name": name,
+        "ts": ts,
+        "dur": dur,
+        "tid": tid,
+        "pid": np.concatenate([np.full(n_k, device, np.int64), np.full(n_h, -1, np.int64)]),
+        "stream": np.concatenate([stream, np.full(n_h, -1, np.int64)]),
+        # Each kernel its own correlation: no launching call is linked (module docstring).
+        "correlation": np.concatenate([np.arange(n_k, dtype=np.int64), np.full(n_h, -1, np.int64)]),
+    }
     bad = np.zeros(len(ts), dtype=bool)
     for mask in impossible_times(ts, dur).values():
         bad |= mask
@@ -225,12 +252,34 @@ def load_capture(folder: str | Path, limits: Limits | None = None) -> Trace:
     rank = capture_rank(folder)
     if rank is None:
         warnings.append("no profiler_info_<rank>.json in the capture (rank unknown)")
-    return Trace(path=str(out / TRACE_VIEW), rank=rank, world_size=0, backend="hccl", cats=list(cats), names=list(names),
-                 cat=columns["cat"], name=columns["name"], pid=columns["pid"], ts=columns["ts"], dur=columns["dur"],
-                 stream=columns["stream"], correlation=columns["correlation"], external_id=none, nbytes=none,
-                 python_id=none, python_parent=none,
-                 collectives=Collectives(np.empty(0, np.int64), [], np.empty(0, np.int64), np.empty(0, np.int64),
-                                         np.empty(0, np.int64), []),
-                 tid=columns["tid"], shape=np.full(n, -1, dtype=np.int32), shape_texts=[], rounded=False,
-                 first_event_ts=float("nan"), warnings=warnings, base_ns=base * 1000,
-                 wait_record=none, wait_stream=none)
+    return Trace(
+        path=str(out / TRACE_VIEW),
+        rank=rank,
+        world_size=0,
+        backend="hccl",
+        cats=list(cats),
+        names=list(names),
+        cat=columns["cat"],
+        name=columns["name"],
+        pid=columns["pid"],
+        ts=columns["ts"],
+        dur=columns["dur"],
+        stream=columns["stream"],
+        correlation=columns["correlation"],
+        external_id=none,
+        nbytes=none,
+        python_id=none,
+        python_parent=none,
+        collectives=Collectives(
+            np.empty(0, np.int64), [], np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64), []
+        ),
+        tid=columns["tid"],
+        shape=np.full(n, -1, dtype=np.int32),
+        shape_texts=[],
+        rounded=False,
+        first_event_ts=float("nan"),
+        warnings=warnings,
+        base_ns=base * 1000,
+        wait_record=none,
+        wait_stream=none,
+    )

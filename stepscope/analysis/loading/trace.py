@@ -12,6 +12,7 @@ category, except the `Trace` span. Times are microseconds: the trace format's `t
 (nanosecond-resolution) timestamps is rounded inwards to whole microseconds (start up, end down),
 so every interval metric can be checked against HTA number by number.
 """
+
 from __future__ import annotations
 
 import ast
@@ -28,7 +29,13 @@ import msgspec
 import numpy as np
 from isal import igzip
 
-from stepscope.analysis.settings import DEFAULT_MAX_TRACE_EVENTS, DEFAULT_MAX_TRACE_MB, MAX_TRACE_EVENTS_ENV, MAX_TRACE_MB_ENV, trace_caps
+from stepscope.analysis.settings import (
+    DEFAULT_MAX_TRACE_EVENTS,
+    DEFAULT_MAX_TRACE_MB,
+    MAX_TRACE_EVENTS_ENV,
+    MAX_TRACE_MB_ENV,
+    trace_caps,
+)
 
 CHUNK_BYTES = 16 << 20
 # A metadata header larger than this before "traceEvents" is not a Kineto trace, and neither is
@@ -53,7 +60,8 @@ SHAPED_OPS = re.compile(
     r"|_scaled_dot_product_(flash|efficient|cudnn)_attention(_backward)?|_flash_attention_(forward|backward)"
     r"|_efficient_attention_(forward|backward)|add|add_|sub|sub_|mul|mul_|div|div_|relu|relu_|gelu|silu|silu_|sigmoid|tanh"
     r"|neg|exp|rsqrt|pow|where|copy_|fill_|_softmax|_log_softmax|sum|mean|native_layer_norm|_fused_rms_norm)"
-    r"|flash_attn::_flash_attn_(forward|backward))$")
+    r"|flash_attn::_flash_attn_(forward|backward))$"
+)
 _ERROR_AT = re.compile(r"\(byte (\d+)\)")
 # No op of a training step lasts a day, and a trace spans seconds to minutes: a row over this long,
 # or starting this far from the trace's median start, is a corrupt number.
@@ -73,6 +81,7 @@ class TraceError(Exception):
 @dataclass(frozen=True)
 class Limits:
     """How much of one rank's trace is read: uncompressed bytes, rows kept (events with a duration)."""
+
     max_bytes: int = DEFAULT_MAX_TRACE_MB << 20
     max_events: int = DEFAULT_MAX_TRACE_EVENTS
 
@@ -137,12 +146,15 @@ class _Complete(_Event, tag_field="ph", tag="X"):
 # Descriptions"; S, T, p and F are its deprecated async phases): events of these are read only as
 # far as their "dur", which must be absent or null, and dropped.
 _OTHER_PHASES = "BEiICbneSTpFstfPNODMVvRc()"
-_SKIPPED = tuple(msgspec.defstruct(f"_Phase{ord(p)}", [("dur", None, None)], tag_field="ph", tag=p, gc=False) for p in _OTHER_PHASES)
+_SKIPPED = tuple(
+    msgspec.defstruct(f"_Phase{ord(p)}", [("dur", None, None)], tag_field="ph", tag=p, gc=False) for p in _OTHER_PHASES
+)
 _ANY_PHASE: Any = Union.__getitem__((_Complete, *_SKIPPED))
 
 
 class _Meta(msgspec.Struct):
     """The top-level keys the analysis reads; Kineto writes some before traceEvents, some after."""
+
     distributedInfo: Any = None
     baseTimeNanoseconds: int | None = None
     deviceProperties: Any = None
@@ -161,6 +173,7 @@ class Decoders(NamedTuple):
     "[...]" cut at an event boundary, `last` a bare array's last piece, `tail` the text after the
     last cut with "{\"traceEvents\":" put in front (an object with traceEvents and _Meta's keys).
     `collectives`: look in each piece for collective arguments, for a sink that reads them."""
+
     events: Any
     last: Any
     tail: Any
@@ -206,6 +219,7 @@ def _typed() -> Decoders:
 @dataclass
 class Collectives:
     """Collective arguments (message sizes, group) of the few events that carry them ("In msg nelems")."""
+
     row: np.ndarray  # row of the event in the Trace columns
     name: list[str]
     in_nelems: np.ndarray
@@ -218,6 +232,7 @@ class Collectives:
 class Shapes:
     """The recorded inputs of SHAPED_OPS events: JSON text of their "Input Dims", "Input type" and
     "Concrete Inputs" (b"" where absent)."""
+
     row: np.ndarray
     dims: list[bytes]
     types: list[bytes]
@@ -252,7 +267,9 @@ class Trace:
     warnings: list[str] = field(default_factory=list)
     base_ns: int = 0  # baseTimeNanoseconds: ts (µs) + base_ns / 1000 = Unix epoch µs
     shapes: Shapes = field(default_factory=lambda: Shapes(np.empty(0, np.int64), [], [], []))
-    devices: list[tuple[str, int, int]] = field(default_factory=list)  # deviceProperties: (name, numSms, totalGlobalMem)
+    devices: list[tuple[str, int, int]] = field(
+        default_factory=list
+    )  # deviceProperties: (name, numSms, totalGlobalMem)
     # Of cuda_sync rows (-1 elsewhere): the correlation of the cudaEventRecord a stream waits on, and its stream.
     wait_record: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     wait_stream: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
@@ -288,9 +305,26 @@ class _Columns:
         self.cat_codes: dict[str, int] = {}
         self.name_codes: dict[str, int] = {}
         self.id_codes: dict[str, int] = {}
-        self.parts: dict[str, list[np.ndarray]] = {k: [] for k in (
-            "cat", "name", "pid", "ts", "dur", "stream", "correlation", "external_id",
-            "nbytes", "python_id", "python_parent", "tid", "shape", "wait_record", "wait_stream")}
+        self.parts: dict[str, list[np.ndarray]] = {
+            k: []
+            for k in (
+                "cat",
+                "name",
+                "pid",
+                "ts",
+                "dur",
+                "stream",
+                "correlation",
+                "external_id",
+                "nbytes",
+                "python_id",
+                "python_parent",
+                "tid",
+                "shape",
+                "wait_record",
+                "wait_stream",
+            )
+        }
         self.shape_codes: dict[str, int] = {}
         self.coll: dict[str, list] = {k: [] for k in ("row", "name", "in_nelems", "out_nelems", "group_size", "dtype")}
         self.shapes: dict[str, list] = {k: [] for k in ("row", "dims", "types", "concrete")}
@@ -355,20 +389,28 @@ class _Columns:
         shaped = self._shaped(names) & ~on_stream
         if shaped.any():  # the ops of interest that carry shapes (record_shapes)
             maybe = np.flatnonzero(shaped)
-            shaped[maybe] = np.fromiter(map(len, map(_get("args.input_dims"), compress(kept, shaped))), np.int64, len(maybe)) > 0
+            shaped[maybe] = (
+                np.fromiter(map(len, map(_get("args.input_dims"), compress(kept, shaped))), np.int64, len(maybe)) > 0
+            )
         p["tid"].append(self._ids(kept, "tid"))
         operator = cat == self.cat_codes.get(OPERATOR_CAT, -1)
         shape = np.full(n, -1, dtype=np.int32)
         if operator.any():
             dims = [bytes(d)[:MAX_SHAPES_TEXT] for d in map(_get("args.input_dims"), compress(kept, operator))]
-            shape[operator] = _codes(self.shape_codes, (d.decode("utf-8", "replace") for d in dims), int(operator.sum()))
+            shape[operator] = _codes(
+                self.shape_codes, (d.decode("utf-8", "replace") for d in dims), int(operator.sum())
+            )
         p["shape"].append(shape)
-        for key, attr, rows in (("pid", "pid", on_stream), ("nbytes", "args.bytes", memory),
-                                ("python_id", "args.python_id", python),
-                                ("python_parent", "args.python_parent", python),
-                                ("wait_record", "args.wait_record", sync), ("wait_stream", "args.wait_stream", sync),
-                                # External ids link collective kernels to the op holding their sizes.
-                                ("external_id", "args.external_id", has_coll | on_stream | shaped)):
+        for key, attr, rows in (
+            ("pid", "pid", on_stream),
+            ("nbytes", "args.bytes", memory),
+            ("python_id", "args.python_id", python),
+            ("python_parent", "args.python_parent", python),
+            ("wait_record", "args.wait_record", sync),
+            ("wait_stream", "args.wait_stream", sync),
+            # External ids link collective kernels to the op holding their sizes.
+            ("external_id", "args.external_id", has_coll | on_stream | shaped),
+        ):
             column = np.full(n, -1, dtype=np.int64)
             if rows.any():
                 some = list(compress(kept, rows))
@@ -409,7 +451,7 @@ class _Columns:
         """Rows whose op is one of SHAPED_OPS, by a table over the name codes seen so far."""
         table = self.shaped_names
         if len(table) < len(self.name_codes):
-            table += [SHAPED_OPS.match(n) is not None for n in list(self.name_codes)[len(table):]]
+            table += [SHAPED_OPS.match(n) is not None for n in list(self.name_codes)[len(table) :]]
         return np.asarray(table, dtype=bool)[names]
 
     def _ids(self, events: list[_Event], attr: str = "pid") -> np.ndarray:
@@ -419,8 +461,13 @@ class _Columns:
             return np.array(items, dtype=np.int64)
         except (TypeError, ValueError, OverflowError):
             codes = self.id_codes
-            return np.array([v if isinstance(v, int) and _int64(v) == v else -1 - codes.setdefault(str(v), len(codes))
-                             for v in items], dtype=np.int64)
+            return np.array(
+                [
+                    v if isinstance(v, int) and _int64(v) == v else -1 - codes.setdefault(str(v), len(codes))
+                    for v in items
+                ],
+                dtype=np.int64,
+            )
 
     def column(self, key: str, dtype) -> np.ndarray:
         return _joined(self.parts[key], dtype)
@@ -505,7 +552,7 @@ class _Window:
         end = min(len(self.buf), self.max_bytes - self.dropped)
         with memoryview(self.buf) as view:
             while self.filled < end:
-                n = self.stream.readinto(view[self.filled: end])
+                n = self.stream.readinto(view[self.filled : end])
                 if not n:
                     self.eof = True
                     return
@@ -520,7 +567,7 @@ class _Window:
     def keep_from(self, start: int, prefix: bytes = b"") -> None:
         """Drop the bytes before `start` (after writing `prefix` in front of the rest)."""
         rest = self.filled - start
-        self.buf[len(prefix): len(prefix) + rest] = self.buf[start: self.filled]
+        self.buf[len(prefix) : len(prefix) + rest] = self.buf[start : self.filled]
         self.buf[: len(prefix)] = prefix
         self.filled = len(prefix) + rest
         self.dropped += start - len(prefix)
@@ -529,7 +576,9 @@ class _Window:
         return bytes(self.buf[: self.filled])
 
 
-def decode_pieces(stream: BinaryIO, cols: Sink, decoders: Decoders | None = None, max_bytes: int | None = None) -> _Meta:
+def decode_pieces(
+    stream: BinaryIO, cols: Sink, decoders: Decoders | None = None, max_bytes: int | None = None
+) -> _Meta:
     """Split the stream at event boundaries, decode each piece into `cols` (with the loader's
     decoders unless given others), return the trace metadata. Past `max_bytes` of the stream
     (by default the environment's cap, stepscope.analysis.settings) the whole events before are decoded and
@@ -538,7 +587,13 @@ def decode_pieces(stream: BinaryIO, cols: Sink, decoders: Decoders | None = None
     win = _Window(stream, trace_caps()[0] if max_bytes is None else max_bytes)
     win.fill()
     key = win.buf.find(b'"traceEvents"', 0, win.filled)
-    while key < 0 and not win.eof and not win.capped and win.filled < MAX_HEADER_BYTES and win.buf[:1024].lstrip()[:1] != b"[":
+    while (
+        key < 0
+        and not win.eof
+        and not win.capped
+        and win.filled < MAX_HEADER_BYTES
+        and win.buf[:1024].lstrip()[:1] != b"["
+    ):
         win.grow()
         win.fill()
         key = win.buf.find(b'"traceEvents"', 0, win.filled)
@@ -557,7 +612,7 @@ def decode_pieces(stream: BinaryIO, cols: Sink, decoders: Decoders | None = None
             meta = _META.decode(header[:-1] + b"}")
         start = win.buf.find(b"[", key, win.filled)
         if start < 0:
-            raise ValueError("no event list after \"traceEvents\"")
+            raise ValueError('no event list after "traceEvents"')
     win.keep_from(start)
     try:
         return _decode_events(win, cols, decoders, bare, meta)
@@ -575,8 +630,10 @@ def _decode_events(win: _Window, cols: Sink, decoders: Decoders, bare: bool, met
             break
         if not _decode_front(win, cols, decoders):
             if len(win.buf) >= MAX_WINDOW_BYTES:
-                raise ValueError(f"no event boundary within {MAX_WINDOW_BYTES >> 20} MiB after byte {win.dropped}:"
-                                 " not a Kineto event list")
+                raise ValueError(
+                    f"no event boundary within {MAX_WINDOW_BYTES >> 20} MiB after byte {win.dropped}:"
+                    " not a Kineto event list"
+                )
             win.grow()  # one event larger than the window
     if bare:
         cols.add(decoders.last.decode(win.data()))
@@ -618,8 +675,9 @@ def _decode_front(win: _Window, cols: Sink, decoders: Decoders) -> bool:
             buf[comma] = ord(",")
             at = _ERROR_AT.search(str(e))
             if at and int(at.group(1)) < comma:
-                raise msgspec.DecodeError(f"{_ERROR_AT.sub('', str(e)).strip()} at byte {win.dropped + int(at.group(1))}"
-                                          " of the JSON") from None
+                raise msgspec.DecodeError(
+                    f"{_ERROR_AT.sub('', str(e)).strip()} at byte {win.dropped + int(at.group(1))} of the JSON"
+                ) from None
             cut = buf.rfind(b"},", 0, cut)
             continue
         cols.add(events, collectives=decoders.collectives and _has_collective_args(buf, comma))
@@ -653,8 +711,10 @@ def load_trace(path: str | Path, limits: Limits | None = None) -> Trace:
     except ValueError as e:
         raise TraceError(f"{path}: {e}") from None
     if cols.rows == 0:
-        raise TraceError(f"{path}: the trace has no events with a duration ({cols.seen_events} events in all)"
-                         + (f"; {cut}" if cut else ""))
+        raise TraceError(
+            f"{path}: the trace has no events with a duration ({cols.seen_events} events in all)"
+            + (f"; {cut}" if cut else "")
+        )
     trace = _build(path, meta, cols)
     if not len(trace):
         raise TraceError(f"{path}: the trace has no events with a duration left: {trace.warnings[-1]}")
@@ -667,11 +727,16 @@ def impossible_times(ts: np.ndarray, dur: np.ndarray) -> dict[str, np.ndarray]:
     """Masks of the rows whose times no profiler writes, by reason (a row may have several). JSON
     holds no NaN or infinity, and rows without a start are dropped as they are read."""
     middle = float(np.median(ts))
-    return {"negative duration": dur < 0, "longer than a day": dur > MAX_EVENT_US,
-            "starting over a day away from the trace's other events": np.abs(ts - middle) > MAX_EVENT_US}
+    return {
+        "negative duration": dur < 0,
+        "longer than a day": dur > MAX_EVENT_US,
+        "starting over a day away from the trace's other events": np.abs(ts - middle) > MAX_EVENT_US,
+    }
 
 
-def _sane_rows(columns: dict[str, np.ndarray], coll: Collectives, shapes: Shapes) -> tuple[dict[str, np.ndarray], Collectives, Shapes, str]:
+def _sane_rows(
+    columns: dict[str, np.ndarray], coll: Collectives, shapes: Shapes
+) -> tuple[dict[str, np.ndarray], Collectives, Shapes, str]:
     """The columns without rows of impossible times, and a warning counting them ("" if none)."""
     ts, dur = columns["ts"], columns["dur"]
     # The usual case in four reductions.
@@ -686,22 +751,43 @@ def _sane_rows(columns: dict[str, np.ndarray], coll: Collectives, shapes: Shapes
     warning = f"dropped {int(bad.sum()):,} of {len(bad):,} events with impossible times ({counts})"
     renumber = np.cumsum(keep) - 1
     held = keep[coll.row]
-    coll = Collectives(row=renumber[coll.row[held]], name=list(compress(coll.name, held)), in_nelems=coll.in_nelems[held],
-                       out_nelems=coll.out_nelems[held], group_size=coll.group_size[held], dtype=list(compress(coll.dtype, held)))
+    coll = Collectives(
+        row=renumber[coll.row[held]],
+        name=list(compress(coll.name, held)),
+        in_nelems=coll.in_nelems[held],
+        out_nelems=coll.out_nelems[held],
+        group_size=coll.group_size[held],
+        dtype=list(compress(coll.dtype, held)),
+    )
     held = keep[shapes.row]
-    shapes = Shapes(row=renumber[shapes.row[held]], dims=list(compress(shapes.dims, held)), types=list(compress(shapes.types, held)),
-                    concrete=list(compress(shapes.concrete, held)))
+    shapes = Shapes(
+        row=renumber[shapes.row[held]],
+        dims=list(compress(shapes.dims, held)),
+        types=list(compress(shapes.types, held)),
+        concrete=list(compress(shapes.concrete, held)),
+    )
     return {k: v[keep] for k, v in columns.items()}, coll, shapes, warning
 
 
 def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
     c = cols.coll
     columns, coll, shapes, dropped = _sane_rows(
-        {key: cols.column(key, np.float64 if key in ("ts", "dur") else np.int32 if key in ("cat", "name", "shape") else np.int64)
-         for key in cols.parts},
-        Collectives(row=_joined(c["row"]), name=c["name"], in_nelems=_joined(c["in_nelems"]), out_nelems=_joined(c["out_nelems"]),
-                    group_size=_joined(c["group_size"]), dtype=c["dtype"]),
-        Shapes(_joined(cols.shapes["row"]), cols.shapes["dims"], cols.shapes["types"], cols.shapes["concrete"]))
+        {
+            key: cols.column(
+                key, np.float64 if key in ("ts", "dur") else np.int32 if key in ("cat", "name", "shape") else np.int64
+            )
+            for key in cols.parts
+        },
+        Collectives(
+            row=_joined(c["row"]),
+            name=c["name"],
+            in_nelems=_joined(c["in_nelems"]),
+            out_nelems=_joined(c["out_nelems"]),
+            group_size=_joined(c["group_size"]),
+            dtype=c["dtype"],
+        ),
+        Shapes(_joined(cols.shapes["row"]), cols.shapes["dims"], cols.shapes["types"], cols.shapes["concrete"]),
+    )
     ts, dur = columns["ts"], columns["dur"]
     first_ts = cols.first_event_ts
     rounded = bool((ts != np.floor(ts)).any())
@@ -750,8 +836,11 @@ def _devices(value: Any) -> list[tuple[str, int, int]]:
     1,024: a hostile header gets no further); an entry that is no object is no device."""
     if not isinstance(value, list):
         return []
-    return [(str(d.get("name", ""))[:200], _int64(d.get("numSms")), _int64(d.get("totalGlobalMem")))
-            for d in value[:1024] if isinstance(d, dict)]
+    return [
+        (str(d.get("name", ""))[:200], _int64(d.get("numSms")), _int64(d.get("totalGlobalMem")))
+        for d in value[:1024]
+        if isinstance(d, dict)
+    ]
 
 
 def _joined(parts: list[np.ndarray], dtype: type = np.int64) -> np.ndarray:

@@ -596,12 +596,28 @@ def critical_path_events(rank: int, path: CriticalPathSummary | None, shift_us: 
     if path is None or not path.spans:
         return b""
     pid = path_pid(rank)
-    events = [{"ph": "X", "cat": "critical_path", "pid": pid, "tid": 0, "ts": start + shift_us, "dur": dur,
-               "name": path.spanNames[i] if 0 <= i < len(path.spanNames) else bound,
-               "args": {"boundBy": bound, "pathSharePct": round(100 * dur / path.totalUs, 3) if path.totalUs else 0.0}}
-              for start, dur, i, bound in path.spans]
-    events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": 0,
-                   "args": {"name": f"critical path: {path.totalUs / 1000:,.2f} ms, its {len(path.spans)} longest parts"}})
+    events = [
+        {
+            "ph": "X",
+            "cat": "critical_path",
+            "pid": pid,
+            "tid": 0,
+            "ts": start + shift_us,
+            "dur": dur,
+            "name": path.spanNames[i] if 0 <= i < len(path.spanNames) else bound,
+            "args": {"boundBy": bound, "pathSharePct": round(100 * dur / path.totalUs, 3) if path.totalUs else 0.0},
+        }
+        for start, dur, i, bound in path.spans
+    ]
+    events.append(
+        {
+            "ph": "M",
+            "name": "thread_name",
+            "pid": pid,
+            "tid": 0,
+            "args": {"name": f"critical path: {path.totalUs / 1000:,.2f} ms, its {len(path.spans)} longest parts"},
+        }
+    )
     return msgspec.json.encode(events)[1:-1]
 
 
@@ -626,7 +642,11 @@ def merge_order(diagnosis: Diagnosis, tables: RankTables, stacks: Iterable[int])
 
 
 def _reference_rank(steps: pd.DataFrame, ranks: set[int]) -> int | None:
-    medians = steps[steps["rank"].isin(ranks)].groupby("rank")["durationUs"].median() if not steps.empty else pd.Series(dtype=float)
+    medians = (
+        steps[steps["rank"].isin(ranks)].groupby("rank")["durationUs"].median()
+        if not steps.empty
+        else pd.Series(dtype=float)
+    )
     if medians.empty:
         return None
     distance = np.abs(medians.to_numpy() - float(np.median(medians.to_numpy())))

@@ -1,5 +1,6 @@
 """Writes a session's report into a store: diagnosis.json, index.html, the CSV tables and the
 merged Perfetto trace (docs/design.md, "Object-store layout")."""
+
 from __future__ import annotations
 
 import tempfile
@@ -31,16 +32,39 @@ def _builtin(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__}")
 
 
-def diagnosis_document(*, source: str, generated: str, diagnosis: Diagnosis, full: list[Finding], tables: RankTables,
-                       total_ranks: int, failed: list[int], problems: dict[int, list[str]], merged: dict[str, Any]) -> bytes:
+def diagnosis_document(
+    *,
+    source: str,
+    generated: str,
+    diagnosis: Diagnosis,
+    full: list[Finding],
+    tables: RankTables,
+    total_ranks: int,
+    failed: list[int],
+    problems: dict[int, list[str]],
+    merged: dict[str, Any],
+) -> bytes:
     ranks = tables.ranks
-    per_rank = [{"rank": int(r), "pod": p, "node": n, "stepTimeMs": None if np.isnan(s) else round(float(s) / 1000.0, 3), "steps": int(c)}
-                for r, p, n, s, c in zip(ranks["rank"], ranks["pod"], ranks["node"], ranks["stepUs"], ranks["steps"])]
+    per_rank = [
+        {
+            "rank": int(r),
+            "pod": p,
+            "node": n,
+            "stepTimeMs": None if np.isnan(s) else round(float(s) / 1000.0, 3),
+            "steps": int(c),
+        }
+        for r, p, n, s, c in zip(ranks["rank"], ranks["pod"], ranks["node"], ranks["stepUs"], ranks["steps"])
+    ]
     document = {
-        "version": REPORT_VERSION, "source": source, "generatedAt": generated,
+        "version": REPORT_VERSION,
+        "source": source,
+        "generatedAt": generated,
         "ranks": {"total": total_ranks, "analysed": len(ranks), "failed": sorted(failed)},
-        "diagnosis": msgspec.to_builtins(diagnosis), "findings": [msgspec.structs.asdict(f) for f in full], "problems": {str(r): p for r, p in sorted(problems.items())},
-        "mergedTrace": merged, "perRank": per_rank,
+        "diagnosis": msgspec.to_builtins(diagnosis),
+        "findings": [msgspec.structs.asdict(f) for f in full],
+        "problems": {str(r): p for r, p in sorted(problems.items())},
+        "mergedTrace": merged,
+        "perRank": per_rank,
     }
     return msgspec.json.format(msgspec.json.encode(document, enc_hook=_builtin), indent=1)
 
@@ -54,9 +78,21 @@ def report_key(name: str, in_session: bool) -> str:
     return f"report/{name}" if in_session else name
 
 
-def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diagnosis, full: list[Finding], tables: RankTables,
-                 total_ranks: int, failed: list[int], problems: dict[int, list[str]], merge: MergePlan, pool: Executor,
-                 on_step: Callable[[str], object] = lambda name: None) -> dict[str, str]:
+def write_report(
+    store: Store,
+    *,
+    in_session: bool,
+    source: str,
+    diagnosis: Diagnosis,
+    full: list[Finding],
+    tables: RankTables,
+    total_ranks: int,
+    failed: list[int],
+    problems: dict[int, list[str]],
+    merge: MergePlan,
+    pool: Executor,
+    on_step: Callable[[str], object] = lambda name: None,
+) -> dict[str, str]:
     """Write every report file; returns name -> URI. A rank left out of the merged trace (no room,
     or its raw trace cannot be read) gets a problem entry; the merged trace is written first, so
     the other files say what it holds. Its ranks are rewritten in `pool`."""
@@ -78,19 +114,53 @@ def write_report(store: Store, *, in_session: bool, source: str, diagnosis: Diag
         written[merged_name] = store.uri_for(key)
     for rank, why in merged.left_out.items():
         problems.setdefault(rank, []).append(why)
-    first = [w.rank for w in diagnosis.slowWorkers] + [r for f in full if f.category in ("hang", "slow-worker") for r in f.ranks] + [0]
+    first = (
+        [w.rank for w in diagnosis.slowWorkers]
+        + [r for f in full if f.category in ("hang", "slow-worker") for r in f.ranks]
+        + [0]
+    )
     detail = detail_ranks(tables, first)
     csv = report_tables(tables, detail)
-    held = (f"kernel_details.csv and kernel_efficiency.csv hold {len(detail)} of {len(tables.ranks):,} ranks (the slow workers and the "
-            "longest median steps); every rank's figures are in its summary (ranks/rank-<r>.summary.arrow)") if detail else ""
+    held = (
+        (
+            f"kernel_details.csv and kernel_efficiency.csv hold {len(detail)} of {len(tables.ranks):,} ranks (the slow workers and the "
+            "longest median steps); every rank's figures are in its summary (ranks/rank-<r>.summary.arrow)"
+        )
+        if detail
+        else ""
+    )
     for name, frame in csv.items():
         put(name, _csv(frame))
     on_step("tables")
-    put(layout.REPORT_DIAGNOSIS.removeprefix("report/"),
-        diagnosis_document(source=source, generated=generated, diagnosis=diagnosis, full=full, tables=tables, total_ranks=total_ranks,
-                           failed=failed, problems=problems, merged=describe(merge, merged, written[merged_name])))
-    put(layout.REPORT_HTML.removeprefix("report/"),
-        render_html(title="stepscope report", source=source, generated=generated, diagnosis=diagnosis, full=full, tables=tables,
-                    csv=csv, problems=problems, total_ranks=total_ranks, merged=sentence(merge, merged), held=held).encode())
+    put(
+        layout.REPORT_DIAGNOSIS.removeprefix("report/"),
+        diagnosis_document(
+            source=source,
+            generated=generated,
+            diagnosis=diagnosis,
+            full=full,
+            tables=tables,
+            total_ranks=total_ranks,
+            failed=failed,
+            problems=problems,
+            merged=describe(merge, merged, written[merged_name]),
+        ),
+    )
+    put(
+        layout.REPORT_HTML.removeprefix("report/"),
+        render_html(
+            title="stepscope report",
+            source=source,
+            generated=generated,
+            diagnosis=diagnosis,
+            full=full,
+            tables=tables,
+            csv=csv,
+            problems=problems,
+            total_ranks=total_ranks,
+            merged=sentence(merge, merged),
+            held=held,
+        ).encode(),
+    )
     on_step("report")
     return written

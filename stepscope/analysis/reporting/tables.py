@@ -1,5 +1,6 @@
 """The report's CSV tables, in the Ascend profiler's shapes where it has one (step_trace_time,
 kernel_details, op_statistic, communication), one row per rank and item, times in microseconds."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -15,21 +16,43 @@ DETAIL_RANKS = 64
 
 def step_trace_time(tables: RankTables) -> pd.DataFrame:
     s = tables.steps
-    return pd.DataFrame({
-        "Rank": s["rank"], "Step": s["step"], "Computing": s["computingUs"], "Communication(Not Overlapped)": s["commNotOverlappedUs"],
-        "Overlapped": s["overlappedUs"], "Communication": s["communicationUs"], "Free": s["freeUs"], "Stage": s["stageUs"], "ProfilerStep Span": s["durationUs"],
-        "Idle(HTA)": s["idleUs"], "Compute(HTA)": s["computeUs"], "Non-compute(HTA)": s["nonComputeUs"],
-    }).sort_values(["Rank", "Step"], kind="stable")
+    return pd.DataFrame(
+        {
+            "Rank": s["rank"],
+            "Step": s["step"],
+            "Computing": s["computingUs"],
+            "Communication(Not Overlapped)": s["commNotOverlappedUs"],
+            "Overlapped": s["overlappedUs"],
+            "Communication": s["communicationUs"],
+            "Free": s["freeUs"],
+            "Stage": s["stageUs"],
+            "ProfilerStep Span": s["durationUs"],
+            "Idle(HTA)": s["idleUs"],
+            "Compute(HTA)": s["computeUs"],
+            "Non-compute(HTA)": s["nonComputeUs"],
+        }
+    ).sort_values(["Rank", "Step"], kind="stable")
 
 
 def kernel_details(tables: RankTables) -> pd.DataFrame:
     k = tables.kernels
-    out = pd.DataFrame({
-        "Rank": k["rank"], "Name": k["name"], "Type": k["type"], "Count": k["count"], "Total Time(us)": k["sumUs"],
-        "Avg Time(us)": k["meanUs"], "Median Time(us)": k["medianUs"], "Min Time(us)": k["minUs"], "Max Time(us)": k["maxUs"],
-        "Std(us)": k["stdUs"], "Not Overlapped(us)": k["notOverlappedUs"], "Bottleneck Ratio": k["bottleneckRatio"],
-        "Short Name": _short_names(k["name"]),
-    })
+    out = pd.DataFrame(
+        {
+            "Rank": k["rank"],
+            "Name": k["name"],
+            "Type": k["type"],
+            "Count": k["count"],
+            "Total Time(us)": k["sumUs"],
+            "Avg Time(us)": k["meanUs"],
+            "Median Time(us)": k["medianUs"],
+            "Min Time(us)": k["minUs"],
+            "Max Time(us)": k["maxUs"],
+            "Std(us)": k["stdUs"],
+            "Not Overlapped(us)": k["notOverlappedUs"],
+            "Bottleneck Ratio": k["bottleneckRatio"],
+            "Short Name": _short_names(k["name"]),
+        }
+    )
     _, compared = kernel_ratios(tables)
     if not compared.empty:
         peers = compared.set_index(["rank", "name"])[["peerMeanUs", "ratio"]]
@@ -49,40 +72,114 @@ def op_statistic(tables: RankTables) -> pd.DataFrame:
     """Kernels over all ranks: how often, how long, and their share of all kernel time."""
     k = tables.kernels
     if k.empty:
-        return pd.DataFrame(columns=["OP Type", "Core Type", "Count", "Total Time(us)", "Min Time(us)", "Avg Time(us)", "Max Time(us)", "Ratio(%)", "Ranks",
-                                     "Short Name"])
+        return pd.DataFrame(
+            columns=[
+                "OP Type",
+                "Core Type",
+                "Count",
+                "Total Time(us)",
+                "Min Time(us)",
+                "Avg Time(us)",
+                "Max Time(us)",
+                "Ratio(%)",
+                "Ranks",
+                "Short Name",
+            ]
+        )
     g = k.groupby(["name", "type"], sort=False)
-    out = pd.DataFrame({"Count": g["count"].sum(), "Total Time(us)": g["sumUs"].sum(), "Min Time(us)": g["minUs"].min(),
-                        "Max Time(us)": g["maxUs"].max(), "Ranks": g["rank"].nunique()}).reset_index()
+    out = pd.DataFrame(
+        {
+            "Count": g["count"].sum(),
+            "Total Time(us)": g["sumUs"].sum(),
+            "Min Time(us)": g["minUs"].min(),
+            "Max Time(us)": g["maxUs"].max(),
+            "Ranks": g["rank"].nunique(),
+        }
+    ).reset_index()
     out["Avg Time(us)"] = out["Total Time(us)"] / out["Count"].where(out["Count"] > 0, 1)
     total = out["Total Time(us)"].sum()
     out["Ratio(%)"] = 100.0 * out["Total Time(us)"] / (total if total > 0 else 1.0)
     out = out.rename(columns={"name": "OP Type", "type": "Core Type"})
     out["Short Name"] = _short_names(out["OP Type"])
-    return out[["OP Type", "Core Type", "Count", "Total Time(us)", "Min Time(us)", "Avg Time(us)", "Max Time(us)", "Ratio(%)", "Ranks", "Short Name"]] \
-        .sort_values("Total Time(us)", ascending=False, kind="stable")
+    return out[
+        [
+            "OP Type",
+            "Core Type",
+            "Count",
+            "Total Time(us)",
+            "Min Time(us)",
+            "Avg Time(us)",
+            "Max Time(us)",
+            "Ratio(%)",
+            "Ranks",
+            "Short Name",
+        ]
+    ].sort_values("Total Time(us)", ascending=False, kind="stable")
 
 
 def communication(tables: RankTables) -> pd.DataFrame:
     c = tables.collectives
-    return pd.DataFrame({
-        "Rank": c["rank"], "Collective": c["kind"], "Count": c["count"], "Total Time(us)": c["sumUs"], "Median Time(us)": c["medianUs"],
-        "Bytes": c["bytes"], "Bus Bandwidth(GB/s)": c["busBandwidthGBs"], "Algorithm": c["algorithm"], "Protocol": c["protocol"],
-        "Bottleneck Ratio": c["bottleneckRatio"],
-    }).sort_values(["Rank", "Total Time(us)"], ascending=[True, False], kind="stable")
+    return pd.DataFrame(
+        {
+            "Rank": c["rank"],
+            "Collective": c["kind"],
+            "Count": c["count"],
+            "Total Time(us)": c["sumUs"],
+            "Median Time(us)": c["medianUs"],
+            "Bytes": c["bytes"],
+            "Bus Bandwidth(GB/s)": c["busBandwidthGBs"],
+            "Algorithm": c["algorithm"],
+            "Protocol": c["protocol"],
+            "Bottleneck Ratio": c["bottleneckRatio"],
+        }
+    ).sort_values(["Rank", "Total Time(us)"], ascending=[True, False], kind="stable")
 
 
-EFFICIENCY_COLUMNS = ["Rank", "Kind", "Name", "Short Name", "Family", "Input Dims", "Dtype", "Count", "GPU Time(us)", "FLOPs", "Bytes",
-                      "FLOP/Byte", "TFLOP/s", "TB/s", "Peak TFLOP/s", "Peak TB/s", "% of Roofline", "Device", "Related"]
+EFFICIENCY_COLUMNS = [
+    "Rank",
+    "Kind",
+    "Name",
+    "Short Name",
+    "Family",
+    "Input Dims",
+    "Dtype",
+    "Count",
+    "GPU Time(us)",
+    "FLOPs",
+    "Bytes",
+    "FLOP/Byte",
+    "TFLOP/s",
+    "TB/s",
+    "Peak TFLOP/s",
+    "Peak TB/s",
+    "% of Roofline",
+    "Device",
+    "Related",
+]
 
 
 def kernel_efficiency(tables: RankTables) -> pd.DataFrame:
     """Each rank's ops (Kind op) and kernels (Kind kernel) with FLOPs and bytes from shapes,
     achieved rates and their place under the device's roofline (statistics/efficiency.py)."""
     e = tables.efficiency
-    names = {"rank": "Rank", "kind": "Kind", "name": "Name", "family": "Family", "shapes": "Input Dims", "dtype": "Dtype", "count": "Count",
-             "gpuUs": "GPU Time(us)", "flops": "FLOPs", "bytes": "Bytes", "tflops": "TFLOP/s", "tbs": "TB/s", "peakTflops": "Peak TFLOP/s",
-             "peakTbs": "Peak TB/s", "pctOfPeak": "% of Roofline", "related": "Related"}
+    names = {
+        "rank": "Rank",
+        "kind": "Kind",
+        "name": "Name",
+        "family": "Family",
+        "shapes": "Input Dims",
+        "dtype": "Dtype",
+        "count": "Count",
+        "gpuUs": "GPU Time(us)",
+        "flops": "FLOPs",
+        "bytes": "Bytes",
+        "tflops": "TFLOP/s",
+        "tbs": "TB/s",
+        "peakTflops": "Peak TFLOP/s",
+        "peakTbs": "Peak TB/s",
+        "pctOfPeak": "% of Roofline",
+        "related": "Related",
+    }
     if e.empty:
         t = pd.DataFrame(columns=[*names.values(), "Device"])
     else:
@@ -90,7 +187,9 @@ def kernel_efficiency(tables: RankTables) -> pd.DataFrame:
         t["Device"] = e["rank"].map(tables.ranks.set_index("rank")["device"]).to_numpy()
     t["Short Name"] = _short_names(t["Name"]) if len(t) else pd.Series(dtype=str)
     t["FLOP/Byte"] = t["FLOPs"] / t["Bytes"].where(t["Bytes"] > 0)
-    return t[EFFICIENCY_COLUMNS].sort_values(["Rank", "Kind", "GPU Time(us)"], ascending=[True, False, False], kind="stable")
+    return t[EFFICIENCY_COLUMNS].sort_values(
+        ["Rank", "Kind", "GPU Time(us)"], ascending=[True, False, False], kind="stable"
+    )
 
 
 def detail_ranks(tables: RankTables, first: list[int], limit: int = DETAIL_RANKS) -> list[int] | None:
@@ -110,9 +209,14 @@ def report_tables(tables: RankTables, detail: list[int] | None = None) -> dict[s
     kernels, efficiency = kernel_details(tables), kernel_efficiency(tables)
     if detail is not None:
         kernels, efficiency = kernels[kernels["Rank"].isin(detail)], efficiency[efficiency["Rank"].isin(detail)]
-    return {"step_trace_time.csv": step_trace_time(tables), "kernel_details.csv": kernels,
-            "op_statistic.csv": op_statistic(tables), "communication.csv": communication(tables),
-            "kernel_efficiency.csv": efficiency, "critical_path.csv": critical_path(tables)}
+    return {
+        "step_trace_time.csv": step_trace_time(tables),
+        "kernel_details.csv": kernels,
+        "op_statistic.csv": op_statistic(tables),
+        "communication.csv": communication(tables),
+        "kernel_efficiency.csv": efficiency,
+        "critical_path.csv": critical_path(tables),
+    }
 
 
 CRITICAL_PATH_COLUMNS = ["Rank", "Bound By", "Name", "Short Name", "Time(us)", "Path Share(%)", "Path(us)"]
@@ -122,7 +226,11 @@ def critical_path(tables: RankTables) -> pd.DataFrame:
     """Each rank's critical path (statistics/critical_path.py): a row per bound with Name "" (the
     path's time by what bounds it), then its top contributors."""
     names = {"rank": "Rank", "boundBy": "Bound By", "name": "Name", "us": "Time(us)", "pathUs": "Path(us)"}
-    t = tables.criticalPath.rename(columns=names) if not tables.criticalPath.empty else pd.DataFrame(columns=list(names.values()))
+    t = (
+        tables.criticalPath.rename(columns=names)
+        if not tables.criticalPath.empty
+        else pd.DataFrame(columns=list(names.values()))
+    )
     t["Short Name"] = _short_names(t["Name"]) if len(t) else pd.Series(dtype=str)
     t["Path Share(%)"] = (100 * t["Time(us)"] / t["Path(us)"].where(t["Path(us)"] > 0)).round(2)
     return t[CRITICAL_PATH_COLUMNS]

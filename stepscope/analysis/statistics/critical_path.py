@@ -30,6 +30,7 @@ inwards ends a µs before it starts: its edge weighs 0, as in HTA's search (HTA'
 reports it as -1 µs). Of the kernels of one cudaGraphLaunch, HTA's clipping keeps only the one
 its call is linked to (`hta=True`); by default all are on the graph.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,17 +44,39 @@ from . import intervals
 from .gpu_scope import HTA_COMM_KERNELS, CommKernels
 
 # HTA's BLOCKING_SYNC_CALLS: the CPU waits in them for the GPU.
-BLOCKING_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventQuery", "cudaEventSynchronize",
-                  "cudaMemcpy", "cudaMemcpyAsync")
+BLOCKING_CALLS = (
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+    "cudaEventQuery",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "cudaMemcpyAsync",
+)
 # HTA's launch calls for the queue length and the launch edges (its get_runtime_launch_events_query).
-LAUNCH_CALLS = ("cudaMemsetAsync", "cudaMemcpyAsync", "cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
-                "runFunction - job_prep_and_submit_for_execution", "hipLaunchKernel", "hipExtModuleLaunchKernel",
-                "hipMemcpyAsync", "hipMemsetAsync", "hipMemcpyWithStream")
+LAUNCH_CALLS = (
+    "cudaMemsetAsync",
+    "cudaMemcpyAsync",
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernel",
+    "runFunction - job_prep_and_submit_for_execution",
+    "hipLaunchKernel",
+    "hipExtModuleLaunchKernel",
+    "hipMemcpyAsync",
+    "hipMemsetAsync",
+    "hipMemcpyWithStream",
+)
 OPERATOR, DEPENDENCY, LAUNCH_DELAY, KERNEL_KERNEL, SYNC = range(5)
 EDGE_TYPES = ("operator", "dependency", "kernel_launch_delay", "kernel_kernel_delay", "sync_dependency")
 # HTA's bound_by of an edge, by code; "" for the edges of no weight (dependencies and syncs).
-BOUNDS = ("cpu_bound", "gpu_compute_bound", "gpu_communication_bound", "gpu_kernel_kernel_overhead",
-          "gpu_kernel_launch_overhead", "")
+BOUNDS = (
+    "cpu_bound",
+    "gpu_compute_bound",
+    "gpu_communication_bound",
+    "gpu_kernel_kernel_overhead",
+    "gpu_kernel_launch_overhead",
+    "",
+)
 CPU_BOUND, GPU_COMPUTE, GPU_COMM, KERNEL_OVERHEAD, LAUNCH_OVERHEAD, NO_BOUND = range(len(BOUNDS))
 
 
@@ -62,6 +85,7 @@ class CriticalPath:
     """The path's edges in time order: source and destination times (µs), weight, edge type (index
     into EDGE_TYPES), the trace row the edge is attributed to (-1 for none) and its bound_by (index
     into BOUNDS)."""
+
     src_ts: np.ndarray
     dst_ts: np.ndarray
     weight: np.ndarray
@@ -116,8 +140,16 @@ def _queue_lengths(trace: Trace, corr: np.ndarray, launch: np.ndarray) -> np.nda
     return q
 
 
-def _previous_launch(trace: Trace, corr: np.ndarray, launch: np.ndarray, at_rows: np.ndarray, streams: np.ndarray,
-                     pids: np.ndarray, tids: np.ndarray | None, after: bool) -> np.ndarray:
+def _previous_launch(
+    trace: Trace,
+    corr: np.ndarray,
+    launch: np.ndarray,
+    at_rows: np.ndarray,
+    streams: np.ndarray,
+    pids: np.ndarray,
+    tids: np.ndarray | None,
+    after: bool,
+) -> np.ndarray:
     """For each call in at_rows, the GPU row of the launch on (pid, stream) [and CPU thread] that comes
     last at or before it (after=False), or first at or after it (after=True); -1 where none."""
     calls = np.flatnonzero(launch & (corr >= 0))
@@ -131,7 +163,7 @@ def _previous_launch(trace: Trace, corr: np.ndarray, launch: np.ndarray, at_rows
     keys_a = np.stack([pids, streams, thread_a], axis=1)
     _, inverse = np.unique(np.concatenate([keys_c, keys_a]), axis=0, return_inverse=True)
     inverse = inverse.ravel()
-    gc, ga = inverse[: len(calls)], inverse[len(calls):]
+    gc, ga = inverse[: len(calls)], inverse[len(calls) :]
     # Each group's launches on a time axis of its own: the group's offset keeps them apart.
     span = float(max(trace.ts.max() - trace.ts.min(), 1.0)) * 4 + 4
     tc = trace.ts[calls] - trace.ts.min() + gc * span
@@ -151,8 +183,14 @@ def _previous_launch(trace: Trace, corr: np.ndarray, launch: np.ndarray, at_rows
     return out
 
 
-def critical_path(trace: Trace, rows: np.ndarray | None = None, start: float | None = None, end: float | None = None,
-                  comm: CommKernels = HTA_COMM_KERNELS, hta: bool = False) -> CriticalPath | None:
+def critical_path(
+    trace: Trace,
+    rows: np.ndarray | None = None,
+    start: float | None = None,
+    end: float | None = None,
+    comm: CommKernels = HTA_COMM_KERNELS,
+    hta: bool = False,
+) -> CriticalPath | None:
     """The critical path of the events in [start, end] (default: all), as HTA's critical_path_analysis
     clips them: CPU events starting in the window, GPU events whose launching call starts in it.
     `rows`: the rows HTA analyses (gpu_scope's, without the last step's). None when the window holds
@@ -166,8 +204,9 @@ def critical_path(trace: Trace, rows: np.ndarray | None = None, start: float | N
     return _critical_path(trace, keep, start, end, comm, hta)
 
 
-def _critical_path(trace: Trace, keep: np.ndarray, start: float | None, end: float | None, comm: CommKernels,
-                   hta: bool) -> CriticalPath | None:
+def _critical_path(
+    trace: Trace, keep: np.ndarray, start: float | None, end: float | None, comm: CommKernels, hta: bool
+) -> CriticalPath | None:
     n = len(trace)
     if n == 0 or not keep.any():
         return None
@@ -188,10 +227,24 @@ def _critical_path(trace: Trace, keep: np.ndarray, start: float | None, end: flo
     cpu_in = keep & on_cpu & (ts >= lo) & (ts <= hi) & (dur > 0)
     has_call = corr >= 0
     call = np.where(has_call, corr, 0)
-    gpu_in = keep & ~on_cpu & ((has_call & (ts[call] >= lo) & (ts[call] <= hi) & (dur[call] > 0) & on_cpu[call]
-                                & ((not hta) | (corr[call] == np.arange(n)))) | named(("Stream Wait Event",)))
-    node_ev = np.flatnonzero((cpu_in & trace.cat_mask((OPERATOR_CAT, *RUNTIME_CATS)))
-                             | (gpu_in & has_call & on_cpu[call] & cpu_in[call]))
+    gpu_in = (
+        keep
+        & ~on_cpu
+        & (
+            (
+                has_call
+                & (ts[call] >= lo)
+                & (ts[call] <= hi)
+                & (dur[call] > 0)
+                & on_cpu[call]
+                & ((not hta) | (corr[call] == np.arange(n)))
+            )
+            | named(("Stream Wait Event",))
+        )
+    )
+    node_ev = np.flatnonzero(
+        (cpu_in & trace.cat_mask((OPERATOR_CAT, *RUNTIME_CATS))) | (gpu_in & has_call & on_cpu[call] & cpu_in[call])
+    )
     if not cpu_in.any() or not (cpu_in[node_ev]).any():  # no CPU op or call: nothing to start a path
         return None
     # Kernels none of which has a launching call (an Ascend capture) are out of reach of the graph:
@@ -206,7 +259,9 @@ def _critical_path(trace: Trace, keep: np.ndarray, start: float | None, end: flo
     node_ts[0::2], node_ts[1::2] = ts[node_ev], end_ts[node_ev]
     node_row = np.repeat(node_ev.astype(np.int32), 2)
 
-    cpu_seq, cpu_w, cpu_kind, cpu_attr = _cpu_chains(trace, node_ev[on_cpu[node_ev]], slot, ts, dur, node_row, named(BLOCKING_CALLS))
+    cpu_seq, cpu_w, cpu_kind, cpu_attr = _cpu_chains(
+        trace, node_ev[on_cpu[node_ev]], slot, ts, dur, node_row, named(BLOCKING_CALLS)
+    )
 
     # --- GPU: kernels in HTA's order (syncs by their end), per stream.
     gpu_ev = node_ev[~on_cpu[node_ev] & ~sync_cat[node_ev]]
@@ -223,7 +278,7 @@ def _critical_path(trace: Trace, keep: np.ndarray, start: float | None, end: flo
     kstream = trace.stream[kern]
     by_stream = np.lexsort((kpos, kstream))
     ks = kern[by_stream]
-    first_on_stream = np.concatenate([[True], kstream[by_stream][1:] != kstream[by_stream][:-1]])[:len(ks)]
+    first_on_stream = np.concatenate([[True], kstream[by_stream][1:] != kstream[by_stream][:-1]])[: len(ks)]
     prev_kernel = np.full(n, -1, dtype=np.int64)
     prev_kernel[ks[~first_on_stream]] = ks[np.flatnonzero(~first_on_stream) - 1]
 
@@ -243,8 +298,16 @@ def _critical_path(trace: Trace, keep: np.ndarray, start: float | None, end: flo
         dest = np.full(len(waits), -1, dtype=np.int64)
         if stream_wait.any():
             w = waits[stream_wait]
-            dest[stream_wait] = _previous_launch(trace, corr, launch, wait_calls[stream_wait], trace.stream[w],
-                                                 trace.pid[w], trace.tid[wait_calls[stream_wait]], after=True)
+            dest[stream_wait] = _previous_launch(
+                trace,
+                corr,
+                launch,
+                wait_calls[stream_wait],
+                trace.stream[w],
+                trace.pid[w],
+                trace.tid[wait_calls[stream_wait]],
+                after=True,
+            )
         ok = stream_wait & (src >= 0) & (dest >= 0)
         # A wait applies to kernels processed after it.
         ok &= position[np.maximum(dest, 0)] > position[waits]
@@ -260,8 +323,13 @@ def _critical_path(trace: Trace, keep: np.ndarray, start: float | None, end: flo
     rt_ts = ts[runtime]
     prev_end = np.where(prev >= 0, end_ts[np.maximum(prev, 0)], 0)
     src_end = np.where(ksrc >= 0, end_ts[np.maximum(ksrc, 0)], 0)
-    launched = ((q[runtime] == 1) & (q[kern] == 0) & ((prev < 0) | (prev_end < rt_ts))
-                & ((ksrc < 0) | (src_end < rt_ts)) & (slot[runtime] >= 0))
+    launched = (
+        (q[runtime] == 1)
+        & (q[kern] == 0)
+        & ((prev < 0) | (prev_end < rt_ts))
+        & ((ksrc < 0) | (src_end < rt_ts))
+        & (slot[runtime] >= 0)
+    )
     after_kernel = ~launched & (prev >= 0) & ((ksrc < 0) | (src_end < prev_end))
 
     # --- Chains: each CPU thread's tokens, each stream's kernels (start, end); the in-edge along
@@ -305,8 +373,15 @@ def _critical_path(trace: Trace, keep: np.ndarray, start: float | None, end: flo
     return _longest(node_ts, seq, in_w, in_kind, in_attr, xs, xd, xw, xk, trace, comm)
 
 
-def _cpu_chains(trace: Trace, cpu_ev: np.ndarray, slot: np.ndarray, ts: np.ndarray, dur: np.ndarray,
-                node_row: np.ndarray, blocking: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _cpu_chains(
+    trace: Trace,
+    cpu_ev: np.ndarray,
+    slot: np.ndarray,
+    ts: np.ndarray,
+    dur: np.ndarray,
+    node_row: np.ndarray,
+    blocking: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each CPU thread's chain: the nodes of its ops' starts and ends in call-stack order, and the
     in-edge of each along the chain (weight, -1 at a thread's first; type; attributed row)."""
     k = len(cpu_ev)
@@ -316,8 +391,12 @@ def _cpu_chains(trace: Trace, cpu_ev: np.ndarray, slot: np.ndarray, ts: np.ndarr
     # parent) first; of two ends the later-started (the child) first; then the row. One stable sort
     # per key from the last (a lexsort would hold all the keys at once).
     order = np.argsort(np.concatenate([cpu_ev, -cpu_ev]), kind="stable")
-    for key in (np.concatenate([-dur[cpu_ev], -ts[cpu_ev]]), tok_start, np.concatenate([ts[cpu_ev], end_ts]),
-                np.concatenate([trace.tid[cpu_ev], trace.tid[cpu_ev]])):
+    for key in (
+        np.concatenate([-dur[cpu_ev], -ts[cpu_ev]]),
+        tok_start,
+        np.concatenate([ts[cpu_ev], end_ts]),
+        np.concatenate([trace.tid[cpu_ev], trace.tid[cpu_ev]]),
+    ):
         order = order[np.argsort(key[order], kind="stable")]
         del key
     tok_node = np.concatenate([2 * slot[cpu_ev], 2 * slot[cpu_ev] + 1])[order]
@@ -337,8 +416,12 @@ def _cpu_chains(trace: Trace, cpu_ev: np.ndarray, slot: np.ndarray, ts: np.ndarr
     kind = np.where(dependency, DEPENDENCY, OPERATOR)
     # HTA's attribution: start->x to the start's op, end->end to the outer op, end->start to their parent.
     attr = np.where(prev_start, prev_row, np.where(~tok_start, tok_row, parent[np.maximum(prev_row, 0)]))
-    return (tok_node, np.where(same, weight, -1), np.where(same, kind, -1).astype(np.int8),
-            np.where(same & ~dependency, attr, -1).astype(np.int32))
+    return (
+        tok_node,
+        np.where(same, weight, -1),
+        np.where(same, kind, -1).astype(np.int8),
+        np.where(same & ~dependency, attr, -1).astype(np.int32),
+    )
 
 
 def _parents(tok_start: np.ndarray, depth_after: np.ndarray, tok_row: np.ndarray) -> np.ndarray:
@@ -356,7 +439,9 @@ def _parents(tok_start: np.ndarray, depth_after: np.ndarray, tok_row: np.ndarray
     return out
 
 
-def _record_source(trace: Trace, keep: np.ndarray, corr: np.ndarray, launch: np.ndarray, waits: np.ndarray) -> np.ndarray:
+def _record_source(
+    trace: Trace, keep: np.ndarray, corr: np.ndarray, launch: np.ndarray, waits: np.ndarray
+) -> np.ndarray:
     """For each Stream Wait Event / Event Sync row, the GPU row of the kernel launched last, on the
     recorded stream, before the cudaEventRecord it waits on; -1 where unknown."""
     out = np.full(len(waits), -1, dtype=np.int64)
@@ -375,9 +460,17 @@ def _record_source(trace: Trace, keep: np.ndarray, corr: np.ndarray, launch: np.
     return out
 
 
-def _cpu_syncs(trace: Trace, syncs: np.ndarray, name_of: np.ndarray, position: np.ndarray, ks: np.ndarray,
-               first_on_stream: np.ndarray, corr: np.ndarray, slot: np.ndarray,
-               event_sync: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _cpu_syncs(
+    trace: Trace,
+    syncs: np.ndarray,
+    name_of: np.ndarray,
+    position: np.ndarray,
+    ks: np.ndarray,
+    first_on_stream: np.ndarray,
+    corr: np.ndarray,
+    slot: np.ndarray,
+    event_sync: tuple[np.ndarray, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray]:
     """GPU->CPU edges: from the last kernel before a Stream Sync on its stream, before a Context
     Sync on every stream, of an Event Sync's recorded kernel, to the end of the synchronising call."""
     src: list[np.ndarray] = []
@@ -389,8 +482,10 @@ def _cpu_syncs(trace: Trace, syncs: np.ndarray, name_of: np.ndarray, position: n
     for a, b in zip(bounds[:-1], bounds[1:]):
         stream_k = ks[a:b]
         kpos = position[stream_k]
-        want = has_end & ((name_of[syncs] == "Context Sync")
-                          | ((name_of[syncs] == "Stream Sync") & (trace.stream[syncs] == kstream[a])))
+        want = has_end & (
+            (name_of[syncs] == "Context Sync")
+            | ((name_of[syncs] == "Stream Sync") & (trace.stream[syncs] == kstream[a]))
+        )
         s = syncs[want]
         j = np.searchsorted(kpos, position[s]) - 1
         ok = j >= 0
@@ -406,8 +501,19 @@ def _cpu_syncs(trace: Trace, syncs: np.ndarray, name_of: np.ndarray, position: n
     return s[ok], d[ok]
 
 
-def _longest(node_ts: np.ndarray, seq: np.ndarray, in_w: np.ndarray, in_kind: np.ndarray, in_attr: np.ndarray,
-             xs: np.ndarray, xd: np.ndarray, xw: np.ndarray, xk: np.ndarray, trace: Trace, comm: CommKernels) -> CriticalPath:
+def _longest(
+    node_ts: np.ndarray,
+    seq: np.ndarray,
+    in_w: np.ndarray,
+    in_kind: np.ndarray,
+    in_attr: np.ndarray,
+    xs: np.ndarray,
+    xd: np.ndarray,
+    xw: np.ndarray,
+    xk: np.ndarray,
+    trace: Trace,
+    comm: CommKernels,
+) -> CriticalPath:
     m = len(node_ts)
     # A break in a chain weighs less than any path can gain after it (paths are at most the span long).
     big = 2 * int(node_ts.max() - node_ts.min()) + 1 if m else 1
@@ -460,11 +566,13 @@ def _longest(node_ts: np.ndarray, seq: np.ndarray, in_w: np.ndarray, in_kind: np
         r = int(run_start[p])
         if p > r:  # chain edges into positions r+1..p
             pos = np.arange(r + 1, p + 1)
-            pieces.append((node_ts[seq[pos - 1]], node_ts[seq[pos]], prefix[pos] - prefix[pos - 1], in_kind[pos], in_attr[pos]))
+            pieces.append(
+                (node_ts[seq[pos - 1]], node_ts[seq[pos]], prefix[pos] - prefix[pos - 1], in_kind[pos], in_attr[pos])
+            )
         e = int(cross_of[seq[r]])
         if e < 0:
             break
-        pieces.append((node_ts[xs[e:e + 1]], node_ts[xd[e:e + 1]], xw[e:e + 1], xk[e:e + 1], np.array([-1])))
+        pieces.append((node_ts[xs[e : e + 1]], node_ts[xd[e : e + 1]], xw[e : e + 1], xk[e : e + 1], np.array([-1])))
         node = int(xs[e])
     del place, run_start, cross_of, prefix
     if not pieces:
@@ -475,18 +583,34 @@ def _longest(node_ts: np.ndarray, seq: np.ndarray, in_w: np.ndarray, in_kind: np
     order = np.lexsort((parts[1], parts[0]))
     src_ts, dst_ts, weight, kind, row = (x[order] for x in parts)
     del parts, order
-    return CriticalPath(src_ts, dst_ts, weight.astype(np.int64), kind.astype(np.int64), row.astype(np.int64),
-                        _bounds(trace, kind, row, comm), rounds)
+    return CriticalPath(
+        src_ts,
+        dst_ts,
+        weight.astype(np.int64),
+        kind.astype(np.int64),
+        row.astype(np.int64),
+        _bounds(trace, kind, row, comm),
+        rounds,
+    )
 
 
 def _bounds(trace: Trace, kind: np.ndarray, row: np.ndarray, comm: CommKernels) -> np.ndarray:
     """HTA's bound_by of each edge."""
     on_gpu = (row >= 0) & (trace.stream[np.maximum(row, 0)] != -1)
     is_comm = trace.name_mask(lambda s: comm.library(s) is not None, np.maximum(row, 0))
-    out = np.where(kind == KERNEL_KERNEL, KERNEL_OVERHEAD, np.where(
-        kind == LAUNCH_DELAY, LAUNCH_OVERHEAD, np.where(
-            (kind == DEPENDENCY) | (kind == SYNC), NO_BOUND, np.where(
-                ~on_gpu, CPU_BOUND, np.where(is_comm, GPU_COMM, GPU_COMPUTE)))))
+    out = np.where(
+        kind == KERNEL_KERNEL,
+        KERNEL_OVERHEAD,
+        np.where(
+            kind == LAUNCH_DELAY,
+            LAUNCH_OVERHEAD,
+            np.where(
+                (kind == DEPENDENCY) | (kind == SYNC),
+                NO_BOUND,
+                np.where(~on_gpu, CPU_BOUND, np.where(is_comm, GPU_COMM, GPU_COMPUTE)),
+            ),
+        ),
+    )
     return out.astype(np.int64)
 
 
@@ -508,16 +632,27 @@ def path_summary(trace: Trace, path: CriticalPath, top: int = 15, spans: int = 2
     uniq, inverse = np.unique(keys, return_inverse=True)
     sums = np.bincount(inverse, weights=weight[keep], minlength=len(uniq))
     order = np.argsort(-sums, kind="stable")[:top]
-    shares = [PathShare(name=labels[int(uniq[i]) % len(labels)], boundBy=BOUNDS[int(uniq[i]) // len(labels)], us=float(sums[i]))
-              for i in order]
+    shares = [
+        PathShare(
+            name=labels[int(uniq[i]) % len(labels)], boundBy=BOUNDS[int(uniq[i]) // len(labels)], us=float(sums[i])
+        )
+        for i in order
+    ]
     kept_rows = np.flatnonzero(keep)
     longest = kept_rows[np.argsort(-weight[kept_rows], kind="stable")[:spans]]
     longest = longest[np.argsort(path.src_ts[longest], kind="stable")]
     span_labels, name_of = np.unique(label[longest], return_inverse=True)
     return CriticalPathSummary(
-        totalUs=float(weight.sum()), startUs=float(path.src_ts.min()) if len(weight) else 0.0,
+        totalUs=float(weight.sum()),
+        startUs=float(path.src_ts.min()) if len(weight) else 0.0,
         endUs=float(path.dst_ts.max()) if len(weight) else 0.0,
-        byBound=dict(sorted(path.breakdown().items())), top=shares,
-        spans=[(float(a), float(b), int(c), BOUNDS[d]) for a, b, c, d in zip(
-            path.src_ts[longest].tolist(), weight[longest].tolist(), name_of.tolist(), path.bound[longest].tolist())],
-        spanNames=[labels[int(i)][:_SPAN_NAME_CHARS] for i in span_labels])
+        byBound=dict(sorted(path.breakdown().items())),
+        top=shares,
+        spans=[
+            (float(a), float(b), int(c), BOUNDS[d])
+            for a, b, c, d in zip(
+                path.src_ts[longest].tolist(), weight[longest].tolist(), name_of.tolist(), path.bound[longest].tolist()
+            )
+        ],
+        spanNames=[labels[int(i)][:_SPAN_NAME_CHARS] for i in span_labels],
+    )

@@ -10,6 +10,7 @@ mean 1 per input element, softmax 5 and layer/RMS norm 8. Bytes are each tensor 
 output written once (no cache reuse), the traffic a kernel cannot avoid. A kernel belongs to the
 innermost op that launched it (Kineto's External id), so aten::linear's time is its addmm's.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,10 +28,21 @@ from .devices import DevicePeak, device_peak
 
 # dtype as the profiler writes it -> (bytes per element, class of peak rate; "" for none).
 _DTYPES = {
-    "float": (4, "fp32"), "c10::BFloat16": (2, "bf16"), "c10::Half": (2, "fp16"), "double": (8, ""),
-    "c10::Float8_e4m3fn": (1, "fp8"), "c10::Float8_e5m2": (1, "fp8"), "c10::Float8_e4m3fnuz": (1, "fp8"),
-    "c10::Float8_e5m2fnuz": (1, "fp8"), "long int": (8, ""), "long": (8, ""), "int": (4, ""), "short": (2, ""),
-    "unsigned char": (1, ""), "signed char": (1, ""), "bool": (1, ""),
+    "float": (4, "fp32"),
+    "c10::BFloat16": (2, "bf16"),
+    "c10::Half": (2, "fp16"),
+    "double": (8, ""),
+    "c10::Float8_e4m3fn": (1, "fp8"),
+    "c10::Float8_e5m2": (1, "fp8"),
+    "c10::Float8_e4m3fnuz": (1, "fp8"),
+    "c10::Float8_e5m2fnuz": (1, "fp8"),
+    "long int": (8, ""),
+    "long": (8, ""),
+    "int": (4, ""),
+    "short": (2, ""),
+    "unsigned char": (1, ""),
+    "signed char": (1, ""),
+    "bool": (1, ""),
 }
 # Attention ops: (layout of q/k/v dims, position of the argument saying causal, backward).
 _ATTENTION = {
@@ -47,8 +59,14 @@ _ATTENTION = {
     "flash_attn::_flash_attn_forward": ("BLHD", 5, False),
     "flash_attn::_flash_attn_backward": ("BLHD", 11, True),
 }
-_FLOPS_PER_ELEMENT = {"aten::_softmax": 5, "aten::_log_softmax": 5, "aten::native_layer_norm": 8, "aten::_fused_rms_norm": 8,
-                      "aten::sum": 1, "aten::mean": 1}
+_FLOPS_PER_ELEMENT = {
+    "aten::_softmax": 5,
+    "aten::_log_softmax": 5,
+    "aten::native_layer_norm": 8,
+    "aten::_fused_rms_norm": 8,
+    "aten::sum": 1,
+    "aten::mean": 1,
+}
 _NO_FLOPS = ("aten::copy_", "aten::fill_")
 MAX_ROWS = 50
 MAX_SIZE = 1 << 40  # elements along one dimension: more is no tensor that ran
@@ -88,7 +106,9 @@ def _gemm(name: str, dims: list, types: list, concrete: list) -> Cost | None:
     batch = a[0] if len(a) == 3 else 1
     m, k, n = a[-2], a[-1], b[-1]
     out_type = "c10::BFloat16" if name == "aten::_scaled_mm" else ta
-    nbytes = batch * (m * k * _size(ta) + k * n * _size(tb) + m * n * _size(out_type)) + sum(_numel(d) * _size(x) for d, x in bias)
+    nbytes = batch * (m * k * _size(ta) + k * n * _size(tb) + m * n * _size(out_type)) + sum(
+        _numel(d) * _size(x) for d, x in bias
+    )
     return Cost("gemm", 2.0 * batch * m * n * k, float(nbytes), ta)
 
 
@@ -111,7 +131,9 @@ def _conv(name: str, dims: list, types: list, concrete: list) -> Cost | None:
         grad_in, grad_w = ((m.strip() == "True") for m in (mask + ["False", "False"])[:2])
         flops = 2.0 * _numel(grad_out) * _numel(weight[1:]) * (grad_in + grad_w)
         written = _numel(inp) * grad_in + _numel(weight) * grad_w
-        return Cost("conv", flops, float((_numel(grad_out) + _numel(inp) + _numel(weight) + written) * _size(dtype)), dtype)
+        return Cost(
+            "conv", flops, float((_numel(grad_out) + _numel(inp) + _numel(weight) + written) * _size(dtype)), dtype
+        )
     if len(t) < 2 or len(t[0][0]) < 3 or len(t[0][0]) != len(t[1][0]):
         return None
     (inp, dtype), (weight, _) = t[0], t[1]
@@ -120,7 +142,9 @@ def _conv(name: str, dims: list, types: list, concrete: list) -> Cost | None:
     if len(lists) < 3 or any(len(v) != spatial for v in lists[:3]):
         return None  # padding, stride and dilation not recorded (older profilers)
     padding, stride, dilation = lists[:3]
-    out = [(inp[2 + i] + 2 * padding[i] - dilation[i] * (weight[2 + i] - 1) - 1) // stride[i] + 1 for i in range(spatial)]
+    out = [
+        (inp[2 + i] + 2 * padding[i] - dilation[i] * (weight[2 + i] - 1) - 1) // stride[i] + 1 for i in range(spatial)
+    ]
     out_numel = inp[0] * weight[0] * _numel(out)
     flops = 2.0 * out_numel * _numel(weight[1:])
     return Cost("conv", flops, float((_numel(inp) + _numel(weight) + out_numel) * _size(dtype)), dtype)
@@ -153,13 +177,17 @@ def _elementwise(name: str, dims: list, types: list, concrete: list) -> Cost | N
         n = _numel(t[0][0])
         reduction = name in ("aten::sum", "aten::mean")
         nbytes = n * _size(dtype) * (1 if reduction else 2) + sum(_numel(d) * _size(x) for d, x in t[1:])
-        return Cost("reduction" if reduction else "normalization", float(_FLOPS_PER_ELEMENT[name] * n), float(nbytes), dtype)
+        return Cost(
+            "reduction" if reduction else "normalization", float(_FLOPS_PER_ELEMENT[name] * n), float(nbytes), dtype
+        )
     try:
         out = list(np.broadcast_shapes(*(tuple(d) for d, _ in t)))
     except ValueError:
         return None
     n = _numel(out)
-    reads = 0 if name == "aten::fill_" else sum(_numel(d) * _size(x) for d, x in (t[1:] if name == "aten::copy_" else t))
+    reads = (
+        0 if name == "aten::fill_" else sum(_numel(d) * _size(x) for d, x in (t[1:] if name == "aten::copy_" else t))
+    )
     flops = 0.0 if name in _NO_FLOPS else float(n)
     return Cost("elementwise", flops, float(reads + n * _size(dtype)), dtype)
 
@@ -168,7 +196,12 @@ def op_cost(name: str, dims: list, types: list, concrete: list) -> Cost | None:
     """FLOPs and bytes of one op from its recorded inputs; None where the shapes do not say."""
     family: Callable[[str, list, list, list], Cost | None]
     # Sizes of a corrupt or hostile trace (negative, absurd, not numbers) give no figures.
-    if any(not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < MAX_SIZE for d in dims if isinstance(d, list) for x in d):
+    if any(
+        not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < MAX_SIZE
+        for d in dims
+        if isinstance(d, list)
+        for x in d
+    ):
         return None
     if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm"):
         family = _gemm
@@ -201,8 +234,16 @@ def device_of(trace: Trace, gpu: int) -> DeviceSpec | None:
     return DeviceSpec(name=name, model=peak.name, tflops=peak.tflops, tbs=peak.tbs) if peak else None
 
 
-def _row(name: str, cost: Cost | None, count: int, gpu_us: float, flops: float, nbytes: float, device: DeviceSpec | None,
-         **known: str) -> OpEfficiency:
+def _row(
+    name: str,
+    cost: Cost | None,
+    count: int,
+    gpu_us: float,
+    flops: float,
+    nbytes: float,
+    device: DeviceSpec | None,
+    **known: str,
+) -> OpEfficiency:
     assert cost is not None  # kernels are linked to costed ops only
     dtype = cost.dtype
     rate_class = _DTYPES.get(dtype, (0, ""))[1]
@@ -212,13 +253,31 @@ def _row(name: str, cost: Cost | None, count: int, gpu_us: float, flops: float, 
     tbs = nbytes / gpu_us / 1e6 if gpu_us > 0 else 0.0
     # Achieved over the roofline at this intensity, min(peak, intensity x bandwidth): the larger of
     # the two fractions of peak.
-    shares = [x for x in (tflops / peak_tflops if peak_tflops else None, tbs / peak_tbs if peak_tbs else None) if x is not None]
-    return OpEfficiency(name=name, family=cost.family, dtype=dtype, count=count, gpuUs=gpu_us, flops=flops, bytes=nbytes,
-                        tflops=tflops, tbs=tbs, peakTflops=peak_tflops, peakTbs=peak_tbs,
-                        pctOfPeak=round(100 * max(shares), 2) if shares else None, **known)
+    shares = [
+        x
+        for x in (tflops / peak_tflops if peak_tflops else None, tbs / peak_tbs if peak_tbs else None)
+        if x is not None
+    ]
+    return OpEfficiency(
+        name=name,
+        family=cost.family,
+        dtype=dtype,
+        count=count,
+        gpuUs=gpu_us,
+        flops=flops,
+        bytes=nbytes,
+        tflops=tflops,
+        tbs=tbs,
+        peakTflops=peak_tflops,
+        peakTbs=peak_tbs,
+        pctOfPeak=round(100 * max(shares), 2) if shares else None,
+        **known,
+    )
 
 
-def efficiency(trace: Trace, device: DeviceSpec | None, top: int = MAX_ROWS) -> tuple[list[OpEfficiency], list[OpEfficiency]]:
+def efficiency(
+    trace: Trace, device: DeviceSpec | None, top: int = MAX_ROWS
+) -> tuple[list[OpEfficiency], list[OpEfficiency]]:
     """Per op (name, shapes, dtype) and per kernel: the `top` of each by GPU time."""
     sh = trace.shapes
     if len(sh.row) == 0:
@@ -232,7 +291,9 @@ def efficiency(trace: Trace, device: DeviceSpec | None, top: int = MAX_ROWS) -> 
     if len(used) == 0:
         return [], []
     # Ops of one shape repeat thousands of times with the same recorded text: each is costed once.
-    keys = [b"\0".join((str(int(trace.name[sh.row[i]])).encode(), sh.dims[i], sh.types[i], sh.concrete[i])) for i in used]
+    keys = [
+        b"\0".join((str(int(trace.name[sh.row[i]])).encode(), sh.dims[i], sh.types[i], sh.concrete[i])) for i in used
+    ]
     distinct, first_used, inverse_used = np.unique(np.array(keys, dtype=object), return_index=True, return_inverse=True)
     first = used[first_used]  # index into sh of each distinct op shape's first op
     inverse = np.full(len(sh.row), -1)
@@ -240,7 +301,9 @@ def efficiency(trace: Trace, device: DeviceSpec | None, top: int = MAX_ROWS) -> 
     costs = []
     for i in first:
         name = trace.names[int(trace.name[sh.row[i]])]
-        costs.append(op_cost(name, _decode(sh.dims[i]), _decode(sh.types[i]), [str(v) for v in _decode(sh.concrete[i])]))
+        costs.append(
+            op_cost(name, _decode(sh.dims[i]), _decode(sh.types[i]), [str(v) for v in _decode(sh.concrete[i])])
+        )
     costed = np.array([c is not None for c in costs], dtype=bool)
     keep = costed[inverse[op_of_kernel]]
     kernels, op_of_kernel = kernels[keep], op_of_kernel[keep]
@@ -259,9 +322,21 @@ def efficiency(trace: Trace, device: DeviceSpec | None, top: int = MAX_ROWS) -> 
     g_bytes = np.bincount(group, weights=nbytes[ran], minlength=len(distinct))
     g_count = np.bincount(group, minlength=len(distinct))
     main_kernel = _main_kernel(trace, kernels, inverse[op_of_kernel], dur, len(distinct))
-    ops = [_row(trace.names[int(trace.name[sh.row[first[g]]])], costs[g], int(g_count[g]), float(g_us[g]), float(g_flops[g]),
-                float(g_bytes[g]), device, shapes=_compact(sh.dims[first[g]]), related=main_kernel[g])
-           for g in np.argsort(-g_us, kind="stable")[:top] if g_us[g] > 0 and costs[g] is not None]
+    ops = [
+        _row(
+            trace.names[int(trace.name[sh.row[first[g]]])],
+            costs[g],
+            int(g_count[g]),
+            float(g_us[g]),
+            float(g_flops[g]),
+            float(g_bytes[g]),
+            device,
+            shapes=_compact(sh.dims[first[g]]),
+            related=main_kernel[g],
+        )
+        for g in np.argsort(-g_us, kind="stable")[:top]
+        if g_us[g] > 0 and costs[g] is not None
+    ]
     # Per kernel name: each kernel takes its op's FLOPs and bytes in proportion to its time.
     share = np.divide(dur, op_us[op_of_kernel], out=np.zeros(len(dur)), where=op_us[op_of_kernel] > 0)
     codes, k_inverse = np.unique(trace.name[kernels], return_inverse=True)
@@ -274,9 +349,19 @@ def efficiency(trace: Trace, device: DeviceSpec | None, top: int = MAX_ROWS) -> 
     for k in np.argsort(-k_us, kind="stable")[:top]:
         groups = op_group[k_inverse == k]
         g = int(np.bincount(groups, weights=dur[k_inverse == k]).argmax())
-        per_kernel.append(_row(trace.names[int(codes[k])], costs[g], int(k_count[k]), float(k_us[k]), float(k_flops[k]),
-                               float(k_bytes[k]), device, shapes=_compact(sh.dims[first[g]]),
-                               related=trace.names[int(trace.name[sh.row[first[g]]])]))
+        per_kernel.append(
+            _row(
+                trace.names[int(codes[k])],
+                costs[g],
+                int(k_count[k]),
+                float(k_us[k]),
+                float(k_flops[k]),
+                float(k_bytes[k]),
+                device,
+                shapes=_compact(sh.dims[first[g]]),
+                related=trace.names[int(trace.name[sh.row[first[g]]])],
+            )
+        )
     return ops, per_kernel
 
 

@@ -7,6 +7,7 @@ computed over that scope so that it can be checked against HTA; the last step is
 by the profiler stopping. (HTA counts the step names of all ranks loaded together; a rank
 summarised alone counts its own, which differs only if ranks captured different steps.)
 """
+
 from __future__ import annotations
 
 import re
@@ -47,6 +48,7 @@ COMM_KERNEL_PATTERNS: tuple[tuple[str, str], ...] = (
 class CommKernels:
     """Which kernels count as communication: HTA's nccl regex, then `patterns` (library, regex).
     CommKernels(()) is HTA's definition, whose numbers the HTA parity checks reproduce."""
+
     patterns: tuple[tuple[str, str], ...] = COMM_KERNEL_PATTERNS
 
     def library(self, name: str) -> str | None:
@@ -131,5 +133,10 @@ def gpu_scope(trace: Trace, comm: CommKernels = DEFAULT_COMM_KERNELS) -> GpuScop
         rows = np.concatenate([np.repeat(gpu_rows, mult), cpu_kept])
         filtered = True
     gpu = rows[trace.stream[rows] != -1]
-    return GpuScope(rows=rows, gpu=gpu, types=name_types(trace, comm)[trace.name[gpu]], filtered=filtered,
-                    last_step_start=last_start)
+    return GpuScope(
+        rows=rows,
+        gpu=gpu,
+        types=name_types(trace, comm)[trace.name[gpu]],
+        filtered=filtered,
+        last_step_start=last_start,
+    )

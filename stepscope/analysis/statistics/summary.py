@@ -1,4 +1,5 @@
 """One rank's trace -> its RankSummary (analysis/model.py), the compact form the edge uploads."""
+
 from __future__ import annotations
 
 import re
@@ -50,8 +51,15 @@ def _with_collective_time(trace: Trace, steps: list[StepRow]) -> list[StepRow]:
     return steps
 
 
-def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str = "", top: int = 50,
-              comm: CommKernels = DEFAULT_COMM_KERNELS) -> RankSummary:
+def summarize(
+    trace: Trace,
+    *,
+    rank: int | None = None,
+    pod: str = "",
+    node: str = "",
+    top: int = 50,
+    comm: CommKernels = DEFAULT_COMM_KERNELS,
+) -> RankSummary:
     """`top`: kernels of each type and Python functions kept (a diff of two runs wants them all).
     `comm`: the kernels counted as communication (HTA_COMM_KERNELS for HTA's own numbers)."""
     warnings = list(trace.warnings)
@@ -82,8 +90,13 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
     op_efficiency, kernel_efficiency = efficiency(trace, device, top=top)
     # Over the profiled steps (HTA's annotation "ProfilerStep", all instances), of the rows HTA keeps.
     try:
-        path = critical_path(trace, scope.rows, float(starts.min()) if len(numbers) else None,
-                             float(ends.max()) if len(numbers) else None, comm=comm)
+        path = critical_path(
+            trace,
+            scope.rows,
+            float(starts.min()) if len(numbers) else None,
+            float(ends.max()) if len(numbers) else None,
+            comm=comm,
+        )
     except Exception as exc:  # noqa: BLE001 - a path the trace's graph cannot give must not cost the rank's summary
         path = None
         warnings.append(f"no critical path: {type(exc).__name__}: {exc}")
@@ -120,14 +133,27 @@ def summarize(trace: Trace, *, rank: int | None = None, pod: str = "", node: str
     )
 
 
-def summarize_file(path: str | Path, *, rank: int | None = None, pod: str = "", node: str = "", top: int = 50,
-                   samples: pd.DataFrame | None = None, comm: CommKernels = DEFAULT_COMM_KERNELS) -> RankSummary:
+def summarize_file(
+    path: str | Path,
+    *,
+    rank: int | None = None,
+    pod: str = "",
+    node: str = "",
+    top: int = 50,
+    samples: pd.DataFrame | None = None,
+    comm: CommKernels = DEFAULT_COMM_KERNELS,
+) -> RankSummary:
     """Summarise a trace file; never raises: an unreadable trace gives a summary with `error` set.
     With `samples` (its node's GPU samples, loading.gpu_samples.read_metrics) the summary gets the
     per-step hardware statistics of its GPU."""
     known_rank = rank if rank is not None else rank_from_name(path)
-    failed = RankSummary(version=SUMMARY_VERSION, rank=-1 if known_rank is None else known_rank, pod=pod,
-                         node=node, source=Path(path).name)
+    failed = RankSummary(
+        version=SUMMARY_VERSION,
+        rank=-1 if known_rank is None else known_rank,
+        pod=pod,
+        node=node,
+        source=Path(path).name,
+    )
     try:
         ascend = capture_dir(Path(path)) if Path(path).name == TRACE_VIEW else None
         trace = load_capture(ascend) if ascend is not None else load_trace(path)

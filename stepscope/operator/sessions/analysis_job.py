@@ -4,6 +4,7 @@ for the operator, which alone writes the session's status.
 
 It runs as the session's own ServiceAccount, which may only get this session; store credentials
 arrive as env from the session's Secret."""
+
 from __future__ import annotations
 
 import logging
@@ -32,8 +33,15 @@ def run_session_analysis(namespace: str, name: str) -> int:
         dest = destination(spec, namespace, name, obj["metadata"]["uid"])
         creds = credentials.from_env()
         store = open_destination(spec, dest, creds)
-        diagnosis = analysis.report(dest, endpoint=spec.storage.endpoint, region=spec.storage.region, credentials=creds, progress=False,
-                                    ambient_credentials=False, comm_kernel_patterns=spec.analysis.commKernelPatterns)
+        diagnosis = analysis.report(
+            dest,
+            endpoint=spec.storage.endpoint,
+            region=spec.storage.region,
+            credentials=creds,
+            progress=False,
+            ambient_credentials=False,
+            comm_kernel_patterns=spec.analysis.commKernelPatterns,
+        )
     except Exception as exc:
         log.exception("analysis of %s/%s failed", namespace, name)
         message = f"analysis failed: {type(exc).__name__}: {exc}"[:1000]
@@ -73,8 +81,10 @@ def run_session_shard(namespace: str, name: str, index: int, shards: int) -> int
         log.exception("shard %d of %d of %s/%s failed", index, shards, namespace, name)
         print(f"shard {index} of {shards} failed: {type(exc).__name__}: {exc}"[:1000], file=sys.stderr)
         return 1
-    print(f"shard {index} of {shards}: ranks {compact_ranks(result.ranks)}; summarised {compact_ranks(result.written)}; "
-          f"{len(result.kept)} had a summary")
+    print(
+        f"shard {index} of {shards}: ranks {compact_ranks(result.ranks)}; summarised {compact_ranks(result.written)}; "
+        f"{len(result.kept)} had a summary"
+    )
     return 0
 
 

@@ -5,6 +5,7 @@ ProfileSessions, nothing else; helm/stepscope/templates/rbac.yaml), so the opera
 creates no identity; the chart's ValidatingAdmissionPolicy refuses any other Job of the operator's
 (image, account, privilege). The pod spec passes Pod Security `restricted`. The Job is owned by
 the session, so deleting the session garbage-collects it."""
+
 from __future__ import annotations
 
 import copy
@@ -18,13 +19,30 @@ from stepscope.operator.credentials import ENV_OF_FIELD
 from stepscope.operator.settings import GROUP, IMAGE_UID, KIND, SESSION_LABEL, VERSION, OperatorSettings
 
 # Pod Security "restricted" (the image's USER is named, so runAsNonRoot holds before it is pulled).
-POD_SECURITY_CONTEXT = {"runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID, "seccompProfile": {"type": "RuntimeDefault"}}
-CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False, "runAsNonRoot": True,
-                              "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+POD_SECURITY_CONTEXT = {
+    "runAsNonRoot": True,
+    "runAsUser": IMAGE_UID,
+    "runAsGroup": IMAGE_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": False,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def owner_reference(name: str, uid: str) -> dict[str, Any]:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": name, "uid": uid, "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def job_name(name: str, uid: str) -> str:
@@ -34,30 +52,53 @@ def job_name(name: str, uid: str) -> str:
 
 
 def _meta(name: str, namespace: str, session: str, uid: str) -> dict[str, Any]:
-    return {"name": name, "namespace": namespace, "labels": {SESSION_LABEL: session, "app.kubernetes.io/managed-by": "stepscope"}, "ownerReferences": [owner_reference(session, uid)]}
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": {SESSION_LABEL: session, "app.kubernetes.io/managed-by": "stepscope"},
+        "ownerReferences": [owner_reference(session, uid)],
+    }
 
 
-def job(namespace: str, session: str, uid: str, settings: OperatorSettings, secret: str | None, secret_keys: dict[str, str]) -> dict[str, Any]:
+def job(
+    namespace: str, session: str, uid: str, settings: OperatorSettings, secret: str | None, secret_keys: dict[str, str]
+) -> dict[str, Any]:
     """The Job running `stepscope analyze --session NS/NAME`; store credentials come in as env
     from the session's Secret (secret_keys: wire field -> the Secret's data key)."""
-    env = [{"name": ENV_OF_FIELD[field], "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}} for field, key in sorted(secret_keys.items())] if secret else []
+    env = (
+        [
+            {"name": ENV_OF_FIELD[field], "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+            for field, key in sorted(secret_keys.items())
+        ]
+        if secret
+        else []
+    )
     container = {
         "name": "analysis",
         "image": settings.image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["stepscope", "analyze", "--session", f"{namespace}/{session}"],
         "env": env,
-        "resources": {"requests": {"cpu": settings.analysis_cpu, "memory": settings.analysis_memory}, "limits": {"memory": settings.analysis_memory}},
+        "resources": {
+            "requests": {"cpu": settings.analysis_cpu, "memory": settings.analysis_memory},
+            "limits": {"memory": settings.analysis_memory},
+        },
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     return {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job_name(session, uid), namespace, session, uid),
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(job_name(session, uid), namespace, session, uid),
         "spec": {
             "backoffLimit": 1,
             "template": {
                 "metadata": {"labels": {SESSION_LABEL: session}},
-                "spec": {"serviceAccountName": settings.analysis_account, "restartPolicy": "Never",
-                         "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT), "containers": [container]},
+                "spec": {
+                    "serviceAccountName": settings.analysis_account,
+                    "restartPolicy": "Never",
+                    "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
+                    "containers": [container],
+                },
             },
         },
     }
@@ -87,8 +128,16 @@ def shard_plan(unsummarised: int, requested: int, limit: int) -> tuple[int, int]
     return min(unsummarised, max(parallelism, math.ceil(unsummarised / RANKS_PER_SHARD))), parallelism
 
 
-def shard_job(namespace: str, session: str, uid: str, settings: OperatorSettings, secret: str | None, secret_keys: dict[str, str],
-              completions: int, parallelism: int) -> dict[str, Any]:
+def shard_job(
+    namespace: str,
+    session: str,
+    uid: str,
+    settings: OperatorSettings,
+    secret: str | None,
+    secret_keys: dict[str, str],
+    completions: int,
+    parallelism: int,
+) -> dict[str, Any]:
     """The Indexed Job whose pod of completion index i runs `stepscope analyze --session NS/NAME
     --shards <completions>`: it summarises shard i of the session's raw traces into its store. The
     Job controller runs, retries (per index) and counts the shards; the same pod as the analysis Job's."""
@@ -96,13 +145,28 @@ def shard_job(namespace: str, session: str, uid: str, settings: OperatorSettings
     manifest["metadata"]["name"] = shard_name(session, uid)
     spec = manifest["spec"]
     del spec["backoffLimit"]  # with backoffLimitPerIndex, the Job controller's default: every index runs
-    spec.update({"completionMode": "Indexed", "completions": completions, "parallelism": parallelism, "backoffLimitPerIndex": SHARD_RETRIES})
+    spec.update(
+        {
+            "completionMode": "Indexed",
+            "completions": completions,
+            "parallelism": parallelism,
+            "backoffLimitPerIndex": SHARD_RETRIES,
+        }
+    )
     spec["template"]["spec"]["containers"][0]["command"] += ["--shards", str(completions)]
     return manifest
 
 
-def create_shards(namespace: str, session: str, uid: str, settings: OperatorSettings, secret: str | None, secret_keys: dict[str, str],
-                  completions: int, parallelism: int) -> str:
+def create_shards(
+    namespace: str,
+    session: str,
+    uid: str,
+    settings: OperatorSettings,
+    secret: str | None,
+    secret_keys: dict[str, str],
+    completions: int,
+    parallelism: int,
+) -> str:
     """Create (or find, after a restart) the shard Job; returns its name."""
     manifest = shard_job(namespace, session, uid, settings, secret, secret_keys, completions, parallelism)
     batch = kube.batch()
@@ -110,7 +174,9 @@ def create_shards(namespace: str, session: str, uid: str, settings: OperatorSett
     return manifest["metadata"]["name"]
 
 
-def create_analysis(namespace: str, session: str, uid: str, settings: OperatorSettings, secret: str | None, secret_keys: dict[str, str]) -> str:
+def create_analysis(
+    namespace: str, session: str, uid: str, settings: OperatorSettings, secret: str | None, secret_keys: dict[str, str]
+) -> str:
     """Create (or find, after a restart) the Job; returns its name."""
     manifest = job(namespace, session, uid, settings, secret, secret_keys)
     batch = kube.batch()
@@ -141,7 +207,11 @@ def pod_presence(job_obj: Any) -> tuple[float | None, int]:
     """(creation time as epoch seconds, pods the Job has or had) of a Job read through the client."""
     created = job_obj.metadata.creation_timestamp if job_obj is not None and job_obj.metadata else None
     status = job_obj.status if job_obj is not None else None
-    pods = sum((getattr(status, f, None) or 0) for f in ("active", "ready", "succeeded", "failed", "terminating")) if status else 0
+    pods = (
+        sum((getattr(status, f, None) or 0) for f in ("active", "ready", "succeeded", "failed", "terminating"))
+        if status
+        else 0
+    )
     return (created.timestamp() if created else None), pods
 
 
@@ -149,7 +219,11 @@ def failed_create(namespace: str, job_name: str) -> str:
     """The message of the Job controller's latest FailedCreate event on the Job ("Error creating:
     pods ... is forbidden: violates PodSecurity ..."), or "" when there is none or it cannot be read."""
     try:
-        events = kube.core().list_namespaced_event(namespace, field_selector=f"involvedObject.name={job_name},reason=FailedCreate").items
+        events = (
+            kube.core()
+            .list_namespaced_event(namespace, field_selector=f"involvedObject.name={job_name},reason=FailedCreate")
+            .items
+        )
     except ApiException:
         return ""  # an operator without `list events` fails the session at spec.timeoutSeconds, as before
     latest = max(events, key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp, default=None)

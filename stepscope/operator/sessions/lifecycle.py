@@ -3,6 +3,7 @@ Failed. Runs as the session's kopf daemon, so an operator restart resumes it fro
 its pod record (stepscope.operator.sessions.pod_record): the phase says where it was, the record which
 sidecars were triggered, and those are never triggered again (the PUT is idempotent too, for a
 restart between the PUT and the record's write)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,11 +27,33 @@ from stepscope.contracts.wire import aligned_start_step
 from stepscope.operator import credentials, kube, metrics
 from stepscope.operator.namespace_keys import namespace_key
 from stepscope.operator.sessions import cancellation, fanout, jobs, phases, pod_record
-from stepscope.operator.sessions.phases import Action, Captured, Failure, Finish, GiveUp, ReadAnalysis, RecordPods, Report, Retry, RunState, Trigger, Wait
+from stepscope.operator.sessions.phases import (
+    Action,
+    Captured,
+    Failure,
+    Finish,
+    GiveUp,
+    ReadAnalysis,
+    RecordPods,
+    Report,
+    Retry,
+    RunState,
+    Trigger,
+    Wait,
+)
 from stepscope.operator.sessions.pod_record import PodRecord
 from stepscope.operator.sessions.record import SessionRecord, destination, open_destination
 from stepscope.operator.sessions.selection import Target, label_selector, not_injected, select_targets, target_of
-from stepscope.operator.sessions.status import MAX_MESSAGE, PodProgress, StatusWriter, diagnosed_status, now_iso, parse_iso, pod_counts, set_condition
+from stepscope.operator.sessions.status import (
+    MAX_MESSAGE,
+    PodProgress,
+    StatusWriter,
+    diagnosed_status,
+    now_iso,
+    parse_iso,
+    pod_counts,
+    set_condition,
+)
 from stepscope.operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -49,6 +72,7 @@ def _api_message(exc: ApiException) -> str:
 class Context:
     """What every session's and trigger's daemon shares: settings, the operator's HMAC key (never
     logged, never in a repr) and the bound on requests open to sidecars at once (fanout)."""
+
     settings: OperatorSettings
     key: bytes = field(repr=False)
     sidecars: fanout.Limit = field(init=False, repr=False)
@@ -93,7 +117,9 @@ class SessionRunner:
     """The I/O shell around stepscope.operator.sessions.phases: it observes the pods, sidecars and the
     analysis Job, asks `phases.step` what to do, and does it."""
 
-    def __init__(self, obj: dict[str, Any], ctx: Context, stopped: Any, logger: logging.Logger | logging.LoggerAdapter) -> None:
+    def __init__(
+        self, obj: dict[str, Any], ctx: Context, stopped: Any, logger: logging.Logger | logging.LoggerAdapter
+    ) -> None:
         self.obj = obj
         meta = obj["metadata"]
         self.ns, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
@@ -128,10 +154,21 @@ class SessionRunner:
     def _step(self, obs: phases.Observation) -> list[Action]:
         """phases.step on the state as status now says it; the caller applies the actions in order."""
         assert self.state is not None, "the spec is read first"
-        triggered = next((c.get("lastTransitionTime") for c in self.status.get("conditions") or [] if c.get("type") == ConditionType.TRIGGERED), None)
+        triggered = next(
+            (
+                c.get("lastTransitionTime")
+                for c in self.status.get("conditions") or []
+                if c.get("type") == ConditionType.TRIGGERED
+            ),
+            None,
+        )
         start = self.status.get("startTime")
-        state = replace(self.state, phase=self.phase, start=parse_iso(start) if isinstance(start, str) and start else None,
-                        triggered=parse_iso(triggered) if triggered else None)
+        state = replace(
+            self.state,
+            phase=self.phase,
+            start=parse_iso(start) if isinstance(start, str) and start else None,
+            triggered=parse_iso(triggered) if triggered else None,
+        )
         self.state, actions = phases.step(state, obs)
         return actions
 
@@ -146,12 +183,27 @@ class SessionRunner:
             raise Fail("InvalidSpec", str(exc)) from None
         creds = await self._credentials(spec)
         self.dest = destination(spec, self.ns, self.name, self.uid)
-        self.state = RunState(self.phase, self.ns, selector, self.dest, spec.timeoutSeconds, self.settings.selection_grace_s,
-                              spec.registrationTimeoutSeconds, spec.analysis.enabled, analysis_start_grace_s=self.settings.analysis_start_grace_s)
+        self.state = RunState(
+            self.phase,
+            self.ns,
+            selector,
+            self.dest,
+            spec.timeoutSeconds,
+            self.settings.selection_grace_s,
+            spec.registrationTimeoutSeconds,
+            spec.analysis.enabled,
+            analysis_start_grace_s=self.settings.analysis_start_grace_s,
+        )
         await self._open_record(spec, creds)
         if self.phase in ("", SessionPhase.PENDING):
             if not self.phase:
-                await self._transition(SessionPhase.PENDING, "Created", f"selecting pods ({selector})", startTime=now_iso(), artifacts={"prefix": self.dest})
+                await self._transition(
+                    SessionPhase.PENDING,
+                    "Created",
+                    f"selecting pods ({selector})",
+                    startTime=now_iso(),
+                    artifacts={"prefix": self.dest},
+                )
             targets = await self._await_targets(selector)
             await self._trigger(spec, creds, targets)
         if self.phase == SessionPhase.CAPTURING:
@@ -184,14 +236,19 @@ class SessionRunner:
             if not self.phase:  # the first write doubles as the check that the store is usable
                 await asyncio.to_thread(self.record.append, "Pending", "created")
         except Exception as exc:  # noqa: BLE001 - any failure to reach the store is the user's to fix
-            raise Fail("StorageUnreachable", f"storage {spec.storage.uri} is not usable: {exc}; check spec.storage (bucket, endpoint, region) and its credentials") from None
+            raise Fail(
+                "StorageUnreachable",
+                f"storage {spec.storage.uri} is not usable: {exc}; check spec.storage (bucket, endpoint, region) and its credentials",
+            ) from None
 
     async def _await_targets(self, selector: str) -> list[Target]:
         """Running pods with a sidecar; waits the selection grace for pods still starting."""
         while True:
             pods = await self._list_pods(selector)
             self.uninjected = tuple(not_injected(pods))
-            for action in self._step(phases.Listed(time.time(), len(pods), tuple(select_targets(pods)), self.uninjected)):
+            for action in self._step(
+                phases.Listed(time.time(), len(pods), tuple(select_targets(pods)), self.uninjected)
+            ):
                 if isinstance(action, Trigger):
                     return list(action.targets)
                 if not isinstance(action, Wait):
@@ -200,7 +257,9 @@ class SessionRunner:
 
     def _request(self, spec: SessionSpec, **more: Any) -> SessionRequest:
         """The session as a sidecar takes it (PUT), and as its session.json in the store (no credentials)."""
-        return SessionRequest(session=self.uid, namespace=self.ns, name=self.name, destination=self.dest, spec=spec, **more)
+        return SessionRequest(
+            session=self.uid, namespace=self.ns, name=self.name, destination=self.dest, spec=spec, **more
+        )
 
     async def _trigger(self, spec: SessionSpec, creds: dict[str, Any] | None, targets: list[Target]) -> None:
         previous = await self._read_pods()  # left by an earlier operator process
@@ -212,12 +271,25 @@ class SessionRunner:
             raise Fail("PodRecordTooLarge", f"{exc}; no sidecar was triggered") from None
         s = self.settings
         # Pods align too: every sidecar gets the same absolute start step.
-        answers = await fanout.telemetry(todo, self.ctx.key_for(self.ns), limit=self.ctx.sidecars, timeout=s.sidecar_timeout_s)
+        answers = await fanout.telemetry(
+            todo, self.ctx.key_for(self.ns), limit=self.ctx.sidecars, timeout=s.sidecar_timeout_s
+        )
         start_step = aligned_start_step(fanout.live_step_counts(answers), spec.capture.waitSteps)
         request = self._request(spec, credentials=StoreCredentials(**creds) if creds else None, startStep=start_step)
-        outcomes = await fanout.trigger(todo, request, self.ctx.key_for(self.ns), limit=self.ctx.sidecars, timeout=s.sidecar_timeout_s, attempts=s.trigger_attempts)
-        answers_seen = phases.TriggerAnswers(already, frozenset(o.target.pod for o in outcomes if o.ok),
-                                             {o.target.pod: o.error for o in outcomes if not o.ok}, self.uninjected)
+        outcomes = await fanout.trigger(
+            todo,
+            request,
+            self.ctx.key_for(self.ns),
+            limit=self.ctx.sidecars,
+            timeout=s.sidecar_timeout_s,
+            attempts=s.trigger_attempts,
+        )
+        answers_seen = phases.TriggerAnswers(
+            already,
+            frozenset(o.target.pod for o in outcomes if o.ok),
+            {o.target.pod: o.error for o in outcomes if not o.ok},
+            self.uninjected,
+        )
         for action in self._step(answers_seen):
             if not isinstance(action, RecordPods):
                 _end(action)
@@ -225,16 +297,34 @@ class SessionRunner:
             try:
                 record = await asyncio.to_thread(pod_record.write, self.ns, self.name, self.uid, self.pods)
             except pod_record.PodRecordTooLarge as exc:  # the split outgrew the room checked above: undo the fan-out
-                raise Fail("PodRecordTooLarge", f"{exc}; the {len(self.pods.triggered)} triggered sidecar(s) are cancelled") from None
-            conditions = set_condition(self.status.get("conditions") or [], ConditionType.TRIGGERED, True, "Triggered", action.message, self.generation)
-            await self._transition(SessionPhase.CAPTURING, "Triggered", action.message, pods=pod_counts(record, self.pods),
-                                   failedWorkers=list(action.failed_workers), conditions=conditions)
+                raise Fail(
+                    "PodRecordTooLarge", f"{exc}; the {len(self.pods.triggered)} triggered sidecar(s) are cancelled"
+                ) from None
+            conditions = set_condition(
+                self.status.get("conditions") or [],
+                ConditionType.TRIGGERED,
+                True,
+                "Triggered",
+                action.message,
+                self.generation,
+            )
+            await self._transition(
+                SessionPhase.CAPTURING,
+                "Triggered",
+                action.message,
+                pods=pod_counts(record, self.pods),
+                failedWorkers=list(action.failed_workers),
+                conditions=conditions,
+            )
 
     async def _follow_capture(self, selector: str, spec: SessionSpec) -> None:
         pods = self.pods or await self._read_pods()
         if pods is None:
             record = pod_record.record_name(self.name, self.uid)
-            raise Fail("PodRecordLost", f"ConfigMap {record}, the list of pods this session triggered, is gone, so the capture cannot be followed; captures so far are kept in {self.dest}; create a new ProfileSession")
+            raise Fail(
+                "PodRecordLost",
+                f"ConfigMap {record}, the list of pods this session triggered, is gone, so the capture cannot be followed; captures so far are kept in {self.dest}; create a new ProfileSession",
+            )
         progress = {pod: PodProgress() for pod in pods.triggered}
         for pod in pods.refused:
             progress[pod] = PodProgress(lost="trigger refused by the sidecar")
@@ -244,8 +334,15 @@ class SessionRunner:
                 if isinstance(action, GiveUp):
                     for pod in action.pods:
                         progress[pod].lost = action.reason
-                    await cancellation.cancel(self.ns, self.obj.get("spec") or {}, self.uid, frozenset(action.pods), self.settings,
-                                              self.ctx.key_for(self.ns), self.ctx.sidecars)
+                    await cancellation.cancel(
+                        self.ns,
+                        self.obj.get("spec") or {},
+                        self.uid,
+                        frozenset(action.pods),
+                        self.settings,
+                        self.ctx.key_for(self.ns),
+                        self.ctx.sidecars,
+                    )
                 elif isinstance(action, Report):
                     patch = phases.progress_patch(self.status, action)
                     if patch is not None:
@@ -259,23 +356,57 @@ class SessionRunner:
                     _end(action)
 
     async def _captured(self, spec: SessionSpec, captured: Captured) -> None:
-        conditions = set_condition(self.status.get("conditions") or [], ConditionType.CAPTURED, True, "Captured", captured.message, self.generation)
+        conditions = set_condition(
+            self.status.get("conditions") or [],
+            ConditionType.CAPTURED,
+            True,
+            "Captured",
+            captured.message,
+            self.generation,
+        )
         if not captured.analyze:
-            await self._finish(SessionPhase.SUCCEEDED, "Captured", captured.message + "; analysis disabled", conditions=conditions)
+            await self._finish(
+                SessionPhase.SUCCEEDED, "Captured", captured.message + "; analysis disabled", conditions=conditions
+            )
             return
         raw = await self._unsummarised()
         plan = jobs.shard_plan(len(raw), spec.analysis.parallelism, self.settings.analysis_max_parallelism)
         if plan is not None:
             completions, parallelism = plan
-            job = await asyncio.to_thread(jobs.create_shards, self.ns, self.name, self.uid, self.settings, spec.storage.credentialsSecret,
-                                          await self._secret_keys(spec), completions, parallelism)
-            await self._transition(SessionPhase.ANALYZING, "Captured", f"{captured.message}; {len(raw)} rank(s) have no summary: shard Job {job} "
-                                   f"summarises them in {completions} shard(s), {parallelism} at a time", conditions=conditions, analysisShardJob=job)
+            job = await asyncio.to_thread(
+                jobs.create_shards,
+                self.ns,
+                self.name,
+                self.uid,
+                self.settings,
+                spec.storage.credentialsSecret,
+                await self._secret_keys(spec),
+                completions,
+                parallelism,
+            )
+            await self._transition(
+                SessionPhase.ANALYZING,
+                "Captured",
+                f"{captured.message}; {len(raw)} rank(s) have no summary: shard Job {job} "
+                f"summarises them in {completions} shard(s), {parallelism} at a time",
+                conditions=conditions,
+                analysisShardJob=job,
+            )
             return
-        await self._create_analysis(spec, lambda job: f"{captured.message}; analysis Job {job} created", conditions=conditions)
+        await self._create_analysis(
+            spec, lambda job: f"{captured.message}; analysis Job {job} created", conditions=conditions
+        )
 
     async def _create_analysis(self, spec: SessionSpec, message: Callable[[str], str], **fields: Any) -> None:
-        job = await asyncio.to_thread(jobs.create_analysis, self.ns, self.name, self.uid, self.settings, spec.storage.credentialsSecret, await self._secret_keys(spec))
+        job = await asyncio.to_thread(
+            jobs.create_analysis,
+            self.ns,
+            self.name,
+            self.uid,
+            self.settings,
+            spec.storage.credentialsSecret,
+            await self._secret_keys(spec),
+        )
         metrics.ANALYSIS_JOBS.inc()
         await self._transition(SessionPhase.ANALYZING, "Captured", message(job), analysisJob=job, **fields)
 
@@ -285,7 +416,9 @@ class SessionRunner:
         try:
             return await asyncio.to_thread(analysis.unsummarised_ranks, self.store)
         except Exception as exc:  # noqa: BLE001 - the analysis Job reports an unusable store
-            self.log.warning("%s/%s: listing %s for ranks without a summary failed: %s", self.ns, self.name, self.dest, exc)
+            self.log.warning(
+                "%s/%s: listing %s for ranks without a summary failed: %s", self.ns, self.name, self.dest, exc
+            )
             return []
 
     async def _poll(self, selector: str, progress: dict[str, PodProgress]) -> None:
@@ -299,10 +432,16 @@ class SessionRunner:
             target = target_of(pods[pod]) if pod in pods else None
             if target is None:
                 status = pods[pod].status if pod in pods else None
-                p.lost = "pod deleted during capture" if pod not in pods else f"pod left Running ({status.phase if status else None}) during capture"
+                p.lost = (
+                    "pod deleted during capture"
+                    if pod not in pods
+                    else f"pod left Running ({status.phase if status else None}) during capture"
+                )
             else:
                 live.append(target)
-        for o in await fanout.poll(live, self.uid, self.ctx.key_for(self.ns), limit=self.ctx.sidecars, timeout=s.sidecar_timeout_s):
+        for o in await fanout.poll(
+            live, self.uid, self.ctx.key_for(self.ns), limit=self.ctx.sidecars, timeout=s.sidecar_timeout_s
+        ):
             p = progress[o.target.pod]
             if o.ok:
                 p.answer, p.misses = o.answer, 0
@@ -345,17 +484,24 @@ class SessionRunner:
         if shards and not self.status.get("analysisJob"):
             summarised = await self._await_job(shards)
             failed = jobs.failed_indexes(await asyncio.to_thread(kube.batch().read_namespaced_job, shards, self.ns))
-            done = (f"shard Job {shards} summarised every shard" if summarised.outcome == "Succeeded" else
-                    f"shard Job {shards} gave up{f' on shards {failed}' if failed else ''} ({summarised.message}): "
-                    "the analysis Job summarises the ranks left itself")
+            done = (
+                f"shard Job {shards} summarised every shard"
+                if summarised.outcome == "Succeeded"
+                else f"shard Job {shards} gave up{f' on shards {failed}' if failed else ''} ({summarised.message}): "
+                "the analysis Job summarises the ranks left itself"
+            )
             await self._create_analysis(spec, lambda job: f"{done}; analysis Job {job} created")
         ended = await self._await_job(self.status.get("analysisJob") or "")
         assert self.record is not None, "the store is opened first"
-        result, report = await asyncio.gather(asyncio.to_thread(self.record.read_json, layout.REPORT_RESULT),
-                                              asyncio.to_thread(self.record.read_json, layout.REPORT_DIAGNOSIS))
+        result, report = await asyncio.gather(
+            asyncio.to_thread(self.record.read_json, layout.REPORT_RESULT),
+            asyncio.to_thread(self.record.read_json, layout.REPORT_DIAGNOSIS),
+        )
         found = _analysis_result(result)
         analyzed = {"status": "True" if found.analyzed else "False", "message": found.message} if found else {}
-        diagnosis = (report or {}).get("diagnosis")  # the report's document: the diagnosis beside the full findings and tables
+        diagnosis = (report or {}).get(
+            "diagnosis"
+        )  # the report's document: the diagnosis beside the full findings and tables
         summary = str((diagnosis or {}).get("summary", "analysis done"))
         for action in self._step(phases.AnalysisStatus(ended.outcome, ended.message, analyzed, summary)):
             if not isinstance(action, Finish):
@@ -381,7 +527,9 @@ class SessionRunner:
         await self._write(patch)
         metrics.SESSIONS.set(self.uid, phase)
         # kopf.events takes the object as a plain mapping too (it reads apiVersion, kind and metadata)
-        (kopf.warn if phase == SessionPhase.FAILED else kopf.info)(self.obj, reason=reason, message=f"{phase}: {message}")  # type: ignore[arg-type]  # see above
+        (kopf.warn if phase == SessionPhase.FAILED else kopf.info)(
+            self.obj, reason=reason, message=f"{phase}: {message}"
+        )  # type: ignore[arg-type]  # see above
         self.log.info("%s/%s -> %s (%s): %s", self.ns, self.name, phase, reason, message)
         if self.record is not None:
             try:
@@ -392,7 +540,11 @@ class SessionRunner:
     async def _finish(self, phase: str, reason: str, message: str, **fields: Any) -> None:
         conditions = fields.pop("conditions", None) or self.status.get("conditions") or []
         if phase == SessionPhase.FAILED:
-            pending = [t for t in (ConditionType.TRIGGERED, ConditionType.CAPTURED, ConditionType.ANALYZED) if not any(c.get("type") == t for c in conditions)]
+            pending = [
+                t
+                for t in (ConditionType.TRIGGERED, ConditionType.CAPTURED, ConditionType.ANALYZED)
+                if not any(c.get("type") == t for c in conditions)
+            ]
             for t in pending:
                 conditions = set_condition(conditions, t, False, reason, message, self.generation)
         await self._transition(phase, reason, message, conditions=conditions, **fields)
@@ -403,7 +555,10 @@ class SessionRunner:
         try:
             return await asyncio.to_thread(pod_record.read, self.ns, self.name, self.uid)
         except pod_record.PodRecordUnreadable as exc:
-            raise Fail("PodRecordUnreadable", f"{exc}, so which sidecars run this session is unknown; captures so far are kept in {self.dest}; create a new ProfileSession") from None
+            raise Fail(
+                "PodRecordUnreadable",
+                f"{exc}, so which sidecars run this session is unknown; captures so far are kept in {self.dest}; create a new ProfileSession",
+            ) from None
 
     async def _cancel_triggered(self) -> None:
         """A session failing before its capture ended is cancelled on the sidecars its pod record
@@ -416,7 +571,15 @@ class SessionRunner:
         except pod_record.PodRecordUnreadable:
             return  # the failure says so; the sidecars stop on their own after spec.timeoutSeconds
         if pods is not None:
-            await cancellation.cancel(self.ns, self.obj.get("spec") or {}, self.uid, pods.triggered, self.settings, self.ctx.key_for(self.ns), self.ctx.sidecars)
+            await cancellation.cancel(
+                self.ns,
+                self.obj.get("spec") or {},
+                self.uid,
+                pods.triggered,
+                self.settings,
+                self.ctx.key_for(self.ns),
+                self.ctx.sidecars,
+            )
 
     async def _list_pods(self, selector: str) -> list[kube.Pod]:
         """The selected pods; on an error phases.step says whether to fail the session now or
@@ -462,7 +625,9 @@ class SessionRunner:
             return
         self.log.info("%s/%s finished %ss ago: deleting it (ttlSecondsAfterFinished)", self.ns, self.name, ttl)
         try:
-            await asyncio.to_thread(kube.custom().delete_namespaced_custom_object, GROUP, VERSION, self.ns, PLURAL, self.name)
+            await asyncio.to_thread(
+                kube.custom().delete_namespaced_custom_object, GROUP, VERSION, self.ns, PLURAL, self.name
+            )
         except Exception as exc:
             if not kube.is_not_found(exc):
                 raise

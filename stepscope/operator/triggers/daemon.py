@@ -2,6 +2,7 @@
 polls its pods' sidecars' signed GET /v1/telemetry through the bounded fan-out pool every
 STEPSCOPE_TRIGGER_POLL_INTERVAL_S, steps the pure trigger, creates the ProfileSessions it asks
 for with an Event each, and writes the status."""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,7 +37,9 @@ def get_trigger(namespace: str, name: str) -> dict[str, Any]:
 
 
 def _patch_status(namespace: str, name: str, status: dict[str, Any]) -> None:
-    kube.custom().patch_namespaced_custom_object_status(GROUP, VERSION, namespace, triggers.TRIGGER_PLURAL, name, {"status": status})
+    kube.custom().patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, triggers.TRIGGER_PLURAL, name, {"status": status}
+    )
 
 
 def _patch_meta(namespace: str, name: str, patch: dict[str, Any]) -> None:
@@ -45,12 +48,21 @@ def _patch_meta(namespace: str, name: str, patch: dict[str, Any]) -> None:
 
 def _create_session(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
     custom = kube.custom()
-    return kube.create_or_get(lambda b: custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, b),
-                              lambda n: custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, n), body)
+    return kube.create_or_get(
+        lambda b: custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, b),
+        lambda n: custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, n),
+        body,
+    )
 
 
 class TriggerWatch:
-    def __init__(self, body: kopf.Body, ctx: Context, stopped: kopf.DaemonStopped, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+    def __init__(
+        self,
+        body: kopf.Body,
+        ctx: Context,
+        stopped: kopf.DaemonStopped,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+    ) -> None:
         self.body, self.ctx, self.stopped, self.log = body, ctx, stopped, logger
         self.alert_taken = ""
         self.ns, self.name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -74,21 +86,47 @@ class TriggerWatch:
             return
         targets = select_targets(await asyncio.to_thread(kube.list_pods, self.ns, selector))
         settings = self.ctx.settings
-        outcomes = await fanout.telemetry(targets, self.ctx.key_for(self.ns), limit=self.ctx.sidecars, timeout=settings.sidecar_timeout_s)
+        outcomes = await fanout.telemetry(
+            targets, self.ctx.key_for(self.ns), limit=self.ctx.sidecars, timeout=settings.sidecar_timeout_s
+        )
         answers = [o.answer for o in outcomes if o.ok]
         telemetry = detection.observe(now, answers) if answers else None
-        self.state, actions = triggers.step(self.state, triggers.Observation(now, telemetry, await self._take_alert()), policy)
+        self.state, actions = triggers.step(
+            self.state, triggers.Observation(now, telemetry, await self._take_alert()), policy
+        )
         for action in actions:
             await self._act(action)
         fields = triggers.status_fields(self.state, policy, now)
-        fields["pods"] = {"selected": len(targets), "answered": len(answers), "ranks": len(telemetry.ranks) if telemetry else 0}
+        fields["pods"] = {
+            "selected": len(targets),
+            "answered": len(answers),
+            "ranks": len(telemetry.ranks) if telemetry else 0,
+        }
         if not targets:
-            await self._write(now, fields, False, "NoPodsSelected", f"no Running pod with a stepscope sidecar matches spec.selector ({selector})")
+            await self._write(
+                now,
+                fields,
+                False,
+                "NoPodsSelected",
+                f"no Running pod with a stepscope sidecar matches spec.selector ({selector})",
+            )
         elif not answers:
             failed = outcomes[0]
-            await self._write(now, fields, False, "SidecarsUnreachable", f"none of {len(targets)} sidecar(s) answered, e.g. pod {failed.target.pod}: {failed.error}")
+            await self._write(
+                now,
+                fields,
+                False,
+                "SidecarsUnreachable",
+                f"none of {len(targets)} sidecar(s) answered, e.g. pod {failed.target.pod}: {failed.error}",
+            )
         else:
-            await self._write(now, fields, True, "Watching", f"watching {fields['pods']['ranks']} rank(s) on {len(answers)} of {len(targets)} pod(s)")
+            await self._write(
+                now,
+                fields,
+                True,
+                "Watching",
+                f"watching {fields['pods']['ranks']} rank(s) on {len(answers)} of {len(targets)} pod(s)",
+            )
 
     async def _take_alert(self) -> tuple[str, ...]:
         """The alert the Alertmanager endpoint wrote into the trigger (stepscope.operator.triggers.alerts),
@@ -96,32 +134,67 @@ class TriggerWatch:
         raw = (self.body["metadata"].get("annotations") or {}).get(triggers_alerts.ALERT_ANNOTATION)
         if not raw or raw == self.alert_taken:
             return ()
-        await asyncio.to_thread(_patch_meta, self.ns, self.name, {"metadata": {"annotations": {triggers_alerts.ALERT_ANNOTATION: None}}})
+        await asyncio.to_thread(
+            _patch_meta, self.ns, self.name, {"metadata": {"annotations": {triggers_alerts.ALERT_ANNOTATION: None}}}
+        )
         self.alert_taken = raw
         try:
             return (str(json.loads(raw)["summary"]),)
         except (ValueError, KeyError, TypeError):
-            return (str(raw)[:triggers.MAX_TEXT],)  # written by hand: still an alert
+            return (str(raw)[: triggers.MAX_TEXT],)  # written by hand: still an alert
 
     async def _act(self, action: triggers.Action) -> None:
         if isinstance(action, triggers.HoldBack):
-            kopf.info(self.body, reason="CaptureHeldBack", message=f"{action.condition}: {action.reason}; no session: {action.why}"[:1024])
+            kopf.info(
+                self.body,
+                reason="CaptureHeldBack",
+                message=f"{action.condition}: {action.reason}; no session: {action.why}"[:1024],
+            )
             self.log.info("%s/%s fired (%s) but held back: %s", self.ns, self.name, action.condition, action.why)
             return
         trigger = {"metadata": dict(self.body["metadata"]), "spec": dict(self.body.get("spec") or {})}
         try:
             await asyncio.to_thread(_create_session, self.ns, triggers.session_body(trigger, action))
         except ApiException as exc:
-            kopf.warn(self.body, reason="SessionNotCreated", message=f"{action.condition}: {action.reason}; creating {action.name} failed: {kube.describe(exc)}"[:1024])
-            self.log.warning("%s/%s: creating session %s failed: %s", self.ns, self.name, action.name, kube.describe(exc))
+            kopf.warn(
+                self.body,
+                reason="SessionNotCreated",
+                message=f"{action.condition}: {action.reason}; creating {action.name} failed: {kube.describe(exc)}"[
+                    :1024
+                ],
+            )
+            self.log.warning(
+                "%s/%s: creating session %s failed: %s", self.ns, self.name, action.name, kube.describe(exc)
+            )
             return
-        kopf.info(self.body, reason="SessionCreated", message=f"{action.name}: {action.condition}: {action.reason}"[:1024])
-        self.log.info("%s/%s fired (%s): created ProfileSession %s: %s", self.ns, self.name, action.condition, action.name, action.reason)
+        kopf.info(
+            self.body, reason="SessionCreated", message=f"{action.name}: {action.condition}: {action.reason}"[:1024]
+        )
+        self.log.info(
+            "%s/%s fired (%s): created ProfileSession %s: %s",
+            self.ns,
+            self.name,
+            action.condition,
+            action.name,
+            action.reason,
+        )
 
     async def _write(self, now: float, fields: dict[str, Any], ready: bool, reason: str, message: str) -> None:
         generation = self.body["metadata"].get("generation")
-        conditions = set_condition(list((self.body.get("status") or {}).get("conditions") or []), ConditionType.READY, ready, reason, message, generation)
-        patch = {**fields, "message": message[:triggers.MAX_TEXT], "observedGeneration": generation, "conditions": conditions}
+        conditions = set_condition(
+            list((self.body.get("status") or {}).get("conditions") or []),
+            ConditionType.READY,
+            ready,
+            reason,
+            message,
+            generation,
+        )
+        patch = {
+            **fields,
+            "message": message[: triggers.MAX_TEXT],
+            "observedGeneration": generation,
+            "conditions": conditions,
+        }
         quiet = {k: v for k, v in patch.items() if k not in _READINGS}
         if quiet == self.written and now - self.written_at < STATUS_REFRESH_S:
             return
@@ -129,7 +202,13 @@ class TriggerWatch:
         self.written, self.written_at = quiet, now
 
 
-async def trigger_daemon(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
+async def trigger_daemon(
+    body: kopf.Body,
+    memo: kopf.Memo,
+    stopped: kopf.DaemonStopped,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    **_: Any,
+) -> None:
     await TriggerWatch(body, memo.ctx, stopped, logger).run()
 
 
@@ -154,4 +233,6 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.cleanup(registry=registry)(stop_alerts)
     # An unexpected error (an API server hiccup) restarts the daemon after `backoff`: it starts from
     # the status (the sessions it created), learning the baseline again.
-    kopf.daemon(GROUP, VERSION, triggers.TRIGGER_PLURAL, cancellation_timeout=10.0, backoff=5.0, registry=registry)(trigger_daemon)
+    kopf.daemon(GROUP, VERSION, triggers.TRIGGER_PLURAL, cancellation_timeout=10.0, backoff=5.0, registry=registry)(
+        trigger_daemon
+    )

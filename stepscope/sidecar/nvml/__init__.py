@@ -11,6 +11,7 @@ The file's columns are stepscope.gpu_sample_file.BASE_COLUMNS plus two per NVLin
 microseconds, the clock of Kineto's `ts` + `baseTimeNanoseconds` / 1000, so samples line up with
 the trace. stepscope.analysis.loading.gpu_samples reads the file.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,8 +22,14 @@ from stepscope.sidecar.nvml.api import BackendError, DeviceInfo, NvmlBackend
 from stepscope.sidecar.nvml.recorder import METRICS_FILE, MIN_INTERVAL_US, MetricsRecorder, RecorderStats
 
 __all__ = [
-    "METRICS_FILE", "MIN_INTERVAL_US", "BackendError", "DeviceInfo", "MetricsRecorder", "NvmlBackend",
-    "RecorderStats", "default_backend",
+    "METRICS_FILE",
+    "MIN_INTERVAL_US",
+    "BackendError",
+    "DeviceInfo",
+    "MetricsRecorder",
+    "NvmlBackend",
+    "RecorderStats",
+    "default_backend",
 ]
 
 log = logging.getLogger(__name__)

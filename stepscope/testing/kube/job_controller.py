@@ -30,6 +30,7 @@ this machine as this user, with the container's env, its secretKeyRefs and field
 the token of the pod's ServiceAccount as its kubeconfig); pods are not deleted when the Job is,
 and a Job deleted while its pods run has their outcome dropped.
 """
+
 from __future__ import annotations
 
 import base64
@@ -133,18 +134,42 @@ class JobController:
         meta, spec = job["metadata"], job["spec"]
         template = spec["template"]
         self._counter += 1
-        labels = {**(template.get("metadata") or {}).get("labels", {}), "batch.kubernetes.io/job-name": meta["name"], "job-name": meta["name"],
-                  "batch.kubernetes.io/controller-uid": meta["uid"], INDEX_ANNOTATION: str(index)}
+        labels = {
+            **(template.get("metadata") or {}).get("labels", {}),
+            "batch.kubernetes.io/job-name": meta["name"],
+            "job-name": meta["name"],
+            "batch.kubernetes.io/controller-uid": meta["uid"],
+            INDEX_ANNOTATION: str(index),
+        }
         annotations = {INDEX_ANNOTATION: str(index)}
         if spec.get("backoffLimitPerIndex") is not None:
             annotations[FAILURE_COUNT_ANNOTATION] = str(failures)
         pod_spec = copy.deepcopy(template["spec"])
         for container in pod_spec["containers"]:
-            container["env"] = [*(container.get("env") or []),
-                                {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}}]
-        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
-        body = {"metadata": {"name": f"{meta['name']}-{index}-{self._counter:05d}", "labels": labels, "annotations": annotations,
-                             "ownerReferences": [owner]}, "spec": pod_spec}
+            container["env"] = [
+                *(container.get("env") or []),
+                {
+                    "name": "JOB_COMPLETION_INDEX",
+                    "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}},
+                },
+            ]
+        owner = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": meta["name"],
+            "uid": meta["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        body = {
+            "metadata": {
+                "name": f"{meta['name']}-{index}-{self._counter:05d}",
+                "labels": labels,
+                "annotations": annotations,
+                "ownerReferences": [owner],
+            },
+            "spec": pod_spec,
+        }
         created = self.core.create_namespaced_pod(meta["namespace"], body)
         pod = self.core.api_client.sanitize_for_serialization(created)
         self.pods.append(pod)
@@ -158,7 +183,9 @@ class JobController:
         except Exception:  # a pod the stand-in could not run fails, as one the kubelet cannot start
             log.exception("pod %s/%s could not run", namespace, name)
             code = 128
-        self.core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": "Succeeded" if code == 0 else "Failed"}})
+        self.core.patch_namespaced_pod_status(
+            name, namespace, {"status": {"phase": "Succeeded" if code == 0 else "Failed"}}
+        )
         spec = job["spec"]
         with self._lock:
             run = self.runs[job["metadata"]["uid"]]
@@ -172,7 +199,9 @@ class JobController:
             per_index = spec.get("backoffLimitPerIndex")
             if per_index is not None and run.failures[index] > per_index:
                 run.failed_indexes.add(index)
-            elif per_index is None and run.failed_pods > (spec.get("backoffLimit") if spec.get("backoffLimit") is not None else DEFAULT_BACKOFF_LIMIT):
+            elif per_index is None and run.failed_pods > (
+                spec.get("backoffLimit") if spec.get("backoffLimit") is not None else DEFAULT_BACKOFF_LIMIT
+            ):
                 run.pending.clear()
             else:
                 run.pending.insert(0, index)
@@ -180,8 +209,12 @@ class JobController:
     def _write_status(self, job: dict[str, Any], run: _JobRun) -> None:
         with self._lock:
             spec = job["spec"]
-            status: dict[str, Any] = {"active": len(run.running), "succeeded": run.succeeded_pods, "failed": run.failed_pods,
-                                      "completedIndexes": intervals(run.completed)}
+            status: dict[str, Any] = {
+                "active": len(run.running),
+                "succeeded": run.succeeded_pods,
+                "failed": run.failed_pods,
+                "completedIndexes": intervals(run.completed),
+            }
             if spec.get("backoffLimitPerIndex") is not None:
                 status["failedIndexes"] = intervals(run.failed_indexes)
             done = len(run.completed) + len(run.failed_indexes) == spec["completions"]
@@ -190,11 +223,25 @@ class JobController:
                 run.finished = True
                 if run.failed_indexes or gave_up:
                     reason = "FailedIndexes" if run.failed_indexes else "BackoffLimitExceeded"
-                    message = "Job has failed indexes" if run.failed_indexes else "Job has reached the specified backoff limit"
-                    status["conditions"] = [{"type": t, "status": "True", "reason": reason, "message": message} for t in ("FailureTarget", "Failed")]
+                    message = (
+                        "Job has failed indexes"
+                        if run.failed_indexes
+                        else "Job has reached the specified backoff limit"
+                    )
+                    status["conditions"] = [
+                        {"type": t, "status": "True", "reason": reason, "message": message}
+                        for t in ("FailureTarget", "Failed")
+                    ]
                 else:
-                    status["conditions"] = [{"type": t, "status": "True", "reason": "CompletionsReached", "message": "Reached expected number of succeeded pods"}
-                                            for t in ("SuccessCriteriaMet", "Complete")]
+                    status["conditions"] = [
+                        {
+                            "type": t,
+                            "status": "True",
+                            "reason": "CompletionsReached",
+                            "message": "Reached expected number of succeeded pods",
+                        }
+                        for t in ("SuccessCriteriaMet", "Complete")
+                    ]
         meta = job["metadata"]
         try:
             self.batch.patch_namespaced_job_status(meta["name"], meta["namespace"], {"status": status})
@@ -209,8 +256,13 @@ class ProcessKubelet:
     read from the API, fieldRefs of the pod's annotations), and the pod's ServiceAccount token
     as KUBECONFIG (`kubeconfig_for(namespace, account) -> path`). Output is kept by pod name."""
 
-    def __init__(self, api_client: kubernetes.client.ApiClient, commands: dict[str, list[str]],
-                 kubeconfig_for: Callable[[str, str], Path], timeout_s: float = 300) -> None:
+    def __init__(
+        self,
+        api_client: kubernetes.client.ApiClient,
+        commands: dict[str, list[str]],
+        kubeconfig_for: Callable[[str, str], Path],
+        timeout_s: float = 300,
+    ) -> None:
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.commands, self.kubeconfig_for, self.timeout_s = commands, kubeconfig_for, timeout_s
         self.output: dict[str, str] = {}
@@ -224,8 +276,11 @@ class ProcessKubelet:
             self.output[meta["name"]] = "failed before its command ran (the test's injected failure)"
             return 1
         container = spec["containers"][0]
-        env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"),
-               "KUBECONFIG": str(self.kubeconfig_for(meta["namespace"], spec.get("serviceAccountName") or "default"))}
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "HOME": os.environ.get("HOME", "/tmp"),
+            "KUBECONFIG": str(self.kubeconfig_for(meta["namespace"], spec.get("serviceAccountName") or "default")),
+        }
         for item in container.get("env") or []:
             env[item["name"]] = self._value(meta, item)
         command = [*self.commands.get(container["command"][0], container["command"][:1]), *container["command"][1:]]

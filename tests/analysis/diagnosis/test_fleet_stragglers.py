@@ -1,6 +1,7 @@
 """The stragglers of real fleets, on synthetic gloo (CPU) ranks in lockstep: a rank whose operators
 run slower with the same shapes or on larger inputs, a background thread that holds the GIL, a
 cost every few steps, two slow ranks at once, a rank whose stacks were sampled beside traced ones."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,7 +16,9 @@ from stepscope.contracts.wire import STACKS_DROPPED
 
 ROOT = "workload.py(300): <module> > workload.py(250): train"
 SHARD = f"{ROOT} > workload.py(101): read_shard > <built-in function sleep>"
-FORWARD = f"{ROOT} > module.py(1782): _call_impl > torch/nn/modules/container.py(248): forward > <built-in function linear>"
+FORWARD = (
+    f"{ROOT} > module.py(1782): _call_impl > torch/nn/modules/container.py(248): forward > <built-in function linear>"
+)
 THREAD = "threading.py(1002): _bootstrap > threading.py(1045): _bootstrap_inner > threading.py(982): run > workload.py(146): publish_metrics"
 MM = "aten::mm"
 SHAPES = "[[64, 1024], [1024, 1024]]"
@@ -23,16 +26,35 @@ STEP_US = 60_000.0
 
 
 def _fn(stack: str, per_step: list[float], count: int | None = None) -> FunctionStat:
-    return FunctionStat(name=stack.rsplit(" > ", 1)[-1], stack=stack, count=count or len(per_step), exclusiveUs=float(sum(per_step)),
-                        notOverlappedUs=float(sum(per_step)), stepsUs=[float(x) for x in per_step])
+    return FunctionStat(
+        name=stack.rsplit(" > ", 1)[-1],
+        stack=stack,
+        count=count or len(per_step),
+        exclusiveUs=float(sum(per_step)),
+        notOverlappedUs=float(sum(per_step)),
+        stepsUs=[float(x) for x in per_step],
+    )
 
 
 def _op(name: str, shapes: str, per_step: list[float]) -> OperatorStat:
-    return OperatorStat(name=name, shapes=shapes, count=2 * len(per_step), sumUs=float(sum(per_step)), stepsUs=[float(x) for x in per_step])
+    return OperatorStat(
+        name=name,
+        shapes=shapes,
+        count=2 * len(per_step),
+        sumUs=float(sum(per_step)),
+        stepsUs=[float(x) for x in per_step],
+    )
 
 
-def lockstep(ranks: int, steps: int, extra: dict[int, list[float]], seed: int = 0, functions: dict[int, list[FunctionStat]] | None = None,
-             operators: dict[int, list[OperatorStat]] | None = None, warnings: dict[int, list[str]] | None = None) -> list[RankSummary]:
+def lockstep(
+    ranks: int,
+    steps: int,
+    extra: dict[int, list[float]],
+    seed: int = 0,
+    functions: dict[int, list[FunctionStat]] | None = None,
+    operators: dict[int, list[OperatorStat]] | None = None,
+    warnings: dict[int, list[str]] | None = None,
+) -> list[RankSummary]:
     """Ranks that each step work 20 ms (with 3 % noise) plus extra[r][step] µs, then meet in an
     all-reduce that ends when the last one arrives: each waits the difference. Every rank reads its
     shard 30 ms a step and runs the same 8 ms of aten::mm unless `operators` says otherwise."""
@@ -45,13 +67,34 @@ def lockstep(ranks: int, steps: int, extra: dict[int, list[float]], seed: int = 
     for r in range(ranks):
         waits = arrive - work[r] + 500.0
         step_us = STEP_US + arrive - 20_000.0
-        rows = [StepRow(step=10 + i, startUs=float(step_us[:i].sum()), durationUs=float(d), collectiveUs=float(w))
-                for i, (d, w) in enumerate(zip(step_us, waits))]
-        fns = [_fn(SHARD, [30_000.0] * steps), _fn(FORWARD, list(rng.uniform(7_000, 7_400, steps))), *(functions or {}).get(r, [])]
+        rows = [
+            StepRow(step=10 + i, startUs=float(step_us[:i].sum()), durationUs=float(d), collectiveUs=float(w))
+            for i, (d, w) in enumerate(zip(step_us, waits))
+        ]
+        fns = [
+            _fn(SHARD, [30_000.0] * steps),
+            _fn(FORWARD, list(rng.uniform(7_000, 7_400, steps))),
+            *(functions or {}).get(r, []),
+        ]
         ops = (operators or {}).get(r) or [_op(MM, SHAPES, list(rng.uniform(7_800, 8_200, steps)))]
-        out.append(RankSummary(version=SUMMARY_VERSION, rank=r, worldSize=ranks, backend="gloo", capturedUs=float(step_us.sum()), steps=rows,
-                               collectives=[CollectiveStat(kind="AllReduce", count=steps, sumUs=float(waits.sum()), medianUs=float(np.median(waits)))],
-                               functions=fns, operators=ops, warnings=(warnings or {}).get(r, [])))
+        out.append(
+            RankSummary(
+                version=SUMMARY_VERSION,
+                rank=r,
+                worldSize=ranks,
+                backend="gloo",
+                capturedUs=float(step_us.sum()),
+                steps=rows,
+                collectives=[
+                    CollectiveStat(
+                        kind="AllReduce", count=steps, sumUs=float(waits.sum()), medianUs=float(np.median(waits))
+                    )
+                ],
+                functions=fns,
+                operators=ops,
+                warnings=(warnings or {}).get(r, []),
+            )
+        )
     return out
 
 
@@ -86,9 +129,14 @@ def test_a_background_thread_that_holds_the_gil_is_named_with_its_function():
     # The training thread waits for the GIL while the thread runs Python: no frame of the training
     # thread explains the time, the thread does.
     steps = 8
-    diagnosis, _ = diagnose(lockstep(2, steps, {1: [25_000.0] * steps}, functions={1: [_fn(THREAD, [28_000.0] * steps)]}))
+    diagnosis, _ = diagnose(
+        lockstep(2, steps, {1: [25_000.0] * steps}, functions={1: [_fn(THREAD, [28_000.0] * steps)]})
+    )
     assert [w.rank for w in diagnosis.slowWorkers] == [1]
-    assert "a background thread in publish_metrics (workload.py:146) holds the GIL about 28.0 ms a step" in diagnosis.summary
+    assert (
+        "a background thread in publish_metrics (workload.py:146) holds the GIL about 28.0 ms a step"
+        in diagnosis.summary
+    )
     assert "background thread in publish_metrics" in diagnosis.slowWorkers[0].cause
 
 
@@ -118,7 +166,9 @@ def test_two_slow_ranks_are_both_named_with_their_causes_and_costs():
     steps = 8
     cpu = _fn(f"{ROOT} > workload.py(84): augment_batch_slowly", [40_000.0] * steps)
     io = _fn(f"{ROOT} > workload.py(123): fetch_remote_features > <built-in function sleep>", [25_000.0] * steps)
-    diagnosis, _ = diagnose(lockstep(4, steps, {1: [40_000.0] * steps, 3: [25_000.0] * steps}, functions={1: [cpu], 3: [io]}))
+    diagnosis, _ = diagnose(
+        lockstep(4, steps, {1: [40_000.0] * steps, 3: [25_000.0] * steps}, functions={1: [cpu], 3: [io]})
+    )
     workers = {w.rank: w for w in diagnosis.slowWorkers}
     assert [w.rank for w in diagnosis.slowWorkers] == [1, 3]
     assert "augment_batch_slowly" in workers[1].cause and "fetch_remote_features" in workers[3].cause
@@ -145,14 +195,24 @@ def test_a_sampled_rank_names_the_function_not_its_generator_nor_traced_built_in
     # The sampled rank's function is named (not its <genexpr>), and rank 0's time in sleep, which
     # samples cannot see, is no cause of rank 0's.
     steps = 8
-    tok = [_fn(f"{ROOT} > workload.py(170): tokenize_records > workload.py(175): <genexpr>", [14_000.0] * steps),
-           _fn(f"{ROOT} > workload.py(170): tokenize_records > workload.py(175): <genexpr> > workload.py(166): _token", [6_000.0] * steps)]
-    sampled = [f"{STACKS_DROPPED}: 30,000 Python calls per step x 8 steps = 240,000 exceeds capture.limits.maxStackEvents=100,000"]
+    tok = [
+        _fn(f"{ROOT} > workload.py(170): tokenize_records > workload.py(175): <genexpr>", [14_000.0] * steps),
+        _fn(
+            f"{ROOT} > workload.py(170): tokenize_records > workload.py(175): <genexpr> > workload.py(166): _token",
+            [6_000.0] * steps,
+        ),
+    ]
+    sampled = [
+        f"{STACKS_DROPPED}: 30,000 Python calls per step x 8 steps = 240,000 exceeds capture.limits.maxStackEvents=100,000"
+    ]
     summaries = lockstep(2, steps, {1: [20_000.0] * steps}, functions={1: tok}, warnings={1: sampled})
     # Samples cannot see C functions: the sampled rank's read_shard holds its sleep as its own time.
     summaries[1].functions[0] = _fn(f"{ROOT} > workload.py(101): read_shard", [30_000.0] * steps)
     diagnosis, full = diagnose(summaries)
-    assert diagnosis.summary.startswith("rank 1 holds the job back") and "tokenize_records (workload.py:170)" in diagnosis.summary
+    assert (
+        diagnosis.summary.startswith("rank 1 holds the job back")
+        and "tokenize_records (workload.py:170)" in diagnosis.summary
+    )
     assert "<genexpr>" not in diagnosis.summary
     tables = build_tables(summaries)
     # Function by function, a sampled rank is compared with sampled ranks only.
@@ -176,11 +236,16 @@ def test_a_cause_three_calls_deep_is_named_by_its_outermost_function_not_the_tra
     # 45 ms a step three calls deep; the training loop and <module> carry the excess too, but every
     # rank spends most of its step there.
     steps = 8
-    deep = _fn(f"{ROOT} > workload.py(190): refresh_embeddings > workload.py(186): _rebuild_index > workload.py(182): _score_rows",
-               [45_000.0] * steps)
+    deep = _fn(
+        f"{ROOT} > workload.py(190): refresh_embeddings > workload.py(186): _rebuild_index > workload.py(182): _score_rows",
+        [45_000.0] * steps,
+    )
     diagnosis, _ = diagnose(lockstep(4, steps, {2: [45_000.0] * steps}, functions={2: [deep]}))
     assert [w.rank for w in diagnosis.slowWorkers] == [2]
-    assert "more than its peers in refresh_embeddings (workload.py:190), mostly in its helper _score_rows" in diagnosis.summary
+    assert (
+        "more than its peers in refresh_embeddings (workload.py:190), mostly in its helper _score_rows"
+        in diagnosis.summary
+    )
 
 
 def _collectives_noise(ranks: int, steps: int, slow: int, gap_us: float) -> dict[int, list[float]]:
@@ -206,7 +271,9 @@ def test_a_gil_thread_of_its_own_in_every_step_is_named_when_the_collectives_sho
 def test_a_gil_thread_in_some_steps_only_still_needs_the_collectives():
     steps = 8
     per_step = [30_000.0, 0.0, 0.0, 30_000.0, 0.0, 0.0, 0.0, 30_000.0]
-    diagnosis, _ = diagnose(lockstep(3, steps, _collectives_noise(3, steps, 2, 2_500.0), functions={2: [_fn(THREAD, per_step)]}))
+    diagnosis, _ = diagnose(
+        lockstep(3, steps, _collectives_noise(3, steps, 2, 2_500.0), functions={2: [_fn(THREAD, per_step)]})
+    )
     assert diagnosis.summary.startswith("cannot tell which rank"), diagnosis.summary
 
 
@@ -235,7 +302,9 @@ def test_a_gil_thread_whose_rank_spends_longer_in_backward_is_still_named():
     # so it does not outweigh the peers' small wait for it (before: "cannot tell").
     steps = 8
     thread = _fn(THREAD.replace("publish_metrics", "compress_telemetry"), [12_000.0, 24_000.0] * (steps // 2))
-    backward = f"{ROOT} > torch/_tensor.py(626): backward > <built-in method run_backward of torch._C._EngineBase object>"
+    backward = (
+        f"{ROOT} > torch/_tensor.py(626): backward > <built-in method run_backward of torch._C._EngineBase object>"
+    )
     functions = {r: [_fn(backward, [10_000.0 + (6_000.0 if r == 2 else 0.0)] * steps)] for r in range(3)}
     functions[2].append(thread)
     diagnosis, _ = diagnose(lockstep(3, steps, _collectives_noise(3, steps, 2, 1_000.0), functions=functions))
@@ -251,13 +320,15 @@ def test_a_cost_in_one_captured_step_cannot_tell_but_names_the_rank_and_function
     validate = _fn(f"{ROOT} > workload.py(206): validate_model > workload.py(150): _busy", once)
     diagnosis, _ = diagnose(lockstep(3, steps, {1: once}, functions={1: [validate]}))
     assert diagnosis.summary.startswith("cannot tell which rank"), diagnosis.summary
-    assert "Rank 1 is the likeliest: in 1 of 8 steps (step 14) it spends 150 ms more than its peers in validate_model" in diagnosis.summary
+    assert (
+        "Rank 1 is the likeliest: in 1 of 8 steps (step 14) it spends 150 ms more than its peers in validate_model"
+        in diagnosis.summary
+    )
     # At most one hit in steps 10-17 at 14: another is 5 or more steps away; three hits need 15 steps.
     assert "(steps: 16)" in diagnosis.summary
     early = [150_000.0 if i == 1 else 0.0 for i in range(steps)]
     diagnosis, _ = diagnose(lockstep(3, steps, {1: early}, functions={1: [_fn(validate.stack, early)]}))
     assert "(steps: 21)" in diagnosis.summary, diagnosis.summary
-
 
 
 def test_larger_inputs_are_named_though_their_operators_are_under_the_ratio():
@@ -347,8 +418,14 @@ def test_larger_inputs_are_told_from_all_calls_of_the_operator_not_its_dominant_
     # ([1024, 128] x [128, 1024]), most of theirs the forward ([32, 1024] x [1024, 1024]). Compared
     # call by call over all of them, its inputs are the larger ones.
     steps = 8
-    theirs = [_op(MM, "[[1024, 32], [32, 1024]]", [5_000.0] * steps), _op(MM, "[[32, 1024], [1024, 1024]]", [11_000.0] * steps)]
-    mine = [_op(MM, "[[1024, 128], [128, 1024]]", [12_000.0] * steps), _op(MM, "[[128, 1024], [1024, 1024]]", [8_000.0] * steps)]
+    theirs = [
+        _op(MM, "[[1024, 32], [32, 1024]]", [5_000.0] * steps),
+        _op(MM, "[[32, 1024], [1024, 1024]]", [11_000.0] * steps),
+    ]
+    mine = [
+        _op(MM, "[[1024, 128], [128, 1024]]", [12_000.0] * steps),
+        _op(MM, "[[128, 1024], [1024, 1024]]", [8_000.0] * steps),
+    ]
     diagnosis, _ = diagnose(lockstep(3, steps, {0: [4_000.0] * steps}, operators={0: mine, 1: theirs, 2: theirs}))
     assert [w.rank for w in diagnosis.slowWorkers] == [0], diagnosis.summary
     assert "its inputs are larger" in diagnosis.summary and "uneven shards" in diagnosis.summary

@@ -8,6 +8,7 @@ and commit), read from $STEPSCOPE_EXTDATA/ascend/msinsight (default: ../extdata 
 the tests on them skip without it. The small capture of the other tests is written here by the
 documented schema.
 """
+
 from __future__ import annotations
 
 import csv
@@ -36,7 +37,9 @@ TOLERANCE_US = 0.5
 def _real(folder: str) -> Path:
     path = MSINSIGHT / folder
     if not (path / "ASCEND_PROFILER_OUTPUT" / "step_trace_time.csv").is_file():
-        pytest.skip(f"real Ascend capture not found at {path} (MindStudio Insight's test/data/pytorch/text; set STEPSCOPE_EXTDATA)")
+        pytest.skip(
+            f"real Ascend capture not found at {path} (MindStudio Insight's test/data/pytorch/text; set STEPSCOPE_EXTDATA)"
+        )
     return path
 
 
@@ -61,7 +64,9 @@ def test_real_capture_matches_its_step_trace_time(folder: str):
         assert step.idleUs == pytest.approx(r["Free"], abs=TOLERANCE_US)
         assert step.idleUs + step.computeUs + step.nonComputeUs == pytest.approx(r["Stage"], abs=TOLERANCE_US)
         # stepscope's free is the ProfilerStep's: the device's free time, its preparing and its tail.
-        assert step.freeUs == pytest.approx(step.durationUs - r["Computing"] - r["Communication(Not Overlapped)"], abs=TOLERANCE_US)
+        assert step.freeUs == pytest.approx(
+            step.durationUs - r["Computing"] - r["Communication(Not Overlapped)"], abs=TOLERANCE_US
+        )
         assert step.freeUs > r["Free"] + r["Preparing"] - TOLERANCE_US
 
 
@@ -74,14 +79,19 @@ def test_analyze_reads_a_folder_of_real_captures(tmp_path: Path, capsys: pytest.
     for row in rows:
         ref = _reference(source / f"rank{row['Rank']}_ascend_pt")[0]
         assert float(row["Computing"]) == pytest.approx(ref["Computing"], abs=TOLERANCE_US)
-        assert float(row["Communication(Not Overlapped)"]) == pytest.approx(ref["Communication(Not Overlapped)"], abs=TOLERANCE_US)
+        assert float(row["Communication(Not Overlapped)"]) == pytest.approx(
+            ref["Communication(Not Overlapped)"], abs=TOLERANCE_US
+        )
     diagnosis = json.loads((tmp_path / "diagnosis.json").read_text())
     comm = [f for f in diagnosis["findings"] if f["category"] == "communication"]
     assert comm and "not overlapped" in comm[0]["message"] and comm[0]["ranks"] == [0, 1]
     with (tmp_path / "communication.csv").open() as f:
         assert {r["Rank"] for r in csv.DictReader(f)} == {"0", "1"}
     # Its times are strings of epoch µs, which the merged trace's rewriting does not move.
-    assert set(diagnosis["mergedTrace"]["leftOut"]) == {"0", "1"} and "Ascend capture" in diagnosis["mergedTrace"]["leftOut"]["0"]
+    assert (
+        set(diagnosis["mergedTrace"]["leftOut"]) == {"0", "1"}
+        and "Ascend capture" in diagnosis["mergedTrace"]["leftOut"]["0"]
+    )
     assert "Traceback" not in capsys.readouterr().err
 
 
@@ -93,19 +103,26 @@ def _write_capture(root: Path, rank: int = 3, kernels: str | None = None) -> Pat
     out.mkdir(parents=True)
     (folder / f"profiler_info_{rank}.json").write_text(json.dumps({"config": {}, "rank_id": rank}))
     t0 = 1736408883000000
-    host = [{"ph": "M", "name": "process_name", "pid": 7, "tid": 0, "args": {"name": "Python"}},
-            {"ph": "X", "name": "ProfilerStep#4", "cat": "cpu_op", "pid": 7, "tid": 7, "ts": f"{t0}.000", "dur": 1000.0},
-            {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "pid": 7, "tid": 7, "ts": f"{t0 + 10}.125", "dur": 20.5},
-            {"ph": "X", "name": "Computing", "pid": 9, "tid": 0, "ts": f"{t0 + 100}.000", "dur": 300.0},
-            {"ph": "s", "name": "async_npu", "cat": "async_npu", "id": 1, "pid": 7, "tid": 7, "ts": f"{t0 + 10}.125"}]
+    host = [
+        {"ph": "M", "name": "process_name", "pid": 7, "tid": 0, "args": {"name": "Python"}},
+        {"ph": "X", "name": "ProfilerStep#4", "cat": "cpu_op", "pid": 7, "tid": 7, "ts": f"{t0}.000", "dur": 1000.0},
+        {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "pid": 7, "tid": 7, "ts": f"{t0 + 10}.125", "dur": 20.5},
+        {"ph": "X", "name": "Computing", "pid": 9, "tid": 0, "ts": f"{t0 + 100}.000", "dur": 300.0},
+        {"ph": "s", "name": "async_npu", "cat": "async_npu", "id": 1, "pid": 7, "tid": 7, "ts": f"{t0 + 10}.125"},
+    ]
     (out / "trace_view.json").write_text(json.dumps(host))
     # Step 4 on the device: compute 100-400 and 750-850, a collective 300-700: 400 µs computing,
     # 400 communicating, 100 of it overlapped, device span 100-850 with 50 µs free in it.
-    (out / "kernel_details.csv").write_text(kernels if kernels is not None else (
-        "Step Id,Name,Type,Accelerator Core,Start Time(us),Duration(us),Wait Time(us),Block Dim\n"
-        f"4,MatMul_1,MatMulV2,AI_CORE,{t0 + 100}.000\t,300.0,0,8\n"
-        f"4,hcom_allReduce__1_0_1,hcom_allReduce_,HCCL,{t0 + 300}.000\t,400.0,0,0\n"
-        f"4,Add_2,Add,AI_VECTOR_CORE,{t0 + 750}.000\t,100.0,0,8\n"))
+    (out / "kernel_details.csv").write_text(
+        kernels
+        if kernels is not None
+        else (
+            "Step Id,Name,Type,Accelerator Core,Start Time(us),Duration(us),Wait Time(us),Block Dim\n"
+            f"4,MatMul_1,MatMulV2,AI_CORE,{t0 + 100}.000\t,300.0,0,8\n"
+            f"4,hcom_allReduce__1_0_1,hcom_allReduce_,HCCL,{t0 + 300}.000\t,400.0,0,0\n"
+            f"4,Add_2,Add,AI_VECTOR_CORE,{t0 + 750}.000\t,100.0,0,8\n"
+        )
+    )
     return folder
 
 
@@ -118,7 +135,12 @@ def test_documented_schema_capture(tmp_path: Path):
     assert summary.rank == 3 and summary.hasGpu
     (step,) = summary.steps
     assert (step.step, step.durationUs) == (4, 1000.0)
-    assert (step.computingUs, step.communicationUs, step.overlappedUs, step.commNotOverlappedUs) == (400.0, 400.0, 100.0, 300.0)
+    assert (step.computingUs, step.communicationUs, step.overlappedUs, step.commNotOverlappedUs) == (
+        400.0,
+        400.0,
+        100.0,
+        300.0,
+    )
     assert step.idleUs == 50.0 and step.freeUs == 1000.0 - 400.0 - 300.0
     assert kernel_type("hcom_allReduce__1_0_1") == COMM and summary.collectives
     assert summary.criticalPath is None  # no kernel has a launching call linked
@@ -135,10 +157,13 @@ def test_analyze_a_single_capture_folder(tmp_path: Path):
     assert (row["Rank"], row["Step"], float(row["Computing"]), float(row["Overlapped"])) == ("3", "4", 400.0, 100.0)
 
 
-@pytest.mark.parametrize("kernels, why", [
-    (None, "no such file"),
-    ("Name,Type\nMatMul,MatMulV2\n", "not a kernel_details.csv"),
-])
+@pytest.mark.parametrize(
+    "kernels, why",
+    [
+        (None, "no such file"),
+        ("Name,Type\nMatMul,MatMulV2\n", "not a kernel_details.csv"),
+    ],
+)
 def test_a_bad_capture_is_an_error_not_a_traceback(tmp_path: Path, kernels: str | None, why: str):
     folder = _write_capture(tmp_path, kernels=kernels or "")
     if kernels is None:

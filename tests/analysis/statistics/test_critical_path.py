@@ -8,6 +8,7 @@ and its time by bound equal HTA's to the µs, once one artefact of HTA's report 
 sub-µs kernel rounded inwards ends a µs before it starts; HTA's longest-path search weighs its edge
 0, but its breakdown reports the edge's original -1 µs (2 traces, 17 and 21 such kernels on the path).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -34,10 +35,22 @@ from tests.conftest import SHARED
 
 HTA_PYTHON = Path.home() / ".cache" / "stepscope" / "hta-venv" / "bin" / "python"
 TRACES = SHARED / "data" / "traces"
-HTA_TRACES = ["hta__critical_path_alexnet", "hta__amd_mi250", "hta__nccl_parser_config", "hta__ns_resolution",
-              "hta__trace_filter_2rank", "hta__triton_example", "hta__with_gpu_user_annotation", "tracelens__b200_eager_trace",
-              "hta__trace_diff_control", "hta__df_index_resolver", "hta__negative_queue_length", "hta__trace_diff_test",
-              "tracelens__mi300_resnet_act_checkpoint", "tracelens__h100_Qwen_Qwen1.5-0.5B-Chat__1016005"]
+HTA_TRACES = [
+    "hta__critical_path_alexnet",
+    "hta__amd_mi250",
+    "hta__nccl_parser_config",
+    "hta__ns_resolution",
+    "hta__trace_filter_2rank",
+    "hta__triton_example",
+    "hta__with_gpu_user_annotation",
+    "tracelens__b200_eager_trace",
+    "hta__trace_diff_control",
+    "hta__df_index_resolver",
+    "hta__negative_queue_length",
+    "hta__trace_diff_test",
+    "tracelens__mi300_resnet_act_checkpoint",
+    "tracelens__h100_Qwen_Qwen1.5-0.5B-Chat__1016005",
+]
 HTA_SCRIPT = """
 import json, logging, sys, warnings
 logging.disable(logging.WARNING); warnings.filterwarnings("ignore")
@@ -71,7 +84,9 @@ def hta() -> dict:
     if not TRACES.is_dir():
         pytest.skip(f"the shared real traces ({TRACES}) are missing")
     folders = [str(TRACES / n) for n in HTA_TRACES]
-    done = subprocess.run([str(HTA_PYTHON), "-c", HTA_SCRIPT, *folders], capture_output=True, text=True, timeout=900, check=True)
+    done = subprocess.run(
+        [str(HTA_PYTHON), "-c", HTA_SCRIPT, *folders], capture_output=True, text=True, timeout=900, check=True
+    )
     return {Path(k).name: v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
 
@@ -146,7 +161,9 @@ def test_merged_trace_has_the_path_as_a_track(tmp_path: Path):
     longest = max(path, key=lambda e: e["dur"])
     assert longest["name"] == "cudaDeviceGetStreamPriorityRange" and longest["args"]["boundBy"] == "cpu_bound"
     kernels = [e for e in events if e.get("cat") == "kernel"]
-    assert min(e["ts"] for e in path) >= min(e["ts"] for e in events if e.get("ph") == "X" and e.get("cat") != "critical_path")
+    assert min(e["ts"] for e in path) >= min(
+        e["ts"] for e in events if e.get("ph") == "X" and e.get("cat") != "critical_path"
+    )
     assert max(e["ts"] + e["dur"] for e in path) <= max(e["ts"] + e["dur"] for e in kernels + path)
     assert sum(e["dur"] for e in path) <= 43_355_655
 
@@ -158,9 +175,14 @@ def test_report_section_in_a_real_browser(tmp_path: Path):
     if chromium is None or not trace_dir.is_dir():
         pytest.skip("needs Chromium (Debian's chromium package) and the shared real traces")
     assert main(["analyze", str(trace_dir), "--output", str(tmp_path), "--no-progress"]) == EXIT_OK
-    dom = subprocess.run([chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--dump-dom",
-                          (tmp_path / "index.html").as_uri()], capture_output=True, text=True, timeout=120, check=True).stdout
-    section = dom[dom.index("<h2>Critical path</h2>"):]
+    dom = subprocess.run(
+        [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--dump-dom", (tmp_path / "index.html").as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    section = dom[dom.index("<h2>Critical path</h2>") :]
     section = section[: section.index("</section>")]
     assert "<th>GPU compute %</th>" in section and ">43,355.65<" in section and ">99.8<" in section
     assert "cudaDeviceGetStreamPriorityRange 69.0%" in section
@@ -171,9 +193,13 @@ def test_small_graph_by_hand(tmp_path: Path):
     cudaStreamSynchronize 20-90), the kernel 40-80 on stream 7. The path is the CPU to the launch,
     its delay, the kernel, then the sync's end (the wait weighs 0) and the CPU after it; a trace of
     annotations alone has no path and its summary says nothing of one."""
-    events = [ev("cpu_op", "aten::step", 0, 100), ev("cuda_runtime", "cudaLaunchKernel", 10, 5, correlation=1),
-              ev("cuda_runtime", "cudaStreamSynchronize", 20, 70, correlation=2), gpu("gemm", 40, 40, 1),
-              ev("cuda_sync", "Stream Sync", 79, 11, tid=7, pid=0, stream=7, correlation=2)]
+    events = [
+        ev("cpu_op", "aten::step", 0, 100),
+        ev("cuda_runtime", "cudaLaunchKernel", 10, 5, correlation=1),
+        ev("cuda_runtime", "cudaStreamSynchronize", 20, 70, correlation=2),
+        gpu("gemm", 40, 40, 1),
+        ev("cuda_sync", "Stream Sync", 79, 11, tid=7, pid=0, stream=7, correlation=2),
+    ]
     path_file = tmp_path / "rank-0.json"
     path_file.write_text(json.dumps({"traceEvents": events}))
     path = critical_path(load_trace(path_file))
@@ -181,8 +207,16 @@ def test_small_graph_by_hand(tmp_path: Path):
     assert path.breakdown() == {"cpu_bound": 10 + 10, "gpu_kernel_launch_overhead": 30, "gpu_compute_bound": 40}
     assert path.total_us == 90  # 0-10 on the CPU, launch 10->40, kernel 40-80, sync end 90 -> op end 100
     annotations = tmp_path / "rank-1.json"
-    annotations.write_text(json.dumps({"traceEvents": [ev("user_annotation", "ProfilerStep#1", 0, 100),
-                                                       ev("user_annotation", "gloo:all_reduce", 10, 80)]}))
+    annotations.write_text(
+        json.dumps(
+            {
+                "traceEvents": [
+                    ev("user_annotation", "ProfilerStep#1", 0, 100),
+                    ev("user_annotation", "gloo:all_reduce", 10, 80),
+                ]
+            }
+        )
+    )
     trace = load_trace(annotations)
     assert critical_path(trace) is None
     summary = summarize(trace)

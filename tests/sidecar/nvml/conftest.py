@@ -1,4 +1,5 @@
 """Simulated GPU nodes recorded by the real sampler, and rank summaries that line up with them."""
+
 from __future__ import annotations
 
 import threading
@@ -22,22 +23,43 @@ RECORD_S = 0.9
 @dataclass
 class Run:
     """A simulated job: pods of GPUs, each pod's samples, and one summary per GPU (rank)."""
+
     metrics: dict[str, pd.DataFrame]
     summaries: list[RankSummary]
     backends: dict[str, SimulatedBackend]
     files: dict[str, Path]  # pod -> its gpu-metrics.csv.gz
 
 
-def summaries_for(pod: str, backend: SimulatedBackend, first_rank: int, steps: range, slow: dict[int, float] | None = None) -> list[RankSummary]:
+def summaries_for(
+    pod: str, backend: SimulatedBackend, first_rank: int, steps: range, slow: dict[int, float] | None = None
+) -> list[RankSummary]:
     """Rank summaries of `backend`'s GPUs over the given simulated steps; `slow` stretches a GPU's
     step durations (a slow worker)."""
     out = []
     for device in backend.devices():
         factor = (slow or {}).get(device.index, 1.0)
-        rows = [StepRow(step=s, startUs=start, durationUs=duration * factor, computingUs=duration * (1 - COMM_FRACTION),
-                        communicationUs=duration * COMM_FRACTION) for s, start, duration in backend.step_windows(steps.start, len(steps))]
-        out.append(RankSummary(version=SUMMARY_VERSION, rank=first_rank + device.index, localRank=device.index, gpu=device.index,
-                               pod=pod, node=f"node-{pod}", hasGpu=True, steps=rows))
+        rows = [
+            StepRow(
+                step=s,
+                startUs=start,
+                durationUs=duration * factor,
+                computingUs=duration * (1 - COMM_FRACTION),
+                communicationUs=duration * COMM_FRACTION,
+            )
+            for s, start, duration in backend.step_windows(steps.start, len(steps))
+        ]
+        out.append(
+            RankSummary(
+                version=SUMMARY_VERSION,
+                rank=first_rank + device.index,
+                localRank=device.index,
+                gpu=device.index,
+                pod=pod,
+                node=f"node-{pod}",
+                hasGpu=True,
+                steps=rows,
+            )
+        )
     return out
 
 
@@ -48,8 +70,10 @@ def record_pods(pods: dict[str, SimulatedBackend], tmp: Path, interval_us: int =
         recorder.start()
     time.sleep(RECORD_S)
     paths: dict[str, Path] = {}
-    threads = [threading.Thread(target=lambda p=pod, r=rec: paths.__setitem__(p, r.stop(tmp / p / "gpu-metrics.csv.gz")))
-               for pod, rec in recorders.items()]
+    threads = [
+        threading.Thread(target=lambda p=pod, r=rec: paths.__setitem__(p, r.stop(tmp / p / "gpu-metrics.csv.gz")))
+        for pod, rec in recorders.items()
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -64,8 +88,15 @@ def _run(tmp: Path, unhealthy: bool) -> Run:
     if unhealthy:
         pods = {
             "train-a": SimulatedBackend(3, throttle={1: "thermal", 2: "power"}, **common),
-            "train-b": SimulatedBackend(4, slow_link={0: "nvlink", 2: "pcie"}, low_util={1: 40.0}, xid={1: 79}, ecc={1: (5, 2)},
-                                        locked_clock_mhz={3: 1410.0}, **common),
+            "train-b": SimulatedBackend(
+                4,
+                slow_link={0: "nvlink", 2: "pcie"},
+                low_util={1: 40.0},
+                xid={1: 79},
+                ecc={1: (5, 2)},
+                locked_clock_mhz={3: 1410.0},
+                **common,
+            ),
         }
     else:
         pods = {"train-a": SimulatedBackend(3, **common), "train-b": SimulatedBackend(4, **common)}
@@ -76,7 +107,9 @@ def _run(tmp: Path, unhealthy: bool) -> Run:
     last_us = min(float(m.dropna(subset=["sm_clock_mhz"])["ts_us"].max()) for m in metrics.values())
     steps = range(int((first_us - origin) // STEP_US) + 1, int((last_us - origin) // STEP_US))
     assert len(steps) >= 5, f"the sampler recorded too little: {first_us}..{last_us}"
-    summaries = summaries_for("train-a", pods["train-a"], 0, steps) + summaries_for("train-b", pods["train-b"], 3, steps)
+    summaries = summaries_for("train-a", pods["train-a"], 0, steps) + summaries_for(
+        "train-b", pods["train-b"], 3, steps
+    )
     return Run(metrics, summaries, pods, files)
 
 
@@ -96,6 +129,7 @@ def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 @dataclass
 class Profiled:
     """A real torch.profiler capture (CPU) of 3 steps while a throttled simulated GPU was sampled."""
+
     trace: Path  # Chrome trace JSON as torch exports it
     metrics: Path  # gpu-metrics.csv.gz
 
