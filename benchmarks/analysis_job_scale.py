@@ -7,8 +7,8 @@ as the sidecars upload them: ranks/rank-<r>.summary.arrow; rank 5's kernels 1.3x
 then runs in a fresh process with the session's credentials in its environment: it lists and
 reads the summaries, diagnoses them, writes the report and its result into the store. Measured:
 that process's wall time and peak memory (ru_maxrss), the size of the status the operator makes of
-the report (diagnosed_status; the CRD's budget is 32 KiB) and the report page's. The same is measured at --reference ranks in the
-same run.
+the report (diagnosed_status; the CRD's budget is 32 KiB) and the report page's. The same is measured at --reference
+ranks in the same run.
 
     .venv/bin/python benchmarks/analysis_job_scale.py [--ranks 10240] [--reference 1024]
 """
@@ -92,7 +92,10 @@ def _upload(s3, dest: str, ranks: int) -> float:
 def _job(name: str, kubeconfig: Path) -> tuple[float, float, float, int]:
     """Run the Job in a fresh process: its wall seconds, CPU seconds, peak MB and exit code."""
     env = {**os.environ, **CREDENTIALS, "KUBECONFIG": str(kubeconfig)}
-    run = f"import sys; from stepscope.operator.sessions.analysis_job import run_session_analysis; sys.exit(run_session_analysis({NAMESPACE!r}, {name!r}))"
+    run = (
+        "import sys; from stepscope.operator.sessions.analysis_job import run_session_analysis; "
+        f"sys.exit(run_session_analysis({NAMESPACE!r}, {name!r}))"
+    )
     with tempfile.TemporaryFile("w+") as errors:
         start = time.perf_counter()
         child = subprocess.Popen([sys.executable, "-c", run], env=env, stdout=subprocess.DEVNULL, stderr=errors)
@@ -165,18 +168,23 @@ def main() -> int:
     finally:
         moto.stop()
     print(
-        f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end; generator peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB"
+        f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end; generator peak "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB"
     )
     for r in results:
         print(
-            f"{r['ranks']:>6,} ranks: Job start to its result written {r['job_s']:6.1f} s ({r['cpu_s']:.1f} s of CPU), peak {r['peak_mb']:6,.0f} MB, "
+            f"{r['ranks']:>6,} ranks: Job start to its result written {r['job_s']:6.1f} s ({r['cpu_s']:.1f} s of "
+            f"CPU), peak {r['peak_mb']:6,.0f} MB, "
             f"status {r['status_bytes']:,} B, "
-            f"report page {r['page_bytes'] / 1024:,.0f} KiB (uploads took {r['upload_s']:.0f} s); slow workers {r['slow']}"
+            f"report page {r['page_bytes'] / 1024:,.0f} KiB (uploads took {r['upload_s']:.0f} s); slow workers "
+            f"{r['slow']}"
         )
     ref, big = results
     print(
-        f"ratio {big['ranks'] // ref['ranks']}x the ranks: time {big['job_s'] / ref['job_s']:.2f}x, CPU {big['cpu_s'] / ref['cpu_s']:.2f}x, peak memory {big['peak_mb'] / ref['peak_mb']:.2f}x; "
-        f"goal {GOAL_S:.0f} s -> {big['job_s'] / GOAL_S:.2f}x, status {big['status_bytes'] / STATUS_BUDGET:.2f}x of 32 KiB"
+        f"ratio {big['ranks'] // ref['ranks']}x the ranks: time {big['job_s'] / ref['job_s']:.2f}x, CPU "
+        f"{big['cpu_s'] / ref['cpu_s']:.2f}x, peak memory {big['peak_mb'] / ref['peak_mb']:.2f}x; "
+        f"goal {GOAL_S:.0f} s -> {big['job_s'] / GOAL_S:.2f}x, status {big['status_bytes'] / STATUS_BUDGET:.2f}x of "
+        "32 KiB"
     )
     print(f"summary: {big['summary']}")
     ok = all(r["exit"] == 0 and r["slow"] == [5] and r["status_bytes"] < STATUS_BUDGET for r in results)

@@ -5,8 +5,8 @@ default 300 kernels and 205 Python functions per rank, 80 collectives with per-c
 rank 5's kernels 1.3x longer) and writes each as the sidecar uploads it (Arrow IPC,
 ranks/rank-<r>.summary.arrow) into a session folder. A fresh process then reads them into one
 table (gathering.session_files.read_ranks, as the analysis Job does) and diagnoses it; its peak
-memory (ru_maxrss) is that of reading and diagnosing alone. References measured in the same run: the goals (5 s and 1.5 GB at 10,240 ranks,
-0.5 s at 1,024) and decoding the same summaries from JSON, as older sidecars uploaded them.
+memory (ru_maxrss) is that of reading and diagnosing alone. References measured in the same run: the goals (5 s and
+1.5 GB at 10,240 ranks, 0.5 s at 1,024) and decoding the same summaries from JSON, as older sidecars uploaded them.
 
     .venv/bin/python benchmarks/diagnose_scale.py [--ranks 1024] [--repeat 3]
 """
@@ -50,7 +50,8 @@ def _child(folder: Path, repeat: int) -> int:
     assert diagnosis is not None
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
-        f"{best[0]:.3f} {best[1]:.3f} {peak_mb:.0f} {','.join(str(w.rank) for w in diagnosis.slowWorkers)} {best[2]:.3f}"
+        f"{best[0]:.3f} {best[1]:.3f} {peak_mb:.0f} {','.join(str(w.rank) for w in diagnosis.slowWorkers)} "
+        f"{best[2]:.3f}"
     )
     print(diagnosis.summary)
     return 0
@@ -106,20 +107,24 @@ def main() -> int:
     total, read, peak, slow, cpu = out[0].split()
     total_s, read_s = float(total), float(read)
     print(
-        f"ranks: {args.ranks:,}  ({rows:,} kernel/function/step/collective rows; built in {built:.1f} s, encoded as Arrow in {encoded:.1f} s "
+        f"ranks: {args.ranks:,}  ({rows:,} kernel/function/step/collective rows; built in {built:.1f} s, encoded as "
+        f"Arrow in {encoded:.1f} s "
         f"at the edge; {arrow_kib:.1f} KiB per Arrow summary, {json_kib:.1f} KiB as JSON)"
     )
     print(
-        f"read + diagnose:      {total_s:8.3f} s   (best of {args.repeat}; {float(cpu):.3f} s of CPU; reading the Arrow summaries into one table "
+        f"read + diagnose:      {total_s:8.3f} s   (best of {args.repeat}; {float(cpu):.3f} s of CPU; reading the "
+        "Arrow summaries into one table "
         f"{read_s:.3f} s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
     )
     print(f"peak memory:          {float(peak):8.0f} MB  (ru_maxrss of the reading and diagnosing process)")
     print(
-        f"reference, JSON decode alone: {json_decode:8.3f} s   -> read + diagnose / JSON decode = {total_s / json_decode:.2f}x"
+        f"reference, JSON decode alone: {json_decode:8.3f} s   -> read + diagnose / JSON decode = "
+        f"{total_s / json_decode:.2f}x"
     )
     goal = GOAL_S.get(args.ranks, GOAL_S[10240] * args.ranks / 10240)
     print(
-        f"goal: {goal:.3f} s, {GOAL_PEAK_MB} MB   -> time / goal = {total_s / goal:.2f}x, peak / goal = {float(peak) / GOAL_PEAK_MB:.2f}x"
+        f"goal: {goal:.3f} s, {GOAL_PEAK_MB} MB   -> time / goal = {total_s / goal:.2f}x, peak / goal = "
+        f"{float(peak) / GOAL_PEAK_MB:.2f}x"
     )
     print(f"slow workers: [{slow}]; summary: {out[1]}")
     return 0 if slow == "5" else 1

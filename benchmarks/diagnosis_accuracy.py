@@ -196,7 +196,8 @@ def _print(r: Result) -> None:
         else ""
     )
     print(
-        f"{r.scenario}{held} @ {r.ranks} ranks: {r.verdict.upper()}  capture {r.capture_s:.1f} s, analysis {r.analysis_s:.1f} s",
+        f"{r.scenario}{held} @ {r.ranks} ranks: {r.verdict.upper()}  capture {r.capture_s:.1f} s, analysis "
+        f"{r.analysis_s:.1f} s",
         flush=True,
     )
     print(f"    expected: {r.expected}", flush=True)

@@ -4,7 +4,8 @@ round of the capture (goal <= 5 s), status writes per second (goal <= 1) and the
 (goal < 32 KiB).
 
 The real operator (kopf) runs against the test API server (stepscope/testing/kube, in a process of its own, as
-an API server is), with moto's S3 server over HTTP as the session's store; N pods are marked Running with addresses 127.0.<i/250>.<i%250+1>, all served by
+an API server is), with moto's S3 server over HTTP as the session's store; N pods are marked Running with addresses
+127.0.<i/250>.<i%250+1>, all served by
 one simulated sidecar process (aiohttp) that verifies every signature (stepscope.signing.Verifier,
 the namespace's key, the dialled address as the target) and answers GET /v1/telemetry and
 PUT/GET /v1/sessions/<id> per pod with the wire API's bodies: Capturing for CAPTURE_S after the
@@ -312,7 +313,8 @@ def main() -> int:
         t = time.time()
         create_pods(api_client, args.pods, port)
         print(
-            f"setup: {args.pods} Running pods created in {time.time() - t:.1f} s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+            f"setup: {args.pods} Running pods created in {time.time() - t:.1f} s; load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
         )
         results = [
             ("reference (1 at a time)", run_session(api_client, "sequential", 1, port, endpoint)),
@@ -325,16 +327,20 @@ def main() -> int:
         server.join(30)
     sidecars.terminate()
     print(
-        f"load average at the end (1, 5, 15 min): {', '.join(f'{v:.1f}' for v in os.getloadavg())} on {os.cpu_count()} cores"
+        f"load average at the end (1, 5, 15 min): {', '.join(f'{v:.1f}' for v in os.getloadavg())} on "
+        f"{os.cpu_count()} cores"
     )
     for label, r in results:
         rounds = r["rounds"]
         print(
-            f"{label:24s} {r['phase']}: {r['triggered']} sidecars triggered, all within {r['all_triggered_s']:.2f} s of creation "
+            f"{label:24s} {r['phase']}: {r['triggered']} sidecars triggered, all within {r['all_triggered_s']:.2f} s "
+            "of creation "
             f"(operator CPU {r['trigger_cpu']:.2f} s); {len(rounds)} poll rounds, longest {max(rounds):.2f} s, median "
-            f"{sorted(rounds)[len(rounds) // 2]:.2f} s (operator CPU a round: {', '.join(f'{c:.2f}' for c in r['round_cpu'])} s); "
-            f"session {r['session_s']:.1f} s, {r['status_writes']:.0f} status writes, at least {r['min_gap_s']:.2f} s apart; "
-            f"max PUTs per pod {r['max_puts_per_pod']}; final status {r['status_bytes']} bytes ({r['status_bytes'] / 32768:.2f} of the 32 KiB budget)"
+            f"{sorted(rounds)[len(rounds) // 2]:.2f} s (operator CPU a round: "
+            f"{', '.join(f'{c:.2f}' for c in r['round_cpu'])} s); "
+            f"session {r['session_s']:.1f} s, {r['status_writes']:.0f} status writes, at least {r['min_gap_s']:.2f} s "
+            f"apart; max PUTs per pod {r['max_puts_per_pod']}; final status {r['status_bytes']} bytes "
+            f"({r['status_bytes'] / 32768:.2f} of the 32 KiB budget)"
         )
     (_, reference), (_, measured) = results
     print(

@@ -250,12 +250,13 @@ def operator_cost(pods: int, ranks_per_pod: int, interval_s: float, polls: int) 
     median = statistics.median
     ref_cpu, ref_wall = median(r[0] for r in reference), median(r[1] for r in reference)
     print(
-        f"operator polling {pods} simulated pods x {ranks_per_pod} ranks (at most {settings.fanout_concurrency} requests at once), "
-        f"{len(cpu)} telemetry polls every {interval_s:g} s, {failed} failed requests:"
+        f"operator polling {pods} simulated pods x {ranks_per_pod} ranks (at most {settings.fanout_concurrency} "
+        f"requests at once), {len(cpu)} telemetry polls every {interval_s:g} s, {failed} failed requests:"
     )
     print(f"  reference: a capturing session's status poll  CPU {ref_cpu:.3f} s a poll, wall {ref_wall:.3f} s")
     print(
-        f"  ProfileTrigger poll (fan-out + observe + step) CPU {median(cpu):.3f} s a poll ({median(cpu) / ref_cpu:.2f}x the reference), "
+        f"  ProfileTrigger poll (fan-out + observe + step) CPU {median(cpu):.3f} s a poll "
+        f"({median(cpu) / ref_cpu:.2f}x the reference), "
         f"wall {median(wall):.3f} s"
     )
     print(
@@ -263,8 +264,8 @@ def operator_cost(pods: int, ranks_per_pod: int, interval_s: float, polls: int) 
         f"(a capturing session: {ref_cpu:.1%} of a core at 1 poll/s, {pods} requests/s)"
     )
     print(
-        f"  detection delay of a 2x slowdown (sustained {policy.conditions.sustained_s:g} s, polls every {interval_s:g} s): "
-        + (f"{fired:.1f} s" if fired is not None else "did not fire")
+        f"  detection delay of a 2x slowdown (sustained {policy.conditions.sustained_s:g} s, polls every "
+        f"{interval_s:g} s): " + (f"{fired:.1f} s" if fired is not None else "did not fire")
     )
 
 

@@ -27,7 +27,8 @@ class Command(NamedTuple):
 COMMANDS: dict[str, Command] = {
     "demo": Command(
         "stepscope.local.demo",
-        "run a 4-rank CPU training, capture 3 steps through a real sidecar, diagnose it (--scenario NAME: a known fault)",
+        "run a 4-rank CPU training, capture 3 steps through a real sidecar, diagnose it (--scenario NAME: a known "
+        "fault)",
     ),
     "capture": Command(
         "stepscope.local.capture", "capture steps of every training process on this machine through its sidecar"
@@ -82,13 +83,19 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
                 p.add_argument(
                     "--session",
                     metavar="NS/NAME",
-                    help="analyse a ProfileSession in the cluster and leave its result in its store (what the analysis Job runs)",
+                    help=(
+                        "analyse a ProfileSession in the cluster and leave its result in its store (what the analysis "
+                        "Job runs)"
+                    ),
                 )
                 p.add_argument(
                     "--shards",
                     type=int,
                     metavar="N",
-                    help=f"with --session: summarise shard ${settings.SHARD_INDEX_ENV} of N of its raw traces into its store (what a pod of the shard Job runs)",
+                    help=(
+                        f"with --session: summarise shard ${settings.SHARD_INDEX_ENV} of N of its raw traces into its "
+                        "store (what a pod of the shard Job runs)"
+                    ),
                 )
     return parser
 
@@ -109,7 +116,8 @@ def _run_session_analysis(session: str, shards: int | None) -> int:
     index = settings.shard_index()
     if shards < 1 or not index.isdigit() or int(index) >= shards:
         print(
-            f"stepscope analyze: --shards {shards} wants N >= 1 and ${settings.SHARD_INDEX_ENV} in 0..N-1 (an Indexed Job sets it), got {index!r}",
+            f"stepscope analyze: --shards {shards} wants N >= 1 and ${settings.SHARD_INDEX_ENV} in 0..N-1 (an Indexed "
+            f"Job sets it), got {index!r}",
             file=sys.stderr,
         )
         return 2

@@ -182,7 +182,8 @@ def _credentials(scheme: str, given: dict[str, Any] | None, ambient: bool = True
         }
     if not ambient:
         raise StoreError(
-            f"no credentials for {scheme}:// from spec.storage.credentialsSecret; a session on the cluster uses no other"
+            f"no credentials for {scheme}:// from spec.storage.credentialsSecret; a session on the cluster uses no "
+            "other"
         )
     folder = credentials_dir()
     if folder:
@@ -195,7 +196,8 @@ def _credentials(scheme: str, given: dict[str, Any] | None, ambient: bool = True
         return keys
     if scheme == "oss":
         raise StoreError(
-            f"no credentials for oss://: set OSS_ACCESS_KEY_ID/OSS_ACCESS_KEY_SECRET, {CREDENTIALS_DIR_ENV}, or spec.storage.credentialsSecret"
+            f"no credentials for oss://: set OSS_ACCESS_KEY_ID/OSS_ACCESS_KEY_SECRET, {CREDENTIALS_DIR_ENV}, or "
+            "spec.storage.credentialsSecret"
         )
     return None
 
@@ -350,7 +352,8 @@ def _classify(exc: Exception, what: str, store: S3Store) -> StoreError:
         return exc
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
         return StoreError(
-            f"cannot {what}: no credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, {CREDENTIALS_DIR_ENV}, or spec.storage.credentialsSecret)"
+            f"cannot {what}: no credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, {CREDENTIALS_DIR_ENV}, or "
+            "spec.storage.credentialsSecret)"
         )
     if isinstance(exc, ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))

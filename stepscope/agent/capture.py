@@ -78,8 +78,10 @@ class Capture(Rank):
                     self._cut_for_memory(s, tick.grown_mb)
                 if stepless:
                     s.notes.append(
-                        f"no step boundary came after step {self.step_count - 1}: the watchdog thread stopped the profiler, "
-                        f"so ProfilerStep#{self.step_count} holds the part of step {self.step_count} recorded until then"
+                        f"no step boundary came after step {self.step_count - 1}: the watchdog thread stopped the "
+                        "profiler, "
+                        f"so ProfilerStep#{self.step_count} holds the part of step {self.step_count} recorded until "
+                        "then"
                     )
                 self._stop_profiler(s, final)
 
@@ -121,7 +123,8 @@ class Capture(Rank):
                 else f", every thread's stack is sampled every {wire.STACK_SAMPLE_SECONDS * 1000:g} ms instead"
             )
             s.degraded.append(
-                f"{wire.STACKS_DROPPED}: {over} = {projected:,} exceeds capture.limits.maxStackEvents={s.capture.limits.maxStackEvents:,}{instead}; "
+                f"{wire.STACKS_DROPPED}: {over} = {projected:,} exceeds "
+                f"capture.limits.maxStackEvents={s.capture.limits.maxStackEvents:,}{instead}; "
                 "set capture.withStack=false or raise capture.limits.maxStackEvents"
             )
             log.warning("stepscope agent: session %s: %s", s.id, s.degraded[-1])

@@ -648,7 +648,8 @@ def _conform(batch: Any, schema: Any) -> Any:
 def _check_version(version: int | None) -> None:
     if version is None or version > SUMMARY_VERSION:
         raise ValueError(
-            f"summary version {version} is newer than this stepscope understands ({SUMMARY_VERSION}); upgrade the analysis image"
+            f"summary version {version} is newer than this stepscope understands ({SUMMARY_VERSION}); upgrade the "
+            "analysis image"
         )
 
 

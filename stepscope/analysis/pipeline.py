@@ -1,7 +1,7 @@
 """`stepscope analyze DIR|URI|TRACE`: diagnose a captured session and write its report.
 
-Reads ranks/rank-<r>.summary.arrow (or .summary.json from older sidecars; summarising ranks/rank-<r>.trace.json.gz where no summary was
-uploaded), ranks/rank-<r>.stacks.json and nodes/<pod>/gpu-metrics.csv.gz from a directory or an
+Reads ranks/rank-<r>.summary.arrow (or .summary.json from older sidecars; summarising ranks/rank-<r>.trace.json.gz where
+no summary was uploaded), ranks/rank-<r>.stacks.json and nodes/<pod>/gpu-metrics.csv.gz from a directory or an
 object-store URI, or a folder of raw Kineto traces (HTA's layout), or one trace file. One bad rank
 is a problem in the report, never the end of the analysis; nothing that was captured is changed.
 """
@@ -207,8 +207,8 @@ def analyze_uri(
         raise AnalysisError(str(exc)) from exc
     if not files.ranks:
         raise AnalysisError(
-            f"nothing to analyse at {uri}: expected ranks/rank-<r>.summary.arrow or .trace.json.gz (a stepscope session) "
-            "or Kineto traces (*.json, *.json.gz)"
+            f"nothing to analyse at {uri}: expected ranks/rank-<r>.summary.arrow or .trace.json.gz (a stepscope "
+            "session) or Kineto traces (*.json, *.json.gz)"
         )
     bar = tqdm(
         total=len(files.ranks) + 2,
@@ -282,7 +282,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "source",
         nargs="?",
-        help="session folder, store URI (file://, s3://, oss://), folder of Kineto traces or of Ascend NPU captures (torch_npu's *_ascend_pt folders), or one trace file",
+        help=(
+            "session folder, store URI (file://, s3://, oss://), folder of Kineto traces or of Ascend NPU captures "
+            "(torch_npu's *_ascend_pt folders), or one trace file"
+        ),
     )
     parser.add_argument("--endpoint", help="object-store endpoint (MinIO, OSS)")
     parser.add_argument("--region", help="object-store region (needed for oss:// without --endpoint)")
@@ -320,13 +323,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-trace-events",
         type=_positive,
         metavar="N",
-        help=f"events with a duration kept of each rank's trace (default ${MAX_TRACE_EVENTS_ENV} or {DEFAULT_MAX_TRACE_EVENTS})",
+        help=(
+            f"events with a duration kept of each rank's trace (default ${MAX_TRACE_EVENTS_ENV} or "
+            f"{DEFAULT_MAX_TRACE_EVENTS})"
+        ),
     )
     parser.add_argument(
         "--max-metrics-mb",
         type=_positive,
         metavar="MiB",
-        help=f"uncompressed CSV read of each node's GPU metrics, in MiB (default ${MAX_METRICS_MB_ENV} or {DEFAULT_MAX_METRICS_MB})",
+        help=(
+            f"uncompressed CSV read of each node's GPU metrics, in MiB (default ${MAX_METRICS_MB_ENV} or "
+            f"{DEFAULT_MAX_METRICS_MB})"
+        ),
     )
 
 

@@ -208,7 +208,8 @@ def _progress_line(status: dict[str, Any]) -> str:
     w = status.get("workers") or {}
     total = w.get("total", 0)
     line = (
-        f"{status.get('phase', '?'):<10} ranks {total}: capturing {w.get('capturing', 0)}, captured {w.get('captured', 0)}/{total}, "
+        f"{status.get('phase', '?'):<10} ranks {total}: capturing {w.get('capturing', 0)}, captured "
+        f"{w.get('captured', 0)}/{total}, "
         f"uploaded {w.get('uploaded', 0)}/{total}"
     )
     line += f", failed {w['failed']}" if w.get("failed") else ""
@@ -249,7 +250,8 @@ def _sidecar_error(exc: SidecarError, url: str) -> int:
         return _fail(f"{exc.message}; is `stepscope sidecar` running there (--sidecar)?", EXIT_UNREACHABLE)
     if exc.status == 401:
         return _fail(
-            f"the sidecar refused the request ({exc.message}); use the sidecar's key (STEPSCOPE_HMAC_KEY or --key-file)",
+            f"the sidecar refused the request ({exc.message}); use the sidecar's key (STEPSCOPE_HMAC_KEY or "
+            "--key-file)",
             EXIT_UNAUTHORIZED,
         )
     if exc.status == 409:
@@ -315,7 +317,8 @@ def _analyze(out_dir: Path, spec: SessionSpec) -> None:
         )
     except (ValueError, OSError, StoreError) as exc:
         print(
-            f"stepscope capture: the analysis failed: {exc}; the capture is intact, retry with `stepscope analyze {out_dir}`",
+            f"stepscope capture: the analysis failed: {exc}; the capture is intact, retry with `stepscope analyze "
+            f"{out_dir}`",
             file=sys.stderr,
         )
         return
@@ -363,7 +366,8 @@ def run(args: argparse.Namespace) -> int:
         with contextlib.suppress(SidecarError):
             client.delete_session(session_id)
         return _fail(
-            f"left without waiting; session {session_id} was cancelled, its files stay in the sidecar's directory until uploaded",
+            f"left without waiting; session {session_id} was cancelled, its files stay in the sidecar's directory "
+            "until uploaded",
             EXIT_INTERRUPTED,
         )
     try:
@@ -372,7 +376,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"stepscope capture: session.json not written: {exc}", file=sys.stderr)
     if code == EXIT_TIMEOUT:
         return _fail(
-            f"no result after {args.timeout} s (last: {status['phase']}, {status.get('message')}); the session was cancelled",
+            f"no result after {args.timeout} s (last: {status['phase']}, {status.get('message')}); the session was "
+            "cancelled",
             EXIT_TIMEOUT,
         )
     print(f"{status['phase']}: {status.get('message', '')}")

@@ -187,7 +187,8 @@ SCENARIOS: dict[str, Scenario] = {
             causes=("tokenize_records",),
             extra=("--python-calls", "3000"),
         ),
-        # Held aside (set b, since scored and developed on): other magnitudes, functions, periods, rank positions and counts of the kinds above.
+        # Held aside (set b, since scored and developed on): other magnitudes, functions, periods, rank positions and
+        # counts of the kinds above.
         Scenario(
             "slow-host-b",
             "the last rank's operators run slower with the same shapes: its CPU is stopped 4 ms of every 10 ms "

@@ -7,9 +7,9 @@ It knows nothing of stepscope: the agent attaches through the bootstrap. Faults 
 - cpu: extra CPU work in the Python function `augment_batch_slowly` (--slow-ms a step), or in
   `prepare_features`, `mix_samples` or `jitter_crops` (--fault-function), which spread it over helpers of their own
 - helpers: CPU work spread over many calls of small helpers, made by `augment_with_helpers`
-- sleep: blocking, not computing: `fetch_remote_features` (or `load_side_inputs`, `await_feature_store`, `wait_for_lease`,
-  --fault-function)
-  sleeps --slow-ms a step
+- sleep: blocking, not computing: `fetch_remote_features` (or `load_side_inputs`, `await_feature_store`,
+  `wait_for_lease`,
+  --fault-function) sleeps --slow-ms a step
 - compute: more operator work (its batch repeated --compute-factor times), no Python function of its own
 - data: slow data loading: the rank's Dataset decodes each sample for --slow-ms / batch size
 - hook: a slow DDP communication hook (`compressing_allreduce_hook` works --slow-ms a step)

@@ -45,13 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--peering",
         default=peering(),
-        help="name of the KopfPeering objects that elect one replica to handle sessions (default: standalone, one replica)",
+        help=(
+            "name of the KopfPeering objects that elect one replica to handle sessions (default: standalone, one "
+            "replica)"
+        ),
     )
     parser.add_argument(
         "--priority",
         type=int,
         default=None,
-        help="this replica's peering priority (default: random, so that replicas never tie; the highest handles sessions)",
+        help=(
+            "this replica's peering priority (default: random, so that replicas never tie; the highest handles "
+            "sessions)"
+        ),
     )
 
 

@@ -51,7 +51,10 @@ T = TypeVar("T")
 
 HISTORY = 32
 # The sidecar may see the node's every GPU; a pod's samples are those of the GPUs its ranks name.
-NO_RANK_GPU = "no rank of this pod named the GPU it computes on (CPU ranks, or an agent that does not report it), and other GPUs of the node are not the pod's to upload"
+NO_RANK_GPU = (
+    "no rank of this pod named the GPU it computes on (CPU ranks, or an agent that does not report it), and other "
+    "GPUs of the node are not the pod's to upload"
+)
 # The agent's watchdog rewrites its registry file every second and its state file on every
 # transition; neither for this long means the process is gone. Liveness goes by these files, as
 # the sidecar need not share the training container's pid namespace.
@@ -291,7 +294,8 @@ class SessionManager:
             other = self.active()
             if other is not None:
                 return 409, {
-                    "error": f"session {other.id} is still {other.phase} on this sidecar; delete it or wait for it to finish"
+                    "error": f"session {other.id} is still {other.phase} on this sidecar; delete it or wait for it to "
+                    "finish"
                 }
             spec, destination, start_step = request.spec, request.destination, request.startStep
             try:

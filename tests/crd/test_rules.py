@@ -13,7 +13,10 @@ from stepscope.testing.kube.fixtures import CRD_PATH
 from stepscope.testing.kube.helpers import GROUP, PLURAL, VERSION, refused, session
 
 MATCH_EXPRESSIONS = {"matchExpressions": [{"key": "app", "operator": "In"}]}
-URI = "uri must be s3://bucket/prefix or oss://bucket/prefix; file:// is for the local CLI only (the sidecars and the analysis Job share no folder)"
+URI = (
+    "uri must be s3://bucket/prefix or oss://bucket/prefix; file:// is for the local CLI only (the sidecars and the "
+    "analysis Job share no folder)"
+)
 NO_CREDENTIALS = (
     "credentialsSecret is required: a Secret in the session's namespace with accessKeyId and secretAccessKey; "
     "the operator's, nodes' and pods' own cloud identities are never used for a session's storage"
@@ -74,7 +77,10 @@ RULE_CASES = [
 ]
 # The API server (1.36) shows the value of a scalar node that holds the rule, none for an object node.
 RULE_NODE_VALUE = {"metrics-too-fast": "99: "}
-IMMUTABLE = "spec is immutable once the session has triggered (only ttlSecondsAfterFinished may change); create a new ProfileSession instead"
+IMMUTABLE = (
+    "spec is immutable once the session has triggered (only ttlSecondsAfterFinished may change); create a new "
+    "ProfileSession instead"
+)
 # (case, spec overrides, field, the schema's complaint)
 SCHEMA_CASES = [
     ("too-many-steps", {"capture": {"steps": 51}}, "spec.capture.steps", "should be less than or equal to 50"),

@@ -165,7 +165,10 @@ def test_capture_budget_bounds_are_the_session_models_and_kubectl_explain_says_w
     ):
         with pytest.raises(
             SpecError,
-            match=r"spec\.capture\.limits\.(maxStackEvents must be within 0\.\.1,000,000|maxMemoryMB must be within 1\.\.16,384)",
+            match=(
+                r"spec\.capture\.limits\.(maxStackEvents must be within 0\.\.1,000,000|maxMemoryMB must be within "
+                r"1\.\.16,384)"
+            ),
         ):
             SessionSpec.from_dict({"storage": storage, "capture": {"limits": limits_given}})
 

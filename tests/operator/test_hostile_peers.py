@@ -117,8 +117,8 @@ def test_connections_past_the_cap_are_refused_while_others_are_answered(alerts: 
         began = time.monotonic()
         with post(
             port,
-            f"POST {PATH} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: {len(RESOLVED)}\r\n\r\n"
-            + RESOLVED.decode(),
+            f"POST {PATH} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: "
+            f"{len(RESOLVED)}\r\n\r\n" + RESOLVED.decode(),
         ) as conn:
             assert answer_of(conn, 3).startswith(b"HTTP/1.0 200")
         assert time.monotonic() - began < 1

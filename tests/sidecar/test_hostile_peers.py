@@ -180,7 +180,8 @@ def test_six_hundred_held_connections_from_one_pod_cost_the_sidecar_little_and_s
     before = _status(process.pid)
     head = (
         f"PUT /v1/sessions/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {MAX_BODY}\r\n"
-        f"{HEADER_TIMESTAMP}: {int(time.time())}\r\n{HEADER_NONCE}: {'1' * 32}\r\n{HEADER_SIGNATURE}: {'0' * 64}\r\n\r\n"
+        f"{HEADER_TIMESTAMP}: {int(time.time())}\r\n{HEADER_NONCE}: {'1' * 32}\r\n{HEADER_SIGNATURE}: "
+        f"{'0' * 64}\r\n\r\n"
     ).encode()
     held: list[socket.socket] = []
     refused = 0

@@ -56,8 +56,8 @@ def one_percent_rule(frame: pd.DataFrame, key: str, category: str, what: str) ->
                 "warning",
                 category,
                 ranks,
-                f"{what} {name} take {100 * med:.1f}% of the captured time without overlapping GPU compute on {ranks_text(ranks)} "
-                f"(up to {100 * worst:.1f}%): overlap them with compute or remove them",
+                f"{what} {name} take {100 * med:.1f}% of the captured time without overlapping GPU compute on "
+                f"{ranks_text(ranks)} (up to {100 * worst:.1f}%): overlap them with compute or remove them",
                 med,
                 {
                     "kind": name,
@@ -90,7 +90,8 @@ def slower_kernels(kernels: pd.DataFrame, median_step_us: float, already: set[in
                 "warning",
                 "kernel",
                 ranks,
-                f"kernel {short(str(name))} runs {ratio:.2f}x longer on {ranks_text(ranks)} than on the other ranks (+{ms(excess)}/step)",
+                f"kernel {short(str(name))} runs {ratio:.2f}x longer on {ranks_text(ranks)} than on the other ranks "
+                f"(+{ms(excess)}/step)",
                 excess / median_step_us if median_step_us else 0.0,
                 {"kernel": name, "ratio": {str(r): round(float(v), 3) for r, v in zip(rows["rank"], rows["ratio"])}},
             )
@@ -200,7 +201,8 @@ def communication(tables: RankTables, median_step_us: float) -> list[Finding]:
                     "warning",
                     "communication",
                     high.index.tolist(),
-                    f"communication not overlapped with compute takes {100 * high.median():.0f}% of step time on {ranks_text(high.index.tolist())}"
+                    f"communication not overlapped with compute takes {100 * high.median():.0f}% of step time on "
+                    f"{ranks_text(high.index.tolist())}"
                     f"{overlap_text}: overlap it (bucketed gradients, async collectives) or reduce it",
                     float(high.median()),
                     {"notOverlappedShare": {str(r): round(float(v), 4) for r, v in high.items()}},
@@ -242,8 +244,10 @@ def launch_overhead(tables: RankTables) -> list[Finding]:
                 "warning",
                 "launch",
                 many["rank"].tolist(),
-                f"{100 * float(short_share[many.index].median()):.0f}% of kernels are shorter than {many['shortKernelThresholdUs'].median():.0f} us "
-                f"({float((many['launches'] / steps[many.index]).median()):.0f} launches/step) on {ranks_text(many['rank'].tolist())}: "
+                f"{100 * float(short_share[many.index].median()):.0f}% of kernels are shorter than "
+                f"{many['shortKernelThresholdUs'].median():.0f} us "
+                f"({float((many['launches'] / steps[many.index]).median()):.0f} launches/step) on "
+                f"{ranks_text(many['rank'].tolist())}: "
                 "launch overhead dominates; fuse kernels (torch.compile) or use CUDA graphs",
                 float(short_share[many.index].median()) / 4,
                 {
@@ -259,7 +263,8 @@ def launch_overhead(tables: RankTables) -> list[Finding]:
                 "info",
                 "launch",
                 delayed["rank"].tolist(),
-                f"kernels start {delayed['launchDelayMedianUs'].median():.0f} us after their launch (median) on {ranks_text(delayed['rank'].tolist())}: "
+                f"kernels start {delayed['launchDelayMedianUs'].median():.0f} us after their launch (median) on "
+                f"{ranks_text(delayed['rank'].tolist())}: "
                 "the GPU queue is full; the host is ahead, so launch overhead is not the limit",
                 0.0,
                 {"claim": HOST_AHEAD},
@@ -276,7 +281,8 @@ def launch_overhead(tables: RankTables) -> list[Finding]:
                 "warning",
                 "launch",
                 starved["rank"].tolist(),
-                f"the GPU is idle {idle:.0f}% of the time on {ranks_text(starved['rank'].tolist())}, {100 * host:.0f}% of that waiting for the host: "
+                f"the GPU is idle {idle:.0f}% of the time on {ranks_text(starved['rank'].tolist())}, "
+                f"{100 * host:.0f}% of that waiting for the host: "
                 "the CPU side (data loading, Python, launches, synchronisation) does not keep the GPU fed",
                 idle / 100 * host,
                 {
@@ -305,8 +311,10 @@ def cpu_only(tables: RankTables, median_step_us: float, slow_ranks: set[int]) ->
                     "info",
                     "communication",
                     per.index.tolist(),
-                    f"ranks spend {100 * per.median():.0f}% of each step in {r['backend'].iloc[0] or 'CPU'} collectives ({kinds}) "
-                    f"(least: rank {int(per.idxmin())} {100 * per.min():.0f}%, most: rank {int(per.idxmax())} {100 * per.max():.0f}%): "
+                    f"ranks spend {100 * per.median():.0f}% of each step in {r['backend'].iloc[0] or 'CPU'} "
+                    f"collectives ({kinds}) "
+                    f"(least: rank {int(per.idxmin())} {100 * per.min():.0f}%, most: rank {int(per.idxmax())} "
+                    f"{100 * per.max():.0f}%): "
                     "most of it is waiting for the slowest rank",
                     float(per.median()) / 2,
                     {"collectiveShare": {str(rank): round(float(v), 4) for rank, v in per.items()}},
@@ -322,7 +330,8 @@ def cpu_only(tables: RankTables, median_step_us: float, slow_ranks: set[int]) ->
                 "info",
                 "python",
                 r["rank"].tolist(),
-                f"the Python hot spot is {function_text(name)}: {ms(us)}/step ({100 * us / median_step_us:.0f}% of the step, median over ranks)",
+                f"the Python hot spot is {function_text(name)}: {ms(us)}/step ({100 * us / median_step_us:.0f}% of "
+                "the step, median over ranks)",
                 0.0,
                 {"functions": [{"name": n, "usPerStep": round(float(v), 1)} for n, v in per_fn.head(10).items()]},
             )

@@ -128,7 +128,8 @@ def _slow_worker_finding(
         # Only the collectives show it: every rank's step lasts as long as the slowest one's, so
         # "Nx slower" would rest on the others' wait, a noisy estimate; the wait itself is measured.
         message = (
-            f"rank {e.rank} holds its peers back, they wait {ms(e.waitUsPerStep(median_step_us))} of each {ms(median_step_us)} step "
+            f"rank {e.rank} holds its peers back, they wait {ms(e.waitUsPerStep(median_step_us))} of each "
+            f"{ms(median_step_us)} step "
             f"for it: " + "; ".join(reasons)
         )
     severity = "critical" if slowdown >= 1.2 else "warning"
@@ -182,11 +183,14 @@ def _cause_text(cause: Cause | None, stacks_dropped: bool = False) -> str:
     instead (the agent's own sentence stays in the rank's warnings: the headline is one line)."""
     if (cause is None or cause.excessUsPerStep <= 0) and stacks_dropped:
         return (
-            "cannot tell what it does in that time, as the capture budget (capture.limits.maxStackEvents, see its warnings) "
-            "dropped its Python stacks: capture steps: 1 with that limit raised to name the function"
+            "cannot tell what it does in that time, as the capture budget (capture.limits.maxStackEvents, see its "
+            "warnings) dropped its Python stacks: capture steps: 1 with that limit raised to name the function"
         )
     if cause is None or cause.excessUsPerStep <= 0:
-        return "no Python function of it runs longer than on its peers (the time is in operators or threads the profiler does not attribute)"
+        return (
+            "no Python function of it runs longer than on its peers (the time is in operators or threads the profiler "
+            "does not attribute)"
+        )
     if cause.detail:
         return cause.detail
     overhead = cause.callsPerStep * PROFILED_CALL_US
@@ -201,7 +205,10 @@ def _cause_text(cause: Cause | None, stacks_dropped: bool = False) -> str:
             f"; from samples of its stack every {STACK_SAMPLE_SECONDS * 1000:g} ms, as the capture budget "
             "(capture.limits.maxStackEvents) dropped its Python stacks"
         )
-    return f"it spends {ms(cause.excessUsPerStep)}/step more than its peers in {cause.text()} ({ms(cause.usPerStep)} vs {ms(cause.peersUsPerStep)}{calls})"
+    return (
+        f"it spends {ms(cause.excessUsPerStep)}/step more than its peers in {cause.text()} ({ms(cause.usPerStep)} vs "
+        f"{ms(cause.peersUsPerStep)}{calls})"
+    )
 
 
 def _own_note(tables: RankTables, rank: int, step_us: float) -> str:
@@ -233,7 +240,8 @@ def _worker_cause(cause: Cause | None) -> str:
 
 def _what_if(step_us: float, without_us: float) -> str:
     return (
-        f"without it the step would take about {ms(without_us)} instead of {ms(step_us)} ({-100 * (1 - without_us / step_us):.0f} %)"
+        f"without it the step would take about {ms(without_us)} instead of {ms(step_us)} "
+        f"({-100 * (1 - without_us / step_us):.0f} %)"
         if step_us > 0
         else ""
     )
@@ -289,8 +297,8 @@ def _straggler_findings(
         waited = f"its peers wait {ms(st.gapUsPerStep)} of each {ms(st.stepUs)} step for it ({held})"
     else:
         waited = (
-            f"that is {100 * st.costUsPerStep / st.stepUs:.0f}% of its {ms(st.stepUs)} step; the collectives' own time hides "
-            f"most of its peers' wait ({ms(st.gapUsPerStep)}/step measured; {held})"
+            f"that is {100 * st.costUsPerStep / st.stepUs:.0f}% of its {ms(st.stepUs)} step; the collectives' own "
+            f"time hides most of its peers' wait ({ms(st.gapUsPerStep)}/step measured; {held})"
         )
     data = {
         "gapUsPerStep": round(st.gapUsPerStep, 1),
@@ -317,8 +325,10 @@ def _straggler_findings(
             else ""
         )
         message = (
-            f"cannot tell which rank holds the job back from {st.steps} step(s) captured by every rank (confidence {st.confidence:.2f}); "
-            f"capture more steps (steps: {max(more_steps(st.steps), st.askSteps)}) to know. Rank {st.rank} is the likeliest: {reason}, {waited}{other}"
+            f"cannot tell which rank holds the job back from {st.steps} step(s) captured by every rank (confidence "
+            f"{st.confidence:.2f}); "
+            f"capture more steps (steps: {max(more_steps(st.steps), st.askSteps)}) to know. Rank {st.rank} is the "
+            f"likeliest: {reason}, {waited}{other}"
         )
         return [Finding("warning", "slow-worker", [], message, 0.0, data)], []
     # What if: a synchronous step waits for its slowest rank, so without this rank's cause alone

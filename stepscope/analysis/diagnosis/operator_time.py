@@ -46,17 +46,26 @@ class OperatorCause:
 
     def text(self) -> str:
         times = f"{self.ratio:.1f}x its peers'" if self.peersUsPerStep > 0 else "where its peers take none"
-        head = f"its operators compute {ms(self.excessUsPerStep)}/step more than its peers' ({ms(self.usPerStep)} vs {ms(self.peersUsPerStep)}, {times})"
+        head = (
+            f"its operators compute {ms(self.excessUsPerStep)}/step more than its peers' ({ms(self.usPerStep)} vs "
+            f"{ms(self.peersUsPerStep)}, {times})"
+        )
         if not self.shapesKnown:
             return (
-                f"{head}, most in {self.operator}; their input shapes were not recorded (capture.recordShapes), so a slow device "
-                "or host cannot be told from larger inputs"
+                f"{head}, most in {self.operator}; their input shapes were not recorded (capture.recordShapes), so a "
+                "slow device or host cannot be told from larger inputs"
             )
         if self.sameShapes:
             return f"{head} with the same shapes, most in {self.operator} {self.shapes}: a slow device or host"
         if not self.larger:
-            return f"{head}, with other input shapes than its peers': {self.operator} takes {self.shapes} against {self.peersShapes} on its peers"
-        return f"{head}, as its inputs are larger: {self.operator} takes {self.shapes} against {self.peersShapes} on its peers: uneven shards or batches"
+            return (
+                f"{head}, with other input shapes than its peers': {self.operator} takes {self.shapes} against "
+                f"{self.peersShapes} on its peers"
+            )
+        return (
+            f"{head}, as its inputs are larger: {self.operator} takes {self.shapes} against {self.peersShapes} on its "
+            "peers: uneven shards or batches"
+        )
 
 
 def _elements(shapes: str) -> int:

@@ -492,8 +492,8 @@ def _once(
         return None
     apart = max(at + 1, len(steps) - at)
     detail = (
-        f"in 1 of {len(steps)} steps (step {steps[at]}) it spends {ms(peak)} more than its peers in {cause.text()}, and they wait "
-        f"{ms(waited)} for it there; one step is no pattern"
+        f"in 1 of {len(steps)} steps (step {steps[at]}) it spends {ms(peak)} more than its peers in {cause.text()}, "
+        f"and they wait {ms(waited)} for it there; one step is no pattern"
     )
     return dataclasses.replace(cause, pattern=f"in 1 of {len(steps)} steps", detail=detail), 3 * apart
 

@@ -339,7 +339,8 @@ def _slow_workers(full: list[Finding]) -> list[SlowWorker]:
             facts.append(f"kernel time {d['kernelRatio']:.2f}x its peers")
         if d.get("voteShare"):
             facts.append(
-                f"last at {d['votes']} of {d['rounds']} matched collectives; others wait {d['peersWaitUsPerStep'] / 1000:,.1f} ms/step"
+                f"last at {d['votes']} of {d['rounds']} matched collectives; others wait "
+                f"{d['peersWaitUsPerStep'] / 1000:,.1f} ms/step"
             )
         rows = [
             [
@@ -509,7 +510,10 @@ def _roofline(efficiency: pd.DataFrame, limit: int = 60) -> Block:
     ]
     if ops.empty:
         return Block(
-            note="no op with recorded shapes ran on a device of the table (capture with record_shapes to see kernel efficiency)"
+            note=(
+                "no op with recorded shapes ran on a device of the table (capture with record_shapes to see kernel "
+                "efficiency)"
+            )
         )
     device = ops["Device"].mode().iloc[0]
     ops = ops[ops["Device"] == device]
@@ -566,8 +570,8 @@ def _roofline(efficiency: pd.DataFrame, limit: int = 60) -> Block:
     legend = [(f, c) for f, c in _FAMILY_COLOURS.items() if f in set(g["Family"])]
     return Block(
         roofline=Roofline(width, height, left, bottom, xticks, yticks, roofs, dots, legend),
-        before=f"{device}, {bandwidth:,.2f} TB/s: achieved TFLOP/s of the {len(g)} ops of most GPU time (FLOPs and bytes from "
-        "their recorded shapes) over their arithmetic intensity; dot area by GPU time, hover for figures. "
+        before=f"{device}, {bandwidth:,.2f} TB/s: achieved TFLOP/s of the {len(g)} ops of most GPU time (FLOPs and "
+        "bytes from their recorded shapes) over their arithmetic intensity; dot area by GPU time, hover for figures. "
         "Copies and fills (no FLOPs) are in kernel_efficiency.csv.",
     )
 
@@ -615,9 +619,9 @@ def _critical_path(path: pd.DataFrame, first: set[int], contributors: int = 3) -
     )
     return Block(
         table=Table(["rank", "path ms", *[f"{label} %" for _, label in _BOUND_COLUMNS], "longest on the path"], rows),
-        note="The longest chain of dependent CPU ops, kernel launches, kernels and synchronisations over the profiled steps "
-        f"(the whole trace without steps; HTA's critical path); {held}critical_path.csv has each rank's top contributors, "
-        "the merged trace each rank's path as a track.",
+        note="The longest chain of dependent CPU ops, kernel launches, kernels and synchronisations over the profiled "
+        f"steps (the whole trace without steps; HTA's critical path); {held}critical_path.csv has each rank's top "
+        "contributors, the merged trace each rank's path as a track.",
     )
 
 
@@ -675,8 +679,8 @@ def _ranks(tables: RankTables, diagnosis: Diagnosis, problems: dict[int, list[st
         classes.append("")
     note = (
         (
-            f"{len(rows)} of {search.total:,} ranks: the slow workers, ranks with problems and the slowest median step; "
-            "search for any rank or pod above, every rank is in diagnosis.json (perRank)"
+            f"{len(rows)} of {search.total:,} ranks: the slow workers, ranks with problems and the slowest median "
+            "step; search for any rank or pod above, every rank is in diagnosis.json (perRank)"
         )
         if search
         else ""

@@ -123,7 +123,8 @@ def write_report(
     csv = report_tables(tables, detail)
     held = (
         (
-            f"kernel_details.csv and kernel_efficiency.csv hold {len(detail)} of {len(tables.ranks):,} ranks (the slow workers and the "
+            f"kernel_details.csv and kernel_efficiency.csv hold {len(detail)} of {len(tables.ranks):,} ranks (the "
+            "slow workers and the "
             "longest median steps); every rank's figures are in its summary (ranks/rank-<r>.summary.arrow)"
         )
         if detail

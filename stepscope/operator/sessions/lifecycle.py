@@ -238,7 +238,8 @@ class SessionRunner:
         except Exception as exc:  # noqa: BLE001 - any failure to reach the store is the user's to fix
             raise Fail(
                 "StorageUnreachable",
-                f"storage {spec.storage.uri} is not usable: {exc}; check spec.storage (bucket, endpoint, region) and its credentials",
+                f"storage {spec.storage.uri} is not usable: {exc}; check spec.storage (bucket, endpoint, region) and "
+                "its credentials",
             ) from None
 
     async def _await_targets(self, selector: str) -> list[Target]:
@@ -323,7 +324,8 @@ class SessionRunner:
             record = pod_record.record_name(self.name, self.uid)
             raise Fail(
                 "PodRecordLost",
-                f"ConfigMap {record}, the list of pods this session triggered, is gone, so the capture cannot be followed; captures so far are kept in {self.dest}; create a new ProfileSession",
+                f"ConfigMap {record}, the list of pods this session triggered, is gone, so the capture cannot be "
+                f"followed; captures so far are kept in {self.dest}; create a new ProfileSession",
             )
         progress = {pod: PodProgress() for pod in pods.triggered}
         for pod in pods.refused:
@@ -528,8 +530,10 @@ class SessionRunner:
         metrics.SESSIONS.set(self.uid, phase)
         # kopf.events takes the object as a plain mapping too (it reads apiVersion, kind and metadata)
         (kopf.warn if phase == SessionPhase.FAILED else kopf.info)(
-            self.obj, reason=reason, message=f"{phase}: {message}"
-        )  # type: ignore[arg-type]  # see above
+            self.obj,  # type: ignore[arg-type]  # see above
+            reason=reason,
+            message=f"{phase}: {message}",
+        )
         self.log.info("%s/%s -> %s (%s): %s", self.ns, self.name, phase, reason, message)
         if self.record is not None:
             try:
@@ -557,7 +561,8 @@ class SessionRunner:
         except pod_record.PodRecordUnreadable as exc:
             raise Fail(
                 "PodRecordUnreadable",
-                f"{exc}, so which sidecars run this session is unknown; captures so far are kept in {self.dest}; create a new ProfileSession",
+                f"{exc}, so which sidecars run this session is unknown; captures so far are kept in {self.dest}; "
+                "create a new ProfileSession",
             ) from None
 
     async def _cancel_triggered(self) -> None:

@@ -19,7 +19,10 @@ SHARD = f"{ROOT} > workload.py(101): read_shard > <built-in function sleep>"
 FORWARD = (
     f"{ROOT} > module.py(1782): _call_impl > torch/nn/modules/container.py(248): forward > <built-in function linear>"
 )
-THREAD = "threading.py(1002): _bootstrap > threading.py(1045): _bootstrap_inner > threading.py(982): run > workload.py(146): publish_metrics"
+THREAD = (
+    "threading.py(1002): _bootstrap > threading.py(1045): _bootstrap_inner > threading.py(982): run > "
+    "workload.py(146): publish_metrics"
+)
 MM = "aten::mm"
 SHAPES = "[[64, 1024], [1024, 1024]]"
 STEP_US = 60_000.0
@@ -203,7 +206,8 @@ def test_a_sampled_rank_names_the_function_not_its_generator_nor_traced_built_in
         ),
     ]
     sampled = [
-        f"{STACKS_DROPPED}: 30,000 Python calls per step x 8 steps = 240,000 exceeds capture.limits.maxStackEvents=100,000"
+        f"{STACKS_DROPPED}: 30,000 Python calls per step x 8 steps = 240,000 exceeds "
+        "capture.limits.maxStackEvents=100,000"
     ]
     summaries = lockstep(2, steps, {1: [20_000.0] * steps}, functions={1: tok}, warnings={1: sampled})
     # Samples cannot see C functions: the sampled rank's read_shard holds its sleep as its own time.
@@ -237,7 +241,8 @@ def test_a_cause_three_calls_deep_is_named_by_its_outermost_function_not_the_tra
     # rank spends most of its step there.
     steps = 8
     deep = _fn(
-        f"{ROOT} > workload.py(190): refresh_embeddings > workload.py(186): _rebuild_index > workload.py(182): _score_rows",
+        f"{ROOT} > workload.py(190): refresh_embeddings > workload.py(186): _rebuild_index > workload.py(182): "
+        "_score_rows",
         [45_000.0] * steps,
     )
     diagnosis, _ = diagnose(lockstep(4, steps, {2: [45_000.0] * steps}, functions={2: [deep]}))

@@ -38,7 +38,8 @@ def _real(folder: str) -> Path:
     path = MSINSIGHT / folder
     if not (path / "ASCEND_PROFILER_OUTPUT" / "step_trace_time.csv").is_file():
         pytest.skip(
-            f"real Ascend capture not found at {path} (MindStudio Insight's test/data/pytorch/text; set STEPSCOPE_EXTDATA)"
+            f"real Ascend capture not found at {path} (MindStudio Insight's test/data/pytorch/text; set "
+            "STEPSCOPE_EXTDATA)"
         )
     return path
 

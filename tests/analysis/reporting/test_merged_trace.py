@@ -279,9 +279,12 @@ def test_analyze_keeps_the_merged_trace_within_its_limit(session_with_metrics: P
 
 def test_the_ranks_that_explain_the_diagnosis_come_first() -> None:
     """Slow workers, then hung ranks, then the rank whose step is closest to the median, then rank 0."""
-    rank = lambda r, ms: RankSummary(
-        version=1, rank=r, steps=[StepRow(step=i, startUs=0.0, durationUs=ms * 1000.0) for i in range(3)]
-    )
+
+    def rank(r: int, ms: float) -> RankSummary:
+        return RankSummary(
+            version=1, rank=r, steps=[StepRow(step=i, startUs=0.0, durationUs=ms * 1000.0) for i in range(3)]
+        )
+
     summaries = [rank(0, 104), rank(1, 103), rank(2, 180), rank(3, 90), rank(4, 103), rank(5, 100), rank(6, 95)]
     diagnosis = SimpleNamespace(
         slowWorkers=[SimpleNamespace(rank=2, slowdown=1.8)], findings=[SimpleNamespace(category="hang", ranks=[4])]

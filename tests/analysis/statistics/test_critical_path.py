@@ -61,7 +61,9 @@ for folder in sys.argv[1:]:
     graph, ok = at.critical_path_analysis(rank=sorted(at.t.traces)[0], annotation="", instance_id=None)
     b = graph.get_critical_path_breakdown()
     by = b[b.bound_by != ""].groupby("bound_by").duration.sum()
-    out[folder] = {"ok": bool(ok), "total": int(b.duration.sum()), "edges": len(b), "by": {k: int(v) for k, v in by.items()}}
+    out[folder] = {
+        "ok": bool(ok), "total": int(b.duration.sum()), "edges": len(b), "by": {k: int(v) for k, v in by.items()}
+    }
 print(json.dumps(out))
 """
 
