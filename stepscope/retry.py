@@ -44,18 +44,9 @@ def call(
         try:
             return operation()
         except Exception as exc:
-            if not transient(exc) or attempt >= policy.attempts:
+            delay = _retry_delay(exc, attempt, policy, transient, what, log_level)
+            if delay is None:
                 raise
-            delay = policy.delay(attempt)
-            log.log(
-                log_level,
-                "%s failed (attempt %d/%d, retrying in %.2f s): %s",
-                what,
-                attempt,
-                policy.attempts,
-                delay,
-                exc,
-            )
             sleep(delay)
     raise AssertionError("unreachable")
 
@@ -73,17 +64,24 @@ async def call_async(
         try:
             return await operation()
         except Exception as exc:
-            if not transient(exc) or attempt >= policy.attempts:
+            delay = _retry_delay(exc, attempt, policy, transient, what, log_level)
+            if delay is None:
                 raise
-            delay = policy.delay(attempt)
-            log.log(
-                log_level,
-                "%s failed (attempt %d/%d, retrying in %.2f s): %s",
-                what,
-                attempt,
-                policy.attempts,
-                delay,
-                exc,
-            )
             await asyncio.sleep(delay)
     raise AssertionError("unreachable")
+
+
+def _retry_delay(
+    exc: Exception,
+    attempt: int,
+    policy: RetryPolicy,
+    transient: Callable[[Exception], bool],
+    what: str,
+    log_level: int,
+) -> float | None:
+    """The wait before the next attempt, logged; None when `exc` is permanent or the attempts are spent."""
+    if not transient(exc) or attempt >= policy.attempts:
+        return None
+    delay = policy.delay(attempt)
+    log.log(log_level, "%s failed (attempt %d/%d, retrying in %.2f s): %s", what, attempt, policy.attempts, delay, exc)
+    return delay
