@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import re
+import signal
 import sys
 import time
 import uuid
@@ -330,6 +331,11 @@ def _analyze(out_dir: Path, spec: SessionSpec) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Ctrl-C is how a user cancels the capture: a process started in the background by a
+    # non-interactive shell, or by a parent that blocks or ignores SIGINT, would otherwise inherit
+    # that and never cancel.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         key = load_key(args.key_file)
     except KeyLoadError as exc:

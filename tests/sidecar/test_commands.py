@@ -160,16 +160,26 @@ def test_capture_follows_the_session_and_writes_session_json(
     assert not (out_dir / layout.rank_trace(0)).exists()
 
 
-def test_ctrl_c_cancels_the_session(sidecar: Sidecar, ranks: SimulatedRanks, tmp_path: Path) -> None:
-    process = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(tmp_path / "c"))
+@pytest.mark.parametrize("parent_ignores_sigint", [False, True], ids=["plain", "started-ignoring-sigint"])
+def test_ctrl_c_cancels_the_session(
+    sidecar: Sidecar, ranks: SimulatedRanks, tmp_path: Path, parent_ignores_sigint: bool
+) -> None:
+    """Also when started the way a non-interactive shell starts a background job, with SIGINT ignored."""
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if parent_ignores_sigint else None
+    process = stepscope("capture", "--sidecar", sidecar.url, "--output-dir", str(tmp_path / "c"), preexec_fn=ignore)
     session = eventually(sidecar.manager.active, timeout=30, what="a session").id
     assert process.stdout.readline().startswith(
         f"session {session}: capturing"
     )  # what the user sees before pressing Ctrl-C
     process.send_signal(signal.SIGINT)
-    eventually(
-        lambda: json.loads((sidecar.dir / "request.json").read_text())["action"] == "cancel", 20, "a cancel request"
-    )
+    try:
+        eventually(
+            lambda: json.loads((sidecar.dir / "request.json").read_text())["action"] == "cancel", 20, "a cancel request"
+        )
+    except AssertionError:
+        process.kill()
+        out, err = process.communicate(timeout=10)
+        raise AssertionError(f"no cancel request; the command printed {out!r}, {err!r}") from None
     for rank in (0, 1):
         ranks.state(session, rank, "cancelled")
     out, err = process.communicate(timeout=60)
