@@ -68,24 +68,25 @@ def _short_names(names: pd.Series) -> pd.Series:
     return names.map({n: short(str(n), 120) for n in names.unique()})
 
 
+OP_STATISTIC_COLUMNS = [
+    "OP Type",
+    "Core Type",
+    "Count",
+    "Total Time(us)",
+    "Min Time(us)",
+    "Avg Time(us)",
+    "Max Time(us)",
+    "Ratio(%)",
+    "Ranks",
+    "Short Name",
+]
+
+
 def op_statistic(tables: RankTables) -> pd.DataFrame:
     """Kernels over all ranks: how often, how long, and their share of all kernel time."""
     k = tables.kernels
     if k.empty:
-        return pd.DataFrame(
-            columns=[
-                "OP Type",
-                "Core Type",
-                "Count",
-                "Total Time(us)",
-                "Min Time(us)",
-                "Avg Time(us)",
-                "Max Time(us)",
-                "Ratio(%)",
-                "Ranks",
-                "Short Name",
-            ]
-        )
+        return pd.DataFrame(columns=OP_STATISTIC_COLUMNS)
     g = k.groupby(["name", "type"], sort=False)
     out = pd.DataFrame(
         {
@@ -101,20 +102,7 @@ def op_statistic(tables: RankTables) -> pd.DataFrame:
     out["Ratio(%)"] = 100.0 * out["Total Time(us)"] / (total if total > 0 else 1.0)
     out = out.rename(columns={"name": "OP Type", "type": "Core Type"})
     out["Short Name"] = _short_names(out["OP Type"])
-    return out[
-        [
-            "OP Type",
-            "Core Type",
-            "Count",
-            "Total Time(us)",
-            "Min Time(us)",
-            "Avg Time(us)",
-            "Max Time(us)",
-            "Ratio(%)",
-            "Ranks",
-            "Short Name",
-        ]
-    ].sort_values("Total Time(us)", ascending=False, kind="stable")
+    return out[OP_STATISTIC_COLUMNS].sort_values("Total Time(us)", ascending=False, kind="stable")
 
 
 def communication(tables: RankTables) -> pd.DataFrame:
