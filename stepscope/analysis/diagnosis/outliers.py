@@ -21,15 +21,18 @@ def peer_median(values: np.ndarray) -> np.ndarray:
     n = values.shape[0]
     if n < 2:
         return values.copy()
-    order = np.sort(values, axis=0)
-    position = np.argsort(np.argsort(values, axis=0, kind="stable"), axis=0, kind="stable")
+    m = n - 1
+    low = m // 2 - 1 if m % 2 == 0 else m // 2
+    # Only the order statistics around the middle matter, so a partition (linear) replaces a sort.
+    kth = sorted({max(low, 0), low + 1, min(low + 2, n - 1)})
+    middle = np.partition(values, kth, axis=0)
 
     def remaining(k: int) -> np.ndarray:
-        # The k-th smallest of the others is the k-th or (k+1)-th smallest of all.
-        index = np.where(k < position, k, k + 1)
-        return np.take_along_axis(order, index, axis=0)
+        # The k-th smallest of the others is the k-th smallest of all where the entry lies above it
+        # (NaN sorts last), else the (k+1)-th; an entry equal to the k-th changes nothing either way.
+        above = (values > middle[k]) | np.isnan(values)
+        return np.where(above, middle[k], middle[k + 1])
 
-    m = n - 1
     if m % 2:
         return remaining(m // 2)
     return 0.5 * (remaining(m // 2 - 1) + remaining(m // 2))

@@ -91,6 +91,9 @@ def step_time_outliers(tables: RankTables) -> dict[int, float]:
     return {int(r): float(v / p) for r, v, p in zip(steps.index[mask], values[mask], peers[mask]) if p > 0}
 
 
+_BITMAP_CELLS = 1 << 26
+
+
 def kernel_ratios(tables: RankTables) -> tuple[pd.Series, pd.DataFrame]:
     """Per rank, how much longer its kernels run than the same kernels on its peers (the time-
     weighted geometric mean of per-kernel ratios), and the per-(rank, kernel) table behind it.
@@ -105,30 +108,47 @@ def kernel_ratios(tables: RankTables) -> tuple[pd.Series, pd.DataFrame]:
     return tables.memo("kernel_ratios", lambda: _kernel_ratios(tables, ranks))
 
 
+def _ranks_running(codes: np.ndarray, rank: np.ndarray, kernels: int, span: int) -> np.ndarray:
+    """How many ranks run each kernel (`codes`, 0..kernels-1) on ranks 0..span-1: a kernel by rank
+    bitmap where it is small (a few hundred kernels of thousands of ranks: tens of MB), else the
+    distinct pairs by hashing."""
+    pairs = codes.astype(np.int64) * span + rank
+    if kernels * span <= _BITMAP_CELLS:
+        seen = np.zeros(kernels * span, dtype=bool)
+        seen[pairs] = True
+        return seen.reshape(kernels, span).sum(axis=1)
+    return np.bincount(pd.unique(pairs) // span, minlength=kernels)
+
+
 def _kernel_ratios(tables: RankTables, ranks: int) -> tuple[pd.Series, pd.DataFrame]:
     k = tables.kernels[["rank", "name", "type", "count", "sumUs", "meanUs"]]
     # Each kernel name as a number once: every figure below groups millions of rows by it.
     codes, names = pd.factorize(k["name"])
     rank = k["rank"].to_numpy(dtype=np.int64) - int(k["rank"].min())
     span = int(rank.max()) + 1
-    pairs = np.sort(codes.astype(np.int64) * span + rank)
-    distinct = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
-    on = np.bincount(distinct // span, minlength=len(names))  # ranks that run each kernel
+    on = _ranks_running(codes, rank, len(names), span)
     keep = on[codes] >= max(2, (ranks + 1) // 2)
     k = k if keep.all() else k[keep]  # copy-on-write: the columns added below are this frame's own
     codes = codes[keep]
     if k.empty:
         return pd.Series(dtype=float), k
-    by_name = pd.DataFrame({"meanUs": k["meanUs"].to_numpy(), "sumUs": k["sumUs"].to_numpy()}).groupby(codes)
-    k["peerMeanUs"] = by_name["meanUs"].transform("median").to_numpy()
-    k["peerSumUs"] = by_name["sumUs"].transform("median").to_numpy()
-    k["ratio"] = np.where(k["peerMeanUs"] > 0, k["meanUs"] / k["peerMeanUs"].where(k["peerMeanUs"] > 0, 1.0), 1.0)
-    k["excessUsPerStep"] = tables.per_step(k.assign(excess=k["sumUs"] - k["peerSumUs"]), "excess")
+    # Per kernel, its peers' medians, spread back over its rows: arrays of the rows, no frame per step.
+    mean, total = k["meanUs"].to_numpy(dtype=float), k["sumUs"].to_numpy(dtype=float)
+    every = np.arange(len(names))
+    peer_mean = pd.Series(mean).groupby(codes).median().reindex(every).to_numpy()[codes]
+    peer_sum = pd.Series(total).groupby(codes).median().reindex(every).to_numpy()[codes]
+    k = k.assign(
+        peerMeanUs=peer_mean,
+        peerSumUs=peer_sum,
+        ratio=np.divide(mean, peer_mean, out=np.ones_like(mean), where=peer_mean > 0),
+        excessUsPerStep=(total - peer_sum) / tables.step_counts(k["rank"].to_numpy()),
+    )
     computing = (k["type"] != "COMM").to_numpy()
-    weighted = k[computing] if computing.any() else k
-    logs = np.log(weighted["ratio"].clip(lower=1e-6)) * weighted["peerSumUs"]
-    grouped = pd.DataFrame({"rank": weighted["rank"], "log": logs, "w": weighted["peerSumUs"]}).groupby("rank").sum()
-    per_rank = np.exp(grouped["log"] / grouped["w"].where(grouped["w"] > 0, 1.0))
+    weighted = computing if computing.any() else np.ones(len(k), dtype=bool)
+    weight = k["peerSumUs"].to_numpy()[weighted]
+    logs = np.log(np.clip(k["ratio"].to_numpy()[weighted], 1e-6, None)) * weight
+    grouped = pd.DataFrame({"log": logs, "w": weight}).groupby(k["rank"].to_numpy()[weighted]).sum()
+    per_rank = np.exp(grouped["log"] / grouped["w"].where(grouped["w"] > 0, 1.0)).rename_axis("rank")
     return per_rank, k
 
 

@@ -34,8 +34,9 @@ def step_trace_time(tables: RankTables) -> pd.DataFrame:
     ).sort_values(["Rank", "Step"], kind="stable")
 
 
-def kernel_details(tables: RankTables) -> pd.DataFrame:
-    k = tables.kernels
+def kernel_details(tables: RankTables, ranks: list[int] | None = None) -> pd.DataFrame:
+    """Each kernel of each rank (of `ranks` where given) with its peers' average time."""
+    k = tables.kernels if ranks is None else tables.kernels[tables.kernels["rank"].isin(ranks)]
     out = pd.DataFrame(
         {
             "Rank": k["rank"],
@@ -55,10 +56,10 @@ def kernel_details(tables: RankTables) -> pd.DataFrame:
     )
     _, compared = kernel_ratios(tables)
     if not compared.empty:
-        peers = compared.set_index(["rank", "name"])[["peerMeanUs", "ratio"]]
-        joined = peers.reindex(pd.MultiIndex.from_arrays([k["rank"], k["name"]]))
-        out["Peers Avg Time(us)"] = joined["peerMeanUs"].to_numpy()
-        out["Ratio To Peers"] = joined["ratio"].to_numpy()
+        # kernel_ratios' rows are rows of tables.kernels, under their labels.
+        peers = compared[["peerMeanUs", "ratio"]].reindex(k.index)
+        out["Peers Avg Time(us)"] = peers["peerMeanUs"].to_numpy()
+        out["Ratio To Peers"] = peers["ratio"].to_numpy()
     return out.sort_values(["Rank", "Total Time(us)"], ascending=[True, False], kind="stable")
 
 
@@ -194,9 +195,9 @@ def detail_ranks(tables: RankTables, first: list[int], limit: int = DETAIL_RANKS
 def report_tables(tables: RankTables, detail: list[int] | None = None) -> dict[str, pd.DataFrame]:
     """File name (under report/) -> table; kernel_details and kernel_efficiency of the `detail`
     ranks only where given (one row per rank and kernel is millions of rows at fleet scale)."""
-    kernels, efficiency = kernel_details(tables), kernel_efficiency(tables)
+    kernels, efficiency = kernel_details(tables, detail), kernel_efficiency(tables)
     if detail is not None:
-        kernels, efficiency = kernels[kernels["Rank"].isin(detail)], efficiency[efficiency["Rank"].isin(detail)]
+        efficiency = efficiency[efficiency["Rank"].isin(detail)]
     return {
         "step_trace_time.csv": step_trace_time(tables),
         "kernel_details.csv": kernels,
