@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
+from stepscope.analysis.allocation import reuse_freed_memory
 from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables, usable
 from stepscope.analysis.gathering.session_files import (
@@ -198,6 +199,7 @@ def analyze_uri(
         metrics_cap_bytes()
     except ValueError as exc:
         raise AnalysisError(str(exc)) from exc
+    reuse_freed_memory()
     try:
         store, only = open_session(
             uri, endpoint=endpoint, region=region, credentials=credentials, ambient_credentials=ambient_credentials
