@@ -12,11 +12,19 @@ from pathlib import Path
 
 import msgspec
 import pandas as pd
+import pytest
 
 from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.gathering import session_files
 from stepscope.analysis.gathering.session_files import find_files, read_ranks
-from stepscope.analysis.model import CriticalPathSummary, PathShare, encode, encode_summary, table_summaries
+from stepscope.analysis.model import (
+    CriticalPathSummary,
+    PathShare,
+    compact_schema,
+    encode,
+    encode_summary,
+    table_summaries,
+)
 from stepscope.analysis.pipeline import analyze_uri
 from stepscope.analysis.reporting.html import HISTOGRAM_BINS, MAX_RANK_ROWS
 from stepscope.analysis.reporting.tables import DETAIL_RANKS
@@ -85,6 +93,17 @@ def test_the_diagnosis_over_the_table_is_the_diagnosis_over_the_summaries(tmp_pa
     assert [f.message for f in from_table[1]] == [f.message for f in from_objects[1]]
     assert [w.rank for w in from_table[0].slowWorkers] == [5]
     assert any(f.category == "trace" and f.ranks == [20] for f in from_table[1])
+
+
+def test_summaries_read_in_several_chunks_make_one_compact_table_and_the_same_diagnosis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    summaries = _session(tmp_path, 48, extra_step_us=20_000.0)
+    monkeypatch.setattr(session_files, "COMPACT_EVERY", 7)  # several chunks, each with dictionaries of its own
+    read = read_ranks(find_files(open_store(str(tmp_path))))
+    assert read.table.schema.equals(compact_schema()) and {c.num_chunks for c in read.table.columns} == {1}
+    assert table_summaries(read.table) == summaries
+    assert msgspec.json.encode(diagnose(read.table)[0]) == msgspec.json.encode(diagnose(summaries)[0])
 
 
 def test_the_report_of_hundreds_of_ranks_shows_distributions_the_ranks_that_matter_and_a_search(tmp_path: Path) -> None:

@@ -110,7 +110,7 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
     by_name = by_name / counts
     name_excess = by_name[rank] - by_name.drop(columns=[rank]).median(axis=1)
     operator = str(name_excess.idxmax())
-    keys = ops["name"] + "\0" + ops["shapes"]
+    keys = ops["name"].astype(str) + "\0" + ops["shapes"].astype(str)
     others = set(keys[ops["rank"] != rank])
     own = ops[ops["rank"] == rank]
     shared = float(own.loc[keys[own.index].isin(others), "sumUs"].sum()) / max(float(own["sumUs"].sum()), 1e-9)
@@ -123,7 +123,13 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
     # dominant shapes of an operator may be different calls of it on different ranks) against its
     # peers' median.
     calls = ops[ops["name"] == operator]
-    work = (calls["count"] * calls["shapes"].map(_elements)).groupby(calls["rank"]).sum().reindex(ranks).fillna(0.0)
+    work = (
+        (calls["count"] * calls["shapes"].astype(str).map(_elements))
+        .groupby(calls["rank"])
+        .sum()
+        .reindex(ranks)
+        .fillna(0.0)
+    )
     inputs = float(work[rank]) - float(work.drop(rank).median())
     larger = known and not same and f"{operator}\0{shapes}" not in others and inputs > 0
     ratio = float(np.median(mine)) / max(float(np.median(peers)), 1e-9)

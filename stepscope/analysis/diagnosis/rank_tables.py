@@ -34,9 +34,22 @@ def _items_frame(table: pa.Table, attr: str, skip: tuple[str, ...] = ()) -> pd.D
     )
     items = items.drop_columns([f for f in skip if f in items.column_names])
     rank = pc.take(table.column("rank"), pc.list_parent_indices(column))
+    # Thousands of ranks repeat the same few hundred names: each text is held once, as a category.
+    for i, kind in enumerate(items.schema.types):
+        if pa.types.is_string(kind):
+            items = items.set_column(i, items.schema.names[i], pc.dictionary_encode(items.column(i)))
     # A block per column: no copy of millions of rows into one 2-D block per dtype; lists (each
     # function's time per step) stay Arrow's, not a Python object per row.
-    return items.add_column(0, "rank", rank).to_pandas(split_blocks=True, types_mapper=_arrow_lists)
+    frame = items.add_column(0, "rank", rank).to_pandas(split_blocks=True, types_mapper=_arrow_lists)
+    for name in frame.columns[frame.dtypes == "category"]:
+        frame[name] = sorted_categories(frame[name])
+    return frame
+
+
+def sorted_categories(column: pd.Series) -> pd.Series:
+    """The categorical column with its categories in text order, so that grouping and sorting by it
+    order rows as they would its texts."""
+    return column.cat.reorder_categories(sorted(column.cat.categories))
 
 
 def _arrow_lists(kind: pa.DataType) -> pd.ArrowDtype | None:
@@ -189,8 +202,13 @@ class RankTables:
 
     def per_step(self, frame: pd.DataFrame, column: str) -> pd.Series:
         """A column divided by its rank's number of captured steps (1 where none were found)."""
-        steps = frame["rank"].map(self.ranks.set_index("rank")["steps"].clip(lower=1))
-        return frame[column] / steps.to_numpy(dtype=float)
+        return frame[column] / self.step_counts(frame["rank"].to_numpy())
+
+    def step_counts(self, ranks: np.ndarray) -> np.ndarray:
+        """The number of captured steps of each rank in `ranks` (1 where none were found)."""
+        steps = self.memo("steps_by_rank", lambda: self.ranks.set_index("rank")["steps"].clip(lower=1).astype(float))
+        # An index lookup, not a map: millions of rows of a few thousand ranks.
+        return steps.reindex(ranks).to_numpy()
 
     def per_step_of(self, items: pd.DataFrame, steps: pd.Index) -> pd.DataFrame:
         """Summed µs of `items` (rows of one of the tables with their rank and stepsUs) in each of
@@ -230,22 +248,27 @@ def _same_function_across_ranks(functions: pd.DataFrame) -> pd.DataFrame:
     stack gets its thread: the training thread, or another one named by its target function."""
     if functions.empty:
         return functions.assign(thread=pd.Series(dtype=str), own=pd.Series(dtype=bool))
-    # Thousands of ranks run the same few hundred stacks: each distinct text is worked on once.
-    codes, names = pd.factorize(functions["name"])
-    cleaned = pd.Series(names).str.replace(_ADDRESS, "", regex=True)
-    if (cleaned != pd.Series(names)).any():
-        functions["name"] = pd.array(cleaned.to_numpy(), dtype=functions["name"].dtype).take(codes)
-    codes, stacks = pd.factorize(functions["stack"])
-    frames = pd.Series(stacks).str.split(" > ")
+    # Thousands of ranks run the same few hundred stacks (categories): each distinct text is worked on once.
+    functions["name"] = _recategorised(functions["name"], lambda names: names.str.replace(_ADDRESS, "", regex=True))
+    stacks = pd.Series(functions["stack"].cat.categories)
+    codes = functions["stack"].cat.codes.to_numpy()
+    frames = stacks.str.split(" > ")
     started = frames.str[0].str.contains(_THREAD_PLUMBING, regex=True)
     exploded = frames.explode()
     target = exploded[~exploded.str.contains(_THREAD_PLUMBING, regex=True)].groupby(level=0).first()
     target = target.reindex(frames.index).fillna(frames.str[-1])
-    thread = np.where(started, target.str.replace(_ADDRESS, "", regex=True), MAIN_THREAD)
-    own = pd.Series(stacks).str.contains(OWN_FRAMES, regex=True).to_numpy(dtype=bool)
-    functions["thread"] = pd.array(thread, dtype=functions["stack"].dtype).take(codes)
-    functions["own"] = own[codes]
+    thread = pd.Series(np.where(started, target.str.replace(_ADDRESS, "", regex=True), MAIN_THREAD), dtype=str)
+    functions["thread"] = _recategorised(functions["stack"], lambda _: thread)
+    functions["own"] = stacks.str.contains(OWN_FRAMES, regex=True).to_numpy(dtype=bool)[codes]
     return functions
+
+
+def _recategorised(column: pd.Series, rename: Callable[[pd.Series], pd.Series]) -> pd.Series:
+    """A categorical column whose categories are `rename`d (several may become one text), in text order."""
+    texts = rename(pd.Series(column.cat.categories))
+    new_codes, categories = pd.factorize(texts, sort=True)
+    values = pd.Categorical.from_codes(new_codes[column.cat.codes.to_numpy()], categories=categories)
+    return pd.Series(values, index=column.index, name=column.name)
 
 
 def _own_time(functions: pd.DataFrame) -> pd.Series:

@@ -21,15 +21,16 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
+from stepscope.analysis.loading.parallel import analysis_workers, usable_cores, worker_pool
 from stepscope.analysis.loading.trace import NOT_A_TRACE
 from stepscope.analysis.model import (
     RANK_DIGITS,
     SUMMARY_VERSION,
     RankSummary,
+    compact,
+    compact_schema,
     decode_summaries,
     summaries_table,
-    summary_schema,
     table_summaries,
 )
 from stepscope.analysis.statistics.gpu_scope import DEFAULT_COMM_KERNELS, CommKernels
@@ -245,10 +246,12 @@ def _chunk(store: Store, group: list[tuple[RankFiles, int, bytes | str]], top: i
     raw traces or failed one by one."""
     blobs = [k for k, (_, _, data) in enumerate(group) if isinstance(data, bytes)]
     table, rows, errors = decode_summaries([data for _, _, data in group if isinstance(data, bytes)])
-    said = table.column("rank").to_pylist()
-    kept = [i for i, r in enumerate(said) if r >= 0]
+    # A chunk per summary until here: every later step would pay per chunk.
+    table = compact(table.combine_chunks())
+    negative = pc.less(table.column("rank"), 0)
+    kept = pc.indices_nonzero(pc.invert(negative)).to_pylist()
     alone: list[tuple[int, RankSummary, bool]] = []
-    for i in sorted(set(range(len(said))) - set(kept)):
+    for i in pc.indices_nonzero(negative).to_pylist():
         files, rank, _ = group[blobs[rows[i]]]
         summary = table_summaries(table.slice(i, 1))[0]
         summary.warnings.append(f"{files.summary} says rank {summary.rank}; shown as rank {rank}")
@@ -260,11 +263,11 @@ def _chunk(store: Store, group: list[tuple[RankFiles, int, bytes | str]], top: i
         files, rank, _ = group[k]
         summary, whole = _outcome(functools.partial(_from_trace, store, files, rank, top, comm, problem), files, rank)
         alone.append((k, summary, whole))
-    if len(kept) < len(said):
+    if len(kept) < len(table):
         table = table.take(kept)
     order = [blobs[rows[i]] for i in kept] + [k for k, _, _ in alone]
     if alone:
-        table = pa.concat_tables([table, summaries_table([s for _, s, _ in alone])])
+        table = pa.concat_tables([table, compact(summaries_table([s for _, s, _ in alone]))])
     parsed = dict.fromkeys(order, False) | {k: w for k, _, w in alone}
     return _Chunk(table.combine_chunks(), [group[k][0] for k in order], [parsed[k] for k in order])
 
@@ -325,15 +328,23 @@ def _summaries(
         def fetch(job: tuple[RankFiles, int]) -> tuple[RankFiles, int, bytes | str]:
             return job[0], job[1], _uploaded(files.store, job[0])
 
-        group: list[tuple[RankFiles, int, bytes | str]] = []
-        for got in _in_order(fetch, jobs, READ_CONCURRENCY):
-            on_rank(got[0].trace or got[0].summary or got[0].stacks or "")
-            group.append(got)
-            if len(group) >= COMPACT_EVERY:
-                yield _chunk(files.store, group, top, comm)
-                group = []
-        if group:
-            yield _chunk(files.store, group, top, comm)
+        # Decoding a chunk is Arrow's work outside the GIL: a chunk per core decodes while the next is read.
+        cores = usable_cores()
+        with ThreadPoolExecutor(cores, thread_name_prefix="stepscope-decode") as decoders:
+            decoding: collections.deque[Future[_Chunk]] = collections.deque()
+            group: list[tuple[RankFiles, int, bytes | str]] = []
+            for got in _in_order(fetch, jobs, READ_CONCURRENCY):
+                on_rank(got[0].trace or got[0].summary or got[0].stacks or "")
+                group.append(got)
+                if len(group) >= COMPACT_EVERY:
+                    decoding.append(decoders.submit(_chunk, files.store, group, top, comm))
+                    group = []
+                    if len(decoding) > cores:
+                        yield decoding.popleft().result()
+            if group:
+                decoding.append(decoders.submit(_chunk, files.store, group, top, comm))
+            while decoding:
+                yield decoding.popleft().result()
         return
     futures = {pool.submit(_read_summary, files.store, f, rank, top, comm): (f, rank) for f, rank in jobs}
     for done in as_completed(futures):
@@ -342,7 +353,9 @@ def _summaries(
     read = [(futures[future][0], *_outcome(future.result, *futures[future])) for future in futures]
     for i in range(0, len(read), COMPACT_EVERY):
         part = read[i : i + COMPACT_EVERY]
-        yield _Chunk(summaries_table([s for _, s, _ in part]), [f for f, _, _ in part], [w for _, _, w in part])
+        yield _Chunk(
+            compact(summaries_table([s for _, s, _ in part])), [f for f, _, _ in part], [w for _, _, w in part]
+        )
 
 
 def _outcome(read: Callable[[], tuple[RankSummary, bool]], files: RankFiles, rank: int) -> tuple[RankSummary, bool]:
@@ -358,7 +371,7 @@ def _outcome(read: Callable[[], tuple[RankSummary, bool]], files: RankFiles, ran
 
 @dataclass
 class SessionRanks:
-    table: pa.Table  # one row per rank (summary_schema()), sorted; a rank that could not be read has `error`
+    table: pa.Table  # one row per rank (compact_schema()), sorted; a rank that could not be read has `error`
     stacks: dict[int, dict]
     problems: dict[int, list[str]]
     traces: dict[int, str]  # rank -> raw trace key
@@ -398,7 +411,7 @@ def read_ranks(
         ranks, errors = chunk.table.column("rank").to_pylist(), chunk.table.column("error").to_pylist()
         read += [_Read(f, r, e, w) for f, r, e, w in zip(chunk.files, ranks, errors, chunk.whole)]
         chunks.append(chunk.table)
-    table = pa.concat_tables(chunks) if chunks else summary_schema().empty_table()
+    table = pa.concat_tables(chunks) if chunks else compact_schema().empty_table()
     stacks: dict[int, dict] = {}
     problems: dict[int, list[str]] = {}
     traces: dict[int, str] = {}
@@ -437,7 +450,9 @@ def read_ranks(
             problems.setdefault(rank, []).append(why)
     missing = missing_ranks(list(taken))
     if missing:
-        gaps = summaries_table([failed(rank, "no trace or summary was uploaded for this rank") for rank in missing])
+        gaps = compact(
+            summaries_table([failed(rank, "no trace or summary was uploaded for this rank") for rank in missing])
+        )
         taken.update({rank: len(table) + i for i, rank in enumerate(missing)})
         table = pa.concat_tables([table, gaps])
     order = sorted(taken)
@@ -445,6 +460,8 @@ def read_ranks(
     if rows != list(range(len(table))):
         table = table.take(rows)
     table = table.set_column(table.schema.get_field_index("rank"), "rank", pa.array(order, type=pa.int64()))
+    # One chunk: the diagnosis' tables then view its numbers (pandas over Arrow's buffers) rather than copy them.
+    table = table.combine_chunks()
     _add_problems(table, problems)
     return SessionRanks(table, stacks, problems, traces, skipped, parsed)
 

@@ -50,11 +50,16 @@ def memory_limit() -> int | None:
     return int(v1) if v1.isdigit() and int(v1) < 1 << 60 else None
 
 
-def analysis_workers(jobs: int) -> int:
-    """Worker processes for `jobs` ranks: cores available, within the memory limit."""
+def usable_cores() -> int:
+    """The cores this process may use: its affinity, within its cgroup's CPU quota."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quota = cpu_quota()
-    workers = min(cores, quota or cores, jobs)
+    return max(1, min(cores, quota or cores))
+
+
+def analysis_workers(jobs: int) -> int:
+    """Worker processes for `jobs` ranks: cores available, within the memory limit."""
+    workers = min(usable_cores(), jobs)
     limit = memory_limit()
     if limit is not None:
         workers = min(workers, max(1, (limit - MAIN_BYTES) // WORKER_BYTES))
