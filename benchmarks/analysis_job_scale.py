@@ -6,7 +6,8 @@ as the sidecars upload them: ranks/rank-<r>.summary.arrow; rank 5's kernels 1.3x
 (stepscope.operator.sessions.analysis_job.run_session_analysis, what `stepscope analyze --session` runs)
 then runs in a fresh process with the session's credentials in its environment: it lists and
 reads the summaries, diagnoses them, writes the report and its result into the store. Measured:
-that process's wall time and peak memory (ru_maxrss), the size of the status the operator makes of
+that process's wall time and peak memory (its VmHWM: ru_maxrss would count this generator's memory,
+which a child keeps across exec), the size of the status the operator makes of
 the report (diagnosed_status; the CRD's budget is 32 KiB) and the report page's. The same is measured at --reference
 ranks in the same run.
 
@@ -94,7 +95,9 @@ def _job(name: str, kubeconfig: Path) -> tuple[float, float, float, int]:
     env = {**os.environ, **CREDENTIALS, "KUBECONFIG": str(kubeconfig)}
     run = (
         "import sys; from stepscope.operator.sessions.analysis_job import run_session_analysis; "
-        f"sys.exit(run_session_analysis({NAMESPACE!r}, {name!r}))"
+        f"code = run_session_analysis({NAMESPACE!r}, {name!r}); "
+        "print(next(line for line in open('/proc/self/status') if line.startswith('VmHWM:')), file=sys.stderr); "
+        "sys.exit(code)"
     )
     with tempfile.TemporaryFile("w+") as errors:
         start = time.perf_counter()
@@ -102,10 +105,12 @@ def _job(name: str, kubeconfig: Path) -> tuple[float, float, float, int]:
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - start
         code = os.waitstatus_to_exitcode(status)
+        errors.seek(0)
+        said = errors.read()
         if code:
-            errors.seek(0)
-            print(errors.read()[-4000:], file=sys.stderr)
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code
+            print(said[-4000:], file=sys.stderr)
+    peaks = [int(line.split()[1]) for line in said.splitlines() if line.startswith("VmHWM:")]
+    return wall, usage.ru_utime + usage.ru_stime, (peaks[-1] / 1024 if peaks else float("nan")), code
 
 
 def _measure(name: str, ranks: int, api: kubernetes.client.ApiClient, s3, endpoint: str, kubeconfig: Path) -> dict:
