@@ -37,9 +37,9 @@ def _own_peak_mb() -> float:
 
 def _child(folder: Path, repeat: int) -> int:
     """Read and diagnose the session in `folder`: prints the times and the peak memory."""
-    from stepscope.analysis.allocation import reuse_freed_memory
     from stepscope.analysis.diagnosis.diagnose import diagnose
     from stepscope.analysis.gathering.session_files import find_files, read_ranks
+    from stepscope.analysis.loading.allocation import reuse_freed_memory
     from stepscope.analysis.loading.parallel import worker_pool
     from stepscope.storage import open_store
 

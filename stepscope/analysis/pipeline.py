@@ -22,7 +22,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from stepscope.analysis.allocation import reuse_freed_memory
 from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables, usable
 from stepscope.analysis.gathering.session_files import (
@@ -34,6 +33,7 @@ from stepscope.analysis.gathering.session_files import (
     open_session,
     read_ranks,
 )
+from stepscope.analysis.loading.allocation import reuse_freed_memory
 from stepscope.analysis.loading.gpu_samples import read_metrics
 from stepscope.analysis.loading.parallel import analysis_workers, worker_pool
 from stepscope.analysis.model import Diagnosis, table_critical_path

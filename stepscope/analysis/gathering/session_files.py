@@ -21,6 +21,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stepscope.analysis.loading.allocation import give_back_free_memory
 from stepscope.analysis.loading.parallel import analysis_workers, usable_cores, worker_pool
 from stepscope.analysis.loading.trace import NOT_A_TRACE
 from stepscope.analysis.model import (
@@ -462,6 +463,7 @@ def read_ranks(
     table = table.set_column(table.schema.get_field_index("rank"), "rank", pa.array(order, type=pa.int64()))
     # One chunk: the diagnosis' tables then view its numbers (pandas over Arrow's buffers) rather than copy them.
     table = table.combine_chunks()
+    give_back_free_memory()  # the summaries' bytes and the chunks before they were joined
     _add_problems(table, problems)
     return SessionRanks(table, stacks, problems, traces, skipped, parsed)
 
