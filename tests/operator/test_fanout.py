@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import socket
 import threading
@@ -13,13 +14,17 @@ import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import msgspec
 import pytest
 
 from stepscope.contracts.session import SessionSpec
 from stepscope.contracts.sidecar_api import SessionRequest
 from stepscope.contracts.wire import aligned_start_step
-from stepscope.operator.sessions import fanout
+from stepscope.operator import kube
+from stepscope.operator.sessions import fanout, lifecycle
 from stepscope.operator.sessions.selection import Target
+from stepscope.operator.sessions.status import PodProgress
+from stepscope.operator.settings import OperatorSettings
 from stepscope.sidecar_client import MAX_HEAD, SidecarClient, SidecarError
 from stepscope.signing import Verifier, target
 
@@ -237,3 +242,56 @@ def test_an_answer_whose_head_never_ends_is_refused_at_the_cap() -> None:
             asyncio.run(client.request_async("GET", SidecarClient.session_path("s-1")))
     finally:
         peer.close()
+
+
+def _running(name: str, port: int) -> kube.Pod:
+    return msgspec.convert(
+        {
+            "metadata": {"name": name},
+            "spec": {"containers": [{"ports": [{"name": "stepscope", "containerPort": port}]}]},
+            "status": {"phase": "Running", "podIP": "127.0.0.1"},
+        },
+        kube.Pod,
+    )
+
+
+def test_a_poll_round_lists_the_pods_while_it_asks_the_sidecars(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 10,240 pods the listing and the requests take about a second each: a round after the
+    first asks the sidecars the last listing found while it lists again. A pod deleted meanwhile
+    is lost as deleted, whatever its sidecar answered."""
+    answer_s, list_s = 0.4, 1.5
+
+    def slowly(conn: socket.socket, request: bytes) -> None:
+        time.sleep(answer_s)  # one connection at a time: four pods take 1.6 s
+        conn.sendall(_answer_json({"session": "uid-1", "phase": "Capturing"}))
+
+    peer = RawPeer(slowly)
+    listings = [[_running(f"p{i}", peer.port) for i in range(4)], [_running(f"p{i}", peer.port) for i in range(3)]]
+
+    def list_pods(namespace: str, selector: str) -> list[kube.Pod]:
+        time.sleep(list_s)
+        return listings.pop(0) if len(listings) > 1 else listings[0]
+
+    monkeypatch.setattr(kube, "list_pods", list_pods)
+    obj = {"metadata": {"namespace": "default", "name": "s", "uid": "uid-1"}}
+    runner = lifecycle.SessionRunner(obj, lifecycle.Context(OperatorSettings(), KEY), None, logging.getLogger())
+    progress = {f"p{i}": PodProgress() for i in range(4)}
+
+    async def rounds() -> list[float]:
+        took = []
+        for _ in range(2):
+            began = time.monotonic()
+            await runner._poll("job=big", progress)
+            took.append(time.monotonic() - began)
+        return took
+
+    try:
+        first, second = asyncio.run(rounds())
+    finally:
+        peer.close()
+    assert first >= list_s + 4 * answer_s  # nothing listed before: the listing, then the requests
+    # one after the other, the three pods left would take list_s + 3 * answer_s (2.7 s); together 1.6 s
+    assert second < list_s + 2 * answer_s, (first, second)
+    assert [progress[f"p{i}"].answer.get("phase") for i in range(3)] == ["Capturing"] * 3
+    assert progress["p3"].lost == "pod deleted during capture"
+    assert len(peer.requests) == 8
