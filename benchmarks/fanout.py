@@ -4,16 +4,25 @@ round of the capture (goal <= 5 s), status writes per second (goal <= 1) and the
 (goal < 32 KiB).
 
 The real operator (kopf) runs against the test API server (stepscope/testing/kube, in a process of its own, as
-an API server is), with moto's S3 server over HTTP as the session's store; N pods are marked Running with addresses
-127.0.<i/250>.<i%250+1>, all served by
-one simulated sidecar process (a bare socket loop) that verifies every signature (stepscope.signing.Verifier,
-the namespace's key, the dialled address as the target) and answers GET /v1/telemetry and
-PUT/GET /v1/sessions/<id> per pod with the wire API's bodies: Capturing for CAPTURE_S after the
-PUT, then Succeeded. It does not capture, upload, summarise or run a training; it runs no
-per-pod process (one event loop answers every address) and the loopback has no network latency.
-The reference in the same run is the same session with one request open at a time (sequential).
+an API server is), with moto's S3 server over HTTP as the session's store (a thread of the operator's process);
+N pods are marked Running with addresses 127.0.<i/250>.<i%250+1>, all served by one simulated sidecar process.
 
-    .venv/bin/python benchmarks/fanout.py [--pods 10240] [--reference-pods 1024]
+What the simulation does: for every request it checks the signature with that pod's own
+stepscope.signing.Verifier (the namespace's key, the dialled address as the target, nonces and
+window), and answers GET /v1/telemetry and PUT/GET /v1/sessions/<id> with the wire API's bodies:
+Capturing for CAPTURE_S after the PUT, then Succeeded. What it does not do: capture, upload,
+summarise or run a training; run a process or an HTTP server per pod (one bare socket loop reads
+the request line, the headers and a Content-Length body, answers and closes); the real sidecar
+server's connection caps and deadlines. The loopback has no latency or loss, and the kernel's
+work for both ends of a connection (handshake, delivery, close) is charged to the process that
+makes the call, so the operator's CPU here includes work a cluster does on the sidecars' nodes.
+Nothing is niced: the simulation and the API server are on the path of every request, so a lower
+priority would only move the wait; on this 2-core machine they, and anyone else's processes,
+compete with the operator, which on a cluster has the sidecars on other nodes. The CPU of each is
+reported beside the operator's. The reference in the same run is the same session with one
+request open at a time (sequential).
+
+    .venv/bin/python benchmarks/fanout.py [--pods 10240] [--concurrency 64]
 """
 
 from __future__ import annotations
