@@ -154,7 +154,7 @@ class _Exchange:
     thousands of requests a fan-out was most of the operator's CPU. The answer's head is refused
     past MAX_HEAD bytes, its body past MAX_REPLY, the whole exchange at `deadline` (loop time)."""
 
-    __slots__ = ("loop", "out", "deadline", "received", "head", "done", "sock", "fd")
+    __slots__ = ("loop", "out", "deadline", "received", "head", "done", "sock", "fd", "watching")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, request: bytes, deadline: float) -> None:
         self.loop, self.out, self.deadline = loop, memoryview(request), deadline
@@ -163,9 +163,10 @@ class _Exchange:
         self.done: asyncio.Future[tuple[int, str, bytes]] = loop.create_future()
         self.sock: socket.socket | None = None
         self.fd = -1  # the loop is given the descriptor: given the socket, it formats its repr on every call
+        self.watching = ""  # "writer" or "reader": what the loop watches the socket for
 
     async def run(self, host: str, port: int) -> tuple[int, str, bytes]:
-        timer = self.loop.call_at(self.deadline, self._fail, TimeoutError())
+        timer = self.loop.call_at(self.deadline, self._expire)
         try:
             address = await self._address(host, port)
             family = socket.AF_INET6 if len(address) == 4 else socket.AF_INET
@@ -178,9 +179,11 @@ class _Exchange:
             return await self.done
         finally:
             timer.cancel()
-            if self.sock is not None:
+            if self.watching == "writer":
                 self.loop.remove_writer(self.fd)
+            elif self.watching == "reader":
                 self.loop.remove_reader(self.fd)
+            if self.sock is not None:
                 self.sock.close()
 
     async def _address(self, host: str, port: int) -> tuple[Any, ...]:
@@ -201,6 +204,9 @@ class _Exchange:
         if not self.done.done():
             self.done.set_exception(exc)
 
+    def _expire(self) -> None:
+        self._fail(TimeoutError())
+
     def _writable(self) -> None:
         """Send what is left of the request; while the connection is being made the send would
         block, and a connection that failed raises its error here (ECONNREFUSED, ...)."""
@@ -208,16 +214,24 @@ class _Exchange:
         try:
             self.out = self.out[self.sock.send(self.out) :]
         except BlockingIOError:
-            self.loop.add_writer(self.fd, self._writable)
+            self._watch("writer")
             return
         except OSError as exc:
             self._fail(exc)
             return
-        if self.out:
+        self._watch("writer" if self.out else "reader")
+
+    def _watch(self, what: str) -> None:
+        """Have the loop call _writable or _readable when the socket is ready for it."""
+        if what == self.watching:
+            return
+        if self.watching == "writer":
+            self.loop.remove_writer(self.fd)
+        if what == "writer":
             self.loop.add_writer(self.fd, self._writable)
         else:
-            self.loop.remove_writer(self.fd)
             self.loop.add_reader(self.fd, self._readable)
+        self.watching = what
 
     def _readable(self) -> None:
         assert self.sock is not None
