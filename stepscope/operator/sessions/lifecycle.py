@@ -427,8 +427,8 @@ class SessionRunner:
     async def _poll(self, selector: str, progress: dict[str, PodProgress]) -> None:
         """One round: ask the sidecars, mark pods that went away as lost. After the first round the
         sidecars the last listing found are asked while the pods are listed again (at 10,240 pods
-        each takes about a second); an answer then counts only if its pod is still Running at the
-        address it was asked at."""
+        the listing alone takes about a second); an answer then counts only if its pod is still
+        Running at the address it was asked at."""
         if self.live is None:
             self.live = self._still_live(await self._list_pods(selector), progress)
             outcomes = await self._ask(list(self.live.values()))
