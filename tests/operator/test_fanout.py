@@ -190,13 +190,14 @@ def test_the_fan_out_opens_no_transport_per_request(server: Flaky, monkeypatch: 
 
 
 def test_a_request_larger_than_the_socket_buffers_is_sent_whole() -> None:
-    """A body the kernel takes in several sends (the peer reads late) arrives intact and signed."""
-    body = bytes(range(256)) * (32 << 10)  # 8 MiB
+    """A body the kernel takes in several sends (8 MiB: the client waits for room between them)
+    arrives intact and signed."""
+    body = bytes(range(256)) * (32 << 10)
 
-    def late(conn: socket.socket, request: bytes) -> None:
+    def count(conn: socket.socket, request: bytes) -> None:
         conn.sendall(_answer_json({"bytes": len(request.partition(b"\r\n\r\n")[2])}))
 
-    peer = RawPeer(late)
+    peer = RawPeer(count)
     try:
         client = SidecarClient(f"http://127.0.0.1:{peer.port}", KEY, timeout=10)
         answer = asyncio.run(client.request_async("PUT", SidecarClient.session_path("s-1"), body))
