@@ -4,16 +4,25 @@ round of the capture (goal <= 5 s), status writes per second (goal <= 1) and the
 (goal < 32 KiB).
 
 The real operator (kopf) runs against the test API server (stepscope/testing/kube, in a process of its own, as
-an API server is), with moto's S3 server over HTTP as the session's store; N pods are marked Running with addresses
-127.0.<i/250>.<i%250+1>, all served by
-one simulated sidecar process (aiohttp) that verifies every signature (stepscope.signing.Verifier,
-the namespace's key, the dialled address as the target) and answers GET /v1/telemetry and
-PUT/GET /v1/sessions/<id> per pod with the wire API's bodies: Capturing for CAPTURE_S after the
-PUT, then Succeeded. It does not capture, upload, summarise or run a training; it runs no
-per-pod process (one event loop answers every address) and the loopback has no network latency.
-The reference in the same run is the same session with one request open at a time (sequential).
+an API server is), with moto's S3 server over HTTP as the session's store (a thread of the operator's process);
+N pods are marked Running with addresses 127.0.<i/250>.<i%250+1>, all served by one simulated sidecar process.
 
-    .venv/bin/python benchmarks/fanout.py [--pods 10240] [--reference-pods 1024]
+What the simulation does: for every request it checks the signature with that pod's own
+stepscope.signing.Verifier (the namespace's key, the dialled address as the target, nonces and
+window), and answers GET /v1/telemetry and PUT/GET /v1/sessions/<id> with the wire API's bodies:
+Capturing for CAPTURE_S after the PUT, then Succeeded. What it does not do: capture, upload,
+summarise or run a training; run a process or an HTTP server per pod (one bare socket loop reads
+the request line, the headers and a Content-Length body, answers and closes); the real sidecar
+server's connection caps and deadlines. The loopback has no latency or loss, and the kernel's
+work for both ends of a connection (handshake, delivery, close) is charged to the process that
+makes the call, so the operator's CPU here includes work a cluster does on the sidecars' nodes.
+Nothing is niced: the simulation and the API server are on the path of every request, so a lower
+priority would only move the wait; on this 2-core machine they, and anyone else's processes,
+compete with the operator, which on a cluster has the sidecars on other nodes. The CPU of each is
+reported beside the operator's. The reference in the same run is the same session with one
+request open at a time (sequential).
+
+    .venv/bin/python benchmarks/fanout.py [--pods 10240] [--concurrency 64]
 """
 
 from __future__ import annotations
@@ -43,9 +52,12 @@ def pod_ip(i: int) -> str:
 
 
 def simulated_sidecars(port: int, ready: Event) -> None:
-    """One aiohttp server for every pod: it tells pods apart by the address they dialled, and
-    keeps one Verifier (nonces, window) per pod, as each pod's sidecar does."""
-    from aiohttp import web
+    """One process for every pod: it tells pods apart by the address they dialled (the Host
+    header), and keeps one Verifier (nonces, window) per pod, as each pod's sidecar does. A bare
+    socket loop rather than an HTTP server, so that the simulation's CPU (it runs on the same two
+    cores as the operator) is mostly the signature checks and the kernel's, not request objects."""
+    import selectors
+    import socket
 
     from stepscope.operator.namespace_keys import namespace_key
     from stepscope.signing import SignatureError, Verifier, target
@@ -56,43 +68,32 @@ def simulated_sidecars(port: int, ready: Event) -> None:
     puts: dict[str, int] = {}  # "pod session" -> PUTs received
     requests = {"telemetry": 0, "put": 0, "get": 0}
 
-    def refused(request: web.Request, body: bytes) -> web.Response | None:
-        host, _, dialled = request.host.rpartition(":")
+    def answer(method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, Any]:
+        if path == "/_stats":
+            return 200, {"accepted": list(accepted.values()), "puts": puts, "requests": requests}
+        host, _, dialled = headers.get("host", "").rpartition(":")
         verifier = verifiers.get(host) or verifiers.setdefault(host, Verifier(key))
         try:
-            verifier.verify(request.method, request.path, body, request.headers, targets={target(host, int(dialled))})
-        except SignatureError as exc:
-            return web.json_response({"error": str(exc)}, status=401)
-        return None
-
-    async def telemetry(request: web.Request) -> web.Response:
-        requests["telemetry"] += 1
-        if (denied := refused(request, b"")) is not None:
-            return denied
-        return web.json_response(
-            {
-                "pod": request.host,
-                "node": "node",
-                "time": time.time(),
-                "ranks": [{"rank": 0, "localRank": 0, "worldSize": 1, "pid": 1, "alive": True, "steps": 41}],
-            }
-        )
-
-    async def session(request: web.Request) -> web.Response:
-        body = await request.read()
-        if (denied := refused(request, body)) is not None:
-            return denied
-        pod, sid = request.host.rsplit(":", 1)[0], request.match_info["id"]
-        if request.method == "PUT":
+            verifier.verify(method, path, body, headers, targets={target(host, int(dialled))})
+        except (SignatureError, ValueError) as exc:
+            return 401, {"error": str(exc)}
+        if method == "GET" and path == "/v1/telemetry":
+            requests["telemetry"] += 1
+            alive = [{"rank": 0, "localRank": 0, "worldSize": 1, "pid": 1, "alive": True, "steps": 41}]
+            return 200, {"pod": host, "node": "node", "time": time.time(), "ranks": alive}
+        if not path.startswith("/v1/sessions/") or method not in ("PUT", "GET"):
+            return 404, {"error": "no such endpoint"}
+        sid = path.removeprefix("/v1/sessions/")
+        if method == "PUT":
             requests["put"] += 1
-            puts[f"{pod} {sid}"] = puts.get(f"{pod} {sid}", 0) + 1
-            first = (pod, sid) not in accepted
-            accepted.setdefault((pod, sid), time.time())
-            return web.json_response({"session": sid, "phase": "Pending"}, status=201 if first else 200)
+            puts[f"{host} {sid}"] = puts.get(f"{host} {sid}", 0) + 1
+            first = (host, sid) not in accepted
+            accepted.setdefault((host, sid), time.time())
+            return (201 if first else 200), {"session": sid, "phase": "Pending"}
         requests["get"] += 1
-        if (pod, sid) not in accepted:
-            return web.json_response({"error": "unknown session"}, status=404)
-        done = time.time() - accepted[(pod, sid)] > CAPTURE_S
+        if (host, sid) not in accepted:
+            return 404, {"error": "unknown session"}
+        done = time.time() - accepted[(host, sid)] > CAPTURE_S
         workers = {
             "total": 1,
             "triggered": 1,
@@ -101,29 +102,75 @@ def simulated_sidecars(port: int, ready: Event) -> None:
             "uploaded": int(done),
             "failed": 0,
         }
-        return web.json_response(
-            {
-                "session": sid,
-                "phase": "Succeeded" if done else "Capturing",
-                "workers": workers,
-                "ranks": [{"rank": 0, "state": "done" if done else "capturing"}],
-            }
+        ranks: list[dict[str, Any]] = [{"rank": 0, "state": "done" if done else "capturing"}]
+        return 200, {"session": sid, "phase": "Succeeded" if done else "Capturing", "workers": workers, "ranks": ranks}
+
+    def respond(conn: socket.socket, received: bytes) -> bool:
+        """Answer `conn` once `received` holds its whole request; False while more is to come."""
+        end = received.find(b"\r\n\r\n")
+        if end < 0:
+            return False
+        request, *lines = received[:end].decode("latin-1").split("\r\n")
+        headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+        length = int(headers.get("content-length") or 0)
+        if len(received) < end + 4 + length:
+            return False
+        method, path, _ = request.split(" ", 2)
+        status, payload = answer(method, path, headers, received[end + 4 : end + 4 + length])
+        data = json.dumps(payload).encode()
+        conn.settimeout(10)
+        conn.sendall(
+            f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+            f"Connection: close\r\n\r\n".encode()
+            + data
         )
+        return True
 
-    async def stats(request: web.Request) -> web.Response:
-        return web.json_response({"accepted": [t for t in accepted.values()], "puts": puts, "requests": requests})
+    def serve(conn: socket.socket) -> None:
+        """Read what `conn` has sent; answer and close it once its request is whole, else wait
+        for more (a connection in `waiting` is registered with the selector)."""
+        try:
+            chunk = conn.recv(1 << 16)
+            received = waiting.get(conn, b"") + chunk
+            if chunk and not respond(conn, received):
+                if conn not in waiting:
+                    selector.register(conn, selectors.EVENT_READ)
+                waiting[conn] = received
+                return
+        except BlockingIOError:
+            if conn not in waiting:
+                selector.register(conn, selectors.EVENT_READ)
+                waiting[conn] = b""
+            return
+        except OSError:
+            pass
+        if conn in waiting:
+            selector.unregister(conn)
+            del waiting[conn]
+        conn.close()
 
-    app = web.Application()
-    app.add_routes(
-        [
-            web.get("/v1/telemetry", telemetry),
-            web.put("/v1/sessions/{id}", session),
-            web.get("/v1/sessions/{id}", session),
-            web.get("/_stats", stats),
-        ]
-    )
+    # A bare accept loop: the request is usually there by the time its connection is accepted
+    # (the operator sends at once), so most connections are answered without ever being polled.
+    listener = socket.create_server(("0.0.0.0", port), backlog=4096)
+    listener.setblocking(False)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    waiting: dict[socket.socket, bytes] = {}
     ready.set()
-    web.run_app(app, host="0.0.0.0", port=port, print=None, access_log=None, handle_signals=True, backlog=4096)
+    while True:
+        for ready_key, _ in selector.select():
+            if ready_key.fileobj is not listener:
+                conn = ready_key.fileobj
+                assert isinstance(conn, socket.socket)
+                serve(conn)
+                continue
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except BlockingIOError:
+                    break
+                conn.setblocking(False)
+                serve(conn)
 
 
 def api_server(kubeconfig: str, ready: Event, stop: Event) -> None:
@@ -167,7 +214,20 @@ def create_pods(api_client: Any, n: int, port: int) -> None:
         list(pool.map(one, range(n)))
 
 
-def run_session(api_client: Any, name: str, concurrency: int, port: int, s3_endpoint: str) -> dict[str, Any]:
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU of process `pid` so far (Linux /proc), NaN where it cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_session(
+    api_client: Any, name: str, concurrency: int, port: int, s3_endpoint: str, helpers: dict[str, int | None]
+) -> dict[str, Any]:
+    """One session from creation to its end; `helpers` the pids of the simulation and the API
+    server, whose CPU over the session is reported beside the operator's."""
     import urllib.request
 
     import kubernetes
@@ -218,6 +278,7 @@ def run_session(api_client: Any, name: str, concurrency: int, port: int, s3_endp
                 "timeoutSeconds": 900,
             }
             t0, cpu0 = time.time(), time.process_time()
+            helpers_cpu = {what: cpu_seconds(pid) for what, pid in helpers.items()}
             api.create_namespaced_custom_object(
                 "stepscope.io",
                 "v1alpha1",
@@ -238,6 +299,7 @@ def run_session(api_client: Any, name: str, concurrency: int, port: int, s3_endp
             ).get("phase") not in ("Succeeded", "Failed"):
                 time.sleep(0.5)
             t_end = time.time()
+            helpers_cpu = {what: cpu_seconds(pid) - helpers_cpu[what] for what, pid in helpers.items()}
     finally:
         kube.patch_session_status = patch
         lifecycle.SessionRunner._poll = poll  # type: ignore[method-assign]
@@ -259,6 +321,8 @@ def run_session(api_client: Any, name: str, concurrency: int, port: int, s3_endp
         "max_puts_per_pod": max(puts),
         "min_gap_s": min(b - a for a, b in zip(write_times, write_times[1:])),
         "status_bytes": len(json.dumps(status).encode()),
+        "session_cpu": time.process_time() - cpu0,
+        "helpers_cpu": helpers_cpu,
     }
 
 
@@ -316,11 +380,12 @@ def main() -> int:
             f"setup: {args.pods} Running pods created in {time.time() - t:.1f} s; load average "
             f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
         )
+        helpers = {"simulated sidecars": sidecars.pid, "API server": server.pid}
         results = [
-            ("reference (1 at a time)", run_session(api_client, "sequential", 1, port, endpoint)),
+            ("reference (1 at a time)", run_session(api_client, "sequential", 1, port, endpoint, helpers)),
             (
                 f"operator ({args.concurrency} at a time)",
-                run_session(api_client, "pooled", args.concurrency, port, endpoint),
+                run_session(api_client, "pooled", args.concurrency, port, endpoint, helpers),
             ),
         ]
         stop.set()
@@ -340,7 +405,8 @@ def main() -> int:
             f"{', '.join(f'{c:.2f}' for c in r['round_cpu'])} s); "
             f"session {r['session_s']:.1f} s, {r['status_writes']:.0f} status writes, at least {r['min_gap_s']:.2f} s "
             f"apart; max PUTs per pod {r['max_puts_per_pod']}; final status {r['status_bytes']} bytes "
-            f"({r['status_bytes'] / 32768:.2f} of the 32 KiB budget)"
+            f"({r['status_bytes'] / 32768:.2f} of the 32 KiB budget); CPU over the session: operator "
+            f"{r['session_cpu']:.1f} s, {', '.join(f'{what} {cpu:.1f} s' for what, cpu in r['helpers_cpu'].items())}"
         )
     (_, reference), (_, measured) = results
     print(

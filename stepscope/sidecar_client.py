@@ -13,8 +13,11 @@ thousands of sidecars): one connection per request, no thread, the same caps and
 from __future__ import annotations
 
 import asyncio
+import errno
 import http.client
 import json
+import os
+import socket
 import time
 import urllib.parse
 from typing import Any, NamedTuple
@@ -34,6 +37,7 @@ TELEMETRY_PATH = "/v1/telemetry"
 class _Prepared(NamedTuple):
     host: str
     port: int
+    to: str  # signing.target(host, port)
     path: str
     data: bytes | None
     headers: dict[str, str]
@@ -93,9 +97,10 @@ class SidecarClient:
         if parts.scheme != "http" or not host:
             raise SidecarError(0, f"the sidecar's address must be http://HOST:PORT, not {self.base_url!r}")
         headers = {"Content-Type": "application/json"} if data is not None else {}
+        to = target(host, port)
         if signed:
-            headers.update(sign(self._key, method, path, data or b"", to=target(host, port)))
-        return _Prepared(host, port, path, data, headers)
+            headers.update(sign(self._key, method, path, data or b"", to=to))
+        return _Prepared(host, port, to, path, data, headers)
 
     def _unreachable(self, exc: BaseException, late: bool) -> SidecarError:
         reason = f"no complete answer within {self.timeout:g} s" if late else (str(exc) or type(exc).__name__)
@@ -123,58 +128,154 @@ class SidecarClient:
         body) on the running event loop, within `timeout` in all."""
         req = self._prepare(method, path, data, True)
         body = req.data or b""
-        head = [
-            f"{method} {req.path} HTTP/1.1",
-            f"Host: {target(req.host, req.port)}",
-            "Connection: close",
-            f"Content-Length: {len(body)}",
-            *(f"{k}: {v}" for k, v in req.headers.items()),
-        ]
-        writer = None
+        head = "".join(
+            (
+                f"{method} {req.path} HTTP/1.1\r\nHost: {req.to}\r\nConnection: close\r\n",
+                f"Content-Length: {len(body)}\r\n",
+                *(f"{k}: {v}\r\n" for k, v in req.headers.items()),
+                "\r\n",
+            )
+        )
+        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(self.timeout):
-                reader, writer = await asyncio.open_connection(req.host, req.port, limit=MAX_HEAD)
-                writer.write("\r\n".join(head).encode() + b"\r\n\r\n" + body)
-                status, reason, length = _parse_head(await reader.readuntil(b"\r\n\r\n"))
-                if length is not None and length > MAX_REPLY:
-                    raise http.client.HTTPException(f"the answer is over {MAX_REPLY} bytes")
-                raw = (
-                    await reader.readexactly(length)
-                    if length is not None
-                    else await _read_to_end(reader, MAX_REPLY + 1)
-                )
-                if len(raw) > MAX_REPLY:
-                    raise http.client.HTTPException(f"the answer is over {MAX_REPLY} bytes")
+            status, reason, raw = await _Exchange(loop, head.encode() + body, loop.time() + self.timeout).run(
+                req.host, req.port
+            )
         except TimeoutError as exc:
             raise self._unreachable(exc, True) from None
-        except (
-            OSError,
-            http.client.HTTPException,
-            asyncio.IncompleteReadError,
-            asyncio.LimitOverrunError,
-            ValueError,
-        ) as exc:
+        except (OSError, http.client.HTTPException, ValueError) as exc:
             raise self._unreachable(exc, False) from None
-        finally:
-            if writer is not None:
-                writer.close()
         return _answer(status, reason, raw)
+
+
+class _Exchange:
+    """One request and its answer on a non-blocking socket, driven by the event loop's reader and
+    writer callbacks and one timer: no transport, stream or task of its own, which at tens of
+    thousands of requests a fan-out was most of the operator's CPU. The answer's head is refused
+    past MAX_HEAD bytes, its body past MAX_REPLY, the whole exchange at `deadline` (loop time)."""
+
+    __slots__ = ("loop", "out", "deadline", "received", "head", "done", "sock", "fd", "watching")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, request: bytes, deadline: float) -> None:
+        self.loop, self.out, self.deadline = loop, memoryview(request), deadline
+        self.received = bytearray()
+        self.head: tuple[int, str, int | None] | None = None
+        self.done: asyncio.Future[tuple[int, str, bytes]] = loop.create_future()
+        self.sock: socket.socket | None = None
+        self.fd = -1  # the loop is given the descriptor: given the socket, it formats its repr on every call
+        self.watching = ""  # "writer" or "reader": what the loop watches the socket for
+
+    async def run(self, host: str, port: int) -> tuple[int, str, bytes]:
+        timer = self.loop.call_at(self.deadline, self._expire)
+        try:
+            address = await self._address(host, port)
+            family = socket.AF_INET6 if len(address) == 4 else socket.AF_INET
+            self.sock = sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+            self.fd = sock.fileno()
+            error = sock.connect_ex(address)
+            if error not in (0, errno.EINPROGRESS):
+                raise OSError(error, os.strerror(error))
+            self._writable()  # on the loopback the connection is up at once; elsewhere the send waits for it
+            return await self.done
+        finally:
+            timer.cancel()
+            if self.watching == "writer":
+                self.loop.remove_writer(self.fd)
+            elif self.watching == "reader":
+                self.loop.remove_reader(self.fd)
+            if self.sock is not None:
+                self.sock.close()
+
+    async def _address(self, host: str, port: int) -> tuple[Any, ...]:
+        """A pod IP as it is; a name (the CLI's localhost) through the loop's resolver, bounded
+        by the same deadline."""
+        for family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                socket.inet_pton(family, host)
+            except OSError:
+                continue
+            return (host, port) if family == socket.AF_INET else (host, port, 0, 0)
+        found = await asyncio.wait_for(
+            self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), self.deadline - self.loop.time()
+        )
+        return tuple(found[0][4])
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+
+    def _expire(self) -> None:
+        self._fail(TimeoutError())
+
+    def _writable(self) -> None:
+        """Send what is left of the request; while the connection is being made the send would
+        block, and a connection that failed raises its error here (ECONNREFUSED, ...)."""
+        assert self.sock is not None
+        try:
+            self.out = self.out[self.sock.send(self.out) :]
+        except BlockingIOError:
+            self._watch("writer")
+            return
+        except OSError as exc:
+            self._fail(exc)
+            return
+        self._watch("writer" if self.out else "reader")
+
+    def _watch(self, what: str) -> None:
+        """Have the loop call _writable or _readable when the socket is ready for it."""
+        if what == self.watching:
+            return
+        if self.watching == "writer":
+            self.loop.remove_writer(self.fd)
+        if what == "writer":
+            self.loop.add_writer(self.fd, self._writable)
+        else:
+            self.loop.add_reader(self.fd, self._readable)
+        self.watching = what
+
+    def _readable(self) -> None:
+        assert self.sock is not None
+        try:
+            chunk = self.sock.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._fail(exc)
+            return
+        self.received += chunk
+        try:
+            answer = self._answer(ended=not chunk)
+        except (http.client.HTTPException, ValueError) as exc:
+            self._fail(exc)
+            return
+        if answer is not None and not self.done.done():
+            self.done.set_result(answer)
+        elif not chunk:
+            self._fail(http.client.IncompleteRead(bytes(self.received[:80])))
+
+    def _answer(self, ended: bool) -> tuple[int, str, bytes] | None:
+        """The answer once it is complete, None while more is to come; HTTPException for one over
+        the caps or not HTTP."""
+        if self.head is None:
+            end = self.received.find(b"\r\n\r\n", 0, MAX_HEAD)
+            if end < 0:
+                if len(self.received) >= MAX_HEAD:
+                    raise http.client.HTTPException(f"the answer's head is over {MAX_HEAD} bytes")
+                return None
+            self.head = _parse_head(bytes(self.received[: end + 4]))
+            del self.received[: end + 4]
+        status, reason, length = self.head
+        if len(self.received) > MAX_REPLY or (length is not None and length > MAX_REPLY):
+            raise http.client.HTTPException(f"the answer is over {MAX_REPLY} bytes")
+        if length is not None and len(self.received) >= length:
+            return status, reason, bytes(self.received[:length])
+        return (status, reason, bytes(self.received)) if ended and length is None else None
 
 
 def _answer(status: int, reason: str, raw: bytes) -> dict[str, Any]:
     if not 200 <= status < 300:
         raise SidecarError(status, str(_json(raw).get("error") or reason))
     return _json(raw)
-
-
-async def _read_to_end(reader: asyncio.StreamReader, limit: int) -> bytes:
-    """What the peer sends until it closes, or the first `limit` bytes of it."""
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit and (chunk := await reader.read(limit - size)):
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
 
 
 def _parse_head(head: bytes) -> tuple[int, str, int | None]:

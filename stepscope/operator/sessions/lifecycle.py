@@ -134,6 +134,7 @@ class SessionRunner:
         self.dest = ""
         self.state: RunState | None = None  # once _drive has read the spec
         self.uninjected: tuple[str, ...] = ()  # selected pods that asked for the sidecar and started without it
+        self.live: dict[str, Target] | None = None  # the sidecars a capture's last poll found Running
 
     @property
     def phase(self) -> str:
@@ -424,10 +425,38 @@ class SessionRunner:
             return []
 
     async def _poll(self, selector: str, progress: dict[str, PodProgress]) -> None:
-        """One round: mark pods that went away as lost, ask the others' sidecars."""
-        s = self.settings
-        pods = {p.metadata.name: p for p in await self._list_pods(selector)}
-        live: list[Target] = []
+        """One round: ask the sidecars, mark pods that went away as lost. After the first round the
+        sidecars the last listing found are asked while the pods are listed again (at 10,240 pods
+        the listing alone takes about a second); an answer then counts only if its pod is still
+        Running at the address it was asked at."""
+        if self.live is None:
+            self.live = self._still_live(await self._list_pods(selector), progress)
+            outcomes = await self._ask(list(self.live.values()))
+        else:
+            listing = asyncio.ensure_future(self._list_pods(selector))
+            try:
+                outcomes = await self._ask([t for pod, t in self.live.items() if not progress[pod].done])
+                self.live = self._still_live(await listing, progress)
+            finally:
+                listing.cancel()
+        unreachable_polls = self.settings.unreachable_polls
+        for o in outcomes:
+            p = progress[o.target.pod]
+            if self.live.get(o.target.pod) != o.target:
+                continue  # gone (marked lost) or moved since it was asked: the next round asks it anew
+            if o.ok:
+                p.answer, p.misses = o.answer, 0
+                continue
+            p.misses += 1
+            # 404: the sidecar restarted and forgot the session; the rank's capture is gone.
+            if p.misses >= unreachable_polls or o.status == 404:
+                p.lost = f"sidecar lost the session: {o.error}"[:200]
+
+    @staticmethod
+    def _still_live(listed: list[kube.Pod], progress: dict[str, PodProgress]) -> dict[str, Target]:
+        """The sidecar of every pod not done yet that is still Running; the others are marked lost."""
+        pods = {p.metadata.name: p for p in listed}
+        live: dict[str, Target] = {}
         for pod, p in progress.items():
             if p.done:
                 continue
@@ -440,18 +469,17 @@ class SessionRunner:
                     else f"pod left Running ({status.phase if status else None}) during capture"
                 )
             else:
-                live.append(target)
-        for o in await fanout.poll(
-            live, self.uid, self.ctx.key_for(self.ns), limit=self.ctx.sidecars, timeout=s.sidecar_timeout_s
-        ):
-            p = progress[o.target.pod]
-            if o.ok:
-                p.answer, p.misses = o.answer, 0
-                continue
-            p.misses += 1
-            # 404: the sidecar restarted and forgot the session; the rank's capture is gone.
-            if p.misses >= s.unreachable_polls or o.status == 404:
-                p.lost = f"sidecar lost the session: {o.error}"[:200]
+                live[pod] = target
+        return live
+
+    async def _ask(self, targets: list[Target]) -> list[fanout.Outcome]:
+        return await fanout.poll(
+            targets,
+            self.uid,
+            self.ctx.key_for(self.ns),
+            limit=self.ctx.sidecars,
+            timeout=self.settings.sidecar_timeout_s,
+        )
 
     async def _secret_keys(self, spec: SessionSpec) -> dict[str, str]:
         if not spec.storage.credentialsSecret:
