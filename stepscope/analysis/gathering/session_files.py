@@ -60,6 +60,9 @@ MAX_JSON_FILE_BYTES = 32 << 20
 READ_CONCURRENCY = 16
 # Ranks whose summaries are decoded together, then copied out of the bytes they were read from.
 COMPACT_EVERY = 256
+# A session's table above this size (thousands of ranks) leaves free about as much again of what
+# reading held: worth giving back to the system before the diagnosis allocates its own.
+GIVE_BACK_ABOVE = 128 << 20
 
 T = TypeVar("T")
 
@@ -463,7 +466,8 @@ def read_ranks(
     table = table.set_column(table.schema.get_field_index("rank"), "rank", pa.array(order, type=pa.int64()))
     # One chunk: the diagnosis' tables then view its numbers (pandas over Arrow's buffers) rather than copy them.
     table = table.combine_chunks()
-    give_back_free_memory()  # the summaries' bytes and the chunks before they were joined
+    if table.nbytes > GIVE_BACK_ABOVE:
+        give_back_free_memory()  # the summaries' bytes and the chunks before they were joined
     _add_problems(table, problems)
     return SessionRanks(table, stacks, problems, traces, skipped, parsed)
 
