@@ -6,6 +6,8 @@ the median absolute deviation are not, as long as fewer than half of the ranks a
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 # Scales the MAD to a standard deviation for normal data, so thresholds read as "sigmas".
@@ -58,25 +60,41 @@ def stands_out(
     return mask
 
 
+def group_matrices(groups: np.ndarray) -> list[np.ndarray]:
+    """The entries of each group (`groups`: an integer code per entry) as columns of matrices, one
+    matrix (size x groups) for each group size, so that a column-wise test or median covers
+    thousands of groups with no Python loop per group."""
+    groups = np.asarray(groups)
+    if not len(groups):
+        return []
+    # A stable sort of 16-bit numbers is a radix sort: millions of entries at memory speed.
+    order = np.argsort(groups.astype(np.int16) if 0 <= groups.min() and groups.max() < 2**15 else groups, kind="stable")
+    ordered = groups[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    sizes = np.diff(np.append(starts, len(ordered)))
+    return [order[starts[sizes == size][None, :] + np.arange(size)[:, None]] for size in np.unique(sizes)]
+
+
 def stands_out_in_groups(values: np.ndarray, groups: np.ndarray, *, min_ratio: float) -> np.ndarray:
     """stands_out within each group of entries (`groups`: an integer code per entry), for every
-    group at once: the groups of one size are the columns of one matrix (the test is column-wise
-    and blind to the order within a column), so thousands of ranks cost no Python loop per group."""
+    group at once (the test is column-wise and blind to the order within a column)."""
     values = np.asarray(values, dtype=float)
     out = np.zeros(len(values), dtype=bool)
-    groups = np.asarray(groups)
-    # A stable sort of 16-bit numbers is a radix sort: millions of entries at memory speed.
-    order = np.argsort(groups.astype(np.int16) if len(groups) and groups.max() < 2**15 else groups, kind="stable")
-    ordered = groups[order]
-    starts = (
-        np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-        if len(ordered)
-        else np.zeros(0, dtype=np.int64)
-    )
-    sizes = np.diff(np.append(starts, len(ordered)))
-    for size in np.unique(sizes):
-        entries = order[starts[sizes == size][None, :] + np.arange(size)[:, None]]  # size x groups
+    for entries in group_matrices(groups):
         out[entries] = stands_out(values[entries], min_ratio=min_ratio)
+    return out
+
+
+def group_medians(values: np.ndarray, groups: np.ndarray, count: int, matrices: list[np.ndarray]) -> np.ndarray:
+    """The median of `values` in each group 0..count-1 (`matrices`: group_matrices(groups)); NaN
+    for an empty group, NaNs left out as pandas' groupby does."""
+    values = np.asarray(values, dtype=float)
+    median = np.nanmedian if np.isnan(values).any() else np.median
+    out = np.full(count, np.nan)
+    for entries in matrices:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a group of NaNs only is NaN, as in pandas
+            out[np.asarray(groups)[entries[0]]] = median(values[entries], axis=0)
     return out
 
 

@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.diagnosis.outliers import peer_median, stands_out, vote_share_threshold
+from stepscope.analysis.diagnosis.outliers import (
+    group_matrices,
+    group_medians,
+    peer_median,
+    stands_out,
+    vote_share_threshold,
+)
 from stepscope.analysis.diagnosis.rank_tables import RankTables
 
 # A rank must be this much slower than its peers before it is called slow: below, the
@@ -134,9 +140,9 @@ def _kernel_ratios(tables: RankTables, ranks: int) -> tuple[pd.Series, pd.DataFr
         return pd.Series(dtype=float), k
     # Per kernel, its peers' medians, spread back over its rows: arrays of the rows, no frame per step.
     mean, total = k["meanUs"].to_numpy(dtype=float), k["sumUs"].to_numpy(dtype=float)
-    every = np.arange(len(names))
-    peer_mean = pd.Series(mean).groupby(codes).median().reindex(every).to_numpy()[codes]
-    peer_sum = pd.Series(total).groupby(codes).median().reindex(every).to_numpy()[codes]
+    by_kernel = group_matrices(codes)
+    peer_mean = group_medians(mean, codes, len(names), by_kernel)[codes]
+    peer_sum = group_medians(total, codes, len(names), by_kernel)[codes]
     k = k.assign(
         peerMeanUs=peer_mean,
         peerSumUs=peer_sum,

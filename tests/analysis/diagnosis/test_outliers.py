@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from stepscope.analysis.diagnosis import slow_workers
+from stepscope.analysis.diagnosis import outliers, slow_workers
 from stepscope.analysis.diagnosis.outliers import peer_median
 
 
@@ -27,3 +28,14 @@ def test_the_ranks_running_each_kernel_are_counted_once_each(
     codes, ranks = rng.integers(0, 40, 5000), rng.integers(0, 70, 5000)  # many rows of one kernel on one rank
     counted = slow_workers._ranks_running(codes, ranks, 41, 70)
     assert counted.tolist() == [len(set(ranks[codes == k])) for k in range(41)]
+
+
+def test_group_medians_are_pandas_group_medians_nans_and_empty_groups_included() -> None:
+    rng = np.random.default_rng(9)
+    groups = rng.integers(0, 50, 4000)  # groups of every size, 50 .. 53 empty
+    values = rng.normal(size=4000)
+    values[rng.random(4000) < 0.05] = np.nan
+    values[groups == 7] = np.nan  # a group of NaNs only
+    expected = pd.Series(values).groupby(groups).median().reindex(range(54)).to_numpy()
+    got = outliers.group_medians(values, groups, 54, outliers.group_matrices(groups))
+    assert np.allclose(got, expected, equal_nan=True)
