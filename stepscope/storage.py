@@ -64,6 +64,10 @@ class ObjectNotFound(StoreError, FileNotFoundError):
 
 class Store(Protocol):
     uri: str
+    # How many reads a reader of many small objects runs at once: an object store answers each
+    # after a round trip, so many are in flight; a folder's files come from the page cache, where
+    # threads would only pass the GIL around (10,240 summaries: 0.35 s in one thread, 1.7 s in 16).
+    parallel_reads: int
 
     def put_file(self, key: str, path: Path | str) -> None: ...
     def put_bytes(self, key: str, data: bytes) -> None: ...
@@ -95,6 +99,8 @@ def _join(base: str, key: str) -> str:
 
 class FileStore:
     """A directory as a store; writes are atomic (temporary file + rename) like an object PUT."""
+
+    parallel_reads = 1
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root).expanduser().resolve()
@@ -204,6 +210,8 @@ def _credentials(scheme: str, given: dict[str, Any] | None, ambient: bool = True
 
 class S3Store:
     """A bucket and prefix on S3 or an S3-compatible service (OSS, MinIO)."""
+
+    parallel_reads = 16
 
     def __init__(
         self,

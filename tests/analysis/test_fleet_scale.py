@@ -29,7 +29,7 @@ from stepscope.analysis.pipeline import analyze_uri
 from stepscope.analysis.reporting.html import HISTOGRAM_BINS, MAX_RANK_ROWS
 from stepscope.analysis.reporting.tables import DETAIL_RANKS
 from stepscope.contracts import layout
-from stepscope.storage import FileStore, open_store
+from stepscope.storage import FileStore, S3Store, open_store
 from stepscope.testing.synthetic_ranks import make_summaries
 
 
@@ -59,6 +59,8 @@ def test_the_summaries_of_a_session_read_into_one_table_whatever_each_holds(tmp_
 class _SlowStore(FileStore):
     """A folder whose reads take a while, like an object store's, counting those in flight."""
 
+    parallel_reads = S3Store.parallel_reads
+
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         self.lock, self.now, self.most = threading.Lock(), 0, 0
@@ -80,7 +82,7 @@ def test_summaries_are_read_several_at_a_time_and_no_more_than_the_bound(tmp_pat
     store = _SlowStore(tmp_path)
     read = read_ranks(find_files(store))
     assert read.table.num_rows == 120 and not read.problems
-    assert 2 <= store.most <= session_files.READ_CONCURRENCY
+    assert 2 <= store.most <= S3Store.parallel_reads
 
 
 def test_the_diagnosis_over_the_table_is_the_diagnosis_over_the_summaries(tmp_path: Path) -> None:

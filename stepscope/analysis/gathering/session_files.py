@@ -55,9 +55,6 @@ MAX_RANKS = 10**RANK_DIGITS
 # A rank's summary or stacks file is a few tens of KB (41 KB for the benchmark's 286 MB rank); one
 # far larger is no such file, and decoding it would hold several times its size.
 MAX_JSON_FILE_BYTES = 32 << 20
-# Summaries read from the store at once: each read waits mostly on the network, and thousands of
-# ranks read one after the other would take minutes.
-READ_CONCURRENCY = 16
 # Ranks whose summaries are decoded together, then copied out of the bytes they were read from.
 COMPACT_EVERY = 256
 # A session's table above this size (thousands of ranks) leaves free about as much again of what
@@ -320,7 +317,7 @@ def _summaries(
     files: SessionFiles, top: int, on_rank: Callable[[str], object], pool: Executor, comm: CommKernels
 ) -> Iterator[_Chunk]:
     """Every rank's summary (_read_summary), COMPACT_EVERY ranks to a chunk. Uploaded summaries are
-    read from the store READ_CONCURRENCY at a time (the store's own retries apply to each) and
+    read from the store as many at a time as it takes (Store.parallel_reads; the store's own retries apply to each) and
     decoded together as they come, so memory holds the columns and not every rank's file; large
     raw traces in a directory are summarised in the pool's processes (the summariser is
     single-threaded and streams, so a process holds a couple of hundred MB whatever the trace size)."""
@@ -337,7 +334,7 @@ def _summaries(
         with ThreadPoolExecutor(cores, thread_name_prefix="stepscope-decode") as decoders:
             decoding: collections.deque[Future[_Chunk]] = collections.deque()
             group: list[tuple[RankFiles, int, bytes | str]] = []
-            for got in _in_order(fetch, jobs, READ_CONCURRENCY):
+            for got in _in_order(fetch, jobs, files.store.parallel_reads):
                 on_rank(got[0].trace or got[0].summary or got[0].stacks or "")
                 group.append(got)
                 if len(group) >= COMPACT_EVERY:
