@@ -245,7 +245,7 @@ class S3Store:
             s3={"addressing_style": style},
             connect_timeout=10,
             read_timeout=60,
-            # The analysis reads thousands of summaries 16 at a time (gathering.session_files).
+            # The analysis reads thousands of summaries parallel_reads at a time (gathering.session_files).
             max_pool_connections=32,
             proxies=proxies,
             # Newer boto3 adds CRC checksums that OSS and older S3-compatible services refuse.
