@@ -224,9 +224,9 @@ def cpu_seconds(pid: int | None) -> float:
 
 
 def run_session(
-    api_client: Any, name: str, concurrency: int, port: int, s3_endpoint: str, helpers: dict[str, int | None]
+    api_client: Any, name: str, concurrency: int, port: int, s3_endpoint: str, others: dict[str, int | None]
 ) -> dict[str, Any]:
-    """One session from creation to its end; `helpers` the pids of the simulation and the API
+    """One session from creation to its end; `others` the pids of the simulation and the API
     server, whose CPU over the session is reported beside the operator's."""
     import urllib.request
 
@@ -278,7 +278,7 @@ def run_session(
                 "timeoutSeconds": 900,
             }
             t0, cpu0 = time.time(), time.process_time()
-            helpers_cpu = {what: cpu_seconds(pid) for what, pid in helpers.items()}
+            others_cpu = {what: cpu_seconds(pid) for what, pid in others.items()}
             api.create_namespaced_custom_object(
                 "stepscope.io",
                 "v1alpha1",
@@ -299,7 +299,7 @@ def run_session(
             ).get("phase") not in ("Succeeded", "Failed"):
                 time.sleep(0.5)
             t_end = time.time()
-            helpers_cpu = {what: cpu_seconds(pid) - helpers_cpu[what] for what, pid in helpers.items()}
+            others_cpu = {what: cpu_seconds(pid) - others_cpu[what] for what, pid in others.items()}
     finally:
         kube.patch_session_status = patch
         lifecycle.SessionRunner._poll = poll  # type: ignore[method-assign]
@@ -322,7 +322,7 @@ def run_session(
         "min_gap_s": min(b - a for a, b in zip(write_times, write_times[1:])),
         "status_bytes": len(json.dumps(status).encode()),
         "session_cpu": time.process_time() - cpu0,
-        "helpers_cpu": helpers_cpu,
+        "others_cpu": others_cpu,
     }
 
 
@@ -380,12 +380,12 @@ def main() -> int:
             f"setup: {args.pods} Running pods created in {time.time() - t:.1f} s; load average "
             f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
         )
-        helpers = {"simulated sidecars": sidecars.pid, "API server": server.pid}
+        others = {"simulated sidecars": sidecars.pid, "API server": server.pid}
         results = [
-            ("reference (1 at a time)", run_session(api_client, "sequential", 1, port, endpoint, helpers)),
+            ("reference (1 at a time)", run_session(api_client, "sequential", 1, port, endpoint, others)),
             (
                 f"operator ({args.concurrency} at a time)",
-                run_session(api_client, "pooled", args.concurrency, port, endpoint, helpers),
+                run_session(api_client, "pooled", args.concurrency, port, endpoint, others),
             ),
         ]
         stop.set()
@@ -406,7 +406,7 @@ def main() -> int:
             f"session {r['session_s']:.1f} s, {r['status_writes']:.0f} status writes, at least {r['min_gap_s']:.2f} s "
             f"apart; max PUTs per pod {r['max_puts_per_pod']}; final status {r['status_bytes']} bytes "
             f"({r['status_bytes'] / 32768:.2f} of the 32 KiB budget); CPU over the session: operator "
-            f"{r['session_cpu']:.1f} s, {', '.join(f'{what} {cpu:.1f} s' for what, cpu in r['helpers_cpu'].items())}"
+            f"{r['session_cpu']:.1f} s, {', '.join(f'{what} {cpu:.1f} s' for what, cpu in r['others_cpu'].items())}"
         )
     (_, reference), (_, measured) = results
     print(
