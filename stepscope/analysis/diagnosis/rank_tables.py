@@ -42,11 +42,11 @@ def _items_frame(table: pa.Table, attr: str, skip: tuple[str, ...] = ()) -> pd.D
     # function's time per step) stay Arrow's, not a Python object per row.
     frame = items.add_column(0, "rank", rank).to_pandas(split_blocks=True, types_mapper=_arrow_lists)
     for name in frame.columns[frame.dtypes == "category"]:
-        frame[name] = sorted_categories(frame[name])
+        frame[name] = _sorted_categories(frame[name])
     return frame
 
 
-def sorted_categories(column: pd.Series) -> pd.Series:
+def _sorted_categories(column: pd.Series) -> pd.Series:
     """The categorical column with its categories in text order, so that grouping and sorting by it
     order rows as they would its texts."""
     return column.cat.reorder_categories(sorted(column.cat.categories))
@@ -267,7 +267,8 @@ def _recategorised(column: pd.Series, rename: Callable[[pd.Series], pd.Series]) 
     """A categorical column whose categories are `rename`d (several may become one text), in text order."""
     texts = rename(pd.Series(column.cat.categories))
     new_codes, categories = pd.factorize(texts, sort=True)
-    values = pd.Categorical.from_codes(new_codes[column.cat.codes.to_numpy()], categories=categories)
+    codes = column.cat.codes.to_numpy()
+    values = pd.Categorical.from_codes(np.where(codes >= 0, new_codes[codes], -1), categories=categories)  # -1: null
     return pd.Series(values, index=column.index, name=column.name)
 
 
