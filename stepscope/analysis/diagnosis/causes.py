@@ -97,7 +97,7 @@ def frames(tables: RankTables) -> pd.DataFrame:
     if f.empty:
         return pd.DataFrame(columns=["rank", "frame", "depth", "stack", "usPerStep", "calls"])
     f = f[(f["thread"] == MAIN_THREAD) & ~f["stack"].str.contains(PEER_WAIT)]
-    steps = f["rank"].map(tables.ranks.set_index("rank")["steps"].clip(lower=1)).to_numpy(dtype=float)
+    steps = tables.step_counts(f["rank"].to_numpy())
     exploded = pd.DataFrame(
         {
             "rank": f["rank"].to_numpy(),
@@ -229,7 +229,7 @@ def thread_cause(tables: RankTables, rank: int) -> Cause | None:
     if f.empty or rank not in set(f["rank"]):
         return None
     f = _thread_python(tables)
-    steps = f["rank"].map(tables.ranks.set_index("rank")["steps"].clip(lower=1)).to_numpy(dtype=float)
+    steps = tables.step_counts(f["rank"].to_numpy())
     ranks = sorted(int(r) for r in tables.ranks["rank"])
     per = (
         (f["exclusiveUs"] / steps)

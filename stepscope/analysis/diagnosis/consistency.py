@@ -52,7 +52,7 @@ def _one_time(f: Finding, tables: RankTables) -> bool:
         return False
     rt = tables.runtime
     rows = rt[(rt["name"] == f.data["kind"]) & rt["rank"].isin(f.ranks)]
-    steps = tables.ranks.set_index("rank")["steps"].clip(lower=1).reindex(rows["rank"]).to_numpy()
+    steps = tables.step_counts(rows["rank"].to_numpy())
     count = rows["count"].to_numpy()
     return bool(len(rows)) and bool(((count <= steps) | (rows["sumUs"].to_numpy() >= SETUP_CALL_US * count)).all())
 

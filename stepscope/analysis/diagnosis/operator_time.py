@@ -106,7 +106,7 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
         return None
     # Which of its operators carry the excess, and whether its peers run them with the same shapes.
     by_name = ops.groupby(["name", "rank"])["sumUs"].sum().unstack("rank").reindex(columns=ranks).fillna(0.0)
-    counts = tables.ranks.set_index("rank")["steps"].clip(lower=1).reindex(ranks).to_numpy(dtype=float)
+    counts = tables.step_counts(np.asarray(ranks))
     by_name = by_name / counts
     name_excess = by_name[rank] - by_name.drop(columns=[rank]).median(axis=1)
     operator = str(name_excess.idxmax())

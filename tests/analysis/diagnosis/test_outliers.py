@@ -1,4 +1,4 @@
-"""The robust outlier helpers against their definitions, on ties and all sizes of a job."""
+"""The robust outlier functions against their definitions, on ties and all sizes of a job."""
 
 from __future__ import annotations
 
