@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "e") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "f") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -593,6 +593,129 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "1024", "--batch-size", "64"),
             held_aside="e",
+        ),
+        # Held aside (set f): throttles of 5 and 8 of 10 ms on other model sizes and positions, batches 2x
+        # and 3x, a GIL thread at half its period, a blocking cost every 4th and a computing one every
+        # 2nd step, other functions and positions, two slow ranks (helpers and a sleep), and a healthy
+        # job of another size; 2 to 4 ranks.
+        Scenario(
+            "slow-host-f5",
+            "the middle rank's CPU is stopped 5 ms of every 10 ms (hidden 704, batch 80)",
+            "host",
+            slow_ms=5.0,
+            causes=("same shapes",),
+            extra=("--hidden", "704", "--batch-size", "80"),
+            held_aside="f",
+        ),
+        Scenario(
+            "slow-host-f8",
+            "rank 0's CPU is stopped 8 ms of every 10 ms (hidden 640, batch 72)",
+            "host",
+            slow_ms=8.0,
+            causes=("same shapes",),
+            where="first",
+            extra=("--hidden", "640", "--batch-size", "72"),
+            held_aside="f",
+        ),
+        Scenario(
+            "uneven-batches-f2",
+            "the last rank's batches are 2x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="last",
+            extra=("--hidden", "960", "--batch-factor", "2"),
+            held_aside="f",
+        ),
+        Scenario(
+            "uneven-batches-f3",
+            "rank 0's batches are 3x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="first",
+            extra=("--hidden", "1152", "--batch-factor", "3"),
+            held_aside="f",
+        ),
+        Scenario(
+            "gil-thread-f",
+            "a telemetry thread of the middle rank compresses samples in pure Python 35 ms of every 70 ms "
+            "(compress_telemetry)",
+            "thread",
+            slow_ms=35.0,
+            causes=("compress_telemetry",),
+            requires=("thread",),
+            extra=("--period-ms", "70", "--fault-function", "compress_telemetry"),
+            held_aside="f",
+        ),
+        Scenario(
+            "periodic-checkpoint-f",
+            "every 4th step the second rank blocks 120 ms in save_checkpoint",
+            "periodic",
+            slow_ms=120.0,
+            causes=("save_checkpoint",),
+            requires=("every 4",),
+            where="second",
+            extra=("--every-steps", "4", "--fault-function", "save_checkpoint"),
+            held_aside="f",
+        ),
+        Scenario(
+            "periodic-vocab-f",
+            "every 2nd step the last rank computes 70 ms in rebuild_vocab",
+            "periodic",
+            slow_ms=70.0,
+            causes=("rebuild_vocab",),
+            requires=("every 2",),
+            where="last",
+            extra=("--every-steps", "2", "--fault-function", "rebuild_vocab"),
+            held_aside="f",
+        ),
+        Scenario(
+            "mix-samples-f",
+            "the last rank computes 30 ms a step in mix_samples",
+            "cpu",
+            slow_ms=30.0,
+            causes=("mix_samples",),
+            where="last",
+            extra=("--fault-function", "mix_samples"),
+            held_aside="f",
+        ),
+        Scenario(
+            "side-inputs-f",
+            "rank 0 blocks 35 ms a step in load_side_inputs",
+            "sleep",
+            slow_ms=35.0,
+            causes=("load_side_inputs",),
+            where="first",
+            extra=("--fault-function", "load_side_inputs"),
+            held_aside="f",
+        ),
+        Scenario(
+            "python-heavy-f",
+            "every rank makes 4,000 small calls a step; the middle rank also spends 22 ms a step in "
+            "canonicalize_tokens, tens of thousands of tiny calls",
+            "calls",
+            slow_ms=22.0,
+            causes=("canonicalize_tokens",),
+            extra=("--python-calls", "4000", "--fault-function", "canonicalize_tokens"),
+            held_aside="f",
+        ),
+        Scenario(
+            "two-slow-f",
+            "the second rank computes 35 ms a step in augment_with_helpers, the last rank blocks 30 ms in "
+            "fetch_remote_features",
+            "helpers",
+            slow_ms=35.0,
+            causes=("augment_with_helpers",),
+            where="second",
+            second=Second("sleep", 30.0, ("fetch_remote_features",), "last"),
+            min_ranks=3,
+            held_aside="f",
+        ),
+        Scenario(
+            "healthy-f",
+            "no fault, another model size (hidden 768, batch 48)",
+            None,
+            extra=("--hidden", "768", "--batch-size", "48"),
+            held_aside="f",
         ),
     )
 }
