@@ -54,6 +54,8 @@ MORE_STEPS = 2 * FULL_STEPS
 # torch's own code: a frame there (forward, backward, a module's call) is stretched by slower
 # operators rather than the cause itself.
 TORCH_CODE = r"(?:^|[\\/])torch[\\/]|^nn\.Module: |^<built-in|^<method "
+# The phase of an operators cause whose inputs are larger than its peers' (uneven shards or batches).
+LARGER_INPUTS = "larger inputs"
 # The collectives contradict a cause when even the top of their gap's noise band (this many
 # standard errors above its mean over the steps) is below half of what the cause costs.
 NOISE_BAND = 2.0
@@ -113,7 +115,7 @@ def _operators(ops: OperatorCause) -> Cause:
     return Cause(
         frame=ops.operator,
         inner="",
-        phase="operators",
+        phase=LARGER_INPUTS if ops.larger else "operators",
         excessUsPerStep=ops.excessUsPerStep,
         usPerStep=ops.usPerStep,
         peersUsPerStep=ops.peersUsPerStep,
@@ -221,6 +223,11 @@ def _steady_or_pattern(
     steps only but in a pattern (every Nth step): such a cause holds in every step, as its pattern
     says, and is told with the time of the steps it hits against the others'."""
     if cause.kind == "operators":
+        # Larger inputs are in the shapes of every step, which no load of the machine changes: the
+        # typical excess says what they cost, and the steps in which the load slowed a peer's
+        # operators as much do not make them any less the rank's own work.
+        if cause.phase == LARGER_INPUTS:
+            return len(steps), cause
         slower = _steady_operators(tables, rank, steps)
         # One step of more than three the other way is the machine's noise, not a faster rank.
         return (len(steps) if len(steps) > 3 and slower >= len(steps) - 1 else slower), cause
@@ -240,6 +247,11 @@ def _steady_or_pattern(
         .median(axis=1)
     )
     hit, rest = float(durations[found.hits].mean()), float(durations[~found.hits].mean())
+    # A cost of its pattern lengthens the steps it hits (its peers wait for it there): hit steps
+    # that take no longer (by STEADY of their excess) than the others are the machine's noise
+    # falling into a period by chance, which the job did not wait for.
+    if hit - rest < STEADY * float(excess[found.hits].mean()):
+        return steady, cause
     detail = (
         f"{found.text()} it spends {ms(float(excess[found.hits].mean()))} more than its peers in {cause.text()} "
         f"({ms(cause.excessUsPerStep)}/step on average); those steps take {ms(hit)}, the others {ms(rest)}"
