@@ -132,15 +132,19 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
     )
     inputs = float(work[rank]) - float(work.drop(rank).median())
     larger = known and not same and f"{operator}\0{shapes}" not in others and inputs > 0
-    ratio = float(np.median(mine)) / max(float(np.median(peers)), 1e-9)
+    # Its typical step against its peers': the median of each step's difference, not of each side
+    # (operators a few ms long swing 3x from step to step on a loaded machine, on every rank, and
+    # the medians of the two sides then fall in different steps).
+    peers_us = float(np.median(peers))
+    ratio = (peers_us + typical) / max(peers_us, 1e-9)
     # Smaller inputs that take longer are neither uneven shards of its own nor its peers' work run
     # slower: the operators tell nothing of it (a peer with the larger inputs may be the one).
     if (known and not same and inputs < 0) or (not larger and ratio < OPERATOR_RATIO):
         return None
     return OperatorCause(
         excessUsPerStep=typical,
-        usPerStep=float(np.median(mine)),
-        peersUsPerStep=float(np.median(peers)),
+        usPerStep=peers_us + typical,
+        peersUsPerStep=peers_us,
         stepsUs=tuple(float(e) for e in excess),
         sameShapes=same,
         shapesKnown=known,
