@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "f") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "g") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -716,6 +716,128 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "768", "--batch-size", "48"),
             held_aside="f",
+        ),
+        # Held aside (set g): throttles of 4 and 6 of 10 ms on the second and last rank, batches 2.2x
+        # and 1.6x, a GIL thread on rank 0, costs every 3rd and 4th step, other functions and
+        # positions, two slow ranks (a computation and a sleep), and a healthy job of another size.
+        Scenario(
+            "slow-host-g6",
+            "the second rank's CPU is stopped 6 ms of every 10 ms (hidden 832, batch 56)",
+            "host",
+            slow_ms=6.0,
+            causes=("same shapes",),
+            where="second",
+            extra=("--hidden", "832", "--batch-size", "56"),
+            held_aside="g",
+        ),
+        Scenario(
+            "slow-host-g4",
+            "the last rank's CPU is stopped 4 ms of every 10 ms (hidden 576, batch 112)",
+            "host",
+            slow_ms=4.0,
+            causes=("same shapes",),
+            where="last",
+            extra=("--hidden", "576", "--batch-size", "112"),
+            held_aside="g",
+        ),
+        Scenario(
+            "uneven-batches-g22",
+            "the middle rank's batches are 2.2x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            extra=("--hidden", "1024", "--batch-factor", "2.2"),
+            held_aside="g",
+        ),
+        Scenario(
+            "uneven-batches-g16",
+            "the second rank's batches are 1.6x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="second",
+            extra=("--hidden", "1280", "--batch-factor", "1.6"),
+            held_aside="g",
+        ),
+        Scenario(
+            "gil-thread-g",
+            "a feature-flag thread of rank 0 parses flags in pure Python 28 ms of every 60 ms (sync_feature_flags)",
+            "thread",
+            slow_ms=28.0,
+            causes=("sync_feature_flags",),
+            requires=("thread",),
+            where="first",
+            extra=("--period-ms", "60", "--fault-function", "sync_feature_flags"),
+            held_aside="g",
+        ),
+        Scenario(
+            "periodic-refresh-g",
+            "every 3rd step the middle rank computes 80 ms in refresh_embeddings",
+            "periodic",
+            slow_ms=80.0,
+            causes=("refresh_embeddings",),
+            requires=("every 3",),
+            extra=("--every-steps", "3", "--fault-function", "refresh_embeddings"),
+            held_aside="g",
+        ),
+        Scenario(
+            "periodic-snapshot-g",
+            "every 4th step the last rank computes 100 ms in snapshot_optimizer",
+            "periodic",
+            slow_ms=100.0,
+            causes=("snapshot_optimizer",),
+            requires=("every 4",),
+            where="last",
+            extra=("--every-steps", "4", "--fault-function", "snapshot_optimizer"),
+            held_aside="g",
+        ),
+        Scenario(
+            "prepare-features-g",
+            "the second rank computes 35 ms a step in prepare_features",
+            "cpu",
+            slow_ms=35.0,
+            causes=("prepare_features",),
+            where="second",
+            extra=("--fault-function", "prepare_features"),
+            held_aside="g",
+        ),
+        Scenario(
+            "feature-store-g",
+            "the last rank blocks 45 ms a step in await_feature_store",
+            "sleep",
+            slow_ms=45.0,
+            causes=("await_feature_store",),
+            where="last",
+            extra=("--fault-function", "await_feature_store"),
+            held_aside="g",
+        ),
+        Scenario(
+            "python-heavy-g",
+            "every rank makes 3,000 small calls a step; rank 0 also spends 25 ms a step in normalize_text, "
+            "tens of thousands of tiny calls",
+            "calls",
+            slow_ms=25.0,
+            causes=("normalize_text",),
+            where="first",
+            extra=("--python-calls", "3000", "--fault-function", "normalize_text"),
+            held_aside="g",
+        ),
+        Scenario(
+            "two-slow-g",
+            "the last rank computes 30 ms a step in prepare_features, rank 0 blocks 40 ms in await_feature_store",
+            "cpu",
+            slow_ms=30.0,
+            causes=("prepare_features",),
+            where="last",
+            second=Second("sleep", 40.0, ("await_feature_store",), "first"),
+            min_ranks=3,
+            extra=("--fault-function", "prepare_features,await_feature_store"),
+            held_aside="g",
+        ),
+        Scenario(
+            "healthy-g",
+            "no fault, another model size (hidden 896, batch 40)",
+            None,
+            extra=("--hidden", "896", "--batch-size", "40"),
+            held_aside="g",
         ),
     )
 }
