@@ -89,6 +89,26 @@ def _dominant_shapes(ops: pd.DataFrame) -> pd.Series:
     return top.set_index(["rank", "name"])["shapes"]
 
 
+def _replaces_with_larger(calls: pd.DataFrame, rank: int, peers: int) -> bool:
+    """Whether the rank runs `calls`' operator with larger shapes in place of those most of its
+    peers run: shapes no peer runs, more elements in all than its peers' calls of the shapes most
+    of them run and it does not. A rank whose shapes only add to its peers' is no such rank: the
+    summaries keep each rank's top operators, so a call that the machine's load stretched into
+    one rank's top (a 0.5 ms aten::as_strided) is a shape its peers' summaries lack, not an input
+    they do not have."""
+    key = calls["shapes"].astype(str)
+    theirs = calls["rank"] != rank
+    runners = calls[theirs].groupby(key[theirs])["rank"].nunique()
+    common = set(runners.index[2 * runners >= peers])
+    own = set(key[~theirs])
+    new = calls[~theirs & ~key.isin(set(runners.index))]
+    replaced = calls[theirs & key.isin(common - own)]
+    if new.empty or replaced.empty:
+        return False
+    elements = calls["count"] * key.map(_elements)
+    return float(elements[new.index].sum()) > float(elements[replaced.index].groupby(replaced["rank"]).sum().median())
+
+
 def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCause | None:
     """The operators' part of `rank`'s extra time over `steps` (those every rank captured); None
     when its operators take no longer than its peers' (by OPERATOR_RATIO, unless its inputs are
@@ -131,7 +151,7 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
         .fillna(0.0)
     )
     inputs = float(work[rank]) - float(work.drop(rank).median())
-    larger = known and not same and f"{operator}\0{shapes}" not in others and inputs > 0
+    larger = known and not same and inputs > 0 and _replaces_with_larger(calls, rank, len(ranks) - 1)
     # Its typical step against its peers': the median of each step's difference, not of each side
     # (operators a few ms long swing 3x from step to step on a loaded machine, on every rank, and
     # the medians of the two sides then fall in different steps).

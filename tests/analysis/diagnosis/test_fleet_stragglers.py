@@ -483,3 +483,25 @@ def test_a_slow_host_is_judged_by_its_typical_step_not_by_the_medians_of_each_si
     diagnosis, _ = diagnose(lockstep(4, steps, {1: [5_200.0] * steps}, operators=operators))
     assert [w.rank for w in diagnosis.slowWorkers] == [1], diagnosis.summary
     assert "with the same shapes" in diagnosis.summary and "slow device or host" in diagnosis.summary
+
+
+def test_a_shape_that_only_one_rank_kept_in_its_top_operators_is_no_larger_input():
+    # A healthy job: each summary keeps its rank's top operators, and on rank 2 the machine's load
+    # stretched 16 calls of aten::as_strided on a [768] tensor into them (1 ms a step). Its peers
+    # run the same calls, which their summaries left out; rank 2 replaces none of their shapes
+    # (before: "its inputs are larger ... uneven shards", more elements than theirs in all).
+    steps = 8
+    rng = np.random.default_rng(7)
+    strided = "aten::as_strided"
+    operators = {
+        r: [
+            _op(MM, SHAPES, list(rng.uniform(7_800, 8_200, steps))),
+            _op(strided, "[[598282], [], [], []]", [40.0] * steps),
+        ]
+        for r in range(4)
+    }
+    operators[0].append(_op(strided, "[[768, 64], [], [], []]", [280.0] * steps))
+    operators[2].append(_op(strided, "[[768], [], [], []]", [3_500.0] * steps))
+    diagnosis, _ = diagnose(lockstep(4, steps, {2: [3_500.0] * steps}, operators=operators))
+    assert "larger" not in diagnosis.summary and "uneven" not in diagnosis.summary, diagnosis.summary
+    assert all("uneven" not in w.cause for w in diagnosis.slowWorkers)
