@@ -34,7 +34,7 @@ from stepscope.analysis.diagnosis.causes import (
 from stepscope.analysis.diagnosis.operator_time import OPERATOR_RATIO, OperatorCause, operator_cause
 from stepscope.analysis.diagnosis.patterns import QUIET, intermittent
 from stepscope.analysis.diagnosis.rank_tables import RankTables
-from stepscope.analysis.diagnosis.slow_workers import CONFIDENT, DOUBT, MIN_GAP_SHARE, WaitVerdict
+from stepscope.analysis.diagnosis.slow_workers import CONFIDENT, DOUBT, MIN_GAP_SHARE, MIN_VOTE_COST, WaitVerdict
 from stepscope.analysis.diagnosis.wording import ms
 
 # A cause holds in a step when its excess there is at least this share of its median excess per
@@ -137,18 +137,19 @@ def _best_cause(
     the training thread gives way to a background thread that holds the GIL longer than it takes."""
     cause = find_cause(tables, rank, exploded, sampled)
     ops = operator_cause(tables, rank, steps)
-    same = (
-        ops is not None
-        and ops.sameShapes
-        and ops.shapesKnown
-        and cause is not None
-        and ops.excessUsPerStep >= 0.5 * cause.excessUsPerStep
+    carries = (
+        ops is not None and ops.shapesKnown and cause is not None and ops.excessUsPerStep >= 0.5 * cause.excessUsPerStep
     )
-    # Larger inputs also stretch the program's own per-sample functions (its Dataset's __getitem__),
-    # by less than they stretch the operators.
+    same = carries and ops is not None and ops.sameShapes
+    # Larger inputs stretch torch's frames that run them (a module's forward, with the Python that
+    # dispatches each operator) as a slower host does...
+    stretched = carries and ops is not None and ops.larger and cause is not None and not _user_frame(cause)
+    # ... and the program's own per-sample functions (its Dataset's __getitem__), by less than they
+    # stretch the operators.
     if ops is not None and (
         cause is None
         or same
+        or stretched
         or ((not _user_frame(cause) or ops.larger) and ops.excessUsPerStep >= cause.excessUsPerStep)
     ):
         cause = _operators(ops)
@@ -272,7 +273,10 @@ def _candidates(
     for rank, wait in v.waitUs.items():
         contested = wait - float(np.median([w for r, w in v.waitUs.items() if r != rank])) >= MIN_GAP_SHARE * v.stepUs
         cause = _best_cause(tables, exploded, rank, steps, sampled)
-        if cause is None or cause.excessUsPerStep < MIN_GAP_SHARE * v.stepUs:
+        # MIN_GAP_SHARE is a floor against the machine's noise, which larger inputs (shapes that
+        # replace its peers') are not: for them the floor is what is worth acting on.
+        floor = MIN_VOTE_COST if cause is not None and cause.phase == LARGER_INPUTS else MIN_GAP_SHARE
+        if cause is None or cause.excessUsPerStep < floor * v.stepUs:
             continue
         # What looks like extra time in backward on a rank that waits more is its wait there (DDP
         # waits for the gradients inside backward): no cause.
