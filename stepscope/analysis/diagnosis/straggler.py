@@ -207,6 +207,18 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cau
     return _operators(ops), waited
 
 
+def _sure_steps(v: WaitVerdict, waited: int) -> int:
+    """The steps that a slow host's waiting evidence weighs as: each step tells only which side of
+    its peers the rank falls on, and a loaded machine puts a healthy rank on the wrong side in a
+    few; together, the gap's mean and standard error over the steps say how sure it is that its
+    peers wait for it. Where even the bottom of the gap's noise band (NOISE_BAND standard errors
+    below its mean) is worth acting on (MIN_VOTE_COST of the step), the steps show it as one, all
+    of them; else those in which its peers wait longer than it does (`waited`)."""
+    assert v.rank is not None
+    mean, error = v.gap_band(v.rank)
+    return v.steps if mean - NOISE_BAND * error >= MIN_VOTE_COST * v.stepUs else waited
+
+
 def _steady_operators(tables: RankTables, rank: int, steps: pd.Index) -> int:
     """Steps in which the rank's operators take longer than its peers'. A busy machine stretches
     a step's operators by as much as a slower host does (one rank's operator time per step swung
@@ -454,7 +466,9 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         # A frame that explains next to nothing of the gap is no explanation of it.
         found = None
     agreeing = v.agreeing if host is None else host[1]
-    conf = confidence(v.share, agreeing, v.steps, 1.0 if host is not None else 0.0, True)
+    conf = confidence(
+        v.share, _sure_steps(v, agreeing) if host else agreeing, v.steps, 1.0 if host is not None else 0.0, True
+    )
     once = None if found is None or host is not None else _once(tables, exploded, v, found, steps)
     if once is not None:
         # One step is no pattern (every Nth step, or once?), but no healthy job either.
