@@ -291,12 +291,9 @@ def main() -> int:
         )
     )
     print(_totals([r for r in faulty if r.scenario in HELD_OUT], "held-out scenarios"))
-    print(
-        _totals(
-            [r for r in developed if SCENARIOS[r.scenario].held_aside],
-            "held-aside sets b, c, d (developed on since scored)",
-        )
-    )
+    scored = [r for r in developed if SCENARIOS[r.scenario].held_aside]
+    letters = ", ".join(sorted({SCENARIOS[r.scenario].held_aside for r in scored})) or "-"
+    print(_totals(scored, f"held-aside sets {letters} (developed on since scored)"))
     print(_totals(aside, f"held-aside set(s) {', '.join(HELD_ASIDE)} (not developed on)"))
     print(
         _totals(
