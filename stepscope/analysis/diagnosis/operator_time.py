@@ -68,18 +68,19 @@ class OperatorCause:
         )
 
 
-def _elements(shapes: str) -> int:
-    """The elements of all of an operator's input tensors, from the profiler's "Input Dims" text
-    (0 where it cannot be read)."""
+def _dims(shapes: str) -> list:
+    """The profiler's "Input Dims" text as a list ([] where it cannot be read)."""
     try:
         dims = json.loads(shapes) if shapes else []
     except ValueError:
-        return 0
-    tensors = (
-        [d for d in dims if isinstance(d, list) and d and all(isinstance(n, int) for n in d)]
-        if isinstance(dims, list)
-        else []
-    )
+        return []
+    return dims if isinstance(dims, list) else []
+
+
+def _elements(shapes: str) -> int:
+    """The elements of all of an operator's input tensors, from the profiler's "Input Dims" text
+    (0 where it cannot be read)."""
+    tensors = [d for d in _dims(shapes) if isinstance(d, list) and d and all(isinstance(n, int) for n in d)]
     return sum(math.prod(d) for d in tensors)
 
 
@@ -89,24 +90,38 @@ def _dominant_shapes(ops: pd.DataFrame) -> pd.Series:
     return top.set_index(["rank", "name"])["shapes"]
 
 
-def _replaces_with_larger(calls: pd.DataFrame, rank: int, peers: int) -> bool:
-    """Whether the rank runs `calls`' operator with larger shapes in place of those most of its
-    peers run: shapes no peer runs, more elements in all than its peers' calls of the shapes most
-    of them run and it does not. A rank whose shapes only add to its peers' is no such rank: the
-    summaries keep each rank's top operators, so a call that the machine's load stretched into
-    one rank's top (a 0.5 ms aten::as_strided) is a shape its peers' summaries lack, not an input
-    they do not have."""
+def _differs(a: str, b: str) -> int:
+    """In how many dimensions two shapes of one operator differ (their inputs' ranks alike), else
+    a number larger than any such count."""
+    x, y = _dims(a), _dims(b)
+    if [len(d) if isinstance(d, list) else -1 for d in x] != [len(d) if isinstance(d, list) else -1 for d in y]:
+        return 1 << 30
+    return sum(p != q for d, e in zip(x, y) if isinstance(d, list) for p, q in zip(d, e))
+
+
+def _larger_in_place(calls: pd.DataFrame, rank: int, peers: int) -> tuple[str, str] | None:
+    """Where the rank runs `calls`' operator with larger shapes in place of those most of its
+    peers run (shapes no peer runs, more elements in all than its peers' calls of the shapes most
+    of them run and it does not): its shapes it spends most time in, and the peers' shapes they
+    replace that differ from them in the fewest dimensions (a batch of 64 against one of 32, not
+    the weight gradient's shapes against the forward's). None where the rank's shapes only add
+    to its peers': the summaries keep each rank's top operators, so a call that the machine's load
+    stretched into one rank's top (a 0.5 ms aten::as_strided) is a shape its peers' summaries
+    lack, not an input they do not have."""
     key = calls["shapes"].astype(str)
     theirs = calls["rank"] != rank
     runners = calls[theirs].groupby(key[theirs])["rank"].nunique()
     common = set(runners.index[2 * runners >= peers])
-    own = set(key[~theirs])
     new = calls[~theirs & ~key.isin(set(runners.index))]
-    replaced = calls[theirs & key.isin(common - own)]
+    replaced = calls[theirs & key.isin(common - set(key[~theirs]))]
     if new.empty or replaced.empty:
-        return False
+        return None
     elements = calls["count"] * key.map(_elements)
-    return float(elements[new.index].sum()) > float(elements[replaced.index].groupby(replaced["rank"]).sum().median())
+    if float(elements[new.index].sum()) <= float(elements[replaced.index].groupby(replaced["rank"]).sum().median()):
+        return None
+    mine = str(key[new["sumUs"].idxmax()])
+    time = replaced.groupby(key[replaced.index])["sumUs"].sum()
+    return mine, min(time.index, key=lambda k: (_differs(mine, str(k)), -float(time[k])))
 
 
 def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCause | None:
@@ -151,7 +166,10 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
         .fillna(0.0)
     )
     inputs = float(work[rank]) - float(work.drop(rank).median())
-    larger = known and not same and inputs > 0 and _replaces_with_larger(calls, rank, len(ranks) - 1)
+    in_place = _larger_in_place(calls, rank, len(ranks) - 1) if known and not same and inputs > 0 else None
+    larger = in_place is not None
+    if in_place is not None:
+        shapes, peers_shapes = in_place
     # Its typical step against its peers': the median of each step's difference, not of each side
     # (operators a few ms long swing 3x from step to step on a loaded machine, on every rank, and
     # the medians of the two sides then fall in different steps).

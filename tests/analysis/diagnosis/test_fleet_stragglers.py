@@ -434,6 +434,9 @@ def test_larger_inputs_are_told_from_all_calls_of_the_operator_not_its_dominant_
     diagnosis, _ = diagnose(lockstep(3, steps, {0: [4_000.0] * steps}, operators={0: mine, 1: theirs, 2: theirs}))
     assert [w.rank for w in diagnosis.slowWorkers] == [0], diagnosis.summary
     assert "its inputs are larger" in diagnosis.summary and "uneven shards" in diagnosis.summary
+    # Its shapes told against those of its peers' they replace (the weight gradient's against
+    # theirs, not against their forward's).
+    assert "takes [[1024, 128], [128, 1024]] against [[1024, 32], [32, 1024]] on its peers" in diagnosis.summary
 
 
 def test_larger_inputs_are_named_though_the_load_hides_them_in_some_steps():
