@@ -11,7 +11,15 @@ from stepscope.analysis.diagnosis.diagnose import diagnose
 from stepscope.analysis.diagnosis.patterns import intermittent
 from stepscope.analysis.diagnosis.rank_tables import build_tables
 from stepscope.analysis.diagnosis.straggler import lost_time_shares, more_steps
-from stepscope.analysis.model import SUMMARY_VERSION, CollectiveStat, FunctionStat, OperatorStat, RankSummary, StepRow
+from stepscope.analysis.model import (
+    SUMMARY_VERSION,
+    CollectiveStat,
+    Diagnosis,
+    FunctionStat,
+    OperatorStat,
+    RankSummary,
+    StepRow,
+)
 from stepscope.contracts.wire import STACKS_DROPPED
 
 ROOT = "workload.py(300): <module> > workload.py(250): train"
@@ -99,6 +107,12 @@ def lockstep(
             )
         )
     return out
+
+
+def _named_a_slow_host(diagnosis: Diagnosis, rank: int) -> None:
+    assert [w.rank for w in diagnosis.slowWorkers] == [rank], diagnosis.summary
+    assert diagnosis.summary.startswith(f"rank {rank} holds the job back"), diagnosis.summary
+    assert "with the same shapes" in diagnosis.summary and "slow device or host" in diagnosis.summary
 
 
 def test_operators_slower_with_the_same_shapes_are_a_slow_host():
@@ -380,10 +394,7 @@ def test_a_slow_host_among_many_ranks_is_named_from_the_steps_its_peers_wait_for
     for i, r in enumerate([0, 2, 3, 0, 2]):
         extra[r][i] = 7_000.0
     slow = [_op(MM, SHAPES, [12_800.0] * 6 + [7_900.0] * 2)]
-    diagnosis, _ = diagnose(lockstep(4, steps, extra, operators={1: slow}))
-    assert [w.rank for w in diagnosis.slowWorkers] == [1], diagnosis.summary
-    assert diagnosis.summary.startswith("rank 1 holds the job back"), diagnosis.summary
-    assert "with the same shapes" in diagnosis.summary and "slow device or host" in diagnosis.summary
+    _named_a_slow_host(diagnose(lockstep(4, steps, extra, operators={1: slow}))[0], 1)
 
 
 def test_a_rank_its_peers_wait_for_in_few_steps_is_no_slow_host():
@@ -483,9 +494,7 @@ def test_a_slow_host_is_judged_by_its_typical_step_not_by_the_medians_of_each_si
         3: [12.4, 10.3, 6.8, 10.0, 11.3, 4.1, 8.6, 11.9],
     }
     operators = {r: [_op(MM, SHAPES, [1_000.0 * t for t in ms])] for r, ms in times.items()}
-    diagnosis, _ = diagnose(lockstep(4, steps, {1: [5_200.0] * steps}, operators=operators))
-    assert [w.rank for w in diagnosis.slowWorkers] == [1], diagnosis.summary
-    assert "with the same shapes" in diagnosis.summary and "slow device or host" in diagnosis.summary
+    _named_a_slow_host(diagnose(lockstep(4, steps, {1: [5_200.0] * steps}, operators=operators))[0], 1)
 
 
 def test_a_shape_that_only_one_rank_kept_in_its_top_operators_is_no_larger_input():
@@ -553,9 +562,8 @@ def test_a_slow_host_whose_peers_clearly_wait_for_it_is_named_though_a_few_steps
     extra[0][1] = extra[1][1] = extra[1][5] = extra[3][5] = 15_000.0
     slow = [_op(MM, SHAPES, [13_500.0, 7_000.0, 13_500.0, 13_500.0, 13_500.0, 7_000.0, 13_500.0, 13_500.0])]
     diagnosis, _ = diagnose(lockstep(4, steps, extra, operators={2: slow}))
-    assert [w.rank for w in diagnosis.slowWorkers] == [2], diagnosis.summary
-    assert diagnosis.summary.startswith("rank 2 holds the job back"), diagnosis.summary
-    assert "with the same shapes" in diagnosis.summary and "6 of 8" in diagnosis.summary
+    _named_a_slow_host(diagnosis, 2)
+    assert "6 of 8" in diagnosis.summary
 
 
 def test_a_rank_whose_gap_is_mostly_one_step_is_no_surer_for_it():
