@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "g") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "h") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -838,6 +838,119 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "896", "--batch-size", "40"),
             held_aside="g",
+        ),
+        # Held aside (set h): a throttle of 5 of 10 ms on the last rank and 7 on the second, batches 1.8x
+        # and 2.6x, a GIL thread on the last rank, a blocking cost every 3rd step, other functions and
+        # positions, two slow ranks (a thread and a computation), and a healthy job of another size.
+        Scenario(
+            "slow-host-h5",
+            "the last rank's CPU is stopped 5 ms of every 10 ms (hidden 672, batch 88)",
+            "host",
+            slow_ms=5.0,
+            causes=("same shapes",),
+            where="last",
+            extra=("--hidden", "672", "--batch-size", "88"),
+            held_aside="h",
+        ),
+        Scenario(
+            "slow-host-h7",
+            "the second rank's CPU is stopped 7 ms of every 10 ms (hidden 896, batch 48)",
+            "host",
+            slow_ms=7.0,
+            causes=("same shapes",),
+            where="second",
+            extra=("--hidden", "896", "--batch-size", "48"),
+            held_aside="h",
+        ),
+        Scenario(
+            "uneven-batches-h18",
+            "rank 0's batches are 1.8x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="first",
+            extra=("--hidden", "1216", "--batch-factor", "1.8"),
+            held_aside="h",
+        ),
+        Scenario(
+            "uneven-batches-h26",
+            "the middle rank's batches are 2.6x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            extra=("--hidden", "864", "--batch-factor", "2.6"),
+            held_aside="h",
+        ),
+        Scenario(
+            "gil-thread-h",
+            "a metrics thread of the last rank serialises samples in pure Python 24 ms of every 48 ms "
+            "(publish_metrics)",
+            "thread",
+            slow_ms=24.0,
+            causes=("publish_metrics",),
+            requires=("thread",),
+            where="last",
+            extra=("--period-ms", "48", "--fault-function", "publish_metrics"),
+            held_aside="h",
+        ),
+        Scenario(
+            "periodic-compact-h",
+            "every 3rd step rank 0 blocks 90 ms in compact_cache",
+            "periodic",
+            slow_ms=90.0,
+            causes=("compact_cache",),
+            requires=("every 3",),
+            where="first",
+            extra=("--every-steps", "3", "--fault-function", "compact_cache"),
+            held_aside="h",
+        ),
+        Scenario(
+            "jitter-crops-h",
+            "the middle rank computes 32 ms a step in jitter_crops",
+            "cpu",
+            slow_ms=32.0,
+            causes=("jitter_crops",),
+            extra=("--fault-function", "jitter_crops"),
+            held_aside="h",
+        ),
+        Scenario(
+            "lease-h",
+            "the second rank blocks 38 ms a step in wait_for_lease",
+            "sleep",
+            slow_ms=38.0,
+            causes=("wait_for_lease",),
+            where="second",
+            extra=("--fault-function", "wait_for_lease"),
+            held_aside="h",
+        ),
+        Scenario(
+            "python-heavy-h",
+            "every rank makes 3,500 small calls a step; the last rank also spends 20 ms a step in "
+            "tokenize_records, tens of thousands of tiny calls",
+            "calls",
+            slow_ms=20.0,
+            causes=("tokenize_records",),
+            where="last",
+            extra=("--python-calls", "3500", "--fault-function", "tokenize_records"),
+            held_aside="h",
+        ),
+        Scenario(
+            "two-slow-h",
+            "a telemetry thread of rank 0 compresses samples 25 ms of every 50 ms, the last rank computes "
+            "30 ms a step in mix_samples",
+            "thread",
+            slow_ms=25.0,
+            causes=("compress_telemetry",),
+            where="first",
+            second=Second("cpu", 30.0, ("mix_samples",), "last"),
+            min_ranks=3,
+            extra=("--period-ms", "50", "--fault-function", "compress_telemetry,mix_samples"),
+            held_aside="h",
+        ),
+        Scenario(
+            "healthy-h",
+            "no fault, another model size (hidden 640, batch 56)",
+            None,
+            extra=("--hidden", "640", "--batch-size", "56"),
+            held_aside="h",
         ),
     )
 }
