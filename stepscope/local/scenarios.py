@@ -596,7 +596,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         # Held aside (set f): throttles of 5 and 8 of 10 ms on other model sizes and positions, batches 2x
         # and 3x, a GIL thread at half its period, a blocking cost every 4th and a computing one every
-        # 2nd step, other functions and positions, two slow ranks (helpers and a sleep), and a healthy
+        # 2nd step, other functions and positions, two slow ranks (many small calls and a sleep), and a healthy
         # job of another size; 2 to 4 ranks.
         Scenario(
             "slow-host-f5",
