@@ -167,19 +167,17 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
     )
     inputs = float(work[rank]) - float(work.drop(rank).median())
     in_place = _larger_in_place(calls, rank, len(ranks) - 1) if known and not same and inputs > 0 else None
-    larger = in_place is not None
     if in_place is not None:
         shapes, peers_shapes = in_place
+    # Smaller inputs that take longer are neither uneven shards of its own nor its peers' work run
+    # slower: the operators tell nothing of it (a peer with the larger inputs may be the one).
+    if known and not same and inputs < 0:
+        return None
     # Its typical step against its peers': the median of each step's difference, not of each side
     # (operators a few ms long swing 3x from step to step on a loaded machine, on every rank, and
     # the medians of the two sides then fall in different steps).
     peers_us = float(np.median(peers))
-    ratio = (peers_us + typical) / max(peers_us, 1e-9)
-    # Smaller inputs that take longer are neither uneven shards of its own nor its peers' work run
-    # slower: the operators tell nothing of it (a peer with the larger inputs may be the one).
-    if (known and not same and inputs < 0) or (not larger and ratio < OPERATOR_RATIO):
-        return None
-    return OperatorCause(
+    cause = OperatorCause(
         excessUsPerStep=typical,
         usPerStep=peers_us + typical,
         peersUsPerStep=peers_us,
@@ -189,5 +187,6 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
         operator=operator,
         shapes=shapes,
         peersShapes=peers_shapes,
-        larger=larger,
+        larger=in_place is not None,
     )
+    return cause if cause.larger or cause.ratio >= OPERATOR_RATIO else None
