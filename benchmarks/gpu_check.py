@@ -1,18 +1,23 @@
-"""The real-GPU check of the hardware metrics, in one command on a machine with an NVIDIA GPU:
+"""The real-GPU check of the hardware metrics and the diagnosis, in one command on a machine with an
+NVIDIA GPU:
 
-    python benchmarks/gpu_check.py [--interval-us 100] [--steps 5] [--out DIR] [--native]
+    python benchmarks/gpu_check.py [--interval-us 100 --interval-us 1000] [--ranks 2] [--steps 8]
+                                   [--slow-rank 1 --slow-ms 10] [--out DIR] [--native]
     python benchmarks/gpu_check.py --simulate      # the same path on the CPU and a simulated GPU
 
-A CUDA training loop that knows nothing of stepscope runs with the agent (through the bootstrap),
-beside a sidecar that samples the GPU through real NVML; `stepscope capture --analyze` captures
-`--steps` steps with hardware metrics every `--interval-us`. Then the script prints what the
-hardware-metrics issue asks to record: the sampler's achieved rate at that interval, the metrics
-NVML returned values for, the counter tracks of the merged Perfetto trace, and the hardware
-findings, and writes them to DIR/gpu-check.json (the captured session stays in DIR/session).
-Without CUDA or NVML it says so and exits 2; --simulate runs the same path with a CPU loop and
+`--ranks` processes of benchmarks/gpu_workload.py (a DDP job over gloo that knows nothing of
+stepscope, every rank on the same GPU) run with the agent (through the bootstrap), beside a
+sidecar that samples the GPU through real NVML; for each `--interval-us`, `stepscope capture
+--analyze` captures `--steps` steps of the same ranks with hardware metrics at that interval.
+With `--slow-rank`, that rank's spin kernel runs `--slow-ms` longer each step. Per capture the
+script prints the sampler's achieved rate, the metrics NVML returned values for and those it
+refused, the merged Perfetto trace's counter tracks (events, least and greatest value), the
+hardware findings, the diagnosis and the kernels' efficiency against the device's peak, and writes
+them to DIR/gpu-check.json (the captured sessions stay in DIR/session-<interval>us).
+Without CUDA or NVML it says so and exits 2; --simulate runs the same path with CPU ranks and
 the simulated backend, to check the script where no GPU is lent. --native samples real NVML
-through the native fast tier (STEPSCOPE_NATIVE_SAMPLER=1; it is off for real NVML until such a
-run has checked it): run it once with and once without, and compare.
+through the native fast tier (STEPSCOPE_NATIVE_SAMPLER=1): run it once with and once without,
+and compare.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,27 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the simulated no
 from stepscope.analysis.loading.gpu_samples import read_metrics
 from stepscope.contracts import layout
 from stepscope.local import capture
-from stepscope.sidecar.bootstrap import install_bootstrap, training_env
+from stepscope.local.launch import LocalJob, launch_ranks
 from stepscope.sidecar.daemon import Sidecar
 from stepscope.sidecar.nvml import NvmlBackend, default_backend
 from stepscope.testing.nvml.simulated import SimulatedBackend
 
 POD = "gpu-check"
-LOOP = """
-import sys, torch
-device = sys.argv[1]
-width, batch = (512, 64) if device == "cpu" else (4096, 8192)
-model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width)).to(device)
-opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-x = torch.randn(batch, width, device=device)
-while True:
-    loss = model(x).square().mean()
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    if device != "cpu":
-        torch.cuda.synchronize()
-"""
+WORKLOAD = Path(__file__).with_name("gpu_workload.py")
 
 
 class _Said(logging.Handler):
@@ -82,27 +74,37 @@ def _cuda_ready() -> str | None:
     return None
 
 
-def _wait_for_steps(run_dir: Path, loop: subprocess.Popen, timeout_s: float) -> None:
+def _wait_for_steps(run_dir: Path, job: LocalJob, ranks: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    registry = run_dir / "agents" / "rank-0.json"
+    registries = [run_dir / "agents" / f"rank-{rank}.json" for rank in range(ranks)]
     while time.monotonic() < deadline:
-        if loop.poll() is not None:
-            raise RuntimeError(f"the training loop exited with code {loop.returncode}")
+        codes = [p.poll() for p in job.processes]
+        if any(code is not None for code in codes):
+            raise RuntimeError(f"a training rank exited (codes {codes}); its log is in {job.logs}")
         try:
-            if json.loads(registry.read_text()).get("step", 0) > 3:
+            if all(json.loads(r.read_text()).get("step", 0) > 3 for r in registries):
                 return
         except (OSError, ValueError):
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"the training loop did not register with the agent in {timeout_s:.0f} s ({registry})")
+    raise RuntimeError(f"the training ranks did not register with the agent in {timeout_s:.0f} s ({registries})")
 
 
-def _counter_tracks(session: Path) -> list[str]:
+def counter_tracks(session: Path) -> dict[str, dict[str, float]]:
+    """Per counter track of the merged trace: its events and the least and greatest value."""
     merged = session / "report" / "merged.trace.json.gz"
     if not merged.is_file():
-        return []
-    events = json.loads(gzip.decompress(merged.read_bytes())).get("traceEvents", [])
-    return sorted({e["name"] for e in events if e.get("ph") == "C"})
+        return {}
+    tracks: dict[str, dict[str, float]] = {}
+    for event in json.loads(gzip.decompress(merged.read_bytes())).get("traceEvents", []):
+        if event.get("ph") != "C":
+            continue
+        values = [v for v in (event.get("args") or {}).values() if isinstance(v, (int, float))]
+        track = tracks.setdefault(event["name"], {"count": 0, "min": float("inf"), "max": float("-inf")})
+        track["count"] += 1
+        if values:
+            track["min"], track["max"] = min(track["min"], *values), max(track["max"], *values)
+    return {name: tracks[name] for name in sorted(tracks)}
 
 
 def _rates(metrics: Any, interval_us: int) -> dict[str, dict[str, float]]:
@@ -119,6 +121,46 @@ def _rates(metrics: Any, interval_us: int) -> dict[str, dict[str, float]]:
             "ratio": round(achieved * interval_us / 1e6, 4),
         }
     return out
+
+
+def _kernel_efficiency(session: Path, top: int = 3) -> list[dict[str, Any]]:
+    """The kernels of most GPU time with FLOPs from their ops' shapes, against the device's peak."""
+    table = session / "report" / "kernel_efficiency.csv"
+    if not table.is_file():
+        return []
+    import pandas as pd
+
+    frame = pd.read_csv(table)
+    kernels = frame[(frame["Kind"] == "kernel") & (frame["FLOPs"] > 0)].sort_values("GPU Time(us)", ascending=False)
+    columns = ["Rank", "Short Name", "Dtype", "Input Dims", "TFLOP/s", "Peak TFLOP/s", "% of Roofline", "Device"]
+    return json.loads(kernels.head(top)[columns].to_json(orient="records"))
+
+
+def _capture(sidecar_url: str, key: str, session: Path, interval_us: int, steps: int) -> int:
+    os.environ["STEPSCOPE_HMAC_KEY"] = key
+    parser = argparse.ArgumentParser(prog="stepscope capture")
+    capture.add_arguments(parser)
+    arguments = ["--wait", "3", "--steps", str(steps), "--output-dir", str(session), "--analyze"]
+    arguments += ["--sidecar", sidecar_url, "--metrics-interval-us", str(interval_us), "--timeout", "300"]
+    return capture.run(parser.parse_args(arguments))
+
+
+def _read_out(session: Path, interval_us: int, sampler: list[str]) -> dict[str, Any]:
+    metrics = read_metrics(session / layout.node_metrics(POD))
+    diagnosis = json.loads((session / "report" / "diagnosis.json").read_text())
+    return {
+        "intervalUs": interval_us,
+        "rates": _rates(metrics, interval_us),
+        "metricsWithValues": sorted(
+            c for c in metrics.columns if c not in ("ts_us", "gpu") and metrics[c].notna().any()
+        ),
+        "metricsWithoutValues": sorted(c for c in metrics.columns if metrics[c].isna().all()),
+        "counterTracks": counter_tracks(session),
+        "hardwareFindings": [f["message"] for f in diagnosis["findings"] if f["category"] == "hardware"],
+        "diagnosis": [f"[{f['severity']}/{f['category']}] {f['message']}" for f in diagnosis["findings"][:8]],
+        "kernelEfficiency": _kernel_efficiency(session),
+        "sampler": [line for line in sampler if "GPU metrics" in line or "not support" in line or "NVML" in line],
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,14 +181,13 @@ def run(args: argparse.Namespace) -> int:
             return 2
         device = "cuda"
     out = (args.out or Path(tempfile.mkdtemp(prefix="stepscope-gpu-check-"))).resolve()
-    run_dir, session = out / "shared", out / "session"
+    run_dir = out / "shared"
     run_dir.mkdir(parents=True, exist_ok=True)
-    install_bootstrap(run_dir)
     said = _Said()
     logging.getLogger("stepscope.sidecar").addHandler(said)
     logging.getLogger("stepscope.sidecar").setLevel(logging.INFO)
     key = secrets.token_hex(32)
-    # This machine's GPUs are the user's: the simulated one is kept though the CPU loop names none.
+    # This machine's GPUs are the user's: the simulated one is kept though the CPU ranks name none.
     sidecar = Sidecar(
         run_dir,
         key.encode(),
@@ -157,77 +198,64 @@ def run(args: argparse.Namespace) -> int:
         poll_interval_s=0.1,
         own_every_gpu=True,
     ).start()
-    env = {**training_env(run_dir), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    loop = subprocess.Popen(
-        [sys.executable, "-c", LOOP, device], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    workload = ["--device", device, "--spin-ms", str(args.spin_ms)]
+    if args.slow_rank is not None:
+        workload += ["--slow-rank", str(args.slow_rank), "--slow-ms", str(args.slow_ms)]
+    job = launch_ranks(args.ranks, run_dir, workload, log_dir=out / "logs", workload=WORKLOAD)
+    captures, code = [], 0
     try:
-        _wait_for_steps(run_dir, loop, 120)
-        os.environ["STEPSCOPE_HMAC_KEY"] = key
-        parser = argparse.ArgumentParser(prog="stepscope capture")
-        capture.add_arguments(parser)
-        code = capture.run(
-            parser.parse_args(
-                [
-                    "--wait",
-                    "3",
-                    "--steps",
-                    str(args.steps),
-                    "--output-dir",
-                    str(session),
-                    "--analyze",
-                    "--sidecar",
-                    sidecar.url,
-                    "--metrics-interval-us",
-                    str(args.interval_us),
-                    "--timeout",
-                    "300",
-                ]
-            )
-        )
+        _wait_for_steps(run_dir, job, args.ranks, 120)
+        for interval_us in args.interval_us or [100]:
+            session, first_line = out / f"session-{interval_us}us", len(said.lines)
+            code = _capture(sidecar.url, key, session, interval_us, args.steps)
+            if code != 0:
+                print(f"gpu_check: the capture ended with code {code}; the session is in {session}", file=sys.stderr)
+                break
+            captures.append(_read_out(session, interval_us, said.lines[first_line:]))
     except RuntimeError as exc:
         print(f"gpu_check: {exc}", file=sys.stderr)
-        return 1
+        code = 1
     finally:
-        loop.terminate()
-        loop.wait(30)
+        job.terminate()
         sidecar.shutdown(5)
+        devices = backend.devices()
         backend.close()
-    if code != 0:
-        print(f"gpu_check: the capture ended with code {code}; the session is in {session}", file=sys.stderr)
-        return code
-    metrics = read_metrics(session / layout.node_metrics(POD))
-    diagnosis = json.loads((session / "report" / "diagnosis.json").read_text())
     result = {
-        "device": "simulated" if args.simulate else (backend.devices()[0].name if backend.devices() else "?"),
-        "intervalUs": args.interval_us,
-        "rates": _rates(metrics, args.interval_us),
-        "metricsWithValues": sorted(
-            c for c in metrics.columns if c not in ("ts_us", "gpu") and metrics[c].notna().any()
-        ),
-        "metricsWithoutValues": sorted(c for c in metrics.columns if metrics[c].isna().all()),
-        "counterTracks": _counter_tracks(session),
-        "hardwareFindings": [f["message"] for f in diagnosis["findings"] if f["category"] == "hardware"],
-        "sampler": [line for line in said.lines if "GPU metrics" in line or "not support" in line or "NVML" in line],
+        "device": "simulated" if args.simulate else (devices[0].name if devices else "?"),
+        "ranks": args.ranks,
+        "slowRank": args.slow_rank,
+        "slowMs": args.slow_ms if args.slow_rank is not None else 0.0,
+        "native": args.native,
+        "captures": captures,
     }
     (out / "gpu-check.json").write_text(json.dumps(result, indent=2))
-    for name, value in result.items():
-        print(f"{name}: {json.dumps(value, indent=2) if isinstance(value, (dict, list)) else value}")
-    print(f"written to {out / 'gpu-check.json'}; the captured session is in {session}")
-    return 0
+    print(json.dumps(result, indent=2))
+    print(f"written to {out / 'gpu-check.json'}; the captured sessions are in {out}")
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--interval-us", type=int, default=100, help="NVML sampling interval (default %(default)s)")
-    parser.add_argument("--steps", type=int, default=5, help="steps to capture (default %(default)s)")
+    parser.add_argument(
+        "--interval-us",
+        type=int,
+        action="append",
+        help="NVML sampling interval, one capture each (repeatable; default 100)",
+    )
+    parser.add_argument("--steps", type=int, default=8, help="steps to capture (default %(default)s)")
+    parser.add_argument("--ranks", type=int, default=2, help="training processes (default %(default)s)")
+    parser.add_argument("--spin-ms", type=float, default=1.0, help="every rank's spin kernel a step")
+    parser.add_argument("--slow-rank", type=int, default=None, help="the rank whose spin kernel runs longer")
+    parser.add_argument("--slow-ms", type=float, default=10.0, help="how much longer (default %(default)s)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: a new temporary one)")
     parser.add_argument(
-        "--simulate", action="store_true", help="CPU loop and simulated GPU: check the script without a GPU"
+        "--simulate", action="store_true", help="CPU ranks and simulated GPU: check the script without a GPU"
     )
     parser.add_argument(
         "--native", action="store_true", help="real NVML through the native fast tier (STEPSCOPE_NATIVE_SAMPLER=1)"
     )
+    # A time limit's SIGTERM ends the script through its cleanup, so that no rank keeps the GPU.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return run(parser.parse_args(argv))
 
 

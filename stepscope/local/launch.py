@@ -71,9 +71,10 @@ def launch_ranks(
     workload_args: list[str],
     extra_env: dict[str, str] | None = None,
     log_dir: Path | None = None,
+    workload: Path = WORKLOAD,
 ) -> LocalJob:
-    """Start `world_size` ranks of stepscope/local/workload.py (stdout+stderr to `log_dir`/rank-<r>.log
-    when given, else inherited)."""
+    """Start `world_size` ranks of `workload` (stepscope/local/workload.py unless another script is
+    given; stdout+stderr to `log_dir`/rank-<r>.log when given, else inherited)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     install_bootstrap(Path(stepscope_dir))
@@ -104,7 +105,7 @@ def launch_ranks(
             try:
                 processes.append(
                     subprocess.Popen(
-                        [sys.executable, str(WORKLOAD), *workload_args],
+                        [sys.executable, str(workload), *workload_args],
                         env=env,
                         stdout=out,
                         stderr=subprocess.STDOUT if out else None,
