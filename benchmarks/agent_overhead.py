@@ -3,7 +3,10 @@ interpreters without the bootstrap (reference) and with it (agent idle: request.
 present but unchanged), alternating, median of several rounds. Also what the bootstrap adds to
 the start of every Python process in the pod (`python -c pass`, which never imports torch).
 
-    .venv/bin/python benchmarks/agent_overhead.py [--steps 2000] [--rounds 60] [--repeats 3]
+    .venv/bin/python benchmarks/agent_overhead.py [--steps 2000] [--rounds 60] [--repeats 3] [--device cuda]
+
+With --device cuda the parameter lives on the GPU, so each step launches its update as a CUDA
+kernel (the CPU side of a CUDA step, which is what the agent's hook adds to).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def timed(loop: Callable[[], object], steps: int) -> float:
     return (time.perf_counter() - start) / steps * 1e6
 
 
-def child(steps: int, rounds: int) -> None:
+def child(steps: int, rounds: int, device: str) -> None:
     """Time `steps` optimizer steps of a one-parameter SGD `rounds` times; print medians (us).
     With the agent loaded, each round times its step hook on and off back to back (in random
     order), so both halves of a pair see the same machine load and the median of the pairs'
@@ -41,8 +44,8 @@ def child(steps: int, rounds: int) -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     torch.set_num_threads(1)
-    param = torch.zeros(16, requires_grad=True)
-    param.grad = torch.ones(16)
+    param = torch.zeros(16, requires_grad=True, device=device)
+    param.grad = torch.ones(16, device=device)
     optimizer = torch.optim.SGD([param], lr=0.0)
     timed(optimizer.step, 1000)
     module = sys.modules.get("stepscope_agent")
@@ -85,7 +88,7 @@ def env_without_agent() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STEPSCOPE_DIR")}
 
 
-def run_child(config: str, directory: Path, steps: int, rounds: int) -> dict:
+def run_child(config: str, directory: Path, steps: int, rounds: int, device: str) -> dict:
     env = {**env_without_agent(), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"}
     if config != "no agent":
         env.update(training_env(directory, env))
@@ -99,7 +102,7 @@ def run_child(config: str, directory: Path, steps: int, rounds: int) -> dict:
         (directory / "finished").mkdir(exist_ok=True)
         (directory / "finished" / "rank-0.state.json").write_text(json.dumps({"state": "done"}))
     out = subprocess.run(
-        [sys.executable, __file__, "--child", "--steps", str(steps), "--rounds", str(rounds)],
+        [sys.executable, __file__, "--child", "--steps", str(steps), "--rounds", str(rounds), "--device", device],
         env=env,
         capture_output=True,
         text=True,
@@ -124,10 +127,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=3, help="fresh interpreters per configuration, interleaved")
     parser.add_argument("--starts", type=int, default=30, help="interpreter starts per configuration")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the parameter lives")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.steps, args.rounds)
+        child(args.steps, args.rounds, args.device)
         return 0
     results: dict[str, list[dict]] = {c: [] for c in CONFIGS}
     with tempfile.TemporaryDirectory(prefix="stepscope-bench-") as tmp:
@@ -135,7 +139,7 @@ def main() -> int:
         install_bootstrap(directory)
         for _ in range(args.repeats):
             for config in CONFIGS:
-                results[config].append(run_child(config, directory, args.steps, args.rounds))
+                results[config].append(run_child(config, directory, args.steps, args.rounds, args.device))
         plain = env_without_agent()
         interpreter_start(plain, 3)
         start_plain, start_agent = [], []
@@ -145,7 +149,7 @@ def main() -> int:
     median = statistics.median
     reference = median(r["step_us"] for r in results["no agent"])
     print(
-        f"optimizer step (one-parameter SGD), {args.steps} steps x {args.rounds} rounds x {args.repeats} interpreters "
+        f"optimizer step (one-parameter SGD on {args.device}), {args.steps} steps x {args.rounds} rounds x {args.repeats} interpreters "
         f"(median, min in brackets):"
     )
     print(

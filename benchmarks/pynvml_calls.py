@@ -9,6 +9,12 @@ On a real GPU the driver's own time comes on top of both. The reference is the p
 (`nvmlDeviceGetFieldValues` and reading each value's union member, `nvmlDeviceGetClockInfo` twice,
 `nvmlDeviceGetCurrentClocksEventReasons`), which is what the sampler did before its reads were
 prepared once per GPU.
+
+    python benchmarks/pynvml_calls.py --real      # on a GPU: the driver's time too, and each call alone
+
+With --real both ways read the machine's first GPU through the real driver: the script checks that
+they read the same (NVML refuses the same fields; the counters agree), then times them and each
+NVML call the sampler makes, one at a time.
 """
 
 from __future__ import annotations
@@ -55,11 +61,55 @@ def per_call_us(fn: Callable[[], object], repeat: int, number: int = 20_000) -> 
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
 
 
+def _same(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    """Two rounds read moments apart agree: the same fields refused, and every value within 10 %
+    (clocks and cumulative counters move between the two reads)."""
+    return len(a) == len(b) and all(
+        (math.isnan(x) and math.isnan(y)) or abs(x - y) <= 0.1 * max(abs(x), abs(y), 1.0) for x, y in zip(a, b)
+    )
+
+
+def real(repeat: int) -> int:
+    """The round both ways and each call alone on this machine's first GPU, the driver's time included."""
+    backend = PynvmlBackend()
+    device = backend.devices()[0]
+    fields = tuple((field, scope) for _, field, scope in round_fields(device.nvlinks))
+    handle = nv.nvmlDeviceGetHandleByIndex(0)
+    prepared_read, wrapper_read = backend_round(backend, fields), wrapper_round(handle, list(fields))
+    names = ["sm_clock", "mem_clock", "reasons", *(name for name, _, _ in round_fields(device.nvlinks))]
+    print(f"{device.name}, {device.nvlinks} NVLink links, {len(fields)} fields a round")
+    print(f"  prepared: {dict(zip(names, prepared_read))}")
+    print(f"  wrappers: {dict(zip(names, wrapper_read))}")
+    print(f"  both ways read the same: {_same(prepared_read, wrapper_read)}")
+    calls: dict[str, Callable[[], object]] = {
+        "round, pynvml wrappers": lambda: wrapper_round(handle, list(fields)),
+        "round, PynvmlBackend (prepared)": lambda: backend_round(backend, fields),
+        f"nvmlDeviceGetFieldValues ({len(fields)} fields)": lambda: backend.field_values(0, fields),
+        "nvmlDeviceGetFieldValues (4 fields: PCIe, ECC)": lambda: backend.field_values(0, fields[:4]),
+        "nvmlDeviceGetClockInfo x2": lambda: backend.clocks_mhz(0),
+        "nvmlDeviceGetCurrentClocksEventReasons": lambda: backend.clock_event_reasons(0),
+        "nvmlDeviceGetPowerUsage": lambda: backend.power_w(0),
+        "nvmlDeviceGetTemperature": lambda: backend.temperature_c(0),
+        "nvmlDeviceGetMemoryInfo": lambda: backend.memory_used_bytes(0),
+        "nvmlDeviceGetUtilizationRates": lambda: backend.utilization(0),
+    }
+    for name, call in calls.items():
+        try:
+            print(f"  {name:48s} {per_call_us(call, repeat, number=500):9.2f} us")
+        except Exception as error:  # noqa: BLE001 - a refused call is a result here
+            print(f"  {name:48s} refused: {error}")
+    backend.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--links", type=int, default=4, help="NVLink links read per GPU (2 fields each)")
     parser.add_argument("--repeat", type=int, default=5, help="timing repeats (the best is kept)")
+    parser.add_argument("--real", action="store_true", help="this machine's GPU through the real driver")
     args = parser.parse_args(argv)
+    if args.real:
+        return real(args.repeat)
     fields = tuple((field, scope) for _, field, scope in round_fields(args.links))
     nv.nvmlLib = FakeNvmlLib([FakeGpu("GPU-bench", nvlinks=args.links)])
     backend = PynvmlBackend({})
