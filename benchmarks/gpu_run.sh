@@ -35,10 +35,17 @@ if command -v cc >/dev/null; then
         stepscope/testing/nvml/simulated_nvml.c
 fi
 
+# All steps end within BUDGET seconds, so that the summary is written inside the caller's limit.
+BUDGET=${BUDGET:-360}
 step() {  # step NAME SECONDS COMMAND...: runs it with a time limit, its output in $LOGS/NAME.log
     local name=$1 limit=$2
     shift 2
-    local t0=$SECONDS
+    local t0=$SECONDS left=$((BUDGET - (SECONDS - started)))
+    if [ $left -lt 15 ]; then
+        printf '%-22s skipped: the budget of %ss is spent\n' "$name" "$BUDGET" | tee -a "$LOGS/steps.txt"
+        return
+    fi
+    [ "$limit" -le $left ] || limit=$left
     timeout --kill-after=10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
     local rc=$?
     printf '%-22s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - t0))" | tee -a "$LOGS/steps.txt"
@@ -62,16 +69,16 @@ if [ $gpu = no ]; then
         --slow-rank 1 --slow-ms 20 --out "$WORK/simulated-slowed"
 else
     # The captures first: two ranks on the GPU, healthy at 100 us and 1 ms per tier, then one rank slowed.
-    step gpu_check_python 110 $PY benchmarks/gpu_check.py --interval-us 100 --interval-us 1000 --out "$WORK/python"
-    step gpu_check_native 110 $PY benchmarks/gpu_check.py --native --interval-us 100 --interval-us 1000 --out "$WORK/native"
-    step gpu_check_slowed 90 $PY benchmarks/gpu_check.py --interval-us 1000 --slow-rank 1 --slow-ms 10 --out "$WORK/slowed"
-    step analyze_healthy 40 $PY -m stepscope.cli analyze "$WORK/python/session-1000us"
-    step analyze_slowed 40 $PY -m stepscope.cli analyze "$WORK/slowed/session-1000us"
-    step nvml_sampler 40 env STEPSCOPE_NATIVE_SAMPLER=1 $PY benchmarks/nvml_sampler.py --backend nvml --seconds 2
-    step pynvml_calls 30 $PY benchmarks/pynvml_calls.py --real --repeat 3
-    step gpu_tests 100 $PY -m pytest -m gpu -p no:cacheprovider -q -rA -s \
+    step gpu_check_python 90 $PY benchmarks/gpu_check.py --interval-us 100 --interval-us 1000 --out "$WORK/python"
+    step gpu_check_native 90 $PY benchmarks/gpu_check.py --native --interval-us 100 --interval-us 1000 --out "$WORK/native"
+    step gpu_check_slowed 75 $PY benchmarks/gpu_check.py --interval-us 1000 --slow-rank 1 --slow-ms 10 --out "$WORK/slowed"
+    step analyze_healthy 30 $PY -m stepscope.cli analyze "$WORK/python/session-1000us"
+    step analyze_slowed 30 $PY -m stepscope.cli analyze "$WORK/slowed/session-1000us"
+    step nvml_sampler 35 env STEPSCOPE_NATIVE_SAMPLER=1 $PY benchmarks/nvml_sampler.py --backend nvml --seconds 2
+    step pynvml_calls 20 $PY benchmarks/pynvml_calls.py --real --repeat 3
+    step gpu_tests 75 $PY -m pytest -m gpu -p no:cacheprovider -q -rA -s \
         tests/agent/test_gpu.py tests/sidecar/nvml tests/sidecar/test_session_flow.py
-    step gpu_gemm 40 $PY benchmarks/gpu_gemm.py --out "$WORK/gemm"
+    step gpu_gemm 30 $PY benchmarks/gpu_gemm.py --out "$WORK/gemm"
     step agent_overhead_cuda 60 $PY benchmarks/agent_overhead.py --device cuda --steps 1000 --rounds 15 --repeats 1 \
         --starts 3
 fi
