@@ -13,6 +13,9 @@ FI_NVLINK_THROUGHPUT_DATA_TX = 138  # cumulative KiB per link
 FI_NVLINK_THROUGHPUT_DATA_RX = 139
 FI_PCIE_COUNT_TX_BYTES = 197  # cumulative bytes
 FI_PCIE_COUNT_RX_BYTES = 198
+# The PCIe byte counters are 32-bit and wrap (nvml.h: "Value can be wrapped"): an H100 under a
+# gloo job wraps them every few hundred ms. The analysis undoes the wraps before taking deltas.
+PCIE_COUNTER_WRAP = 1 << 32
 
 # nvmlClocksEventReason* bits (formerly ClocksThrottleReason*). Idle (0x1), application clocks
 # (0x2) and sync boost (0x10) lower clocks on purpose and do not count as throttling.

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.model import StepRow
-from stepscope.gpu_sample_file import POWER_REASONS, THERMAL_REASONS, THROTTLE_REASONS
+from stepscope.gpu_sample_file import PCIE_COUNTER_WRAP, POWER_REASONS, THERMAL_REASONS, THROTTLE_REASONS
 
 ASOF_US = 1_000_000  # a slow metric's last sample up to this long before a step stands for it
 
@@ -36,9 +36,28 @@ def counter(gpu_rows: pd.DataFrame, kind: str) -> tuple[np.ndarray, np.ndarray]:
         columns, scale = [c for c in gpu_rows.columns if c.startswith("nvlink") and c.endswith("_kib")], 1024.0
     if not columns:
         return np.empty(0), np.empty(0)
-    values = gpu_rows[columns].to_numpy()
+    values = np.column_stack([unwrapped(gpu_rows[c].to_numpy(), wraps=kind == "pcie") for c in columns])
     keep = ~np.isnan(values).all(axis=1)
-    return gpu_rows["ts_us"].to_numpy()[keep], np.nan_to_num(values[keep]).sum(axis=1) * scale
+    # A counter missing from a row holds its last value there, so that the total never drops.
+    held = pd.DataFrame(values[keep]).ffill().to_numpy()
+    return gpu_rows["ts_us"].to_numpy()[keep], np.nan_to_num(held).sum(axis=1) * scale
+
+
+def unwrapped(values: np.ndarray, wraps: bool) -> np.ndarray:
+    """A cumulative counter (NaN where not read) as it would read without going back: with `wraps`
+    a drop from a value below PCIE_COUNTER_WRAP is a 32-bit wrap and adds it; any other drop (a
+    reset) adds nothing."""
+    seen = ~np.isnan(values)
+    read = values[seen]
+    if len(read) < 2:
+        return values
+    step = np.diff(read)
+    if wraps:
+        step[(step < 0) & (read[:-1] < PCIE_COUNTER_WRAP)] += PCIE_COUNTER_WRAP
+    step[step < 0] = 0.0
+    out = values.copy()
+    out[seen] = read[0] + np.concatenate(([0.0], np.cumsum(step)))
+    return out
 
 
 @dataclass

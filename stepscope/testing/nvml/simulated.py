@@ -28,6 +28,7 @@ from stepscope.gpu_sample_file import (
     FI_NVLINK_THROUGHPUT_DATA_TX,
     FI_PCIE_COUNT_RX_BYTES,
     FI_PCIE_COUNT_TX_BYTES,
+    PCIE_COUNTER_WRAP,
     REASON_SW_POWER_CAP,
     REASON_SW_THERMAL,
 )
@@ -219,7 +220,8 @@ class SimulatedBackend:
         comm = full * self._comm_us + (within - self._compute_us if within > self._compute_us else 0.0)
         if now < self._event_us:
             sbe = dbe = 0.0
-        return list(self._layout((float(int(comm * pcie_rate)), sbe, dbe, float(int(comm * nvlink_rate)), math.nan)))
+        pcie = float(int(comm * pcie_rate) % PCIE_COUNTER_WRAP)  # 32-bit, as a real GPU's
+        return list(self._layout((pcie, sbe, dbe, float(int(comm * nvlink_rate)), math.nan)))
 
     def _field_layout(self, fields: Sequence[tuple[int, int]]) -> Callable[[tuple[float, ...]], tuple[float, ...]]:
         """Picks each asked field from (PCIe bytes, ECC SBE, ECC DBE, NVLink KiB, NaN)."""

@@ -60,7 +60,9 @@ int ss_sim_field_values(void *device, int count, field_value_t *values) {
         v->nvmlReturn = NVML_SUCCESS;
         v->valueType = 3; /* unsigned long long */
         switch (v->fieldId) {
-        case 197: case 198: v->value.ull = (unsigned long long)(comm * g->pcie_bytes_per_us); break; /* PCIe tx, rx */
+        case 197: case 198: /* PCIe tx, rx: 32-bit counters that wrap, as a real GPU's */
+            v->value.ull = (unsigned long long)(comm * g->pcie_bytes_per_us) % 4294967296ULL;
+            break;
         case 3: v->value.ull = due ? (unsigned long long)g->ecc_sbe : 0; break;
         case 4: v->value.ull = due ? (unsigned long long)g->ecc_dbe : 0; break;
         case 138: case 139: /* NVLink tx, rx of link scopeId */
