@@ -46,6 +46,7 @@ typedef struct {
     int64_t epoch_offset_ns; /* Unix ns - CLOCK_MONOTONIC ns, measured by Python */
     int64_t spin_below_ns;   /* shorter intervals spin the last stretch before each deadline */
     int64_t slow_period_ns;  /* power, temperature and memory used, in the round of every such period */
+    int64_t fields_every;    /* the field values in every such round only (the call can cost 100s of us) */
     double *ring;
     int64_t row_doubles, capacity;
     int col_clocks;          /* SM clock, memory clock, clock-event reasons in three columns from here */
@@ -119,7 +120,7 @@ static void sample_round(sampler_t *s, int slow) {
         }
         if (readable(g, READ_REASONS) && !failed(s, g, s->reasons(g->device, &reasons), READ_REASONS))
             row[s->col_clocks + 2] = (double)reasons;
-        if (s->n_fields > 0 && readable(g, READ_FIELDS) &&
+        if (s->n_fields > 0 && s->rounds % s->fields_every == 0 && readable(g, READ_FIELDS) &&
             !failed(s, g, s->field_values(g->device, s->n_fields, g->fields), READ_FIELDS)) {
             for (int f = 0; f < s->n_fields; f++)
                 if (g->fields[f].nvmlReturn == NVML_SUCCESS)

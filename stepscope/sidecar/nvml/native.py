@@ -75,6 +75,7 @@ class _Sampler(ctypes.Structure):
         ("epoch_offset_ns", ctypes.c_int64),
         ("spin_below_ns", ctypes.c_int64),
         ("slow_period_ns", ctypes.c_int64),
+        ("fields_every", ctypes.c_int64),
         ("ring", ctypes.POINTER(ctypes.c_double)),
         ("row_doubles", ctypes.c_int64),
         ("capacity", ctypes.c_int64),
@@ -147,6 +148,7 @@ class FastTier:
         fields: Sequence[tuple[int, int]],
         interval_us: int,
         slow_period_us: int,
+        fields_every: int,
         epoch_offset_ns: int,
         ring: np.ndarray,
         columns: dict[str, int],
@@ -168,7 +170,7 @@ class FastTier:
         s.power, s.temperature, s.memory = reads.power, reads.temperature, reads.memory_info
         s.gpus, s.n_gpus, s.n_fields = gpus, len(labels), len(fields)
         s.interval_ns, s.epoch_offset_ns, s.spin_below_ns = interval_us * 1000, epoch_offset_ns, SPIN_BELOW_US * 1000
-        s.slow_period_ns = slow_period_us * 1000
+        s.slow_period_ns, s.fields_every = slow_period_us * 1000, max(1, fields_every)
         s.ring = ring.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
         s.row_doubles, s.capacity = ring.shape[1], ring.shape[0]
         # The C loop writes runs of columns: clocks and reasons, the fields, power to memory used.

@@ -54,6 +54,11 @@ MIN_INTERVAL_US = 100
 SLOW_PERIOD_US = 10_000
 BUFFER_PERIOD_US = 100_000
 MAX_LATE_WAKE_NS = 150_000
+# The share of a core the counters' nvmlDeviceGetFieldValues may take: on an H100 (driver 580) one
+# call costs about 260 µs of CPU whatever the number of fields, a quarter of a core at 1 ms, so
+# where a call costs more than this share of the interval the rounds read the counters only every
+# few rounds. The counters are cumulative: reading them less often costs resolution, not bytes.
+FIELDS_CPU_SHARE = 0.02
 SLEEP_ONLY_FROM_US = 1000
 METRICS_FILE = "gpu-metrics.csv.gz"
 FLOAT_COLUMNS = ("power_w", "temperature_c")
@@ -133,6 +138,8 @@ class RecorderStats:
     cpu_s: float = 0.0  # CPU time of the sampler threads
     errors: dict[str, int] = field(default_factory=dict)
     native: bool = False  # the per-round reads ran in the native fast tier (nvml_native)
+    fields_every: int = 1  # rounds between two reads of the counters (nvmlDeviceGetFieldValues)
+    fields_call_us: float = 0.0  # what one such call cost when sampling started
 
     @property
     def asked_hz(self) -> float:
@@ -152,7 +159,8 @@ class RecorderStats:
             f"{self.rounds} rounds over {self.gpus} GPU(s) in {self.wall_s:.2f} s: {self.achieved_hz:.0f}/s of "
             f"{self.asked_hz:.0f}/s asked ({100 * self.achieved_ratio:.0f} %), {self.dropped} dropped, "
             f"sampler CPU {100 * self.cpu_s / self.wall_s if self.wall_s else 0:.1f} % of a core "
-            f"({'native fast tier' if self.native else 'Python'}), errors: {errors}"
+            f"({'native fast tier' if self.native else 'Python'}), counters every {self.fields_every} round(s) "
+            f"({self.fields_call_us:.0f} us a call), errors: {errors}"
         )
 
 
@@ -212,6 +220,8 @@ class MetricsRecorder:
         self._slot = {name: i for i, name in enumerate(self._ring_columns)}
         # A tuple, so that a backend may resolve its layout once (the simulation does).
         self._fields = tuple(self._field_list(links))
+        self.stats.fields_call_us, self.stats.fields_every = self._fields_cost()
+        self._round = 0
         backend = self.backend
         # Per GPU, the backend methods each slot (_FIELDS...) is read with; _failed() replaces a
         # method the GPU does not support, so it is asked once and the hot loop checks nothing.
@@ -294,6 +304,7 @@ class MetricsRecorder:
                 self._fields,
                 self.interval_us,
                 SLOW_PERIOD_US,
+                self.stats.fields_every,
                 self._epoch_offset_ns,
                 ring,
                 self._slot,
@@ -364,14 +375,18 @@ class MetricsRecorder:
         clock, offset, fields, no_fields = time.perf_counter_ns, self._epoch_offset_ns, self._fields, self._no_fields
         pack_into, view, row_bytes, capacity = self._pack_into, self._view, self._row_bytes, self._capacity
         rows = self._rows
+        counters = self._round % self.stats.fields_every == 0
+        self._round += 1
         for gpu, calls in self._calls:
             # Each GPU's own time, taken right before its counters are read: the throughput the
             # analysis derives from counter deltas is only as good as this pairing.
             ts_us = (clock() + offset) // 1000
-            try:
-                values = calls[_FIELDS](gpu, fields)
-            except Exception as error:  # noqa: BLE001 - a sampler thread must survive any backend bug
-                values = self._failed(calls, _FIELDS, "field_values", gpu, error, no_fields)
+            values = no_fields
+            if counters:
+                try:
+                    values = calls[_FIELDS](gpu, fields)
+                except Exception as error:  # noqa: BLE001 - a sampler thread must survive any backend bug
+                    values = self._failed(calls, _FIELDS, "field_values", gpu, error, no_fields)
             try:
                 sm, mem = calls[_CLOCKS](gpu)
             except Exception as error:  # noqa: BLE001 - as above
@@ -504,6 +519,30 @@ class MetricsRecorder:
             log.warning(message, *args)
 
     # -- output ----------------------------------------------------------------------------------
+
+    def _fields_cost(self) -> tuple[float, int]:
+        """(µs of the cheapest of three nvmlDeviceGetFieldValues calls on the first GPU, rounds
+        between two counter reads so that they stay within FIELDS_CPU_SHARE of a core)."""
+        if not self._devices or not self._fields:
+            return 0.0, 1
+        gpu, best = self._devices[0].index, math.inf
+        for _ in range(3):
+            started = time.perf_counter_ns()
+            try:
+                self.backend.field_values(gpu, self._fields)
+            except Exception:  # noqa: BLE001 - the first round counts and logs what fails
+                return 0.0, 1
+            best = min(best, (time.perf_counter_ns() - started) / 1000)
+        every = max(1, math.ceil(best / (FIELDS_CPU_SHARE * self.interval_us)))
+        if every > 1:
+            log.info(
+                "NVML sampler: nvmlDeviceGetFieldValues costs %.0f us a call here; the PCIe, NVLink and ECC counters "
+                "are read every %d rounds (%.1f ms), the clocks every round",
+                best,
+                every,
+                every * self.interval_us / 1000,
+            )
+        return best, every
 
     def _field_list(self, links: int) -> list[tuple[int, int]]:
         spec = round_fields(links)

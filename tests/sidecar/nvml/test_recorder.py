@@ -274,3 +274,47 @@ def test_real_gpu_samples_at_100_us(tmp_path: Path) -> None:
     print(recorder.stats.describe())
     print("fields NVML returned:", [c for c in frame.columns if frame[c].notna().any()])
     print("counter tracks:", sorted(tracks))
+
+
+class CostlyCounters(SimulatedBackend):
+    """A driver whose nvmlDeviceGetFieldValues costs what an H100's did (about 260 µs of CPU a call,
+    driver 580), while its clock reads cost a microsecond or two."""
+
+    def field_values(self, gpu, fields):  # type: ignore[no-untyped-def]
+        deadline = time.perf_counter_ns() + 260_000
+        while time.perf_counter_ns() < deadline:
+            pass
+        return super().field_values(gpu, fields)
+
+
+def test_costly_counters_are_read_every_few_rounds_and_the_clocks_every_round(tmp_path: Path) -> None:
+    recorder = MetricsRecorder(CostlyCounters(1, nvlinks=0), 1000, margin_s=0, native=False)
+    recorder.start()
+    time.sleep(0.6)
+    frame = read_metrics(recorder.stop(tmp_path / "gpu-metrics.csv.gz"))
+    stats = recorder.stats
+    # 260 µs a call against 2 % of a 1 ms interval: one round in 13 or more reads the counters.
+    assert stats.fields_call_us >= 250 and stats.fields_every >= 13, stats
+    clocks, counters = frame["sm_clock_mhz"].notna().sum(), frame["pcie_tx_bytes"].notna().sum()
+    assert clocks == stats.rounds and counters == pytest.approx(stats.rounds / stats.fields_every, abs=1)
+    assert f"counters every {stats.fields_every} round(s)" in stats.describe()
+    assert stats.cpu_s / stats.wall_s < 0.15  # every round's counters would cost a quarter of a core
+
+
+def test_the_native_tier_reads_the_counters_as_seldom(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepscope.sidecar.nvml import native
+    from stepscope.sidecar.nvml import recorder as recorder_module
+
+    if native.library() is None:
+        pytest.skip("the native fast tier is not built here")
+    # The simulation's counters cost a few µs: a share this small makes them as costly as an H100's.
+    monkeypatch.setattr(recorder_module, "FIELDS_CPU_SHARE", 1e-4)
+    recorder = MetricsRecorder(SimulatedBackend(1, nvlinks=0), 1000, margin_s=0)
+    recorder.start()
+    time.sleep(0.4)
+    frame = read_metrics(recorder.stop(tmp_path / "gpu-metrics.csv.gz"))
+    stats = recorder.stats
+    assert stats.native and stats.fields_every > 1, stats
+    fast = frame.dropna(subset=["sm_clock_mhz"])
+    assert len(fast) == stats.rounds
+    assert fast["pcie_tx_bytes"].notna().sum() == pytest.approx(stats.rounds / stats.fields_every, abs=1)
