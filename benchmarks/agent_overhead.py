@@ -85,7 +85,14 @@ def child(steps: int, rounds: int, device: str) -> None:
 
 
 def env_without_agent() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STEPSCOPE_DIR")}
+    """The environment without the agent: PYTHONPATH keeps the caller's entries (stepscope run from
+    its source tree, packages installed beside it) but not a bootstrap folder's."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STEPSCOPE_DIR")}
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    kept = [p for p in paths if not (Path(p) / "sitecustomize.py").is_file()]
+    if kept:
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    return env
 
 
 def run_child(config: str, directory: Path, steps: int, rounds: int, device: str) -> dict:
@@ -149,8 +156,8 @@ def main() -> int:
     median = statistics.median
     reference = median(r["step_us"] for r in results["no agent"])
     print(
-        f"optimizer step (one-parameter SGD on {args.device}), {args.steps} steps x {args.rounds} rounds x {args.repeats} interpreters "
-        f"(median, min in brackets):"
+        f"optimizer step (one-parameter SGD on {args.device}), {args.steps} steps x {args.rounds} rounds x "
+        f"{args.repeats} interpreters (median, min in brackets):"
     )
     print(
         f"  {'no agent (fresh interpreter)':30s} {reference:6.2f} us/step "
