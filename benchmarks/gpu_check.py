@@ -15,9 +15,9 @@ refused, the merged Perfetto trace's counter tracks (events, least and greatest 
 hardware findings, the diagnosis and the kernels' efficiency against the device's peak, and writes
 them to DIR/gpu-check.json (the captured sessions stay in DIR/session-<interval>us).
 Without CUDA or NVML it says so and exits 2; --simulate runs the same path with CPU ranks and
-the simulated backend, to check the script where no GPU is lent. --native samples real NVML
-through the native fast tier (STEPSCOPE_NATIVE_SAMPLER=1): run it once with and once without,
-and compare.
+the simulated backend, to check the script where no GPU is lent. Without --native the sampler
+runs in Python (STEPSCOPE_NATIVE_SAMPLER=0), with it through the native fast tier (the default
+where it is built): run it once with and once without, and compare.
 """
 
 from __future__ import annotations
@@ -164,8 +164,7 @@ def _read_out(session: Path, interval_us: int, sampler: list[str]) -> dict[str, 
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.native:
-        os.environ["STEPSCOPE_NATIVE_SAMPLER"] = "1"
+    os.environ["STEPSCOPE_NATIVE_SAMPLER"] = "1" if args.native else "0"
     backend: NvmlBackend | None
     if args.simulate:
         backend, device = SimulatedBackend(1), "cpu"
@@ -252,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         "--simulate", action="store_true", help="CPU ranks and simulated GPU: check the script without a GPU"
     )
     parser.add_argument(
-        "--native", action="store_true", help="real NVML through the native fast tier (STEPSCOPE_NATIVE_SAMPLER=1)"
+        "--native",
+        action="store_true",
+        help="sample through the native fast tier (else in Python, STEPSCOPE_NATIVE_SAMPLER=0)",
     )
     # A time limit's SIGTERM ends the script through its cleanup, so that no rank keeps the GPU.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -35,9 +35,9 @@ def pod_ip() -> str:
 
 
 def native_sampler() -> str | None:
-    """STEPSCOPE_NATIVE_SAMPLER: "0" keeps the NVML sampler in Python; "1" lets it read a real GPU
-    through the native tier too (benchmarks/gpu_check.py --native checks that path); unset, only a
-    backend that vouches for its C reads (the simulation) is read natively."""
+    """STEPSCOPE_NATIVE_SAMPLER: "0" keeps the NVML sampler in Python; otherwise a backend that offers
+    C reads (real NVML, the simulation) is read through the native tier where it is built (it ran
+    clean on an H100, benchmarks/gpu_check.py --native, docs/benchmarks.md)."""
     return os.environ.get(NATIVE_SAMPLER_ENV)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import stepscope.sidecar.nvml.native as nvml_native
 from stepscope.sidecar.nvml.api import BackendError, DeviceInfo, UtilizationKind
 from stepscope.sidecar.nvml.native import NativeReads
-from stepscope.sidecar.settings import device_visibility, native_sampler
+from stepscope.sidecar.settings import device_visibility
 
 FI_NVLINK_LINK_COUNT = 91
 _HIDDEN = {"", "none", "void", "nodevfiles", "-1"}
@@ -205,10 +205,10 @@ class PynvmlBackend:
             return reader.values()
 
     def native_reads(self) -> NativeReads | None:
-        """The driver's own C functions and device handles for the native fast tier, only with
-        STEPSCOPE_NATIVE_SAMPLER=1 until a run on a real GPU has checked that path (benchmarks/
-        gpu_check.py --native); None as well where the library under pynvml is not a C one."""
-        if native_sampler() != "1" or nvml_native.library() is None:
+        """The driver's own C functions and device handles for the native fast tier; None where it is
+        switched off (STEPSCOPE_NATIVE_SAMPLER=0) or not built, or the library under pynvml is not a
+        C one."""
+        if nvml_native.library() is None:
             return None
         if not self._clock_calls:
             return None

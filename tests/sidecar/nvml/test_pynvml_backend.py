@@ -119,7 +119,10 @@ def test_recorder_over_pynvml(install, tmp_path: Path) -> None:  # type: ignore[
     assert recorder.stats.errors == {}
     fast = frame.dropna(subset=["sm_clock_mhz"])
     assert set(fast["gpu"]) == {0, 1}
-    assert (fast["nvlink1_tx_kib"] == 10_000).all() and (fast["pcie_tx_bytes"] == 10_000_000).all()
+    # The stand-in's counter call costs tens of µs of Python: the rounds may read it every few rounds.
+    counters = fast.dropna(subset=["pcie_tx_bytes"])
+    assert len(counters) >= len(fast) / recorder.stats.fields_every - 1
+    assert (counters["nvlink1_tx_kib"] == 10_000).all() and (counters["pcie_tx_bytes"] == 10_000_000).all()
     assert frame["power_w"].dropna().eq(612.345).all()
     driver = frame[(frame["gpu"] == 0) & frame["gpu_util_pct"].notna()]
     assert list(driver["gpu_util_pct"]) == [80, 81, 82, 83, 84] and list(driver["ts_us"]) == [

@@ -57,7 +57,7 @@ def test_prepared_reads_match_pynvml_wrappers(backend: NvmlBackend) -> None:
 def test_native_tier_reads_what_the_python_tier_reads(
     backend: NvmlBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("STEPSCOPE_NATIVE_SAMPLER", "1")
+    monkeypatch.delenv("STEPSCOPE_NATIVE_SAMPLER", raising=False)  # the default reads real NVML natively
     if nvml_native.library() is None:
         pytest.skip("the native fast tier is not built here")
     frames: dict[bool, pd.DataFrame] = {}
