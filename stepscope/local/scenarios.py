@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "h") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "i") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -951,6 +951,144 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "640", "--batch-size", "56"),
             held_aside="h",
+        ),
+        # Held aside (set i): throttles of 6 of 10 ms on rank 0 and 8 on the last rank, batches 2.4x
+        # and 1.7x, a GIL thread on the middle rank, costs every 2nd and 4th step, other functions and
+        # positions, two jobs with two slow ranks (a thread and a sleep; a sleep and many small
+        # calls), and a healthy job of another size.
+        Scenario(
+            "slow-host-i6",
+            "rank 0's CPU is stopped 6 ms of every 10 ms (hidden 768, batch 64)",
+            "host",
+            slow_ms=6.0,
+            causes=("same shapes",),
+            where="first",
+            extra=("--hidden", "768", "--batch-size", "64"),
+            held_aside="i",
+        ),
+        Scenario(
+            "slow-host-i8",
+            "the last rank's CPU is stopped 8 ms of every 10 ms (hidden 512, batch 96)",
+            "host",
+            slow_ms=8.0,
+            causes=("same shapes",),
+            where="last",
+            extra=("--hidden", "512", "--batch-size", "96"),
+            held_aside="i",
+        ),
+        Scenario(
+            "uneven-batches-i24",
+            "the last rank's batches are 2.4x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="last",
+            extra=("--hidden", "896", "--batch-factor", "2.4"),
+            held_aside="i",
+        ),
+        Scenario(
+            "uneven-batches-i17",
+            "the second rank's batches are 1.7x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="second",
+            extra=("--hidden", "1088", "--batch-factor", "1.7"),
+            held_aside="i",
+        ),
+        Scenario(
+            "gil-thread-i",
+            "a logging thread of the middle rank formats records in pure Python 30 ms of every 55 ms "
+            "(flush_log_records)",
+            "thread",
+            slow_ms=30.0,
+            causes=("flush_log_records",),
+            requires=("thread",),
+            extra=("--period-ms", "55", "--fault-function", "flush_log_records"),
+            held_aside="i",
+        ),
+        Scenario(
+            "periodic-validate-i",
+            "every 2nd step the second rank computes 60 ms in validate_model, in two helpers of its own",
+            "periodic",
+            slow_ms=60.0,
+            causes=("validate_model",),
+            requires=("every 2",),
+            where="second",
+            extra=("--every-steps", "2", "--fault-function", "validate_model"),
+            held_aside="i",
+        ),
+        Scenario(
+            "periodic-holdout-i",
+            "every 4th step the last rank computes 85 ms in score_holdout, in one helper",
+            "periodic",
+            slow_ms=85.0,
+            causes=("score_holdout",),
+            requires=("every 4",),
+            where="last",
+            extra=("--every-steps", "4", "--fault-function", "score_holdout"),
+            held_aside="i",
+        ),
+        Scenario(
+            "mix-samples-i",
+            "rank 0 computes 33 ms a step in mix_samples",
+            "cpu",
+            slow_ms=33.0,
+            causes=("mix_samples",),
+            where="first",
+            extra=("--fault-function", "mix_samples"),
+            held_aside="i",
+        ),
+        Scenario(
+            "side-inputs-i",
+            "the last rank blocks 42 ms a step in load_side_inputs",
+            "sleep",
+            slow_ms=42.0,
+            causes=("load_side_inputs",),
+            where="last",
+            extra=("--fault-function", "load_side_inputs"),
+            held_aside="i",
+        ),
+        Scenario(
+            "python-heavy-i",
+            "every rank makes 4,500 small calls a step; the second rank also spends 18 ms a step in "
+            "strip_markup, tens of thousands of tiny calls",
+            "calls",
+            slow_ms=18.0,
+            causes=("strip_markup",),
+            where="second",
+            extra=("--python-calls", "4500", "--fault-function", "strip_markup"),
+            held_aside="i",
+        ),
+        Scenario(
+            "two-slow-i",
+            "a dashboard thread of the second rank renders panels 30 ms of every 60 ms, the last rank blocks "
+            "35 ms a step in wait_for_lease",
+            "thread",
+            slow_ms=30.0,
+            causes=("export_dashboard",),
+            where="second",
+            second=Second("sleep", 35.0, ("wait_for_lease",), "last"),
+            min_ranks=3,
+            extra=("--period-ms", "60", "--fault-function", "export_dashboard,wait_for_lease"),
+            held_aside="i",
+        ),
+        Scenario(
+            "two-slow-i2",
+            "rank 0 blocks 30 ms a step in await_feature_store, the middle rank spends 40 ms in augment_with_helpers",
+            "sleep",
+            slow_ms=30.0,
+            causes=("await_feature_store",),
+            where="first",
+            second=Second("helpers", 40.0, ("augment_with_helpers",), "middle"),
+            min_ranks=3,
+            extra=("--fault-function", "await_feature_store"),
+            held_aside="i",
+        ),
+        Scenario(
+            "healthy-i",
+            "no fault, another model size (hidden 512, batch 80)",
+            None,
+            extra=("--hidden", "512", "--batch-size", "80"),
+            held_aside="i",
         ),
     )
 }
