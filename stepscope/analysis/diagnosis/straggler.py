@@ -75,7 +75,8 @@ class Straggler:
     waitNames: int | None  # the rank the waiting evidence alone points at
     askSteps: int = 0  # steps to capture to know, where the evidence itself asks for more than more_steps
     # Further ranks that hold the others back, each with its own cause, largest cost first (their
-    # costUsPerStep: the cause's excess; no more than the named rank's).
+    # costUsPerStep: the cause's excess, a thread's: its peers' wait for it; no more than the named
+    # rank's).
     others: list[Straggler] = field(default_factory=list)
 
 
@@ -331,12 +332,18 @@ def _others(
     for rank, cause, steady, contested in candidates[1:]:
         if contested:
             continue
+        cost = cause.excessUsPerStep
         if comparable:
             if not healthy:
                 continue
             gaps = v.perStepUs[healthy].median(axis=1).to_numpy(dtype=float) - v.perStepUs[rank].to_numpy(dtype=float)
             error = float(gaps.std(ddof=1) / np.sqrt(len(gaps))) if len(gaps) > 1 else float("inf")
-            if not (gaps.mean() > 0 and gaps.mean() + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep):
+            mean = float(gaps.mean())
+            # A thread of its own in every step needs no more than that its peers wait for it at
+            # all (as for the first rank), and costs them what they wait, not its thread's time.
+            if mean > 0 and _thread_in_every_step(tables, rank, cause, v.commonSteps):
+                cost = min(cost, mean)
+            elif not (mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep):
                 continue
         conf = confidence(cause.excessUsPerStep / v.stepUs if v.stepUs else 0.0, steady, v.steps, 1.0, True)
         if conf >= CONFIDENT:
@@ -347,7 +354,7 @@ def _others(
                     cause=cause,
                     confidence=conf,
                     gapUsPerStep=0.0,
-                    costUsPerStep=cause.excessUsPerStep,
+                    costUsPerStep=cost,
                     stepUs=v.stepUs,
                     steps=v.steps,
                     steadySteps=steady,
@@ -380,6 +387,13 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
     steps = v.commonSteps
     comparable = not sampled or set(v.waitUs) <= set(sampled) or not set(v.waitUs) & set(sampled)
     candidates = _candidates(tables, exploded, v, steps, sampled)
+    # The collectives measure what a rank costs its peers; a cause's excess is the rank's own time,
+    # and a background thread's overlaps the time its training thread runs without the GIL. Where
+    # they point at a rank with a cause of its own in at least half of the steps, that rank comes
+    # first, and the others are judged beside it.
+    first = [c for c in candidates if c[0] == v.rank and not c[3]]
+    if first and 2 * v.agreeing >= v.steps:
+        candidates = first + [c for c in candidates if c[0] != v.rank]
     if not candidates and v.rank is None:
         return Straggler(
             rank=None,
