@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "i") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "j") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -1089,6 +1089,141 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "512", "--batch-size", "80"),
             held_aside="i",
+        ),
+        # Held aside (set j): throttles of 7 of 10 ms on rank 0 and 5 on the second rank, batches 3x
+        # and 2x, a GIL thread on the last rank, costs every 3rd and 4th step, other functions and
+        # positions, two jobs with two slow ranks (a thread and a computation; a sleep and a
+        # computation), and a healthy job of another size.
+        Scenario(
+            "slow-host-j7",
+            "rank 0's CPU is stopped 7 ms of every 10 ms (hidden 960, batch 40)",
+            "host",
+            slow_ms=7.0,
+            causes=("same shapes",),
+            where="first",
+            extra=("--hidden", "960", "--batch-size", "40"),
+            held_aside="j",
+        ),
+        Scenario(
+            "slow-host-j5",
+            "the second rank's CPU is stopped 5 ms of every 10 ms (hidden 608, batch 88)",
+            "host",
+            slow_ms=5.0,
+            causes=("same shapes",),
+            where="second",
+            extra=("--hidden", "608", "--batch-size", "88"),
+            held_aside="j",
+        ),
+        Scenario(
+            "uneven-batches-j3",
+            "the middle rank's batches are 3x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            extra=("--hidden", "832", "--batch-factor", "3"),
+            held_aside="j",
+        ),
+        Scenario(
+            "uneven-batches-j2",
+            "the last rank's batches are 2x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="last",
+            extra=("--hidden", "992", "--batch-factor", "2"),
+            held_aside="j",
+        ),
+        Scenario(
+            "gil-thread-j",
+            "a feature-flag thread of the last rank parses flags in pure Python 26 ms of every 50 ms "
+            "(sync_feature_flags)",
+            "thread",
+            slow_ms=26.0,
+            causes=("sync_feature_flags",),
+            requires=("thread",),
+            where="last",
+            extra=("--period-ms", "50", "--fault-function", "sync_feature_flags"),
+            held_aside="j",
+        ),
+        Scenario(
+            "periodic-checkpoint-j",
+            "every 3rd step the second rank blocks 100 ms in save_checkpoint",
+            "periodic",
+            slow_ms=100.0,
+            causes=("save_checkpoint",),
+            requires=("every 3",),
+            where="second",
+            extra=("--every-steps", "3", "--fault-function", "save_checkpoint"),
+            held_aside="j",
+        ),
+        Scenario(
+            "periodic-evaluation-j",
+            "every 4th step the middle rank computes 90 ms in run_evaluation, three calls deep",
+            "periodic",
+            slow_ms=90.0,
+            causes=("run_evaluation",),
+            requires=("every 4",),
+            extra=("--every-steps", "4", "--fault-function", "run_evaluation"),
+            held_aside="j",
+        ),
+        Scenario(
+            "prepare-features-j",
+            "rank 0 computes 36 ms a step in prepare_features",
+            "cpu",
+            slow_ms=36.0,
+            causes=("prepare_features",),
+            where="first",
+            extra=("--fault-function", "prepare_features"),
+            held_aside="j",
+        ),
+        Scenario(
+            "remote-features-j",
+            "the second rank blocks 45 ms a step in fetch_remote_features",
+            "sleep",
+            slow_ms=45.0,
+            causes=("fetch_remote_features",),
+            where="second",
+            held_aside="j",
+        ),
+        Scenario(
+            "python-heavy-j",
+            "every rank makes 3,500 small calls a step; the middle rank also spends 21 ms a step in "
+            "normalize_text, tens of thousands of tiny calls",
+            "calls",
+            slow_ms=21.0,
+            causes=("normalize_text",),
+            extra=("--python-calls", "3500", "--fault-function", "normalize_text"),
+            held_aside="j",
+        ),
+        Scenario(
+            "two-slow-j",
+            "a metrics thread of the last rank serialises samples 28 ms of every 56 ms, rank 0 computes "
+            "32 ms a step in jitter_crops",
+            "thread",
+            slow_ms=28.0,
+            causes=("publish_metrics",),
+            where="last",
+            second=Second("cpu", 32.0, ("jitter_crops",), "first"),
+            min_ranks=3,
+            extra=("--period-ms", "56", "--fault-function", "publish_metrics,jitter_crops"),
+            held_aside="j",
+        ),
+        Scenario(
+            "two-slow-j2",
+            "the second rank blocks 40 ms a step in load_side_inputs, the last rank computes 35 ms in mix_samples",
+            "sleep",
+            slow_ms=40.0,
+            causes=("load_side_inputs",),
+            where="second",
+            second=Second("cpu", 35.0, ("mix_samples",), "last"),
+            min_ranks=3,
+            extra=("--fault-function", "load_side_inputs,mix_samples"),
+            held_aside="j",
+        ),
+        Scenario(
+            "healthy-j",
+            "no fault, another model size (hidden 704, batch 64)",
+            None,
+            extra=("--hidden", "704", "--batch-size", "64"),
+            held_aside="j",
         ),
     )
 }
