@@ -185,14 +185,16 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cau
     by that much (WaitVerdict.agreeing). A host slower at everything stretches its operators at
     least by their share of its peers' own time (the step less their wait, sleeps included) times
     the gap: operators whose typical excess falls short of that swing with the machine's load,
-    while something else (the load itself, on a rank the scheduler favours less) holds it back."""
+    while something else (the load itself, on a rank the scheduler favours less) holds it back.
+    A slower host also stands apart from its peers (_stands_apart)."""
     if v.rank is None:
         return None
     peers = v.perStepUs.drop(columns=[v.rank])
     waited = int(np.sum(peers.median(axis=1).to_numpy(dtype=float) > v.perStepUs[v.rank].to_numpy(dtype=float)))
     ops = operator_cause(tables, v.rank, steps)
     if (
-        2 * waited < v.steps
+        not _stands_apart(v, v.rank)
+        or 2 * waited < v.steps
         or ops is None
         or not (ops.sameShapes and ops.shapesKnown)
         or ops.ratio < OPERATOR_RATIO
@@ -206,6 +208,16 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cau
     if own_us <= 0 or ops.excessUsPerStep < ops.peersUsPerStep / own_us * v.gapUsPerStep:
         return None
     return _operators(ops), waited
+
+
+def _stands_apart(v: WaitVerdict, rank: int) -> bool:
+    """Whether the rank's peers wait longer for it than they differ among themselves in their mean
+    wait (twice their median absolute deviation: the difference of two peers). A slower host stands
+    apart from peers that agree; where they differ as much, the machine's scheduler spreads its
+    ranks unevenly, one faster, one slower, and no one host is slower than the others."""
+    means = v.perStepUs.drop(columns=[rank]).mean(axis=0).to_numpy(dtype=float)
+    spread = 2 * float(np.median(np.abs(means - np.median(means))))
+    return float(np.median(means)) - float(v.perStepUs[rank].mean()) > spread
 
 
 def _sure_steps(v: WaitVerdict, waited: int) -> int:
@@ -290,6 +302,10 @@ def _candidates(
         # replace its peers') are not: for them the floor is what is worth acting on.
         floor = MIN_VOTE_COST if cause is not None and cause.phase == LARGER_INPUTS else MIN_GAP_SHARE
         if cause is None or cause.excessUsPerStep < floor * v.stepUs:
+            continue
+        # Operators slower than its peers' (not larger inputs) say its host is slower: so must its
+        # peers' waits.
+        if cause.kind == "operators" and cause.phase != LARGER_INPUTS and not _stands_apart(v, rank):
             continue
         # What looks like extra time in backward on a rank that waits more is its wait there (DDP
         # waits for the gradients inside backward): no cause.

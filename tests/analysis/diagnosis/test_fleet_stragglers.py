@@ -592,3 +592,14 @@ def test_a_gil_thread_beside_a_slower_rank_is_named_second_with_what_its_peers_w
     assert [w.rank for w in diagnosis.slowWorkers] == [3, 0], diagnosis.summary
     assert "mix_samples" in workers[3].cause and "background thread in compress_telemetry" in workers[0].cause
     assert workers[3].lostMsPerStep > workers[0].lostMsPerStep > 0
+
+
+def test_a_slower_rank_whose_peers_differ_as_much_among_themselves_is_no_slow_host():
+    # A loaded machine's scheduler spreads 3 healthy ranks unevenly: rank 0 gets the least CPU (its
+    # operators take 2x, its peers wait 6 ms for it), but rank 2 gets little more, and rank 1 waits
+    # 8 ms longer than rank 2. No one host is slower than the others (before: rank 0 named).
+    steps = 8
+    rng = np.random.default_rng(4)
+    slow = [_op(MM, SHAPES, list(rng.uniform(15_800, 16_200, steps)))]
+    diagnosis, _ = diagnose(lockstep(3, steps, {0: [10_000.0] * steps, 2: [8_000.0] * steps}, operators={0: slow}))
+    assert diagnosis.slowWorkers == [] and "same shapes" not in diagnosis.summary, diagnosis.summary
