@@ -75,7 +75,8 @@ class Straggler:
     waitNames: int | None  # the rank the waiting evidence alone points at
     askSteps: int = 0  # steps to capture to know, where the evidence itself asks for more than more_steps
     # Further ranks that hold the others back, each with its own cause, largest cost first (their
-    # costUsPerStep: the cause's excess; no more than the named rank's).
+    # costUsPerStep: the cause's excess, a thread's: its peers' wait for it; no more than the named
+    # rank's).
     others: list[Straggler] = field(default_factory=list)
 
 
@@ -184,14 +185,16 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cau
     by that much (WaitVerdict.agreeing). A host slower at everything stretches its operators at
     least by their share of its peers' own time (the step less their wait, sleeps included) times
     the gap: operators whose typical excess falls short of that swing with the machine's load,
-    while something else (the load itself, on a rank the scheduler favours less) holds it back."""
+    while something else (the load itself, on a rank the scheduler favours less) holds it back.
+    A slower host also stands apart from its peers (_stands_apart)."""
     if v.rank is None:
         return None
     peers = v.perStepUs.drop(columns=[v.rank])
     waited = int(np.sum(peers.median(axis=1).to_numpy(dtype=float) > v.perStepUs[v.rank].to_numpy(dtype=float)))
     ops = operator_cause(tables, v.rank, steps)
     if (
-        2 * waited < v.steps
+        not _stands_apart(v, v.rank)
+        or 2 * waited < v.steps
         or ops is None
         or not (ops.sameShapes and ops.shapesKnown)
         or ops.ratio < OPERATOR_RATIO
@@ -205,6 +208,16 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cau
     if own_us <= 0 or ops.excessUsPerStep < ops.peersUsPerStep / own_us * v.gapUsPerStep:
         return None
     return _operators(ops), waited
+
+
+def _stands_apart(v: WaitVerdict, rank: int) -> bool:
+    """Whether the rank's peers wait longer for it than they differ among themselves in their mean
+    wait (twice their median absolute deviation: the difference of two peers). A slower host stands
+    apart from peers that agree; where they differ as much, the machine's scheduler spreads its
+    ranks unevenly, one faster, one slower, and no one host is slower than the others."""
+    means = v.perStepUs.drop(columns=[rank]).mean(axis=0).to_numpy(dtype=float)
+    spread = 2 * float(np.median(np.abs(means - np.median(means))))
+    return float(np.median(means)) - float(v.perStepUs[rank].mean()) > spread
 
 
 def _sure_steps(v: WaitVerdict, waited: int) -> int:
@@ -290,6 +303,10 @@ def _candidates(
         floor = MIN_VOTE_COST if cause is not None and cause.phase == LARGER_INPUTS else MIN_GAP_SHARE
         if cause is None or cause.excessUsPerStep < floor * v.stepUs:
             continue
+        # Operators slower than its peers' (not larger inputs) say its host is slower: so must its
+        # peers' waits.
+        if cause.kind == "operators" and cause.phase != LARGER_INPUTS and not _stands_apart(v, rank):
+            continue
         # What looks like extra time in backward on a rank that waits more is its wait there (DDP
         # waits for the gradients inside backward): no cause.
         if contested and cause.phase == "backward":
@@ -331,12 +348,18 @@ def _others(
     for rank, cause, steady, contested in candidates[1:]:
         if contested:
             continue
+        cost = cause.excessUsPerStep
         if comparable:
             if not healthy:
                 continue
             gaps = v.perStepUs[healthy].median(axis=1).to_numpy(dtype=float) - v.perStepUs[rank].to_numpy(dtype=float)
             error = float(gaps.std(ddof=1) / np.sqrt(len(gaps))) if len(gaps) > 1 else float("inf")
-            if not (gaps.mean() > 0 and gaps.mean() + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep):
+            mean = float(gaps.mean())
+            # A thread of its own in every step needs no more than that its peers wait for it at
+            # all (as for the first rank), and costs them what they wait, not its thread's time.
+            if mean > 0 and _thread_in_every_step(tables, rank, cause, v.commonSteps):
+                cost = min(cost, mean)
+            elif not (mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep):
                 continue
         conf = confidence(cause.excessUsPerStep / v.stepUs if v.stepUs else 0.0, steady, v.steps, 1.0, True)
         if conf >= CONFIDENT:
@@ -347,7 +370,7 @@ def _others(
                     cause=cause,
                     confidence=conf,
                     gapUsPerStep=0.0,
-                    costUsPerStep=cause.excessUsPerStep,
+                    costUsPerStep=cost,
                     stepUs=v.stepUs,
                     steps=v.steps,
                     steadySteps=steady,
@@ -380,6 +403,13 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
     steps = v.commonSteps
     comparable = not sampled or set(v.waitUs) <= set(sampled) or not set(v.waitUs) & set(sampled)
     candidates = _candidates(tables, exploded, v, steps, sampled)
+    # The collectives measure what a rank costs its peers; a cause's excess is the rank's own time,
+    # and a background thread's overlaps the time its training thread runs without the GIL. Where
+    # they point at a rank with a cause of its own in at least half of the steps, that rank comes
+    # first, and the others are judged beside it.
+    first = [c for c in candidates if c[0] == v.rank and not c[3]]
+    if first and 2 * v.agreeing >= v.steps:
+        candidates = first + [c for c in candidates if c[0] != v.rank]
     if not candidates and v.rank is None:
         return Straggler(
             rank=None,

@@ -575,3 +575,31 @@ def test_a_rank_whose_gap_is_mostly_one_step_is_no_surer_for_it():
     slow = [_op(MM, SHAPES, [13_500.0] * 5 + [7_000.0] * 3)]
     diagnosis, _ = diagnose(lockstep(4, steps, extra, operators={2: slow}))
     assert diagnosis.slowWorkers == [] and not diagnosis.summary.startswith("rank"), diagnosis.summary
+
+
+def test_a_gil_thread_beside_a_slower_rank_is_named_second_with_what_its_peers_wait_for_it():
+    # Rank 0's thread runs 41 ms of Python a step, but its training thread spends much of that time
+    # without the GIL: its peers wait only ~11 ms for it. Rank 3 spends 30 ms in mix_samples, which
+    # its peers wait for in full. The collectives name rank 3; the thread's larger excess used to
+    # make rank 0 the first candidate, which the collectives then contradicted ("cannot tell").
+    steps = 8
+    extra = _collectives_noise(4, steps, 0, 11_000.0)
+    extra[3] = [x + 30_000.0 for x in extra[3]]
+    thread = _fn(THREAD.replace("publish_metrics", "compress_telemetry"), [41_000.0] * steps)
+    mix = _fn(f"{ROOT} > workload.py(321): mix_samples", [30_000.0] * steps)
+    diagnosis, _ = diagnose(lockstep(4, steps, extra, functions={0: [thread], 3: [mix]}))
+    workers = {w.rank: w for w in diagnosis.slowWorkers}
+    assert [w.rank for w in diagnosis.slowWorkers] == [3, 0], diagnosis.summary
+    assert "mix_samples" in workers[3].cause and "background thread in compress_telemetry" in workers[0].cause
+    assert workers[3].lostMsPerStep > workers[0].lostMsPerStep > 0
+
+
+def test_a_slower_rank_whose_peers_differ_as_much_among_themselves_is_no_slow_host():
+    # A loaded machine's scheduler spreads 3 healthy ranks unevenly: rank 0 gets the least CPU (its
+    # operators take 2x, its peers wait 6 ms for it), but rank 2 gets little more, and rank 1 waits
+    # 8 ms longer than rank 2. No one host is slower than the others (before: rank 0 named).
+    steps = 8
+    rng = np.random.default_rng(4)
+    slow = [_op(MM, SHAPES, list(rng.uniform(15_800, 16_200, steps)))]
+    diagnosis, _ = diagnose(lockstep(3, steps, {0: [10_000.0] * steps, 2: [8_000.0] * steps}, operators={0: slow}))
+    assert diagnosis.slowWorkers == [] and "same shapes" not in diagnosis.summary, diagnosis.summary
