@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "j") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "k") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -1224,6 +1224,143 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "704", "--batch-size", "64"),
             held_aside="j",
+        ),
+        # Held aside (set k): throttles of 6 of 10 ms on the last rank and 5 on rank 0, batches 2.5x
+        # and 2x, a GIL thread on rank 0, costs every 3rd and 4th step, other functions and positions,
+        # two jobs with two slow ranks (a slower host and a thread; a computation and a sleep), and a
+        # healthy job of another size.
+        Scenario(
+            "slow-host-k6",
+            "the last rank's CPU is stopped 6 ms of every 10 ms (hidden 736, batch 72)",
+            "host",
+            slow_ms=6.0,
+            causes=("same shapes",),
+            where="last",
+            extra=("--hidden", "736", "--batch-size", "72"),
+            held_aside="k",
+        ),
+        Scenario(
+            "slow-host-k5",
+            "rank 0's CPU is stopped 5 ms of every 10 ms (hidden 896, batch 48)",
+            "host",
+            slow_ms=5.0,
+            causes=("same shapes",),
+            where="first",
+            extra=("--hidden", "896", "--batch-size", "48"),
+            held_aside="k",
+        ),
+        Scenario(
+            "uneven-batches-k25",
+            "the second rank's batches are 2.5x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="second",
+            extra=("--hidden", "928", "--batch-factor", "2.5"),
+            held_aside="k",
+        ),
+        Scenario(
+            "uneven-batches-k2",
+            "rank 0's batches are 2x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="first",
+            extra=("--hidden", "1120", "--batch-factor", "2"),
+            held_aside="k",
+        ),
+        Scenario(
+            "gil-thread-k",
+            "a telemetry thread of rank 0 compresses records in pure Python 24 ms of every 48 ms (compress_telemetry)",
+            "thread",
+            slow_ms=24.0,
+            causes=("compress_telemetry",),
+            requires=("thread",),
+            where="first",
+            extra=("--period-ms", "48", "--fault-function", "compress_telemetry"),
+            held_aside="k",
+        ),
+        Scenario(
+            "periodic-compact-k",
+            "every 4th step the middle rank blocks 120 ms in compact_cache",
+            "periodic",
+            slow_ms=120.0,
+            causes=("compact_cache",),
+            requires=("every 4",),
+            extra=("--every-steps", "4", "--fault-function", "compact_cache"),
+            held_aside="k",
+        ),
+        Scenario(
+            "periodic-embeddings-k",
+            "every 3rd step the last rank computes 70 ms in refresh_embeddings, three calls deep",
+            "periodic",
+            slow_ms=70.0,
+            causes=("refresh_embeddings",),
+            requires=("every 3",),
+            where="last",
+            extra=("--every-steps", "3", "--fault-function", "refresh_embeddings"),
+            held_aside="k",
+        ),
+        Scenario(
+            "jitter-crops-k",
+            "the second rank computes 30 ms a step in jitter_crops",
+            "cpu",
+            slow_ms=30.0,
+            causes=("jitter_crops",),
+            where="second",
+            extra=("--fault-function", "jitter_crops"),
+            held_aside="k",
+        ),
+        Scenario(
+            "wait-for-lease-k",
+            "the last rank blocks 38 ms a step in wait_for_lease",
+            "sleep",
+            slow_ms=38.0,
+            causes=("wait_for_lease",),
+            where="last",
+            extra=("--fault-function", "wait_for_lease"),
+            held_aside="k",
+        ),
+        Scenario(
+            "python-heavy-k",
+            "every rank makes 3,000 small calls a step; rank 0 also spends 24 ms a step in "
+            "canonicalize_tokens, tens of thousands of tiny calls",
+            "calls",
+            slow_ms=24.0,
+            causes=("canonicalize_tokens",),
+            where="first",
+            extra=("--python-calls", "3000", "--fault-function", "canonicalize_tokens"),
+            held_aside="k",
+        ),
+        Scenario(
+            "two-slow-k",
+            "a log thread of the last rank flushes records 28 ms of every 56 ms, rank 0's CPU is stopped "
+            "6 ms of every 10 ms",
+            "thread",
+            slow_ms=28.0,
+            causes=("flush_log_records",),
+            where="last",
+            second=Second("host", 6.0, ("same shapes",), "first"),
+            min_ranks=3,
+            extra=("--period-ms", "56", "--fault-function", "flush_log_records"),
+            held_aside="k",
+        ),
+        Scenario(
+            "two-slow-k2",
+            "rank 0 computes 34 ms a step in prepare_features, the second rank blocks 40 ms in fetch_remote_features",
+            "cpu",
+            slow_ms=34.0,
+            causes=("prepare_features",),
+            where="first",
+            second=Second("sleep", 40.0, ("fetch_remote_features",), "second"),
+            min_ranks=3,
+            extra=("--fault-function", "prepare_features,fetch_remote_features"),
+            held_aside="k",
+        ),
+        Scenario(
+            "healthy-k",
+            "no fault, another model size (hidden 832, batch 56)",
+            None,
+            extra=("--hidden", "832", "--batch-size", "56"),
+            held_aside="k",
         ),
     )
 }
