@@ -124,6 +124,17 @@ def _larger_in_place(calls: pd.DataFrame, rank: int, peers: int) -> tuple[str, s
     return mine, min(time.index, key=lambda k: (_differs(mine, str(k)), -float(time[k])))
 
 
+def _main_larger(ops: pd.DataFrame, rank: int, peers: int, theirs: pd.Series) -> str | None:
+    """The operator, of those that carry half of its peers' operator time (`theirs`: their median
+    time per step by name), to which the rank's inputs are larger than theirs (_larger_in_place);
+    None where there is none. Larger inputs to the peers' main work are the rank's extra work
+    whatever the machine's load did to each operator's time, which can put any operator at the top
+    of the rank's excess (aten::randint, 1.3x its peers', beside aten::addmm on a 2.2x batch)."""
+    order = theirs.sort_values(ascending=False, kind="stable")
+    main = order.index[: int(np.searchsorted(order.cumsum().to_numpy(), 0.5 * float(order.sum()))) + 1]
+    return next((str(n) for n in main if _larger_in_place(ops[ops["name"] == n], rank, peers) is not None), None)
+
+
 def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCause | None:
     """The operators' part of `rank`'s extra time over `steps` (those every rank captured); None
     when its operators take no longer than its peers' (by OPERATOR_RATIO, unless its inputs are
@@ -143,17 +154,19 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
     by_name = ops.groupby(["name", "rank"])["sumUs"].sum().unstack("rank").reindex(columns=ranks).fillna(0.0)
     counts = tables.step_counts(np.asarray(ranks))
     by_name = by_name / counts
-    name_excess = by_name[rank] - by_name.drop(columns=[rank]).median(axis=1)
-    operator = str(name_excess.idxmax())
+    theirs = by_name.drop(columns=[rank]).median(axis=1)
+    operator = str((by_name[rank] - theirs).idxmax())
     keys = ops["name"].astype(str) + "\0" + ops["shapes"].astype(str)
     others = set(keys[ops["rank"] != rank])
     own = ops[ops["rank"] == rank]
     shared = float(own.loc[keys[own.index].isin(others), "sumUs"].sum()) / max(float(own["sumUs"].sum()), 1e-9)
+    known, same = bool((own["shapes"] != "").any()), shared >= SAME_SHAPES
+    if known and not same:
+        operator = _main_larger(ops, rank, len(ranks) - 1, theirs) or operator
     dominant = _dominant_shapes(ops)
     peer_shapes = [str(dominant[(r, operator)]) for r in ranks if r != rank and (r, operator) in dominant.index]
     shapes = str(dominant.get((rank, operator), ""))
     peers_shapes = max(set(peer_shapes), key=peer_shapes.count) if peer_shapes else ""
-    known, same = bool((own["shapes"] != "").any()), shared >= SAME_SHAPES
     # Its inputs to that operator over all of its calls (each shape's calls times its elements: the
     # dominant shapes of an operator may be different calls of it on different ranks) against its
     # peers' median.
