@@ -477,6 +477,25 @@ def test_larger_inputs_to_the_main_work_outweigh_another_operator_the_load_stret
     assert "as its inputs are larger: aten::addmm takes [[1024], [70, 1024]" in cause, cause
 
 
+def test_larger_inputs_whose_cost_the_load_hid_are_no_healthy_job():
+    # Rank 1's batches are 1.7x its peers' ([54, 1088] against [32, 1088]), yet in these steps its
+    # operators took no longer than theirs and its peers did not wait for it (4 gloo ranks on 2
+    # loaded cores). Before: "no problem found". The shapes are in every step: it cannot tell.
+    steps = 8
+    rng = np.random.default_rng(8)
+
+    def ops(batch: int) -> list[OperatorStat]:
+        shapes = f"[[1088], [{batch}, 1088], [1088, 1088], [], []]"
+        return [_op("aten::addmm", shapes, list(rng.uniform(9_000, 9_400, steps)))]
+
+    operators = {r: ops(54 if r == 1 else 32) for r in range(4)}
+    diagnosis, _ = diagnose(lockstep(4, steps, {}, operators=operators))
+    assert not diagnosis.slowWorkers, diagnosis.summary
+    assert diagnosis.summary.startswith("cannot tell which rank holds the job back"), diagnosis.summary
+    assert "Rank 1 is the likeliest" in diagnosis.summary and "its inputs are larger" in diagnosis.summary
+    assert "capture more steps" in diagnosis.summary
+
+
 def test_larger_inputs_are_named_though_the_load_hides_them_in_some_steps():
     # Rank 0's batches are 2.5x its peers': its operators took 12.9 ms a step more by the typical
     # step but only in 6 of 8 steps (in two the machine slowed a peer's as much). Its shapes are
