@@ -181,12 +181,13 @@ def _cause_text(cause: Cause | None, stacks_dropped: bool = False) -> str:
     stacks, the agent's samples of the stack name the function, and the text says the figures are
     sampled; without samples the function cannot be told, and the text says so and what to capture
     instead (the agent's own sentence stays in the rank's warnings: the headline is one line)."""
-    if (cause is None or cause.excessUsPerStep <= 0) and stacks_dropped:
+    # (Larger inputs are told by their detail where the operators took no longer.)
+    if (cause is None or (cause.excessUsPerStep <= 0 and not cause.detail)) and stacks_dropped:
         return (
             "cannot tell what it does in that time, as the capture budget (capture.limits.maxStackEvents, see its "
             "warnings) dropped its Python stacks: capture steps: 1 with that limit raised to name the function"
         )
-    if cause is None or cause.excessUsPerStep <= 0:
+    if cause is None or (cause.excessUsPerStep <= 0 and not cause.detail):
         return (
             "no Python function of it runs longer than on its peers (the time is in operators or threads the profiler "
             "does not attribute)"

@@ -411,6 +411,9 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
     if first and 2 * v.agreeing >= v.steps:
         candidates = first + [c for c in candidates if c[0] != v.rank]
     if not candidates and v.rank is None:
+        hidden = _hidden_inputs(tables, v, steps)
+        if hidden is not None:
+            return hidden
         return Straggler(
             rank=None,
             named=False,
@@ -518,6 +521,9 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         # named, but the job is not healthy either ("no problem" read 0.77 sure of a 4-step capture
         # whose peers waited 15 ms of a 91 ms step for the slow-compute rank, 2 steps of 4 clearly).
         conf = max(conf, DOUBT)
+    hidden = _hidden_inputs(tables, v, steps) if conf < DOUBT else None
+    if hidden is not None:
+        return hidden
     return Straggler(
         rank=v.rank,
         named=conf >= CONFIDENT,
@@ -531,6 +537,32 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         waitNames=v.rank,
         askSteps=once[1] if once else 0,
     )
+
+
+def _hidden_inputs(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> Straggler | None:
+    """A rank whose inputs to its peers' main work are larger than theirs while its operators took
+    less longer than is worth acting on (MIN_VOTE_COST of the step) or no longer: uneven shards or
+    batches whose cost the machine's noise hid in these steps (4 gloo ranks on 2 cores: a 1.7x
+    batch's operators took no longer than its peers'). The shapes are in every step and no load
+    changes them, so the job is not healthy: the diagnosis cannot tell, and asks for more steps."""
+    for rank in v.waitUs:
+        ops = operator_cause(tables, rank, steps)
+        if ops is None or not ops.larger or ops.excessUsPerStep >= MIN_VOTE_COST * v.stepUs:
+            continue
+        gap = max(0.0, float(np.median([w for r, w in v.waitUs.items() if r != rank]) - v.waitUs[rank]))
+        return Straggler(
+            rank=rank,
+            named=False,
+            cause=_operators(ops),
+            confidence=DOUBT,
+            gapUsPerStep=gap,
+            costUsPerStep=gap,
+            stepUs=v.stepUs,
+            steps=v.steps,
+            steadySteps=_steady_operators(tables, rank, steps),
+            waitNames=v.rank,
+        )
+    return None
 
 
 def _once(

@@ -450,6 +450,52 @@ def test_larger_inputs_are_told_from_all_calls_of_the_operator_not_its_dominant_
     assert "takes [[1024, 128], [128, 1024]] against [[1024, 32], [32, 1024]] on its peers" in diagnosis.summary
 
 
+def test_larger_inputs_to_the_main_work_outweigh_another_operator_the_load_stretched_more():
+    # Rank 0's batches are 2.2x its peers': its aten::addmm (their main work) takes [70, 1024]
+    # where theirs take [32, 1024], yet the machine's load stretched its aten::randint (same shapes)
+    # by more than that. Before: the operator with the most excess was told, "with other input
+    # shapes than its peers'" (or, at 4 gloo ranks on 2 cores, no problem found).
+    steps = 8
+    rng = np.random.default_rng(7)
+    addmm = "aten::addmm"
+    draw = "[[], [], [], []]"
+
+    def ops(batch: int, addmm_us: float, draw_us: float) -> list[OperatorStat]:
+        return [
+            _op(
+                addmm,
+                f"[[1024], [{batch}, 1024], [1024, 1024], [], []]",
+                list(rng.uniform(0.98, 1.02, steps) * addmm_us),
+            ),
+            _op("aten::randint", draw, list(rng.uniform(0.98, 1.02, steps) * draw_us)),
+        ]
+
+    operators = {0: ops(70, 9_500.0, 4_500.0), 1: ops(32, 8_000.0, 1_000.0), 2: ops(32, 8_000.0, 1_000.0)}
+    diagnosis, _ = diagnose(lockstep(3, steps, {0: [5_000.0] * steps}, operators=operators))
+    assert [w.rank for w in diagnosis.slowWorkers] == [0], diagnosis.summary
+    cause = diagnosis.slowWorkers[0].cause
+    assert "as its inputs are larger: aten::addmm takes [[1024], [70, 1024]" in cause, cause
+
+
+def test_larger_inputs_whose_cost_the_load_hid_are_no_healthy_job():
+    # Rank 1's batches are 1.7x its peers' ([54, 1088] against [32, 1088]), yet in these steps its
+    # operators took no longer than theirs and its peers did not wait for it (4 gloo ranks on 2
+    # loaded cores). Before: "no problem found". The shapes are in every step: it cannot tell.
+    steps = 8
+    rng = np.random.default_rng(8)
+
+    def ops(batch: int) -> list[OperatorStat]:
+        shapes = f"[[1088], [{batch}, 1088], [1088, 1088], [], []]"
+        return [_op("aten::addmm", shapes, list(rng.uniform(9_000, 9_400, steps)))]
+
+    operators = {r: ops(54 if r == 1 else 32) for r in range(4)}
+    diagnosis, _ = diagnose(lockstep(4, steps, {}, operators=operators))
+    assert not diagnosis.slowWorkers, diagnosis.summary
+    assert diagnosis.summary.startswith("cannot tell which rank holds the job back"), diagnosis.summary
+    assert "Rank 1 is the likeliest" in diagnosis.summary and "its inputs are larger" in diagnosis.summary
+    assert "capture more steps" in diagnosis.summary
+
+
 def test_larger_inputs_are_named_though_the_load_hides_them_in_some_steps():
     # Rank 0's batches are 2.5x its peers': its operators took 12.9 ms a step more by the typical
     # step but only in 6 of 8 steps (in two the machine slowed a peer's as much). Its shapes are
