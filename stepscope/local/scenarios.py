@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "k") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "l") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -1361,6 +1361,142 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "832", "--batch-size", "56"),
             held_aside="k",
+        ),
+        # Held aside (set l): throttles of 6 of 10 ms on the middle rank and 5 on the last, batches 3x
+        # and 2x, a GIL thread on the middle rank, costs every 4th and 3rd step, other functions and
+        # positions, two jobs with two slow ranks (a sleep and a slower host; a thread and larger
+        # batches), and a healthy job of another size.
+        Scenario(
+            "slow-host-l6",
+            "the middle rank's CPU is stopped 6 ms of every 10 ms (hidden 672, batch 64)",
+            "host",
+            slow_ms=6.0,
+            causes=("same shapes",),
+            extra=("--hidden", "672", "--batch-size", "64"),
+            held_aside="l",
+        ),
+        Scenario(
+            "slow-host-l5",
+            "the last rank's CPU is stopped 5 ms of every 10 ms (hidden 960, batch 56)",
+            "host",
+            slow_ms=5.0,
+            causes=("same shapes",),
+            where="last",
+            extra=("--hidden", "960", "--batch-size", "56"),
+            held_aside="l",
+        ),
+        Scenario(
+            "uneven-batches-l3",
+            "the last rank's batches are 3x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="last",
+            extra=("--hidden", "768", "--batch-factor", "3"),
+            held_aside="l",
+        ),
+        Scenario(
+            "uneven-batches-l2",
+            "the second rank's batches are 2x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="second",
+            extra=("--hidden", "1056", "--batch-factor", "2"),
+            held_aside="l",
+        ),
+        Scenario(
+            "gil-thread-l",
+            "a dashboard thread of the middle rank renders panels in pure Python 30 ms of every 60 ms "
+            "(export_dashboard)",
+            "thread",
+            slow_ms=30.0,
+            causes=("export_dashboard",),
+            requires=("thread",),
+            extra=("--period-ms", "60", "--fault-function", "export_dashboard"),
+            held_aside="l",
+        ),
+        Scenario(
+            "periodic-checkpoint-l",
+            "every 4th step the last rank blocks 100 ms in save_checkpoint",
+            "periodic",
+            slow_ms=100.0,
+            causes=("save_checkpoint",),
+            requires=("every 4",),
+            where="last",
+            extra=("--every-steps", "4", "--fault-function", "save_checkpoint"),
+            held_aside="l",
+        ),
+        Scenario(
+            "periodic-vocab-l",
+            "every 3rd step rank 0 computes 80 ms in rebuild_vocab",
+            "periodic",
+            slow_ms=80.0,
+            causes=("rebuild_vocab",),
+            requires=("every 3",),
+            where="first",
+            extra=("--every-steps", "3", "--fault-function", "rebuild_vocab"),
+            held_aside="l",
+        ),
+        Scenario(
+            "mix-samples-l",
+            "the middle rank computes 32 ms a step in mix_samples",
+            "cpu",
+            slow_ms=32.0,
+            causes=("mix_samples",),
+            extra=("--fault-function", "mix_samples"),
+            held_aside="l",
+        ),
+        Scenario(
+            "feature-store-l",
+            "rank 0 blocks 40 ms a step in await_feature_store",
+            "sleep",
+            slow_ms=40.0,
+            causes=("await_feature_store",),
+            where="first",
+            extra=("--fault-function", "await_feature_store"),
+            held_aside="l",
+        ),
+        Scenario(
+            "python-heavy-l",
+            "every rank makes 3,500 small calls a step; the last rank also spends 22 ms a step in "
+            "parse_annotations, tens of thousands of tiny calls",
+            "calls",
+            slow_ms=22.0,
+            causes=("parse_annotations",),
+            where="last",
+            extra=("--python-calls", "3500", "--fault-function", "parse_annotations"),
+            held_aside="l",
+        ),
+        Scenario(
+            "two-slow-l",
+            "the second rank blocks 38 ms a step in load_side_inputs, the last rank's CPU is stopped 7 ms of "
+            "every 10 ms",
+            "sleep",
+            slow_ms=38.0,
+            causes=("load_side_inputs",),
+            where="second",
+            second=Second("host", 7.0, ("same shapes",), "last"),
+            min_ranks=3,
+            extra=("--fault-function", "load_side_inputs"),
+            held_aside="l",
+        ),
+        Scenario(
+            "two-slow-l2",
+            "a metrics thread of the last rank publishes 28 ms of every 56 ms, rank 0's batches are 2.5x its peers'",
+            "thread",
+            slow_ms=28.0,
+            causes=("publish_metrics",),
+            where="last",
+            second=Second("batch", 40.0, ("larger", "uneven"), "first"),
+            min_ranks=3,
+            extra=("--period-ms", "56", "--fault-function", "publish_metrics", "--batch-factor", "2.5"),
+            held_aside="l",
+        ),
+        Scenario(
+            "healthy-l",
+            "no fault, another model size (hidden 608, batch 72)",
+            None,
+            extra=("--hidden", "608", "--batch-size", "72"),
+            held_aside="l",
         ),
     )
 }
