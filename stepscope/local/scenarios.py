@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "l") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "m") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -1497,6 +1497,141 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "608", "--batch-size", "72"),
             held_aside="l",
+        ),
+        # Held aside (set m): throttles of 7 of 10 ms on the second rank and 6 on rank 0, batches 2.5x
+        # and 3x, a GIL thread on the last rank, costs every 3rd and 4th step, other functions and
+        # positions, two jobs with two slow ranks (a computation and a slower host; a sleep and a
+        # thread), and a healthy job of another size.
+        Scenario(
+            "slow-host-m7",
+            "the second rank's CPU is stopped 7 ms of every 10 ms (hidden 864, batch 40)",
+            "host",
+            slow_ms=7.0,
+            causes=("same shapes",),
+            where="second",
+            extra=("--hidden", "864", "--batch-size", "40"),
+            held_aside="m",
+        ),
+        Scenario(
+            "slow-host-m6",
+            "rank 0's CPU is stopped 6 ms of every 10 ms (hidden 640, batch 104)",
+            "host",
+            slow_ms=6.0,
+            causes=("same shapes",),
+            where="first",
+            extra=("--hidden", "640", "--batch-size", "104"),
+            held_aside="m",
+        ),
+        Scenario(
+            "uneven-batches-m25",
+            "the middle rank's batches are 2.5x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            extra=("--hidden", "1000", "--batch-factor", "2.5"),
+            held_aside="m",
+        ),
+        Scenario(
+            "uneven-batches-m3",
+            "the last rank's batches are 3x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="last",
+            extra=("--hidden", "704", "--batch-factor", "3"),
+            held_aside="m",
+        ),
+        Scenario(
+            "gil-thread-m",
+            "a feature-flag thread of the last rank parses flags in pure Python 30 ms of every 50 ms "
+            "(sync_feature_flags)",
+            "thread",
+            slow_ms=30.0,
+            causes=("sync_feature_flags",),
+            requires=("thread",),
+            where="last",
+            extra=("--period-ms", "50", "--fault-function", "sync_feature_flags"),
+            held_aside="m",
+        ),
+        Scenario(
+            "periodic-holdout-m",
+            "every 3rd step the second rank computes 75 ms in score_holdout",
+            "periodic",
+            slow_ms=75.0,
+            causes=("score_holdout",),
+            requires=("every 3",),
+            where="second",
+            extra=("--every-steps", "3", "--fault-function", "score_holdout"),
+            held_aside="m",
+        ),
+        Scenario(
+            "periodic-snapshot-m",
+            "every 4th step the middle rank computes 110 ms in snapshot_optimizer",
+            "periodic",
+            slow_ms=110.0,
+            causes=("snapshot_optimizer",),
+            requires=("every 4",),
+            extra=("--every-steps", "4", "--fault-function", "snapshot_optimizer"),
+            held_aside="m",
+        ),
+        Scenario(
+            "augment-batch-m",
+            "the last rank computes 28 ms a step in augment_batch_slowly",
+            "cpu",
+            slow_ms=28.0,
+            causes=("augment_batch_slowly",),
+            where="last",
+            held_aside="m",
+        ),
+        Scenario(
+            "side-inputs-m",
+            "the second rank blocks 42 ms a step in load_side_inputs",
+            "sleep",
+            slow_ms=42.0,
+            causes=("load_side_inputs",),
+            where="second",
+            extra=("--fault-function", "load_side_inputs"),
+            held_aside="m",
+        ),
+        Scenario(
+            "python-heavy-m",
+            "every rank makes 4,000 small calls a step; the middle rank also spends 25 ms a step in "
+            "tokenize_records, tens of thousands of tiny calls",
+            "calls",
+            slow_ms=25.0,
+            causes=("tokenize_records",),
+            extra=("--python-calls", "4000", "--fault-function", "tokenize_records"),
+            held_aside="m",
+        ),
+        Scenario(
+            "two-slow-m",
+            "the last rank computes 36 ms a step in jitter_crops, the second rank's CPU is stopped 6 ms of every 10 ms",
+            "cpu",
+            slow_ms=36.0,
+            causes=("jitter_crops",),
+            where="last",
+            second=Second("host", 6.0, ("same shapes",), "second"),
+            min_ranks=3,
+            extra=("--fault-function", "jitter_crops"),
+            held_aside="m",
+        ),
+        Scenario(
+            "two-slow-m2",
+            "rank 0 blocks 35 ms a step in wait_for_lease, a telemetry thread of the last rank compresses "
+            "records 26 ms of every 52 ms",
+            "sleep",
+            slow_ms=35.0,
+            causes=("wait_for_lease",),
+            where="first",
+            second=Second("thread", 26.0, ("compress_telemetry",), "last"),
+            min_ranks=3,
+            extra=("--period-ms", "52", "--fault-function", "wait_for_lease,compress_telemetry"),
+            held_aside="m",
+        ),
+        Scenario(
+            "healthy-m",
+            "no fault, another model size (hidden 960, batch 48)",
+            None,
+            extra=("--hidden", "960", "--batch-size", "48"),
+            held_aside="m",
         ),
     )
 }
