@@ -39,6 +39,9 @@ class OperatorCause:
     # theirs, that no peer runs. Work they do not have, which no load of the machine makes (a busy
     # machine stretches operators, it does not change their shapes).
     larger: bool = False
+    # The larger inputs are to the operators that carry half of its peers' work (_main_larger), not
+    # to an operator that one hiccup put in the rank's top operators with shapes its peers' lack.
+    mainWork: bool = False
 
     @property
     def ratio(self) -> float:
@@ -209,5 +212,6 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
         shapes=shapes,
         peersShapes=peers_shapes,
         larger=in_place is not None,
+        mainWork=main is not None and in_place is not None,
     )
     return cause if cause.larger or cause.ratio >= OPERATOR_RATIO else None

@@ -547,7 +547,7 @@ def _hidden_inputs(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> Strag
     changes them, so the job is not healthy: the diagnosis cannot tell, and asks for more steps."""
     for rank in v.waitUs:
         ops = operator_cause(tables, rank, steps)
-        if ops is None or not ops.larger or ops.excessUsPerStep >= MIN_VOTE_COST * v.stepUs:
+        if ops is None or not ops.mainWork or ops.excessUsPerStep >= MIN_VOTE_COST * v.stepUs:
             continue
         gap = max(0.0, float(np.median([w for r, w in v.waitUs.items() if r != rank]) - v.waitUs[rank]))
         return Straggler(
