@@ -262,6 +262,11 @@ class WaitVerdict:
     def share(self) -> float:
         return self.gapUsPerStep / self.stepUs if self.stepUs > 0 else 0.0
 
+    def gap(self, rank: int) -> float:
+        """The others' median mean wait per step minus `rank`'s: what they wait for it (negative
+        where it waits longer than they do)."""
+        return float(np.median([w for r, w in self.waitUs.items() if r != rank])) - self.waitUs[rank]
+
     def gap_band(self, rank: int, also: pd.DataFrame | None = None) -> tuple[float, float]:
         """The others' median wait minus `rank`'s, as a mean over the steps and its standard
         error from the step-to-step spread (inf from one step: a single step shows no spread).

@@ -295,8 +295,8 @@ def _candidates(
     is not the one they wait for - unless a few noisy collectives (a rank descheduled in one of
     four steps) outweigh a cause that holds in every step; it can then be no more than the likeliest."""
     out = []
-    for rank, wait in v.waitUs.items():
-        contested = wait - float(np.median([w for r, w in v.waitUs.items() if r != rank])) >= MIN_GAP_SHARE * v.stepUs
+    for rank in v.waitUs:
+        contested = -v.gap(rank) >= MIN_GAP_SHARE * v.stepUs
         cause = _best_cause(tables, exploded, rank, steps, sampled)
         # MIN_GAP_SHARE is a floor against the machine's noise, which larger inputs (shapes that
         # replace its peers') are not: for them the floor is what is worth acting on.
@@ -440,7 +440,7 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
             and candidates[1][0] not in {o.rank for o in others}
             and (candidates[1][1].phase != "backward" or cause.phase == "backward")
         )
-        gap = float(np.median([w for r, w in v.waitUs.items() if r != rank]) - v.waitUs[rank])
+        gap = v.gap(rank)
         cost = max(gap, cause.excessUsPerStep)
         # The collectives agree when they name this rank (its peers wait for it in every step, if
         # less than the cause costs: a busy machine stretches every rank's collectives), or name
@@ -549,7 +549,7 @@ def _hidden_inputs(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> Strag
         ops = operator_cause(tables, rank, steps)
         if ops is None or not ops.mainWork or ops.excessUsPerStep >= MIN_VOTE_COST * v.stepUs:
             continue
-        gap = max(0.0, float(np.median([w for r, w in v.waitUs.items() if r != rank]) - v.waitUs[rank]))
+        gap = max(0.0, v.gap(rank))
         return Straggler(
             rank=rank,
             named=False,
