@@ -36,6 +36,7 @@ from stepscope.analysis.settings import (
     MAX_TRACE_MB_ENV,
     trace_caps,
 )
+from stepscope.contracts.wire import MAX_SCHEDSTAT_STEPS
 
 CHUNK_BYTES = 16 << 20
 # A metadata header larger than this before "traceEvents" is not a Kineto trace, and neither is
@@ -158,6 +159,7 @@ class _Meta(msgspec.Struct):
     distributedInfo: Any = None
     baseTimeNanoseconds: int | None = None
     deviceProperties: Any = None
+    stepscopeSchedstat: Any = None  # wire.SCHEDSTAT_KEY: the agent's scheduler times per step
 
 
 class _Tail(_Meta):
@@ -273,6 +275,9 @@ class Trace:
     # Of cuda_sync rows (-1 elsewhere): the correlation of the cudaEventRecord a stream waits on, and its stream.
     wait_record: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     wait_stream: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    # The training thread's scheduler counters as each captured step began: rows of (step, CPU ns,
+    # run-queue ns), from the agent (wire.SCHEDSTAT_KEY); none in other traces.
+    schedstat: np.ndarray = field(default_factory=lambda: np.empty((0, 3), np.int64))
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -823,6 +828,7 @@ def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
         shape_texts=list(cols.shape_codes),
         shapes=shapes,
         devices=_devices(meta.deviceProperties),
+        schedstat=_schedstat(meta.stepscopeSchedstat),
         wait_record=columns["wait_record"],
         wait_stream=columns["wait_stream"],
         rounded=rounded,
@@ -841,6 +847,22 @@ def _devices(value: Any) -> list[tuple[str, int, int]]:
         for d in value[:1024]
         if isinstance(d, dict)
     ]
+
+
+def _schedstat(value: Any) -> np.ndarray:
+    """The agent's scheduler counters (wire.SCHEDSTAT_KEY) as rows of (step, CPU ns, run-queue ns), in
+    step order: at most MAX_SCHEDSTAT_STEPS entries of three non-negative int64s are read (a
+    hostile header gets no further), and an entry of any other form is left out."""
+    entries = value.get("steps") if isinstance(value, dict) else None
+    if not isinstance(entries, list):
+        return np.empty((0, 3), np.int64)
+    rows = [
+        e
+        for e in entries[:MAX_SCHEDSTAT_STEPS]
+        if isinstance(e, list) and len(e) == 3 and all(type(n) is int and 0 <= n < (1 << 63) for n in e)
+    ]
+    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return table[np.argsort(table[:, 0], kind="stable")]
 
 
 def _joined(parts: list[np.ndarray], dtype: type = np.int64) -> np.ndarray:
