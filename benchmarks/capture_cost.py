@@ -198,9 +198,7 @@ def measure(case: str, calls: int, timeout: float, agent: Path | None) -> list[d
                 spec = SessionSpec.from_dict(
                     {"capture": {"waitSteps": 1, **capture}, "storage": {"uri": "file:///unused"}}
                 )
-                shared_dir.write_request(
-                    directory, session, "capture", spec.to_dict()["capture"], spec.hangTimeoutSeconds
-                )
+                shared_dir.write_request(directory, session, "capture", spec)
                 deadline = time.monotonic() + timeout
                 while not (
                     len(s := states(directory, session)) == WORLD and all(v.get("state") in FINAL for v in s.values())

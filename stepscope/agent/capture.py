@@ -14,6 +14,7 @@ from .budget import CallCounter, release_memory, rss_mb
 from .decisions import CANCEL_UNSTARTED, PROBE, RESUME, START, STEP, Tick, cancels_unstarted, decide
 from .log import log
 from .rank import Rank
+from .schedstat import SchedClock
 from .stacks import StackSampler
 from .torch_hooks import all_threads_config
 from .vocabulary import wire
@@ -69,6 +70,8 @@ class Capture(Rank):
             elif kind == START:
                 self._start_profiler(s)
             elif kind == STEP:
+                if s.sched is not None:
+                    s.sched.mark(s.prof.step_num + 1)
                 s.prof.step()
                 if s.sampler is not None:
                     s.sampler.anchor(s.prof.step_num)
@@ -193,6 +196,10 @@ class Capture(Rank):
             return
         s.prof = prof
         s.all_threads = all_threads is not None
+        # The training thread's: the watchdog thread that starts a stepless capture is not it.
+        s.sched = None if s.on_watchdog else SchedClock.of_this_thread()
+        if s.sched is not None:
+            s.sched.mark(prof.step_num)
         if s.sampler is not None:
             s.sampler.start(prof.step_num)
         s.state = wire.CAPTURING
@@ -218,6 +225,13 @@ class Capture(Rank):
             if s.steps is not None
             else "writing the trace",
         )
+        if s.sched is not None:
+            s.sched.mark(s.end_step)
+            # The trace goes on without them, and so does the training.
+            try:
+                s.sched.write_into(prof)
+            except Exception:
+                log.debug("stepscope agent: the scheduler times were not written into the trace", exc_info=True)
         try:
             prof.stop()
         except Exception as e:  # noqa: BLE001 - a profiler that cannot stop fails the session, never the training

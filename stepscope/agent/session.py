@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from stepscope.contracts.sidecar_api import CaptureRequest
 
     from .budget import CallCounter
+    from .schedstat import SchedClock
     from .stacks import StackSampler
 
 # How many steps past its own waitSteps a rank follows a request's startStep: room for the steps a
@@ -35,6 +36,7 @@ class Session:
         self.probe: CallCounter | None = None  # counts one step's Python calls before a withStack capture
         self.probed = False
         self.sampler: StackSampler | None = None  # samples the training thread where the budget dropped its stacks
+        self.sched: SchedClock | None = None  # the training thread's scheduler times at its step boundaries
         self.rss_start_mb = 0.0
         self.state = wire.WAITING
         self.trigger_step = trigger_step

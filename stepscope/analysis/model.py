@@ -45,6 +45,10 @@ class StepRow(Struct):
     # union of their intervals, so calls running at once on the backend's threads count once (the
     # per-kind CollectiveStat.sumUs counts each). None on GPU traces and in older summaries.
     collectiveUs: float | None = None
+    # The training thread's time on a CPU and waiting in the run queue in the step (Linux schedstat,
+    # recorded by stepscope's agent); None where the trace has no such counters.
+    cpuUs: float | None = None
+    runDelayUs: float | None = None
 
 
 class TemporalBreakdown(Struct):

@@ -135,3 +135,14 @@ def stacks_file(rank: int) -> str:
 
 def telemetry_file(rank: int) -> str:
     return f"rank-{rank}.steps"
+
+
+# The trace's top-level key (torch.profiler's add_metadata_json) under which the agent writes its
+# training thread's scheduler times at each captured step boundary, from Linux's
+# /proc/<pid>/task/<tid>/schedstat: {"steps": [[step, cpu_ns, run_delay_ns], ...]}, the counters
+# as the step began (the last entry: as the capture ended). The diagnosis tells by them a host that
+# stops or throttles a rank (time neither on a CPU nor waiting for one) from a machine whose ranks
+# share its CPUs (time waiting in the run queue).
+SCHEDSTAT_KEY = "stepscopeSchedstat"
+# At most this many boundaries are kept (a duration capture may make many steps).
+MAX_SCHEDSTAT_STEPS = 10_000

@@ -75,8 +75,12 @@ def wait_for_state(
 
 
 def load_trace(path: Path) -> list[dict[str, Any]]:
+    return load_trace_document(path)["traceEvents"]
+
+
+def load_trace_document(path: Path) -> dict[str, Any]:
     with gzip.open(path, "rt") as f:
-        return json.load(f)["traceEvents"]
+        return json.load(f)
 
 
 def profiler_steps(events: list[dict[str, Any]]) -> list[int]:

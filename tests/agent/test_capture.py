@@ -4,9 +4,23 @@ training run would."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from tests.agent.protocol import load_trace, logs, profiler_steps, read_state, wait_for_state, write_request
+import pytest
+
+from stepscope.analysis.loading.trace import load_trace as read_trace
+from stepscope.analysis.statistics.summary import summarize
+from stepscope.contracts.wire import SCHEDSTAT_KEY
+from tests.agent.protocol import (
+    load_trace,
+    load_trace_document,
+    logs,
+    profiler_steps,
+    read_state,
+    wait_for_state,
+    write_request,
+)
 
 
 def test_exact_steps_then_a_refused_second_request_then_cancels(stepscope_dir: Path, start_job) -> None:
@@ -56,3 +70,26 @@ def test_exact_steps_then_a_refused_second_request_then_cancels(stepscope_dir: P
         )
     assert all(code is None for code in job.wait(0.1)), "training goes on through all of it\n" + logs(job)
     assert all(code is not None and code < 0 for code in job.terminate()), "terminate ends every rank"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux schedstat is not available here")
+def test_each_captured_step_carries_its_training_threads_cpu_and_run_queue_time(stepscope_dir: Path, start_job) -> None:
+    write_request(stepscope_dir, "s-sched", waitSteps=2, steps=4)
+    job = start_job(2, "--steps", "0", "--step-sleep-ms", "20", "--slow-rank", "1", "--slow-ms", "15")
+    for rank in (0, 1):
+        state = wait_for_state(stepscope_dir, "s-sched", rank, ("done",))
+        path = stepscope_dir / "s-sched" / state["trace"]
+        marks = load_trace_document(path)[SCHEDSTAT_KEY]["steps"]
+        # The counters as each captured step began, and as the capture ended.
+        assert [m[0] for m in marks] == list(range(state["startStep"], state["endStep"] + 1))
+        assert all(b[1] >= a[1] and b[2] >= a[2] for a, b in zip(marks, marks[1:]))
+        steps = summarize(read_trace(path)).steps
+        assert [s.step for s in steps] == list(range(state["startStep"], state["endStep"]))
+        cpu = [s.cpuUs for s in steps]
+        assert all(c is not None and s.runDelayUs is not None and 0 < c <= s.durationUs for c, s in zip(cpu, steps))
+        # Rank 1 computes 15 ms a step more (augment_batch_slowly) on its training thread; its
+        # sleeps (the 20-ms shard reads) are no CPU time.
+        if rank == 1:
+            assert min(cpu) >= 10_000, cpu
+        assert max(s.cpuUs for s in steps) < min(s.durationUs for s in steps) - 15_000
+    assert all(code is None for code in job.wait(0.1)), "training goes on through all of it\n" + logs(job)

@@ -133,15 +133,46 @@ def _larger_in_place(calls: pd.DataFrame, rank: int, peers: int) -> tuple[str, s
     return mine, min(time.index, key=lambda k: (_differs(mine, str(k)), -float(time[k])))
 
 
-def _main_larger(ops: pd.DataFrame, rank: int, peers: int, theirs: pd.Series) -> str | None:
-    """The operator, of those that carry half of its peers' operator time (`theirs`: their median
-    time per step by name), to which the rank's inputs are larger than theirs (_larger_in_place);
-    None where there is none. Larger inputs to the peers' main work are the rank's extra work
-    whatever the machine's load did to each operator's time, which can put any operator at the top
-    of the rank's excess (aten::randint, 1.3x its peers', beside aten::addmm on a 2.2x batch)."""
+def _main_work(theirs: pd.Series) -> pd.Index:
+    """The operators that carry half of the peers' operator time (`theirs`: their median time per
+    step by name), the largest first."""
     order = theirs.sort_values(ascending=False, kind="stable")
-    main = order.index[: int(np.searchsorted(order.cumsum().to_numpy(), 0.5 * float(order.sum()))) + 1]
-    return next((str(n) for n in main if _larger_in_place(ops[ops["name"] == n], rank, peers) is not None), None)
+    return order.index[: int(np.searchsorted(order.cumsum().to_numpy(), 0.5 * float(order.sum()))) + 1]
+
+
+def _main_larger(ops: pd.DataFrame, rank: int, peers: int, theirs: pd.Series) -> str | None:
+    """The operator, of those that carry half of its peers' operator time, to which the rank's inputs
+    are larger than theirs (_larger_in_place); None where there is none. Larger inputs to the peers'
+    main work are the rank's extra work whatever the machine's load did to each operator's time,
+    which can put any operator at the top of the rank's excess (aten::randint, 1.3x its peers',
+    beside aten::addmm on a 2.2x batch)."""
+    return next(
+        (str(n) for n in _main_work(theirs) if _larger_in_place(ops[ops["name"] == n], rank, peers) is not None), None
+    )
+
+
+def main_work_alike(tables: RankTables, rank: int) -> tuple[bool, bool]:
+    """Whether the rank's operators' input shapes were recorded, and whether it runs its peers' main
+    work (the operators that carry half of their time) with their shapes: the whole of its operators
+    is no measure where a host stretched its small operators into its summary's top operators, with
+    shapes its peers' summaries lack."""
+    ops = tables.operators
+    ranks = sorted(int(r) for r in tables.ranks["rank"])
+    if ops.empty or rank not in set(ops["rank"]) or len(ranks) < 2:
+        return False, False
+    by_name = ops.groupby(["name", "rank"])["sumUs"].sum().unstack("rank").reindex(columns=ranks).fillna(0.0)
+    main = _main_work(by_name.drop(columns=[rank]).median(axis=1))
+    return shapes_alike(ops[ops["name"].isin(main)], rank)
+
+
+def shapes_alike(ops: pd.DataFrame, rank: int) -> tuple[bool, bool]:
+    """Whether the rank's operators' input shapes were recorded, and whether it runs the same
+    (name, shapes) as its peers do (SAME_SHAPES of its operator time)."""
+    keys = ops["name"].astype(str) + "\0" + ops["shapes"].astype(str)
+    others = set(keys[ops["rank"] != rank])
+    own = ops[ops["rank"] == rank]
+    shared = float(own.loc[keys[own.index].isin(others), "sumUs"].sum()) / max(float(own["sumUs"].sum()), 1e-9)
+    return bool((own["shapes"] != "").any()), shared >= SAME_SHAPES
 
 
 def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCause | None:
@@ -163,11 +194,7 @@ def operator_cause(tables: RankTables, rank: int, steps: pd.Index) -> OperatorCa
     by_name = by_name / counts
     theirs = by_name.drop(columns=[rank]).median(axis=1)
     operator = str((by_name[rank] - theirs).idxmax())
-    keys = ops["name"].astype(str) + "\0" + ops["shapes"].astype(str)
-    others = set(keys[ops["rank"] != rank])
-    own = ops[ops["rank"] == rank]
-    shared = float(own.loc[keys[own.index].isin(others), "sumUs"].sum()) / max(float(own["sumUs"].sum()), 1e-9)
-    known, same = bool((own["shapes"] != "").any()), shared >= SAME_SHAPES
+    known, same = shapes_alike(ops, rank)
     main = _main_larger(ops, rank, len(ranks) - 1, theirs) if known and not same else None
     # Operators that took no longer than its peers' are no cause, unless its inputs to their main
     # work are larger: then they are told as such (a loaded machine's noise hid what they cost).

@@ -40,6 +40,10 @@ MIN_ROUNDS = 5
 # A rank that is last at most collectives but costs the others under 2 % of a step is not worth
 # acting on (someone is always last).
 MIN_VOTE_COST = 0.02
+# The collectives contradict a cause when even the top of their gap's noise band (this many
+# standard errors above its mean over the steps) is below half of what the cause costs; a
+# measure whose band's bottom clears what is worth acting on is shown by its steps as one.
+NOISE_BAND = 2.0
 # ... or causes this share of all the waiting at collectives.
 WAIT_SHARE = 0.75
 # Waiting per step: a rank holds the others back when they wait this share of the step longer

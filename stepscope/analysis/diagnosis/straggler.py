@@ -31,10 +31,18 @@ from stepscope.analysis.diagnosis.causes import (
     thread_cause,
     thread_per_step,
 )
+from stepscope.analysis.diagnosis.held_off import HELD_OFF, held_off
 from stepscope.analysis.diagnosis.operator_time import OPERATOR_RATIO, OperatorCause, operator_cause
 from stepscope.analysis.diagnosis.patterns import QUIET, intermittent
 from stepscope.analysis.diagnosis.rank_tables import RankTables
-from stepscope.analysis.diagnosis.slow_workers import CONFIDENT, DOUBT, MIN_GAP_SHARE, MIN_VOTE_COST, WaitVerdict
+from stepscope.analysis.diagnosis.slow_workers import (
+    CONFIDENT,
+    DOUBT,
+    MIN_GAP_SHARE,
+    MIN_VOTE_COST,
+    NOISE_BAND,
+    WaitVerdict,
+)
 from stepscope.analysis.diagnosis.wording import ms
 
 # A cause holds in a step when its excess there is at least this share of its median excess per
@@ -56,9 +64,6 @@ MORE_STEPS = 2 * FULL_STEPS
 TORCH_CODE = r"(?:^|[\\/])torch[\\/]|^nn\.Module: |^<built-in|^<method "
 # The phase of an operators cause whose inputs are larger than its peers' (uneven shards or batches).
 LARGER_INPUTS = "larger inputs"
-# The collectives contradict a cause when even the top of their gap's noise band (this many
-# standard errors above its mean over the steps) is below half of what the cause costs.
-NOISE_BAND = 2.0
 
 
 @dataclass
@@ -359,7 +364,12 @@ def _others(
             # all (as for the first rank), and costs them what they wait, not its thread's time.
             if mean > 0 and _thread_in_every_step(tables, rank, cause, v.commonSteps):
                 cost = min(cost, mean)
-            elif not (mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep):
+            # Held off the CPU by its host, it holds the others back by that time once the first
+            # rank's cause is gone, whatever they wait for it now (the first one's larger cost may
+            # hide it): the kernel's counters need no collectives.
+            elif cause.phase != HELD_OFF and not (
+                mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep
+            ):
                 continue
         conf = confidence(cause.excessUsPerStep / v.stepUs if v.stepUs else 0.0, steady, v.steps, 1.0, True)
         if conf >= CONFIDENT:
@@ -403,6 +413,18 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
     steps = v.commonSteps
     comparable = not sampled or set(v.waitUs) <= set(sampled) or not set(v.waitUs) & set(sampled)
     candidates = _candidates(tables, exploded, v, steps, sampled)
+    # A rank no frame, operator or thread explains may be held off the CPU by its host: measured
+    # against the ranks without a cause of their own (a cause's rank may block more, for a GIL its
+    # thread holds), a cause of its own too.
+    # Contested: it waits longer than those ranks do (a slower rank's peers all wait longer than it).
+    healthy = [r for r in v.waitUs if r not in {c[0] for c in candidates}]
+    for rank in healthy:
+        reference = [r for r in healthy if r != rank]
+        found = held_off(tables, v, rank, reference, steps)
+        if found is not None:
+            waits = v.perStepUs[rank].mean() - v.perStepUs[reference].mean(axis=0).median()
+            candidates.append((rank, found[0], found[1], waits >= MIN_GAP_SHARE * v.stepUs))
+    candidates.sort(key=lambda c: (c[3], -c[1].excessUsPerStep))
     # The collectives measure what a rank costs its peers; a cause's excess is the rank's own time,
     # and a background thread's overlaps the time its training thread runs without the GIL. Where
     # they point at a rank with a cause of its own in at least half of the steps, that rank comes
@@ -457,7 +479,11 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         elsewhere = v.rank is not None and 2 * v.agreeing >= v.steps
         # A thread of its own in every step needs no more from the collectives than that its peers
         # wait for it at all.
-        own_thread = mean > 0 and not elsewhere and _thread_in_every_step(tables, rank, cause, steps)
+        own_thread = (
+            mean > 0
+            and not elsewhere
+            and (cause.phase == HELD_OFF or _thread_in_every_step(tables, rank, cause, steps))
+        )
         agrees = (
             not rival
             and not contested

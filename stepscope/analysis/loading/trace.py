@@ -36,6 +36,7 @@ from stepscope.analysis.settings import (
     MAX_TRACE_MB_ENV,
     trace_caps,
 )
+from stepscope.contracts.wire import MAX_SCHEDSTAT_STEPS
 
 CHUNK_BYTES = 16 << 20
 # A metadata header larger than this before "traceEvents" is not a Kineto trace, and neither is
@@ -89,7 +90,7 @@ class Limits:
 class TraceCut(ValueError):
     """The trace goes on past a cap of `Limits`: what was read before it is whole events."""
 
-    def __init__(self, reason: str, meta: _Meta | None = None) -> None:
+    def __init__(self, reason: str, meta: TraceMeta | None = None) -> None:
         super().__init__(reason)
         self.meta = meta
 
@@ -152,26 +153,27 @@ _SKIPPED = tuple(
 _ANY_PHASE: Any = Union.__getitem__((_Complete, *_SKIPPED))
 
 
-class _Meta(msgspec.Struct):
+class TraceMeta(msgspec.Struct):
     """The top-level keys the analysis reads; Kineto writes some before traceEvents, some after."""
 
     distributedInfo: Any = None
     baseTimeNanoseconds: int | None = None
     deviceProperties: Any = None
+    stepscopeSchedstat: Any = None  # wire.SCHEDSTAT_KEY: the agent's scheduler times per step
 
 
-class _Tail(_Meta):
+class _Tail(TraceMeta):
     traceEvents: list[_Event] = []
 
 
-class _SkippingTail(_Meta):
+class _SkippingTail(TraceMeta):
     traceEvents: list[_ANY_PHASE] = []
 
 
 class Decoders(NamedTuple):
     """How decode_pieces turns the event list into what its sink takes: `events` decodes a piece
     "[...]" cut at an event boundary, `last` a bare array's last piece, `tail` the text after the
-    last cut with "{\"traceEvents\":" put in front (an object with traceEvents and _Meta's keys).
+    last cut with "{\"traceEvents\":" put in front (an object with traceEvents and TraceMeta's keys).
     `collectives`: look in each piece for collective arguments, for a sink that reads them."""
 
     events: Any
@@ -186,7 +188,7 @@ class Sink(Protocol):
 
 _EVENTS = msgspec.json.Decoder(list[_Event])
 _SKIPPING_EVENTS = msgspec.json.Decoder(list[_ANY_PHASE])
-_META = msgspec.json.Decoder(_Meta)
+_META = msgspec.json.Decoder(TraceMeta)
 _TAIL = msgspec.json.Decoder(_Tail)
 _SKIPPING_TAIL = msgspec.json.Decoder(_SkippingTail)
 
@@ -273,6 +275,9 @@ class Trace:
     # Of cuda_sync rows (-1 elsewhere): the correlation of the cudaEventRecord a stream waits on, and its stream.
     wait_record: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     wait_stream: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    # The training thread's scheduler counters as each captured step began: rows of (step, CPU ns,
+    # run-queue ns), from the agent (wire.SCHEDSTAT_KEY); none in other traces.
+    schedstat: np.ndarray = field(default_factory=lambda: np.empty((0, 3), np.int64))
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -578,7 +583,7 @@ class _Window:
 
 def decode_pieces(
     stream: BinaryIO, cols: Sink, decoders: Decoders | None = None, max_bytes: int | None = None
-) -> _Meta:
+) -> TraceMeta:
     """Split the stream at event boundaries, decode each piece into `cols` (with the loader's
     decoders unless given others), return the trace metadata. Past `max_bytes` of the stream
     (by default the environment's cap, stepscope.analysis.settings) the whole events before are decoded and
@@ -601,7 +606,7 @@ def decode_pieces(
     if not first:
         raise ValueError("the file is empty")
     bare = first == b"["  # a bare JSON array of events, which the Chrome trace format allows
-    meta = _Meta()
+    meta = TraceMeta()
     if bare:
         start = win.buf.find(b"[")
     else:
@@ -620,7 +625,7 @@ def decode_pieces(
         raise TraceCut(str(cut), meta) from None
 
 
-def _decode_events(win: _Window, cols: Sink, decoders: Decoders, bare: bool, meta: _Meta) -> _Meta:
+def _decode_events(win: _Window, cols: Sink, decoders: Decoders, bare: bool, meta: TraceMeta) -> TraceMeta:
     while True:
         win.fill()
         if win.capped:
@@ -640,7 +645,7 @@ def _decode_events(win: _Window, cols: Sink, decoders: Decoders, bare: bool, met
         return meta
     rest = decoders.tail.decode(b'{"traceEvents":' + win.data())
     cols.add(rest.traceEvents, collectives=decoders.collectives and _has_collective_args(win.buf, win.filled))
-    for name in _Meta.__struct_fields__:
+    for name in TraceMeta.__struct_fields__:
         if getattr(meta, name) is None:
             setattr(meta, name, getattr(rest, name))
     return meta
@@ -697,7 +702,7 @@ def load_trace(path: str | Path, limits: Limits | None = None) -> Trace:
         with open_trace(path) as stream:
             meta = decode_pieces(stream, cols, max_bytes=limits.max_bytes)
     except TraceCut as e:
-        meta, cut = e.meta or _Meta(), f"the trace was {e}: only its beginning is analysed"
+        meta, cut = e.meta or TraceMeta(), f"the trace was {e}: only its beginning is analysed"
     except RecursionError:
         raise TraceError(f"{path}: JSON nested too deeply (a Kineto trace nests a few levels)") from None
     except FileNotFoundError:
@@ -769,7 +774,7 @@ def _sane_rows(
     return {k: v[keep] for k, v in columns.items()}, coll, shapes, warning
 
 
-def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
+def _build(path: Path, meta: TraceMeta, cols: _Columns) -> Trace:
     c = cols.coll
     columns, coll, shapes, dropped = _sane_rows(
         {
@@ -823,6 +828,7 @@ def _build(path: Path, meta: _Meta, cols: _Columns) -> Trace:
         shape_texts=list(cols.shape_codes),
         shapes=shapes,
         devices=_devices(meta.deviceProperties),
+        schedstat=_schedstat(meta.stepscopeSchedstat),
         wait_record=columns["wait_record"],
         wait_stream=columns["wait_stream"],
         rounded=rounded,
@@ -841,6 +847,22 @@ def _devices(value: Any) -> list[tuple[str, int, int]]:
         for d in value[:1024]
         if isinstance(d, dict)
     ]
+
+
+def _schedstat(value: Any) -> np.ndarray:
+    """The agent's scheduler counters (wire.SCHEDSTAT_KEY) as rows of (step, CPU ns, run-queue ns), in
+    step order: at most MAX_SCHEDSTAT_STEPS entries of three non-negative int64s are read (a
+    hostile header gets no further), and an entry of any other form is left out."""
+    entries = value.get("steps") if isinstance(value, dict) else None
+    if not isinstance(entries, list):
+        return np.empty((0, 3), np.int64)
+    rows = [
+        e
+        for e in entries[:MAX_SCHEDSTAT_STEPS]
+        if isinstance(e, list) and len(e) == 3 and all(type(n) is int and 0 <= n < (1 << 63) for n in e)
+    ]
+    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return table[np.argsort(table[:, 0], kind="stable")]
 
 
 def _joined(parts: list[np.ndarray], dtype: type = np.int64) -> np.ndarray:

@@ -32,7 +32,7 @@ from isal import isal_zlib
 
 from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.loading.parallel import pool_workers
-from stepscope.analysis.loading.trace import Decoders, decode_pieces, open_trace
+from stepscope.analysis.loading.trace import Decoders, TraceMeta, decode_pieces, open_trace
 from stepscope.analysis.model import RANK_DIGITS, CriticalPathSummary, Diagnosis
 
 # A rank's pids and flow ids get "1" and the rank in five digits put in front (pid 783658 of rank
@@ -63,11 +63,10 @@ class _Meta(msgspec.Struct):
     args: dict = {}
 
 
-class _RawTail(msgspec.Struct):
+class _RawTail(TraceMeta):
+    """The text after the last cut, with every top-level key decode_pieces copies over."""
+
     traceEvents: list[msgspec.Raw] = []
-    distributedInfo: object = None
-    baseTimeNanoseconds: int | None = None
-    deviceProperties: object = None  # every key of trace._Meta: decode_pieces copies them over
 
 
 class _Checked:

@@ -51,6 +51,22 @@ def _with_collective_time(trace: Trace, steps: list[StepRow]) -> list[StepRow]:
     return steps
 
 
+def _with_sched_time(trace: Trace, steps: list[StepRow]) -> list[StepRow]:
+    """Steps with their training thread's CPU and run-queue time, where the agent recorded the
+    counters as the step began and as the next one did."""
+    table = trace.schedstat
+    if len(table) < 2:
+        return steps
+    at = {int(step): i for i, step in enumerate(table[:, 0].tolist())}
+    for row in steps:
+        i, j = at.get(row.step), at.get(row.step + 1)
+        if i is not None and j is not None:
+            cpu, delay = (table[j, 1:] - table[i, 1:]).tolist()
+            if cpu >= 0 and delay >= 0:
+                row.cpuUs, row.runDelayUs = cpu / 1000.0, delay / 1000.0
+    return steps
+
+
 def summarize(
     trace: Trace,
     *,
@@ -113,7 +129,9 @@ def summarize(
         hasGpu=has_gpu,
         capturedUs=captured,
         gpuUtilizationPct=round(100 * float(busy) / captured, 2) if captured > 0 else 0.0,
-        steps=step_rows(trace, spans, comm) if has_gpu else _with_collective_time(trace, step_rows(trace, spans)),
+        steps=_with_sched_time(
+            trace, step_rows(trace, spans, comm) if has_gpu else _with_collective_time(trace, step_rows(trace, spans))
+        ),
         temporal=breakdown.temporal(trace, scope),
         idle=breakdown.idle(trace, scope),
         kernelTypes=breakdown.kernel_types(trace, scope) if has_gpu else [],

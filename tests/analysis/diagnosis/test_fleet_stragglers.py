@@ -5,6 +5,7 @@ cost every few steps, two slow ranks at once, a rank whose stacks were sampled b
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from stepscope.analysis.diagnosis.bottlenecks import python_outliers
 from stepscope.analysis.diagnosis.diagnose import diagnose
@@ -65,10 +66,15 @@ def lockstep(
     functions: dict[int, list[FunctionStat]] | None = None,
     operators: dict[int, list[OperatorStat]] | None = None,
     warnings: dict[int, list[str]] | None = None,
+    held: dict[int, list[float]] | None = None,
+    queued: dict[int, list[float]] | None = None,
 ) -> list[RankSummary]:
     """Ranks that each step work 20 ms (with 3 % noise) plus extra[r][step] µs, then meet in an
     all-reduce that ends when the last one arrives: each waits the difference. Every rank reads its
-    shard 30 ms a step and runs the same 8 ms of aten::mm unless `operators` says otherwise."""
+    shard 30 ms a step and runs the same 8 ms of aten::mm unless `operators` says otherwise.
+    With `held` or `queued`, the steps carry the training thread's scheduler times: of its work
+    (outside the shard reads and the wait), held[r][step] µs off the CPU and out of the run queue,
+    queued[r][step] (1 ms where not given) in the run queue, the rest on a CPU."""
     rng = np.random.default_rng(seed)
     work = 20_000.0 * rng.uniform(0.97, 1.03, (ranks, steps))
     for r, e in extra.items():
@@ -82,6 +88,13 @@ def lockstep(
             StepRow(step=10 + i, startUs=float(step_us[:i].sum()), durationUs=float(d), collectiveUs=float(w))
             for i, (d, w) in enumerate(zip(step_us, waits))
         ]
+        if held is not None or queued is not None:
+            off = np.asarray((held or {}).get(r, [0.0] * steps), dtype=float)
+            delay = np.asarray((queued or {}).get(r, [1_000.0] * steps), dtype=float)
+            for row, h, q in zip(rows, off, delay):
+                assert row.collectiveUs is not None
+                row.cpuUs = float(row.durationUs - row.collectiveUs - 30_000.0 - h - q)
+                row.runDelayUs = float(q)
         fns = [
             _fn(SHARD, [30_000.0] * steps),
             _fn(FORWARD, list(rng.uniform(7_000, 7_400, steps))),
@@ -671,3 +684,61 @@ def test_a_slower_rank_whose_peers_differ_as_much_among_themselves_is_no_slow_ho
     slow = [_op(MM, SHAPES, list(rng.uniform(15_800, 16_200, steps)))]
     diagnosis, _ = diagnose(lockstep(3, steps, {0: [10_000.0] * steps, 2: [8_000.0] * steps}, operators={0: slow}))
     assert diagnosis.slowWorkers == [] and "same shapes" not in diagnosis.summary, diagnosis.summary
+
+
+def _held_off_worker(diagnosis: Diagnosis, rank: int) -> str:
+    cause = next(w.cause for w in diagnosis.slowWorkers if w.rank == rank)
+    assert "held off the CPU" in cause and "same shapes" in cause, cause
+    return cause
+
+
+def test_a_rank_its_host_holds_off_the_cpu_is_named_though_no_frame_or_operator_carries_it():
+    # Rank 2's host stops it 8 ms a step: a little of every frame, its operators no slower
+    # (before: no frame, operator or thread carried the gap, and the diagnosis could not tell).
+    steps = 8
+    extra = {2: [8_000.0] * steps}
+    diagnosis, _ = diagnose(lockstep(3, steps, extra, held=extra))
+    assert [w.rank for w in diagnosis.slowWorkers] == [2], diagnosis.summary
+    assert diagnosis.summary.startswith("rank 2 holds the job back"), diagnosis.summary
+    assert "8.0 ms/step more than its peers'" in _held_off_worker(diagnosis, 2)
+
+
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_a_slower_host_beside_a_slower_rank_is_named_second_with_its_own_cause(ranks: int):
+    # Rank 1 computes 40 ms a step in a function; the last rank's host stops it 6 ms a step, which
+    # rank 1's larger cost hides from the collectives: without rank 1's cause, it holds the job
+    # back. (At 3 ranks it waits longer than the median of its peers, rank 1 and one healthy rank:
+    # only the healthy one says whether it waits too long to be slow.)
+    steps, host = 8, ranks - 1
+    cpu = _fn(f"{ROOT} > workload.py(84): augment_batch_slowly", [40_000.0] * steps)
+    extra = {1: [40_000.0] * steps, host: [6_000.0] * steps}
+    diagnosis, _ = diagnose(lockstep(ranks, steps, extra, functions={1: [cpu]}, held={host: [6_000.0] * steps}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [1, host], diagnosis.summary
+    assert "augment_batch_slowly" in diagnosis.slowWorkers[0].cause
+    _held_off_worker(diagnosis, host)
+    assert diagnosis.slowWorkers[0].lostMsPerStep > diagnosis.slowWorkers[1].lostMsPerStep > 0
+
+
+def test_run_queue_time_of_a_shared_machine_and_a_few_stopped_steps_are_no_slower_host():
+    # Rank 0 waits 8 ms a step longer for a CPU than its peers (ranks that share a machine's CPUs);
+    # rank 2 is held off 9 ms in 5 of 8 steps only: neither is a host that stops its rank.
+    steps = 8
+    sometimes = [9_000.0] * 5 + [0.0] * 3
+    extra = {0: [8_000.0] * steps, 2: sometimes}
+    diagnosis, _ = diagnose(lockstep(3, steps, extra, held={2: sometimes}, queued={0: [9_000.0] * steps}))
+    assert not any("held off" in w.cause for w in diagnosis.slowWorkers), diagnosis.summary
+    assert "held off" not in diagnosis.summary
+
+
+def test_a_slower_host_the_collectives_point_at_and_a_gil_thread_they_barely_show_are_both_named():
+    # Rank 0's host holds it off the CPU 7 ms a step, and its peers wait for it; rank 2's thread
+    # runs 28 ms of Python a step while its training thread mostly sleeps, so they wait ~2 ms for
+    # it. The collectives naming rank 0 used to contradict the thread ("cannot tell"): rank 0 has
+    # a cause of its own, and the thread is the second rank.
+    steps = 8
+    extra = {0: [7_000.0] * steps, 2: [2_000.0] * steps}
+    thread = _fn(THREAD.replace("publish_metrics", "flush_log_records"), [28_000.0] * steps)
+    diagnosis, _ = diagnose(lockstep(3, steps, extra, functions={2: [thread]}, held={0: [7_000.0] * steps}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [0, 2], diagnosis.summary
+    _held_off_worker(diagnosis, 0)
+    assert "flush_log_records" in diagnosis.slowWorkers[1].cause

@@ -24,6 +24,7 @@ import pytest
 
 from stepscope.analysis.loading.gpu_samples import read_metrics
 from stepscope.analysis.loading.trace import Limits, TraceError, load_trace
+from stepscope.contracts.wire import MAX_SCHEDSTAT_STEPS, SCHEDSTAT_KEY
 
 GIB = 1 << 30
 GOOD = "hta__trace_filter_2rank"
@@ -442,3 +443,23 @@ def test_oversized_summary_and_stacks_files_are_refused_unread(tmp_path: Path, s
         "ranks/rank-1.stacks.json cannot be read: " in p and "more than the 32 MiB" in p for p in problems["1"]
     ), problems
     assert run.diagnosis["ranks"]["analysed"] == 2 and run.max_rss < GIB
+
+
+def test_scheduler_counters_of_any_other_form_are_left_out_and_bounded(tmp_path: Path) -> None:
+    """The agent's per-step scheduler counters (wire.SCHEDSTAT_KEY): entries of three non-negative
+    integers are read, in step order, at most MAX_SCHEDSTAT_STEPS of them; anything else is left
+    out, and a value that is no object reads as none."""
+    path = tmp_path / "rank2.json"
+    good = [[12, 5_000_000, 100_000], [11, 1_000_000, 0]]
+    bad = [[13, -1, 0], [14, 1.5, 2], [15, True, 2], ["16", 1, 2], [17, 1], {"step": 18}, [19, 10**30, 0]]
+    document = json.loads(trace([event()]))
+    document[SCHEDSTAT_KEY] = {"steps": good + bad}
+    path.write_bytes(json.dumps(document).encode())
+    assert load_trace(path).schedstat.tolist() == [[11, 1_000_000, 0], [12, 5_000_000, 100_000]]
+    document[SCHEDSTAT_KEY] = {"steps": [[i, i, i] for i in range(MAX_SCHEDSTAT_STEPS + 50)]}
+    path.write_bytes(json.dumps(document).encode())
+    assert len(load_trace(path).schedstat) == MAX_SCHEDSTAT_STEPS
+    for value in ("steps", [[1, 2, 3]], {"steps": {"1": 2}}, None):
+        document[SCHEDSTAT_KEY] = value
+        path.write_bytes(json.dumps(document).encode())
+        assert load_trace(path).schedstat.shape == (0, 3)
