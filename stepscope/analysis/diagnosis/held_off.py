@@ -48,27 +48,48 @@ def _off_cpu(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> pd.DataFram
     return None if off.isna().to_numpy().any() else off
 
 
-def held_off(
-    tables: RankTables, v: WaitVerdict, rank: int, reference: list[int], steps: pd.Index
-) -> tuple[Cause, int] | None:
-    """The rank's time held off the CPU beyond the `reference` ranks' (those without a cause of their
-    own) as its cause, with the steps that show it, where it is worth a slow worker (MIN_GAP_SHARE
-    of the step, typically) and the rank is held off longer than they are in STEADY_SHARE of the
-    steps; else None. A host's stops come in bursts that miss a step now and then; where even the
-    bottom of the excess's noise band is worth acting on (MIN_VOTE_COST of the step), every step
-    shows it."""
-    off = _off_cpu(tables, v, steps) if reference and len(steps) else None
-    if off is None:
-        return None
-    theirs = off[reference].median(axis=1).to_numpy(dtype=float)
-    excess = off[rank].to_numpy(dtype=float) - theirs
-    held = int(np.sum(excess > 0))
-    typical = float(np.median(excess))
-    if typical < MIN_GAP_SHARE * v.stepUs or held < STEADY_SHARE * len(steps):
-        return None
-    error = float(excess.std(ddof=1) / np.sqrt(len(excess))) if len(excess) > 1 else float("inf")
-    if float(excess.mean()) - NOISE_BAND * error >= MIN_VOTE_COST * v.stepUs:
-        held = len(steps)
+def _others_median(values: np.ndarray) -> np.ndarray:
+    """For each step (row) and rank (column), the median of the other ranks' values in that step:
+    each row sorted once, and the median of what is left without one of them read off it."""
+    order = np.sort(values, axis=1)
+    position = np.argsort(np.argsort(values, axis=1, kind="stable"), axis=1, kind="stable")
+    left = values.shape[1] - 1
+    low, high = (left - 1) // 2, left // 2
+
+    def nth(j: int) -> np.ndarray:
+        # The j-th of what is left once the value at `position` is taken out.
+        return np.take_along_axis(order, np.where(position > j, j, j + 1), axis=1)
+
+    return (nth(low) + nth(high)) / 2.0
+
+
+def held_off(tables: RankTables, v: WaitVerdict, ranks: list[int], steps: pd.Index) -> dict[int, tuple[Cause, int]]:
+    """Of `ranks` (those without a cause of their own), each one held off the CPU beyond the others
+    as its cause, with the steps that show it, where it is worth a slow worker (MIN_GAP_SHARE of the
+    step, typically) and it is held off longer than they are in STEADY_SHARE of the steps. A
+    host's stops come in bursts that miss a step now and then; where even the bottom of the
+    excess's noise band is worth acting on (MIN_VOTE_COST of the step), every step shows it."""
+    off = _off_cpu(tables, v, steps) if len(ranks) > 1 and len(steps) else None
+    if off is None or not set(ranks) <= set(off.columns):
+        return {}
+    values = off[ranks].to_numpy(dtype=float)
+    theirs = _others_median(values)
+    excess = values - theirs
+    held = np.sum(excess > 0, axis=0)
+    typical = np.median(excess, axis=0)
+    error = excess.std(axis=0, ddof=1) / np.sqrt(len(steps)) if len(steps) > 1 else np.full(len(ranks), np.inf)
+    sure = excess.mean(axis=0) - NOISE_BAND * error >= MIN_VOTE_COST * v.stepUs
+    found = np.flatnonzero((typical >= MIN_GAP_SHARE * v.stepUs) & (held >= STEADY_SHARE * len(steps)))
+    return {
+        ranks[i]: (
+            _cause(tables, ranks[i], float(typical[i]), float(np.median(values[:, i])), float(np.median(theirs[:, i]))),
+            len(steps) if sure[i] else int(held[i]),
+        )
+        for i in found
+    }
+
+
+def _cause(tables: RankTables, rank: int, typical: float, mine: float, peers: float) -> Cause:
     known, same = main_work_alike(tables, rank)
     work = (
         "the same operators with the same shapes as its peers"
@@ -77,8 +98,7 @@ def held_off(
         if not known
         else "its main operators with other shapes than its peers'"
     )
-    mine, peers = float(np.median(off[rank])), float(np.median(theirs))
-    cause = Cause(
+    return Cause(
         frame="",
         inner="",
         phase=HELD_OFF,
@@ -93,4 +113,3 @@ def held_off(
             "stops or throttles it (a CPU quota, a paused container, a slower node)"
         ),
     )
-    return cause, held
