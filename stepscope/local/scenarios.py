@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "n") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "o") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -1768,6 +1768,143 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "832", "--batch-size", "56"),
             held_aside="n",
+        ),
+        # Held aside (set o): throttles of 6 of 10 ms on rank 0 and 4 on the second rank, batches 2.4x
+        # and 3.2x, a telemetry thread on the middle rank, costs every 3rd and 5th step, other
+        # functions and positions, two jobs with a slower host beside another slow rank (a sleep; a
+        # computation), and a healthy job of another size.
+        Scenario(
+            "slow-host-o6",
+            "rank 0's CPU is stopped 6 ms of every 10 ms (hidden 800, batch 64)",
+            "host",
+            slow_ms=6.0,
+            causes=("same shapes",),
+            where="first",
+            extra=("--hidden", "800", "--batch-size", "64"),
+            held_aside="o",
+        ),
+        Scenario(
+            "slow-host-o4",
+            "the second rank's CPU is stopped 4 ms of every 10 ms (hidden 672, batch 80)",
+            "host",
+            slow_ms=4.0,
+            causes=("same shapes",),
+            where="second",
+            extra=("--hidden", "672", "--batch-size", "80"),
+            held_aside="o",
+        ),
+        Scenario(
+            "uneven-batches-o24",
+            "the last rank's batches are 2.4x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="last",
+            extra=("--hidden", "768", "--batch-factor", "2.4"),
+            held_aside="o",
+        ),
+        Scenario(
+            "uneven-batches-o32",
+            "the middle rank's batches are 3.2x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            extra=("--hidden", "608", "--batch-factor", "3.2"),
+            held_aside="o",
+        ),
+        Scenario(
+            "gil-thread-o",
+            "a telemetry thread of the middle rank compresses records in pure Python 27 ms of every 54 ms "
+            "(compress_telemetry)",
+            "thread",
+            slow_ms=27.0,
+            causes=("compress_telemetry",),
+            requires=("thread",),
+            extra=("--period-ms", "54", "--fault-function", "compress_telemetry"),
+            held_aside="o",
+        ),
+        Scenario(
+            "periodic-evaluation-o",
+            "every 5th step the second rank computes 85 ms in run_evaluation, three calls deep",
+            "periodic",
+            slow_ms=85.0,
+            causes=("run_evaluation",),
+            requires=("every 5",),
+            where="second",
+            extra=("--every-steps", "5", "--fault-function", "run_evaluation"),
+            held_aside="o",
+        ),
+        Scenario(
+            "periodic-checkpoint-o",
+            "every 3rd step rank 0 blocks 80 ms in save_checkpoint",
+            "periodic",
+            slow_ms=80.0,
+            causes=("save_checkpoint",),
+            requires=("every 3",),
+            where="first",
+            extra=("--every-steps", "3", "--fault-function", "save_checkpoint"),
+            held_aside="o",
+        ),
+        Scenario(
+            "augment-helpers-o",
+            "the last rank computes 34 ms a step in many calls of small helpers made by augment_with_helpers",
+            "helpers",
+            slow_ms=34.0,
+            causes=("augment_with_helpers",),
+            where="last",
+            held_aside="o",
+        ),
+        Scenario(
+            "wait-for-lease-o",
+            "the second rank blocks 36 ms a step in wait_for_lease",
+            "sleep",
+            slow_ms=36.0,
+            causes=("wait_for_lease",),
+            where="second",
+            extra=("--fault-function", "wait_for_lease"),
+            held_aside="o",
+        ),
+        Scenario(
+            "python-heavy-o",
+            "every rank makes 3,500 small calls a step; the last rank also spends 24 ms a step in "
+            "strip_markup, tens of thousands of tiny calls",
+            "calls",
+            slow_ms=24.0,
+            causes=("strip_markup",),
+            where="last",
+            extra=("--python-calls", "3500", "--fault-function", "strip_markup"),
+            held_aside="o",
+        ),
+        Scenario(
+            "two-slow-o",
+            "the last rank blocks 38 ms a step in fetch_remote_features, the second rank's CPU is stopped "
+            "6 ms of every 10 ms",
+            "sleep",
+            slow_ms=38.0,
+            causes=("fetch_remote_features",),
+            where="last",
+            second=Second("host", 6.0, ("same shapes",), "second"),
+            min_ranks=3,
+            extra=("--fault-function", "fetch_remote_features"),
+            held_aside="o",
+        ),
+        Scenario(
+            "two-slow-o2",
+            "the second rank computes 32 ms a step in prepare_features, the last rank's CPU is stopped 7 ms "
+            "of every 10 ms",
+            "cpu",
+            slow_ms=32.0,
+            causes=("prepare_features",),
+            where="second",
+            second=Second("host", 7.0, ("same shapes",), "last"),
+            min_ranks=3,
+            extra=("--fault-function", "prepare_features"),
+            held_aside="o",
+        ),
+        Scenario(
+            "healthy-o",
+            "no fault, another model size (hidden 704, batch 88)",
+            None,
+            extra=("--hidden", "704", "--batch-size", "88"),
+            held_aside="o",
         ),
     )
 }
