@@ -210,6 +210,14 @@ class RankTables:
         # An index lookup, not a map: millions of rows of a few thousand ranks.
         return steps.reindex(ranks).to_numpy()
 
+    def by_step(self, column: str) -> pd.DataFrame:
+        """A column of the steps table summed in each step (rows) by rank (columns), as it came
+        (callers reindex it to the steps and ranks they compare); computed once per column."""
+        return self.memo(
+            f"by_step:{column}",
+            lambda: self.steps.pivot_table(index="step", columns="rank", values=column, aggfunc="sum"),
+        )
+
     def per_step_of(self, items: pd.DataFrame, steps: pd.Index) -> pd.DataFrame:
         """Summed µs of `items` (rows of one of the tables with their rank and stepsUs) in each of
         `steps` (rows) by rank (columns); items whose step times do not line up with their rank's

@@ -301,14 +301,8 @@ def wait_verdict(tables: RankTables) -> WaitVerdict | None:
     if s.empty or "collectiveUs" not in s or len(tables.ranks) < 2 or s["collectiveUs"].isna().all():
         return None
     ranks = np.asarray(sorted(tables.ranks["rank"]), dtype=np.int64)
-    waits = (
-        s.pivot_table(index="step", columns="rank", values="collectiveUs", aggfunc="sum")
-        .reindex(columns=ranks)
-        .dropna()
-    )
-    durations = s.pivot_table(index="step", columns="rank", values="durationUs", aggfunc="sum").reindex(
-        index=waits.index, columns=ranks
-    )
+    waits = tables.by_step("collectiveUs").reindex(columns=ranks).dropna()
+    durations = tables.by_step("durationUs").reindex(index=waits.index, columns=ranks)
     # Ranks that never meet in a collective do not wait for each other: no lockstep to judge.
     if waits.empty or float(waits.to_numpy().max()) <= 0:
         return None

@@ -206,9 +206,7 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cau
         or 2 * _steady_operators(tables, v.rank, steps) < len(steps)
     ):
         return None
-    durations = tables.steps.pivot_table(index="step", columns="rank", values="durationUs", aggfunc="sum").reindex(
-        index=steps, columns=peers.columns
-    )
+    durations = tables.by_step("durationUs").reindex(index=steps, columns=peers.columns)
     own_us = float(np.median((durations - peers).median(axis=1)))
     if own_us <= 0 or ops.excessUsPerStep < ops.peersUsPerStep / own_us * v.gapUsPerStep:
         return None
@@ -272,11 +270,7 @@ def _steady_or_pattern(
     found = intermittent(excess, steps.to_numpy(), MIN_GAP_SHARE * step_us)
     if found is None:
         return steady, cause
-    durations = (
-        tables.steps.pivot_table(index="step", columns="rank", values="durationUs", aggfunc="sum")
-        .reindex(steps)
-        .median(axis=1)
-    )
+    durations = tables.by_step("durationUs").reindex(steps).median(axis=1)
     hit, rest = float(durations[found.hits].mean()), float(durations[~found.hits].mean())
     # A cost of its pattern lengthens the steps it hits (its peers wait for it there): hit steps
     # that take no longer (by STEADY of their excess) than the others are the machine's noise
