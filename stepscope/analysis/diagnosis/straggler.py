@@ -412,10 +412,10 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
     # thread holds), a cause of its own too.
     # Contested: it waits longer than those ranks do (a slower rank's peers all wait longer than it).
     healthy = [r for r in v.waitUs if r not in {c[0] for c in candidates}]
-    for rank, (cause, held) in held_off(tables, v, healthy, steps).items():
+    for rank, cause in held_off(tables, v, healthy, steps).items():
         reference = [r for r in healthy if r != rank]
         waits = v.perStepUs[rank].mean() - v.perStepUs[reference].mean(axis=0).median()
-        candidates.append((rank, cause, held, waits >= MIN_GAP_SHARE * v.stepUs))
+        candidates.append((rank, cause, len(steps), waits >= MIN_GAP_SHARE * v.stepUs))
     candidates.sort(key=lambda c: (c[3], -c[1].excessUsPerStep))
     # The collectives measure what a rank costs its peers; a cause's excess is the rank's own time,
     # and a background thread's overlaps the time its training thread runs without the GIL. Where
