@@ -232,6 +232,11 @@ class Capture(Rank):
                 s.sched.write_into(prof)
             except Exception:
                 log.debug("stepscope agent: the scheduler times were not written into the trace", exc_info=True)
+        if s.gpu[1]:
+            try:
+                prof.add_metadata_json(wire.GPU_KEY, json.dumps({"index": s.gpu[0], "uuid": s.gpu[1]}))
+            except Exception:
+                log.debug("stepscope agent: the GPU was not written into the trace", exc_info=True)
         try:
             prof.stop()
         except Exception as e:  # noqa: BLE001 - a profiler that cannot stop fails the session, never the training

@@ -260,6 +260,9 @@ class RankSummary(Struct):
     hardware: dict[str, list[float]] = {}
     warnings: list[str] = []
     error: str = ""  # set when the trace could not be summarised; the diagnosis reports it
+    # The UUID of the GPU the rank computes on, where the agent wrote it into the trace: ranks
+    # with the same one share a device ("" where unknown).
+    gpuUuid: str = ""
 
 
 class SlowWorker(Struct):

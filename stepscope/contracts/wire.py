@@ -146,3 +146,7 @@ def telemetry_file(rank: int) -> str:
 SCHEDSTAT_KEY = "stepscopeSchedstat"
 # At most this many boundaries are kept (a duration capture may make many steps).
 MAX_SCHEDSTAT_STEPS = 10_000
+# The trace's top-level key under which the agent writes the GPU its process computes on, as the
+# agent's state has it: {"index": gpu, "uuid": gpuUuid}. Ranks with the same UUID share one device
+# whatever index each process sees it under (CUDA_VISIBLE_DEVICES), which the diagnosis tells.
+GPU_KEY = "stepscopeGpu"

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from stepscope.contracts.wire import GPU_KEY
 from stepscope.sidecar.bootstrap import install_bootstrap, training_env
-from tests.agent.protocol import load_trace, wait_for_state, write_request
+from tests.agent.protocol import load_trace_document, wait_for_state, write_request
 
 CUDA_LOOP = """
 import torch
@@ -43,7 +44,8 @@ def test_cuda_kernels_are_captured(stepscope_dir: Path, tmp_path: Path) -> None:
     subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=120)
     state = wait_for_state(stepscope_dir, "s-gpu", 0, ("done",), timeout=10)
     assert "CUDA was asked for" not in state["message"]
-    events = load_trace(stepscope_dir / "s-gpu" / state["trace"])
+    document = load_trace_document(stepscope_dir / "s-gpu" / state["trace"])
+    events = document["traceEvents"]
     assert any(e.get("cat") == "kernel" for e in events)
     # What the sidecar matches against NVML's UUIDs, 'GPU-' prefix aside.
     assert state["gpu"] == 0 and state["gpuUuid"], state
@@ -57,6 +59,8 @@ def test_cuda_kernels_are_captured(stepscope_dir: Path, tmp_path: Path) -> None:
         pynvml.nvmlShutdown()
     bare = {str(u.decode() if isinstance(u, bytes) else u).lower().removeprefix("gpu-") for u in nvml_uuids}
     assert state["gpuUuid"].lower().removeprefix("gpu-") in bare, (state["gpuUuid"], nvml_uuids)
+    # The same GPU in the trace, where the diagnosis tells ranks that share one.
+    assert document[GPU_KEY] == {"index": 0, "uuid": state["gpuUuid"]}, document.get(GPU_KEY)
 
 
 class _Properties:

@@ -86,6 +86,7 @@ def _ranks_frame(table: pa.Table, steps: pd.DataFrame) -> pd.DataFrame:
             "pod": table.column("pod").to_pandas(),
             "node": table.column("node").to_pandas(),
             "hasGpu": table.column("hasGpu").to_numpy(),
+            "gpuUuid": table.column("gpuUuid").to_pandas(),
             "backend": table.column("backend").to_pandas(),
             "capturedUs": table.column("capturedUs").to_numpy(),
             # All captured steps: per-step figures divide each rank's totals by them.

@@ -64,6 +64,7 @@ SHAPED_OPS = re.compile(
     r"|flash_attn::_flash_attn_(forward|backward))$"
 )
 _ERROR_AT = re.compile(r"\(byte (\d+)\)")
+_UUID = re.compile(r"[A-Za-z0-9-]{1,64}")
 # No op of a training step lasts a day, and a trace spans seconds to minutes: a row over this long,
 # or starting this far from the trace's median start, is a corrupt number.
 MAX_EVENT_US = 86_400e6
@@ -160,6 +161,7 @@ class TraceMeta(msgspec.Struct):
     baseTimeNanoseconds: int | None = None
     deviceProperties: Any = None
     stepscopeSchedstat: Any = None  # wire.SCHEDSTAT_KEY: the agent's scheduler times per step
+    stepscopeGpu: Any = None  # wire.GPU_KEY: the GPU the rank computes on, from the agent
 
 
 class _Tail(TraceMeta):
@@ -278,6 +280,8 @@ class Trace:
     # The training thread's scheduler counters as each captured step began: rows of (step, CPU ns,
     # run-queue ns), from the agent (wire.SCHEDSTAT_KEY); none in other traces.
     schedstat: np.ndarray = field(default_factory=lambda: np.empty((0, 3), np.int64))
+    # The UUID of the GPU the rank computes on, from the agent (wire.GPU_KEY); "" in other traces.
+    gpu_uuid: str = ""
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -829,6 +833,7 @@ def _build(path: Path, meta: TraceMeta, cols: _Columns) -> Trace:
         shapes=shapes,
         devices=_devices(meta.deviceProperties),
         schedstat=_schedstat(meta.stepscopeSchedstat),
+        gpu_uuid=_gpu_uuid(meta.stepscopeGpu),
         wait_record=columns["wait_record"],
         wait_stream=columns["wait_stream"],
         rounded=rounded,
@@ -863,6 +868,12 @@ def _schedstat(value: Any) -> np.ndarray:
     ]
     table = np.array(rows, dtype=np.int64).reshape(-1, 3)
     return table[np.argsort(table[:, 0], kind="stable")]
+
+
+def _gpu_uuid(value: Any) -> str:
+    """The agent's GPU UUID (wire.GPU_KEY), where it is one: 1 to 64 letters, digits and dashes."""
+    uuid = value.get("uuid") if isinstance(value, dict) else None
+    return uuid if isinstance(uuid, str) and _UUID.fullmatch(uuid) else ""
 
 
 def _joined(parts: list[np.ndarray], dtype: type = np.int64) -> np.ndarray:

@@ -121,6 +121,7 @@ def summarize(
         rank=int(rank),
         worldSize=trace.world_size,
         gpu=gpu,
+        gpuUuid=trace.gpu_uuid,
         backend=trace.backend,
         pod=pod,
         node=node,

@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stepscope.analysis import summarize
 from stepscope.analysis.loading.gpu_samples import read_metrics
 from stepscope.analysis.loading.trace import Limits, TraceError, load_trace
-from stepscope.contracts.wire import MAX_SCHEDSTAT_STEPS, SCHEDSTAT_KEY
+from stepscope.contracts.wire import GPU_KEY, MAX_SCHEDSTAT_STEPS, SCHEDSTAT_KEY
 
 GIB = 1 << 30
 GOOD = "hta__trace_filter_2rank"
@@ -463,3 +464,19 @@ def test_scheduler_counters_of_any_other_form_are_left_out_and_bounded(tmp_path:
         document[SCHEDSTAT_KEY] = value
         path.write_bytes(json.dumps(document).encode())
         assert load_trace(path).schedstat.shape == (0, 3)
+
+
+def test_the_agents_gpu_is_read_where_it_is_a_uuid_and_left_out_otherwise(tmp_path: Path) -> None:
+    """The GPU the agent writes (wire.GPU_KEY) reaches the summary; a UUID of anything but 1-64
+    letters, digits and dashes, or a value of another form, reads as none."""
+    path = tmp_path / "rank0.json"
+    document = json.loads(trace([event()]))
+    uuid = "GPU-5a9bd1c2-7e21-4e5f-8a1b-2c3d4e5f6a7b"
+    document[GPU_KEY] = {"index": 0, "uuid": uuid}
+    path.write_bytes(json.dumps(document).encode())
+    assert load_trace(path).gpu_uuid == uuid
+    assert summarize(path, rank=0).gpuUuid == uuid
+    for value in ({"uuid": "x" * 65}, {"uuid": "GPU-1\n<b>"}, {"uuid": 7}, {"uuid": ""}, uuid, [uuid], None):
+        document[GPU_KEY] = value
+        path.write_bytes(json.dumps(document).encode())
+        assert load_trace(path).gpu_uuid == ""
