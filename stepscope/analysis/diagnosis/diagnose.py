@@ -21,6 +21,7 @@ from stepscope.analysis.diagnosis.consistency import CPU_ONLY, reconcile
 from stepscope.analysis.diagnosis.efficiency import efficiency_findings
 from stepscope.analysis.diagnosis.hangs import hang_findings
 from stepscope.analysis.diagnosis.rank_tables import RankTables, build_tables, usable
+from stepscope.analysis.diagnosis.shared_gpu import shared_gpu_findings, taking_turns
 from stepscope.analysis.diagnosis.slow_workers import (
     DOUBT,
     MIN_GAP_SHARE,
@@ -487,6 +488,9 @@ def diagnose(
         if f.category == "python" and len(f.ranks) == 1 and f.ranks[0] in evidence and "function" in f.data
     }
     hw_found, explanations = _hardware(table, hardware)
+    turns = taking_turns(tables, evidence, set(python) | set(explanations))
+    shared = shared_gpu_findings(tables, turns, evidence, median_step_us)
+    evidence = {r: e for r, e in evidence.items() if r not in turns}
     skew = [_kernel_skew_finding(e, tables) for e in evidence.values() if not e.holds_back]
     evidence = {r: e for r, e in evidence.items() if e.holds_back}
     slow = [_slow_worker_finding(e, tables, median_step_us, python, explanations) for e in evidence.values()]
@@ -494,7 +498,17 @@ def diagnose(
     hangs = hang_findings(stacks or {}, sorted(int(r) for r in all_ranks))
     found = _ordered(
         reconcile(
-            [*slow, *skew, *waiting, *hangs, *_trace_findings(table), *hw_found, *checks, *efficiency_findings(tables)],
+            [
+                *slow,
+                *skew,
+                *waiting,
+                *hangs,
+                *_trace_findings(table),
+                *hw_found,
+                *shared,
+                *checks,
+                *efficiency_findings(tables),
+            ],
             tables,
         )
     )
