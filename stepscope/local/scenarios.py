@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "o") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "p") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -1905,6 +1905,141 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "704", "--batch-size", "88"),
             held_aside="o",
+        ),
+        # Held aside (set p): throttles of 5 of 10 ms on the last rank and 7 on the middle one, batches
+        # 2.2x and 2.6x, a tracing thread on the second rank, costs every 4th and 6th step, other
+        # functions and positions, two jobs of two slow ranks (a slower host beside a computation; a
+        # thread beside a sleep), and a healthy job of another size.
+        Scenario(
+            "slow-host-p5",
+            "the last rank's CPU is stopped 5 ms of every 10 ms (hidden 736, batch 72)",
+            "host",
+            slow_ms=5.0,
+            causes=("same shapes",),
+            where="last",
+            extra=("--hidden", "736", "--batch-size", "72"),
+            held_aside="p",
+        ),
+        Scenario(
+            "slow-host-p7",
+            "the middle rank's CPU is stopped 7 ms of every 10 ms (hidden 640, batch 96)",
+            "host",
+            slow_ms=7.0,
+            causes=("same shapes",),
+            extra=("--hidden", "640", "--batch-size", "96"),
+            held_aside="p",
+        ),
+        Scenario(
+            "uneven-batches-p22",
+            "rank 0's batches are 2.2x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="first",
+            extra=("--hidden", "832", "--batch-factor", "2.2"),
+            held_aside="p",
+        ),
+        Scenario(
+            "uneven-batches-p26",
+            "the second rank's batches are 2.6x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="second",
+            extra=("--hidden", "576", "--batch-factor", "2.6"),
+            held_aside="p",
+        ),
+        Scenario(
+            "gil-thread-p",
+            "a tracing thread of the second rank packs spans in pure Python 30 ms of every 60 ms (upload_traces)",
+            "thread",
+            slow_ms=30.0,
+            causes=("upload_traces",),
+            requires=("thread",),
+            where="second",
+            extra=("--period-ms", "60", "--fault-function", "upload_traces"),
+            held_aside="p",
+        ),
+        Scenario(
+            "periodic-rebalance-p",
+            "every 4th step the last rank computes 90 ms in rebalance_buckets, in one helper",
+            "periodic",
+            slow_ms=90.0,
+            causes=("rebalance_buckets",),
+            requires=("every 4",),
+            where="last",
+            extra=("--every-steps", "4", "--fault-function", "rebalance_buckets"),
+            held_aside="p",
+        ),
+        Scenario(
+            "periodic-cache-p",
+            "every 6th step the middle rank blocks 120 ms in compact_cache",
+            "periodic",
+            slow_ms=120.0,
+            causes=("compact_cache",),
+            requires=("every 6",),
+            extra=("--every-steps", "6", "--fault-function", "compact_cache"),
+            held_aside="p",
+        ),
+        Scenario(
+            "warp-images-p",
+            "rank 0 computes 30 ms a step in warp_images, in two helpers of its own",
+            "cpu",
+            slow_ms=30.0,
+            causes=("warp_images",),
+            where="first",
+            extra=("--fault-function", "warp_images"),
+            held_aside="p",
+        ),
+        Scenario(
+            "pull-shard-index-p",
+            "the middle rank blocks 40 ms a step in pull_shard_index",
+            "sleep",
+            slow_ms=40.0,
+            causes=("pull_shard_index",),
+            extra=("--fault-function", "pull_shard_index"),
+            held_aside="p",
+        ),
+        Scenario(
+            "python-heavy-p",
+            "every rank makes 4,500 small calls a step; the second rank also spends 26 ms a step in "
+            "detokenize_spans, tens of thousands of tiny calls",
+            "calls",
+            slow_ms=26.0,
+            causes=("detokenize_spans",),
+            where="second",
+            extra=("--python-calls", "4500", "--fault-function", "detokenize_spans"),
+            held_aside="p",
+        ),
+        Scenario(
+            "two-slow-p",
+            "rank 0 computes 34 ms a step in warp_images, the middle rank's CPU is stopped 6 ms of every 10 ms",
+            "cpu",
+            slow_ms=34.0,
+            causes=("warp_images",),
+            where="first",
+            second=Second("host", 6.0, ("same shapes",), "middle"),
+            min_ranks=3,
+            extra=("--fault-function", "warp_images"),
+            held_aside="p",
+        ),
+        Scenario(
+            "two-slow-p2",
+            "the last rank blocks 36 ms a step in pull_shard_index, a tracing thread of the second rank packs "
+            "spans 28 ms of every 56 ms",
+            "sleep",
+            slow_ms=36.0,
+            causes=("pull_shard_index",),
+            where="last",
+            second=Second("thread", 28.0, ("upload_traces",), "second"),
+            min_ranks=3,
+            extra=("--fault-function", "pull_shard_index,upload_traces", "--period-ms", "56"),
+            held_aside="p",
+        ),
+        Scenario(
+            "healthy-p",
+            "no fault, another model size (hidden 864, batch 56)",
+            None,
+            extra=("--hidden", "864", "--batch-size", "56"),
+            held_aside="p",
         ),
     )
 }

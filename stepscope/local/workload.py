@@ -5,11 +5,11 @@ It knows nothing of stepscope: the agent attaches through the bootstrap. Faults 
 --slow-rank (--fault, each with a known cause, for stepscope's fault-injection scenarios):
 
 - cpu: extra CPU work in the Python function `augment_batch_slowly` (--slow-ms a step), or in
-  `prepare_features`, `mix_samples` or `jitter_crops` (--fault-function), which spread it over helpers of their own
+  `prepare_features`, `mix_samples`, `jitter_crops` or `warp_images` (--fault-function), which spread it over
+  helpers of their own
 - helpers: CPU work spread over many calls of small helpers, made by `augment_with_helpers`
 - sleep: blocking, not computing: `fetch_remote_features` (or `load_side_inputs`, `await_feature_store`,
-  `wait_for_lease`,
-  --fault-function) sleeps --slow-ms a step
+  `wait_for_lease`, `pull_shard_index`, --fault-function) sleeps --slow-ms a step
 - compute: more operator work (its batch repeated --compute-factor times), no Python function of its own
 - data: slow data loading: the rank's Dataset decodes each sample for --slow-ms / batch size
 - hook: a slow DDP communication hook (`compressing_allreduce_hook` works --slow-ms a step)
@@ -21,14 +21,14 @@ It knows nothing of stepscope: the agent attaches through the bootstrap. Faults 
   operator of the rank takes longer with the same shapes
 - batch: larger batches (uneven shards): the rank's DataLoader gives --batch-factor times the batch
 - thread: a background thread of the rank (--fault-function: publish_metrics, flush_log_records,
-  compress_telemetry, sync_feature_flags or export_dashboard)
+  compress_telemetry, sync_feature_flags, export_dashboard or upload_traces)
   runs pure Python for --slow-ms of every --period-ms, holding the GIL the training thread needs
 - periodic: every --every-steps steps the rank spends --slow-ms in --fault-function
   (save_checkpoint or compact_cache, which block as a write does; run_evaluation, refresh_embeddings,
-  three calls deep, validate_model, in two helpers, rebuild_vocab, snapshot_optimizer or
-  score_holdout, in one helper, which compute), not in the others
+  three calls deep, validate_model, in two helpers, rebuild_vocab, snapshot_optimizer,
+  score_holdout or rebalance_buckets, in one helper, which compute), not in the others
 - calls: Python-heavy work: --fault-function (tokenize_records, parse_annotations, normalize_text,
-  canonicalize_tokens or strip_markup)
+  canonicalize_tokens, strip_markup or detokenize_spans)
   makes tens of thousands of tiny calls for --slow-ms a step, more than the capture budget's stacks hold
 
 --fault-function may name several functions (comma-separated): each fault takes the first of its own.
@@ -433,9 +433,68 @@ def strip_markup(milliseconds: float) -> int:
     return acc
 
 
+def _tile(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def _shear(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def warp_images(batch: torch.Tensor, milliseconds: float) -> torch.Tensor:
+    """Affine warps in Python, its time in two helpers of its own."""
+    acc = _tile(milliseconds * 0.5) + _shear(milliseconds * 0.5)
+    return batch + (acc % 5) * 1e-6
+
+
+def pull_shard_index(batch: torch.Tensor, milliseconds: float) -> torch.Tensor:
+    """Blocks on a remote index of the next shard, using no CPU."""
+    time.sleep(milliseconds / 1000.0)
+    return batch
+
+
+def _pack_span(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def upload_traces(milliseconds: float, period_ms: float, stop: threading.Event) -> None:
+    """A tracing exporter thread: every `period_ms` it packs spans in pure Python for `milliseconds`."""
+    while not stop.wait(max(period_ms - milliseconds, 1.0) / 1000.0):
+        _pack_span(milliseconds)
+
+
+def _merge_counts(milliseconds: float) -> int:
+    return _busy(milliseconds)
+
+
+def rebalance_buckets(milliseconds: float) -> None:
+    """A bucket rebalancing every few steps: its work in one helper."""
+    _merge_counts(milliseconds)
+
+
+def _fold_span(i: int) -> int:
+    return (i * 13) % 23
+
+
+def detokenize_spans(milliseconds: float) -> int:
+    """Python-heavy detokenising: tiny calls, tens of thousands a step."""
+    deadline = time.perf_counter() + milliseconds / 1000.0
+    acc = 0
+    while time.perf_counter() < deadline:
+        acc += sum([_fold_span(i) for i in range(100)])
+    return acc
+
+
 THREAD_FUNCTIONS = {
     f.__name__: f
-    for f in (publish_metrics, flush_log_records, compress_telemetry, sync_feature_flags, export_dashboard)
+    for f in (
+        publish_metrics,
+        flush_log_records,
+        compress_telemetry,
+        sync_feature_flags,
+        export_dashboard,
+        upload_traces,
+    )
 }
 PERIODIC_FUNCTIONS = {
     f.__name__: f
@@ -448,14 +507,19 @@ PERIODIC_FUNCTIONS = {
         snapshot_optimizer,
         compact_cache,
         score_holdout,
+        rebalance_buckets,
     )
 }
 CALLS_FUNCTIONS = {
-    f.__name__: f for f in (tokenize_records, parse_annotations, normalize_text, canonicalize_tokens, strip_markup)
+    f.__name__: f
+    for f in (tokenize_records, parse_annotations, normalize_text, canonicalize_tokens, strip_markup, detokenize_spans)
 }
-CPU_FUNCTIONS = {f.__name__: f for f in (augment_batch_slowly, prepare_features, mix_samples, jitter_crops)}
+CPU_FUNCTIONS = {
+    f.__name__: f for f in (augment_batch_slowly, prepare_features, mix_samples, jitter_crops, warp_images)
+}
 SLEEP_FUNCTIONS = {
-    f.__name__: f for f in (fetch_remote_features, load_side_inputs, await_feature_store, wait_for_lease)
+    f.__name__: f
+    for f in (fetch_remote_features, load_side_inputs, await_feature_store, wait_for_lease, pull_shard_index)
 }
 
 
