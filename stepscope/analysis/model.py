@@ -49,6 +49,10 @@ class StepRow(Struct):
     # recorded by stepscope's agent); None where the trace has no such counters.
     cpuUs: float | None = None
     runDelayUs: float | None = None
+    # Of runDelayUs, the time its cgroup's CPU limit held it throttled (cgroup cpu.stat, recorded by
+    # the agent; at most the run-queue time: the cgroup may be throttled while this thread sleeps).
+    # None where the agent found no cgroup CPU controller.
+    throttledUs: float | None = None
 
 
 class TemporalBreakdown(Struct):

@@ -144,8 +144,13 @@ def telemetry_file(rank: int) -> str:
 # stops or throttles a rank (time neither on a CPU nor waiting for one) from a machine whose ranks
 # share its CPUs (time waiting in the run queue).
 SCHEDSTAT_KEY = "stepscopeSchedstat"
-# At most this many boundaries are kept (a duration capture may make many steps).
+# At most this many boundaries are kept (a duration capture may make many steps), here and below.
 MAX_SCHEDSTAT_STEPS = 10_000
+# ... and, where the process's cgroup has a CPU controller, the time the cgroup's CPU limit
+# (cpu.max, cpu.cfs_quota_us: a Kubernetes CPU limit) held it throttled, from its cpu.stat:
+# {"steps": [[step, throttled_ns], ...]} at the same boundaries. A throttled thread waits in the
+# run queue, so the scheduler's run-queue time holds it; this tells it from CPUs other work takes.
+THROTTLED_KEY = "stepscopeThrottled"
 # The trace's top-level key under which the agent writes the GPU its process computes on, as the
 # agent's state has it: {"index": gpu, "uuid": gpuUuid}. Ranks with the same UUID share one device
 # whatever index each process sees it under (CUDA_VISIBLE_DEVICES), which the diagnosis tells.

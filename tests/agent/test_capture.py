@@ -93,3 +93,70 @@ def test_each_captured_step_carries_its_training_threads_cpu_and_run_queue_time(
             assert min(cpu) >= 10_000, cpu
         assert max(s.cpuUs for s in steps) < min(s.durationUs for s in steps) - 15_000
     assert all(code is None for code in job.wait(0.1)), "training goes on through all of it\n" + logs(job)
+
+
+class _CpuLimit:
+    """A cgroup with a CPU limit of `quota_ms` of every 100 ms (cgroup v1's cpu controller, or v2's
+    cpu.max), made for one test and removed after; None where this process may not make one."""
+
+    def __init__(self, path: Path, v2: bool) -> None:
+        self.path, self.v2 = path, v2
+
+    @classmethod
+    def make(cls, quota_ms: int) -> _CpuLimit | None:
+        name = f"stepscope-test-{os.getpid()}"
+        v2_root = Path("/sys/fs/cgroup")
+        try:
+            if Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists():
+                limit = cls(Path("/sys/fs/cgroup/cpu") / name, v2=False)
+                limit.path.mkdir()
+                (limit.path / "cpu.cfs_period_us").write_text("100000")
+                (limit.path / "cpu.cfs_quota_us").write_text(str(quota_ms * 1000))
+                return limit
+            if "cpu" in (v2_root / "cgroup.subtree_control").read_text().split():
+                limit = cls(v2_root / name, v2=True)
+                limit.path.mkdir()
+                (limit.path / "cpu.max").write_text(f"{quota_ms * 1000} 100000")
+                return limit
+        except OSError:
+            return None
+        return None
+
+    def take(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def remove(self) -> None:
+        parent = self.path.parent
+        for pid in (self.path / "cgroup.procs").read_text().split():
+            try:
+                (parent / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass  # it ended meanwhile
+        self.path.rmdir()
+
+
+def test_a_rank_its_cpu_limit_throttles_carries_its_throttled_time_and_its_peer_none(
+    stepscope_dir: Path, start_job
+) -> None:
+    # The kernel counts a CPU limit's throttling as run-queue time (schedstat); the cgroup's
+    # cpu.stat says how much of it the limit caused.
+    limit = _CpuLimit.make(quota_ms=10)
+    if limit is None:
+        pytest.skip("no cgroup with a CPU limit can be made here (needs root and a writable cpu controller)")
+    try:
+        job = start_job(2, "--steps", "0", "--step-sleep-ms", "20", "--slow-rank", "1", "--slow-ms", "15")
+        limit.take(job.processes[1].pid)
+        write_request(stepscope_dir, "s-limit", waitSteps=2, steps=4)
+        throttled: dict[int, list[float | None]] = {}
+        for rank in (0, 1):
+            state = wait_for_state(stepscope_dir, "s-limit", rank, ("done",), timeout=60)
+            path = stepscope_dir / "s-limit" / state["trace"]
+            steps = summarize(read_trace(path)).steps
+            throttled[rank] = [s.throttledUs for s in steps]
+            assert all(t is None or t <= (s.runDelayUs or 0.0) for t, s in zip(throttled[rank], steps))
+        # Rank 1 needs 15 ms of CPU a step under a limit of 10 ms of every 100 ms.
+        assert all(t is not None and t > 5_000 for t in throttled[1]), throttled
+        assert all(t == 0.0 for t in throttled[0]), throttled
+        assert all(code is None for code in job.wait(0.1)), "training goes on through all of it\n" + logs(job)
+    finally:
+        limit.remove()

@@ -161,6 +161,7 @@ class TraceMeta(msgspec.Struct):
     baseTimeNanoseconds: int | None = None
     deviceProperties: Any = None
     stepscopeSchedstat: Any = None  # wire.SCHEDSTAT_KEY: the agent's scheduler times per step
+    stepscopeThrottled: Any = None  # wire.THROTTLED_KEY: the time its CPU limit throttled it
     stepscopeGpu: Any = None  # wire.GPU_KEY: the GPU the rank computes on, from the agent
 
 
@@ -280,6 +281,9 @@ class Trace:
     # The training thread's scheduler counters as each captured step began: rows of (step, CPU ns,
     # run-queue ns), from the agent (wire.SCHEDSTAT_KEY); none in other traces.
     schedstat: np.ndarray = field(default_factory=lambda: np.empty((0, 3), np.int64))
+    # Rows of (step, ns its cgroup's CPU limit held it throttled so far), at the same boundaries
+    # (wire.THROTTLED_KEY); none where the agent found no cgroup CPU controller.
+    throttled: np.ndarray = field(default_factory=lambda: np.empty((0, 2), np.int64))
     # The UUID of the GPU the rank computes on, from the agent (wire.GPU_KEY); "" in other traces.
     gpu_uuid: str = ""
 
@@ -832,7 +836,8 @@ def _build(path: Path, meta: TraceMeta, cols: _Columns) -> Trace:
         shape_texts=list(cols.shape_codes),
         shapes=shapes,
         devices=_devices(meta.deviceProperties),
-        schedstat=_schedstat(meta.stepscopeSchedstat),
+        schedstat=_step_counters(meta.stepscopeSchedstat, 3),
+        throttled=_step_counters(meta.stepscopeThrottled, 2),
         gpu_uuid=_gpu_uuid(meta.stepscopeGpu),
         wait_record=columns["wait_record"],
         wait_stream=columns["wait_stream"],
@@ -854,19 +859,20 @@ def _devices(value: Any) -> list[tuple[str, int, int]]:
     ]
 
 
-def _schedstat(value: Any) -> np.ndarray:
-    """The agent's scheduler counters (wire.SCHEDSTAT_KEY) as rows of (step, CPU ns, run-queue ns), in
-    step order: at most MAX_SCHEDSTAT_STEPS entries of three non-negative int64s are read (a
-    hostile header gets no further), and an entry of any other form is left out."""
+def _step_counters(value: Any, width: int) -> np.ndarray:
+    """The agent's counters at the step boundaries (wire.SCHEDSTAT_KEY: step, CPU ns, run-queue ns;
+    wire.THROTTLED_KEY: step, throttled ns) as rows in step order: at most MAX_SCHEDSTAT_STEPS
+    entries of `width` non-negative int64s are read (a hostile header gets no further), and an
+    entry of any other form is left out."""
     entries = value.get("steps") if isinstance(value, dict) else None
     if not isinstance(entries, list):
-        return np.empty((0, 3), np.int64)
+        return np.empty((0, width), np.int64)
     rows = [
         e
         for e in entries[:MAX_SCHEDSTAT_STEPS]
-        if isinstance(e, list) and len(e) == 3 and all(type(n) is int and 0 <= n < (1 << 63) for n in e)
+        if isinstance(e, list) and len(e) == width and all(type(n) is int and 0 <= n < (1 << 63) for n in e)
     ]
-    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    table = np.array(rows, dtype=np.int64).reshape(-1, width)
     return table[np.argsort(table[:, 0], kind="stable")]
 
 

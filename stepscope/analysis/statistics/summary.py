@@ -51,19 +51,33 @@ def _with_collective_time(trace: Trace, steps: list[StepRow]) -> list[StepRow]:
     return steps
 
 
+def _step_deltas(table: np.ndarray, step: int, at: dict[int, int]) -> list[int] | None:
+    """A counters table's growth over `step` (from its boundary to the next one's), None where a
+    boundary is missing or a counter went back."""
+    i, j = at.get(step), at.get(step + 1)
+    if i is None or j is None:
+        return None
+    grown = (table[j, 1:] - table[i, 1:]).tolist()
+    return grown if min(grown) >= 0 else None
+
+
 def _with_sched_time(trace: Trace, steps: list[StepRow]) -> list[StepRow]:
-    """Steps with their training thread's CPU and run-queue time, where the agent recorded the
-    counters as the step began and as the next one did."""
-    table = trace.schedstat
-    if len(table) < 2:
+    """Steps with their training thread's CPU and run-queue time, and the time its cgroup's CPU
+    limit throttled it, where the agent recorded the counters as the step began and as the next
+    one did."""
+    sched, throttled = trace.schedstat, trace.throttled
+    if len(sched) < 2:
         return steps
-    at = {int(step): i for i, step in enumerate(table[:, 0].tolist())}
+    at = {int(step): i for i, step in enumerate(sched[:, 0].tolist())}
+    throttled_at = {int(step): i for i, step in enumerate(throttled[:, 0].tolist())}
     for row in steps:
-        i, j = at.get(row.step), at.get(row.step + 1)
-        if i is not None and j is not None:
-            cpu, delay = (table[j, 1:] - table[i, 1:]).tolist()
-            if cpu >= 0 and delay >= 0:
-                row.cpuUs, row.runDelayUs = cpu / 1000.0, delay / 1000.0
+        grown = _step_deltas(sched, row.step, at)
+        if grown is None:
+            continue
+        row.cpuUs, row.runDelayUs = grown[0] / 1000.0, grown[1] / 1000.0
+        held = _step_deltas(throttled, row.step, throttled_at)
+        if held is not None:
+            row.throttledUs = min(held[0], grown[1]) / 1000.0
     return steps
 
 
