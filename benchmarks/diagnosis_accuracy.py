@@ -48,7 +48,7 @@ HANG_AT_STEP = 4
 # The held-aside sets not developed on: run only when asked for, scored apart.
 HELD_ASIDE = ("p",)
 # The kinds of the stragglers of real fleets (developed on), beside the earlier kinds.
-FLEET = ("slow-host", "uneven-batches", "gil-thread", "periodic-stall", "two-slow", "python-heavy")
+FLEET = ("slow-host", "cpu-limit", "uneven-batches", "gil-thread", "periodic-stall", "two-slow", "python-heavy")
 
 
 @dataclass

@@ -144,6 +144,14 @@ SCENARIOS: dict[str, Scenario] = {
             extra=("--hidden", "512", "--batch-size", "64"),
         ),
         Scenario(
+            "cpu-limit",
+            "one rank's container has a CPU limit: it may use 2 ms of CPU of every 10 ms (needs root)",
+            "limit",
+            slow_ms=8.0,
+            causes=("CPU limit",),
+            extra=("--hidden", "512", "--batch-size", "64"),
+        ),
+        Scenario(
             "uneven-batches",
             "one rank's batches are 4x its peers' (uneven shards): more operator work, same code",
             "batch",
@@ -2032,6 +2040,16 @@ SCENARIOS: dict[str, Scenario] = {
             second=Second("thread", 28.0, ("upload_traces",), "second"),
             min_ranks=3,
             extra=("--fault-function", "pull_shard_index,upload_traces", "--period-ms", "56"),
+            held_aside="p",
+        ),
+        Scenario(
+            "cpu-limit-p",
+            "the last rank's container may use 3 ms of CPU of every 10 ms (hidden 704, batch 80; needs root)",
+            "limit",
+            slow_ms=7.0,
+            causes=("CPU limit",),
+            where="last",
+            extra=("--hidden", "704", "--batch-size", "80"),
             held_aside="p",
         ),
         Scenario(

@@ -16,9 +16,11 @@ It knows nothing of stepscope: the agent attaches through the bootstrap. Faults 
 - gc: garbage collection pauses (`release_memory` runs gc.collect() over many live objects)
 - log: a slow step between backward and the optimizer step (`log_gradients` blocks --slow-ms a
   step), so that the rank's steps end that much later than its peers'
-- host: the same operators run slower (a slow host or device): the rank's CPU is throttled, as a
-  container's CPU quota does, stopped --slow-ms of every 10 ms by a helper process, so every
+- host: the same operators run slower (a slow host or device): the rank's CPU is stopped, as a
+  paused container's is, --slow-ms of every 10 ms by a helper process, so every
   operator of the rank takes longer with the same shapes
+- limit: the same operators run slower as a container's CPU limit throttles them: the rank moves
+  itself into a cgroup of its own that may use 10 - --slow-ms ms of CPU of every 10 ms (needs root)
 - batch: larger batches (uneven shards): the rank's DataLoader gives --batch-factor times the batch
 - thread: a background thread of the rank (--fault-function: publish_metrics, flush_log_records,
   compress_telemetry, sync_feature_flags, export_dashboard or upload_traces)
@@ -54,6 +56,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -71,6 +74,7 @@ FAULTS = (
     "gc",
     "log",
     "host",
+    "limit",
     "batch",
     "thread",
     "periodic",
@@ -540,9 +544,36 @@ while os.getppid() == pid:
 
 
 def throttle_cpu(stopped_ms: float) -> subprocess.Popen:
-    """A slower host for this rank: a helper process stops it `stopped_ms` of every 10 ms (as a CPU
-    quota throttles a container) until it ends."""
+    """A slower host for this rank: a helper process stops it `stopped_ms` of every 10 ms (as a
+    paused container or a process that stops it does) until it ends."""
     return subprocess.Popen([sys.executable, "-c", THROTTLE, str(os.getpid()), f"{min(stopped_ms, 9.0):g}"])
+
+
+def limit_cpu(throttled_ms: float) -> Path:
+    """A CPU limit for this rank, as Kubernetes sets a container's: a cgroup of its own that may use
+    10 - `throttled_ms` ms of CPU of every 10 ms (cgroup v1's cfs quota, or v2's cpu.max). Needs
+    root and a writable cpu controller; says so and exits where there is none. Empty cgroups of
+    earlier runs are removed first. Returns the cgroup's folder."""
+    quota = round((10.0 - min(throttled_ms, 9.0)) * 1000)
+    v1 = Path("/sys/fs/cgroup/cpu")
+    v2 = Path("/sys/fs/cgroup")
+    try:
+        parent, files = (
+            (v1, {"cpu.cfs_period_us": "10000", "cpu.cfs_quota_us": str(quota)})
+            if (v1 / "cpu.cfs_quota_us").exists()
+            else (v2, {"cpu.max": f"{quota} 10000"})
+        )
+        for stale in parent.glob("stepscope-limit-*"):
+            if not (stale / "cgroup.procs").read_text().strip():
+                stale.rmdir()
+        group = parent / f"stepscope-limit-{os.getpid()}"
+        group.mkdir(exist_ok=True)
+        for name, value in files.items():
+            (group / name).write_text(value)
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+    except OSError as e:
+        raise SystemExit(f"the limit fault needs root and a writable cgroup cpu controller: {e}") from e
+    return group
 
 
 def release_memory(live: list) -> None:
@@ -650,6 +681,7 @@ def train(args: argparse.Namespace) -> int:
     batch_size = round(args.batch_size * args.batch_factor) if slow and fault == "batch" else args.batch_size
     batches = iter(DataLoader(SyntheticDataset(rank, decode_ms), batch_size=batch_size, num_workers=0))
     hog = throttle_cpu(args.slow_ms) if slow and fault == "host" else None
+    limited = limit_cpu(args.slow_ms) if slow and fault == "limit" else None
     stop = threading.Event()
     if slow and fault == "thread":
         target = fault_function(THREAD_FUNCTIONS, args.fault_function)
@@ -707,6 +739,9 @@ def train(args: argparse.Namespace) -> int:
         hog.kill()
         hog.wait()
         os.kill(os.getpid(), signal.SIGCONT)
+    if limited is not None:
+        (limited.parent / "cgroup.procs").write_text(str(os.getpid()))
+        limited.rmdir()
     dist.barrier()
     print(f"rank {rank}/{world}: {step} steps in {time.perf_counter() - started:.2f} s", flush=True)
     dist.destroy_process_group()

@@ -1,13 +1,17 @@
-"""Time a rank's training thread spent off the CPU and out of the run queue, against its peers': a
-host that stops or throttles the rank (a CPU quota, a paused container, a node slowed by its
-hypervisor) takes that time from all of its work, a little from every frame and operator, so no
-one of them carries it. The kernel's counters (StepRow.cpuUs, runDelayUs: Linux schedstat, which
-the agent records at each captured step boundary) tell it apart from a machine whose ranks share
-its CPUs, whose time goes to the run queue instead: each step's time less the rank's collectives
-(its wait for its peers), its time on a CPU and its time waiting for one is what it slept, blocked
-in I/O or locks, or was held off. The same work on every rank sleeps and blocks alike (29-30 ms a
-step on every healthy rank of the benchmark's job, within 1.5 ms of each other), so what one rank
-is held off beyond that is its own.
+"""Time a rank's host held its training thread off, against its peers': a host that stops the rank
+(a paused or frozen container, a process that stops it, memory reclaim) or throttles it (its
+container's CPU limit) takes that time from all of its work, a little from every frame and
+operator, so no one of them carries it. The kernel's counters (StepRow.cpuUs, runDelayUs: Linux
+schedstat; throttledUs: its cgroup's cpu.stat; the agent records both at each captured step
+boundary) tell it apart from a machine whose ranks share its CPUs: each step's time less the
+rank's collectives (its wait for its peers), its time on a CPU and its time waiting for one is
+what it slept, blocked in I/O or locks, or was stopped. A CPU limit's throttling is not there: a
+throttled thread waits in the run queue (a thread under a quota of 20 of every 100 ms, busy 2 s:
+423 ms on a CPU, 1,596 ms in the run queue, the cgroup throttled 1,596 ms, nothing off it), so
+the throttled part of the run queue's time is added back, and the rest of it (CPUs that other
+work takes) is not the host's doing. The same work on every rank sleeps and blocks alike (29-30 ms
+a step on every healthy rank of the benchmark's job, within 1.5 ms of each other), so what one
+rank is held off beyond that is its own.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from stepscope.analysis.diagnosis.rank_tables import RankTables
 from stepscope.analysis.diagnosis.slow_workers import MIN_GAP_SHARE, WaitVerdict
 from stepscope.analysis.diagnosis.wording import ms
 
-# The phase of a cause told by these counters.
+# The phases of a cause told by these counters: a host that stops the rank, or its CPU limit.
 HELD_OFF = "held off the CPU"
+CPU_LIMIT = "throttled by its CPU limit"
+HOST_PHASES = (HELD_OFF, CPU_LIMIT)
 # The share of the steps in which a rank held off longer than its peers is a cause. Healthy ranks
 # of one job fall on either side of each other from step to step (7 of 8 steps one way in 14 of
 # 447 healthy ranks of the benchmark, their typical difference within -3.8..+4.1 % of the step: the
@@ -30,9 +36,11 @@ HELD_OFF = "held off the CPU"
 STEADY_SHARE = 0.75
 
 
-def _off_cpu(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> pd.DataFrame | None:
-    """Each step's (rows) time off the CPU and out of the run queue, outside collectives, by rank
-    (columns); None where a rank's trace has no scheduler counters for a step."""
+def _off_cpu(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """Each step's (rows) time held off, outside collectives, by rank (columns): off the CPU and out
+    of the run queue, or throttled by its CPU limit; and the throttled part alone. None where a
+    rank's trace has no scheduler counters for a step (a rank without a cgroup CPU controller is
+    throttled by none)."""
     s = tables.steps
     if s.empty or "cpuUs" not in s or "runDelayUs" not in s:
         return None
@@ -47,8 +55,9 @@ def _off_cpu(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> pd.DataFram
     def pivot(column: str) -> pd.DataFrame:
         return tables.by_step(column).reindex(index=steps, columns=v.perStepUs.columns)
 
-    off = pivot("durationUs") - v.perStepUs.reindex(index=steps) - pivot("cpuUs") - pivot("runDelayUs")
-    return None if off.isna().to_numpy().any() else off
+    throttled = pivot("throttledUs").fillna(0.0) if "throttledUs" in s else pivot("cpuUs") * 0.0
+    off = pivot("durationUs") - v.perStepUs.reindex(index=steps) - pivot("cpuUs") - pivot("runDelayUs") + throttled
+    return None if off.isna().to_numpy().any() else (off, throttled)
 
 
 def _others_median(values: np.ndarray) -> np.ndarray:
@@ -74,24 +83,31 @@ def held_off(tables: RankTables, v: WaitVerdict, ranks: list[int], steps: pd.Ind
     healthy ranks, is all that the kernel's counters need to show (counted again against the
     confidence as the collectives' noisier wait is, hosts that missed a step or two of eight stayed
     below naming)."""
-    off = _off_cpu(tables, v, steps) if len(ranks) > 1 and len(steps) else None
-    if off is None or not set(ranks) <= set(off.columns):
+    measured = _off_cpu(tables, v, steps) if len(ranks) > 1 and len(steps) else None
+    if measured is None or not set(ranks) <= set(measured[0].columns):
         return {}
-    values = off[ranks].to_numpy(dtype=float)
+    values = measured[0][ranks].to_numpy(dtype=float)
     theirs = _others_median(values)
     excess = values - theirs
     held = np.sum(excess > 0, axis=0)
     typical = np.median(excess, axis=0)
+    throttled = measured[1][ranks].to_numpy(dtype=float)
+    throttled_typical = np.median(throttled - _others_median(throttled), axis=0)
     found = np.flatnonzero((typical >= MIN_GAP_SHARE * v.stepUs) & (held >= STEADY_SHARE * len(steps)))
     return {
         ranks[i]: _cause(
-            tables, ranks[i], float(typical[i]), float(np.median(values[:, i])), float(np.median(theirs[:, i]))
+            tables,
+            ranks[i],
+            float(typical[i]),
+            float(np.median(values[:, i])),
+            float(np.median(theirs[:, i])),
+            throttled=2 * throttled_typical[i] >= typical[i],
         )
         for i in found
     }
 
 
-def _cause(tables: RankTables, rank: int, typical: float, mine: float, peers: float) -> Cause:
+def _cause(tables: RankTables, rank: int, typical: float, mine: float, peers: float, throttled: bool) -> Cause:
     known, same = main_work_alike(tables, rank)
     work = (
         "the same operators with the same shapes as its peers"
@@ -103,15 +119,19 @@ def _cause(tables: RankTables, rank: int, typical: float, mine: float, peers: fl
     return Cause(
         frame="",
         inner="",
-        phase=HELD_OFF,
+        phase=CPU_LIMIT if throttled else HELD_OFF,
         excessUsPerStep=typical,
         usPerStep=mine,
         peersUsPerStep=peers,
         callsPerStep=0.0,
         kind="host",
         detail=(
-            f"its training thread is held off the CPU {ms(typical)}/step more than its peers' while it runs {work} "
-            f"({ms(mine)} vs {ms(peers)} neither running nor waiting for a CPU, its collectives apart): its host "
-            "stops or throttles it (a CPU quota, a paused container, a slower node)"
+            f"its container's CPU limit throttles its training thread {ms(typical)}/step more than its peers' "
+            f"(its cgroup's cpu.stat), raise or remove the limit; it runs {work} ({ms(mine)} vs {ms(peers)} a "
+            "step of sleep, stops and throttling, its collectives apart)"
+            if throttled
+            else f"its training thread is held off the CPU {ms(typical)}/step more than its peers' while it runs "
+            f"{work} ({ms(mine)} vs {ms(peers)} neither running nor waiting for a CPU, its collectives apart): its "
+            "host stops it (a paused or frozen container, a process that stops it, memory reclaim)"
         ),
     )

@@ -31,7 +31,7 @@ from stepscope.analysis.diagnosis.causes import (
     thread_cause,
     thread_per_step,
 )
-from stepscope.analysis.diagnosis.held_off import HELD_OFF, held_off
+from stepscope.analysis.diagnosis.held_off import CPU_LIMIT, HOST_PHASES, held_off
 from stepscope.analysis.diagnosis.operator_time import OPERATOR_RATIO, OperatorCause, operator_cause
 from stepscope.analysis.diagnosis.patterns import QUIET, intermittent
 from stepscope.analysis.diagnosis.rank_tables import RankTables
@@ -361,7 +361,7 @@ def _others(
             # Held off the CPU by its host, it holds the others back by that time once the first
             # rank's cause is gone, whatever they wait for it now (the first one's larger cost may
             # hide it): the kernel's counters need no collectives.
-            elif cause.phase != HELD_OFF and not (
+            elif cause.phase not in HOST_PHASES and not (
                 mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep
             ):
                 continue
@@ -407,6 +407,15 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
     steps = v.commonSteps
     comparable = not sampled or set(v.waitUs) <= set(sampled) or not set(v.waitUs) & set(sampled)
     candidates = _candidates(tables, exploded, v, steps, sampled)
+    # Operators slower with the same shapes on a rank that its CPU limit throttles by as much: the
+    # limit is why (its cgroup's counters say so; the operators' time says only "a slower host").
+    limited = {r: c for r, c in held_off(tables, v, list(v.waitUs), steps).items() if c.phase == CPU_LIMIT}
+    candidates = [
+        (r, limited[r], steady, contested)
+        if r in limited and cause.kind == "operators" and cause.phase != LARGER_INPUTS
+        else (r, cause, steady, contested)
+        for r, cause, steady, contested in candidates
+    ]
     # A rank no frame, operator or thread explains may be held off the CPU by its host: measured
     # against the ranks without a cause of their own (a cause's rank may block more, for a GIL its
     # thread holds), a cause of its own too.
@@ -474,7 +483,7 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         own_thread = (
             mean > 0
             and not elsewhere
-            and (cause.phase == HELD_OFF or _thread_in_every_step(tables, rank, cause, steps))
+            and (cause.phase in HOST_PHASES or _thread_in_every_step(tables, rank, cause, steps))
         )
         agrees = (
             not rival

@@ -68,13 +68,15 @@ def lockstep(
     warnings: dict[int, list[str]] | None = None,
     held: dict[int, list[float]] | None = None,
     queued: dict[int, list[float]] | None = None,
+    throttled: dict[int, list[float]] | None = None,
 ) -> list[RankSummary]:
     """Ranks that each step work 20 ms (with 3 % noise) plus extra[r][step] µs, then meet in an
     all-reduce that ends when the last one arrives: each waits the difference. Every rank reads its
     shard 30 ms a step and runs the same 8 ms of aten::mm unless `operators` says otherwise.
-    With `held` or `queued`, the steps carry the training thread's scheduler times: of its work
-    (outside the shard reads and the wait), held[r][step] µs off the CPU and out of the run queue,
-    queued[r][step] (1 ms where not given) in the run queue, the rest on a CPU."""
+    With `held`, `queued` or `throttled`, the steps carry the training thread's scheduler times: of
+    its work (outside the shard reads and the wait), held[r][step] µs off the CPU and out of the run
+    queue, queued[r][step] (1 ms where not given) in the run queue, throttled[r][step] in the run
+    queue too, as its cgroup's CPU limit throttled it, the rest on a CPU."""
     rng = np.random.default_rng(seed)
     work = 20_000.0 * rng.uniform(0.97, 1.03, (ranks, steps))
     for r, e in extra.items():
@@ -88,13 +90,15 @@ def lockstep(
             StepRow(step=10 + i, startUs=float(step_us[:i].sum()), durationUs=float(d), collectiveUs=float(w))
             for i, (d, w) in enumerate(zip(step_us, waits))
         ]
-        if held is not None or queued is not None:
+        if held is not None or queued is not None or throttled is not None:
             off = np.asarray((held or {}).get(r, [0.0] * steps), dtype=float)
             delay = np.asarray((queued or {}).get(r, [1_000.0] * steps), dtype=float)
-            for row, h, q in zip(rows, off, delay):
+            limit = np.asarray((throttled or {}).get(r, [0.0] * steps), dtype=float)
+            for row, h, q, t in zip(rows, off, delay, limit):
                 assert row.collectiveUs is not None
-                row.cpuUs = float(row.durationUs - row.collectiveUs - 30_000.0 - h - q)
-                row.runDelayUs = float(q)
+                row.cpuUs = float(row.durationUs - row.collectiveUs - 30_000.0 - h - q - t)
+                row.runDelayUs = float(q + t)
+                row.throttledUs = float(t) if throttled is not None else None
         fns = [
             _fn(SHARD, [30_000.0] * steps),
             _fn(FORWARD, list(rng.uniform(7_000, 7_400, steps))),
@@ -757,3 +761,30 @@ def test_a_host_that_misses_a_step_or_two_is_named_as_surely_as_one_that_never_d
     diagnosis, _ = diagnose(lockstep(ranks, steps, extra, functions={1: [cpu]}, held={host: bursts}))
     assert [w.rank for w in diagnosis.slowWorkers] == [1, host], diagnosis.summary
     _held_off_worker(diagnosis, host)
+
+
+def test_a_rank_its_cpu_limit_throttles_is_named_with_its_limit_and_run_queue_time_alone_is_not():
+    # Rank 2's container is throttled 8 ms a step by its CPU limit, which the kernel counts as
+    # run-queue time (before: the held-off rule left all run-queue time out, as other work's, and
+    # the rank went unnamed); rank 0 waits 8 ms a step longer for a CPU that other work takes.
+    steps = 8
+    extra = {0: [8_000.0] * steps, 2: [8_000.0] * steps}
+    throttled = {2: [8_000.0] * steps}
+    diagnosis, _ = diagnose(lockstep(3, steps, extra, queued={0: [9_000.0] * steps}, throttled=throttled))
+    assert [w.rank for w in diagnosis.slowWorkers] == [2], diagnosis.summary
+    assert "CPU limit throttles" in diagnosis.slowWorkers[0].cause, diagnosis.slowWorkers[0].cause
+    assert "throttles its training thread 8.0 ms/step more than its peers'" in diagnosis.summary, diagnosis.summary
+    assert "raise or remove the limit" in diagnosis.summary and "same shapes" in diagnosis.summary
+
+
+def test_operators_slower_with_the_same_shapes_under_a_cpu_limit_are_its_limit():
+    # Rank 1's aten::mm takes 1.8x its peers' with the same shapes, and its cgroup's CPU limit
+    # throttles it 6.4 ms a step: the limit is why, which the operators alone call "a slow device or
+    # host" (as they still do without the counters: the test above).
+    steps = 8
+    slow = [_op(MM, SHAPES, [14_400.0] * steps)]
+    throttled = {1: [6_400.0] * steps}
+    diagnosis, _ = diagnose(lockstep(3, steps, {1: [6_400.0] * steps}, operators={1: slow}, throttled=throttled))
+    assert [w.rank for w in diagnosis.slowWorkers] == [1], diagnosis.summary
+    assert "CPU limit throttles its training thread 6.4 ms/step" in diagnosis.summary, diagnosis.summary
+    assert "same shapes" in diagnosis.summary and "slow device or host" not in diagnosis.summary
