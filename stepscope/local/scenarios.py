@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "p") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "q") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -2058,6 +2058,143 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "864", "--batch-size", "56"),
             held_aside="p",
+        ),
+        # Held aside (set q): a throttle of 6 of 10 ms on the second rank and a CPU limit of 2.5 ms of
+        # every 10 on rank 0, batches 2.5x and 3.5x, a metrics thread on the last rank, costs every 2nd
+        # and 3rd step, functions of earlier sets at other ranks and magnitudes, two jobs of two slow
+        # ranks (a CPU limit beside a sleep; larger batches beside a computation), and a healthy job of
+        # another size.
+        Scenario(
+            "slow-host-q6",
+            "the second rank's CPU is stopped 6 ms of every 10 ms (hidden 768, batch 64)",
+            "host",
+            slow_ms=6.0,
+            causes=("same shapes",),
+            where="second",
+            extra=("--hidden", "768", "--batch-size", "64"),
+            held_aside="q",
+        ),
+        Scenario(
+            "cpu-limit-q",
+            "rank 0's container may use 2.5 ms of CPU of every 10 ms (hidden 608, batch 72; needs root)",
+            "limit",
+            slow_ms=7.5,
+            causes=("CPU limit",),
+            where="first",
+            extra=("--hidden", "608", "--batch-size", "72"),
+            held_aside="q",
+        ),
+        Scenario(
+            "uneven-batches-q25",
+            "the last rank's batches are 2.5x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="last",
+            extra=("--hidden", "896", "--batch-factor", "2.5"),
+            held_aside="q",
+        ),
+        Scenario(
+            "uneven-batches-q35",
+            "the middle rank's batches are 3.5x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            extra=("--hidden", "640", "--batch-factor", "3.5"),
+            held_aside="q",
+        ),
+        Scenario(
+            "gil-thread-q",
+            "a metrics thread of the last rank publishes in pure Python 24 ms of every 48 ms (publish_metrics)",
+            "thread",
+            slow_ms=24.0,
+            causes=("publish_metrics",),
+            requires=("thread",),
+            where="last",
+            extra=("--period-ms", "48", "--fault-function", "publish_metrics"),
+            held_aside="q",
+        ),
+        Scenario(
+            "periodic-embeddings-q",
+            "every 2nd step rank 0 computes 70 ms in refresh_embeddings, three calls deep",
+            "periodic",
+            slow_ms=70.0,
+            causes=("refresh_embeddings",),
+            requires=("every 2",),
+            where="first",
+            extra=("--every-steps", "2", "--fault-function", "refresh_embeddings"),
+            held_aside="q",
+        ),
+        Scenario(
+            "periodic-snapshot-q",
+            "every 3rd step the second rank computes 95 ms in snapshot_optimizer, in one helper",
+            "periodic",
+            slow_ms=95.0,
+            causes=("snapshot_optimizer",),
+            requires=("every 3",),
+            where="second",
+            extra=("--every-steps", "3", "--fault-function", "snapshot_optimizer"),
+            held_aside="q",
+        ),
+        Scenario(
+            "mix-samples-q",
+            "the last rank computes 28 ms a step in mix_samples, in helpers of its own",
+            "cpu",
+            slow_ms=28.0,
+            causes=("mix_samples",),
+            where="last",
+            extra=("--fault-function", "mix_samples"),
+            held_aside="q",
+        ),
+        Scenario(
+            "side-inputs-q",
+            "rank 0 blocks 33 ms a step in load_side_inputs",
+            "sleep",
+            slow_ms=33.0,
+            causes=("load_side_inputs",),
+            where="first",
+            extra=("--fault-function", "load_side_inputs"),
+            held_aside="q",
+        ),
+        Scenario(
+            "python-heavy-q",
+            "every rank makes 4,000 small calls a step; the middle rank also spends 22 ms a step in "
+            "canonicalize_tokens, tens of thousands of tiny calls",
+            "calls",
+            slow_ms=22.0,
+            causes=("canonicalize_tokens",),
+            extra=("--python-calls", "4000", "--fault-function", "canonicalize_tokens"),
+            held_aside="q",
+        ),
+        Scenario(
+            "two-slow-q",
+            "the last rank blocks 34 ms a step in await_feature_store, the second rank's container may use "
+            "2 ms of CPU of every 10 ms",
+            "sleep",
+            slow_ms=34.0,
+            causes=("await_feature_store",),
+            where="last",
+            second=Second("limit", 8.0, ("CPU limit",), "second"),
+            min_ranks=3,
+            extra=("--fault-function", "await_feature_store"),
+            held_aside="q",
+        ),
+        Scenario(
+            "two-slow-q2",
+            "rank 0 computes 30 ms a step in jitter_crops, the last rank's batches are 3x its peers'",
+            "cpu",
+            slow_ms=30.0,
+            causes=("jitter_crops",),
+            where="first",
+            second=Second("batch", 1.0, ("larger", "uneven"), "last"),
+            min_ranks=3,
+            extra=("--fault-function", "jitter_crops", "--hidden", "768", "--batch-factor", "3"),
+            held_aside="q",
+        ),
+        Scenario(
+            "healthy-q",
+            "no fault, another model size (hidden 640, batch 80)",
+            None,
+            extra=("--hidden", "640", "--batch-size", "80"),
+            held_aside="q",
         ),
     )
 }
