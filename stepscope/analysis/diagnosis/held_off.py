@@ -55,7 +55,11 @@ def _off_cpu(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[pd.Da
     def pivot(column: str) -> pd.DataFrame:
         return tables.by_step(column).reindex(index=steps, columns=v.perStepUs.columns)
 
-    throttled = pivot("throttledUs").fillna(0.0) if "throttledUs" in s else pivot("cpuUs") * 0.0
+    throttled = (
+        pivot("throttledUs").fillna(0.0)
+        if "throttledUs" in s
+        else pd.DataFrame(0.0, index=steps, columns=v.perStepUs.columns)
+    )
     off = pivot("durationUs") - v.perStepUs.reindex(index=steps) - pivot("cpuUs") - pivot("runDelayUs") + throttled
     return None if off.isna().to_numpy().any() else (off, throttled)
 
@@ -76,13 +80,13 @@ def _others_median(values: np.ndarray) -> np.ndarray:
 
 
 def held_off(tables: RankTables, v: WaitVerdict, ranks: list[int], steps: pd.Index) -> dict[int, Cause]:
-    """Of `ranks` (those without a cause of their own), each one held off the CPU beyond the others
-    as its cause, where it is worth a slow worker (MIN_GAP_SHARE of the step, typically) and it is
-    held off longer than they are in STEADY_SHARE of the steps. Such a cause holds in every step:
-    a host's stops come in bursts that miss a step now and then, and STEADY_SHARE, measured against
-    healthy ranks, is all that the kernel's counters need to show (counted again against the
-    confidence as the collectives' noisier wait is, hosts that missed a step or two of eight stayed
-    below naming)."""
+    """Of `ranks` (those without a cause of their own; or all, to find the ones their CPU limit
+    throttles), each one held off beyond the others as its cause, where it is worth a slow worker
+    (MIN_GAP_SHARE of the step, typically) and it is held off longer than they are in STEADY_SHARE
+    of the steps. Such a cause holds in every step: a host's stops come in bursts that miss a step
+    now and then, and STEADY_SHARE, measured against healthy ranks, is all that the kernel's
+    counters need to show (counted again against the confidence as the collectives' noisier wait
+    is, hosts that missed a step or two of eight stayed below naming)."""
     measured = _off_cpu(tables, v, steps) if len(ranks) > 1 and len(steps) else None
     if measured is None or not set(ranks) <= set(measured[0].columns):
         return {}
