@@ -1,7 +1,7 @@
 """Ranks that compute on one GPU. Processes that share a GPU without MPS take turns on it (the
 driver time-slices their contexts), so at every collective one of them arrives after the other
 with no more work of its own: on an H100 that two healthy ranks of a job shared, the
-collectives named one of them a slow worker in 4 captures of 6, its peer waiting 1.6-4.8 ms of a
+collectives named one of them a slow worker in 4 captures of 8, its peer waiting 1.5-4.8 ms of a
 50 ms step for it. The agent writes the UUID of its rank's GPU into the trace (wire.GPU_KEY), so
 ranks that share one are known whatever index each process sees it under.
 """
