@@ -227,16 +227,16 @@ class Capture(Rank):
         )
         if s.sched is not None:
             s.sched.mark(s.end_step)
-            # The trace goes on without them, and so does the training.
-            try:
-                s.sched.write_into(prof)
-            except Exception:
-                log.debug("stepscope agent: the scheduler times were not written into the trace", exc_info=True)
+        # Into the trace before the profiler stops (torch keeps metadata of the running session
+        # only); the trace goes on without any of them, and so does the training.
+        metadata = s.sched.metadata() if s.sched is not None else {}
         if s.gpu[1]:
+            metadata[wire.GPU_KEY] = {"index": s.gpu[0], "uuid": s.gpu[1]}
+        for key, value in metadata.items():
             try:
-                prof.add_metadata_json(wire.GPU_KEY, json.dumps({"index": s.gpu[0], "uuid": s.gpu[1]}))
+                prof.add_metadata_json(key, json.dumps(value))
             except Exception:
-                log.debug("stepscope agent: the GPU was not written into the trace", exc_info=True)
+                log.debug("stepscope agent: %s was not written into the trace", key, exc_info=True)
         try:
             prof.stop()
         except Exception as e:  # noqa: BLE001 - a profiler that cannot stop fails the session, never the training

@@ -5,7 +5,6 @@ controller) nothing of that is recorded."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 
@@ -83,10 +82,7 @@ class SchedClock:
             if throttled is not None:
                 self.throttled.append([step, throttled * scale])
 
-    def write_into(self, prof) -> None:
-        """Into the trace being recorded (before the profiler stops: torch keeps metadata of the
-        running session only)."""
-        if len(self.marks) >= 2:
-            prof.add_metadata_json(wire.SCHEDSTAT_KEY, json.dumps({"steps": self.marks}))
-        if len(self.throttled) >= 2:
-            prof.add_metadata_json(wire.THROTTLED_KEY, json.dumps({"steps": self.throttled}))
+    def metadata(self) -> dict[str, dict]:
+        """The trace's top-level entries these counters make, where they span a step at least."""
+        counters = {wire.SCHEDSTAT_KEY: self.marks, wire.THROTTLED_KEY: self.throttled}
+        return {key: {"steps": marks} for key, marks in counters.items() if len(marks) >= 2}
