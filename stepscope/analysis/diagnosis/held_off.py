@@ -79,6 +79,29 @@ def _others_median(values: np.ndarray) -> np.ndarray:
     return (nth(low) + nth(high)) / 2.0
 
 
+def waits_for_cpu(tables: RankTables, v: WaitVerdict, rank: int, steps: pd.Index) -> float:
+    """The rank's typical time per step in the run queue beyond that of its peers on its node, its
+    CPU limit's throttling apart: ranks of one node share its CPUs, and which of them the
+    scheduler leaves waiting longer differs from capture to capture (healthy ranks of three and
+    four on two loaded cores waited 1.6-4.1 ms a step more than their peers, their operators
+    1.4-2.0x theirs with the same shapes). That time stretches whatever the rank runs, its
+    operators too, and says nothing of its device or host. 0 without counters, or without peers
+    on its node (or a node's name)."""
+    s = tables.steps
+    nodes = tables.ranks.set_index("rank")["node"]
+    if s.empty or "runDelayUs" not in s or rank not in nodes.index or not nodes[rank]:
+        return 0.0
+    peers = [r for r in v.perStepUs.columns if r != rank and r in nodes.index and nodes[r] == nodes[rank]]
+    if not peers:
+        return 0.0
+    columns = [rank, *peers]
+    waiting = tables.by_step("runDelayUs").reindex(index=steps, columns=columns)
+    if "throttledUs" in s:
+        waiting = waiting - tables.by_step("throttledUs").reindex(index=steps, columns=columns).fillna(0.0)
+    excess = (waiting[rank] - waiting[peers].median(axis=1)).dropna()
+    return float(max(np.median(excess.to_numpy(dtype=float)), 0.0)) if len(excess) else 0.0
+
+
 def held_off(tables: RankTables, v: WaitVerdict, ranks: list[int], steps: pd.Index) -> dict[int, Cause]:
     """Of `ranks` (those without a cause of their own; or all, to find the ones their CPU limit
     throttles), each one held off beyond the others as its cause, where it is worth a slow worker

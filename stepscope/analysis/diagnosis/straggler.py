@@ -31,7 +31,7 @@ from stepscope.analysis.diagnosis.causes import (
     thread_cause,
     thread_per_step,
 )
-from stepscope.analysis.diagnosis.held_off import CPU_LIMIT, HOST_PHASES, held_off
+from stepscope.analysis.diagnosis.held_off import CPU_LIMIT, HOST_PHASES, held_off, waits_for_cpu
 from stepscope.analysis.diagnosis.operator_time import OPERATOR_RATIO, OperatorCause, operator_cause
 from stepscope.analysis.diagnosis.patterns import QUIET, intermittent
 from stepscope.analysis.diagnosis.rank_tables import RankTables
@@ -191,7 +191,9 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cau
     least by their share of its peers' own time (the step less their wait, sleeps included) times
     the gap: operators whose typical excess falls short of that swing with the machine's load,
     while something else (the load itself, on a rank the scheduler favours less) holds it back.
-    A slower host also stands apart from its peers (_stands_apart)."""
+    The time the rank waited for the CPUs it shares with peers on its node (waits_for_cpu) is
+    neither: the gap without it must still be worth acting on, and the operators' excess without
+    it reach the stretch. A slower host also stands apart from its peers (_stands_apart)."""
     if v.rank is None:
         return None
     peers = v.perStepUs.drop(columns=[v.rank])
@@ -208,7 +210,10 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cau
         return None
     durations = tables.by_step("durationUs").reindex(index=steps, columns=peers.columns)
     own_us = float(np.median((durations - peers).median(axis=1)))
-    if own_us <= 0 or ops.excessUsPerStep < ops.peersUsPerStep / own_us * v.gapUsPerStep:
+    shared_cpus = waits_for_cpu(tables, v, v.rank, steps)
+    if v.gapUsPerStep - shared_cpus < MIN_GAP_SHARE * v.stepUs:
+        return None
+    if own_us <= 0 or ops.excessUsPerStep - shared_cpus < ops.peersUsPerStep / own_us * v.gapUsPerStep:
         return None
     return _operators(ops), waited
 
@@ -303,8 +308,16 @@ def _candidates(
         if cause is None or cause.excessUsPerStep < floor * v.stepUs:
             continue
         # Operators slower than its peers' (not larger inputs) say its host is slower: so must its
-        # peers' waits.
-        if cause.kind == "operators" and cause.phase != LARGER_INPUTS and not _stands_apart(v, rank):
+        # peers' waits, and so must the operators' excess without the time the rank waited for the
+        # CPUs of its node.
+        if (
+            cause.kind == "operators"
+            and cause.phase != LARGER_INPUTS
+            and (
+                not _stands_apart(v, rank)
+                or cause.excessUsPerStep - waits_for_cpu(tables, v, rank, steps) < floor * v.stepUs
+            )
+        ):
             continue
         # What looks like extra time in backward on a rank that waits more is its wait there (DDP
         # waits for the gradients inside backward): no cause.

@@ -144,6 +144,24 @@ def test_operators_slower_with_the_same_shapes_are_a_slow_host():
     assert "same shapes" in diagnosis.slowWorkers[0].cause
 
 
+@pytest.mark.parametrize("mm_us", [12_000.0, 14_000.0])
+def test_operators_slower_by_the_time_a_rank_waits_for_its_nodes_cpus_are_no_slow_host(mm_us: float):
+    # Four ranks on the CPUs of one node: rank 2's aten::mm takes 1.5x (1.75x) its peers' with the
+    # same shapes, and it waited in the run queue 4 ms a step more than they did, as long as they
+    # wait for it: the scheduler left it waiting, which says nothing of its device or host. Each on
+    # a node of its own, the same figures are a slower host: no peer shares the CPUs it waited for.
+    steps = 8
+    slow = [_op(MM, SHAPES, [mm_us] * steps)]
+    summaries = lockstep(4, steps, {2: [4_000.0] * steps}, operators={2: slow}, queued={2: [5_000.0] * steps})
+    for s in summaries:
+        s.node = "node-a"
+    diagnosis, _ = diagnose(summaries)
+    assert "slow device or host" not in diagnosis.summary and not diagnosis.slowWorkers, diagnosis.summary
+    for s in summaries:
+        s.node = f"node-{s.rank}"
+    _named_a_slow_host(diagnose(summaries)[0], 2)
+
+
 def test_larger_inputs_are_uneven_shards_with_both_shapes():
     steps = 8
     big = [_op(MM, "[[128, 1024], [1024, 1024]]", [16_000.0] * steps)]
