@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "q") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "r") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -2195,6 +2195,135 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "640", "--batch-size", "80"),
             held_aside="q",
+        ),
+        # Held aside (set r): a throttle of 5 of 10 ms on the last rank and a CPU limit of 3.5 ms of
+        # every 10 on the middle one, batches 2.8x on rank 0, a dashboard thread on rank 0, costs every
+        # 4th and 2nd step, functions of earlier sets at other ranks and magnitudes, two jobs of two
+        # slow ranks (a slower host beside a computation; a thread beside a sleep), and a healthy job
+        # of another size.
+        Scenario(
+            "slow-host-r5",
+            "the last rank's CPU is stopped 5 ms of every 10 ms (hidden 832, batch 60)",
+            "host",
+            slow_ms=5.0,
+            causes=("same shapes",),
+            where="last",
+            extra=("--hidden", "832", "--batch-size", "60"),
+            held_aside="r",
+        ),
+        Scenario(
+            "cpu-limit-r",
+            "the middle rank's container may use 3.5 ms of CPU of every 10 ms (hidden 704, batch 64; needs root)",
+            "limit",
+            slow_ms=6.5,
+            causes=("CPU limit",),
+            extra=("--hidden", "704", "--batch-size", "64"),
+            held_aside="r",
+        ),
+        Scenario(
+            "uneven-batches-r28",
+            "rank 0's batches are 2.8x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="first",
+            extra=("--hidden", "768", "--batch-factor", "2.8"),
+            held_aside="r",
+        ),
+        Scenario(
+            "gil-thread-r",
+            "a dashboard thread of rank 0 renders panels in pure Python 26 ms of every 52 ms (export_dashboard)",
+            "thread",
+            slow_ms=26.0,
+            causes=("export_dashboard",),
+            requires=("thread",),
+            where="first",
+            extra=("--period-ms", "52", "--fault-function", "export_dashboard"),
+            held_aside="r",
+        ),
+        Scenario(
+            "periodic-vocab-r",
+            "every 4th step the last rank computes 100 ms in rebuild_vocab",
+            "periodic",
+            slow_ms=100.0,
+            causes=("rebuild_vocab",),
+            requires=("every 4",),
+            where="last",
+            extra=("--every-steps", "4", "--fault-function", "rebuild_vocab"),
+            held_aside="r",
+        ),
+        Scenario(
+            "periodic-compact-r",
+            "every 2nd step the second rank blocks 75 ms in compact_cache",
+            "periodic",
+            slow_ms=75.0,
+            causes=("compact_cache",),
+            requires=("every 2",),
+            where="second",
+            extra=("--every-steps", "2", "--fault-function", "compact_cache"),
+            held_aside="r",
+        ),
+        Scenario(
+            "warp-images-r",
+            "the middle rank computes 32 ms a step in warp_images, in two helpers of its own",
+            "cpu",
+            slow_ms=32.0,
+            causes=("warp_images",),
+            extra=("--fault-function", "warp_images"),
+            held_aside="r",
+        ),
+        Scenario(
+            "wait-for-lease-r",
+            "the last rank blocks 38 ms a step in wait_for_lease",
+            "sleep",
+            slow_ms=38.0,
+            causes=("wait_for_lease",),
+            where="last",
+            extra=("--fault-function", "wait_for_lease"),
+            held_aside="r",
+        ),
+        Scenario(
+            "python-heavy-r",
+            "every rank makes 3,500 small calls a step; rank 0 also spends 24 ms a step in strip_markup, "
+            "tens of thousands of tiny calls",
+            "calls",
+            slow_ms=24.0,
+            causes=("strip_markup",),
+            where="first",
+            extra=("--python-calls", "3500", "--fault-function", "strip_markup"),
+            held_aside="r",
+        ),
+        Scenario(
+            "two-slow-r",
+            "the second rank computes 32 ms a step in prepare_features, the last rank's CPU is stopped 7 ms of "
+            "every 10 ms",
+            "cpu",
+            slow_ms=32.0,
+            causes=("prepare_features",),
+            where="second",
+            second=Second("host", 7.0, ("same shapes",), "last"),
+            min_ranks=3,
+            extra=("--fault-function", "prepare_features"),
+            held_aside="r",
+        ),
+        Scenario(
+            "two-slow-r2",
+            "rank 0 blocks 35 ms a step in pull_shard_index, a telemetry thread of the last rank encodes "
+            "records 30 ms of every 60 ms",
+            "sleep",
+            slow_ms=35.0,
+            causes=("pull_shard_index",),
+            where="first",
+            second=Second("thread", 30.0, ("compress_telemetry",), "last"),
+            min_ranks=3,
+            extra=("--fault-function", "pull_shard_index,compress_telemetry", "--period-ms", "60"),
+            held_aside="r",
+        ),
+        Scenario(
+            "healthy-r",
+            "no fault, another model size (hidden 704, batch 72)",
+            None,
+            extra=("--hidden", "704", "--batch-size", "72"),
+            held_aside="r",
         ),
     )
 }
