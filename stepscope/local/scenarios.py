@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "r") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "s") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -2324,6 +2324,136 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "704", "--batch-size", "72"),
             held_aside="r",
+        ),
+        # Held aside (set s): a throttle of 7 of 10 ms on rank 0 and a CPU limit of 3 ms of every 10 on
+        # the last rank, batches 3.2x on the second rank, a logging thread on the middle rank, costs
+        # every 3rd and 4th step, functions of earlier sets at other ranks and magnitudes, two jobs of
+        # two slow ranks (a CPU limit beside a computation; larger batches beside a sleep), and a
+        # healthy job of another size.
+        Scenario(
+            "slow-host-s7",
+            "rank 0's CPU is stopped 7 ms of every 10 ms (hidden 672, batch 88)",
+            "host",
+            slow_ms=7.0,
+            causes=("same shapes",),
+            where="first",
+            extra=("--hidden", "672", "--batch-size", "88"),
+            held_aside="s",
+        ),
+        Scenario(
+            "cpu-limit-s",
+            "the last rank's container may use 3 ms of CPU of every 10 ms (hidden 736, batch 56; needs root)",
+            "limit",
+            slow_ms=7.0,
+            causes=("CPU limit",),
+            where="last",
+            extra=("--hidden", "736", "--batch-size", "56"),
+            held_aside="s",
+        ),
+        Scenario(
+            "uneven-batches-s32",
+            "the second rank's batches are 3.2x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="second",
+            extra=("--hidden", "704", "--batch-factor", "3.2"),
+            held_aside="s",
+        ),
+        Scenario(
+            "gil-thread-s",
+            "a logging thread of the middle rank formats records in pure Python 25 ms of every 50 ms "
+            "(flush_log_records)",
+            "thread",
+            slow_ms=25.0,
+            causes=("flush_log_records",),
+            requires=("thread",),
+            extra=("--period-ms", "50", "--fault-function", "flush_log_records"),
+            held_aside="s",
+        ),
+        Scenario(
+            "periodic-holdout-s",
+            "every 3rd step the last rank computes 85 ms in score_holdout, in one helper",
+            "periodic",
+            slow_ms=85.0,
+            causes=("score_holdout",),
+            requires=("every 3",),
+            where="last",
+            extra=("--every-steps", "3", "--fault-function", "score_holdout"),
+            held_aside="s",
+        ),
+        Scenario(
+            "periodic-checkpoint-s",
+            "every 4th step rank 0 blocks 130 ms in save_checkpoint",
+            "periodic",
+            slow_ms=130.0,
+            causes=("save_checkpoint",),
+            requires=("every 4",),
+            where="first",
+            extra=("--every-steps", "4", "--fault-function", "save_checkpoint"),
+            held_aside="s",
+        ),
+        Scenario(
+            "jitter-crops-s",
+            "the last rank computes 29 ms a step in jitter_crops, in helpers of its own",
+            "cpu",
+            slow_ms=29.0,
+            causes=("jitter_crops",),
+            where="last",
+            extra=("--fault-function", "jitter_crops"),
+            held_aside="s",
+        ),
+        Scenario(
+            "feature-store-s",
+            "the second rank blocks 36 ms a step in await_feature_store",
+            "sleep",
+            slow_ms=36.0,
+            causes=("await_feature_store",),
+            where="second",
+            extra=("--fault-function", "await_feature_store"),
+            held_aside="s",
+        ),
+        Scenario(
+            "python-heavy-s",
+            "every rank makes 5,000 small calls a step; the last rank also spends 21 ms a step in "
+            "tokenize_records, tens of thousands of tiny calls",
+            "calls",
+            slow_ms=21.0,
+            causes=("tokenize_records",),
+            where="last",
+            extra=("--python-calls", "5000", "--fault-function", "tokenize_records"),
+            held_aside="s",
+        ),
+        Scenario(
+            "two-slow-s",
+            "rank 0 computes 33 ms a step in mix_samples, the last rank's container may use 2.5 ms of CPU of "
+            "every 10 ms",
+            "cpu",
+            slow_ms=33.0,
+            causes=("mix_samples",),
+            where="first",
+            second=Second("limit", 7.5, ("CPU limit",), "last"),
+            min_ranks=3,
+            extra=("--fault-function", "mix_samples"),
+            held_aside="s",
+        ),
+        Scenario(
+            "two-slow-s2",
+            "the second rank blocks 37 ms a step in load_side_inputs, the last rank's batches are 3.5x its peers'",
+            "sleep",
+            slow_ms=37.0,
+            causes=("load_side_inputs",),
+            where="second",
+            second=Second("batch", 1.0, ("larger", "uneven"), "last"),
+            min_ranks=3,
+            extra=("--fault-function", "load_side_inputs", "--hidden", "832", "--batch-factor", "3.5"),
+            held_aside="s",
+        ),
+        Scenario(
+            "healthy-s",
+            "no fault, another model size (hidden 800, batch 64)",
+            None,
+            extra=("--hidden", "800", "--batch-size", "64"),
+            held_aside="s",
         ),
     )
 }
