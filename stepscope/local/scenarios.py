@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "s") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "t") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -2454,6 +2454,134 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "800", "--batch-size", "64"),
             held_aside="s",
+        ),
+        # Held aside (set t): a throttle of 6 of 10 ms on the middle rank and a CPU limit of 2 ms of
+        # every 10 on the second rank, batches 2.4x on the last rank, a feature-flag thread on the
+        # second rank, costs every 2nd and 4th step, functions of earlier sets at other ranks and
+        # magnitudes, two jobs of two slow ranks (a slower host beside a sleep; a thread beside a
+        # computation), and a healthy job of another size.
+        Scenario(
+            "slow-host-t6",
+            "the middle rank's CPU is stopped 6 ms of every 10 ms (hidden 736, batch 80)",
+            "host",
+            slow_ms=6.0,
+            causes=("same shapes",),
+            extra=("--hidden", "736", "--batch-size", "80"),
+            held_aside="t",
+        ),
+        Scenario(
+            "cpu-limit-t",
+            "the second rank's container may use 2 ms of CPU of every 10 ms (hidden 640, batch 64; needs root)",
+            "limit",
+            slow_ms=8.0,
+            causes=("CPU limit",),
+            where="second",
+            extra=("--hidden", "640", "--batch-size", "64"),
+            held_aside="t",
+        ),
+        Scenario(
+            "uneven-batches-t24",
+            "the last rank's batches are 2.4x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="last",
+            extra=("--hidden", "832", "--batch-factor", "2.4"),
+            held_aside="t",
+        ),
+        Scenario(
+            "gil-thread-t",
+            "a configuration thread of the second rank diffs feature flags in pure Python 21 ms of every 42 ms "
+            "(sync_feature_flags)",
+            "thread",
+            slow_ms=21.0,
+            causes=("sync_feature_flags",),
+            requires=("thread",),
+            where="second",
+            extra=("--period-ms", "42", "--fault-function", "sync_feature_flags"),
+            held_aside="t",
+        ),
+        Scenario(
+            "periodic-evaluation-t",
+            "every 2nd step the middle rank computes 80 ms in run_evaluation",
+            "periodic",
+            slow_ms=80.0,
+            causes=("run_evaluation",),
+            requires=("every 2",),
+            extra=("--every-steps", "2", "--fault-function", "run_evaluation"),
+            held_aside="t",
+        ),
+        Scenario(
+            "periodic-validate-t",
+            "every 4th step the last rank computes 120 ms in validate_model, in two helpers of its own",
+            "periodic",
+            slow_ms=120.0,
+            causes=("validate_model",),
+            requires=("every 4",),
+            where="last",
+            extra=("--every-steps", "4", "--fault-function", "validate_model"),
+            held_aside="t",
+        ),
+        Scenario(
+            "prepare-features-t",
+            "rank 0 computes 31 ms a step in prepare_features, in helpers of its own",
+            "cpu",
+            slow_ms=31.0,
+            causes=("prepare_features",),
+            where="first",
+            extra=("--fault-function", "prepare_features"),
+            held_aside="t",
+        ),
+        Scenario(
+            "remote-features-t",
+            "the middle rank blocks 34 ms a step in fetch_remote_features",
+            "sleep",
+            slow_ms=34.0,
+            causes=("fetch_remote_features",),
+            extra=("--fault-function", "fetch_remote_features"),
+            held_aside="t",
+        ),
+        Scenario(
+            "python-heavy-t",
+            "every rank makes 4,200 small calls a step; the second rank also spends 23 ms a step in "
+            "normalize_text, tens of thousands of tiny calls",
+            "calls",
+            slow_ms=23.0,
+            causes=("normalize_text",),
+            where="second",
+            extra=("--python-calls", "4200", "--fault-function", "normalize_text"),
+            held_aside="t",
+        ),
+        Scenario(
+            "two-slow-t",
+            "rank 0 blocks 36 ms a step in wait_for_lease, the last rank's CPU is stopped 6 ms of every 10 ms",
+            "sleep",
+            slow_ms=36.0,
+            causes=("wait_for_lease",),
+            where="first",
+            second=Second("host", 6.0, ("same shapes",), "last"),
+            min_ranks=3,
+            extra=("--fault-function", "wait_for_lease"),
+            held_aside="t",
+        ),
+        Scenario(
+            "two-slow-t2",
+            "the last rank computes 30 ms a step in warp_images, a metrics thread of the second rank publishes "
+            "26 ms of every 52 ms",
+            "cpu",
+            slow_ms=30.0,
+            causes=("warp_images",),
+            where="last",
+            second=Second("thread", 26.0, ("publish_metrics",), "second"),
+            min_ranks=3,
+            extra=("--fault-function", "warp_images,publish_metrics", "--period-ms", "52"),
+            held_aside="t",
+        ),
+        Scenario(
+            "healthy-t",
+            "no fault, another model size (hidden 768, batch 60)",
+            None,
+            extra=("--hidden", "768", "--batch-size", "60"),
+            held_aside="t",
         ),
     )
 }
