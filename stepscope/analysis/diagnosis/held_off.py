@@ -39,8 +39,7 @@ STEADY_SHARE = 0.75
 def _off_cpu(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """Each step's (rows) time held off, outside collectives, by rank (columns): off the CPU and out
     of the run queue, or throttled by its CPU limit; and the throttled part alone. None where a
-    rank's trace has no scheduler counters for a step (a rank without a cgroup CPU controller is
-    throttled by none)."""
+    rank's trace has no scheduler counters for a step."""
     s = tables.steps
     if s.empty or "cpuUs" not in s or "runDelayUs" not in s:
         return None
@@ -55,13 +54,17 @@ def _off_cpu(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[pd.Da
     def pivot(column: str) -> pd.DataFrame:
         return tables.by_step(column).reindex(index=steps, columns=v.perStepUs.columns)
 
-    throttled = (
-        pivot("throttledUs").fillna(0.0)
-        if "throttledUs" in s
-        else pd.DataFrame(0.0, index=steps, columns=v.perStepUs.columns)
-    )
+    throttled = _throttled(tables, steps, v.perStepUs.columns)
     off = pivot("durationUs") - v.perStepUs.reindex(index=steps) - pivot("cpuUs") - pivot("runDelayUs") + throttled
     return None if off.isna().to_numpy().any() else (off, throttled)
+
+
+def _throttled(tables: RankTables, steps: pd.Index, ranks: pd.Index | list[int]) -> pd.DataFrame:
+    """Each step's (rows) time its CPU limit held each rank (columns) throttled: 0 where its trace
+    has no such counter (a rank without a cgroup CPU controller is throttled by none)."""
+    if "throttledUs" not in tables.steps:
+        return pd.DataFrame(0.0, index=steps, columns=ranks)
+    return tables.by_step("throttledUs").reindex(index=steps, columns=ranks).fillna(0.0)
 
 
 def _others_median(values: np.ndarray) -> np.ndarray:
@@ -95,9 +98,7 @@ def waits_for_cpu(tables: RankTables, v: WaitVerdict, rank: int, steps: pd.Index
     if not peers:
         return 0.0
     columns = [rank, *peers]
-    waiting = tables.by_step("runDelayUs").reindex(index=steps, columns=columns)
-    if "throttledUs" in s:
-        waiting = waiting - tables.by_step("throttledUs").reindex(index=steps, columns=columns).fillna(0.0)
+    waiting = tables.by_step("runDelayUs").reindex(index=steps, columns=columns) - _throttled(tables, steps, columns)
     excess = (waiting[rank] - waiting[peers].median(axis=1)).dropna()
     return float(max(np.median(excess.to_numpy(dtype=float)), 0.0)) if len(excess) else 0.0
 

@@ -119,6 +119,11 @@ def _backward_per_step(tables: RankTables, exploded: pd.DataFrame, steps: pd.Ind
     return None if len(names) == 0 else frame_per_step(tables, exploded, str(names[0]), steps)
 
 
+def _slower_host(cause: Cause) -> bool:
+    """Operators slower than its peers' with the same shapes (not larger inputs): a slower host."""
+    return cause.kind == "operators" and cause.phase != LARGER_INPUTS
+
+
 def _user_frame(cause: Cause) -> bool:
     """A function of the program's own (not torch's, not a built-in): its operators are its work."""
     return cause.kind == "function" and not cause.inner == cause.frame and not re.search(TORCH_CODE, cause.frame)
@@ -317,13 +322,9 @@ def _candidates(
         # Operators slower than its peers' (not larger inputs) say its host is slower: so must its
         # peers' waits, and so must the operators' excess without the time the rank waited for the
         # CPUs of its node.
-        if (
-            cause.kind == "operators"
-            and cause.phase != LARGER_INPUTS
-            and (
-                not _stands_apart(v, rank)
-                or cause.excessUsPerStep - waits_for_cpu(tables, v, rank, steps) < floor * v.stepUs
-            )
+        if _slower_host(cause) and (
+            not _stands_apart(v, rank)
+            or cause.excessUsPerStep - waits_for_cpu(tables, v, rank, steps) < floor * v.stepUs
         ):
             continue
         # What looks like extra time in backward on a rank that waits more is its wait there (DDP
@@ -431,9 +432,7 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
     # limit is why (its cgroup's counters say so; the operators' time says only "a slower host").
     limited = {r: c for r, c in held_off(tables, v, list(v.waitUs), steps).items() if c.phase == CPU_LIMIT}
     candidates = [
-        (r, limited[r], steady, contested)
-        if r in limited and cause.kind == "operators" and cause.phase != LARGER_INPUTS
-        else (r, cause, steady, contested)
+        (r, limited[r], steady, contested) if r in limited and _slower_host(cause) else (r, cause, steady, contested)
         for r, cause, steady, contested in candidates
     ]
     # A rank no frame, operator or thread explains may be held off the CPU by its host: measured
@@ -495,7 +494,7 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         # A background thread that holds the GIL stretches the rank's own backward (autograd and
         # DDP's reducer take the GIL too): its time there beyond its peers' is no wait for them.
         # So does a slower host: its backward is its own work, slower too.
-        slower_host = cause.kind == "operators" and cause.phase != LARGER_INPUTS
+        slower_host = _slower_host(cause)
         own_backward = cause.phase == "backward" or cause.kind == "thread" or slower_host
         mean, error = v.gap_band(rank, None if own_backward else _backward_per_step(tables, exploded, steps))
         waited_for = (
