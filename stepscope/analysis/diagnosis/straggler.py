@@ -144,7 +144,12 @@ def _operators(ops: OperatorCause) -> Cause:
 
 
 def _best_cause(
-    tables: RankTables, exploded: pd.DataFrame, rank: int, steps: pd.Index, sampled: frozenset[int]
+    tables: RankTables,
+    exploded: pd.DataFrame,
+    rank: int,
+    steps: pd.Index,
+    sampled: frozenset[int],
+    waits_more: bool = False,
 ) -> Cause | None:
     """The rank's cause of the three kinds: a function on its training thread, its operators (longer
     than its peers', with the same or larger shapes), or a background thread running Python. A
@@ -152,7 +157,9 @@ def _best_cause(
     own frames (forward, backward) that the operators stretch give way to them, and so does any
     frame where the same operators with the same shapes as on its peers carry half of its excess
     (a slower host stretches every frame of the rank, the training loop's too). Any function on
-    the training thread gives way to a background thread that holds the GIL longer than it takes."""
+    the training thread gives way to a background thread that holds the GIL longer than it takes.
+    `waits_more`: the rank waits longer than its peers, so what it spends in backward beyond theirs
+    is DDP's wait there for a slower rank, whatever its size: larger inputs are its own cause."""
     cause = find_cause(tables, rank, exploded, sampled)
     ops = operator_cause(tables, rank, steps)
     carries = (
@@ -161,7 +168,13 @@ def _best_cause(
     same = carries and ops is not None and ops.sameShapes
     # Larger inputs stretch torch's frames that run them (a module's forward, with the Python that
     # dispatches each operator) as a slower host does...
-    stretched = carries and ops is not None and ops.larger and cause is not None and not _user_frame(cause)
+    stretched = (
+        (carries or (waits_more and cause is not None and cause.phase == "backward"))
+        and ops is not None
+        and ops.larger
+        and cause is not None
+        and not _user_frame(cause)
+    )
     # ... and the program's own per-sample functions (its Dataset's __getitem__), by less than they
     # stretch the operators.
     if ops is not None and (
@@ -313,7 +326,7 @@ def _candidates(
     out = []
     for rank in v.waitUs:
         contested = -v.gap(rank) >= MIN_GAP_SHARE * v.stepUs
-        cause = _best_cause(tables, exploded, rank, steps, sampled)
+        cause = _best_cause(tables, exploded, rank, steps, sampled, waits_more=contested)
         # MIN_GAP_SHARE is a floor against the machine's noise, which larger inputs (shapes that
         # replace its peers') are not: for them the floor is what is worth acting on.
         floor = MIN_VOTE_COST if cause is not None and cause.phase == LARGER_INPUTS else MIN_GAP_SHARE
@@ -366,15 +379,19 @@ def _others(
     healthy = [r for r in v.waitUs if r not in slow]
     out = []
     for rank, cause, steady, contested in candidates[1:]:
-        if contested:
-            continue
         cost = cause.excessUsPerStep
+        if contested and not comparable:
+            continue
         if comparable:
             if not healthy:
                 continue
             gaps = v.perStepUs[healthy].median(axis=1).to_numpy(dtype=float) - v.perStepUs[rank].to_numpy(dtype=float)
             error = float(gaps.std(ddof=1) / np.sqrt(len(gaps))) if len(gaps) > 1 else float("inf")
             mean = float(gaps.mean())
+            # Contested against the ranks without a cause, not against all of its peers: beside the
+            # first rank, which waits least, the median of its peers' waits is no healthy rank's.
+            if -mean >= MIN_GAP_SHARE * v.stepUs:
+                continue
             # A thread of its own in every step needs no more than that its peers wait for it at
             # all (as for the first rank), and costs them what they wait, not its thread's time.
             if mean > 0 and _thread_in_every_step(tables, rank, cause, v.commonSteps):

@@ -753,6 +753,27 @@ def test_a_slower_host_beside_a_slower_rank_is_named_second_with_its_own_cause(r
     assert diagnosis.slowWorkers[0].lostMsPerStep > diagnosis.slowWorkers[1].lostMsPerStep > 0
 
 
+def test_larger_inputs_beside_a_slower_rank_are_named_second_though_ddp_waits_in_backward():
+    # Rank 1 computes 40 ms a step in a function; rank 2's batches are larger (aten::mm [112, 1024]
+    # against [32, 1024]) and cost it 4.5 ms a step. DDP waits for rank 1 inside backward, so the
+    # ranks that wait for it spend 80 % of that wait there: rank 2's backward is 12 ms longer than
+    # the median of rank 1's and rank 0's, and rank 2 waits longer than that median too (before:
+    # its backward taken for its cause, a wait, and rank 2 left out).
+    steps, rng = 8, np.random.default_rng(5)
+    operators = {r: [_op(MM, "[[32, 1024], [1024, 1024]]", list(rng.uniform(7_900, 8_100, steps)))] for r in (0, 1)}
+    operators[2] = [_op(MM, "[[112, 1024], [1024, 1024]]", list(rng.uniform(7_900, 8_100, steps) + 4_500.0))]
+    extra = {1: [40_000.0] * steps, 2: [4_500.0] * steps}
+    ddp = f"{ROOT} > _tensor.py(566): backward > graph.py(966): _engine_run_backward"
+    functions = {
+        r: [_fn(ddp, [10_000.0 + 0.8 * (40_000.0 - extra.get(r, [0.0])[0]) * (r != 1)] * steps)] for r in range(3)
+    }
+    functions[1].append(_fn(f"{ROOT} > workload.py(84): augment_batch_slowly", [40_000.0] * steps))
+    diagnosis, _ = diagnose(lockstep(3, steps, extra, functions=functions, operators=operators))
+    assert [w.rank for w in diagnosis.slowWorkers] == [1, 2], diagnosis.summary
+    assert "augment_batch_slowly" in diagnosis.slowWorkers[0].cause
+    assert "its inputs are larger" in diagnosis.slowWorkers[1].cause, diagnosis.slowWorkers[1].cause
+
+
 def test_run_queue_time_of_a_shared_machine_and_a_few_stopped_steps_are_no_slower_host():
     # Rank 0 waits 8 ms a step longer for a CPU than its peers (ranks that share a machine's CPUs);
     # rank 2 is held off 9 ms in 5 of 8 steps only: neither is a host that stops its rank.
