@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "t") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "u") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -2582,6 +2582,133 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "768", "--batch-size", "60"),
             held_aside="t",
+        ),
+        # Held aside (set u): a throttle of 5 of 10 ms on the last rank and a CPU limit of 3 ms of every
+        # 10 on the middle rank, batches 2.8x on rank 0, a dashboard thread on the last rank, costs
+        # every 2nd and 3rd step, functions of earlier sets at other ranks and magnitudes, two jobs of
+        # two slow ranks (larger batches beside a computation; a thread beside a sleep), and a healthy
+        # job of another size.
+        Scenario(
+            "slow-host-u5",
+            "the last rank's CPU is stopped 5 ms of every 10 ms (hidden 672, batch 88)",
+            "host",
+            slow_ms=5.0,
+            causes=("same shapes",),
+            where="last",
+            extra=("--hidden", "672", "--batch-size", "88"),
+            held_aside="u",
+        ),
+        Scenario(
+            "cpu-limit-u",
+            "the middle rank's container may use 3 ms of CPU of every 10 ms (hidden 704, batch 72; needs root)",
+            "limit",
+            slow_ms=7.0,
+            causes=("CPU limit",),
+            extra=("--hidden", "704", "--batch-size", "72"),
+            held_aside="u",
+        ),
+        Scenario(
+            "uneven-batches-u28",
+            "rank 0's batches are 2.8x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="first",
+            extra=("--hidden", "768", "--batch-factor", "2.8"),
+            held_aside="u",
+        ),
+        Scenario(
+            "gil-thread-u",
+            "a dashboard thread of the last rank renders in pure Python 23 ms of every 46 ms (export_dashboard)",
+            "thread",
+            slow_ms=23.0,
+            causes=("export_dashboard",),
+            requires=("thread",),
+            where="last",
+            extra=("--period-ms", "46", "--fault-function", "export_dashboard"),
+            held_aside="u",
+        ),
+        Scenario(
+            "periodic-vocab-u",
+            "every 3rd step the second rank computes 90 ms in rebuild_vocab, in one helper",
+            "periodic",
+            slow_ms=90.0,
+            causes=("rebuild_vocab",),
+            requires=("every 3",),
+            where="second",
+            extra=("--every-steps", "3", "--fault-function", "rebuild_vocab"),
+            held_aside="u",
+        ),
+        Scenario(
+            "periodic-cache-u",
+            "every 2nd step rank 0 blocks 70 ms in compact_cache",
+            "periodic",
+            slow_ms=70.0,
+            causes=("compact_cache",),
+            requires=("every 2",),
+            where="first",
+            extra=("--every-steps", "2", "--fault-function", "compact_cache"),
+            held_aside="u",
+        ),
+        Scenario(
+            "mix-samples-u",
+            "the middle rank computes 28 ms a step in mix_samples, in helpers of its own",
+            "cpu",
+            slow_ms=28.0,
+            causes=("mix_samples",),
+            extra=("--fault-function", "mix_samples"),
+            held_aside="u",
+        ),
+        Scenario(
+            "shard-index-u",
+            "the second rank blocks 32 ms a step in pull_shard_index",
+            "sleep",
+            slow_ms=32.0,
+            causes=("pull_shard_index",),
+            where="second",
+            extra=("--fault-function", "pull_shard_index"),
+            held_aside="u",
+        ),
+        Scenario(
+            "python-heavy-u",
+            "every rank makes 4,400 small calls a step; the last rank also spends 24 ms a step in strip_markup, "
+            "tens of thousands of tiny calls",
+            "calls",
+            slow_ms=24.0,
+            causes=("strip_markup",),
+            where="last",
+            extra=("--python-calls", "4400", "--fault-function", "strip_markup"),
+            held_aside="u",
+        ),
+        Scenario(
+            "two-slow-u",
+            "the middle rank computes 32 ms a step in jitter_crops, rank 0's batches are 3x its peers'",
+            "cpu",
+            slow_ms=32.0,
+            causes=("jitter_crops",),
+            second=Second("batch", 1.0, ("larger", "uneven"), "first"),
+            min_ranks=3,
+            extra=("--fault-function", "jitter_crops", "--hidden", "768", "--batch-factor", "3"),
+            held_aside="u",
+        ),
+        Scenario(
+            "two-slow-u2",
+            "the last rank blocks 35 ms a step in await_feature_store, a logging thread of rank 0 flushes 25 ms "
+            "of every 50 ms",
+            "sleep",
+            slow_ms=35.0,
+            causes=("await_feature_store",),
+            where="last",
+            second=Second("thread", 25.0, ("flush_log_records",), "first"),
+            min_ranks=3,
+            extra=("--fault-function", "await_feature_store,flush_log_records", "--period-ms", "50"),
+            held_aside="u",
+        ),
+        Scenario(
+            "healthy-u",
+            "no fault, another model size (hidden 704, batch 56)",
+            None,
+            extra=("--hidden", "704", "--batch-size", "56"),
+            held_aside="u",
         ),
     )
 }
