@@ -103,6 +103,29 @@ def waits_for_cpu(tables: RankTables, v: WaitVerdict, rank: int, steps: pd.Index
     return float(max(np.median(excess.to_numpy(dtype=float)), 0.0)) if len(excess) else 0.0
 
 
+def host_time(tables: RankTables, v: WaitVerdict, rank: int, steps: pd.Index) -> float | None:
+    """The rank's typical time per step beyond its peers' that its own counters show: held off the
+    CPU or throttled by its limit, on a CPU (a slower CPU takes longer for the same work), or in the
+    run queue beyond its peers on its node (CPUs that others on its host take). A slower host leaves
+    its time there; a machine whose ranks share its CPUs does not, as its run-queue time lands in
+    one rank's operators in one capture and in another's in the next. None without counters."""
+    measured = _off_cpu(tables, v, steps) if len(steps) else None
+    if measured is None or rank not in measured[0].columns:
+        return None
+    off, throttled = measured
+    ranks = list(off.columns)
+    at = ranks.index(rank)
+
+    def excess(table: pd.DataFrame) -> float:
+        values = table.reindex(index=steps, columns=ranks).to_numpy(dtype=float)
+        return float(np.median(values[:, at] - _others_median(values)[:, at]))
+
+    queued = excess(tables.by_step("runDelayUs") - _throttled(tables, steps, ranks)) - waits_for_cpu(
+        tables, v, rank, steps
+    )
+    return excess(off) + excess(tables.by_step("cpuUs")) + max(queued, 0.0)
+
+
 def held_off(tables: RankTables, v: WaitVerdict, ranks: list[int], steps: pd.Index) -> dict[int, Cause]:
     """Of `ranks` (those without a cause of their own; or all, to find the ones their CPU limit
     throttles), each one held off beyond the others as its cause, where it is worth a slow worker

@@ -31,7 +31,7 @@ from stepscope.analysis.diagnosis.causes import (
     thread_cause,
     thread_per_step,
 )
-from stepscope.analysis.diagnosis.held_off import CPU_LIMIT, HOST_PHASES, held_off, waits_for_cpu
+from stepscope.analysis.diagnosis.held_off import CPU_LIMIT, HOST_PHASES, held_off, host_time, waits_for_cpu
 from stepscope.analysis.diagnosis.operator_time import OPERATOR_RATIO, OperatorCause, operator_cause
 from stepscope.analysis.diagnosis.patterns import QUIET, intermittent
 from stepscope.analysis.diagnosis.rank_tables import RankTables
@@ -71,6 +71,12 @@ LARGER_INPUTS = "larger inputs"
 # gap's mean plus one standard error 0.93-3.2 times it); a healthy rank whose operators a loaded
 # machine stretched 1.7x kept its peers waiting 0.29 of it by that measure, 0.51 by NOISE_BAND's.
 SAME_WORK_BAND = 1.0
+# ... and the rank's own counters must show at least this share of their excess (held_off.host_time):
+# a slower host's time is its own (the benchmark's 65 slower hosts named so: 0.83-2.3 times the
+# excess), while the run-queue time of a machine whose ranks share its CPUs lands in one rank's
+# operators in one capture and in another's in the next (six healthy ranks named, or the likeliest,
+# so on a loaded 2-core machine: 0.27 at most).
+HOST_SHARE = 0.5
 
 
 @dataclass
@@ -231,6 +237,7 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cau
         or not (ops.sameShapes and ops.shapesKnown)
         or ops.ratio < OPERATOR_RATIO
         or 2 * _steady_operators(tables, v.rank, steps) < len(steps)
+        or not _host_shows(tables, v, v.rank, steps, ops.excessUsPerStep)
     ):
         return None
     durations = tables.by_step("durationUs").reindex(index=steps, columns=peers.columns)
@@ -241,6 +248,13 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cau
     if own_us <= 0 or ops.excessUsPerStep - shared_cpus < ops.peersUsPerStep / own_us * v.gapUsPerStep:
         return None
     return _operators(ops), waited
+
+
+def _host_shows(tables: RankTables, v: WaitVerdict, rank: int, steps: pd.Index, excess: float) -> bool:
+    """Whether the rank's counters show its slower operators' `excess` as its own time (HOST_SHARE);
+    without counters, nothing says otherwise."""
+    own = host_time(tables, v, rank, steps)
+    return own is None or own >= HOST_SHARE * excess
 
 
 def _stands_apart(v: WaitVerdict, rank: int) -> bool:
@@ -333,11 +347,12 @@ def _candidates(
         if cause is None or cause.excessUsPerStep < floor * v.stepUs:
             continue
         # Operators slower than its peers' (not larger inputs) say its host is slower: so must its
-        # peers' waits, and so must the operators' excess without the time the rank waited for the
-        # CPUs of its node.
+        # peers' waits, the operators' excess without the time the rank waited for the CPUs of its
+        # node, and its own counters.
         if _slower_host(cause) and (
             not _stands_apart(v, rank)
             or cause.excessUsPerStep - waits_for_cpu(tables, v, rank, steps) < floor * v.stepUs
+            or not _host_shows(tables, v, rank, steps, cause.excessUsPerStep)
         ):
             continue
         # What looks like extra time in backward on a rank that waits more is its wait there (DDP

@@ -162,6 +162,29 @@ def test_operators_slower_by_the_time_a_rank_waits_for_its_nodes_cpus_are_no_slo
     _named_a_slow_host(diagnose(summaries)[0], 2)
 
 
+def test_operators_slower_with_the_same_shapes_that_its_counters_do_not_show_are_no_slow_host():
+    # Four ranks share the CPUs of one loaded node. Rank 1's aten::mm takes 1.6x its peers' with the
+    # same shapes (4.8 ms a step more) and its peers wait 2.6 ms a step for it, but its counters show
+    # 1.3 ms of it as its own: 1 ms held off the CPU, 0.3 ms more on one; its 1.3 ms longer in the
+    # run queue its peers on the node share. The run-queue time all of them wait landed in its
+    # operators this time (before: a slower host). Held off the CPU those 2.6 ms, it is one.
+    steps = 8
+    slow = [_op(MM, SHAPES, [12_800.0] * steps)]
+    extra = {1: [2_600.0] * steps}
+
+    def job(held: float, queued: float) -> list[RankSummary]:
+        summaries = lockstep(
+            4, steps, extra, operators={1: slow}, held={1: [held] * steps}, queued={1: [queued] * steps}
+        )
+        for s in summaries:
+            s.node = "node-a"
+        return summaries
+
+    diagnosis, _ = diagnose(job(held=1_000.0, queued=2_300.0))
+    assert not diagnosis.slowWorkers and "slow device or host" not in diagnosis.summary, diagnosis.summary
+    _named_a_slow_host(diagnose(job(held=2_600.0, queued=1_000.0))[0], 1)
+
+
 def test_operators_slower_with_the_same_shapes_that_its_peers_hardly_wait_for_are_no_slow_host():
     # Rank 2's aten::mm takes 1.6x its peers' with the same shapes (4.8 ms a step more), but its
     # peers wait for it 1.4 ms a step on average, some steps not at all: a loaded machine stretched
