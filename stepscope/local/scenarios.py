@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "u") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "v") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -2709,6 +2709,132 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "704", "--batch-size", "56"),
             held_aside="u",
+        ),
+        # Held aside (set v): a throttle of 7 of 10 ms on the second rank and a CPU limit of 2.5 ms of
+        # every 10 on the last rank, batches 2.6x on the middle rank, an upload thread on rank 0, costs
+        # every 3rd and 4th step, functions of earlier sets at other ranks and magnitudes, two jobs of
+        # two slow ranks (a slower host beside a computation; larger batches beside a sleep), and a
+        # healthy job of another size.
+        Scenario(
+            "slow-host-v7",
+            "the second rank's CPU is stopped 7 ms of every 10 ms (hidden 800, batch 64)",
+            "host",
+            slow_ms=7.0,
+            causes=("same shapes",),
+            where="second",
+            extra=("--hidden", "800", "--batch-size", "64"),
+            held_aside="v",
+        ),
+        Scenario(
+            "cpu-limit-v",
+            "the last rank's container may use 2.5 ms of CPU of every 10 ms (hidden 672, batch 80; needs root)",
+            "limit",
+            slow_ms=7.5,
+            causes=("CPU limit",),
+            where="last",
+            extra=("--hidden", "672", "--batch-size", "80"),
+            held_aside="v",
+        ),
+        Scenario(
+            "uneven-batches-v26",
+            "the middle rank's batches are 2.6x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            extra=("--hidden", "800", "--batch-factor", "2.6"),
+            held_aside="v",
+        ),
+        Scenario(
+            "gil-thread-v",
+            "an upload thread of rank 0 packs traces in pure Python 22 ms of every 44 ms (upload_traces)",
+            "thread",
+            slow_ms=22.0,
+            causes=("upload_traces",),
+            requires=("thread",),
+            where="first",
+            extra=("--period-ms", "44", "--fault-function", "upload_traces"),
+            held_aside="v",
+        ),
+        Scenario(
+            "periodic-holdout-v",
+            "every 4th step the middle rank computes 100 ms in score_holdout, in one helper",
+            "periodic",
+            slow_ms=100.0,
+            causes=("score_holdout",),
+            requires=("every 4",),
+            extra=("--every-steps", "4", "--fault-function", "score_holdout"),
+            held_aside="v",
+        ),
+        Scenario(
+            "periodic-checkpoint-v",
+            "every 3rd step the last rank blocks 85 ms in save_checkpoint",
+            "periodic",
+            slow_ms=85.0,
+            causes=("save_checkpoint",),
+            requires=("every 3",),
+            where="last",
+            extra=("--every-steps", "3", "--fault-function", "save_checkpoint"),
+            held_aside="v",
+        ),
+        Scenario(
+            "warp-images-v",
+            "the second rank computes 30 ms a step in warp_images, in two helpers of its own",
+            "cpu",
+            slow_ms=30.0,
+            causes=("warp_images",),
+            where="second",
+            extra=("--fault-function", "warp_images"),
+            held_aside="v",
+        ),
+        Scenario(
+            "side-inputs-v",
+            "the last rank blocks 36 ms a step in load_side_inputs",
+            "sleep",
+            slow_ms=36.0,
+            causes=("load_side_inputs",),
+            where="last",
+            extra=("--fault-function", "load_side_inputs"),
+            held_aside="v",
+        ),
+        Scenario(
+            "python-heavy-v",
+            "every rank makes 4,000 small calls a step; rank 0 also spends 22 ms a step in detokenize_spans, "
+            "tens of thousands of tiny calls",
+            "calls",
+            slow_ms=22.0,
+            causes=("detokenize_spans",),
+            where="first",
+            extra=("--python-calls", "4000", "--fault-function", "detokenize_spans"),
+            held_aside="v",
+        ),
+        Scenario(
+            "two-slow-v",
+            "the middle rank computes 34 ms a step in prepare_features, rank 0's CPU is stopped 6 ms of every 10 ms",
+            "cpu",
+            slow_ms=34.0,
+            causes=("prepare_features",),
+            second=Second("host", 6.0, ("same shapes",), "first"),
+            min_ranks=3,
+            extra=("--fault-function", "prepare_features"),
+            held_aside="v",
+        ),
+        Scenario(
+            "two-slow-v2",
+            "the second rank blocks 36 ms a step in wait_for_lease, the last rank's batches are 3x its peers'",
+            "sleep",
+            slow_ms=36.0,
+            causes=("wait_for_lease",),
+            where="second",
+            second=Second("batch", 1.0, ("larger", "uneven"), "last"),
+            min_ranks=3,
+            extra=("--fault-function", "wait_for_lease", "--hidden", "800", "--batch-factor", "3"),
+            held_aside="v",
+        ),
+        Scenario(
+            "healthy-v",
+            "no fault, another model size (hidden 640, batch 72)",
+            None,
+            extra=("--hidden", "640", "--batch-size", "72"),
+            held_aside="v",
         ),
     )
 }
