@@ -112,18 +112,30 @@ def host_time(tables: RankTables, v: WaitVerdict, rank: int, steps: pd.Index) ->
     measured = _off_cpu(tables, v, steps) if len(steps) else None
     if measured is None or rank not in measured[0].columns:
         return None
-    off, throttled = measured
+    off = measured[0]
     ranks = list(off.columns)
-    at = ranks.index(rank)
-
-    def excess(table: pd.DataFrame) -> float:
-        values = table.reindex(index=steps, columns=ranks).to_numpy(dtype=float)
-        return float(np.median(values[:, at] - _others_median(values)[:, at]))
-
-    queued = excess(tables.by_step("runDelayUs") - _throttled(tables, steps, ranks)) - waits_for_cpu(
+    queued = _excess(tables.by_step("runDelayUs") - _throttled(tables, steps, ranks), rank, steps) - waits_for_cpu(
         tables, v, rank, steps
     )
-    return excess(off) + excess(tables.by_step("cpuUs")) + max(queued, 0.0)
+    return _excess(off, rank, steps) + _excess(tables.by_step("cpuUs"), rank, steps) + max(queued, 0.0)
+
+
+def cpu_excess(tables: RankTables, rank: int, steps: pd.Index) -> float | None:
+    """The rank's typical time per step on a CPU beyond its peers' (its training thread's: what it
+    computes more, wherever the run queue delayed it); None without the counter for every step."""
+    s = tables.steps
+    # A null counter sums to 0 in a step table: such steps are looked for first.
+    if s.empty or "cpuUs" not in s or len(steps) == 0 or s.loc[s["step"].isin(steps), "cpuUs"].isna().any():
+        return None
+    cpu = tables.by_step("cpuUs")
+    return _excess(cpu, rank, steps) if rank in cpu.columns else None
+
+
+def _excess(table: pd.DataFrame, rank: int, steps: pd.Index) -> float:
+    """The median over `steps` (rows) of the rank's value less the median of its peers' (columns)."""
+    values = table.reindex(index=steps).to_numpy(dtype=float)
+    at = list(table.columns).index(rank)
+    return float(np.median(values[:, at] - _others_median(values)[:, at]))
 
 
 def held_off(tables: RankTables, v: WaitVerdict, ranks: list[int], steps: pd.Index) -> dict[int, Cause]:

@@ -42,12 +42,30 @@ class OperatorCause:
     # The larger inputs are to the operators that carry half of its peers' work (_main_larger), not
     # to an operator that one hiccup put in the rank's top operators with shapes its peers' lack.
     mainWork: bool = False
+    # Larger inputs: its training thread's time on a CPU beyond its peers' where that is more than
+    # its operators' excess. The operators' wall time takes in the run queue's waits, which a loaded
+    # machine spreads over every rank's operators (a rank with 2.8x its peers' batches computed
+    # 2.0-3.4 ms a step more on a CPU while its operators took 0.6 ms longer at most); its CPU time
+    # is its own work.
+    cpuExcessUsPerStep: float = 0.0
+
+    @property
+    def costUsPerStep(self) -> float:
+        return max(self.excessUsPerStep, self.cpuExcessUsPerStep)
 
     @property
     def ratio(self) -> float:
         return self.usPerStep / self.peersUsPerStep if self.peersUsPerStep > 0 else float("inf")
 
     def text(self) -> str:
+        if self.larger and self.cpuExcessUsPerStep > self.excessUsPerStep:
+            return (
+                f"its inputs are larger: {self.operator} takes {self.shapes} against {self.peersShapes} on its peers "
+                f"(uneven shards or batches); its training thread computes {ms(self.cpuExcessUsPerStep)}/step more "
+                f"than its peers' on a CPU, while its operators took {ms(self.excessUsPerStep)}/step more "
+                f"({ms(self.usPerStep)} vs {ms(self.peersUsPerStep)} a step): the machine's run queue stretched "
+                "its peers' operators too"
+            )
         if self.larger and self.excessUsPerStep <= 0:
             return (
                 f"its inputs are larger: {self.operator} takes {self.shapes} against {self.peersShapes} on its peers "

@@ -31,7 +31,14 @@ from stepscope.analysis.diagnosis.causes import (
     thread_cause,
     thread_per_step,
 )
-from stepscope.analysis.diagnosis.held_off import CPU_LIMIT, HOST_PHASES, held_off, host_time, waits_for_cpu
+from stepscope.analysis.diagnosis.held_off import (
+    CPU_LIMIT,
+    HOST_PHASES,
+    cpu_excess,
+    held_off,
+    host_time,
+    waits_for_cpu,
+)
 from stepscope.analysis.diagnosis.operator_time import OPERATOR_RATIO, OperatorCause, operator_cause
 from stepscope.analysis.diagnosis.patterns import QUIET, intermittent
 from stepscope.analysis.diagnosis.rank_tables import RankTables
@@ -140,7 +147,7 @@ def _operators(ops: OperatorCause) -> Cause:
         frame=ops.operator,
         inner="",
         phase=LARGER_INPUTS if ops.larger else "operators",
-        excessUsPerStep=ops.excessUsPerStep,
+        excessUsPerStep=ops.costUsPerStep,
         usPerStep=ops.usPerStep,
         peersUsPerStep=ops.peersUsPerStep,
         callsPerStep=0.0,
@@ -173,9 +180,15 @@ def _best_cause(
     )
     same = carries and ops is not None and ops.sameShapes
     # Larger inputs stretch torch's frames that run them (a module's forward, with the Python that
-    # dispatches each operator) as a slower host does...
+    # dispatches each operator; the DataLoader that collates a larger batch) as a slower host does,
+    # whatever part of that their operators carry where the inputs are to the main work...
     stretched = (
-        (carries or (waits_more and cause is not None and cause.phase == "backward"))
+        (
+            carries
+            or ops is not None
+            and ops.mainWork
+            or (waits_more and cause is not None and cause.phase == "backward")
+        )
         and ops is not None
         and ops.larger
         and cause is not None
@@ -193,6 +206,12 @@ def _best_cause(
     thread = thread_cause(tables, rank)
     if thread is not None and (cause is None or thread.excessUsPerStep >= cause.excessUsPerStep):
         cause = thread
+    # Larger inputs that are its cause cost what the rank computes more, where its counters say so;
+    # chosen first by their operators alone (its CPU time would count a function's work too).
+    if cause is not None and cause.phase == LARGER_INPUTS and ops is not None:
+        on_cpu = cpu_excess(tables, rank, steps)
+        if on_cpu is not None and on_cpu > ops.excessUsPerStep:
+            cause = _operators(dataclasses.replace(ops, cpuExcessUsPerStep=on_cpu))
     return cause
 
 

@@ -797,6 +797,27 @@ def test_larger_inputs_beside_a_slower_rank_are_named_second_though_ddp_waits_in
     assert "its inputs are larger" in diagnosis.slowWorkers[1].cause, diagnosis.slowWorkers[1].cause
 
 
+@pytest.mark.parametrize("loader_us", [0.0, 3_000.0])
+def test_larger_inputs_cost_what_the_rank_computes_more_on_a_cpu(loader_us: float):
+    # Rank 2's batches are larger (aten::mm [112, 1024] against [32, 1024]) and it computes 2.5 ms a
+    # step more on a CPU, which its peers wait for; its operators took 0.5 ms longer, as the run
+    # queue stretched its peers' as much. With `loader_us`, the DataLoader's __next__ that collates
+    # its larger batch takes 3 ms a step more (before: "cannot tell", hidden inputs; or the data
+    # loading named as the cause).
+    steps = 8
+    rng = np.random.default_rng(3)
+    operators = {r: [_op(MM, "[[32, 1024], [1024, 1024]]", list(rng.uniform(7_900, 8_100, steps)))] for r in (0, 1)}
+    operators[2] = [_op(MM, "[[112, 1024], [1024, 1024]]", list(rng.uniform(7_900, 8_100, steps) + 500.0))]
+    loader = f"{ROOT} > torch/utils/data/dataloader.py(720): __next__"
+    functions = {r: [_fn(loader, [2_000.0 + (loader_us if r == 2 else 0.0)] * steps)] for r in range(3)}
+    diagnosis, _ = diagnose(
+        lockstep(3, steps, {2: [2_500.0] * steps}, operators=operators, functions=functions, queued={})
+    )
+    assert [w.rank for w in diagnosis.slowWorkers] == [2], diagnosis.summary
+    assert "its inputs are larger" in diagnosis.summary and "uneven shards" in diagnosis.summary
+    assert "its training thread computes 2.5 ms/step more" in diagnosis.slowWorkers[0].cause
+
+
 def test_run_queue_time_of_a_shared_machine_and_a_few_stopped_steps_are_no_slower_host():
     # Rank 0 waits 8 ms a step longer for a CPU than its peers (ranks that share a machine's CPUs);
     # rank 2 is held off 9 ms in 5 of 8 steps only: neither is a host that stops its rank.
