@@ -120,15 +120,22 @@ def host_time(tables: RankTables, v: WaitVerdict, rank: int, steps: pd.Index) ->
     return _excess(off, rank, steps) + _excess(tables.by_step("cpuUs"), rank, steps) + max(queued, 0.0)
 
 
-def cpu_excess(tables: RankTables, rank: int, steps: pd.Index) -> float | None:
+def cpu_excess(tables: RankTables, rank: int, steps: pd.Index, peers: list[int] | None = None) -> float | None:
     """The rank's typical time per step on a CPU beyond its peers' (its training thread's: what it
-    computes more, wherever the run queue delayed it); None without the counter for every step."""
+    computes more, wherever the run queue delayed it), or beyond those of `peers` (the ranks without
+    a cause, where another rank's cause may be CPU time too); None without the counter."""
     s = tables.steps
     # A null counter sums to 0 in a step table: such steps are looked for first.
     if s.empty or "cpuUs" not in s or len(steps) == 0 or s.loc[s["step"].isin(steps), "cpuUs"].isna().any():
         return None
     cpu = tables.by_step("cpuUs")
-    return _excess(cpu, rank, steps) if rank in cpu.columns else None
+    if rank not in cpu.columns:
+        return None
+    if peers is None:
+        return _excess(cpu, rank, steps)
+    mine = cpu.reindex(index=steps)[rank].to_numpy(dtype=float)
+    theirs = cpu.reindex(index=steps, columns=peers).median(axis=1).to_numpy(dtype=float)
+    return float(np.median(mine - theirs))
 
 
 def _excess(table: pd.DataFrame, rank: int, steps: pd.Index) -> float:

@@ -276,6 +276,15 @@ def _host_shows(tables: RankTables, v: WaitVerdict, rank: int, steps: pd.Index, 
     return own is None or own >= HOST_SHARE * excess
 
 
+def _computes_larger_inputs(tables: RankTables, rank: int, cause: Cause, steps: pd.Index, healthy: list[int]) -> bool:
+    """Larger inputs whose cost its training thread's CPU time beyond the ranks without a cause shows
+    (at least half of it)."""
+    if cause.phase != LARGER_INPUTS:
+        return False
+    on_cpu = cpu_excess(tables, rank, steps, healthy)
+    return on_cpu is not None and on_cpu >= 0.5 * cause.excessUsPerStep
+
+
 def _stands_apart(v: WaitVerdict, rank: int) -> bool:
     """Whether the rank's peers wait longer for it than they differ among themselves in their mean
     wait (twice their median absolute deviation: the difference of two peers). A slower host stands
@@ -430,11 +439,15 @@ def _others(
             # all (as for the first rank), and costs them what they wait, not its thread's time.
             if mean > 0 and _thread_in_every_step(tables, rank, cause, v.commonSteps):
                 cost = min(cost, mean)
-            # Held off the CPU by its host, it holds the others back by that time once the first
-            # rank's cause is gone, whatever they wait for it now (the first one's larger cost may
-            # hide it): the kernel's counters need no collectives.
-            elif cause.phase not in HOST_PHASES and not (
-                mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep
+            # Held off the CPU by its host, or computing its larger inputs, it holds the others back
+            # by that time once the first rank's cause is gone, whatever they wait for it now (the
+            # first one's larger cost may hide it, and a shared machine's run queue moves its
+            # arrival by more than that from capture to capture): the kernel's counters need no
+            # collectives.
+            elif (
+                cause.phase not in HOST_PHASES
+                and not _computes_larger_inputs(tables, rank, cause, v.commonSteps, healthy)
+                and not (mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep)
             ):
                 continue
         conf = confidence(cause.excessUsPerStep / v.stepUs if v.stepUs else 0.0, steady, v.steps, 1.0, True)

@@ -818,6 +818,26 @@ def test_larger_inputs_cost_what_the_rank_computes_more_on_a_cpu(loader_us: floa
     assert "its training thread computes 2.5 ms/step more" in diagnosis.slowWorkers[0].cause
 
 
+def test_larger_inputs_beside_a_slower_rank_are_named_by_what_they_compute_though_a_peer_waited_less():
+    # Rank 1 computes 40 ms a step in a function; rank 0's batches are larger: its operators take
+    # 2.3 ms a step longer and it computes 3 ms a step more on a CPU. The one rank without a cause,
+    # rank 2, spent 4.5 ms a step longer in the run queue of the CPUs they share, so it waits less
+    # than rank 0 for rank 1: the collectives show no wait for rank 0, its CPU time does (before:
+    # rank 1 alone).
+    steps = 8
+    rng = np.random.default_rng(6)
+    operators = {r: [_op(MM, "[[32, 1024], [1024, 1024]]", list(rng.uniform(7_900, 8_100, steps)))] for r in (1, 2)}
+    operators[0] = [_op(MM, "[[112, 1024], [1024, 1024]]", list(rng.uniform(7_900, 8_100, steps) + 2_300.0))]
+    cpu = _fn(f"{ROOT} > workload.py(84): augment_batch_slowly", [40_000.0] * steps)
+    extra = {0: [3_000.0] * steps, 1: [40_000.0] * steps, 2: [4_500.0] * steps}
+    diagnosis, _ = diagnose(
+        lockstep(3, steps, extra, functions={1: [cpu]}, operators=operators, queued={2: [5_500.0] * steps})
+    )
+    assert [w.rank for w in diagnosis.slowWorkers] == [1, 0], diagnosis.summary
+    assert "augment_batch_slowly" in diagnosis.slowWorkers[0].cause
+    assert "inputs are larger" in diagnosis.slowWorkers[1].cause, diagnosis.slowWorkers[1].cause
+
+
 def test_run_queue_time_of_a_shared_machine_and_a_few_stopped_steps_are_no_slower_host():
     # Rank 0 waits 8 ms a step longer for a CPU than its peers (ranks that share a machine's CPUs);
     # rank 2 is held off 9 ms in 5 of 8 steps only: neither is a host that stops its rank.
