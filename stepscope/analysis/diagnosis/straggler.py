@@ -215,17 +215,20 @@ def _best_cause(
     return cause
 
 
-def _thread_in_every_step(tables: RankTables, rank: int, cause: Cause, steps: pd.Index) -> bool:
+def _thread_in_every_step(tables: RankTables, rank: int, cause: Cause, steps: pd.Index, step_us: float) -> bool:
     """A background thread's Python time that is the rank's own (its peers' threads of the same
-    function run next to none of it) and that holds in every step (STEADY of its median excess; all
-    but one step of more than three): evidence that does not need the collectives, whose gap is a
-    fraction of the thread's time where the training thread spends much of its step without the
-    GIL (sleeping, in I/O) and swings with the machine's load."""
+    function run next to none of it) and that holds in every step (STEADY of its median excess, or
+    MIN_GAP_SHARE of the step where that is less: a thread whose period does not divide the step
+    runs one burst in some steps and two in others, half of its median; all but one step of more
+    than three): evidence that does not need the collectives, whose gap is a fraction of the
+    thread's time where the training thread spends much of its step without the GIL (sleeping, in
+    I/O) and swings with the machine's load."""
     table = thread_per_step(tables, cause.frame, steps)
     if cause.kind != "thread" or table is None or cause.peersUsPerStep > OWN_SHARE * cause.excessUsPerStep:
         return False
     excess = table[rank].to_numpy(dtype=float) - table.drop(columns=[rank]).median(axis=1).to_numpy(dtype=float)
-    holds = int(np.sum((excess > 0) & (excess >= STEADY * float(np.median(excess)))))
+    need = min(STEADY * float(np.median(excess)), MIN_GAP_SHARE * step_us)
+    holds = int(np.sum((excess > 0) & (excess >= need)))
     return holds == len(steps) or (len(steps) > 3 and holds >= len(steps) - 1)
 
 
@@ -437,7 +440,7 @@ def _others(
                 continue
             # A thread of its own in every step needs no more than that its peers wait for it at
             # all (as for the first rank), and costs them what they wait, not its thread's time.
-            if mean > 0 and _thread_in_every_step(tables, rank, cause, v.commonSteps):
+            if mean > 0 and _thread_in_every_step(tables, rank, cause, v.commonSteps, v.stepUs):
                 cost = min(cost, mean)
             # Held off the CPU by its host, or computing its larger inputs, it holds the others back
             # by that time once the first rank's cause is gone, whatever they wait for it now (the
@@ -570,7 +573,7 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         own_thread = (
             mean > 0
             and not elsewhere
-            and (cause.phase in HOST_PHASES or _thread_in_every_step(tables, rank, cause, steps))
+            and (cause.phase in HOST_PHASES or _thread_in_every_step(tables, rank, cause, steps, v.stepUs))
         )
         agrees = (
             not rival

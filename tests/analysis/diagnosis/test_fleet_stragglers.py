@@ -732,6 +732,24 @@ def test_a_gil_thread_beside_a_slower_rank_is_named_second_with_what_its_peers_w
     assert workers[3].lostMsPerStep > workers[0].lostMsPerStep > 0
 
 
+def test_a_gil_thread_whose_bursts_per_step_vary_beside_a_slower_rank_is_named_second():
+    # Rank 0's thread runs 25 ms bursts at a period that does not divide the step: one burst in some
+    # steps, two in others (24.8 or 49.8 ms a step, just under half of its median in the former). Its
+    # peers wait ~12 ms a step for it, less than half of its time, beside rank 3's 30 ms in mix_samples. It runs
+    # in every step all the same (before: a thread of some steps only, which the collectives had to
+    # show at half of its time, and rank 0 left out).
+    steps = 8
+    extra = _collectives_noise(4, steps, 0, 12_000.0)
+    extra[3] = [x + 30_000.0 for x in extra[3]]
+    bursts = [49_800.0, 24_800.0, 49_800.0, 49_800.0, 24_800.0, 49_800.0, 49_800.0, 49_800.0]
+    thread = _fn(THREAD.replace("publish_metrics", "flush_log_records"), bursts)
+    mix = _fn(f"{ROOT} > workload.py(321): mix_samples", [30_000.0] * steps)
+    diagnosis, _ = diagnose(lockstep(4, steps, extra, functions={0: [thread], 3: [mix]}))
+    workers = {w.rank: w for w in diagnosis.slowWorkers}
+    assert [w.rank for w in diagnosis.slowWorkers] == [3, 0], diagnosis.summary
+    assert "background thread in flush_log_records" in workers[0].cause
+
+
 def test_a_slower_rank_whose_peers_differ_as_much_among_themselves_is_no_slow_host():
     # A loaded machine's scheduler spreads 3 healthy ranks unevenly: rank 0 gets the least CPU (its
     # operators take 2x, its peers wait 6 ms for it), but rank 2 gets little more, and rank 1 waits
