@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "v") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "w") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -2835,6 +2835,132 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "640", "--batch-size", "72"),
             held_aside="v",
+        ),
+        # Held aside (set w): a throttle of 4 of 10 ms on rank 0 and a CPU limit of 3.5 ms of every 10
+        # on the second rank, batches 2.2x on the last rank, a telemetry thread on the middle rank,
+        # costs every 3rd and 4th step, functions of earlier sets at other ranks and magnitudes, two
+        # jobs of two slow ranks (a slower host beside a sleep; a CPU limit beside a computation), and
+        # a healthy job of another size.
+        Scenario(
+            "slow-host-w4",
+            "rank 0's CPU is stopped 4 ms of every 10 ms (hidden 768, batch 72)",
+            "host",
+            slow_ms=4.0,
+            causes=("same shapes",),
+            where="first",
+            extra=("--hidden", "768", "--batch-size", "72"),
+            held_aside="w",
+        ),
+        Scenario(
+            "cpu-limit-w",
+            "the second rank's container may use 3.5 ms of CPU of every 10 ms (hidden 608, batch 96; needs root)",
+            "limit",
+            slow_ms=6.5,
+            causes=("CPU limit",),
+            where="second",
+            extra=("--hidden", "608", "--batch-size", "96"),
+            held_aside="w",
+        ),
+        Scenario(
+            "uneven-batches-w22",
+            "the last rank's batches are 2.2x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="last",
+            extra=("--hidden", "736", "--batch-factor", "2.2"),
+            held_aside="w",
+        ),
+        Scenario(
+            "gil-thread-w",
+            "a telemetry thread of the middle rank compresses in pure Python 24 ms of every 48 ms (compress_telemetry)",
+            "thread",
+            slow_ms=24.0,
+            causes=("compress_telemetry",),
+            requires=("thread",),
+            extra=("--period-ms", "48", "--fault-function", "compress_telemetry"),
+            held_aside="w",
+        ),
+        Scenario(
+            "periodic-embeddings-w",
+            "every 4th step the second rank computes 95 ms in refresh_embeddings, three calls deep",
+            "periodic",
+            slow_ms=95.0,
+            causes=("refresh_embeddings",),
+            requires=("every 4",),
+            where="second",
+            extra=("--every-steps", "4", "--fault-function", "refresh_embeddings"),
+            held_aside="w",
+        ),
+        Scenario(
+            "periodic-compact-w",
+            "every 3rd step rank 0 blocks 90 ms in compact_cache",
+            "periodic",
+            slow_ms=90.0,
+            causes=("compact_cache",),
+            requires=("every 3",),
+            where="first",
+            extra=("--every-steps", "3", "--fault-function", "compact_cache"),
+            held_aside="w",
+        ),
+        Scenario(
+            "augment-w",
+            "the last rank computes 31 ms a step in augment_batch_slowly",
+            "cpu",
+            slow_ms=31.0,
+            causes=("augment_batch_slowly",),
+            where="last",
+            held_aside="w",
+        ),
+        Scenario(
+            "lease-w",
+            "the middle rank blocks 35 ms a step in wait_for_lease",
+            "sleep",
+            slow_ms=35.0,
+            causes=("wait_for_lease",),
+            extra=("--fault-function", "wait_for_lease"),
+            held_aside="w",
+        ),
+        Scenario(
+            "python-heavy-w",
+            "every rank makes 4,600 small calls a step; the middle rank also spends 25 ms a step in "
+            "parse_annotations, tens of thousands of tiny calls",
+            "calls",
+            slow_ms=25.0,
+            causes=("parse_annotations",),
+            extra=("--python-calls", "4600", "--fault-function", "parse_annotations"),
+            held_aside="w",
+        ),
+        Scenario(
+            "two-slow-w",
+            "rank 0 blocks 34 ms a step in fetch_remote_features, the middle rank's CPU is stopped 5 ms of every 10 ms",
+            "sleep",
+            slow_ms=34.0,
+            causes=("fetch_remote_features",),
+            where="first",
+            second=Second("host", 5.0, ("same shapes",), "middle"),
+            min_ranks=3,
+            extra=("--fault-function", "fetch_remote_features"),
+            held_aside="w",
+        ),
+        Scenario(
+            "two-slow-w2",
+            "the last rank computes 33 ms a step in warp_images, the second rank's container may use 3 ms of CPU "
+            "of every 10 ms",
+            "cpu",
+            slow_ms=33.0,
+            causes=("warp_images",),
+            where="last",
+            second=Second("limit", 7.0, ("CPU limit",), "second"),
+            min_ranks=3,
+            extra=("--fault-function", "warp_images"),
+            held_aside="w",
+        ),
+        Scenario(
+            "healthy-w",
+            "no fault, another model size (hidden 832, batch 48)",
+            None,
+            extra=("--hidden", "832", "--batch-size", "48"),
+            held_aside="w",
         ),
     )
 }
