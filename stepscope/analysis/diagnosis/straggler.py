@@ -610,8 +610,12 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
     host = _slow_host(tables, v, steps)
     if host is not None:
         found = host[0]
-    elif found is not None and found.excessUsPerStep < MIN_GAP_SHARE * v.stepUs:
-        # A frame that explains next to nothing of the gap is no explanation of it.
+    elif found is not None and (
+        found.excessUsPerStep < MIN_GAP_SHARE * v.stepUs
+        or (_slower_host(found) and not _host_shows(tables, v, v.rank, steps, found.excessUsPerStep))
+    ):
+        # A frame that explains next to nothing of the gap is no explanation of it; nor are
+        # operators slower with the same shapes that the rank's counters do not show as its time.
         found = None
     agreeing = v.agreeing if host is None else host[1]
     conf = confidence(

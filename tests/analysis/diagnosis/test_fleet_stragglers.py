@@ -185,6 +185,21 @@ def test_operators_slower_with_the_same_shapes_that_its_counters_do_not_show_are
     _named_a_slow_host(diagnose(job(held=2_600.0, queued=1_000.0))[0], 1)
 
 
+def test_a_gap_of_some_steps_with_operators_its_counters_do_not_show_is_no_cause_to_doubt():
+    # Four ranks share one node's CPUs; rank 2 waits 7 ms a step longer than its peers for a CPU in
+    # every other step, so they wait for it in those steps, and its aten::mm takes 1.6x theirs with
+    # the same shapes. Its counters show none of the operators' excess as its own: the run queue
+    # that its node's ranks share (before: "cannot tell", its operators the likeliest explanation).
+    steps = 8
+    slow = [_op(MM, SHAPES, [12_800.0] * steps)]
+    extra = [7_000.0, 500.0] * (steps // 2)
+    summaries = lockstep(4, steps, {2: extra}, operators={2: slow}, queued={2: [1_000.0 + e for e in extra]})
+    for s in summaries:
+        s.node = "node-a"
+    diagnosis, _ = diagnose(summaries)
+    assert not diagnosis.slowWorkers and "cannot tell" not in diagnosis.summary, diagnosis.summary
+
+
 def test_operators_slower_with_the_same_shapes_that_its_peers_hardly_wait_for_are_no_slow_host():
     # Rank 2's aten::mm takes 1.6x its peers' with the same shapes (4.8 ms a step more), but its
     # peers wait for it 1.4 ms a step on average, some steps not at all: a loaded machine stretched
