@@ -129,17 +129,15 @@ def cpu_excess(tables: RankTables, rank: int, steps: pd.Index, peers: list[int] 
     if s.empty or "cpuUs" not in s or len(steps) == 0 or s.loc[s["step"].isin(steps), "cpuUs"].isna().any():
         return None
     cpu = tables.by_step("cpuUs")
-    if rank not in cpu.columns:
-        return None
-    if peers is None:
-        return _excess(cpu, rank, steps)
-    mine = cpu.reindex(index=steps)[rank].to_numpy(dtype=float)
-    theirs = cpu.reindex(index=steps, columns=peers).median(axis=1).to_numpy(dtype=float)
-    return float(np.median(mine - theirs))
+    return _excess(cpu, rank, steps, peers) if rank in cpu.columns else None
 
 
-def _excess(table: pd.DataFrame, rank: int, steps: pd.Index) -> float:
-    """The median over `steps` (rows) of the rank's value less the median of its peers' (columns)."""
+def _excess(table: pd.DataFrame, rank: int, steps: pd.Index, peers: list[int] | None = None) -> float:
+    """The median over `steps` (rows) of the rank's value less the median of its peers' (the other
+    columns, or `peers`)."""
+    if peers is not None:
+        theirs = table.reindex(index=steps, columns=peers).median(axis=1).to_numpy(dtype=float)
+        return float(np.median(table.reindex(index=steps)[rank].to_numpy(dtype=float) - theirs))
     values = table.reindex(index=steps).to_numpy(dtype=float)
     at = list(table.columns).index(rank)
     return float(np.median(values[:, at] - _others_median(values)[:, at]))

@@ -183,16 +183,11 @@ def _best_cause(
     # dispatches each operator; the DataLoader that collates a larger batch) as a slower host does,
     # whatever part of that their operators carry where the inputs are to the main work...
     stretched = (
-        (
-            carries
-            or ops is not None
-            and ops.mainWork
-            or (waits_more and cause is not None and cause.phase == "backward")
-        )
-        and ops is not None
-        and ops.larger
+        ops is not None
         and cause is not None
+        and ops.larger
         and not _user_frame(cause)
+        and (carries or ops.mainWork or (waits_more and cause.phase == "backward"))
     )
     # ... and the program's own per-sample functions (its Dataset's __getitem__), by less than they
     # stretch the operators.
