@@ -2264,7 +2264,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "warp-images-r",
-            "the middle rank computes 32 ms a step in warp_images, in two helpers of its own",
+            "the middle rank computes 32 ms a step in warp_images, in two functions of its own",
             "cpu",
             slow_ms=32.0,
             causes=("warp_images",),
@@ -2372,7 +2372,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "periodic-holdout-s",
-            "every 3rd step the last rank computes 85 ms in score_holdout, in one helper",
+            "every 3rd step the last rank computes 85 ms in score_holdout, in one function it calls",
             "periodic",
             slow_ms=85.0,
             causes=("score_holdout",),
@@ -2394,7 +2394,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "jitter-crops-s",
-            "the last rank computes 29 ms a step in jitter_crops, in helpers of its own",
+            "the last rank computes 29 ms a step in jitter_crops, in functions of its own",
             "cpu",
             slow_ms=29.0,
             causes=("jitter_crops",),
@@ -2512,7 +2512,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "periodic-validate-t",
-            "every 4th step the last rank computes 120 ms in validate_model, in two helpers of its own",
+            "every 4th step the last rank computes 120 ms in validate_model, in two functions of its own",
             "periodic",
             slow_ms=120.0,
             causes=("validate_model",),
@@ -2523,7 +2523,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "prepare-features-t",
-            "rank 0 computes 31 ms a step in prepare_features, in helpers of its own",
+            "rank 0 computes 31 ms a step in prepare_features, in functions of its own",
             "cpu",
             slow_ms=31.0,
             causes=("prepare_features",),
@@ -2629,7 +2629,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "periodic-vocab-u",
-            "every 3rd step the second rank computes 90 ms in rebuild_vocab, in one helper",
+            "every 3rd step the second rank computes 90 ms in rebuild_vocab, in one function it calls",
             "periodic",
             slow_ms=90.0,
             causes=("rebuild_vocab",),
@@ -2651,7 +2651,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "mix-samples-u",
-            "the middle rank computes 28 ms a step in mix_samples, in helpers of its own",
+            "the middle rank computes 28 ms a step in mix_samples, in functions of its own",
             "cpu",
             slow_ms=28.0,
             causes=("mix_samples",),
@@ -2756,7 +2756,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "periodic-holdout-v",
-            "every 4th step the middle rank computes 100 ms in score_holdout, in one helper",
+            "every 4th step the middle rank computes 100 ms in score_holdout, in one function it calls",
             "periodic",
             slow_ms=100.0,
             causes=("score_holdout",),
@@ -2777,7 +2777,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "warp-images-v",
-            "the second rank computes 30 ms a step in warp_images, in two helpers of its own",
+            "the second rank computes 30 ms a step in warp_images, in two functions of its own",
             "cpu",
             slow_ms=30.0,
             causes=("warp_images",),
