@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "w") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "x") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -2961,6 +2961,134 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "832", "--batch-size", "48"),
             held_aside="w",
+        ),
+        # Held aside (set x): a host stopping the last rank 6 of 10 ms at another model size, a CPU limit
+        # of 2.5 ms of every 10 on the middle rank, batches 2.5x on the second rank, a dashboard thread on
+        # rank 0, costs every 2nd and 3rd step, functions of earlier sets at other ranks and magnitudes,
+        # two jobs of two slow ranks (a slower host beside a computation; a CPU limit beside a sleep), and
+        # a healthy job of another size.
+        Scenario(
+            "slow-host-x6",
+            "the last rank's CPU is stopped 6 ms of every 10 ms (hidden 704, batch 64)",
+            "host",
+            slow_ms=6.0,
+            causes=("same shapes",),
+            where="last",
+            extra=("--hidden", "704", "--batch-size", "64"),
+            held_aside="x",
+        ),
+        Scenario(
+            "cpu-limit-x",
+            "the middle rank's container may use 2.5 ms of CPU of every 10 ms (hidden 768, batch 64; needs root)",
+            "limit",
+            slow_ms=7.5,
+            causes=("CPU limit",),
+            extra=("--hidden", "768", "--batch-size", "64"),
+            held_aside="x",
+        ),
+        Scenario(
+            "uneven-batches-x25",
+            "the second rank's batches are 2.5x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="second",
+            extra=("--hidden", "768", "--batch-factor", "2.5"),
+            held_aside="x",
+        ),
+        Scenario(
+            "gil-thread-x",
+            "a dashboard thread of rank 0 renders in pure Python 23 ms of every 46 ms (export_dashboard)",
+            "thread",
+            slow_ms=23.0,
+            causes=("export_dashboard",),
+            requires=("thread",),
+            where="first",
+            extra=("--period-ms", "46", "--fault-function", "export_dashboard"),
+            held_aside="x",
+        ),
+        Scenario(
+            "periodic-snapshot-x",
+            "every 2nd step the last rank computes 75 ms in snapshot_optimizer, in one function it calls",
+            "periodic",
+            slow_ms=75.0,
+            causes=("snapshot_optimizer",),
+            requires=("every 2",),
+            where="last",
+            extra=("--every-steps", "2", "--fault-function", "snapshot_optimizer"),
+            held_aside="x",
+        ),
+        Scenario(
+            "periodic-checkpoint-x",
+            "every 3rd step the middle rank blocks 110 ms in save_checkpoint",
+            "periodic",
+            slow_ms=110.0,
+            causes=("save_checkpoint",),
+            requires=("every 3",),
+            extra=("--every-steps", "3", "--fault-function", "save_checkpoint"),
+            held_aside="x",
+        ),
+        Scenario(
+            "mix-samples-x",
+            "the second rank computes 32 ms a step in mix_samples",
+            "cpu",
+            slow_ms=32.0,
+            causes=("mix_samples",),
+            where="second",
+            extra=("--fault-function", "mix_samples"),
+            held_aside="x",
+        ),
+        Scenario(
+            "feature-store-x",
+            "rank 0 blocks 33 ms a step in await_feature_store",
+            "sleep",
+            slow_ms=33.0,
+            causes=("await_feature_store",),
+            where="first",
+            extra=("--fault-function", "await_feature_store"),
+            held_aside="x",
+        ),
+        Scenario(
+            "python-heavy-x",
+            "every rank makes 4,800 small calls a step; the last rank also spends 23 ms a step in "
+            "canonicalize_tokens, tens of thousands of tiny calls",
+            "calls",
+            slow_ms=23.0,
+            causes=("canonicalize_tokens",),
+            where="last",
+            extra=("--python-calls", "4800", "--fault-function", "canonicalize_tokens"),
+            held_aside="x",
+        ),
+        Scenario(
+            "two-slow-x",
+            "the second rank computes 35 ms a step in jitter_crops, the last rank's CPU is stopped 6 ms of every 10 ms",
+            "cpu",
+            slow_ms=35.0,
+            causes=("jitter_crops",),
+            where="second",
+            second=Second("host", 6.0, ("same shapes",), "last"),
+            min_ranks=3,
+            extra=("--fault-function", "jitter_crops"),
+            held_aside="x",
+        ),
+        Scenario(
+            "two-slow-x2",
+            "the last rank blocks 35 ms a step in pull_shard_index, rank 0's container may use 2.5 ms of CPU of "
+            "every 10 ms",
+            "sleep",
+            slow_ms=35.0,
+            causes=("pull_shard_index",),
+            where="last",
+            second=Second("limit", 7.5, ("CPU limit",), "first"),
+            min_ranks=3,
+            extra=("--fault-function", "pull_shard_index"),
+            held_aside="x",
+        ),
+        Scenario(
+            "healthy-x",
+            "no fault, another model size (hidden 736, batch 80)",
+            None,
+            extra=("--hidden", "736", "--batch-size", "80"),
+            held_aside="x",
         ),
     )
 }
