@@ -22,7 +22,7 @@ import pandas as pd
 from stepscope.analysis.diagnosis.causes import Cause
 from stepscope.analysis.diagnosis.operator_time import main_work_alike
 from stepscope.analysis.diagnosis.rank_tables import RankTables
-from stepscope.analysis.diagnosis.slow_workers import MIN_GAP_SHARE, WaitVerdict
+from stepscope.analysis.diagnosis.slow_workers import MIN_GAP_SHARE, MIN_VOTE_COST, WaitVerdict
 from stepscope.analysis.diagnosis.wording import ms
 
 # The phases of a cause told by these counters: a host that stops the rank, or its CPU limit.
@@ -160,16 +160,23 @@ def held_off(tables: RankTables, v: WaitVerdict, ranks: list[int], steps: pd.Ind
     held = np.sum(excess > 0, axis=0)
     typical = np.median(excess, axis=0)
     throttled = measured[1][ranks].to_numpy(dtype=float)
-    throttled_typical = np.median(throttled - _others_median(throttled), axis=0)
-    found = np.flatnonzero((typical >= MIN_GAP_SHARE * v.stepUs) & (held >= STEADY_SHARE * len(steps)))
+    throttled_excess = throttled - _others_median(throttled)
+    throttled_typical = np.median(throttled_excess, axis=0)
+    # A CPU limit's throttling is no noise of the machine (a rank without a limit is never throttled):
+    # throttled beyond its peers in at least half of the steps, its mean excess is what the limit
+    # costs it, worth a slow worker from MIN_VOTE_COST of the step, as larger inputs are (its
+    # bursts of work overrun the quota in some steps and not in others).
+    limit = throttled_excess.mean(axis=0)
+    by_limit = (limit >= MIN_VOTE_COST * v.stepUs) & (2 * np.sum(throttled_excess > 0, axis=0) >= len(steps))
+    found = np.flatnonzero(((typical >= MIN_GAP_SHARE * v.stepUs) & (held >= STEADY_SHARE * len(steps))) | by_limit)
     return {
         ranks[i]: _cause(
             tables,
             ranks[i],
-            float(typical[i]),
+            float(max(typical[i], limit[i])) if by_limit[i] else float(typical[i]),
             float(np.median(values[:, i])),
             float(np.median(theirs[:, i])),
-            throttled=2 * throttled_typical[i] >= typical[i],
+            throttled=bool(by_limit[i]) or 2 * throttled_typical[i] >= typical[i],
         )
         for i in found
     }

@@ -3,8 +3,8 @@ cross-rank check and report table works on."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 import numpy as np
@@ -195,6 +195,16 @@ class RankTables:
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]
+
+    def without(self, ranks: Collection[int]) -> RankTables:
+        """These tables less the rows of `ranks`: the job as its other ranks ran it."""
+
+        def kept(table: Any) -> Any:
+            if isinstance(table, pd.Series):
+                return table.drop(index=list(ranks), errors="ignore")
+            return table[~table["rank"].isin(ranks)].reset_index(drop=True) if "rank" in table else table
+
+        return RankTables(**{f.name: kept(getattr(self, f.name)) for f in fields(self) if f.name != "_memo"})
 
     @property
     def step_us(self) -> pd.Series:

@@ -294,9 +294,10 @@ def _late_rank(waits: np.ndarray) -> tuple[int, float, bool]:
     return low, gap, alone
 
 
-def wait_verdict(tables: RankTables) -> WaitVerdict | None:
+def wait_verdict(tables: RankTables, step_us: float | None = None) -> WaitVerdict | None:
     """None where the steps carry no collective time (GPU traces, older summaries) or no step was
-    captured by every rank (each rank's capture starts at its own step)."""
+    captured by every rank (each rank's capture starts at its own step). `step_us`: the step that
+    the gaps are weighed against, where not the ranks' median step."""
     s = tables.steps
     if s.empty or "collectiveUs" not in s or len(tables.ranks) < 2 or s["collectiveUs"].isna().all():
         return None
@@ -306,7 +307,7 @@ def wait_verdict(tables: RankTables) -> WaitVerdict | None:
     # Ranks that never meet in a collective do not wait for each other: no lockstep to judge.
     if waits.empty or float(waits.to_numpy().max()) <= 0:
         return None
-    step_us = float(np.median(durations.median(axis=1)))
+    step_us = float(np.median(durations.median(axis=1))) if step_us is None else step_us
     per_step = [_late_rank(row) for row in waits.to_numpy(dtype=float)]
     mean = waits.mean(axis=0).to_numpy(dtype=float)
     low, gap, _ = _late_rank(mean)

@@ -10,6 +10,9 @@ Two kinds of evidence, each from every step that all ranks captured:
 They are weighed into a confidence (0..1). The rank is named when the evidence agrees and the
 confidence reaches slow_workers.CONFIDENT; when the evidence is there but does not agree or is too
 thin, the diagnosis says it cannot tell and what to capture instead; no evidence, no slow rank.
+Beside a named rank, further ones are those with a cause of their own that the ranks without one
+wait for, and those that would hold the job back without the named rank's cause: the job judged
+again on its other ranks, against the step it would take without that cause.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from stepscope.analysis.diagnosis.causes import (
 )
 from stepscope.analysis.diagnosis.held_off import (
     CPU_LIMIT,
+    HELD_OFF,
     HOST_PHASES,
     cpu_excess,
     held_off,
@@ -49,6 +53,7 @@ from stepscope.analysis.diagnosis.slow_workers import (
     MIN_VOTE_COST,
     NOISE_BAND,
     WaitVerdict,
+    wait_verdict,
 )
 from stepscope.analysis.diagnosis.wording import ms
 
@@ -437,13 +442,17 @@ def _others(
             # all (as for the first rank), and costs them what they wait, not its thread's time.
             if mean > 0 and _thread_in_every_step(tables, rank, cause, v.commonSteps, v.stepUs):
                 cost = min(cost, mean)
-            # Held off the CPU by its host, or computing its larger inputs, it holds the others back
+            # Throttled by its CPU limit, or computing its larger inputs, it holds the others back
             # by that time once the first rank's cause is gone, whatever they wait for it now (the
             # first one's larger cost may hide it, and a shared machine's run queue moves its
             # arrival by more than that from capture to capture): the kernel's counters need no
-            # collectives.
+            # collectives. Held off the CPU is no such count: its stops before the collectives
+            # delay its arrival, so the ranks without a cause wait for it (twice as long as it was
+            # held off on the benchmark's hosts stopped 5-6 of every 10 ms beside a slower rank,
+            # its mean more than its held-off time; where a loaded machine held one of two healthy
+            # ranks off 4.6-5.3 ms a step longer than the other, the other waited no longer).
             elif (
-                cause.phase not in HOST_PHASES
+                cause.phase != CPU_LIMIT
                 and not _computes_larger_inputs(tables, rank, cause, v.commonSteps, healthy)
                 and not (mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep)
             ):
@@ -467,6 +476,44 @@ def _others(
     return out
 
 
+def _step_without(tables: RankTables, v: WaitVerdict, rank: int) -> float:
+    """The job's typical step without `rank`'s cause: each step less what the other ranks waited
+    for it beyond its own time in the collectives (the last of them to arrive waited least), so
+    that a cause of some steps only leaves the others as they are."""
+    waits = v.perStepUs
+    others = waits.drop(columns=[rank])
+    durations = tables.by_step("durationUs").reindex(index=waits.index, columns=others.columns)
+    saved = (others.min(axis=1) - waits[rank]).clip(lower=0.0)
+    return float(np.median((durations.median(axis=1) - saved).to_numpy(dtype=float)))
+
+
+def _also_without(
+    tables: RankTables, v: WaitVerdict, rank: int, cost: float, sampled: frozenset[int], others: list[Straggler]
+) -> list[Straggler]:
+    """`others`, and the ranks that would hold the job back without the named `rank`'s cause: the
+    job judged again on its other ranks, its step less what `rank` costs it (what it would take
+    without that cause), so that a second rank's cost is weighed against the step it would hold
+    back rather than the one the first rank stretches. Once: the tables are copied less that rank,
+    and a third rank is among the second judgement's own further ranks."""
+    rest = tables.without([rank])
+    step = _step_without(tables, v, rank)
+    judged = wait_verdict(rest, step) if step > 0 else None
+    if judged is None or len(judged.waitUs) < 2:
+        return others
+    found = find_straggler(rest, judged, sampled - {rank}, again=False)
+    known = {o.rank for o in others}
+    # Of two ranks, each is the other's only peer: neither's host can be told to hold it off more
+    # than the machine's load does (on a loaded machine one of two healthy ranks stays off the CPU
+    # 3-5 ms a step longer than the other in most steps).
+    more = [
+        s
+        for s in ([found, *found.others] if found.named and found.cause is not None else [])
+        if s.cause is not None and (len(judged.waitUs) > 2 or not (s.cause.phase == HELD_OFF or _slower_host(s.cause)))
+    ]
+    added = [dataclasses.replace(s, others=[]) for s in more if s.rank not in known and s.costUsPerStep <= cost]
+    return sorted(others + added, key=lambda s: -s.costUsPerStep)
+
+
 def lost_time_shares(costs: dict[int, float], lost: float) -> dict[int, float]:
     """The job's lost time per step split by rank: a synchronous step waits for its slowest rank, so
     without rank r's cause it loses max(costs) - max(the others'). Each rank's share is its Shapley
@@ -481,11 +528,14 @@ def lost_time_shares(costs: dict[int, float], lost: float) -> dict[int, float]:
     return {r: float(s) * scale for r, s in zip(ranks, shares)}
 
 
-def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] = frozenset()) -> Straggler:
+def find_straggler(
+    tables: RankTables, v: WaitVerdict, sampled: frozenset[int] = frozenset(), again: bool = True
+) -> Straggler:
     """The rank that holds the job back (or the likeliest one) from the waiting verdict and the
     causes on the training threads, and any further ranks that do too. `sampled`: ranks whose
     stacks the agent sampled; compared with traced ranks, their collectives are not (the tracer's
-    own cost stretches the traced ranks' steps, so they seem to wait less than they would)."""
+    own cost stretches the traced ranks' steps, so they seem to wait less than they would).
+    `again`: judge the job once more without the named rank (_also_without)."""
     exploded = frames(tables)
     steps = v.commonSteps
     comparable = not sampled or set(v.waitUs) <= set(sampled) or not set(v.waitUs) & set(sampled)
@@ -585,6 +635,9 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
         if contested:
             conf = min(conf, round(CONFIDENT - 0.01, 2))
         named = conf >= CONFIDENT and agrees
+        if named:
+            others = [o for o in others if o.costUsPerStep <= cost]
+            others = _also_without(tables, v, rank, cost, sampled, others) if again else others
         return Straggler(
             rank=rank,
             named=named,
@@ -596,7 +649,7 @@ def find_straggler(tables: RankTables, v: WaitVerdict, sampled: frozenset[int] =
             steps=v.steps,
             steadySteps=steady,
             waitNames=v.rank,
-            others=[o for o in others if o.costUsPerStep <= cost] if named else [],
+            others=others if named else [],
         )
     # Waiting alone: no steady frame of that rank explains it (operators the profiler does not
     # attribute to Python, another thread) - or a hiccup. Only a large, steady gap names it.

@@ -949,3 +949,53 @@ def test_larger_inputs_that_explain_a_noisy_gap_within_its_noise_are_named():
     diagnosis, _ = diagnose(lockstep(3, steps, extra, operators={1: big}))
     assert [w.rank for w in diagnosis.slowWorkers] == [1], diagnosis.summary
     assert "its inputs are larger" in diagnosis.summary
+
+
+@pytest.mark.parametrize("ranks", [3, 4, 5])
+def test_a_second_rank_is_weighed_against_the_step_without_the_first_ones_cause(ranks: int):
+    # Rank 1 computes 40 ms a step in a function; the last rank's host stops it 4 ms a step: 4 % of
+    # the 100 ms step that rank 1 stretches, under the floor against the machine's noise, but 6.7 %
+    # of the 60 ms step the job would take without rank 1's cause, when it holds the job back by
+    # those 4 ms (before: weighed against the stretched step, and left out). Of two ranks left,
+    # each is the other's only peer: no host of theirs is told apart from the machine's load.
+    steps, host = 8, ranks - 1
+    cpu = _fn(f"{ROOT} > workload.py(84): augment_batch_slowly", [40_000.0] * steps)
+    extra = {1: [40_000.0] * steps, host: [4_000.0] * steps}
+    diagnosis, _ = diagnose(lockstep(ranks, steps, extra, functions={1: [cpu]}, held={host: [4_000.0] * steps}))
+    assert "augment_batch_slowly" in diagnosis.slowWorkers[0].cause
+    if ranks == 3:
+        assert [w.rank for w in diagnosis.slowWorkers] == [1], diagnosis.summary
+        return
+    assert [w.rank for w in diagnosis.slowWorkers] == [1, host], diagnosis.summary
+    _held_off_worker(diagnosis, host)
+    assert diagnosis.slowWorkers[0].lostMsPerStep > diagnosis.slowWorkers[1].lostMsPerStep > 0
+
+
+def test_a_rank_held_off_beside_a_slower_rank_whose_peers_do_not_wait_for_it_is_no_slow_worker():
+    # Rank 1 computes 40 ms a step in a function; rank 2 is off the CPU 5.5 ms a step longer than
+    # rank 0 (5.5 % of the step) but arrives at the collectives with it: a loaded machine's
+    # scheduler, not a host that holds it back (before: named second, its peers' wait not asked).
+    steps = 8
+    cpu = _fn(f"{ROOT} > workload.py(84): augment_batch_slowly", [40_000.0] * steps)
+    extra = {1: [40_000.0] * steps}
+    diagnosis, _ = diagnose(lockstep(3, steps, extra, functions={1: [cpu]}, held={2: [5_500.0] * steps}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [1], diagnosis.summary
+
+
+@pytest.mark.parametrize("first", [None, 1])
+def test_a_cpu_limit_that_throttles_a_rank_in_some_steps_is_named_by_what_it_costs_on_average(first: int | None):
+    # Rank 2's CPU limit throttles it in 5 of 8 steps, 1.5-12 ms (4.6 ms a step on average, the
+    # median step 0.75 ms), its peers never: no noise of the machine, whose run queue the held-off
+    # rule must tell apart from a host's stops in 3/4 of the steps (before: the limit went unnamed,
+    # alone and beside rank 1's 40 ms function).
+    steps = 8
+    bursts = [8_000.0, 0.0, 9_000.0, 0.0, 12_000.0, 1_500.0, 0.0, 6_500.0]
+    extra = {2: bursts}
+    functions = {}
+    if first is not None:
+        extra[first] = [40_000.0] * steps
+        functions[first] = [_fn(f"{ROOT} > workload.py(84): augment_batch_slowly", [40_000.0] * steps)]
+    diagnosis, _ = diagnose(lockstep(3, steps, extra, functions=functions, throttled={2: bursts}))
+    assert [w.rank for w in diagnosis.slowWorkers] == ([2] if first is None else [first, 2]), diagnosis.summary
+    cause = next(w.cause for w in diagnosis.slowWorkers if w.rank == 2)
+    assert "CPU limit throttles its training thread" in cause, cause
