@@ -143,14 +143,17 @@ def _excess(table: pd.DataFrame, rank: int, steps: pd.Index, peers: list[int] | 
     return float(np.median(values[:, at] - _others_median(values)[:, at]))
 
 
-def held_off(tables: RankTables, v: WaitVerdict, ranks: list[int], steps: pd.Index) -> dict[int, Cause]:
+def held_off(
+    tables: RankTables, v: WaitVerdict, ranks: list[int], steps: pd.Index, steady: float = STEADY_SHARE
+) -> dict[int, Cause]:
     """Of `ranks` (those without a cause of their own; or all, to find the ones their CPU limit
     throttles), each one held off beyond the others as its cause, where it is worth a slow worker
     (MIN_GAP_SHARE of the step, typically) and it is held off longer than they are in STEADY_SHARE
     of the steps. Such a cause holds in every step: a host's stops come in bursts that miss a step
     now and then, and STEADY_SHARE, measured against healthy ranks, is all that the kernel's
     counters need to show (counted again against the confidence as the collectives' noisier wait
-    is, hosts that missed a step or two of eight stayed below naming)."""
+    is, hosts that missed a step or two of eight stayed below naming). `steady`: the share of the
+    steps, where the collectives name the rank too."""
     measured = _off_cpu(tables, v, steps) if len(ranks) > 1 and len(steps) else None
     if measured is None or not set(ranks) <= set(measured[0].columns):
         return {}
@@ -163,12 +166,15 @@ def held_off(tables: RankTables, v: WaitVerdict, ranks: list[int], steps: pd.Ind
     throttled_excess = throttled - _others_median(throttled)
     throttled_typical = np.median(throttled_excess, axis=0)
     # A CPU limit's throttling is no noise of the machine (a rank without a limit is never throttled):
-    # throttled beyond its peers in at least half of the steps, its mean excess is what the limit
-    # costs it, worth a slow worker from MIN_VOTE_COST of the step, as larger inputs are (its
-    # bursts of work overrun the quota in some steps and not in others).
+    # throttled beyond its peers in at least half of the steps, or at all where its peers never
+    # are, its mean excess is what the limit costs it, worth a slow worker from MIN_VOTE_COST of
+    # the step, as larger inputs are (its bursts of work overrun the quota in some steps and not in
+    # others).
     limit = throttled_excess.mean(axis=0)
-    by_limit = (limit >= MIN_VOTE_COST * v.stepUs) & (2 * np.sum(throttled_excess > 0, axis=0) >= len(steps))
-    found = np.flatnonzero(((typical >= MIN_GAP_SHARE * v.stepUs) & (held >= STEADY_SHARE * len(steps))) | by_limit)
+    total = throttled.sum(axis=0)
+    alone = total.sum() - total <= 0
+    by_limit = (limit >= MIN_VOTE_COST * v.stepUs) & ((2 * np.sum(throttled_excess > 0, axis=0) >= len(steps)) | alone)
+    found = np.flatnonzero(((typical >= MIN_GAP_SHARE * v.stepUs) & (held >= steady * len(steps))) | by_limit)
     return {
         ranks[i]: _cause(
             tables,

@@ -272,6 +272,21 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cau
     return _operators(ops), waited
 
 
+def _held_off_waited(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cause, int] | None:
+    """The waiting rank held off the CPU beyond its peers as its cause, with the steps its peers wait
+    for it, where the collectives name it in at least half of the steps and its held-off time is at
+    least HOST_SHARE of their gap: two kinds of evidence, each of half of the steps or more, as for a
+    slower host's operators (a host that stops a rank 5 of every 10 ms missed 3 of 8 steps beyond
+    its peers, in bursts, on a loaded machine: the held-off rule alone asks for STEADY_SHARE)."""
+    if v.rank is None or 2 * v.agreeing < v.steps:
+        return None
+    cause = held_off(tables, v, list(v.waitUs), steps, steady=0.5).get(v.rank)
+    if cause is None or cause.excessUsPerStep < HOST_SHARE * v.gapUsPerStep:
+        return None
+    peers = v.perStepUs.drop(columns=[v.rank]).median(axis=1).to_numpy(dtype=float)
+    return cause, int(np.sum(peers > v.perStepUs[v.rank].to_numpy(dtype=float)))
+
+
 def _host_shows(tables: RankTables, v: WaitVerdict, rank: int, steps: pd.Index, excess: float) -> bool:
     """Whether the rank's counters show its slower operators' `excess` as its own time (HOST_SHARE);
     without counters, nothing says otherwise."""
@@ -655,7 +670,7 @@ def find_straggler(
     # attribute to Python, another thread) - or a hiccup. Only a large, steady gap names it.
     assert v.rank is not None  # no candidates and no rank returned above
     found = _best_cause(tables, exploded, v.rank, steps, sampled)
-    host = _slow_host(tables, v, steps)
+    host = _slow_host(tables, v, steps) or _held_off_waited(tables, v, steps)
     if host is not None:
         found = host[0]
     elif found is not None and (

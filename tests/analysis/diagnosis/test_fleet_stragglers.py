@@ -999,3 +999,15 @@ def test_a_cpu_limit_that_throttles_a_rank_in_some_steps_is_named_by_what_it_cos
     assert [w.rank for w in diagnosis.slowWorkers] == ([2] if first is None else [first, 2]), diagnosis.summary
     cause = next(w.cause for w in diagnosis.slowWorkers if w.rank == 2)
     assert "CPU limit throttles its training thread" in cause, cause
+
+
+def test_a_rank_the_collectives_name_and_its_host_holds_off_in_some_steps_is_named_held_off():
+    # Rank 2's host stops it 12 ms in 5 of 8 steps, in bursts; its peers wait for it in those
+    # steps. Held off in 5 of 8 steps is under the 3/4 that the counters need alone, but the
+    # collectives name it too, and the held-off time explains what its peers wait (before: no
+    # frame, operator or thread carried the gap, and the diagnosis could not tell).
+    bursts = [12_000.0, 12_000.0, 0.0, 12_000.0, 12_000.0, 0.0, 12_000.0, 0.0]
+    diagnosis, _ = diagnose(lockstep(3, 8, {2: bursts}, held={2: bursts}))
+    assert [w.rank for w in diagnosis.slowWorkers] == [2], diagnosis.summary
+    assert diagnosis.summary.startswith("rank 2 holds the job back"), diagnosis.summary
+    _held_off_worker(diagnosis, 2)
