@@ -277,8 +277,10 @@ def _held_off_waited(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tup
     for it, where the collectives name it in at least half of the steps and its held-off time is at
     least HOST_SHARE of their gap: two kinds of evidence, each of half of the steps or more, as for a
     slower host's operators (a host that stops a rank 5 of every 10 ms missed 3 of 8 steps beyond
-    its peers, in bursts, on a loaded machine: the held-off rule alone asks for STEADY_SHARE)."""
-    if v.rank is None or 2 * v.agreeing < v.steps:
+    its peers, in bursts, on a loaded machine: the held-off rule alone asks for STEADY_SHARE). Not of
+    two ranks: of a pair, the one a loaded machine holds off longer arrives later, and each is the
+    other's only peer."""
+    if v.rank is None or 2 * v.agreeing < v.steps or len(v.waitUs) < 3:
         return None
     cause = held_off(tables, v, list(v.waitUs), steps, steady=0.5).get(v.rank)
     if cause is None or cause.excessUsPerStep < HOST_SHARE * v.gapUsPerStep:
@@ -517,13 +519,22 @@ def _also_without(
         return others
     found = find_straggler(rest, judged, sampled - {rank}, again=False)
     known = {o.rank for o in others}
+
     # Of two ranks, each is the other's only peer: neither's host can be told to hold it off more
     # than the machine's load does (on a loaded machine one of two healthy ranks stays off the CPU
-    # 3-5 ms a step longer than the other in most steps).
+    # 3-5 ms a step longer than the other in most steps), nor to run its operators slower. Of more,
+    # one held off is waited for, as in _others.
+    def waited_for(s: Straggler) -> bool:
+        assert s.rank is not None and s.cause is not None
+        mean, error = judged.gap_band(s.rank)
+        return mean > 0 and mean + NOISE_BAND * error >= 0.5 * s.cause.excessUsPerStep
+
     more = [
         s
         for s in ([found, *found.others] if found.named and found.cause is not None else [])
-        if s.cause is not None and (len(judged.waitUs) > 2 or not (s.cause.phase == HELD_OFF or _slower_host(s.cause)))
+        if s.cause is not None
+        and (len(judged.waitUs) > 2 or not (s.cause.phase == HELD_OFF or _slower_host(s.cause)))
+        and (s.cause.phase != HELD_OFF or waited_for(s))
     ]
     added = [dataclasses.replace(s, others=[]) for s in more if s.rank not in known and s.costUsPerStep <= cost]
     return sorted(others + added, key=lambda s: -s.costUsPerStep)
