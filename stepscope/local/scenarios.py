@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "x") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "y") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -3089,6 +3089,133 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "736", "--batch-size", "80"),
             held_aside="x",
+        ),
+        # Held aside (set y): a host stopping the second rank 5 of 10 ms at another model size, a CPU
+        # limit of 3 ms of every 10 on the last rank, batches 2.7x on rank 0, a log thread on the last
+        # rank, costs every 2nd and 4th step, functions of earlier sets at other ranks and magnitudes,
+        # two jobs of two slow ranks (a slower host beside a sleep; a CPU limit beside a computation),
+        # and a healthy job of another size.
+        Scenario(
+            "slow-host-y5",
+            "the second rank's CPU is stopped 5 ms of every 10 ms (hidden 736, batch 88)",
+            "host",
+            slow_ms=5.0,
+            causes=("same shapes",),
+            where="second",
+            extra=("--hidden", "736", "--batch-size", "88"),
+            held_aside="y",
+        ),
+        Scenario(
+            "cpu-limit-y",
+            "the last rank's container may use 3 ms of CPU of every 10 ms (hidden 672, batch 72; needs root)",
+            "limit",
+            slow_ms=7.0,
+            causes=("CPU limit",),
+            where="last",
+            extra=("--hidden", "672", "--batch-size", "72"),
+            held_aside="y",
+        ),
+        Scenario(
+            "uneven-batches-y27",
+            "rank 0's batches are 2.7x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="first",
+            extra=("--hidden", "800", "--batch-factor", "2.7"),
+            held_aside="y",
+        ),
+        Scenario(
+            "gil-thread-y",
+            "a log thread of the last rank formats records in pure Python 26 ms of every 52 ms (flush_log_records)",
+            "thread",
+            slow_ms=26.0,
+            causes=("flush_log_records",),
+            requires=("thread",),
+            where="last",
+            extra=("--period-ms", "52", "--fault-function", "flush_log_records"),
+            held_aside="y",
+        ),
+        Scenario(
+            "periodic-vocab-y",
+            "every 2nd step rank 0 computes 85 ms in rebuild_vocab, in one function it calls",
+            "periodic",
+            slow_ms=85.0,
+            causes=("rebuild_vocab",),
+            requires=("every 2",),
+            where="first",
+            extra=("--every-steps", "2", "--fault-function", "rebuild_vocab"),
+            held_aside="y",
+        ),
+        Scenario(
+            "periodic-evaluation-y",
+            "every 4th step the middle rank computes 105 ms in run_evaluation",
+            "periodic",
+            slow_ms=105.0,
+            causes=("run_evaluation",),
+            requires=("every 4",),
+            extra=("--every-steps", "4", "--fault-function", "run_evaluation"),
+            held_aside="y",
+        ),
+        Scenario(
+            "prepare-features-y",
+            "the last rank computes 29 ms a step in prepare_features",
+            "cpu",
+            slow_ms=29.0,
+            causes=("prepare_features",),
+            where="last",
+            extra=("--fault-function", "prepare_features"),
+            held_aside="y",
+        ),
+        Scenario(
+            "side-inputs-y",
+            "the second rank blocks 34 ms a step in load_side_inputs",
+            "sleep",
+            slow_ms=34.0,
+            causes=("load_side_inputs",),
+            where="second",
+            extra=("--fault-function", "load_side_inputs"),
+            held_aside="y",
+        ),
+        Scenario(
+            "python-heavy-y",
+            "every rank makes 4,400 small calls a step; rank 0 also spends 24 ms a step in strip_markup, tens of "
+            "thousands of tiny calls",
+            "calls",
+            slow_ms=24.0,
+            causes=("strip_markup",),
+            where="first",
+            extra=("--python-calls", "4400", "--fault-function", "strip_markup"),
+            held_aside="y",
+        ),
+        Scenario(
+            "two-slow-y",
+            "the middle rank blocks 36 ms a step in await_feature_store, rank 0's CPU is stopped 6 ms of every 10 ms",
+            "sleep",
+            slow_ms=36.0,
+            causes=("await_feature_store",),
+            second=Second("host", 6.0, ("same shapes",), "first"),
+            min_ranks=3,
+            extra=("--fault-function", "await_feature_store"),
+            held_aside="y",
+        ),
+        Scenario(
+            "two-slow-y2",
+            "rank 0 computes 34 ms a step in mix_samples, the last rank's container may use 3 ms of CPU of every 10 ms",
+            "cpu",
+            slow_ms=34.0,
+            causes=("mix_samples",),
+            where="first",
+            second=Second("limit", 7.0, ("CPU limit",), "last"),
+            min_ranks=3,
+            extra=("--fault-function", "mix_samples"),
+            held_aside="y",
+        ),
+        Scenario(
+            "healthy-y",
+            "no fault, another model size (hidden 672, batch 88)",
+            None,
+            extra=("--hidden", "672", "--batch-size", "88"),
+            held_aside="y",
         ),
     )
 }
