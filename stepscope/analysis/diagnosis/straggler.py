@@ -272,6 +272,13 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cau
     return _operators(ops), waited
 
 
+def _waited_for(mean: float, error: float, excess: float, band: float = NOISE_BAND) -> bool:
+    """Whether a rank's peers wait for it, a gap of `mean` with standard error `error`, for at
+    least half of what its cause costs (`excess`), within `band` standard errors: a collective's
+    own time swings by more than a modest cause from step to step."""
+    return mean > 0 and mean + band * error >= 0.5 * excess
+
+
 def _held_off_waited(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cause, int] | None:
     """The waiting rank held off the CPU beyond its peers as its cause, with the steps its peers wait
     for it, where the collectives name it in at least half of the steps and its held-off time is at
@@ -471,7 +478,7 @@ def _others(
             elif (
                 cause.phase != CPU_LIMIT
                 and not _computes_larger_inputs(tables, rank, cause, v.commonSteps, healthy)
-                and not (mean > 0 and mean + NOISE_BAND * error >= 0.5 * cause.excessUsPerStep)
+                and not _waited_for(mean, error, cause.excessUsPerStep)
             ):
                 continue
         conf = confidence(cause.excessUsPerStep / v.stepUs if v.stepUs else 0.0, steady, v.steps, 1.0, True)
@@ -526,8 +533,7 @@ def _also_without(
     # one held off is waited for, as in _others.
     def waited_for(s: Straggler) -> bool:
         assert s.rank is not None and s.cause is not None
-        mean, error = judged.gap_band(s.rank)
-        return mean > 0 and mean + NOISE_BAND * error >= 0.5 * s.cause.excessUsPerStep
+        return _waited_for(*judged.gap_band(s.rank), s.cause.excessUsPerStep)
 
     more = [
         s
@@ -635,9 +641,7 @@ def find_straggler(
         slower_host = _slower_host(cause)
         own_backward = cause.phase == "backward" or cause.kind == "thread" or slower_host
         mean, error = v.gap_band(rank, None if own_backward else _backward_per_step(tables, exploded, steps))
-        waited_for = (
-            mean > 0 and mean + (SAME_WORK_BAND if slower_host else NOISE_BAND) * error >= 0.5 * cause.excessUsPerStep
-        )
+        waited_for = _waited_for(mean, error, cause.excessUsPerStep, SAME_WORK_BAND if slower_host else NOISE_BAND)
         elsewhere = v.rank is not None and 2 * v.agreeing >= v.steps
         # A thread of its own in every step needs no more from the collectives than that its peers
         # wait for it at all.
