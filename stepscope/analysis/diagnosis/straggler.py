@@ -250,7 +250,7 @@ def _slow_host(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[Cau
     if v.rank is None:
         return None
     peers = v.perStepUs.drop(columns=[v.rank])
-    waited = int(np.sum(peers.median(axis=1).to_numpy(dtype=float) > v.perStepUs[v.rank].to_numpy(dtype=float)))
+    waited = _waited_steps(v, v.rank)
     ops = operator_cause(tables, v.rank, steps)
     if (
         not _stands_apart(v, v.rank)
@@ -292,8 +292,13 @@ def _held_off_waited(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tup
     cause = held_off(tables, v, list(v.waitUs), steps, steady=0.5).get(v.rank)
     if cause is None or cause.excessUsPerStep < HOST_SHARE * v.gapUsPerStep:
         return None
-    peers = v.perStepUs.drop(columns=[v.rank]).median(axis=1).to_numpy(dtype=float)
-    return cause, int(np.sum(peers > v.perStepUs[v.rank].to_numpy(dtype=float)))
+    return cause, _waited_steps(v, v.rank)
+
+
+def _waited_steps(v: WaitVerdict, rank: int) -> int:
+    """The steps in which the rank's peers (their median) wait longer than it does."""
+    peers = v.perStepUs.drop(columns=[rank]).median(axis=1).to_numpy(dtype=float)
+    return int(np.sum(peers > v.perStepUs[rank].to_numpy(dtype=float)))
 
 
 def _host_shows(tables: RankTables, v: WaitVerdict, rank: int, steps: pd.Index, excess: float) -> bool:
