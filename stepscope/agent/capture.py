@@ -227,6 +227,7 @@ class Capture(Rank):
         )
         if s.sched is not None:
             s.sched.mark(s.end_step)
+            s.sched.close()
         # Into the trace before the profiler stops (torch keeps metadata of the running session
         # only); the trace goes on without any of them, and so does the training.
         metadata = s.sched.metadata() if s.sched is not None else {}
@@ -310,6 +311,8 @@ class Capture(Rank):
             s.probe.active = False  # it removes itself on the training thread's next call
         if s.sampler is not None:
             s.sampler.stop()
+        if s.sched is not None:
+            s.sched.close()
         s.state = state
         if s.end_time is None:
             s.end_time = time.time()

@@ -1,14 +1,27 @@
 """The training thread's scheduler times at each captured step boundary (Linux's schedstat: time on
-a CPU and time waiting in the run queue), and the time its cgroup's CPU limit throttled it, written
-into the trace for the diagnosis. Elsewhere (no /proc, a kernel without schedstats, no cgroup CPU
-controller) nothing of that is recorded."""
+a CPU and time waiting in the run queue), the time its cgroup's CPU limit throttled it, and the
+time its process was stopped, written into the trace for the diagnosis. Elsewhere (no /proc, a
+kernel without schedstats, no cgroup CPU controller, no stop_watch library) nothing of that is
+recorded."""
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
 import threading
+from pathlib import Path
 
 from .vocabulary import wire
+
+log = logging.getLogger(__name__)
+
+# stop_watch.c, built by `make` (or the Dockerfile) beside this module and copied with it into the
+# pod's bootstrap folder.
+STOP_WATCH_LIBRARY = Path(__file__).with_name("_stop_watch.so")
+# Its thread's sleep: it costs about 0.5 % of a CPU while a capture runs (a wake-up every 2 ms), and
+# a stop shorter than it is seen in part only (a host's stops last milliseconds or longer).
+STOP_WATCH_SLICE_NS = 2_000_000
 
 # Where a process's cgroup keeps its throttled time: cgroup v2's cpu.stat in µs, v1's in ns.
 _V2 = ("/sys/fs/cgroup", "throttled_usec", 1000)
@@ -43,14 +56,63 @@ def _read_field(path: str, field: str) -> int | None:
     return None
 
 
+def _read_schedstat(path: str) -> tuple[int, int] | None:
+    """A thread's time on a CPU and waiting in the run queue so far, in ns."""
+    try:
+        with open(path, "rb") as f:
+            cpu, delay = f.read(128).split()[:2]
+        return int(cpu), int(delay)
+    except (OSError, ValueError):
+        return None
+
+
+class StopWatch:
+    """The process's stop_watch thread (stop_watch.c), from a capture's start to its end."""
+
+    def __init__(self, library: ctypes.CDLL, native_tid: int) -> None:
+        self.library = library
+        self.path = f"/proc/{os.getpid()}/task/{native_tid}/schedstat"
+
+    @classmethod
+    def start(cls) -> StopWatch | None:
+        """None where the library is not built, cannot be loaded here or its thread cannot start."""
+        if not STOP_WATCH_LIBRARY.exists():
+            return None
+        try:
+            library = ctypes.CDLL(str(STOP_WATCH_LIBRARY))
+            library.stop_watch_start.restype = ctypes.c_int64
+            library.stop_watch_start.argtypes = [ctypes.c_int64]
+            library.stop_watch_late_ns.restype = ctypes.c_int64
+            library.stop_watch_stop.restype = None
+        except (OSError, AttributeError) as e:
+            # An image whose C library is older than the one it was built against, for one.
+            log.info("stepscope agent: no stop watch (%s); the process's stops are not recorded", e)
+            return None
+        native_tid = library.stop_watch_start(STOP_WATCH_SLICE_NS)
+        return cls(library, native_tid) if native_tid > 0 else None
+
+    def read(self) -> tuple[int, int] | None:
+        """How late its thread woke so far, and how long it waited in the run queue, in ns."""
+        late = int(self.library.stop_watch_late_ns())
+        sched = _read_schedstat(self.path)
+        return None if sched is None else (late, sched[1])
+
+    def stop(self) -> None:
+        self.library.stop_watch_stop()
+
+
 class SchedClock:
     """Reads one thread's counters; any thread may call `mark`, the step boundaries' caller."""
 
-    def __init__(self, native_tid: int, throttle: tuple[str, str, int] | None = None) -> None:
+    def __init__(
+        self, native_tid: int, throttle: tuple[str, str, int] | None = None, stops: StopWatch | None = None
+    ) -> None:
         self.path = f"/proc/{os.getpid()}/task/{native_tid}/schedstat"
         self.throttle = throttle
+        self.stops = stops
         self.marks: list[list[int]] = []
         self.throttled: list[list[int]] = []
+        self.stopped: list[list[int]] = []
 
     @classmethod
     def of_this_thread(cls) -> SchedClock | None:
@@ -60,15 +122,13 @@ class SchedClock:
         except OSError:
             throttle = None
         clock = cls(threading.get_native_id(), throttle)
-        return clock if clock.read() is not None else None
+        if clock.read() is None:
+            return None
+        clock.stops = StopWatch.start()
+        return clock
 
     def read(self) -> tuple[int, int] | None:
-        try:
-            with open(self.path, "rb") as f:
-                cpu, delay = f.read(128).split()[:2]
-            return int(cpu), int(delay)
-        except (OSError, ValueError):
-            return None
+        return _read_schedstat(self.path)
 
     def mark(self, step: int) -> None:
         if len(self.marks) >= wire.MAX_SCHEDSTAT_STEPS:
@@ -81,8 +141,18 @@ class SchedClock:
             throttled = _read_field(path, field)
             if throttled is not None:
                 self.throttled.append([step, throttled * scale])
+        if self.stops is not None:
+            stopped = self.stops.read()
+            if stopped is not None:
+                self.stopped.append([step, *stopped])
+
+    def close(self) -> None:
+        """Stops the stop watch's thread; the counters read so far stay."""
+        if self.stops is not None:
+            self.stops.stop()
+            self.stops = None
 
     def metadata(self) -> dict[str, dict]:
         """The trace's top-level entries these counters make, where they span a step at least."""
-        counters = {wire.SCHEDSTAT_KEY: self.marks, wire.THROTTLED_KEY: self.throttled}
+        counters = {wire.SCHEDSTAT_KEY: self.marks, wire.THROTTLED_KEY: self.throttled, wire.STOPPED_KEY: self.stopped}
         return {key: {"steps": marks} for key, marks in counters.items() if len(marks) >= 2}

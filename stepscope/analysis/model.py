@@ -53,6 +53,10 @@ class StepRow(Struct):
     # the agent; at most the run-queue time: the cgroup may be throttled while this thread sleeps).
     # None where the agent found no cgroup CPU controller.
     throttledUs: float | None = None
+    # The time its process was stopped in the step (a SIGSTOP, a frozen cgroup, a paused container:
+    # how late the agent's stop watch woke beyond its wait for a CPU, wire.STOPPED_KEY), in its
+    # sleeps and collectives too. None where the agent had no stop watch.
+    stoppedUs: float | None = None
 
 
 class TemporalBreakdown(Struct):

@@ -151,6 +151,12 @@ MAX_SCHEDSTAT_STEPS = 10_000
 # {"steps": [[step, throttled_ns], ...]} at the same boundaries. A throttled thread waits in the
 # run queue, so the scheduler's run-queue time holds it; this tells it from CPUs other work takes.
 THROTTLED_KEY = "stepscopeThrottled"
+# ... and how long its process was stopped (SIGSTOP, a frozen cgroup, a paused container): a thread
+# of the agent's that sleeps in 2-ms slices while the capture runs wakes late by a stop whatever the
+# training thread was doing, and its own run-queue time is the part of that lateness the busy CPUs
+# explain: {"steps": [[step, late_ns, run_delay_ns], ...]}, at the same boundaries. The training
+# thread's counters alone cannot tell a stop that falls into its sleeps or its wait for its peers.
+STOPPED_KEY = "stepscopeStopped"
 # The trace's top-level key under which the agent writes the GPU its process computes on, as the
 # agent's state has it: {"index": gpu, "uuid": gpuUuid}. Ranks with the same UUID share one device
 # whatever index each process sees it under (CUDA_VISIBLE_DEVICES), which the diagnosis tells.

@@ -73,7 +73,8 @@ def install_bootstrap(stepscope_dir: Path) -> Path:
     files = []
     for package, name in ((CONTRACTS_SOURCE, CONTRACTS_MODULE), (AGENT_SOURCE, AGENT_MODULE)):
         (folder / name).mkdir(parents=True, exist_ok=True)
-        modules = sorted(package.glob("*.py"), key=lambda p: p.name == "__init__.py")
+        # The agent's native library too, where it is built (without it, no stop watch).
+        modules = sorted([*package.glob("*.py"), *package.glob("*.so")], key=lambda p: p.name == "__init__.py")
         files += [(folder / name / module.name, module.read_bytes()) for module in modules]
     files.append((folder / "sitecustomize.py", SITECUSTOMIZE.encode()))
     for path, source in files:
@@ -81,7 +82,8 @@ def install_bootstrap(stepscope_dir: Path) -> Path:
         # Every Python process in the pod loads these at start. Images often set
         # PYTHONDONTWRITEBYTECODE, which would recompile the agent each time (~9 ms); a training
         # interpreter of the sidecar's Python version reads this cache even then, others ignore it.
-        py_compile.compile(str(path), doraise=True)
+        if path.suffix == ".py":
+            py_compile.compile(str(path), doraise=True)
     return folder
 
 

@@ -36,6 +36,9 @@ def test_install_writes_the_agent_and_sitecustomize(tmp_path: Path) -> None:
     assert sorted(p.name for p in (folder / AGENT_MODULE).glob("*.py")) == modules
     for name in modules:
         assert (folder / AGENT_MODULE / name).read_bytes() == (package / name).read_bytes()
+    # Its stop watch with it, where `make` built it (a plain C library, loaded with ctypes).
+    native = sorted(p.name for p in package.glob("*.so"))
+    assert sorted(p.name for p in (folder / AGENT_MODULE).glob("*.so")) == native
     # Byte-compiled by the installer, so that images with PYTHONDONTWRITEBYTECODE do not
     # recompile the agent in every process.
     contracts = Path(wire.__file__).parent

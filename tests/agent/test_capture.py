@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from stepscope.agent.schedstat import STOP_WATCH_LIBRARY
 from stepscope.analysis.loading.trace import load_trace as read_trace
 from stepscope.analysis.statistics.summary import summarize
 from stepscope.contracts.wire import SCHEDSTAT_KEY
@@ -162,3 +163,26 @@ def test_a_rank_its_cpu_limit_throttles_carries_its_throttled_time_and_its_peer_
         assert all(code is None for code in job.wait(0.1)), "training goes on through all of it\n" + logs(job)
     finally:
         limit.remove()
+
+
+def test_a_rank_its_host_stops_carries_its_stopped_time_and_its_peer_next_to_none(
+    stepscope_dir: Path, start_job
+) -> None:
+    # A process stops rank 1 6 ms of every 10 ms (SIGSTOP, SIGCONT); the agent's stop watch wakes
+    # late by each stop whatever the training thread does then, its sleeps and collectives too.
+    if not STOP_WATCH_LIBRARY.exists():
+        pytest.skip(f"the stop watch is not built ({STOP_WATCH_LIBRARY.name}: make builds it with a C compiler)")
+    job = start_job(2, "--steps", "0", "--step-sleep-ms", "20", "--slow-rank", "1", "--fault", "host", "--slow-ms", "6")
+    write_request(stepscope_dir, "s-stops", waitSteps=2, steps=4)
+    stopped: dict[int, list[float]] = {}
+    for rank in (0, 1):
+        state = wait_for_state(stepscope_dir, "s-stops", rank, ("done",), timeout=60)
+        steps = summarize(read_trace(stepscope_dir / "s-stops" / state["trace"])).steps
+        stopped[rank] = [s.stoppedUs / s.durationUs for s in steps if s.stoppedUs is not None]
+        assert len(stopped[rank]) == len(steps), steps
+    assert min(stopped[1]) > 0.3 and max(stopped[0]) < 0.1, stopped
+    # Its thread ends with the capture; the training goes on.
+    for process in job.processes:
+        names = [p.read_text().strip() for p in Path(f"/proc/{process.pid}/task").glob("*/comm")]
+        assert "stepscope-stops" not in names, names
+    assert all(code is None for code in job.wait(0.1)), "training goes on through all of it\n" + logs(job)

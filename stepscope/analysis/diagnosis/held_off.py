@@ -28,7 +28,8 @@ from stepscope.analysis.diagnosis.wording import ms
 # The phases of a cause told by these counters: a host that stops the rank, or its CPU limit.
 HELD_OFF = "held off the CPU"
 CPU_LIMIT = "throttled by its CPU limit"
-HOST_PHASES = (HELD_OFF, CPU_LIMIT)
+STOPPED = "stopped by its host"
+HOST_PHASES = (HELD_OFF, CPU_LIMIT, STOPPED)
 # The share of the steps in which a rank held off longer than its peers is a cause. Healthy ranks
 # of one job fall on either side of each other from step to step (7 of 8 steps one way in 14 of
 # 447 healthy ranks of the benchmark, their typical difference within -3.8..+4.1 % of the step: the
@@ -174,21 +175,56 @@ def held_off(
     total = throttled.sum(axis=0)
     alone = total.sum() - total <= 0
     by_limit = (limit >= MIN_VOTE_COST * v.stepUs) & ((2 * np.sum(throttled_excess > 0, axis=0) >= len(steps)) | alone)
-    found = np.flatnonzero(((typical >= MIN_GAP_SHARE * v.stepUs) & (held >= steady * len(steps))) | by_limit)
-    return {
-        ranks[i]: _cause(
+    stops = _stops(tables, v, ranks, steps, typical, steady)
+    stopped = stops[0] if stops is not None else np.zeros(len(ranks), dtype=bool)
+    found = np.flatnonzero(((typical >= MIN_GAP_SHARE * v.stepUs) & (held >= steady * len(steps))) | by_limit | stopped)
+    causes = {}
+    for i in found:
+        if stops is not None and stopped[i] and not by_limit[i]:
+            cost, mine, peers = (float(a[i]) for a in stops[1:])
+            causes[ranks[i]] = _cause(tables, ranks[i], cost, mine, peers, phase=STOPPED)
+            continue
+        causes[ranks[i]] = _cause(
             tables,
             ranks[i],
             float(max(typical[i], limit[i])) if by_limit[i] else float(typical[i]),
             float(np.median(values[:, i])),
             float(np.median(theirs[:, i])),
-            throttled=bool(by_limit[i]) or 2 * throttled_typical[i] >= typical[i],
+            phase=CPU_LIMIT if by_limit[i] or 2 * throttled_typical[i] >= typical[i] else HELD_OFF,
         )
-        for i in found
-    }
+    return causes
 
 
-def _cause(tables: RankTables, rank: int, typical: float, mine: float, peers: float, throttled: bool) -> Cause:
+def _stops(
+    tables: RankTables, v: WaitVerdict, ranks: list[int], steps: pd.Index, typical: np.ndarray, steady: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Of `ranks`, those whose process its host stops (StepRow.stoppedUs: the agent's stop watch)
+    beyond the others' by MIN_GAP_SHARE of the step in `steady` of the steps, and whom the others
+    wait for, MIN_VOTE_COST of the step or more: a mask, with what each costs, its stopped time and
+    the others'. None without the counter on every rank. No machine's load stops a process (the
+    stop watch's wait for a CPU is taken out: healthy ranks of four on two loaded cores were
+    stopped 0.1-0.3 ms of every 10 ms, a rank a process stops 6 of every 10 ms 4.8-5.4 ms), so
+    its counter needs no more steps than the held-off rule; but most of a stop may fall into the
+    rank's sleeps or its wait for its peers, where it costs nothing: what it costs is its time
+    held off outside the collectives or, where that is less, the others' wait for it (their median
+    less its own), at most its stopped time."""
+    s = tables.steps
+    if s.empty or "stoppedUs" not in s:
+        return None
+    stopped = tables.by_step("stoppedUs").reindex(index=steps, columns=ranks)
+    if stopped.isna().to_numpy().any():
+        return None
+    values = stopped.to_numpy(dtype=float)
+    theirs = _others_median(values)
+    excess = values - theirs
+    waits = v.perStepUs.reindex(index=steps, columns=ranks).to_numpy(dtype=float)
+    gaps = np.median(_others_median(waits) - waits, axis=0)
+    cost = np.minimum(np.maximum(typical, gaps), np.median(excess, axis=0))
+    held = np.sum(excess >= MIN_GAP_SHARE * v.stepUs, axis=0) >= steady * len(steps)
+    return held & (cost >= MIN_VOTE_COST * v.stepUs), cost, np.median(values, axis=0), np.median(theirs, axis=0)
+
+
+def _cause(tables: RankTables, rank: int, typical: float, mine: float, peers: float, phase: str) -> Cause:
     known, same = main_work_alike(tables, rank)
     work = (
         "the same operators with the same shapes as its peers"
@@ -200,7 +236,7 @@ def _cause(tables: RankTables, rank: int, typical: float, mine: float, peers: fl
     return Cause(
         frame="",
         inner="",
-        phase=CPU_LIMIT if throttled else HELD_OFF,
+        phase=phase,
         excessUsPerStep=typical,
         usPerStep=mine,
         peersUsPerStep=peers,
@@ -210,7 +246,11 @@ def _cause(tables: RankTables, rank: int, typical: float, mine: float, peers: fl
             f"its container's CPU limit throttles its training thread {ms(typical)}/step more than its peers' "
             f"(its cgroup's cpu.stat), raise or remove the limit; it runs {work} ({ms(mine)} vs {ms(peers)} a "
             "step of sleep, stops and throttling, its collectives apart)"
-            if throttled
+            if phase == CPU_LIMIT
+            else f"its host stops its process {ms(mine)} a step, its peers' {ms(peers)} (the agent's stop watch), "
+            f"while it runs {work}, which costs the others {ms(typical)}/step: a paused or frozen container, or a "
+            "process that stops it"
+            if phase == STOPPED
             else f"its training thread is held off the CPU {ms(typical)}/step more than its peers' while it runs "
             f"{work} ({ms(mine)} vs {ms(peers)} neither running nor waiting for a CPU, its collectives apart): its "
             "host stops it (a paused or frozen container, a process that stops it, memory reclaim)"

@@ -38,6 +38,7 @@ from stepscope.analysis.diagnosis.held_off import (
     CPU_LIMIT,
     HELD_OFF,
     HOST_PHASES,
+    STOPPED,
     cpu_excess,
     held_off,
     host_time,
@@ -284,13 +285,15 @@ def _held_off_waited(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tup
     for it, where the collectives name it in at least half of the steps and its held-off time is at
     least HOST_SHARE of their gap: two kinds of evidence, each of half of the steps or more, as for a
     slower host's operators (a host that stops a rank 5 of every 10 ms missed 3 of 8 steps beyond
-    its peers, in bursts, on a loaded machine: the held-off rule alone asks for STEADY_SHARE). Not of
-    two ranks: of a pair, the one a loaded machine holds off longer arrives later, and each is the
-    other's only peer."""
-    if v.rank is None or 2 * v.agreeing < v.steps or len(v.waitUs) < 3:
+    its peers, in bursts, on a loaded machine: the held-off rule alone asks for STEADY_SHARE). Of
+    two ranks, only where the stop watch says its host stops it: of a pair, the one a loaded machine
+    holds off longer arrives later, and each is the other's only peer."""
+    if v.rank is None or 2 * v.agreeing < v.steps:
         return None
     cause = held_off(tables, v, list(v.waitUs), steps, steady=0.5).get(v.rank)
     if cause is None or cause.excessUsPerStep < HOST_SHARE * v.gapUsPerStep:
+        return None
+    if len(v.waitUs) < 3 and cause.phase != STOPPED:
         return None
     return cause, _waited_steps(v, v.rank)
 
@@ -534,8 +537,9 @@ def _also_without(
 
     # Of two ranks, each is the other's only peer: neither's host can be told to hold it off more
     # than the machine's load does (on a loaded machine one of two healthy ranks stays off the CPU
-    # 3-5 ms a step longer than the other in most steps), nor to run its operators slower. Of more,
-    # one held off is waited for, as in _others.
+    # 3-5 ms a step longer than the other in most steps), nor to run its operators slower, unless
+    # the stop watch says its host stops it (no load does). Of more, one held off is waited for, as
+    # in _others.
     def waited_for(s: Straggler) -> bool:
         assert s.rank is not None and s.cause is not None
         return _waited_for(*judged.gap_band(s.rank), s.cause.excessUsPerStep)
@@ -545,7 +549,7 @@ def _also_without(
         for s in ([found, *found.others] if found.named and found.cause is not None else [])
         if s.cause is not None
         and (len(judged.waitUs) > 2 or not (s.cause.phase == HELD_OFF or _slower_host(s.cause)))
-        and (s.cause.phase != HELD_OFF or waited_for(s))
+        and (s.cause.phase not in (HELD_OFF, STOPPED) or waited_for(s))
     ]
     added = [dataclasses.replace(s, others=[]) for s in more if s.rank not in known and s.costUsPerStep <= cost]
     return sorted(others + added, key=lambda s: -s.costUsPerStep)

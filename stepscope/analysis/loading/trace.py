@@ -162,6 +162,7 @@ class TraceMeta(msgspec.Struct):
     deviceProperties: Any = None
     stepscopeSchedstat: Any = None  # wire.SCHEDSTAT_KEY: the agent's scheduler times per step
     stepscopeThrottled: Any = None  # wire.THROTTLED_KEY: the time its CPU limit throttled it
+    stepscopeStopped: Any = None  # wire.STOPPED_KEY: the agent's stop watch, how late it woke
     stepscopeGpu: Any = None  # wire.GPU_KEY: the GPU the rank computes on, from the agent
 
 
@@ -284,6 +285,9 @@ class Trace:
     # Rows of (step, ns its cgroup's CPU limit held it throttled so far), at the same boundaries
     # (wire.THROTTLED_KEY); none where the agent found no cgroup CPU controller.
     throttled: np.ndarray = field(default_factory=lambda: np.empty((0, 2), np.int64))
+    # Rows of (step, ns the agent's stop watch woke late so far, ns of that in the run queue), at
+    # the same boundaries (wire.STOPPED_KEY); none where the agent had no stop watch.
+    stopped: np.ndarray = field(default_factory=lambda: np.empty((0, 3), np.int64))
     # The UUID of the GPU the rank computes on, from the agent (wire.GPU_KEY); "" in other traces.
     gpu_uuid: str = ""
 
@@ -838,6 +842,7 @@ def _build(path: Path, meta: TraceMeta, cols: _Columns) -> Trace:
         devices=_devices(meta.deviceProperties),
         schedstat=_step_counters(meta.stepscopeSchedstat, 3),
         throttled=_step_counters(meta.stepscopeThrottled, 2),
+        stopped=_step_counters(meta.stepscopeStopped, 3),
         gpu_uuid=_gpu_uuid(meta.stepscopeGpu),
         wait_record=columns["wait_record"],
         wait_stream=columns["wait_stream"],
@@ -861,9 +866,9 @@ def _devices(value: Any) -> list[tuple[str, int, int]]:
 
 def _step_counters(value: Any, width: int) -> np.ndarray:
     """The agent's counters at the step boundaries (wire.SCHEDSTAT_KEY: step, CPU ns, run-queue ns;
-    wire.THROTTLED_KEY: step, throttled ns) as rows in step order: at most MAX_SCHEDSTAT_STEPS
-    entries of `width` non-negative int64s are read (a hostile header gets no further), and an
-    entry of any other form is left out."""
+    wire.THROTTLED_KEY: step, throttled ns; wire.STOPPED_KEY: step, late ns, run-queue ns) as rows
+    in step order: at most MAX_SCHEDSTAT_STEPS entries of `width` non-negative int64s are read (a
+    hostile header gets no further), and an entry of any other form is left out."""
     entries = value.get("steps") if isinstance(value, dict) else None
     if not isinstance(entries, list):
         return np.empty((0, width), np.int64)

@@ -62,14 +62,15 @@ def _step_deltas(table: np.ndarray, step: int, at: dict[int, int]) -> list[int] 
 
 
 def _with_sched_time(trace: Trace, steps: list[StepRow]) -> list[StepRow]:
-    """Steps with their training thread's CPU and run-queue time, and the time its cgroup's CPU
-    limit throttled it, where the agent recorded the counters as the step began and as the next
-    one did."""
-    sched, throttled = trace.schedstat, trace.throttled
+    """Steps with their training thread's CPU and run-queue time, the time its cgroup's CPU limit
+    throttled it and the time its process was stopped, where the agent recorded the counters as the
+    step began and as the next one did."""
+    sched, throttled, stopped = trace.schedstat, trace.throttled, trace.stopped
     if len(sched) < 2:
         return steps
     at = {int(step): i for i, step in enumerate(sched[:, 0].tolist())}
     throttled_at = {int(step): i for i, step in enumerate(throttled[:, 0].tolist())}
+    stopped_at = {int(step): i for i, step in enumerate(stopped[:, 0].tolist())}
     for row in steps:
         grown = _step_deltas(sched, row.step, at)
         if grown is None:
@@ -78,6 +79,10 @@ def _with_sched_time(trace: Trace, steps: list[StepRow]) -> list[StepRow]:
         held = _step_deltas(throttled, row.step, throttled_at)
         if held is not None:
             row.throttledUs = min(held[0], grown[1]) / 1000.0
+        # The stop watch's lateness less its own wait for a CPU; at most the step.
+        late = _step_deltas(stopped, row.step, stopped_at)
+        if late is not None:
+            row.stoppedUs = min(max(late[0] - late[1], 0), row.durationUs * 1000.0) / 1000.0
     return steps
 
 

@@ -69,6 +69,7 @@ def lockstep(
     held: dict[int, list[float]] | None = None,
     queued: dict[int, list[float]] | None = None,
     throttled: dict[int, list[float]] | None = None,
+    stopped: dict[int, list[float]] | None = None,
 ) -> list[RankSummary]:
     """Ranks that each step work 20 ms (with 3 % noise) plus extra[r][step] µs, then meet in an
     all-reduce that ends when the last one arrives: each waits the difference. Every rank reads its
@@ -76,7 +77,8 @@ def lockstep(
     With `held`, `queued` or `throttled`, the steps carry the training thread's scheduler times: of
     its work (outside the shard reads and the wait), held[r][step] µs off the CPU and out of the run
     queue, queued[r][step] (1 ms where not given) in the run queue, throttled[r][step] in the run
-    queue too, as its cgroup's CPU limit throttled it, the rest on a CPU."""
+    queue too, as its cgroup's CPU limit throttled it, the rest on a CPU. With `stopped`, every
+    rank's steps carry the agent's stop watch: stopped[r][step] µs, 0.5 ms where not given."""
     rng = np.random.default_rng(seed)
     work = 20_000.0 * rng.uniform(0.97, 1.03, (ranks, steps))
     for r, e in extra.items():
@@ -99,6 +101,9 @@ def lockstep(
                 row.cpuUs = float(row.durationUs - row.collectiveUs - 30_000.0 - h - q - t)
                 row.runDelayUs = float(q + t)
                 row.throttledUs = float(t) if throttled is not None else None
+        if stopped is not None:
+            for row, stop in zip(rows, stopped.get(r, [500.0] * steps)):
+                row.stoppedUs = float(stop)
         fns = [
             _fn(SHARD, [30_000.0] * steps),
             _fn(FORWARD, list(rng.uniform(7_000, 7_400, steps))),
@@ -776,6 +781,12 @@ def test_a_slower_rank_whose_peers_differ_as_much_among_themselves_is_no_slow_ho
     assert diagnosis.slowWorkers == [] and "same shapes" not in diagnosis.summary, diagnosis.summary
 
 
+def _stopped_worker(diagnosis: Diagnosis, rank: int) -> str:
+    cause = next(w.cause for w in diagnosis.slowWorkers if w.rank == rank)
+    assert "host stops its process" in cause and "stop watch" in cause and "same shapes" in cause, cause
+    return cause
+
+
 def _held_off_worker(diagnosis: Diagnosis, rank: int) -> str:
     cause = next(w.cause for w in diagnosis.slowWorkers if w.rank == rank)
     assert "held off the CPU" in cause and "same shapes" in cause, cause
@@ -1024,3 +1035,44 @@ def test_a_rank_the_collectives_name_and_its_host_holds_off_in_some_steps_is_nam
     assert [w.rank for w in diagnosis.slowWorkers] == [2], diagnosis.summary
     assert diagnosis.summary.startswith("rank 2 holds the job back"), diagnosis.summary
     _held_off_worker(diagnosis, 2)
+
+
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_a_rank_its_host_stops_beside_a_slower_rank_is_named_second_by_its_stop_watch(ranks: int):
+    # Rank 1 computes 40 ms a step in a function; the last rank's process is stopped 40 ms a step,
+    # most of it in its shard reads and its wait for rank 1, where a stop costs nothing: its time
+    # off the CPU outside the collectives is 1.5 ms beyond its peers', inside the machine's noise,
+    # and it arrives 5 ms after them. Its stop watch says that its host stops it, as no load does
+    # (before: of two ranks left without rank 1, no host of theirs was told from the load, and at
+    # four ranks the held-off time alone was too little to name it).
+    steps, host = 8, ranks - 1
+    cpu = _fn(f"{ROOT} > workload.py(84): augment_batch_slowly", [40_000.0] * steps)
+    extra = {1: [40_000.0] * steps, host: [5_000.0] * steps}
+    diagnosis, _ = diagnose(
+        lockstep(
+            ranks,
+            steps,
+            extra,
+            functions={1: [cpu]},
+            held={host: [1_500.0] * steps},
+            stopped={host: [40_000.0] * steps},
+        )
+    )
+    assert [w.rank for w in diagnosis.slowWorkers] == [1, host], diagnosis.summary
+    assert "augment_batch_slowly" in diagnosis.slowWorkers[0].cause
+    assert "costs the others 5." in _stopped_worker(diagnosis, host)
+    assert diagnosis.slowWorkers[0].lostMsPerStep > diagnosis.slowWorkers[1].lostMsPerStep > 0
+
+
+def test_a_rank_of_two_its_host_stops_is_named_by_its_stop_watch_and_one_that_arrives_in_time_is_not():
+    # Rank 1's process is stopped 30 ms a step and arrives 6 ms after rank 0 (before: of a pair,
+    # no host was told from the machine's load, and the diagnosis could not tell). Stopped as long
+    # in its shard reads only, arriving with rank 0, it costs nothing and is no slow worker.
+    steps = 8
+    stopped = {1: [30_000.0] * steps}
+    diagnosis, _ = diagnose(lockstep(2, steps, {1: [6_000.0] * steps}, held={1: [1_000.0] * steps}, stopped=stopped))
+    assert [w.rank for w in diagnosis.slowWorkers] == [1], diagnosis.summary
+    assert diagnosis.summary.startswith("rank 1 holds the job back"), diagnosis.summary
+    _stopped_worker(diagnosis, 1)
+    diagnosis, _ = diagnose(lockstep(2, steps, {}, held={1: [1_000.0] * steps}, stopped=stopped))
+    assert not diagnosis.slowWorkers, diagnosis.summary

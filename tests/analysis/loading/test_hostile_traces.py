@@ -25,7 +25,7 @@ import pytest
 from stepscope.analysis import summarize
 from stepscope.analysis.loading.gpu_samples import read_metrics
 from stepscope.analysis.loading.trace import Limits, TraceError, load_trace
-from stepscope.contracts.wire import GPU_KEY, MAX_SCHEDSTAT_STEPS, SCHEDSTAT_KEY, THROTTLED_KEY
+from stepscope.contracts.wire import GPU_KEY, MAX_SCHEDSTAT_STEPS, SCHEDSTAT_KEY, STOPPED_KEY, THROTTLED_KEY
 
 GIB = 1 << 30
 GOOD = "hta__trace_filter_2rank"
@@ -447,8 +447,8 @@ def test_oversized_summary_and_stacks_files_are_refused_unread(tmp_path: Path, s
 
 
 def test_scheduler_counters_of_any_other_form_are_left_out_and_bounded(tmp_path: Path) -> None:
-    """The agent's per-step scheduler counters (wire.SCHEDSTAT_KEY, THROTTLED_KEY): entries of three
-    (two) non-negative integers are read, in step order, at most MAX_SCHEDSTAT_STEPS of them;
+    """The agent's per-step scheduler counters (wire.SCHEDSTAT_KEY, THROTTLED_KEY, STOPPED_KEY):
+    entries of three (two, three) non-negative integers are read, in step order, at most MAX_SCHEDSTAT_STEPS of them;
     anything else is left out, and a value that is no object reads as none."""
     path = tmp_path / "rank2.json"
     good = [[12, 5_000_000, 100_000], [11, 1_000_000, 0]]
@@ -475,6 +475,13 @@ def test_scheduler_counters_of_any_other_form_are_left_out_and_bounded(tmp_path:
         document[THROTTLED_KEY] = value
         path.write_bytes(json.dumps(document).encode())
         assert load_trace(path).throttled.shape == (0, 2)
+    # The stop watch's lateness and run-queue time, likewise: triples only, bounded alike.
+    document[STOPPED_KEY] = {"steps": [[12, 9_000_000, 1_000], [11, 0, 0], [13, 1], [14, -5, 0], [15, 1, 2.5]]}
+    path.write_bytes(json.dumps(document).encode())
+    assert load_trace(path).stopped.tolist() == [[11, 0, 0], [12, 9_000_000, 1_000]]
+    document[STOPPED_KEY] = {"steps": [[i, i, i] for i in range(MAX_SCHEDSTAT_STEPS + 50)]}
+    path.write_bytes(json.dumps(document).encode())
+    assert len(load_trace(path).stopped) == MAX_SCHEDSTAT_STEPS
 
 
 def test_the_agents_gpu_is_read_where_it_is_a_uuid_and_left_out_otherwise(tmp_path: Path) -> None:
