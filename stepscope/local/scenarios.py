@@ -45,7 +45,7 @@ class Scenario:
     extra: tuple[str, ...] = ()  # more workload.py arguments
     second: Second | None = None
     min_ranks: int = 2
-    held_aside: str = ""  # the held-aside set ("b" to "y") it belongs to; its scoring is apart
+    held_aside: str = ""  # the held-aside set ("b" to "z") it belongs to; its scoring is apart
 
     def slow_rank(self, ranks: int) -> int | None:
         """The rank the fault is put on: the middle one unless said otherwise, so that neither
@@ -3216,6 +3216,134 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             extra=("--hidden", "672", "--batch-size", "88"),
             held_aside="y",
+        ),
+        # Held aside (set z): a host stopping rank 0 7 of 10 ms at another model size, a CPU limit of
+        # 3.5 ms of every 10 on the second rank, batches 2.3x on the last rank, a telemetry thread on
+        # the middle rank, costs every 2nd and 3rd step, functions of earlier sets at other ranks and
+        # magnitudes, two jobs of two slow ranks (a slower host beside a computation; larger batches
+        # beside a sleep), and a healthy job of another size.
+        Scenario(
+            "slow-host-z7",
+            "rank 0's CPU is stopped 7 ms of every 10 ms (hidden 672, batch 72)",
+            "host",
+            slow_ms=7.0,
+            causes=("same shapes",),
+            where="first",
+            extra=("--hidden", "672", "--batch-size", "72"),
+            held_aside="z",
+        ),
+        Scenario(
+            "cpu-limit-z",
+            "the second rank's container may use 3.5 ms of CPU of every 10 ms (hidden 704, batch 80; needs root)",
+            "limit",
+            slow_ms=6.5,
+            causes=("CPU limit",),
+            where="second",
+            extra=("--hidden", "704", "--batch-size", "80"),
+            held_aside="z",
+        ),
+        Scenario(
+            "uneven-batches-z23",
+            "the last rank's batches are 2.3x its peers' (uneven shards)",
+            "batch",
+            causes=("larger", "uneven"),
+            where="last",
+            extra=("--hidden", "832", "--batch-factor", "2.3"),
+            held_aside="z",
+        ),
+        Scenario(
+            "gil-thread-z",
+            "a telemetry thread of the middle rank compresses in pure Python 27 ms of every 54 ms (compress_telemetry)",
+            "thread",
+            slow_ms=27.0,
+            causes=("compress_telemetry",),
+            requires=("thread",),
+            extra=("--period-ms", "54", "--fault-function", "compress_telemetry"),
+            held_aside="z",
+        ),
+        Scenario(
+            "periodic-buckets-z",
+            "every 2nd step the second rank computes 80 ms in rebalance_buckets",
+            "periodic",
+            slow_ms=80.0,
+            causes=("rebalance_buckets",),
+            requires=("every 2",),
+            where="second",
+            extra=("--every-steps", "2", "--fault-function", "rebalance_buckets"),
+            held_aside="z",
+        ),
+        Scenario(
+            "periodic-validate-z",
+            "every 3rd step the last rank computes 100 ms in validate_model, in two helpers of its own",
+            "periodic",
+            slow_ms=100.0,
+            causes=("validate_model",),
+            requires=("every 3",),
+            where="last",
+            extra=("--every-steps", "3", "--fault-function", "validate_model"),
+            held_aside="z",
+        ),
+        Scenario(
+            "warp-images-z",
+            "the middle rank computes 31 ms a step in warp_images",
+            "cpu",
+            slow_ms=31.0,
+            causes=("warp_images",),
+            extra=("--fault-function", "warp_images"),
+            held_aside="z",
+        ),
+        Scenario(
+            "shard-index-z",
+            "rank 0 blocks 33 ms a step in pull_shard_index",
+            "sleep",
+            slow_ms=33.0,
+            causes=("pull_shard_index",),
+            where="first",
+            extra=("--fault-function", "pull_shard_index"),
+            held_aside="z",
+        ),
+        Scenario(
+            "python-heavy-z",
+            "every rank makes 5,200 small calls a step; the second rank also spends 22 ms a step in "
+            "detokenize_spans, tens of thousands of tiny calls",
+            "calls",
+            slow_ms=22.0,
+            causes=("detokenize_spans",),
+            where="second",
+            extra=("--python-calls", "5200", "--fault-function", "detokenize_spans"),
+            held_aside="z",
+        ),
+        Scenario(
+            "two-slow-z",
+            "the last rank computes 33 ms a step in prepare_features, the second rank's CPU is stopped 5 ms of every "
+            "10 ms",
+            "cpu",
+            slow_ms=33.0,
+            causes=("prepare_features",),
+            where="last",
+            second=Second("host", 5.0, ("same shapes",), "second"),
+            min_ranks=3,
+            extra=("--fault-function", "prepare_features"),
+            held_aside="z",
+        ),
+        Scenario(
+            "two-slow-z2",
+            "rank 0 blocks 36 ms a step in fetch_remote_features, the last rank's batches are 3x its peers'",
+            "sleep",
+            slow_ms=36.0,
+            causes=("fetch_remote_features",),
+            where="first",
+            second=Second("batch", 1.0, ("larger", "uneven"), "last"),
+            min_ranks=3,
+            extra=("--fault-function", "fetch_remote_features", "--hidden", "800", "--batch-factor", "3"),
+            held_aside="z",
+        ),
+        Scenario(
+            "healthy-z",
+            "no fault, another model size (hidden 704, batch 56)",
+            None,
+            extra=("--hidden", "704", "--batch-size", "56"),
+            held_aside="z",
         ),
     )
 }
