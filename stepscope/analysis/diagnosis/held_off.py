@@ -35,6 +35,9 @@ HOST_PHASES = (HELD_OFF, CPU_LIMIT, STOPPED)
 # 447 healthy ranks of the benchmark, their typical difference within -3.8..+4.1 % of the step: the
 # 5 % floor keeps them apart); a host that stops a rank shows in at least this many.
 STEADY_SHARE = 0.75
+# Of a rank's time held off beyond its peers', the share its stop watch must show as stopped, where
+# every rank has one, for its host to be what holds it off.
+CONFIRMED_SHARE = 0.5
 
 
 def _off_cpu(tables: RankTables, v: WaitVerdict, steps: pd.Index) -> tuple[pd.DataFrame, pd.DataFrame] | None:
@@ -181,8 +184,15 @@ def held_off(
     causes = {}
     for i in found:
         if stops is not None and stopped[i] and not by_limit[i]:
-            cost, mine, peers = (float(a[i]) for a in stops[1:])
+            cost, mine, peers = (float(a[i]) for a in stops[1:4])
             causes[ranks[i]] = _cause(tables, ranks[i], cost, mine, peers, phase=STOPPED)
+            continue
+        phase = CPU_LIMIT if by_limit[i] or 2 * throttled_typical[i] >= typical[i] else HELD_OFF
+        # Where the stop watch ran on every rank, a host that stops this one shows in it: time held
+        # off that the watch does not show for the most part is the rank's own sleeping or blocking
+        # (a loaded machine held one of four healthy ranks off 2.5 ms a step beyond its peers over a
+        # 3-step capture, its stop watch alike).
+        if phase == HELD_OFF and stops is not None and stops[4][i] < CONFIRMED_SHARE * typical[i]:
             continue
         causes[ranks[i]] = _cause(
             tables,
@@ -190,18 +200,18 @@ def held_off(
             float(max(typical[i], limit[i])) if by_limit[i] else float(typical[i]),
             float(np.median(values[:, i])),
             float(np.median(theirs[:, i])),
-            phase=CPU_LIMIT if by_limit[i] or 2 * throttled_typical[i] >= typical[i] else HELD_OFF,
+            phase=phase,
         )
     return causes
 
 
 def _stops(
     tables: RankTables, v: WaitVerdict, ranks: list[int], steps: pd.Index, typical: np.ndarray, steady: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """Of `ranks`, those whose process its host stops (StepRow.stoppedUs: the agent's stop watch)
     beyond the others' by MIN_GAP_SHARE of the step in `steady` of the steps, and whom the others
-    wait for, MIN_VOTE_COST of the step or more: a mask, with what each costs, its stopped time and
-    the others'. None without the counter on every rank. No machine's load stops a process (the
+    wait for, MIN_VOTE_COST of the step or more: a mask, with what each costs, its stopped time, the
+    others' and its typical excess over theirs. None without the counter on every rank. No machine's load stops a process (the
     stop watch's wait for a CPU is taken out: healthy ranks of four on two loaded cores were
     stopped 0.1-0.3 ms of every 10 ms, a rank a process stops 6 of every 10 ms 4.8-5.4 ms), so
     its counter needs no more steps than the held-off rule; but most of a stop may fall into the
@@ -209,7 +219,12 @@ def _stops(
     held off outside the collectives or, where that is less, the others' wait for it (their median
     less its own), at most its stopped time."""
     s = tables.steps
-    if s.empty or "stoppedUs" not in s:
+    # A null counter sums to 0 in a step table: such steps are looked for first.
+    if (
+        s.empty
+        or "stoppedUs" not in s
+        or s.loc[s["step"].isin(steps) & s["rank"].isin(ranks), "stoppedUs"].isna().any()
+    ):
         return None
     stopped = tables.by_step("stoppedUs").reindex(index=steps, columns=ranks)
     if stopped.isna().to_numpy().any():
@@ -221,7 +236,8 @@ def _stops(
     gaps = np.median(_others_median(waits) - waits, axis=0)
     cost = np.minimum(np.maximum(typical, gaps), np.median(excess, axis=0))
     held = np.sum(excess >= MIN_GAP_SHARE * v.stepUs, axis=0) >= steady * len(steps)
-    return held & (cost >= MIN_VOTE_COST * v.stepUs), cost, np.median(values, axis=0), np.median(theirs, axis=0)
+    mask = held & (cost >= MIN_VOTE_COST * v.stepUs)
+    return mask, cost, np.median(values, axis=0), np.median(theirs, axis=0), np.median(excess, axis=0)
 
 
 def _cause(tables: RankTables, rank: int, typical: float, mine: float, peers: float, phase: str) -> Cause:

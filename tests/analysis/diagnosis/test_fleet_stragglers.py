@@ -1076,3 +1076,17 @@ def test_a_rank_of_two_its_host_stops_is_named_by_its_stop_watch_and_one_that_ar
     _stopped_worker(diagnosis, 1)
     diagnosis, _ = diagnose(lockstep(2, steps, {}, held={1: [1_000.0] * steps}, stopped=stopped))
     assert not diagnosis.slowWorkers, diagnosis.summary
+
+
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_a_rank_held_off_whose_stop_watch_shows_no_stop_is_no_slower_host(ranks: int):
+    # As in the test of a slower host beside a slower rank, the last rank is held off the CPU 6 ms
+    # a step beyond its peers outside the collectives and arrives 6 ms after them; but its stop
+    # watch shows it stopped no longer than they were: it sleeps or blocks on its own, and no host
+    # stops it (before: named second, "its host stops it").
+    steps, host = 8, ranks - 1
+    cpu = _fn(f"{ROOT} > workload.py(84): augment_batch_slowly", [40_000.0] * steps)
+    extra = {1: [40_000.0] * steps, host: [6_000.0] * steps}
+    summaries = lockstep(ranks, steps, extra, functions={1: [cpu]}, held={host: [6_000.0] * steps}, stopped={})
+    diagnosis, _ = diagnose(summaries)
+    assert [w.rank for w in diagnosis.slowWorkers] == [1], diagnosis.summary
