@@ -211,13 +211,13 @@ def _stops(
     """Of `ranks`, those whose process its host stops (StepRow.stoppedUs: the agent's stop watch)
     beyond the others' by MIN_GAP_SHARE of the step in `steady` of the steps, and whom the others
     wait for, MIN_VOTE_COST of the step or more: a mask, with what each costs, its stopped time, the
-    others' and its typical excess over theirs. None without the counter on every rank. No machine's load stops a process (the
-    stop watch's wait for a CPU is taken out: healthy ranks of four on two loaded cores were
-    stopped 0.1-0.3 ms of every 10 ms, a rank a process stops 6 of every 10 ms 4.8-5.4 ms), so
-    its counter needs no more steps than the held-off rule; but most of a stop may fall into the
-    rank's sleeps or its wait for its peers, where it costs nothing: what it costs is its time
-    held off outside the collectives or, where that is less, the others' wait for it (their median
-    less its own), at most its stopped time."""
+    others' and its typical excess over theirs. None without the counter on every rank. No
+    machine's load stops a process (the stop watch's wait for a CPU is taken out: healthy ranks of
+    four on two loaded cores were stopped 0.1-0.3 ms of every 10 ms, a rank a process stops 6 of
+    every 10 ms 4.8-5.4 ms), so its counter needs no more steps than the held-off rule; but most of
+    a stop may fall into the rank's sleeps or its wait for its peers, where it costs nothing: what
+    it costs is its time held off outside the collectives or, where that is less, the others' wait
+    for it (their median less its own), at most its stopped time."""
     s = tables.steps
     # A null counter sums to 0 in a step table: such steps are looked for first.
     if (
