@@ -180,7 +180,8 @@ def test_a_rank_its_host_stops_carries_its_stopped_time_and_its_peer_next_to_non
         steps = summarize(read_trace(stepscope_dir / "s-stops" / state["trace"])).steps
         stopped[rank] = [s.stoppedUs / s.durationUs for s in steps if s.stoppedUs is not None]
         assert len(stopped[rank]) == len(steps), steps
-    assert min(stopped[1]) > 0.3 and max(stopped[0]) < 0.1, stopped
+    # The stopper is a process of a loaded machine too: 29-45 % of the step in the suite on 2 cores.
+    assert min(stopped[1]) > 0.15 and max(stopped[0]) < 0.05 and min(stopped[1]) > 5 * max(stopped[0]), stopped
     # Its thread ends with the capture; the training goes on.
     for process in job.processes:
         names = [p.read_text().strip() for p in Path(f"/proc/{process.pid}/task").glob("*/comm")]
