@@ -10,8 +10,10 @@ relatively, so the package works under either name.
 Its parts: process.py (the process's one agent, start, fork re-arm, step()), agent.py (step
 boundary, requests, watchdog), capture.py (the profiler of one session), decisions.py (the
 capture's decisions, pure), session.py (one request), rank.py (identity and the files a rank
-writes), step_ring.py, stacks.py, budget.py, torch_hooks.py, files.py (atomic writes) and
-environment.py (the one reader of the environment).
+writes), step_ring.py, stacks.py, budget.py, torch_hooks.py, files.py (atomic writes),
+schedstat.py (the scheduler's counters at each captured step boundary, with the stop watch of
+stop_watch.c, a native library `make` builds beside it) and environment.py (the one reader of
+the environment).
 
 Each step boundary also records the step's time in the rank's step ring
 (`telemetry/rank-<r>.steps`, docs/wire.md "Step telemetry"), which the sidecar serves as
