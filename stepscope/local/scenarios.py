@@ -3274,7 +3274,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "periodic-validate-z",
-            "every 3rd step the last rank computes 100 ms in validate_model, in two helpers of its own",
+            "every 3rd step the last rank computes 100 ms in validate_model, in two functions it calls",
             "periodic",
             slow_ms=100.0,
             causes=("validate_model",),
