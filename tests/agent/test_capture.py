@@ -4,6 +4,7 @@ training run would."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import pytest
 from stepscope.agent.schedstat import STOP_WATCH_LIBRARY
 from stepscope.analysis.loading.trace import load_trace as read_trace
 from stepscope.analysis.statistics.summary import summarize
-from stepscope.contracts.wire import SCHEDSTAT_KEY
+from stepscope.contracts.wire import AGENTS_FOLDER, SCHEDSTAT_KEY, agent_file
+from stepscope.testing.polling import wait_for
 from tests.agent.protocol import (
     load_trace,
     load_trace_document,
@@ -98,6 +100,13 @@ def test_each_captured_step_carries_its_training_threads_cpu_and_run_queue_time(
     assert all(code is None for code in job.wait(0.1)), "training goes on through all of it\n" + logs(job)
 
 
+def _stepping(stepscope_dir: Path, rank: int) -> bool:
+    try:
+        return json.loads((stepscope_dir / AGENTS_FOLDER / agent_file(rank)).read_text())["step"] > 0
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 class _CpuLimit:
     """A cgroup with a CPU limit of `quota_ms` of every 100 ms (cgroup v1's cpu controller, or v2's
     cpu.max), made for one test and removed after; None where this process may not make one."""
@@ -148,6 +157,8 @@ def test_a_rank_its_cpu_limit_throttles_carries_its_throttled_time_and_its_peer_
         pytest.skip("no cgroup with a CPU limit can be made here (needs root and a writable cpu controller)")
     try:
         job = start_job(2, "--steps", "0", "--step-sleep-ms", "20", "--slow-rank", "1", "--slow-ms", "15")
+        # Under the limit once it steps: its start (torch's import, gloo's rendezvous) is no step.
+        wait_for(lambda: _stepping(stepscope_dir, 1), 60, "rank 1 stepping")
         limit.take(job.processes[1].pid)
         write_request(stepscope_dir, "s-limit", waitSteps=2, steps=4)
         throttled: dict[int, list[float | None]] = {}
