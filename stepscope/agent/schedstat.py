@@ -104,12 +104,10 @@ class StopWatch:
 class SchedClock:
     """Reads one thread's counters; any thread may call `mark`, the step boundaries' caller."""
 
-    def __init__(
-        self, native_tid: int, throttle: tuple[str, str, int] | None = None, stops: StopWatch | None = None
-    ) -> None:
+    def __init__(self, native_tid: int, throttle: tuple[str, str, int] | None = None) -> None:
         self.path = f"/proc/{os.getpid()}/task/{native_tid}/schedstat"
         self.throttle = throttle
-        self.stops = stops
+        self.stops: StopWatch | None = None
         self.marks: list[list[int]] = []
         self.throttled: list[list[int]] = []
         self.stopped: list[list[int]] = []

@@ -14,8 +14,14 @@ from typing import Any
 
 import pytest
 
+from stepscope.agent.schedstat import STOP_WATCH_LIBRARY
 from stepscope.local.launch import LocalJob, launch_ranks
 from stepscope.testing.polling import wait_for
+
+# The agent's stop watch, where `make` built it with a C compiler.
+needs_stop_watch = pytest.mark.skipif(
+    not STOP_WATCH_LIBRARY.exists(), reason=f"the stop watch is not built ({STOP_WATCH_LIBRARY.name}: make builds it)"
+)
 
 
 def write_request(

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.agent.schedstat import STOP_WATCH_LIBRARY
 from stepscope.analysis.loading.trace import load_trace as read_trace
 from stepscope.analysis.statistics.summary import summarize
 from stepscope.contracts.wire import AGENTS_FOLDER, SCHEDSTAT_KEY, agent_file
@@ -19,6 +18,7 @@ from tests.agent.protocol import (
     load_trace,
     load_trace_document,
     logs,
+    needs_stop_watch,
     profiler_steps,
     read_state,
     wait_for_state,
@@ -176,13 +176,12 @@ def test_a_rank_its_cpu_limit_throttles_carries_its_throttled_time_and_its_peer_
         limit.remove()
 
 
+@needs_stop_watch
 def test_a_rank_its_host_stops_carries_its_stopped_time_and_its_peer_next_to_none(
     stepscope_dir: Path, start_job
 ) -> None:
     # A process stops rank 1 6 ms of every 10 ms (SIGSTOP, SIGCONT); the agent's stop watch wakes
     # late by each stop whatever the training thread does then, its sleeps and collectives too.
-    if not STOP_WATCH_LIBRARY.exists():
-        pytest.skip(f"the stop watch is not built ({STOP_WATCH_LIBRARY.name}: make builds it with a C compiler)")
     job = start_job(2, "--steps", "0", "--step-sleep-ms", "20", "--slow-rank", "1", "--fault", "host", "--slow-ms", "6")
     write_request(stepscope_dir, "s-stops", waitSteps=2, steps=4)
     stopped: dict[int, list[float]] = {}

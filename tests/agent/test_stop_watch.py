@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from stepscope.agent import schedstat
-from stepscope.agent.schedstat import STOP_WATCH_LIBRARY, SchedClock, StopWatch
+from stepscope.agent.schedstat import SchedClock, StopWatch
 from stepscope.contracts.wire import STOPPED_KEY
+from tests.agent.protocol import needs_stop_watch
 
 
 def _threads() -> list[str]:
@@ -22,8 +23,6 @@ def _threads() -> list[str]:
 
 @pytest.fixture
 def watch():
-    if not STOP_WATCH_LIBRARY.exists():
-        pytest.skip(f"the stop watch is not built ({STOP_WATCH_LIBRARY.name}: make builds it with a C compiler)")
     started = StopWatch.start()
     assert started is not None
     yield started
@@ -36,6 +35,7 @@ def _stopped_ns(watch: StopWatch) -> int:
     return read[0] - read[1]
 
 
+@needs_stop_watch
 def test_a_stop_of_the_process_is_counted_and_a_busy_machine_is_not(watch: StopWatch) -> None:
     assert "stepscope-stops" in _threads()
     # Busy processes, more than the CPUs and (as root) favoured by the scheduler: the watch waits in

@@ -16,6 +16,8 @@ rank is held off beyond that is its own.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pandas as pd
 
@@ -179,20 +181,20 @@ def held_off(
     alone = total.sum() - total <= 0
     by_limit = (limit >= MIN_VOTE_COST * v.stepUs) & ((2 * np.sum(throttled_excess > 0, axis=0) >= len(steps)) | alone)
     stops = _stops(tables, v, ranks, steps, typical, steady)
-    stopped = stops[0] if stops is not None else np.zeros(len(ranks), dtype=bool)
+    stopped = stops.stopped if stops is not None else np.zeros(len(ranks), dtype=bool)
     found = np.flatnonzero(((typical >= MIN_GAP_SHARE * v.stepUs) & (held >= steady * len(steps))) | by_limit | stopped)
     causes = {}
     for i in found:
         if stops is not None and stopped[i] and not by_limit[i]:
-            cost, mine, peers = (float(a[i]) for a in stops[1:4])
-            causes[ranks[i]] = _cause(tables, ranks[i], cost, mine, peers, phase=STOPPED)
+            cause = _cause(tables, ranks[i], float(stops.cost[i]), float(stops.mine[i]), float(stops.peers[i]), STOPPED)
+            causes[ranks[i]] = cause
             continue
         phase = CPU_LIMIT if by_limit[i] or 2 * throttled_typical[i] >= typical[i] else HELD_OFF
         # Where the stop watch ran on every rank, a host that stops this one shows in it: time held
         # off that the watch does not show for the most part is the rank's own sleeping or blocking
         # (a loaded machine held one of four healthy ranks off 2.5 ms a step beyond its peers over a
         # 3-step capture, its stop watch alike).
-        if phase == HELD_OFF and stops is not None and stops[4][i] < CONFIRMED_SHARE * typical[i]:
+        if phase == HELD_OFF and stops is not None and stops.excess[i] < CONFIRMED_SHARE * typical[i]:
             continue
         causes[ranks[i]] = _cause(
             tables,
@@ -205,13 +207,23 @@ def held_off(
     return causes
 
 
+class _Stops(NamedTuple):
+    """Per rank (in the order of `ranks`), from its stop watch."""
+
+    stopped: np.ndarray  # stopped by its host: worth a slow worker, and waited for
+    cost: np.ndarray  # what its stops cost the others a step
+    mine: np.ndarray  # its typical stopped time a step
+    peers: np.ndarray  # the others' typical stopped time a step
+    excess: np.ndarray  # its typical stopped time beyond theirs
+
+
 def _stops(
     tables: RankTables, v: WaitVerdict, ranks: list[int], steps: pd.Index, typical: np.ndarray, steady: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+) -> _Stops | None:
     """Of `ranks`, those whose process its host stops (StepRow.stoppedUs: the agent's stop watch)
     beyond the others' by MIN_GAP_SHARE of the step in `steady` of the steps, and whom the others
-    wait for, MIN_VOTE_COST of the step or more: a mask, with what each costs, its stopped time, the
-    others' and its typical excess over theirs. None without the counter on every rank. No
+    wait for, MIN_VOTE_COST of the step or more, with what each costs and its stopped time beside
+    the others'. None without the counter on every rank. No
     machine's load stops a process (the stop watch's wait for a CPU is taken out: healthy ranks of
     four on two loaded cores were stopped 0.1-0.3 ms of every 10 ms, a rank a process stops 6 of
     every 10 ms 4.8-5.4 ms), so its counter needs no more steps than the held-off rule; but most of
@@ -236,8 +248,13 @@ def _stops(
     gaps = np.median(_others_median(waits) - waits, axis=0)
     cost = np.minimum(np.maximum(typical, gaps), np.median(excess, axis=0))
     held = np.sum(excess >= MIN_GAP_SHARE * v.stepUs, axis=0) >= steady * len(steps)
-    mask = held & (cost >= MIN_VOTE_COST * v.stepUs)
-    return mask, cost, np.median(values, axis=0), np.median(theirs, axis=0), np.median(excess, axis=0)
+    return _Stops(
+        held & (cost >= MIN_VOTE_COST * v.stepUs),
+        cost,
+        np.median(values, axis=0),
+        np.median(theirs, axis=0),
+        np.median(excess, axis=0),
+    )
 
 
 def _cause(tables: RankTables, rank: int, typical: float, mine: float, peers: float, phase: str) -> Cause:
