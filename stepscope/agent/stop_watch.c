@@ -50,7 +50,9 @@ static void *watch(void *unused) {
 
 /* Starts the thread (slices of `slice` ns, under 1 s); its kernel thread id, or -1. */
 int64_t stop_watch_start(int64_t slice) {
-    if (__atomic_load_n(&running, __ATOMIC_ACQUIRE) || slice <= 0 || slice >= 1000000000) return -1;
+    /* Running in this process already; in a child forked meanwhile the flag is the parent's. */
+    if ((__atomic_load_n(&running, __ATOMIC_ACQUIRE) && owner == getpid()) || slice <= 0 || slice >= 1000000000)
+        return -1;
     slice_ns = slice;
     owner = getpid();
     late_ns = 0;

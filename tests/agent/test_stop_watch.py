@@ -81,3 +81,15 @@ def test_a_library_that_cannot_be_loaded_leaves_the_counters_without_it(tmp_path
     clock.mark(2)
     clock.close()
     assert STOPPED_KEY not in clock.metadata()
+
+
+@needs_stop_watch
+def test_a_child_forked_while_the_watch_runs_starts_its_own(watch: StopWatch) -> None:
+    # The child has no thread of its parent's but its flag that one runs (a rank forked from a
+    # process that was capturing).
+    pid = os.fork()
+    if pid == 0:
+        child = StopWatch.start()
+        os._exit(0 if child is not None and "stepscope-stops" in _threads() else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
